@@ -1,0 +1,32 @@
+# The two commands a newcomer runs: `make demo` and `make test`.
+# Both create .venv when it is missing and install speechpipe into it (editable), pinned by
+# constraints.txt to the torch build this machine has on disk.
+
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.speechpipe-installed
+PIP    := $(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt
+
+.PHONY: demo test install bench clean
+
+$(STAMP): setup.cfg pyproject.toml constraints.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) --upgrade pip setuptools wheel
+	$(PIP) -e '.[test]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/speechpipe demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+	$(PY) -m benchmarks --tiny
+
+bench: $(STAMP)
+	$(PY) -m benchmarks
+
+clean:
+	rm -rf $(VENV) build *.egg-info

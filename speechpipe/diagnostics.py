@@ -1,0 +1,92 @@
+"""Counted, reported skipping: the only way speechpipe drops anything.
+
+A stage that can meet bad input takes ``on_error=`` with one of :data:`ON_ERROR`:
+
+- ``"raise"`` (the default): raise the :class:`~speechpipe.errors.DataError` naming the
+  file and the line, member or key;
+- ``"skip"``: drop the offending item, count it under a reason in a :class:`Diagnostics`
+  object, keep a few examples, and warn once at the end of the pass with the totals.
+
+The counts are per process: with DataLoader workers each worker counts its own share.
+
+>>> d = Diagnostics("parse_scp")
+>>> d.record("malformed line", "wav.scp:3: expected '<key> <value>'")
+>>> d.total
+1
+>>> print(d.report())
+parse_scp skipped 1 item(s):
+  malformed line: 1 (e.g. wav.scp:3: expected '<key> <value>')
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections import Counter
+
+from .errors import DataError
+
+__all__ = ["ON_ERROR", "Diagnostics", "SkippedInputWarning", "check_on_error"]
+
+ON_ERROR = ("raise", "skip")
+
+
+class SkippedInputWarning(UserWarning):
+    """Warned at the end of a pass in which a ``on_error="skip"`` stage dropped input."""
+
+
+def check_on_error(on_error: str) -> str:
+    """Validate an ``on_error`` argument (used by constructors)."""
+    if on_error not in ON_ERROR:
+        raise ValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
+    return on_error
+
+
+class Diagnostics:
+    """Counts of skipped items by reason, with up to ``max_examples`` examples each.
+
+    Args:
+        stage: name shown in the report (usually the functional name of the pipe).
+        max_examples: how many example locations to keep per reason.
+    """
+
+    def __init__(self, stage: str, max_examples: int = 3):
+        self.stage = stage
+        self.max_examples = max_examples
+        self.counts: Counter[str] = Counter()
+        self.examples: dict[str, list[str]] = {}
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    def record(self, reason: str, example: str) -> None:
+        self.counts[reason] += 1
+        kept = self.examples.setdefault(reason, [])
+        if len(kept) < self.max_examples:
+            kept.append(example)
+
+    def handle(self, on_error: str, error: DataError, reason: str | None = None) -> None:
+        """Raise ``error`` under ``"raise"``; count it under ``"skip"``."""
+        if on_error == "raise":
+            raise error
+        self.record(reason or type(error).__name__, str(error))
+
+    def reset(self) -> None:
+        self.counts.clear()
+        self.examples.clear()
+
+    def report(self) -> str:
+        if not self.counts:
+            return f"{self.stage} skipped nothing"
+        lines = [f"{self.stage} skipped {self.total} item(s):"]
+        for reason, n in sorted(self.counts.items()):
+            lines.append(f"  {reason}: {n} (e.g. {self.examples[reason][0]})")
+        return "\n".join(lines)
+
+    def warn_if_skipped(self) -> None:
+        """Warn with :meth:`report` if anything was skipped (call at the end of a pass)."""
+        if self.counts:
+            warnings.warn(self.report(), SkippedInputWarning, stacklevel=3)
+
+    def __repr__(self) -> str:
+        return f"Diagnostics({self.stage!r}, counts={dict(self.counts)})"

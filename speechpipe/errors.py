@@ -1,0 +1,99 @@
+"""Errors raised by speechpipe.
+
+Every error about bad input says *where*: the file or URL, and the line number, the tar
+member or the utterance key, so that a user can open the file and look. The message reads
+like a compiler's: ``data/wav.scp:17: expected '<key> <value>', got 'utt1'``.
+
+- :class:`DataError` (a ``ValueError``): the input exists but is malformed or inconsistent
+  (a bad scp line, a corrupt or truncated shard, keys that do not match, an undecodable file).
+- :class:`MissingDataError` (a ``FileNotFoundError``): a file, URL or pattern match is absent.
+- :class:`UnsafeInputError` (a ``DataError``): the input asks for something speechpipe never
+  does unasked (unpickling shard contents, running a shell command without opt-in).
+"""
+
+from __future__ import annotations
+
+__all__ = ["DataError", "MissingDataError", "SpeechpipeError", "UnsafeInputError", "locate"]
+
+
+def locate(
+    source: str | None = None,
+    *,
+    line: int | None = None,
+    member: str | None = None,
+    key: str | None = None,
+) -> str:
+    """Format a location: ``file:line``, ``shard [member m]``, ``key 'k'`` or a mix.
+
+    >>> locate("data/text", line=3)
+    'data/text:3'
+    >>> locate("a.tar", member="u1.flac", key="u1")
+    "a.tar [member u1.flac] (key 'u1')"
+    """
+    parts = []
+    if source is not None:
+        parts.append(f"{source}:{line}" if line is not None else str(source))
+    elif line is not None:
+        parts.append(f"line {line}")
+    if member is not None:
+        parts.append(f"[member {member}]")
+    if key is not None:
+        parts.append(f"(key {key!r})")
+    return " ".join(parts) if parts else "<unknown input>"
+
+
+class SpeechpipeError(Exception):
+    """Base class of the errors speechpipe raises on purpose."""
+
+
+class _Located:
+    """Mixin storing where the problem is and prefixing it to the message."""
+
+    def _init_location(self, message, source, line, member, key):
+        self.reason = message
+        self.source = None if source is None else str(source)
+        self.line = line
+        self.member = member
+        self.key = key
+        return f"{locate(self.source, line=line, member=member, key=key)}: {message}"
+
+    def __reduce__(self):
+        # Keep the location when the error crosses a DataLoader worker boundary.
+        return (
+            _rebuild,
+            (type(self), self.reason, self.source, self.line, self.member, self.key),
+        )
+
+
+def _rebuild(cls, reason, source, line, member, key):
+    return cls(reason, source=source, line=line, member=member, key=key)
+
+
+class DataError(_Located, SpeechpipeError, ValueError):
+    """Malformed or inconsistent input; the message starts with where it is.
+
+    >>> str(DataError("expected '<key> <value>'", source="wav.scp", line=2))
+    "wav.scp:2: expected '<key> <value>'"
+    """
+
+    def __init__(self, message: str, *, source=None, line=None, member=None, key=None):
+        super().__init__(self._init_location(message, source, line, member, key))
+
+
+class UnsafeInputError(DataError):
+    """Input that would make speechpipe unpickle data or run a command it was not allowed to."""
+
+
+class MissingDataError(_Located, SpeechpipeError, FileNotFoundError):
+    """A file, URL or pattern that matched nothing.
+
+    >>> str(MissingDataError("no file matches", source="data/{a,b}/*.tar"))
+    'data/{a,b}/*.tar: no file matches'
+    """
+
+    def __init__(self, message: str, *, source=None, line=None, member=None, key=None):
+        # FileNotFoundError's own (errno, strerror) form is not used: str() is the message.
+        super().__init__(self._init_location(message, source, line, member, key))
+
+    def __str__(self) -> str:
+        return self.args[0]

@@ -1,0 +1,1 @@
+"""Pipe classes, one module per family of verbs. Importing this package registers them."""

@@ -1,0 +1,341 @@
+"""Where data comes from: shard and file patterns, and opening paths, URLs and commands.
+
+Verbs:
+
+- ``list_shards`` (:class:`ShardListerIterDataPipe`): brace and glob patterns such as
+  ``data/{10_1000,1000_2000}/data-*.tar`` or ``data/10_1000/data-0000{0..9}.tar`` to a sorted
+  list of paths or URLs (:func:`expand_patterns` is the plain function).
+- ``open`` (:class:`StreamOpenerIterDataPipe`): paths, ``http(s)://`` URLs and, only when the
+  caller opts in, ``pipe:`` shell commands to ``(name, binary stream)`` pairs, the element
+  shape that torch's ``open_files`` yields, so every parser accepts either.
+
+Each stream is closed by the opener itself when the consumer asks for the next element (or
+stops iterating): a consumer must finish with a stream before advancing. Nothing is closed
+in ``__del__``.
+"""
+
+from __future__ import annotations
+
+import glob
+import io
+import os
+import shlex
+import subprocess
+import tempfile
+import urllib.error
+import urllib.request
+from http.client import HTTPException
+from typing import BinaryIO, Iterable, Iterator
+
+import braceexpand
+
+from ..errors import DataError, MissingDataError, UnsafeInputError
+from ._base import IterDataPipe, functional_datapipe
+
+__all__ = [
+    "ShardListerIterDataPipe",
+    "StreamOpenerIterDataPipe",
+    "expand_patterns",
+    "is_url",
+    "open_stream",
+]
+
+_URL_PREFIXES = ("http://", "https://")
+_PIPE_PREFIX = "pipe:"
+_GLOB_CHARS = frozenset("*?[")
+
+
+def is_url(name: str) -> bool:
+    """True for ``http://`` and ``https://`` names.
+
+    >>> is_url("https://host/data-00001.tar"), is_url("data/a.tar")
+    (True, False)
+    """
+    return name.startswith(_URL_PREFIXES)
+
+
+def expand_patterns(patterns: str | os.PathLike | Iterable[str | os.PathLike]) -> list[str]:
+    """Expand brace and glob patterns to a sorted list of paths or URLs.
+
+    Braces are expanded first (``{a,b}``, ``{0..9}``, ``{00..15}``), then each local result
+    with ``*``, ``?`` or ``[`` is globbed; a result without them must exist. URLs and
+    ``pipe:`` commands are brace-expanded only. ``~`` is expanded.
+
+    Args:
+        patterns: one pattern or several.
+
+    Returns:
+        Every match of every pattern, sorted. Repeats are kept (naming a shard twice is a way
+        to oversample it).
+
+    Raises:
+        MissingDataError: a pattern (or one of its brace expansions) matched nothing; the
+            message shows the pattern.
+
+    >>> import tempfile, pathlib
+    >>> d = pathlib.Path(tempfile.mkdtemp())
+    >>> for g in ("10_1000", "1000_2000"):
+    ...     (d / g).mkdir()
+    ...     for i in range(3):
+    ...         _ = (d / g / f"data-{i:05d}.tar").write_bytes(b"")
+    >>> [p[len(str(d)):] for p in expand_patterns(f"{d}/{{10_1000,1000_2000}}/data-*.tar")]
+    ['/1000_2000/data-00000.tar', '/1000_2000/data-00001.tar', '/1000_2000/data-00002.tar', '/10_1000/data-00000.tar', '/10_1000/data-00001.tar', '/10_1000/data-00002.tar']
+    >>> len(expand_patterns(f"{d}/10_1000/data-0000{{0..2}}.tar"))
+    3
+    """
+    if isinstance(patterns, (str, os.PathLike)):
+        patterns = [patterns]
+    found: list[str] = []
+    for pattern in patterns:
+        pattern = os.fspath(pattern)
+        if not isinstance(pattern, str) or not pattern:
+            raise ValueError(f"a pattern must be a non-empty string, got {pattern!r}")
+        for name in braceexpand.braceexpand(pattern):
+            found.extend(_expand_one(name, pattern))
+    return sorted(found)
+
+
+def _expand_one(name: str, pattern: str) -> list[str]:
+    if is_url(name) or name.startswith(_PIPE_PREFIX):
+        return [name]
+    name = os.path.expanduser(name)
+    if _GLOB_CHARS.intersection(name):
+        matches = glob.glob(name)
+        if not matches:
+            where = pattern if name == pattern else f"{pattern} (expanded to {name})"
+            raise MissingDataError("no file matches this pattern", source=where)
+        return matches
+    if not os.path.exists(name):
+        where = pattern if name == pattern else f"{pattern} (expanded to {name})"
+        raise MissingDataError("no such file", source=where)
+    return [name]
+
+
+@functional_datapipe("list_shards")
+class ShardListerIterDataPipe(IterDataPipe[str]):
+    """Expand brace/glob patterns to sorted paths or URLs (functional name: ``list_shards``).
+
+    Consumes patterns (a string, a list of strings, or a pipe yielding strings) and yields the
+    sorted matches of each pattern (:func:`expand_patterns`). Nothing is listed until
+    iteration starts, so the pipe can be built before the files exist.
+
+    Args:
+        patterns: a pattern, a list of patterns, or an ``IterDataPipe`` of patterns.
+
+    >>> import tempfile, pathlib
+    >>> d = pathlib.Path(tempfile.mkdtemp())
+    >>> for i in range(3):
+    ...     _ = (d / f"data-{i:05d}.tar").write_bytes(b"")
+    >>> [p[-14:] for p in ShardLister(f"{d}/data-0000{{0..2}}.tar")]
+    ['data-00000.tar', 'data-00001.tar', 'data-00002.tar']
+    """
+
+    def __init__(self, patterns: str | Iterable[str] | IterDataPipe) -> None:
+        if isinstance(patterns, (str, os.PathLike)):
+            patterns = [os.fspath(patterns)]
+        elif not isinstance(patterns, IterDataPipe):
+            patterns = list(patterns)
+            for p in patterns:
+                if not isinstance(p, (str, os.PathLike)):
+                    raise TypeError(f"patterns must be strings, got {p!r}")
+        self.patterns = patterns
+
+    def __iter__(self) -> Iterator[str]:
+        for pattern in self.patterns:
+            yield from expand_patterns(pattern)
+
+
+ShardLister = ShardListerIterDataPipe
+
+
+class _CheckedStream(io.RawIOBase):
+    """A read-only wrapper that turns transport failures into errors naming the source."""
+
+    def __init__(self, raw, name: str) -> None:
+        super().__init__()
+        self._raw = raw
+        self.name = name
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        try:
+            n = self._raw.readinto(buffer)
+        except (HTTPException, OSError) as exc:
+            raise DataError(f"read failed: {exc!r}", source=self.name) from exc
+        if n == 0 and len(buffer) > 0:
+            # http.client reports a connection closed before Content-Length bytes arrived as
+            # a plain end of data; the bytes still owed tell the difference.
+            missing = getattr(self._raw, "length", None)
+            if missing:
+                raise DataError(
+                    f"transfer cut short: the server closed the connection with {missing} "
+                    "bytes of the announced Content-Length still to come",
+                    source=self.name,
+                )
+        return n
+
+    def close(self) -> None:
+        if not self.closed:
+            try:
+                self._raw.close()
+            finally:
+                super().close()
+
+
+class _CommandStream(io.RawIOBase):
+    """stdout of a ``pipe:`` command; a non-zero exit after a full read is an error."""
+
+    def __init__(self, command: str, name: str) -> None:
+        super().__init__()
+        self.name = name
+        self.command = command
+        self._stderr = tempfile.TemporaryFile()
+        self._proc = subprocess.Popen(
+            command, shell=True, stdout=subprocess.PIPE, stderr=self._stderr
+        )
+        self._eof = False
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        n = self._proc.stdout.readinto(buffer)
+        if n == 0 and len(buffer) > 0:
+            self._eof = True
+        return n
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        try:
+            self._proc.stdout.close()
+            if self._eof:
+                code = self._proc.wait()
+                if code != 0:
+                    self._stderr.seek(0)
+                    tail = self._stderr.read()[-500:].decode("utf-8", "replace").strip()
+                    raise DataError(
+                        f"command exited with status {code}: {tail or '(no stderr)'}",
+                        source=self.name,
+                    )
+            else:  # the consumer stopped early: end the command quietly
+                self._proc.kill()
+                self._proc.wait()
+        finally:
+            self._stderr.close()
+            super().close()
+
+
+def open_stream(
+    name: str, *, allow_pipes: bool = False, timeout: float = 60.0, buffer_size: int = 1 << 20
+) -> BinaryIO:
+    """Open a path, URL or (opt-in) ``pipe:`` command for binary reading.
+
+    The caller owns the stream and must close it. Errors name the path or URL:
+    :class:`MissingDataError` for an absent file, an HTTP 404/410 or an unreachable host,
+    :class:`DataError` for another HTTP error status or a transfer cut short while reading,
+    :class:`UnsafeInputError` for ``pipe:`` without ``allow_pipes=True``.
+
+    >>> import tempfile, os
+    >>> path = os.path.join(tempfile.mkdtemp(), "x.bin")
+    >>> with open(path, "wb") as f:
+    ...     _ = f.write(b"abc")
+    >>> with open_stream(path) as f:
+    ...     f.read()
+    b'abc'
+    """
+    if name.startswith(_PIPE_PREFIX):
+        if not allow_pipes:
+            raise UnsafeInputError(
+                "refusing to run a shell command; pass allow_pipes=True to open 'pipe:' names",
+                source=name,
+            )
+        command = name[len(_PIPE_PREFIX):]
+        if not shlex.split(command):
+            raise ValueError(f"empty command in {name!r}")
+        return io.BufferedReader(_CommandStream(command, name), buffer_size)
+    if is_url(name):
+        try:
+            response = urllib.request.urlopen(name, timeout=timeout)
+        except urllib.error.HTTPError as exc:
+            exc.close()
+            if exc.code in (404, 410):
+                raise MissingDataError(f"HTTP {exc.code} {exc.reason}", source=name) from exc
+            raise DataError(f"HTTP {exc.code} {exc.reason}", source=name) from exc
+        except (urllib.error.URLError, OSError) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise MissingDataError(f"cannot reach: {reason}", source=name) from exc
+        return io.BufferedReader(_CheckedStream(response, name), buffer_size)
+    try:
+        return open(name, "rb", buffering=buffer_size)
+    except FileNotFoundError as exc:
+        raise MissingDataError("no such file", source=name) from exc
+    except IsADirectoryError as exc:
+        raise DataError("is a directory, not a file", source=name) from exc
+
+
+@functional_datapipe("open")
+class StreamOpenerIterDataPipe(IterDataPipe[tuple[str, BinaryIO]]):
+    """Open paths, URLs and opt-in commands as binary streams (functional name: ``open``).
+
+    Consumes names (local paths, ``http://``/``https://`` URLs, ``pipe:<command>``) and yields
+    ``(name, binary stream)`` pairs, like torch's ``open_files(mode="b")`` but also for URLs.
+    Each stream is opened when its element is produced and closed when the consumer asks for
+    the next element or stops iterating: finish with a stream before advancing.
+
+    Args:
+        source_datapipe: pipe of names (e.g. from ``list_shards``).
+        allow_pipes: allow ``pipe:`` names, which run a shell command and read its stdout; a
+            non-zero exit status after the whole output was read raises :class:`DataError`.
+        timeout: seconds to wait for an HTTP server to answer.
+        buffer_size: read buffer in bytes.
+
+    >>> import tempfile, os
+    >>> from speechpipe.pipes._base import IterableWrapper
+    >>> path = os.path.join(tempfile.mkdtemp(), "x.bin")
+    >>> with open(path, "wb") as f:
+    ...     _ = f.write(b"abc")
+    >>> [(os.path.basename(n), s.read()) for n, s in IterableWrapper([path]).open()]
+    [('x.bin', b'abc')]
+    """
+
+    def __init__(
+        self,
+        source_datapipe: IterDataPipe[str],
+        *,
+        allow_pipes: bool = False,
+        timeout: float = 60.0,
+        buffer_size: int = 1 << 20,
+    ) -> None:
+        if timeout <= 0:
+            raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
+        if buffer_size <= 0:
+            raise ValueError(f"buffer_size must be > 0 bytes, got {buffer_size}")
+        self.source_datapipe = source_datapipe
+        self.allow_pipes = bool(allow_pipes)
+        self.timeout = timeout
+        self.buffer_size = buffer_size
+
+    def __iter__(self) -> Iterator[tuple[str, BinaryIO]]:
+        for name in self.source_datapipe:
+            if not isinstance(name, (str, os.PathLike)):
+                raise TypeError(f"open expects path or URL strings, got {name!r}")
+            name = os.fspath(name)
+            stream = open_stream(
+                name,
+                allow_pipes=self.allow_pipes,
+                timeout=self.timeout,
+                buffer_size=self.buffer_size,
+            )
+            try:
+                yield name, stream
+            finally:
+                stream.close()
+
+    def __len__(self) -> int:
+        return len(self.source_datapipe)
+
+
+StreamOpener = StreamOpenerIterDataPipe

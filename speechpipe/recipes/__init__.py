@@ -1,0 +1,1 @@
+"""One module per corpus: ``download_<corpus>``, ``prepare_<corpus>`` and pipeline builders."""

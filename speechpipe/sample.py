@@ -1,0 +1,131 @@
+"""The sample schema: what flows between pipes, and the one rule for a sample's length.
+
+A **sample** is a plain ``dict``. These keys have a fixed meaning everywhere in speechpipe:
+
+==================  ==========================================================================
+key                 value
+==================  ==========================================================================
+``key``             utterance id, ``str`` (Kaldi key, tar key, manifest id)
+``audio``           waveform, ``numpy.float32`` array, **time first**: ``(samples,)`` for mono
+                    or ``(samples, channels)``, values in [-1, 1] (soundfile's layout)
+``sample_rate``     ``int``, Hz, of ``audio``
+``feats``           features, ``numpy.float32`` array ``(frames, dim)`` (Kaldi's layout)
+``text``            transcript, ``str``
+``tokens``          token ids, ``numpy.int64`` array ``(length,)``
+``speaker``         speaker id, ``str``
+``duration``        seconds, ``float`` (from a manifest, before any audio is read)
+``num_frames``      ``int``: a length known before the data is read (index, data_len file)
+``source``          where the sample came from (file, shard), ``str``, for error messages
+==================  ==========================================================================
+
+Every array is **time first** (axis 0), so padding always happens along axis 0 and a batch
+of any field has shape ``(batch, time, ...)``.
+
+A **batch** (what :mod:`speechpipe.pipes.collate` makes) is a dict of padded tensors plus one
+``<name>_len`` int64 tensor per padded field, and lists for strings.
+
+**Length rule** (used by every batching stage): :func:`sample_length` is the size along axis 0
+of the first present field among ``feats``, ``audio``, ``tokens`` -- frames if the sample has
+features, samples if it has only audio -- unless a field is named explicitly; before any data
+is read, ``num_frames`` stands in for it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+__all__ = [
+    "AUDIO",
+    "DURATION",
+    "FEATS",
+    "KEY",
+    "LENGTH_FIELDS",
+    "NUM_FRAMES",
+    "SAMPLE_RATE",
+    "SOURCE",
+    "SPEAKER",
+    "TEXT",
+    "TOKENS",
+    "Sample",
+    "len_key",
+    "sample_duration",
+    "sample_length",
+]
+
+KEY = "key"
+AUDIO = "audio"
+SAMPLE_RATE = "sample_rate"
+FEATS = "feats"
+TEXT = "text"
+TOKENS = "tokens"
+SPEAKER = "speaker"
+DURATION = "duration"
+NUM_FRAMES = "num_frames"
+SOURCE = "source"
+
+#: Fields searched, in order, by :func:`sample_length` when no field is named.
+LENGTH_FIELDS = (FEATS, AUDIO, TOKENS)
+
+Sample = dict  # a dict[str, Any] with the keys above
+
+
+def len_key(name: str) -> str:
+    """Name of the length tensor that collation adds for a padded field.
+
+    >>> len_key("feats")
+    'feats_len'
+    """
+    return f"{name}_len"
+
+
+def sample_length(sample: Mapping[str, Any], field: str | None = None) -> int:
+    """Length of a sample along time: frames for ``feats``, samples for ``audio``.
+
+    Args:
+        sample: a sample dict.
+        field: measure this field; by default the first of ``feats``, ``audio``, ``tokens``
+            present, else ``num_frames``.
+
+    >>> import numpy as np
+    >>> sample_length({"audio": np.zeros(16000), "feats": np.zeros((98, 80))})
+    98
+    >>> sample_length({"audio": np.zeros(16000)})
+    16000
+    >>> sample_length({"num_frames": 412})
+    412
+    """
+    if field is not None:
+        if field not in sample:
+            raise KeyError(f"sample {sample.get(KEY)!r} has no field {field!r} to measure")
+        return _axis0(sample[field])
+    for name in LENGTH_FIELDS:
+        if name in sample:
+            return _axis0(sample[name])
+    if NUM_FRAMES in sample:
+        return int(sample[NUM_FRAMES])
+    raise KeyError(
+        f"sample {sample.get(KEY)!r} has none of {LENGTH_FIELDS + (NUM_FRAMES,)} to measure"
+    )
+
+
+def sample_duration(sample: Mapping[str, Any]) -> float:
+    """Seconds of audio in a sample: ``duration`` if given, else samples / sample_rate.
+
+    >>> import numpy as np
+    >>> sample_duration({"audio": np.zeros(8000), "sample_rate": 16000})
+    0.5
+    """
+    if DURATION in sample:
+        return float(sample[DURATION])
+    if AUDIO in sample and SAMPLE_RATE in sample:
+        return _axis0(sample[AUDIO]) / float(sample[SAMPLE_RATE])
+    raise KeyError(f"sample {sample.get(KEY)!r} has neither 'duration' nor audio with a rate")
+
+
+def _axis0(value: Any) -> int:
+    shape = getattr(value, "shape", None)
+    if shape is not None:
+        if len(shape) == 0:
+            raise ValueError("a scalar has no time axis")
+        return int(shape[0])
+    return len(value)
