@@ -34,10 +34,10 @@ class SkippedInputWarning(UserWarning):
     """Warned at the end of a pass in which a ``on_error="skip"`` stage dropped input."""
 
 
-def check_on_error(on_error: str) -> str:
-    """Validate an ``on_error`` argument (used by constructors)."""
+def check_on_error(on_error: str, name: str = "on_error") -> str:
+    """Validate an ``on_error``-style argument called ``name`` (used by constructors)."""
     if on_error not in ON_ERROR:
-        raise ValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
+        raise ValueError(f"{name} must be one of {ON_ERROR}, got {on_error!r}")
     return on_error
 
 

@@ -1,0 +1,174 @@
+"""Combining and ordering samples from several sources.
+
+Verbs so far:
+
+- ``join_by_key`` (:class:`KeyJoinerIterDataPipe`): add the fields of one or more keyed
+  tables (transcripts, speakers, durations) to a stream of samples, matching by ``key`` --
+  the way Kaldi's ``feats.scp`` and ``text`` or a manifest and its audio are put together.
+  Torch's ``zip`` pairs by position; this pairs by key and says which keys do not match.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Iterator, Mapping
+
+from ..diagnostics import Diagnostics, check_on_error
+from ..errors import DataError
+from ..sample import KEY, SOURCE
+from ._base import IterDataPipe, functional_datapipe
+
+__all__ = ["KeyJoinerIterDataPipe", "join_by_key"]
+
+_EXAMPLES = 5
+
+
+def _load_table(table: Iterable[Mapping], index: int) -> dict[str, Mapping]:
+    rows: dict[str, Mapping] = {}
+    for row in table:
+        key = row.get(KEY) if isinstance(row, Mapping) else None
+        if not isinstance(key, str):
+            raise DataError(
+                f"join_by_key table #{index} yields {type(row).__name__} elements without a "
+                "string 'key' field; give it sample dicts"
+            )
+        if key in rows:
+            raise DataError(
+                f"key appears twice in join_by_key table #{index}",
+                source=row.get(SOURCE),
+                key=key,
+            )
+        rows[key] = row
+    return rows
+
+
+def join_by_key(
+    samples: Iterable[Mapping],
+    tables: list[Iterable[Mapping]],
+    *,
+    on_missing: str = "raise",
+    diagnostics: Diagnostics | None = None,
+) -> Iterator[dict]:
+    """Merge the fields of keyed ``tables`` into each sample of ``samples``.
+
+    The tables are read into memory when iteration starts (they are transcripts and other
+    small per-utterance tables; stream the big one). A field present in both with different
+    values is an error.
+
+    Args:
+        samples: the stream (dicts with ``key``).
+        tables: dict-yielding iterables, each with unique keys.
+        on_missing: ``"raise"`` -- a stream key absent from a table, or a table key never
+            seen in the stream, raises :class:`DataError` naming keys; ``"skip"`` -- stream
+            samples without a match are dropped and both kinds are counted in ``diagnostics``.
+        diagnostics: where skipped keys are counted under ``"skip"``.
+
+    >>> feats = [{"key": "u1", "feats": 1}, {"key": "u2", "feats": 2}]
+    >>> text = [{"key": "u2", "text": "B"}, {"key": "u1", "text": "A"}]
+    >>> list(join_by_key(feats, [text]))
+    [{'key': 'u1', 'feats': 1, 'text': 'A'}, {'key': 'u2', 'feats': 2, 'text': 'B'}]
+    """
+    check_on_error(on_missing, "on_missing")
+    if diagnostics is None:
+        diagnostics = Diagnostics("join_by_key")
+    loaded = [_load_table(t, i) for i, t in enumerate(tables, start=1)]
+    seen: list[set[str]] = [set() for _ in loaded]
+    for sample in samples:
+        key = sample.get(KEY)
+        merged = dict(sample)
+        complete = True
+        for i, rows in enumerate(loaded):
+            row = rows.get(key)
+            if row is None:
+                diagnostics.handle(
+                    on_missing,
+                    DataError(
+                        f"key is missing from join_by_key table #{i + 1}",
+                        source=sample.get(SOURCE),
+                        key=key,
+                    ),
+                    reason=f"stream key missing from table #{i + 1}",
+                )
+                complete = False
+                break
+            seen[i].add(key)
+            for field, value in row.items():
+                if field in (KEY, SOURCE):
+                    continue
+                if field in merged and not _same(merged[field], value):
+                    raise DataError(
+                        f"field {field!r} differs between the stream and table #{i + 1}: "
+                        f"{merged[field]!r} vs {value!r}",
+                        source=sample.get(SOURCE),
+                        key=key,
+                    )
+                merged[field] = value
+        if complete:
+            yield merged
+    for i, rows in enumerate(loaded):
+        unseen = [k for k in rows if k not in seen[i]]
+        if not unseen:
+            continue
+        if on_missing == "raise":
+            raise DataError(
+                f"{len(unseen)} key(s) of join_by_key table #{i + 1} never appeared in the "
+                f"stream, e.g. {sorted(unseen)[:_EXAMPLES]}; pass on_missing='skip' to count "
+                "and drop them"
+            )
+        for k in unseen:
+            diagnostics.record(f"table #{i + 1} key not in stream", f"key {k!r}")
+
+
+def _same(a, b) -> bool:
+    try:
+        return bool(a == b)
+    except (ValueError, TypeError):  # arrays: ambiguous truth value
+        return a is b
+
+
+@functional_datapipe("join_by_key")
+class KeyJoinerIterDataPipe(IterDataPipe[dict]):
+    """Add the fields of keyed tables to each sample (functional name: ``join_by_key``).
+
+    Consumes sample dicts with ``key``; yields the same samples with the fields of the
+    matching row of every table added (see :func:`join_by_key`). Use it to put transcripts
+    next to features or audio: the tables are read when iteration starts, never in the
+    constructor. Use torch's ``zip`` instead when the inputs are aligned by position.
+
+    Args:
+        source_datapipe: the stream of samples.
+        *tables: pipes (or lists) of dicts with ``key``; each read fully per pass.
+        on_missing: ``"raise"`` (default) or ``"skip"``, see :func:`join_by_key`; skipped
+            keys are counted in ``self.diagnostics`` and warned about at the end of a pass.
+
+    >>> from speechpipe.pipes._base import IterableWrapper
+    >>> audio = IterableWrapper([{"key": "u1", "audio": [0.1]}, {"key": "u2", "audio": [0.2]}])
+    >>> text = IterableWrapper([{"key": "u1", "text": "HELLO"}])
+    >>> list(audio.join_by_key(text, on_missing="skip"))
+    [{'key': 'u1', 'audio': [0.1], 'text': 'HELLO'}]
+    """
+
+    def __init__(self, source_datapipe: IterDataPipe, *tables, on_missing: str = "raise"):
+        if not tables:
+            raise ValueError("join_by_key needs at least one table to join")
+        self.source_datapipe = source_datapipe
+        self.tables = tables
+        self.on_missing = check_on_error(on_missing, "on_missing")
+        self.diagnostics = Diagnostics("join_by_key")
+
+    def __iter__(self) -> Iterator[dict]:
+        self.diagnostics.reset()
+        yield from join_by_key(
+            self.source_datapipe,
+            list(self.tables),
+            on_missing=self.on_missing,
+            diagnostics=self.diagnostics,
+        )
+        self.diagnostics.warn_if_skipped()
+
+    def __len__(self) -> int:
+        if self.on_missing != "raise":
+            raise TypeError("join_by_key(on_missing='skip') has no length: skips are unknown")
+        return len(self.source_datapipe)
+
+
+KeyJoiner = KeyJoinerIterDataPipe
