@@ -25,7 +25,7 @@ from collections import Counter
 
 from .errors import DataError
 
-__all__ = ["ON_ERROR", "Diagnostics", "SkippedInputWarning", "check_on_error"]
+__all__ = ["Diagnostics", "ON_ERROR", "SkippedInputWarning", "check_on_error"]
 
 ON_ERROR = ("raise", "skip")
 
