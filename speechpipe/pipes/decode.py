@@ -1,0 +1,670 @@
+"""Allow-listed decoding of shard fields, and loading audio named in manifests.
+
+Nothing is ever unpickled: fields are decoded by an explicit allow-list of extensions, and a
+field that would need ``pickle`` (``pkl pickle pyd pth pt``, or a ``.npy`` object array)
+raises :class:`~speechpipe.errors.UnsafeInputError`.
+
+==========================  ======================================  ==========================
+extension (last part)       decoded to                              default name
+==========================  ======================================  ==========================
+``wav flac ogg opus mp3``   ``float32`` array (time first) + rate   ``audio`` + ``sample_rate``
+``npy``                     ``numpy`` array (``allow_pickle=False``)  ``feats``
+``txt text transcript``     ``str`` (UTF-8)                         ``text``
+``json``                    parsed JSON                             ``meta``
+``cls id index``            ``int``                                 the extension
+``pkl pickle pyd pth pt``   never: :class:`UnsafeInputError`
+anything else               ``unknown=``: error, keep bytes, drop
+==========================  ======================================  ==========================
+
+Verbs and functions:
+
+- :func:`read_audio`: soundfile reading of a path, bytes or file object (shared entry point).
+- :func:`decode_field` / :func:`decode_sample`: one field / one raw sample.
+- ``decode`` (:class:`DecoderIterDataPipe`): raw samples from ``read_shards`` to decoded ones.
+- :func:`read_audio_segment` and ``load_audio`` (:class:`AudioLoaderIterDataPipe`): audio
+  files named in manifest samples (whole files or ``offset``/``duration`` segments).
+- :func:`encode_field`: the inverse allow-list, used by the shard writers.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+from typing import Any, BinaryIO, Callable, Iterator, Mapping, Union
+
+import numpy as np
+import soundfile
+
+from ..diagnostics import Diagnostics, check_on_error
+from ..errors import DataError, MissingDataError, UnsafeInputError
+from ..sample import AUDIO, FEATS, KEY, SAMPLE_RATE, SOURCE, TEXT, Sample
+from ._base import IterDataPipe, functional_datapipe
+
+__all__ = [
+    "AUDIO_EXTENSIONS",
+    "AudioLoaderIterDataPipe",
+    "DecoderIterDataPipe",
+    "INT_EXTENSIONS",
+    "JSON_EXTENSIONS",
+    "NPY_EXTENSIONS",
+    "TEXT_EXTENSIONS",
+    "UNSAFE_EXTENSIONS",
+    "decode_field",
+    "decode_sample",
+    "encode_field",
+    "read_audio",
+    "read_audio_segment",
+]
+
+AudioInput = Union[str, bytes, BinaryIO]
+
+AUDIO_EXTENSIONS = ("flac", "mp3", "ogg", "opus", "wav")
+NPY_EXTENSIONS = ("npy",)
+TEXT_EXTENSIONS = ("text", "transcript", "txt")
+JSON_EXTENSIONS = ("json",)
+INT_EXTENSIONS = ("cls", "id", "index")
+#: Extensions whose only decoder would be ``pickle``: always refused.
+UNSAFE_EXTENSIONS = ("pickle", "pkl", "pt", "pth", "pyd")
+
+# Audio formats whose encoding (soundfile) is deterministic; ogg/opus/mp3 are written as bytes.
+_WRITABLE_AUDIO = {"flac": "FLAC", "wav": "WAV"}
+_DEFAULT_NAMES = {
+    **{ext: AUDIO for ext in AUDIO_EXTENSIONS},
+    "npy": FEATS,
+    "txt": TEXT,
+    "text": TEXT,
+    "transcript": TEXT,
+    "json": "meta",
+}
+_UNKNOWN = ("error", "keep", "drop")
+_NPY_MAGIC = b"\x93NUMPY"
+_BYTES = (bytes, bytearray, memoryview)
+
+
+def read_audio(
+    data: AudioInput,
+    *,
+    source: str | None = None,
+    key: str | None = None,
+    start: int = 0,
+    stop: int | None = None,
+) -> tuple[np.ndarray, int]:
+    """Read audio with soundfile: ``(float32 array, time first, sample_rate)``.
+
+    Args:
+        data: a path, the file's bytes, or a binary file object.
+        source: where the data came from, for error messages (defaults to the path).
+        key: utterance key, for error messages.
+        start: first sample (frame) to read.
+        stop: one past the last sample to read; ``None`` reads to the end.
+
+    Mono audio is returned as ``(samples,)``, multi-channel as ``(samples, channels)``.
+
+    >>> import tempfile, os
+    >>> path = os.path.join(tempfile.mkdtemp(), "a.flac")
+    >>> soundfile.write(path, np.zeros(1600, dtype=np.float32), 16000)
+    >>> audio, rate = read_audio(path, start=100, stop=900)
+    >>> audio.shape, audio.dtype, rate
+    ((800,), dtype('float32'), 16000)
+    """
+    where = source if source is not None else (data if isinstance(data, str) else None)
+    fileobj = io.BytesIO(data) if isinstance(data, (bytes, bytearray, memoryview)) else data
+    try:
+        audio, rate = soundfile.read(
+            fileobj, start=start, stop=stop, dtype="float32", always_2d=False
+        )
+    except FileNotFoundError as exc:
+        raise MissingDataError("audio file not found", source=where, key=key) from exc
+    except (soundfile.LibsndfileError, RuntimeError, TypeError, ValueError) as exc:
+        if isinstance(data, str) and not _exists(data):
+            raise MissingDataError("audio file not found", source=where, key=key) from exc
+        raise DataError(f"cannot decode audio: {exc}", source=where, key=key) from exc
+    if stop is not None and audio.shape[0] < stop - start:
+        raise DataError(
+            f"audio ends before the requested samples [{start}, {stop}): it has "
+            f"{start + audio.shape[0]} samples",
+            source=where,
+            key=key,
+        )
+    return audio, int(rate)
+
+
+def _exists(path: str) -> bool:
+    import os
+
+    return os.path.exists(path)
+
+
+# --------------------------------------------------------------------------------------------
+# Decoding fields
+# --------------------------------------------------------------------------------------------
+
+
+def _utf8(data: bytes, where: dict) -> str:
+    try:
+        return bytes(data).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise DataError(f"invalid UTF-8 at byte {exc.start}: {exc.reason}", **where) from exc
+
+
+def _decode_npy(data: bytes, where: dict) -> np.ndarray:
+    data = bytes(data)
+    if not data.startswith(_NPY_MAGIC):
+        raise DataError(f"not a .npy array (starts with {data[:8]!r})", **where)
+    try:
+        return np.load(io.BytesIO(data), allow_pickle=False)
+    except ValueError as exc:
+        if "allow_pickle" in str(exc):
+            raise UnsafeInputError(
+                "a .npy object array would need unpickling; speechpipe never unpickles shard "
+                "contents (store numeric arrays)",
+                **where,
+            ) from exc
+        raise DataError(f"cannot load .npy array: {exc}", **where) from exc
+    except (OSError, EOFError, TypeError) as exc:
+        raise DataError(f"cannot load .npy array: {exc}", **where) from exc
+
+
+def _decode_json(data: bytes, where: dict) -> Any:
+    text = _utf8(data, where)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise DataError(f"invalid JSON: {exc}", **where) from exc
+    except RecursionError as exc:
+        raise DataError("invalid JSON: nested too deeply", **where) from exc
+
+
+def _decode_int(data: bytes, where: dict) -> int:
+    text = _utf8(data, where).strip()
+    try:
+        return int(text)
+    except ValueError as exc:
+        raise DataError(f"expected an integer, got {text[:40]!r}", **where) from exc
+
+
+def _where(sample: Mapping[str, Any], field: str) -> dict:
+    key = sample.get(KEY)
+    return {
+        "source": sample.get(SOURCE),
+        "member": field if key is None else f"{key}.{field}",
+        "key": key,
+    }
+
+
+def decode_field(
+    field: str, data: bytes, *, source: str | None = None, key: str | None = None
+) -> Any:
+    """Decode one field's bytes by the last part of its name, from the allow-list.
+
+    Audio gives ``(audio, sample_rate)``; ``npy`` an array; ``txt``/``text``/``transcript``
+    a ``str``; ``json`` the parsed object; ``cls``/``id``/``index`` an ``int``.
+
+    Raises:
+        UnsafeInputError: the extension is one of ``pkl pickle pyd pth pt`` (never
+            unpickled), or a ``.npy`` holds an object array.
+        DataError: the bytes do not decode, or the extension is not in the allow-list; the
+            message names ``source``, the member ``<key>.<field>`` and the key.
+
+    >>> decode_field("cls", b"7"), decode_field("words.txt", b"hi there")
+    (7, 'hi there')
+    >>> decode_field("x.pkl", b"...", source="a.tar", key="u1")
+    Traceback (most recent call last):
+    ...
+    speechpipe.errors.UnsafeInputError: a.tar [member u1.x.pkl] (key 'u1'): ...never unpickles...
+    """
+    where = _where({KEY: key, SOURCE: source}, field)
+    ext = field.rpartition(".")[2].lower()
+    if ext in UNSAFE_EXTENSIONS:
+        raise UnsafeInputError(
+            f"field {field!r} has extension {ext!r}, which only pickle could read; speechpipe "
+            "never unpickles shard contents (store .npy, .json or text instead)",
+            **where,
+        )
+    if ext in AUDIO_EXTENSIONS:
+        try:
+            return read_audio(bytes(data), source=source, key=key)
+        except DataError as exc:
+            raise DataError(exc.reason, **where) from exc
+    if ext in NPY_EXTENSIONS:
+        return _decode_npy(data, where)
+    if ext in TEXT_EXTENSIONS:
+        return _utf8(data, where)
+    if ext in JSON_EXTENSIONS:
+        return _decode_json(data, where)
+    if ext in INT_EXTENSIONS:
+        return _decode_int(data, where)
+    raise DataError(
+        f"no decoder for field {field!r} (extension {ext!r}); the allow-list is "
+        f"{sorted(_DEFAULT_NAMES) + list(INT_EXTENSIONS)}; pass unknown='keep' or 'drop'",
+        **where,
+    )
+
+
+def _is_known(field: str) -> bool:
+    ext = field.rpartition(".")[2].lower()
+    return ext in _DEFAULT_NAMES or ext in INT_EXTENSIONS or ext in UNSAFE_EXTENSIONS
+
+
+def _one_to_one_len(pipe: Any, verb: str) -> int:
+    if pipe.on_error != "raise":
+        raise TypeError(
+            f"{verb}(on_error={pipe.on_error!r}) has no len(): skipped samples are known only "
+            "after reading; use on_error='raise' for a length"
+        )
+    return len(pipe.source_datapipe)
+
+
+def _rate_name(name: str) -> str:
+    return SAMPLE_RATE if name == AUDIO else f"{name}_{SAMPLE_RATE}"
+
+
+def decode_sample(
+    sample: Mapping[str, Any],
+    *,
+    unknown: str = "error",
+    rename: Mapping[str, str] | None = None,
+    on_drop: Callable[[str], None] | None = None,
+) -> Sample:
+    """Decode the bytes fields of one raw sample (see :class:`DecoderIterDataPipe`).
+
+    Args:
+        sample: ``{"key", "source", "<field>": bytes, ...}`` as :mod:`~speechpipe.pipes.shards`
+            yields; values that are not bytes (``key``, ``source``, already decoded fields)
+            are kept as they are.
+        unknown: what to do with a field whose extension is not in the allow-list:
+            ``"error"`` raises :class:`DataError`, ``"keep"`` keeps its bytes under its own
+            name, ``"drop"`` removes it and calls ``on_drop(field)``.
+        rename: output names by raw field name, overriding the default naming.
+        on_drop: called with each dropped field name.
+
+    >>> decode_sample({"key": "u1", "source": "a.tar", "txt": b"hi", "n.cls": b"3"})
+    {'key': 'u1', 'source': 'a.tar', 'text': 'hi', 'n': 3}
+    """
+    rename = rename or {}
+    out: dict[str, Any] = {}
+
+    def put(name: str, value: Any, field: str) -> None:
+        if name in out:
+            raise DataError(
+                f"field {field!r} decodes to {name!r}, which another field already set; "
+                "pass rename={...} to name them apart",
+                **_where(sample, field),
+            )
+        out[name] = value
+
+    for field, value in sample.items():
+        if field in (KEY, SOURCE) or not isinstance(value, _BYTES):
+            put(field, value, field)
+            continue
+        if not _is_known(field):
+            if unknown == "error":
+                decode_field(field, value, source=sample.get(SOURCE), key=sample.get(KEY))
+            if unknown == "keep":
+                put(field, value, field)
+            elif on_drop is not None:
+                on_drop(field)
+            continue
+        decoded = decode_field(field, value, source=sample.get(SOURCE), key=sample.get(KEY))
+        prefix, _, ext = field.rpartition(".")
+        ext = ext.lower()
+        name = rename.get(field) or prefix or _DEFAULT_NAMES.get(ext, ext)
+        if ext in AUDIO_EXTENSIONS:
+            audio, rate = decoded
+            put(name, audio, field)
+            put(_rate_name(name), rate, field)
+        else:
+            put(name, decoded, field)
+    return out
+
+
+@functional_datapipe("decode")
+class DecoderIterDataPipe(IterDataPipe[Sample]):
+    """Decode raw shard samples with an allow-list; never unpickle (functional name: ``decode``).
+
+    Consumes raw samples ``{"key", "source", "<field>": bytes, ...}`` (from ``read_shards``)
+    and yields decoded samples. The decoder is chosen by the last part of the field name and
+    the output is named as follows:
+
+    - a dotted field ``a.b`` is decoded by ``b`` and named ``a`` (``feats.npy`` -> ``feats``,
+      ``words.txt`` -> ``words``);
+    - a single extension gets the sample-schema name: audio -> ``audio`` (+ ``sample_rate``),
+      ``txt``/``text``/``transcript`` -> ``text``, ``npy`` -> ``feats``, ``json`` -> ``meta``,
+      ``cls``/``id``/``index`` keep their name;
+    - audio named ``audio`` sets ``sample_rate``; any other audio name ``n`` (e.g. a second
+      microphone ``mic2.flac`` -> ``mic2``) sets ``n_sample_rate``;
+    - ``rename={"<raw field>": "<name>"}`` overrides all of this (``{"mic1.flac": "audio"}``).
+
+    Two fields decoding to the same name raise :class:`~speechpipe.errors.DataError`. Values
+    that are not bytes (``key``, ``source``) pass through. Errors name the shard
+    (``sample["source"]``), the key and the member ``<key>.<field>``.
+
+    Args:
+        source_datapipe: pipe of raw samples.
+        unknown: a field whose extension is not in the allow-list: ``"error"`` (default)
+            raises, ``"keep"`` keeps its bytes under its raw name, ``"drop"`` removes it and
+            counts it in :attr:`diagnostics` (reason ``"unknown extension dropped"``).
+        rename: output names by raw field name.
+        on_error: ``"raise"`` (default) or ``"skip"``: drop a sample that does not decode
+            (including an unsafe ``.pkl``/object-array field, which is never unpickled),
+            count it in :attr:`diagnostics` and warn at the end of the pass. Counts cover the
+            current (or last) pass.
+
+    ``len()`` is the source's length under ``on_error="raise"`` (one sample out per sample
+    in); under ``"skip"`` it raises :class:`TypeError`.
+
+    >>> import io, numpy as np
+    >>> from speechpipe.pipes._base import IterableWrapper
+    >>> buf = io.BytesIO(); np.save(buf, np.ones((2, 3), dtype=np.float32))
+    >>> raw = {"key": "u1", "source": "a.tar", "txt": b"hello", "feats.npy": buf.getvalue()}
+    >>> [s] = IterableWrapper([raw]).decode()
+    >>> s["key"], s["text"], s["feats"].shape, s["feats"].dtype
+    ('u1', 'hello', (2, 3), dtype('float32'))
+    """
+
+    def __init__(
+        self,
+        source_datapipe: IterDataPipe,
+        *,
+        unknown: str = "error",
+        rename: Mapping[str, str] | None = None,
+        on_error: str = "raise",
+    ) -> None:
+        if unknown not in _UNKNOWN:
+            raise ValueError(f"unknown must be one of {_UNKNOWN}, got {unknown!r}")
+        if rename is not None:
+            if not isinstance(rename, Mapping) or not all(
+                isinstance(k, str) and isinstance(v, str) and v for k, v in rename.items()
+            ):
+                raise TypeError(f"rename must map field names to non-empty str, got {rename!r}")
+            rename = dict(rename)
+        self.source_datapipe = source_datapipe
+        self.unknown = unknown
+        self.rename = rename
+        self.on_error = check_on_error(on_error)
+        self.diagnostics = Diagnostics("decode")
+
+    def __iter__(self) -> Iterator[Sample]:
+        self.diagnostics.reset()
+        for sample in self.source_datapipe:
+            if not isinstance(sample, Mapping):
+                raise TypeError(f"decode expects sample dicts, got {type(sample).__name__}")
+
+            def dropped(field: str, sample: Mapping = sample) -> None:
+                where = _where(sample, field)
+                self.diagnostics.record(
+                    "unknown extension dropped",
+                    f"{where['source']} [member {where['member']}] (unknown='drop')",
+                )
+
+            try:
+                out = decode_sample(
+                    sample, unknown=self.unknown, rename=self.rename, on_drop=dropped
+                )
+            except DataError as err:
+                reason = (
+                    "unsafe field (never unpickled)"
+                    if isinstance(err, UnsafeInputError)
+                    else "undecodable sample"
+                )
+                self.diagnostics.handle(self.on_error, err, reason)
+                continue
+            yield out
+        self.diagnostics.warn_if_skipped()
+
+    def __len__(self) -> int:
+        return _one_to_one_len(self, "decode")
+
+
+Decoder = DecoderIterDataPipe
+
+
+# --------------------------------------------------------------------------------------------
+# Audio named in manifests
+# --------------------------------------------------------------------------------------------
+
+
+def read_audio_segment(
+    path: str | os.PathLike,
+    *,
+    offset: float | None = None,
+    duration: float | None = None,
+    key: str | None = None,
+) -> tuple[np.ndarray, int]:
+    """Read a whole audio file, or ``duration`` seconds from ``offset`` seconds.
+
+    Reads frames ``[round(offset * rate), round(offset * rate) + round(duration * rate))``.
+
+    Raises:
+        MissingDataError: the file does not exist (naming it and ``key``).
+        DataError: it cannot be opened or decoded, the offset or duration is negative or not
+            a number, or the file ends before the requested segment.
+
+    >>> import tempfile, os
+    >>> path = os.path.join(tempfile.mkdtemp(), "a.wav")
+    >>> soundfile.write(path, np.zeros(16000, dtype=np.float32), 16000)
+    >>> audio, rate = read_audio_segment(path, offset=0.25, duration=0.5)
+    >>> audio.shape, rate
+    ((8000,), 16000)
+    """
+    path = os.fspath(path)
+    seconds = {}
+    for name, value in (("offset", offset), ("duration", duration)):
+        if value is None:
+            continue
+        try:
+            value = float(value)
+        except (TypeError, ValueError) as exc:
+            raise DataError(f"{name} must be seconds, got {value!r}", source=path,
+                            key=key) from exc
+        if not value >= 0:  # also rejects NaN
+            raise DataError(f"{name} must be >= 0 seconds, got {value!r}", source=path, key=key)
+        seconds[name] = value
+    try:
+        file = open(path, "rb")
+    except FileNotFoundError as exc:
+        raise MissingDataError("audio file not found", source=path, key=key) from exc
+    except OSError as exc:
+        raise DataError(f"cannot open audio file: {exc}", source=path, key=key) from exc
+    with file:
+        start, stop = 0, None
+        if seconds:
+            try:
+                info = soundfile.info(file)
+            except (soundfile.LibsndfileError, RuntimeError, TypeError, ValueError) as exc:
+                raise DataError(f"cannot decode audio: {exc}", source=path, key=key) from exc
+            file.seek(0)
+            rate = info.samplerate
+            start = round(seconds.get("offset", 0.0) * rate)
+            if start > info.frames:
+                raise DataError(
+                    f"offset {seconds['offset']} s is past the end of the audio "
+                    f"({info.frames / rate:.3f} s)",
+                    source=path,
+                    key=key,
+                )
+            if "duration" in seconds:
+                stop = start + round(seconds["duration"] * rate)
+        return read_audio(file, source=path, key=key, start=start, stop=stop)
+
+
+@functional_datapipe("load_audio")
+class AudioLoaderIterDataPipe(IterDataPipe[Sample]):
+    """Read the audio file a manifest sample names (functional name: ``load_audio``).
+
+    Consumes samples holding a path (``{"key", "audio_path": "wavs/u1.flac", ...}``) and yields
+    them with ``audio`` (``float32``, time first) and ``sample_rate`` added; other fields are
+    kept. With ``offset_field``/``duration_field`` only that segment is read (seconds). For
+    tar shards use ``read_shards`` + ``decode`` instead.
+
+    Args:
+        source_datapipe: pipe of sample dicts.
+        field: the field holding the path.
+        offset_field: field holding the segment start in seconds (``None``: from the start).
+        duration_field: field holding the segment length in seconds (``None``: to the end).
+        root: directory that relative paths are joined to (absolute paths are used as they
+            are); ``None`` resolves relative paths against the working directory.
+        on_error: ``"raise"`` (default): a missing file raises
+            :class:`~speechpipe.errors.MissingDataError`, an unreadable one or a bad sample
+            :class:`~speechpipe.errors.DataError`, naming the file and the key; ``"skip"``
+            drops the sample, counts it in :attr:`diagnostics` and warns at the end of the
+            pass.
+
+    ``len()`` is the source's length under ``on_error="raise"``; under ``"skip"`` it raises
+    :class:`TypeError`.
+
+    >>> import os, tempfile
+    >>> from speechpipe.pipes._base import IterableWrapper
+    >>> root = tempfile.mkdtemp()
+    >>> soundfile.write(os.path.join(root, "u1.wav"), np.zeros(1600, np.float32), 16000)
+    >>> rows = [{"key": "u1", "audio_path": "u1.wav", "start": 0.05, "dur": 0.025}]
+    >>> [s] = IterableWrapper(rows).load_audio(
+    ...     offset_field="start", duration_field="dur", root=root)
+    >>> s["audio"].shape, s["sample_rate"], s["audio_path"]
+    ((400,), 16000, 'u1.wav')
+    """
+
+    def __init__(
+        self,
+        source_datapipe: IterDataPipe,
+        field: str = "audio_path",
+        *,
+        offset_field: str | None = None,
+        duration_field: str | None = None,
+        root: str | os.PathLike | None = None,
+        on_error: str = "raise",
+    ) -> None:
+        for name, value in (("field", field), ("offset_field", offset_field),
+                            ("duration_field", duration_field)):
+            if value is None and name != "field":
+                continue
+            if not isinstance(value, str) or not value:
+                raise TypeError(f"{name} must be a non-empty str, got {value!r}")
+        if root is not None and not isinstance(root, (str, os.PathLike)):
+            raise TypeError(f"root must be a path or None, got {root!r}")
+        self.source_datapipe = source_datapipe
+        self.field = field
+        self.offset_field = offset_field
+        self.duration_field = duration_field
+        self.root = None if root is None else os.fspath(root)
+        self.on_error = check_on_error(on_error)
+        self.diagnostics = Diagnostics("load_audio")
+
+    def _load(self, sample: Mapping[str, Any]) -> Sample:
+        key = sample.get(KEY)
+        values = {}
+        for name in (self.field, self.offset_field, self.duration_field):
+            if name is not None and name not in sample:
+                raise DataError(f"sample has no field {name!r}", source=sample.get(SOURCE),
+                                key=key)
+            values[name] = sample.get(name)
+        path = values[self.field]
+        if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
+            raise DataError(f"field {self.field!r} must hold a path, got {path!r}",
+                            source=sample.get(SOURCE), key=key)
+        path = os.fspath(path)
+        if self.root is not None and not os.path.isabs(path):
+            path = os.path.join(self.root, path)
+        audio, rate = read_audio_segment(
+            path,
+            offset=values.get(self.offset_field) if self.offset_field else None,
+            duration=values.get(self.duration_field) if self.duration_field else None,
+            key=key,
+        )
+        out = dict(sample)
+        out[AUDIO] = audio
+        out[SAMPLE_RATE] = rate
+        return out
+
+    def __iter__(self) -> Iterator[Sample]:
+        self.diagnostics.reset()
+        for sample in self.source_datapipe:
+            if not isinstance(sample, Mapping):
+                raise TypeError(f"load_audio expects sample dicts, got {type(sample).__name__}")
+            try:
+                out = self._load(sample)
+            except MissingDataError as err:
+                self.diagnostics.handle(self.on_error, err, "missing audio file")
+                continue
+            except DataError as err:
+                self.diagnostics.handle(self.on_error, err, "unreadable audio")
+                continue
+            yield out
+        self.diagnostics.warn_if_skipped()
+
+    def __len__(self) -> int:
+        return _one_to_one_len(self, "load_audio")
+
+
+AudioLoader = AudioLoaderIterDataPipe
+
+
+# --------------------------------------------------------------------------------------------
+# Encoding (used by the shard writers)
+# --------------------------------------------------------------------------------------------
+
+
+def encode_field(
+    field: str, value: Any, *, sample_rate: int | None = None, key: str | None = None
+) -> bytes:
+    """Encode one field's value for writing, by the last part of its name (the allow-list).
+
+    - bytes-like values are written as they are (for any extension but the unsafe ones);
+    - ``npy``: a numeric ``numpy`` array, with ``np.save(allow_pickle=False)``;
+    - ``txt``/``text``/``transcript``: a ``str``, as UTF-8;
+    - ``json``: a JSON-serialisable object (``ensure_ascii=False``, keys sorted);
+    - ``cls``/``id``/``index``: an ``int``;
+    - ``flac``/``wav``: an audio array (time first), with soundfile at ``sample_rate`` and its
+      default subtype (16-bit PCM: values are quantised); ``ogg``/``opus``/``mp3`` need bytes.
+
+    Raises:
+        ValueError: the extension is one of ``pkl pickle pyd pth pt``, an array holds
+            objects, or audio has no ``sample_rate``.
+        TypeError: no encoder for this extension and value type.
+
+    >>> encode_field("txt", "héllo")
+    b'h\\xc3\\xa9llo'
+    >>> encode_field("meta.json", {"b": 1, "a": [2]})
+    b'{"a": [2], "b": 1}'
+    """
+    where = f"sample {key!r} field {field!r}" if key is not None else f"field {field!r}"
+    ext = field.rpartition(".")[2].lower()
+    if ext in UNSAFE_EXTENSIONS:
+        raise ValueError(
+            f"{where}: extension {ext!r} would need pickle to read; speechpipe neither writes "
+            "nor reads pickles (use npy, json or txt)"
+        )
+    if isinstance(value, _BYTES):
+        return bytes(value)
+    if ext in NPY_EXTENSIONS and isinstance(value, (np.ndarray, np.generic)):
+        buf = io.BytesIO()
+        try:
+            np.save(buf, value, allow_pickle=False)
+        except ValueError as exc:
+            raise ValueError(f"{where}: {exc}") from exc
+        return buf.getvalue()
+    if ext in TEXT_EXTENSIONS and isinstance(value, str):
+        return value.encode("utf-8")
+    if ext in JSON_EXTENSIONS:
+        try:
+            return json.dumps(value, ensure_ascii=False, sort_keys=True).encode("utf-8")
+        except (TypeError, ValueError) as exc:
+            raise TypeError(f"{where}: cannot encode as JSON: {exc}") from exc
+    if ext in INT_EXTENSIONS and isinstance(value, (int, np.integer)) and not isinstance(
+        value, bool
+    ):
+        return str(int(value)).encode("ascii")
+    if ext in _WRITABLE_AUDIO and isinstance(value, np.ndarray):
+        if sample_rate is None:
+            raise ValueError(f"{where}: an audio array needs the sample's 'sample_rate'")
+        buf = io.BytesIO()
+        try:
+            soundfile.write(buf, value, int(sample_rate), format=_WRITABLE_AUDIO[ext])
+        except (soundfile.LibsndfileError, RuntimeError, TypeError, ValueError) as exc:
+            raise ValueError(f"{where}: cannot encode audio: {exc}") from exc
+        return buf.getvalue()
+    raise TypeError(
+        f"{where}: no encoder for extension {ext!r} and a {type(value).__name__}; pass bytes, "
+        "or name the field by its format (e.g. 'flac', 'txt', 'feats.npy', 'json')"
+    )

@@ -1,0 +1,743 @@
+"""Tar shards in webdataset naming: reading them into samples and writing them.
+
+A shard is a tar file whose members are grouped into samples by **key**: the member path up
+to the first dot of its basename is the key, the rest is the **field**
+(``dir/utt1.feats.npy`` -> key ``dir/utt1``, field ``feats.npy``), and consecutive members
+with the same key form one sample. This is webdataset's convention, so shards written by
+``webdataset.TarWriter``/``ShardWriter`` are read here and the other way round.
+
+Verbs and functions:
+
+- :func:`iter_tar_members`: a tar reader written from the format itself (ustar, GNU long
+  names, pax headers) that *detects* truncation and corruption -- ``tarfile``'s stream mode
+  ends silently on a truncated header -- and yields ``(member name, payload bytes)``.
+- :func:`group_by_key`: members to raw samples ``{"key", "source", "<field>": bytes, ...}``.
+- ``read_shards`` (:class:`ShardReaderIterDataPipe`): ``(path or URL, binary stream)`` pairs,
+  as yielded by ``open`` or torch's ``open_files(mode="b")``, to raw samples; follow it with
+  ``decode`` (:mod:`speechpipe.pipes.decode`).
+- :func:`write_shard` and :class:`ShardWriter`: samples to shards with deterministic headers,
+  values encoded by field extension with the allow-listed encoders of
+  :func:`speechpipe.pipes.decode.encode_field`; written under ``<path>.tmp`` and renamed when
+  complete, so an interrupted writer never leaves a partial shard under the final name.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import tarfile
+from typing import Any, BinaryIO, Callable, Iterable, Iterator, Mapping
+
+from ..diagnostics import Diagnostics, check_on_error
+from ..errors import DataError
+from ..sample import KEY, SAMPLE_RATE, SOURCE, Sample
+from ._base import IterDataPipe, functional_datapipe
+from .decode import encode_field
+
+__all__ = [
+    "ShardReaderIterDataPipe",
+    "ShardWriter",
+    "group_by_key",
+    "iter_tar_members",
+    "split_member_name",
+    "write_shard",
+]
+
+BLOCK = 512
+_ZERO_BLOCK = bytes(BLOCK)
+# Payloads up to this size are read with one read(); larger ones in chunks of this size, so
+# that a corrupt size field never makes us allocate more than the stream actually holds.
+_CHUNK = 1 << 26
+# After the end-of-archive marker, at most this much is read to reach the end of the stream.
+_TRAILER = 1 << 20
+
+_REGULAR = (b"0", b"\0", b"7")  # '7' (contiguous file) is a regular file for every reader
+_DIRECTORY = b"5"
+_GNU_LONGNAME = b"L"
+_GNU_LONGLINK = b"K"
+_PAX_HEADER = b"x"
+_PAX_GLOBAL = b"g"
+_TYPE_NAMES = {
+    b"1": "hard link",
+    b"2": "symbolic link",
+    b"3": "character device",
+    b"4": "block device",
+    b"6": "FIFO",
+    b"S": "GNU sparse file",
+    b"M": "GNU multi-volume continuation",
+    b"V": "GNU volume label",
+    b"X": "Solaris extended header",
+}
+_POSIX_MAGIC = b"ustar\x00"
+_COMPRESSED = (b"\x1f\x8b", b"BZh", b"\xfd7zXZ\x00", b"\x28\xb5\x2f\xfd")
+
+_TRUNCATED = "truncated shard"
+_RESERVED_FIELDS = (KEY, SOURCE)
+
+
+# --------------------------------------------------------------------------------------------
+# Reading the tar format
+# --------------------------------------------------------------------------------------------
+
+
+def _read_exact(read: Callable[[int], bytes], n: int) -> bytes:
+    """Read ``n`` bytes, fewer only at end of stream; one ``read`` call in the usual case."""
+    if n <= _CHUNK:
+        data = read(n)
+        if data is None:
+            data = b""
+        if isinstance(data, str):
+            raise TypeError("read_shards needs binary streams; open files with mode='b'")
+        if len(data) == n or not data:
+            return data
+        parts, got = [data], len(data)
+    else:
+        parts, got = [], 0
+    while got < n:
+        chunk = read(min(n - got, _CHUNK))
+        if not chunk:
+            break
+        parts.append(chunk)
+        got += len(chunk)
+    return b"".join(parts)
+
+
+def _nts(field: bytes) -> bytes:
+    """Bytes up to the first NUL."""
+    end = field.find(b"\0")
+    return field if end < 0 else field[:end]
+
+
+def _decode_name(raw: bytes) -> str:
+    # As tarfile does on Linux: UTF-8, undecodable bytes kept as surrogates.
+    return raw.decode("utf-8", "surrogateescape")
+
+
+def _parse_number(field: bytes) -> int | None:
+    """An octal number field, or GNU base-256; ``None`` when it is not a number."""
+    if field[0] & 0x80:
+        if field[0] == 0xFF:  # negative base-256
+            return None
+        return int.from_bytes(bytes([field[0] & 0x7F]) + field[1:], "big")
+    text = _nts(field).strip(b" ")
+    if not text:
+        return 0
+    try:
+        return int(text, 8)
+    except ValueError:
+        return None
+
+
+def _checksum_ok(header: bytes) -> bool | None:
+    """Whether the stored header checksum matches; ``None`` if it is not a number."""
+    text = _nts(header[148:156]).strip(b" ")
+    try:
+        stored = int(text, 8)
+    except ValueError:
+        return None
+    unsigned = sum(header[:148]) + 8 * 0x20 + sum(header[156:])
+    if stored == unsigned:
+        return True
+    # Some old tars summed signed chars.
+    signed = unsigned - 256 * (sum(1 for b in header[:148] if b > 127)
+                               + sum(1 for b in header[156:] if b > 127))
+    return stored == signed
+
+
+def _parse_pax(payload: bytes, *, source: str | None, offset: int) -> dict[str, str]:
+    """Records ``"<len> <keyword>=<value>\\n"`` of a pax extended header."""
+    records: dict[str, str] = {}
+    pos, end = 0, len(payload)
+    while pos < end and payload[pos] != 0:
+        space = payload.find(b" ", pos, pos + 20)
+        length_text = payload[pos:space] if space > pos else b""
+        length = int(length_text) if length_text.isdigit() else 0
+        record = payload[pos:pos + length]
+        if length <= space - pos + 1 or len(record) != length or not record.endswith(b"\n"):
+            raise DataError(
+                f"malformed pax extended header record at byte offset {offset + pos}",
+                source=source,
+            )
+        keyword, eq, value = record[space - pos + 1:-1].partition(b"=")
+        if not eq:
+            raise DataError(
+                f"malformed pax extended header record at byte offset {offset + pos}: "
+                "no '='",
+                source=source,
+            )
+        records[keyword.decode("utf-8", "surrogateescape")] = _decode_name(value)
+        pos += length
+    return records
+
+
+def _check_not_compressed(header: bytes, offset: int, source: str | None) -> None:
+    """Name the problem when a shard that is not a tar starts like a compressed file."""
+    if offset == 0 and header.startswith(_COMPRESSED):
+        raise DataError(
+            "the shard is compressed (gzip, bzip2, xz or zstd); read_shards reads uncompressed "
+            "tar",
+            source=source,
+        )
+
+
+def iter_tar_members(
+    stream: BinaryIO, *, source: str | None = None
+) -> Iterator[tuple[str, bytes]]:
+    """Yield ``(member name, payload)`` for each regular file of a tar stream, in order.
+
+    Written from the tar format rather than with :mod:`tarfile`, whose stream mode ends
+    silently on a truncated header: here every way a shard can be cut or damaged raises.
+    Each header's checksum is verified; sizes are octal or GNU base-256; names come from the
+    ustar ``prefix`` + ``name``, a GNU long name (typeflag ``L``) or a pax ``path`` (typeflag
+    ``x``, whose ``size`` also applies); pax global headers (``g``) and GNU long link names
+    (``K``) are ignored; directories are skipped. Each payload is one ``read`` of its exact
+    size; padding is read together with the next header. After the end-of-archive marker up
+    to 1 MiB more is read (the record padding), so that the opener reaches the end of its
+    stream and can check it.
+
+    Args:
+        stream: a binary stream positioned at the start of the archive (anything with
+            ``read(n)``; it is not closed).
+        source: the shard's path or URL, named in error messages.
+
+    Raises:
+        DataError: the stream ends before the end-of-archive marker (a zero block) --
+            ``"truncated shard"``, naming the last complete member --, ends inside a header or
+            a payload (naming the member), a header's checksum is wrong (naming the byte offset
+            and the previous member), a field is not a number, or a member is not a regular
+            file or directory (symbolic and hard links, devices, sparse files).
+
+    >>> import io, tarfile
+    >>> buf = io.BytesIO()
+    >>> with tarfile.open(fileobj=buf, mode="w") as tar:
+    ...     info = tarfile.TarInfo("utt1.txt"); info.size = 2
+    ...     tar.addfile(info, io.BytesIO(b"hi"))
+    >>> list(iter_tar_members(io.BytesIO(buf.getvalue()), source="mem.tar"))
+    [('utt1.txt', b'hi')]
+    >>> list(iter_tar_members(io.BytesIO(buf.getvalue()[:1000]), source="mem.tar"))
+    Traceback (most recent call last):
+    ...
+    speechpipe.errors.DataError: mem.tar: truncated shard: it ends after member 'utt1.txt' ...
+    """
+    read = stream.read
+    offset = 0  # byte offset of the next header
+    pad = 0  # padding of the previous payload, read together with the next header
+    last: str | None = None  # last complete member
+    long_name: str | None = None
+    pax: dict[str, str] = {}
+
+    def after() -> str:
+        return f"after member {last!r}" if last is not None else "before any member"
+
+    def read_or_wrap(n: int) -> bytes:
+        try:
+            return _read_exact(read, n)
+        except DataError:
+            raise
+        except OSError as exc:
+            raise DataError(f"cannot read shard ({after()}): {exc}", source=source) from exc
+
+    while True:
+        block = read_or_wrap(pad + BLOCK)
+        header = block[pad:] if pad else block
+        offset += pad
+        if len(header) < BLOCK:
+            _check_not_compressed(header, offset, source)
+            if not header:
+                raise DataError(
+                    f"{_TRUNCATED}: it ends {after()} without the end-of-archive marker "
+                    f"(at byte offset {offset})",
+                    source=source,
+                )
+            raise DataError(
+                f"{_TRUNCATED}: partial header ({len(header)} of {BLOCK} bytes) at byte "
+                f"offset {offset}, {after()}",
+                source=source,
+            )
+        if header == _ZERO_BLOCK:
+            if long_name is not None or pax:
+                raise DataError(
+                    f"extended header at the end of the archive is not followed by a member "
+                    f"({after()})",
+                    source=source,
+                )
+            # Read the rest (the record padding after the marker), so that an opener sees the
+            # end of its stream and can check it (HTTP length, a command's exit status).
+            read_or_wrap(_TRAILER)
+            return
+        ok = _checksum_ok(header)
+        if not ok:
+            _check_not_compressed(header, offset, source)
+            what = "bad header checksum" if ok is False else "bad header checksum (not a number)"
+            raise DataError(
+                f"{what} at byte offset {offset} ({after()}): not a tar header, or a "
+                "corrupt shard",
+                source=source,
+            )
+        typeflag = header[156:157]
+        size = _parse_number(header[124:136])
+        if size is None:
+            raise DataError(
+                f"invalid size field {header[124:136]!r} in the header at byte offset "
+                f"{offset} ({after()})",
+                source=source,
+            )
+        data_offset = offset + BLOCK
+
+        if typeflag in (_GNU_LONGNAME, _GNU_LONGLINK, _PAX_HEADER, _PAX_GLOBAL):
+            payload = read_or_wrap(size)
+            if len(payload) < size:
+                raise DataError(
+                    f"{_TRUNCATED}: extended header at byte offset {offset} has "
+                    f"{len(payload)} of {size} bytes ({after()})",
+                    source=source,
+                )
+            if typeflag == _GNU_LONGNAME:
+                long_name = _decode_name(_nts(payload))
+            elif typeflag == _PAX_HEADER:
+                pax.update(_parse_pax(payload, source=source, offset=data_offset))
+            offset = data_offset + size
+            pad = -size % BLOCK
+            continue
+
+        if "path" in pax and pax["path"]:
+            name = pax["path"]
+        elif long_name is not None:
+            name = long_name
+        else:
+            name = _decode_name(_nts(header[:100]))
+            if header[257:263] == _POSIX_MAGIC:
+                prefix = _nts(header[345:500])
+                if prefix:
+                    name = _decode_name(prefix) + "/" + name
+        if pax.get("size"):
+            if not (pax["size"].isascii() and pax["size"].isdigit()):
+                raise DataError(f"invalid pax size {pax['size']!r}", source=source, member=name)
+            size = int(pax["size"])
+        if any(k.startswith("GNU.sparse.") for k in pax):
+            raise DataError("unsupported member type GNU sparse file (pax)", source=source,
+                            member=name)
+        long_name = None
+        pax = {}
+
+        if typeflag in _REGULAR and not (typeflag == b"\0" and name.endswith("/")):
+            data = read_or_wrap(size)
+            if len(data) < size:
+                raise DataError(
+                    f"{_TRUNCATED}: member payload has {len(data)} of {size} bytes",
+                    source=source,
+                    member=name,
+                )
+            last = name
+            yield name, data
+        elif typeflag == _DIRECTORY or typeflag == b"\0":
+            skipped = read_or_wrap(size) if size else b""
+            if len(skipped) < size:
+                raise DataError(f"{_TRUNCATED}: directory entry payload is cut short",
+                                source=source, member=name)
+            last = name
+        else:
+            kind = _TYPE_NAMES.get(typeflag, f"typeflag {typeflag!r}")
+            raise DataError(
+                f"unsupported member type: {kind}; shards may hold only regular files "
+                "(and directories, which are skipped)",
+                source=source,
+                member=name,
+            )
+        offset = data_offset + size
+        pad = -size % BLOCK
+
+
+# --------------------------------------------------------------------------------------------
+# Grouping members into samples
+# --------------------------------------------------------------------------------------------
+
+
+def split_member_name(name: str, *, source: str | None = None) -> tuple[str, str]:
+    """Split a member path into ``(key, field)`` at the first dot of its basename.
+
+    >>> split_member_name("dir/utt1.feats.npy")
+    ('dir/utt1', 'feats.npy')
+    >>> split_member_name("dir/utt1")
+    Traceback (most recent call last):
+    ...
+    speechpipe.errors.DataError: [member dir/utt1]: member name has no field extension ...
+    """
+    slash = name.rfind("/") + 1
+    dot = name.find(".", slash)
+    if dot < 0:
+        raise DataError(
+            "member name has no field extension (expected '<key>.<field>', e.g. 'utt1.flac')",
+            source=source,
+            member=name,
+        )
+    if dot == slash:
+        raise DataError(
+            "member name has no key before its first dot (expected '<key>.<field>')",
+            source=source,
+            member=name,
+        )
+    if dot == len(name) - 1:
+        raise DataError("member name has an empty field after its dot", source=source,
+                        member=name)
+    return name[:dot], name[dot + 1:]
+
+
+def _key_or_none(name: str) -> str | None:
+    try:
+        return split_member_name(name)[0]
+    except DataError:
+        return None
+
+
+def group_by_key(
+    members: Iterable[tuple[str, bytes]], *, source: str | None = None
+) -> Iterator[Sample]:
+    """Group consecutive members with the same key into raw samples.
+
+    Consumes ``(member name, payload)`` pairs (from :func:`iter_tar_members`) and yields
+    ``{"key": key, "source": source, "<field>": payload, ...}`` with fields in member order.
+    A sample is yielded once the next key (or the end) is seen; if reading fails inside a
+    member of the next key, the sample before it is yielded before the error is raised.
+
+    Raises:
+        DataError: a member has no field extension or no key, a field is named ``key`` or
+            ``source`` (reserved), or a field repeats within one key group (naming the shard,
+            the key and the member).
+
+    >>> list(group_by_key([("a.txt", b"x"), ("a.npy", b"y"), ("b.txt", b"z")], source="s.tar"))
+    [{'key': 'a', 'source': 's.tar', 'txt': b'x', 'npy': b'y'}, \
+{'key': 'b', 'source': 's.tar', 'txt': b'z'}]
+    """
+    current: dict[str, Any] | None = None
+    members = iter(members)
+    while True:
+        try:
+            name, data = next(members)
+        except StopIteration:
+            break
+        except DataError as err:
+            # An error inside a member of the *next* key (a cut payload, a link) means the
+            # sample being assembled was complete: hand it out before raising.
+            if current is not None and err.member is not None:
+                if _key_or_none(err.member) not in (None, current[KEY]):
+                    yield current
+            raise
+        key, field = split_member_name(name, source=source)
+        if current is None or key != current[KEY]:
+            if current is not None:
+                yield current
+            current = {KEY: key, SOURCE: source}
+        if field in _RESERVED_FIELDS:
+            raise DataError(f"field name {field!r} is reserved for the sample's {field}",
+                            source=source, member=name, key=key)
+        if field in current:
+            raise DataError(f"duplicate field {field!r} in one sample", source=source,
+                            member=name, key=key)
+        current[field] = data
+    if current is not None:
+        yield current
+
+
+# --------------------------------------------------------------------------------------------
+# The reading pipe
+# --------------------------------------------------------------------------------------------
+
+
+def _skip_reason(error: DataError) -> str:
+    kind = _TRUNCATED if getattr(error, "reason", "").startswith(_TRUNCATED) else "corrupt shard"
+    return f"{kind} (rest of the shard skipped)"
+
+
+def _close(stream: Any) -> None:
+    close = getattr(stream, "close", None)
+    if close is not None:
+        close()
+
+
+@functional_datapipe("read_shards")
+class ShardReaderIterDataPipe(IterDataPipe[Sample]):
+    """Read tar shards into raw samples (functional name: ``read_shards``).
+
+    Consumes ``(path or URL, binary stream)`` pairs -- from ``open`` or torch's
+    ``open_files(mode="b")`` -- and yields one raw sample per key group,
+    ``{"key": str, "source": path, "<field>": bytes, ...}`` (webdataset naming: member
+    ``utt1.feats.npy`` gives key ``utt1``, field ``feats.npy``). Fields are still bytes: follow
+    with ``decode``. Each stream is read to its end-of-archive marker and closed when its shard
+    is done (or the iteration stops). The number of samples is not known before reading, so
+    there is no ``len()``.
+
+    Args:
+        source_datapipe: pipe of ``(name, binary stream)`` pairs.
+        on_error: ``"raise"`` (default) raises the :class:`~speechpipe.errors.DataError` of a
+            truncated or corrupt shard (naming the shard and the member or byte offset);
+            ``"skip"`` stops reading that shard -- samples already yielded stay, the sample
+            being assembled and the rest of the shard are dropped -- counts the shard in
+            :attr:`diagnostics` under ``"truncated shard"`` or ``"corrupt shard"``, continues
+            with the next shard and warns at the end of the pass. Counts cover the current
+            (or last) pass.
+
+    >>> import os, tempfile
+    >>> from speechpipe.pipes._base import IterableWrapper
+    >>> path = os.path.join(tempfile.mkdtemp(), "shard-00000.tar")
+    >>> write_shard(path, [{"key": "utt1", "txt": "hello"}, {"key": "utt2", "txt": "world"}])
+    2
+    >>> for s in IterableWrapper([path]).open_files(mode="b").read_shards():
+    ...     print(s["key"], s["txt"], os.path.basename(s["source"]))
+    utt1 b'hello' shard-00000.tar
+    utt2 b'world' shard-00000.tar
+    """
+
+    def __init__(self, source_datapipe: IterDataPipe, *, on_error: str = "raise") -> None:
+        self.source_datapipe = source_datapipe
+        self.on_error = check_on_error(on_error)
+        self.diagnostics = Diagnostics("read_shards")
+
+    def __iter__(self) -> Iterator[Sample]:
+        self.diagnostics.reset()
+        for item in self.source_datapipe:
+            if isinstance(item, (str, bytes, os.PathLike)) or not (
+                isinstance(item, tuple) and len(item) == 2
+            ):
+                raise TypeError(
+                    "read_shards expects (path, binary stream) pairs, e.g. from "
+                    f".open() or .open_files(mode='b'); got {item!r}"
+                )
+            name, stream = item
+            source = os.fspath(name) if isinstance(name, os.PathLike) else str(name)
+            try:
+                yield from group_by_key(iter_tar_members(stream, source=source), source=source)
+            except DataError as err:
+                self.diagnostics.handle(self.on_error, err, _skip_reason(err))
+            finally:
+                _close(stream)
+        self.diagnostics.warn_if_skipped()
+
+    def __len__(self) -> int:
+        raise TypeError(
+            "read_shards has no len(): the number of samples in a shard is known only after "
+            "reading it"
+        )
+
+
+ShardReader = ShardReaderIterDataPipe
+
+
+# --------------------------------------------------------------------------------------------
+# Writing
+# --------------------------------------------------------------------------------------------
+
+# Sample keys that are not written as members: the key names them, the source is where a
+# sample came from (set again when read), and sample_rate is used to encode audio arrays.
+_NOT_MEMBERS = (KEY, SOURCE, SAMPLE_RATE)
+
+
+def _encode_sample(sample: Mapping[str, Any]) -> tuple[str, list[tuple[str, bytes]]]:
+    """Validate a sample for writing and encode its fields: ``(key, [(member, bytes)])``."""
+    if not isinstance(sample, Mapping):
+        raise TypeError(f"a sample to write must be a dict, got {type(sample).__name__}")
+    key = sample.get(KEY)
+    if not isinstance(key, str) or not key:
+        raise ValueError(f"a sample to write needs a non-empty str 'key', got {key!r}")
+    base = key[key.rfind("/") + 1:]
+    if not base or "." in base or key.startswith("/"):
+        raise ValueError(
+            f"key {key!r} cannot be written: its basename must be non-empty and without dots "
+            "(the first dot separates key and field when the shard is read), and it must be "
+            "a relative path"
+        )
+    rate = sample.get(SAMPLE_RATE)
+    members = []
+    for field in sorted(sample):
+        if field in _NOT_MEMBERS:
+            continue
+        if not isinstance(field, str) or not field or "/" in field or field.startswith("."):
+            raise ValueError(f"sample {key!r}: invalid field name {field!r}")
+        data = encode_field(field, sample[field], sample_rate=rate, key=key)
+        members.append((f"{key}.{field}", data))
+    if not members:
+        raise ValueError(f"sample {key!r} has no field to write")
+    return key, members
+
+
+class ShardWriter:
+    """Write samples to tar shards, rolling over to a new shard every ``maxcount`` samples.
+
+    Each sample is a dict with ``key`` and fields named by extension (``flac``, ``txt``,
+    ``feats.npy``, ``json``...); each field becomes the member ``<key>.<field>``, encoded by
+    :func:`speechpipe.pipes.decode.encode_field` (bytes as they are; ``.npy`` arrays with
+    ``np.save``; ``txt`` str as UTF-8; ``json`` objects as JSON; audio arrays under
+    ``flac``/``wav`` at the sample's ``sample_rate``, which is not written itself; ``source``
+    is not written either). Members are written in sorted field order with deterministic
+    headers (mtime 0, uid/gid 0, empty user and group names, mode 0o444, pax format), so the
+    same samples give the same bytes.
+
+    Each shard is written to ``<name>.tmp`` and renamed to its name when it is complete. If
+    the ``with`` block raises, the shard being written is deleted (shards already completed
+    stay); a killed process leaves at most a ``.tmp`` file, never a partial shard under its
+    final name. A shard is opened at the first sample it receives.
+
+    Args:
+        pattern: the shard's path, or with ``maxcount``/``maxsize`` a ``%``-pattern such as
+            ``"out/data-%05d.tar"`` filled with the shard number.
+        maxcount: start a new shard after this many samples.
+        maxsize: start a new shard once this many bytes (headers and payloads) were written.
+        start_shard: the number of the first shard.
+
+    Attributes:
+        paths: the completed shards, in order.
+        total: samples written so far.
+
+    >>> import os, tempfile
+    >>> out = tempfile.mkdtemp()
+    >>> with ShardWriter(os.path.join(out, "data-%05d.tar"), maxcount=2) as writer:
+    ...     for i in range(3):
+    ...         writer.write({"key": f"utt{i}", "txt": f"text {i}"})
+    >>> [os.path.basename(p) for p in writer.paths], writer.total
+    (['data-00000.tar', 'data-00001.tar'], 3)
+    """
+
+    def __init__(
+        self,
+        pattern: str | os.PathLike,
+        *,
+        maxcount: int | None = None,
+        maxsize: int | None = None,
+        start_shard: int = 0,
+    ) -> None:
+        pattern = os.fspath(pattern)
+        if not isinstance(pattern, str) or not pattern:
+            raise TypeError(f"pattern must be a non-empty path string, got {pattern!r}")
+        if maxcount is not None and (not isinstance(maxcount, int) or maxcount <= 0):
+            raise ValueError(f"maxcount must be a positive int or None, got {maxcount!r}")
+        if maxsize is not None and (not isinstance(maxsize, int) or maxsize <= 0):
+            raise ValueError(f"maxsize must be a positive int (bytes) or None, got {maxsize!r}")
+        if not isinstance(start_shard, int) or start_shard < 0:
+            raise ValueError(f"start_shard must be an int >= 0, got {start_shard!r}")
+        try:
+            numbered = pattern % 0 != pattern % 1
+        except (TypeError, ValueError):
+            numbered = False
+        if (maxcount is not None or maxsize is not None) and not numbered:
+            raise ValueError(
+                f"pattern {pattern!r} needs a shard number such as '%05d' to roll over at "
+                "maxcount/maxsize"
+            )
+        self.pattern = pattern
+        self.maxcount = maxcount
+        self.maxsize = maxsize
+        self.numbered = numbered
+        self.paths: list[str] = []
+        self.total = 0
+        self._shard = start_shard
+        self._path: str | None = None
+        self._file: BinaryIO | None = None
+        self._tar: tarfile.TarFile | None = None
+        self._count = 0
+        self._size = 0
+        self._last_key: str | None = None
+
+    # -- shard lifecycle
+
+    def _open_next(self) -> None:
+        path = self.pattern % self._shard if self.numbered else self.pattern
+        self._shard += 1
+        self._file = open(path + ".tmp", "wb")
+        try:
+            self._tar = tarfile.open(fileobj=self._file, mode="w", format=tarfile.PAX_FORMAT)
+        except BaseException:
+            self._file.close()
+            os.remove(path + ".tmp")
+            raise
+        self._path = path
+        self._count = 0
+        self._size = 0
+        self._last_key = None
+
+    def _finish(self) -> None:
+        if self._tar is None:
+            return
+        tar, file, path = self._tar, self._file, self._path
+        self._tar = self._file = self._path = None
+        try:
+            tar.close()
+        finally:
+            file.close()
+        os.replace(path + ".tmp", path)
+        self.paths.append(path)
+
+    def abort(self) -> None:
+        """Delete the shard being written (its ``.tmp`` file); completed shards stay."""
+        if self._tar is None:
+            return
+        file, path = self._file, self._path
+        self._tar = self._file = self._path = None
+        file.close()
+        if os.path.exists(path + ".tmp"):
+            os.remove(path + ".tmp")
+
+    # -- public API
+
+    def write(self, sample: Mapping[str, Any]) -> None:
+        """Encode and append one sample (see the class docstring for field encodings)."""
+        key, members = _encode_sample(sample)
+        if self._tar is not None and (
+            (self.maxcount is not None and self._count >= self.maxcount)
+            or (self.maxsize is not None and self._size >= self.maxsize)
+        ):
+            self._finish()
+        if self._tar is None:
+            self._open_next()
+        if key == self._last_key:
+            raise ValueError(
+                f"sample key {key!r} repeats the previous sample's key: readers would merge "
+                "the two samples"
+            )
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            info.mtime = 0
+            info.mode = 0o444
+            info.uid = info.gid = 0
+            info.uname = info.gname = ""
+            self._tar.addfile(info, io.BytesIO(data))
+            self._size += BLOCK + len(data) + (-len(data) % BLOCK)
+        self._last_key = key
+        self._count += 1
+        self.total += 1
+
+    def close(self) -> None:
+        """Complete the current shard: end-of-archive marker, then rename from ``.tmp``."""
+        self._finish()
+
+    def __enter__(self) -> ShardWriter:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+
+def write_shard(path: str | os.PathLike, samples: Iterable[Mapping[str, Any]]) -> int:
+    """Write ``samples`` to one tar shard at ``path`` and return how many were written.
+
+    The shard is written as ``<path>.tmp`` and renamed when complete; an error while writing
+    leaves no file under ``path``. With no samples, an empty (valid) archive is written.
+    Encodings and headers are those of :class:`ShardWriter`.
+
+    >>> import os, tempfile
+    >>> path = os.path.join(tempfile.mkdtemp(), "one.tar")
+    >>> write_shard(path, [{"key": "a", "txt": "x"}])
+    1
+    """
+    writer = ShardWriter(path)
+    if writer.numbered:
+        raise ValueError(f"write_shard writes one shard; got a pattern {os.fspath(path)!r}")
+    with writer:
+        for sample in samples:
+            writer.write(sample)
+        if writer.total == 0:
+            writer._open_next()
+    return writer.total

@@ -1,0 +1,448 @@
+"""Allow-list decoding (decode), loading manifest audio (load_audio) and field encoding.
+
+Invariant: nothing is ever unpickled; every field is decoded by an allow-listed decoder or
+raises a DataError naming the shard, the key and the member.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import pathlib
+import pickle
+import warnings
+
+import numpy as np
+import pytest
+import soundfile
+
+import speechpipe  # noqa: F401
+from speechpipe.diagnostics import SkippedInputWarning
+from speechpipe.errors import DataError, MissingDataError, UnsafeInputError
+from speechpipe.pipes import shards as _shards  # noqa: F401  (registers read_shards)
+from speechpipe.pipes._base import IterableWrapper
+from speechpipe.pipes.decode import (
+    AudioLoaderIterDataPipe,
+    DecoderIterDataPipe,
+    decode_field,
+    decode_sample,
+    encode_field,
+    read_audio,
+    read_audio_segment,
+)
+from speechpipe.pipes.shards import write_shard
+
+SRC = "shards/a-00003.tar"
+
+
+def raw(**fields):
+    return {"key": "spk1/utt7", "source": SRC, **fields}
+
+
+def npy_bytes(array, allow_pickle=False) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, array, allow_pickle=allow_pickle)
+    return buf.getvalue()
+
+
+def audio_bytes(audio, rate=16000, fmt="FLAC") -> bytes:
+    buf = io.BytesIO()
+    soundfile.write(buf, audio, rate, format=fmt)
+    return buf.getvalue()
+
+
+def tone(n=1600):
+    return ((np.arange(n) % 100 - 50) * 128).astype(np.float32) / 32768  # exact in 16-bit PCM
+
+
+def decode_one(sample, **kwargs):
+    [out] = list(IterableWrapper([sample]).decode(**kwargs))
+    return out
+
+
+class _TouchOnUnpickle:
+    """Unpickling this creates ``path``: proof that something was unpickled."""
+
+    def __init__(self, path):
+        self.path = pathlib.Path(path)
+
+    def __reduce__(self):
+        return (pathlib.Path.touch, (self.path,))
+
+
+@pytest.fixture
+def no_unpickling(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("pickle was called")
+
+    monkeypatch.setattr(pickle, "loads", refuse)
+    monkeypatch.setattr(pickle, "load", refuse)
+    monkeypatch.setattr(pickle, "Unpickler", refuse)
+
+
+# --------------------------------------------------------------------------------------------
+# decoders and naming
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("ext, fmt", [("flac", "FLAC"), ("wav", "WAV")])
+def test_audio_fields_decode_exactly_to_audio_and_sample_rate(ext, fmt):
+    audio = tone()
+    out = decode_one(raw(**{ext: audio_bytes(audio, 22050, fmt)}))
+    assert out["sample_rate"] == 22050
+    assert out["audio"].dtype == np.float32 and np.array_equal(out["audio"], audio)
+
+
+def test_ogg_audio_decodes_with_its_rate():
+    out = decode_one(raw(ogg=audio_bytes(tone(8000), 8000, "OGG")))
+    assert out["sample_rate"] == 8000 and out["audio"].shape == (8000,)
+
+
+def test_npy_decodes_exactly_and_is_named_feats():
+    feats = np.arange(24, dtype=np.float32).reshape(6, 4) / 7
+    tokens = np.array([3, 1, 4], dtype=np.int64)
+    out = decode_one(raw(npy=npy_bytes(feats), **{"tokens.npy": npy_bytes(tokens)}))
+    assert out["feats"].dtype == np.float32 and np.array_equal(out["feats"], feats)
+    assert out["tokens"].dtype == np.int64 and np.array_equal(out["tokens"], tokens)
+
+
+@pytest.mark.parametrize("ext", ["txt", "text", "transcript"])
+def test_text_fields_decode_as_utf8_to_text(ext):
+    assert decode_one(raw(**{ext: "héllo wörld\n".encode()}))["text"] == "héllo wörld\n"
+
+
+def test_json_decodes_to_meta():
+    assert decode_one(raw(json=b'{"spk": "s1", "d": [1, 2.5]}'))["meta"] == {"spk": "s1",
+                                                                             "d": [1, 2.5]}
+
+
+@pytest.mark.parametrize("ext", ["cls", "id", "index"])
+def test_integer_fields(ext):
+    assert decode_one(raw(**{ext: b" 42\n"}))[ext] == 42
+
+
+def test_dotted_fields_are_named_by_their_prefix():
+    out = decode_one(raw(**{"words.txt": b"a b", "info.json": b"[]", "spk.id": b"3"}))
+    assert (out["words"], out["info"], out["spk"]) == ("a b", [], 3)
+
+
+def test_two_audio_fields_keep_their_names_and_rates():
+    out = decode_one(raw(flac=audio_bytes(tone(160), 16000),
+                         **{"mic2.wav": audio_bytes(tone(80), 8000, "WAV")}))
+    assert out["sample_rate"] == 16000 and out["audio"].shape == (160,)
+    assert out["mic2_sample_rate"] == 8000 and out["mic2"].shape == (80,)
+
+
+def test_rename_overrides_default_names():
+    out = decode_one(raw(**{"mic1.flac": audio_bytes(tone(160))}, txt=b"x"),
+                     rename={"mic1.flac": "audio", "txt": "transcript"})
+    assert out["sample_rate"] == 16000 and out["audio"].shape == (160,)
+    assert out["transcript"] == "x" and "mic1" not in out and "text" not in out
+
+
+def test_key_source_and_non_bytes_values_pass_through():
+    out = decode_sample(raw(txt=b"x", duration=1.5))
+    assert out == {"key": "spk1/utt7", "source": SRC, "text": "x", "duration": 1.5}
+
+
+def test_two_fields_decoding_to_one_name_raise():
+    with pytest.raises(DataError, match=r"^shards/a-00003.tar \[member spk1/utt7.text\] \(key "
+                                        r"'spk1/utt7'\): field 'text' decodes to 'text', which "
+                                        "another field already set"):
+        decode_sample(raw(txt=b"a", text=b"b"))
+
+
+def test_read_shards_then_decode_on_a_written_shard(tmp_path):
+    path = str(tmp_path / "s.tar")
+    write_shard(path, [{"key": "u1", "wav": tone(320), "sample_rate": 8000, "txt": "hi",
+                        "feats.npy": np.ones((2, 2), np.float32)}])
+    [s] = IterableWrapper([path]).open_files(mode="b").read_shards().decode()
+    assert sorted(s) == ["audio", "feats", "key", "sample_rate", "source", "text"]
+    assert np.array_equal(s["audio"], tone(320)) and s["sample_rate"] == 8000
+
+
+# --------------------------------------------------------------------------------------------
+# never unpickle
+# --------------------------------------------------------------------------------------------
+
+
+def test_the_marker_payload_really_creates_its_file_when_unpickled(tmp_path):
+    # Control: proves the tests below would notice an unpickling.
+    control = tmp_path / "control"
+    pickle.loads(pickle.dumps(_TouchOnUnpickle(control)))
+    assert control.exists()
+
+
+@pytest.mark.parametrize("ext", ["pkl", "pickle", "pyd", "pth", "pt", "state.PKL"])
+def test_pickle_members_are_never_unpickled(tmp_path, no_unpickling, ext):
+    marker = tmp_path / "unpickled"
+    payload = pickle.dumps(_TouchOnUnpickle(marker))
+    with pytest.raises(UnsafeInputError, match=rf"^{SRC} \[member spk1/utt7.{ext}\] \(key "
+                                               r"'spk1/utt7'\): .*never unpickles shard "
+                                               "contents"):
+        decode_sample(raw(**{ext: payload}))
+    assert not marker.exists()
+
+
+def test_pickle_member_in_a_real_shard_is_refused_and_never_unpickled(tmp_path, no_unpickling):
+    marker = tmp_path / "unpickled"
+    shard = tmp_path / "evil.tar"
+    import tarfile
+
+    payload = pickle.dumps(_TouchOnUnpickle(marker))
+    with tarfile.open(shard, "w") as tar:
+        for name, data in (("u1.txt", b"fine"), ("u1.pkl", payload)):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    with pytest.raises(UnsafeInputError, match=rf"^{shard} \[member u1.pkl\] \(key 'u1'\)"):
+        list(IterableWrapper([str(shard)]).open_files(mode="b").read_shards().decode())
+    assert not marker.exists()
+
+
+def test_npy_object_array_is_unsafe_and_never_unpickled(tmp_path, no_unpickling):
+    marker = tmp_path / "unpickled"
+    data = npy_bytes(np.array([_TouchOnUnpickle(marker)], dtype=object), allow_pickle=True)
+    with pytest.raises(UnsafeInputError, match=rf"^{SRC} \[member spk1/utt7.feats.npy\] \(key "
+                                               r"'spk1/utt7'\): a .npy object array"):
+        decode_sample(raw(**{"feats.npy": data}))
+    assert not marker.exists()
+
+
+def test_unsafe_fields_are_skipped_and_counted_under_skip(tmp_path, no_unpickling):
+    pipe = IterableWrapper([raw(pkl=b"\x80\x04N."), raw(txt=b"ok")]).decode(on_error="skip")
+    with pytest.warns(SkippedInputWarning, match="unsafe field"):
+        assert [s["text"] for s in pipe] == ["ok"]
+    assert dict(pipe.diagnostics.counts) == {"unsafe field (never unpickled)": 1}
+
+
+# --------------------------------------------------------------------------------------------
+# malformed fields: each names shard, key and member
+# --------------------------------------------------------------------------------------------
+
+WHERE = rf"^{SRC} \[member spk1/utt7\.%s\] \(key 'spk1/utt7'\): "
+
+
+def test_invalid_utf8_text():
+    with pytest.raises(DataError, match=WHERE % "txt" + "invalid UTF-8 at byte 2"):
+        decode_sample(raw(txt=b"ok\xff\xfe"))
+
+
+def test_invalid_json():
+    with pytest.raises(DataError, match=WHERE % "json" + "invalid JSON: Expecting"):
+        decode_sample(raw(json=b'{"a": '))
+
+
+def test_invalid_integer():
+    with pytest.raises(DataError, match=WHERE % "cls" + "expected an integer, got 'seven'"):
+        decode_sample(raw(cls=b"seven"))
+
+
+def test_bytes_that_are_not_npy():
+    with pytest.raises(DataError, match=WHERE % r"feats\.npy" + "not a .npy array"):
+        decode_sample(raw(**{"feats.npy": b"PK\x03\x04 a zip"}))
+
+
+def test_truncated_npy():
+    with pytest.raises(DataError, match=WHERE % "npy" + "cannot load .npy array"):
+        decode_sample(raw(npy=npy_bytes(np.zeros((10, 10)))[:-40]))
+
+
+def test_undecodable_audio():
+    with pytest.raises(DataError, match=WHERE % "flac" + "cannot decode audio"):
+        decode_sample(raw(flac=b"fLaC but not really audio"))
+
+
+def test_unknown_extension_raises_by_default():
+    with pytest.raises(DataError, match=WHERE % "png" + "no decoder for field 'png'.*unknown="):
+        decode_one(raw(png=b"\x89PNG"))
+
+
+def test_unknown_extension_kept_as_bytes_under_keep():
+    out = decode_one(raw(png=b"\x89PNG", txt=b"x"), unknown="keep")
+    assert out["png"] == b"\x89PNG" and out["text"] == "x"
+
+
+def test_unknown_extension_dropped_and_counted_under_drop():
+    pipe = IterableWrapper([raw(png=b"\x89PNG", txt=b"x"), raw(txt=b"y")]).decode(unknown="drop")
+    with pytest.warns(SkippedInputWarning, match="unknown extension dropped: 1"):
+        out = list(pipe)
+    assert out == [{"key": "spk1/utt7", "source": SRC, "text": t} for t in "xy"]
+    assert "spk1/utt7.png" in pipe.diagnostics.examples["unknown extension dropped"][0]
+
+
+def test_skip_policy_drops_undecodable_samples_and_warns():
+    samples = [raw(txt=b"a"), raw(json=b"{"), raw(txt=b"c")]
+    pipe = IterableWrapper(samples).decode(on_error="skip")
+    with pytest.warns(SkippedInputWarning, match="decode skipped 1 item"):
+        assert [s["text"] for s in pipe] == ["a", "c"]
+    assert dict(pipe.diagnostics.counts) == {"undecodable sample": 1}
+    with warnings.catch_warnings():  # a second clean pass: counts are per pass
+        warnings.simplefilter("error")
+        list(IterableWrapper([raw(txt=b"a")]).decode(on_error="skip"))
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    ({"unknown": "ignore"}, ValueError, "unknown must be one of"),
+    ({"on_error": "warn"}, ValueError, "on_error must be one of"),
+    ({"rename": {"wav": 3}}, TypeError, "rename must map field names"),
+])
+def test_decoder_validates_arguments(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        DecoderIterDataPipe(IterableWrapper([]), **kwargs)
+
+
+def test_decode_len_is_the_source_length_only_under_raise():
+    assert len(IterableWrapper([raw(txt=b"a")] * 3).decode()) == 3
+    with pytest.raises(TypeError, match="on_error='skip'.* has no len"):
+        len(IterableWrapper([raw(txt=b"a")]).decode(on_error="skip"))
+
+
+def test_decode_field_directly():
+    assert decode_field("n.index", b"12") == 12
+    audio, rate = decode_field("x.wav", audio_bytes(tone(100), 8000, "WAV"))
+    assert rate == 8000 and np.array_equal(audio, tone(100))
+
+
+# --------------------------------------------------------------------------------------------
+# encoding (the writer's allow-list) round-trips through decoding
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("field, value", [
+    ("txt", "ünï\ncode"),
+    ("meta.json", {"a": [1, 2], "b": "ü"}),
+    ("cls", 7),
+    ("feats.npy", np.arange(12, dtype=np.float64).reshape(3, 4)),
+    ("bin", b"\x00\x01raw"),
+])
+def test_encode_then_decode_round_trips(field, value):
+    data = encode_field(field, value)
+    if field == "bin":
+        assert data == value
+        return
+    decoded = decode_field(field, data)
+    if isinstance(value, np.ndarray):
+        assert decoded.dtype == value.dtype and np.array_equal(decoded, value)
+    else:
+        assert decoded == value
+
+
+def test_encode_audio_round_trips_at_the_sample_rate():
+    for ext in ("flac", "wav"):
+        audio, rate = decode_field(ext, encode_field(ext, tone(), sample_rate=24000))
+        assert rate == 24000 and np.array_equal(audio, tone())
+
+
+def test_read_audio_still_reads_bytes_and_ranges():
+    audio, rate = read_audio(audio_bytes(tone(1000), 8000), start=10, stop=20)
+    assert rate == 8000 and np.array_equal(audio, tone(1000)[10:20])
+
+
+# --------------------------------------------------------------------------------------------
+# load_audio
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    (tmp_path / "wavs").mkdir()
+    soundfile.write(tmp_path / "wavs" / "u1.flac", tone(16000), 16000)
+    (tmp_path / "wavs" / "bad.wav").write_bytes(b"RIFF not really a wav file")
+    return tmp_path
+
+
+def test_load_audio_reads_whole_files_relative_to_root(corpus):
+    rows = [{"key": "u1", "audio_path": "wavs/u1.flac", "text": "hi"}]
+    [s] = IterableWrapper(rows).load_audio(root=corpus)
+    assert s["sample_rate"] == 16000 and np.array_equal(s["audio"], tone(16000))
+    assert s["text"] == "hi" and s["audio_path"] == "wavs/u1.flac"
+
+
+def test_load_audio_uses_absolute_paths_as_they_are(corpus, tmp_path_factory):
+    other_root = tmp_path_factory.mktemp("elsewhere")
+    rows = [{"key": "u1", "wav": str(corpus / "wavs" / "u1.flac")}]
+    [s] = IterableWrapper(rows).load_audio("wav", root=other_root)
+    assert s["audio"].shape == (16000,)
+
+
+def test_load_audio_reads_a_segment(corpus):
+    rows = [{"key": "u1", "audio_path": "wavs/u1.flac", "offset": 0.25, "duration": 0.5}]
+    [s] = IterableWrapper(rows).load_audio(offset_field="offset", duration_field="duration",
+                                           root=corpus)
+    assert np.array_equal(s["audio"], tone(16000)[4000:12000])
+
+
+def test_load_audio_offset_without_duration_reads_to_the_end(corpus):
+    assert read_audio_segment(corpus / "wavs" / "u1.flac", offset=0.75)[0].shape == (4000,)
+
+
+def test_missing_audio_file_names_file_and_key(corpus):
+    rows = [{"key": "u9", "audio_path": "wavs/u9.flac"}]
+    with pytest.raises(MissingDataError, match=r"wavs/u9.flac \(key 'u9'\): audio file not "
+                                               "found"):
+        list(IterableWrapper(rows).load_audio(root=corpus))
+
+
+def test_missing_audio_file_for_a_segment_names_file_and_key(corpus):
+    with pytest.raises(MissingDataError, match=r"u9.flac \(key 'u9'\): audio file not found"):
+        read_audio_segment(corpus / "u9.flac", offset=1.0, key="u9")
+
+
+def test_unreadable_audio_file(corpus):
+    rows = [{"key": "b1", "audio_path": "wavs/bad.wav"}]
+    with pytest.raises(DataError, match=r"wavs/bad.wav \(key 'b1'\): cannot decode audio"):
+        list(IterableWrapper(rows).load_audio(root=corpus))
+
+
+def test_segment_past_the_end_of_the_file(corpus):
+    with pytest.raises(DataError, match=r"u1.flac \(key 'u1'\): audio ends before the "
+                                        "requested samples"):
+        read_audio_segment(corpus / "wavs" / "u1.flac", offset=0.5, duration=1.0, key="u1")
+    with pytest.raises(DataError, match=r"offset 2.0 s is past the end of the audio \(1.000 s\)"):
+        read_audio_segment(corpus / "wavs" / "u1.flac", offset=2.0, key="u1")
+
+
+@pytest.mark.parametrize("offset, match", [(-1, "offset must be >= 0"),
+                                           ("soon", "offset must be seconds")])
+def test_bad_offset_values(corpus, offset, match):
+    with pytest.raises(DataError, match=rf"u1.flac \(key 'u1'\): {match}"):
+        read_audio_segment(corpus / "wavs" / "u1.flac", offset=offset, key="u1")
+
+
+def test_sample_without_the_path_field(corpus):
+    with pytest.raises(DataError, match=r"\(key 'u1'\): sample has no field 'audio_path'"):
+        list(IterableWrapper([{"key": "u1", "path": "x"}]).load_audio())
+
+
+def test_load_audio_skip_policy_counts_missing_and_unreadable(corpus):
+    rows = [{"key": k, "audio_path": f"wavs/{k}.{e}"}
+            for k, e in (("u1", "flac"), ("u9", "flac"), ("bad", "wav"))]
+    pipe = IterableWrapper(rows).load_audio(root=corpus, on_error="skip")
+    with pytest.warns(SkippedInputWarning, match="load_audio skipped 2 item"):
+        assert [s["key"] for s in pipe] == ["u1"]
+    assert dict(pipe.diagnostics.counts) == {"missing audio file": 1, "unreadable audio": 1}
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    ({"field": ""}, TypeError, "field must be a non-empty str"),
+    ({"offset_field": 3}, TypeError, "offset_field must be a non-empty str"),
+    ({"root": 5}, TypeError, "root must be a path or None"),
+    ({"on_error": "drop"}, ValueError, "on_error must be one of"),
+])
+def test_load_audio_validates_arguments(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        AudioLoaderIterDataPipe(IterableWrapper([]), **kwargs)
+
+
+def test_load_audio_len_is_the_source_length_only_under_raise():
+    assert len(IterableWrapper([{"key": "a"}] * 2).load_audio()) == 2
+    with pytest.raises(TypeError, match="has no len"):
+        len(IterableWrapper([]).load_audio(on_error="skip"))
+
+
+def test_load_audio_constructor_reads_nothing(tmp_path):
+    pipe = IterableWrapper([{"key": "x", "audio_path": str(tmp_path / "none.wav")}]).load_audio()
+    assert not os.path.exists(tmp_path / "none.wav")
+    with pytest.raises(MissingDataError):
+        list(pipe)

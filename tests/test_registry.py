@@ -1,0 +1,127 @@
+"""speechpipe's functional names: registered on import, never shadowing torch or torchdata.
+
+Invariant: importing speechpipe in a fresh interpreter adds names to torch's DataPipe registry
+and redefines none of them, and takes none of the names torchdata <= 0.9 registered (users may
+still have it installed, and a second registration is an error in torch).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import pkgutil
+import re
+import subprocess
+import sys
+
+import speechpipe
+import speechpipe.pipes
+
+# Every name torchdata 0.8 and 0.9 register with @functional_datapipe (read from their wheels).
+TORCHDATA_NAMES = frozenset("""
+add_index async_map_batches bucketbatch check_hash cycle dataframe decompress drop end_caching
+enumerate extract flatmap flatten fullsync header in_batch_shuffle in_memory_cache
+lines_to_paragraphs list_files_by_ais list_files_by_fsspec list_files_by_iopath list_files_by_s3
+load_files_by_ais load_files_by_s3 load_from_bz2 load_from_rar load_from_tar load_from_tfrecord
+load_from_xz load_from_zip load_parquet_as_df map_batches max_token_bucketize memory_cell
+mux_longest on_disk_cache open_files_by_fsspec open_files_by_iopath parse_csv parse_csv_as_dict
+parse_json_files pin_memory prefetch random_split read_from_gdrive read_from_http
+read_from_remote readlines repeat round_robin_demux rows2columnar save_by_fsspec save_by_iopath
+save_to_disk set_length shard_expand sharding_round_robin_dispatch shuffled_flatmap slice
+threadpool_map to_iter_datapipe to_map_datapipe unzip webdataset zip_longest zip_with_iter
+zip_with_map
+""".split())
+
+_PROBE = """
+import json
+from torch.utils.data import IterDataPipe, MapDataPipe
+before = {"iter": {k: repr(v) for k, v in IterDataPipe.functions.items()},
+          "map": {k: repr(v) for k, v in MapDataPipe.functions.items()}}
+import speechpipe
+after = {"iter": {k: repr(v) for k, v in IterDataPipe.functions.items()},
+         "map": {k: repr(v) for k, v in MapDataPipe.functions.items()}}
+print(json.dumps({"before": before, "after": after}))
+"""
+
+
+def _registry_in_fresh_interpreter():
+    out = subprocess.run([sys.executable, "-c", _PROBE], check=True, capture_output=True, text=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_import_registers_names_and_redefines_none_of_torchs():
+    reg = _registry_in_fresh_interpreter()
+    for kind in ("iter", "map"):
+        before, after = reg["before"][kind], reg["after"][kind]
+        for name, fn in before.items():
+            assert after[name] == fn, f"speechpipe redefined torch's {kind} name {name!r}"
+    added = set(reg["after"]["iter"]) - set(reg["before"]["iter"])
+    for expected in ("open", "list_shards", "parse_scp", "join_by_key"):
+        assert expected in added
+    assert not added & TORCHDATA_NAMES, f"names taken by torchdata: {added & TORCHDATA_NAMES}"
+
+
+def test_torch_core_verbs_are_reused_not_rewritten():
+    reg = _registry_in_fresh_interpreter()
+    torch_verbs = {"list_files", "open_files", "shuffle", "batch", "map", "filter", "collate",
+                   "zip", "mux", "sharding_filter"}
+    assert torch_verbs <= set(reg["before"]["iter"])
+
+
+def _pipe_modules():
+    for info in pkgutil.iter_modules(speechpipe.pipes.__path__):
+        yield importlib.import_module(f"speechpipe.pipes.{info.name}")
+
+
+def _our_pipe_classes():
+    from speechpipe.pipes._base import IterDataPipe, MapDataPipe
+
+    for module in _pipe_modules():
+        for obj in vars(module).values():
+            if (isinstance(obj, type) and issubclass(obj, (IterDataPipe, MapDataPipe))
+                    and obj.__module__ == module.__name__):
+                yield obj
+
+
+def test_pipe_classes_and_functional_names_follow_the_naming_rule():
+    from speechpipe.pipes._base import IterDataPipe
+
+    classes = list(_our_pipe_classes())
+    assert classes
+    # torch stores each registration as functools.partial(class_function, cls, ...).
+    registered = {fn.args[0]: name for name, fn in IterDataPipe.functions.items()
+                  if getattr(fn, "args", None)}
+    ours = [name for cls, name in registered.items() if cls.__module__.startswith("speechpipe.")]
+    for cls in classes:
+        if issubclass(cls, IterDataPipe):
+            assert cls in registered, f"{cls.__name__} has no functional name"
+    for cls in classes:
+        assert re.fullmatch(r"[A-Z]\w*er(Iter|Map)DataPipe", cls.__name__), cls.__name__
+        alias = cls.__name__.replace("IterDataPipe", "").replace("MapDataPipe", "")
+        module = sys.modules[cls.__module__]
+        assert getattr(module, alias, None) is cls, f"{cls.__name__} lacks the alias {alias}"
+        assert cls.__doc__ and "functional name: ``" in cls.__doc__.splitlines()[0] + cls.__doc__
+        assert ">>>" in cls.__doc__, f"{cls.__name__} has no executed example"
+    for name in ours:
+        assert re.fullmatch(r"[a-z]+(_[a-z]+)*", name), name
+
+
+def test_every_module_all_is_sorted_and_complete():
+    for module in list(_pipe_modules()) + [importlib.import_module(f"speechpipe.{m}") for m in
+                                           ("errors", "diagnostics", "sample")]:
+        names = getattr(module, "__all__", None)
+        assert names is not None, f"{module.__name__} has no __all__"
+        assert list(names) == sorted(names), f"{module.__name__}.__all__ is not sorted"
+        for name in names:
+            assert hasattr(module, name), f"{module.__name__}.__all__ lists missing {name}"
+
+
+def test_torch_datapipe_machinery_is_imported_in_one_module_only():
+    import pathlib
+
+    root = pathlib.Path(speechpipe.__file__).parent
+    offenders = [str(p.relative_to(root)) for p in root.rglob("*.py")
+                 if p.name != "_base.py" and re.search(
+                     r"torch\.utils\.data\.datapipes|from torch\.utils\.data import .*DataPipe",
+                     p.read_text())]
+    assert offenders == []
