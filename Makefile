@@ -22,8 +22,8 @@ demo: $(STAMP)
 	$(VENV)/bin/speechpipe demo
 
 test: $(STAMP)
-	$(PY) -m pytest -q
 	$(PY) -m benchmarks --tiny
+	$(PY) -m pytest -q
 
 bench: $(STAMP)
 	$(PY) -m benchmarks

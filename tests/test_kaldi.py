@@ -699,7 +699,7 @@ def test_missing_recording_audio_names_the_segment_and_the_wav_scp_line(tmp_path
         ("u rec1 0 1 x", "channel 'x' is not a channel number"),
         ("u rec1 0 1 1", "channel 1 does not exist: recording 'rec1' has 1 channel"),
         ("u rec9 0 1", "unknown recording 'rec9': not in"),
-        ("u rec1 9 10.2", "past the end of recording 'rec1' \\(100 samples, 10.000 s\\)"),
+        ("u rec1 9 10.6", "past the end of recording 'rec1' \\(100 samples, 10.000 s\\)"),
         ("u rec1 10 -1", "has no samples in recording 'rec1'"),
         ("u rec1 0.01 0.02", "has no samples"),
     ],
@@ -708,6 +708,21 @@ def test_malformed_segment_names_file_line_and_key(tmp_path, recording, line, me
     with pytest.raises(DataError, match=message) as info:
         load_segs(tmp_path, f"ok rec1 0 1\n{line}\n")
     assert_located(info, tmp_path / "segments", 2, "u")
+
+
+def test_segment_overshoot_within_tolerance_is_truncated_like_kaldi(tmp_path, recording):
+    # Kaldi's extract-segments truncates segments ending up to 0.5 s past the recording.
+    _, samples = load_segs(tmp_path, "u rec1 9 10.4\n")
+    assert np.array_equal(samples[0]["audio"], recording[90:100])
+
+
+def test_segment_overshoot_tolerance_can_be_turned_off(tmp_path, recording):
+    path = write(tmp_path / "segments", "u rec1 9 10.2\n")
+    pipe = scp_pipe(path).load_segments(str(tmp_path / "wav.scp"), max_overshoot=0)
+    with pytest.raises(DataError, match="past the end of recording 'rec1'"):
+        list(pipe)
+    with pytest.raises(ValueError, match="max_overshoot must be >= 0"):
+        scp_pipe(path).load_segments(str(tmp_path / "wav.scp"), max_overshoot=-1)
 
 
 def test_segments_skip_policy_counts_and_warns(tmp_path, recording):

@@ -1148,6 +1148,7 @@ def slice_segments(
     on_error: str = "raise",
     diagnostics: Diagnostics | None = None,
     table_name: str = "wav.scp",
+    max_overshoot: float = 0.5,
 ) -> Iterator[Sample]:
     """Cut the segments of a Kaldi ``segments`` file out of their recordings.
 
@@ -1163,6 +1164,9 @@ def slice_segments(
         on_error: ``"raise"``, or ``"skip"`` bad segments, counted in ``diagnostics``.
         diagnostics: where skips are counted (a new one if not given).
         table_name: name of the recordings table, for error messages.
+        max_overshoot: seconds a segment may end past its recording and be truncated to the
+            recording's end (Kaldi's ``extract-segments --max-overshoot``, also 0.5 s);
+            further is an error.
 
     Yields:
         ``{"key": utterance-id, "audio", "sample_rate", "recording": recording-id}``.
@@ -1191,7 +1195,9 @@ def slice_segments(
             _check_pair(entry, "load_segments")
             where = _where(entry)
             try:
-                sample = _cut(entry[0], _parse_segment(entry[1], where), lookup, where)
+                sample = _cut(
+                    entry[0], _parse_segment(entry[1], where), lookup, where, max_overshoot
+                )
             except (DataError, MissingDataError) as exc:
                 reason = "bad segment" if isinstance(exc, DataError) else "missing recording"
                 diagnostics.handle(on_error, exc, reason)
@@ -1201,10 +1207,14 @@ def slice_segments(
         lookup.close()
 
 
-def _cut(key: str, segment: _Segment, lookup: _Recordings, where: _Where) -> Sample:
+def _cut(
+    key: str, segment: _Segment, lookup: _Recordings, where: _Where, max_overshoot: float
+) -> Sample:
     path, whole, rate, frames = lookup.get(segment.recording, where)
     start = round(segment.start * rate)
     stop = frames if segment.end == -1 else round(segment.end * rate)
+    if frames < stop <= frames + round(max_overshoot * rate):
+        stop = frames  # Kaldi's tolerance: segment times are rounded, recordings are not
     if stop > frames:
         raise _error(
             DataError,
@@ -1259,6 +1269,8 @@ class SegmentLoaderIterDataPipe(IterDataPipe[Sample]):
             current directory, as Kaldi).
         allow_commands: run ``cmd |`` recordings with the shell (each command runs once for
             consecutive segments of its recording).
+        max_overshoot: seconds a segment may end past its recording and be truncated (Kaldi's
+            default, 0.5); a segment ending further out is an error.
         on_error: ``"raise"``, or ``"skip"`` bad segments (and bad ``wav_scp`` lines),
             counted in ``self.diagnostics`` (reset each pass) and warned about at its end.
 
@@ -1284,6 +1296,7 @@ class SegmentLoaderIterDataPipe(IterDataPipe[Sample]):
         *,
         root: str | os.PathLike | None = None,
         allow_commands: bool = False,
+        max_overshoot: float = 0.5,
         on_error: str = "raise",
     ) -> None:
         if not isinstance(wav_scp, (str, os.PathLike)):
@@ -1295,7 +1308,10 @@ class SegmentLoaderIterDataPipe(IterDataPipe[Sample]):
         self.source_datapipe = source_datapipe
         self.wav_scp = os.fspath(wav_scp)
         self.root = None if root is None else os.fspath(root)
+        if not max_overshoot >= 0:
+            raise ValueError(f"max_overshoot must be >= 0 seconds, got {max_overshoot}")
         self.allow_commands = allow_commands
+        self.max_overshoot = float(max_overshoot)
         self.on_error = check_on_error(on_error)
         self.diagnostics = Diagnostics("load_segments")
 
@@ -1312,6 +1328,7 @@ class SegmentLoaderIterDataPipe(IterDataPipe[Sample]):
             on_error=self.on_error,
             diagnostics=self.diagnostics,
             table_name=self.wav_scp,
+            max_overshoot=self.max_overshoot,
         )
         self.diagnostics.warn_if_skipped()
 
