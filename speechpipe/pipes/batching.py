@@ -38,7 +38,7 @@ import heapq
 import statistics
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator, Sequence, Union
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence, Union
 
 from ..sample import sample_length
 from ..seeding import derive_rng, process_position
@@ -84,7 +84,7 @@ class BatchConstraint(ABC):
     max_samples: int | None = None
 
     def measure(self, sample: Any) -> Length:
-        if isinstance(sample, (int, float, tuple)):
+        if not isinstance(sample, Mapping):  # a bare length (planning from an index)
             return sample
         if self.length is None:
             return sample_length(sample)
@@ -257,8 +257,8 @@ class TwoDimensional(BatchConstraint):
         self._check()
 
     def measure(self, sample):
-        if isinstance(sample, tuple):
-            return sample
+        if not isinstance(sample, Mapping):
+            return tuple(sample)
         if self.length is not None and not isinstance(self.length, str):
             return self.length(sample)
         return (sample_length(sample, self.length), sample_length(sample, self.output))
@@ -358,8 +358,9 @@ def pack_batches(
 ) -> Iterator[list]:
     """Greedily pack consecutive samples into batches within ``constraint``'s budget.
 
-    Order is kept; a batch closes when the next sample would break the budget. Feed samples
-    sorted by length (or groups from :func:`bucket_groups`) for little padding.
+    Order is kept; a batch closes when the next sample would break the budget. An oversize
+    sample is emitted (or dropped) when it arrives and does not close the open batch. Feed
+    samples sorted by length (or groups from :func:`bucket_groups`) for little padding.
 
     Args:
         samples: samples (dicts) or bare lengths.
@@ -370,7 +371,7 @@ def pack_batches(
         lengths: measure function (default ``constraint.measure``).
 
     >>> [b for b in pack_batches([1, 2, 3, 3, 9, 30], PaddedArea(budget=10))]
-    [[1, 2, 3], [3], [9], [30]]
+    [[1, 2, 3], [3], [30], [9]]
     >>> [b for b in pack_batches([1, 2, 3, 3, 9, 30], PaddedArea(budget=10), oversize="drop")]
     [[1, 2, 3], [3], [9]]
     """
@@ -390,15 +391,15 @@ def pack_batches(
             batch_lengths.append(n)
             state = grown
             continue
-        if batch:
-            if stats is not None:
-                stats.add_batch(batch_lengths, constraint)
-            yield batch
         alone = add(empty, n)
         if within(alone):
+            if batch:
+                if stats is not None:
+                    stats.add_batch(batch_lengths, constraint)
+                yield batch
             batch, batch_lengths, state = [sample], [n], alone
             continue
-        batch, batch_lengths, state = [], [], empty
+        # An oversize sample: handled on its own, the open batch stays open.
         if oversize == "emit":
             if stats is not None:
                 stats.oversize_emitted += 1
