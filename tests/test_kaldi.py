@@ -179,8 +179,10 @@ def test_invalid_utf8_in_binary_stream_names_file_and_line():
 
 
 def test_undecodable_text_stream_names_file_and_line():
-    stream = io.TextIOWrapper(io.BytesIO(b"u1 a\n" + b"u2 \xff\n"), encoding="utf-8")
-    with pytest.raises(DataError, match="not valid utf-8 text at or after this line") as info:
+    # A UTF-8 text stream is read through its buffer (bad line named exactly, see
+    # test_sources); a stream in another encoding decodes itself.
+    stream = io.TextIOWrapper(io.BytesIO(b"u1 a\n" + b"u2 \xff\n"), encoding="ascii")
+    with pytest.raises(DataError, match="not valid ascii text at or after this line") as info:
         list(parse_scp_lines(stream, source="text"))
     # A text stream decodes whole blocks: the line is where decoding failed, not the bad one.
     assert_located(info, "text", 1)

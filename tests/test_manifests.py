@@ -285,7 +285,7 @@ def test_gz_name_on_plain_bytes_names_the_file(tmp_path):
 
 def test_gzipped_manifest_in_a_text_only_stream_is_refused():
     pipe = IterableWrapper([("m.jsonl.gz", io.StringIO("{}"))], deepcopy=False).parse_manifest()
-    with pytest.raises(DataError, match="m.jsonl.gz: a gzipped manifest must be opened in binary"):
+    with pytest.raises(DataError, match="m.jsonl.gz: a gzipped file must be opened in binary"):
         list(pipe)
 
 
@@ -470,3 +470,12 @@ def test_random_text_streams_give_samples_or_data_error(data, name):
             list(iter_manifest(name, io.StringIO(data)))
         except DataError:
             pass
+
+
+def test_invalid_utf8_line_is_skipped_alone_under_skip(tmp_path):
+    path = _write(tmp_path / "m.jsonl",
+                  b'{"key": "a"}\n{"key": "b\xff"}\n{"key": "c"}\n')
+    pipe = IterableWrapper([path]).open_files(mode="b").parse_manifest(on_error="skip")
+    with pytest.warns(SkippedInputWarning, match="invalid UTF-8: 1"):
+        assert [s["key"] for s in pipe] == ["a", "c"]
+    assert pipe.diagnostics.counts == {"invalid UTF-8": 1}

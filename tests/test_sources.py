@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gzip
+import io
 import pickle
 
 import pytest
@@ -9,7 +11,13 @@ import pytest
 import speechpipe  # noqa: F401  (registers the functional names)
 from speechpipe.errors import DataError, MissingDataError, UnsafeInputError
 from speechpipe.pipes._base import IterableWrapper
-from speechpipe.pipes.sources import ShardLister, StreamOpener, expand_patterns
+from speechpipe.pipes.sources import (
+    ShardLister,
+    StreamOpener,
+    check_path_stream,
+    expand_patterns,
+    iter_text_lines,
+)
 from speechpipe.testing import serve_directory
 
 
@@ -188,3 +196,112 @@ def test_pipe_stopped_early_is_not_an_error():
     assert stream.read(4) == b"y\ny\n"
     it.close()
     assert stream.closed
+
+
+# --- reading lines: iter_text_lines, check_path_stream ------------------------------------
+
+def lines_of(stream, **kwargs):
+    """``(number, text)`` pairs, a bad line shown as ``(number, "error: <message>")``."""
+    return [(n, t if isinstance(t, str) else f"error: {t}")
+            for n, t in iter_text_lines(stream, **kwargs)]
+
+
+BAD_LINE_2 = b"u1 a\nu2 \xc3\x28\nu3 \xc3\xa9\n"  # line 2 is not UTF-8, line 3 is "u3 é"
+EXPECTED = [
+    (1, "u1 a\n"),
+    (2, "error: t.txt:2: not valid UTF-8 (invalid continuation byte at byte 4 of the line)"),
+    (3, "u3 é\n"),
+]
+
+
+def test_binary_stream_lines_are_numbered_and_decoded_line_by_line():
+    assert lines_of(io.BytesIO(BAD_LINE_2), source="t.txt") == EXPECTED
+
+
+def test_a_bad_line_is_yielded_as_a_located_data_error_chained_to_the_decode_error():
+    _, error = list(iter_text_lines([b"\xff\n"], source="t.txt"))[0]
+    assert isinstance(error, DataError) and (error.source, error.line) == ("t.txt", 1)
+    assert isinstance(error.__cause__, UnicodeDecodeError)
+
+
+def test_text_stream_and_str_lines_are_passed_through():
+    assert lines_of(io.StringIO("a\nb"), source="t") == [(1, "a\n"), (2, "b")]
+    assert lines_of(["a\n", b"b\n"], source="t") == [(1, "a\n"), (2, "b\n")]
+
+
+def test_utf8_text_stream_is_read_through_its_buffer_to_name_the_bad_line():
+    stream = io.TextIOWrapper(io.BytesIO(BAD_LINE_2), encoding="UTF8")
+    assert lines_of(stream, source="t.txt") == EXPECTED
+
+
+@pytest.mark.parametrize("mode", ["b", "r"])
+def test_torch_stream_wrapper_in_either_mode_names_the_bad_line(tmp_path, mode):
+    path = tmp_path / "t.txt"
+    path.write_bytes(BAD_LINE_2)
+    (name, stream), = IterableWrapper([str(path)]).open_files(mode=mode)
+    try:
+        got = lines_of(stream, source="t.txt")
+    finally:
+        stream.close()
+    assert type(stream).__name__ == "StreamWrapper" and got == EXPECTED
+
+
+def test_lenient_utf8_text_stream_keeps_its_own_decoding():
+    stream = io.TextIOWrapper(io.BytesIO(b"a\xff\n"), encoding="utf-8", errors="replace")
+    assert lines_of(stream, source="t") == [(1, "a\ufffd\n")]
+
+
+def test_text_stream_in_another_encoding_that_fails_raises_naming_file_and_line():
+    stream = io.TextIOWrapper(io.BytesIO(b"a\n\xff\n"), encoding="ascii")
+    with pytest.raises(DataError, match="not valid ascii text at or after this line") as info:
+        lines_of(stream, source="t.txt")
+    assert str(info.value).startswith("t.txt:1: ") and "open_files(mode='b')" in str(info.value)
+
+
+def test_gzipped_stream_is_decompressed_and_left_open():
+    stream = io.BytesIO(gzip.compress(BAD_LINE_2))
+    assert lines_of(stream, source="t.txt", gzipped=True) == EXPECTED
+    assert not stream.closed  # the caller owns it
+
+
+def test_truncated_gzip_raises_naming_the_file_after_the_lines_it_had():
+    data = gzip.compress(b"".join(b"line %d\n" % i for i in range(5000)))
+    got = []
+    with pytest.raises(DataError, match="truncated or corrupt gzip stream after line") as info:
+        for number, text in iter_text_lines(io.BytesIO(data[:-20]), source="t.gz", gzipped=True):
+            got.append(text)
+    assert str(info.value).startswith("t.gz: ") and 0 < len(got) < 5000
+    assert got == [f"line {i}\n" for i in range(len(got))]
+
+
+def test_gzip_in_a_text_stream_is_refused():
+    with pytest.raises(DataError, match="t.gz: a gzipped file must be opened in binary mode"):
+        lines_of(io.StringIO("x"), source="t.gz", gzipped=True)
+
+
+def test_read_failure_raises_naming_the_file_and_last_line():
+    class Failing(io.RawIOBase):
+        def readable(self):
+            return True
+
+        def readinto(self, buffer):
+            raise OSError("disk on fire")
+
+    with pytest.raises(DataError, match=r"^t.txt: read failed after line 0: disk on fire"):
+        lines_of(io.BufferedReader(Failing()), source="t.txt")
+
+
+def test_a_whole_string_or_non_line_items_are_type_errors():
+    with pytest.raises(TypeError, match="splitlines"):
+        lines_of(b"a\nb\n", source="t")
+    with pytest.raises(TypeError, match="t:2: lines must be str or bytes, got 3"):
+        lines_of(["a\n", 3], source="t")
+
+
+def test_check_path_stream_returns_a_str_path_or_names_the_verb(tmp_path):
+    stream = io.BytesIO()
+    assert check_path_stream((tmp_path / "t", stream), "parse_x") == (str(tmp_path / "t"), stream)
+    for item in ("t.txt", ("t.txt",), ("t.txt", "u1 a\n"), (3, stream)):
+        with pytest.raises(TypeError, match=r"parse_x consumes \(path, stream\) pairs.*"
+                           r"open_files\(mode='b'\)\.parse_x\(\)"):
+            check_path_stream(item, "parse_x")

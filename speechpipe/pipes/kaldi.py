@@ -45,6 +45,7 @@ from ..errors import DataError, MissingDataError, UnsafeInputError
 from ..sample import AUDIO, FEATS, KEY, SAMPLE_RATE, TEXT, Sample
 from ._base import IterDataPipe, functional_datapipe
 from .decode import read_audio
+from .sources import check_path_stream, iter_text_lines
 
 __all__ = [
     "KINDS",
@@ -175,7 +176,10 @@ def parse_scp_lines(
 
     The key is the first whitespace-separated token, the value the rest of the line with
     surrounding whitespace removed (inner spaces kept: ``text`` values and ``cmd |`` values
-    contain spaces). Blank lines are skipped. ``bytes`` lines are decoded as UTF-8.
+    contain spaces). Blank lines are skipped. Lines are read and decoded by
+    :func:`~speechpipe.pipes.sources.iter_text_lines`: ``bytes`` lines (and a UTF-8 text
+    stream, through its binary buffer) as UTF-8, each on its own, so a bad line is named and,
+    under ``on_error="skip"``, skipped alone.
 
     Args:
         lines: ``str`` or ``bytes`` lines, e.g. a text or binary file object.
@@ -191,7 +195,9 @@ def parse_scp_lines(
     Raises:
         DataError: a malformed line (no value, NUL byte, control character in the key, byte
             order mark), invalid UTF-8, a duplicate key (naming the earlier line) or, with
-            ``check_sorted``, an unsorted key; the message starts with ``file:line``.
+            ``check_sorted``, an unsorted key; the message starts with ``file:line``. Also a
+            stream that cannot be read on (a read failure, a non-UTF-8 text stream that
+            failed to decode): under ``"skip"`` the rest of that stream is dropped.
 
     >>> import io
     >>> for entry in parse_scp_lines(io.BytesIO(b"u1 a.wav\\nu2 sox b.wav -t wav - |\\n\\n"),
@@ -200,97 +206,67 @@ def parse_scp_lines(
     ScpEntry('u1', 'a.wav', source='wav.scp', line=1)
     ScpEntry('u2', 'sox b.wav -t wav - |', source='wav.scp', line=2)
     """
-    if isinstance(lines, (str, bytes, bytearray)):
-        raise TypeError(
-            "lines must be an iterable of lines (a file object or a list), not one "
-            f"{type(lines).__name__}; use .splitlines() first"
-        )
     check_on_error(on_error)
     if diagnostics is None:
         diagnostics = Diagnostics("parse_scp")
     seen: dict[str, int] = {}
     previous: str | None = None
-    number = 0
-    iterator = iter(lines)
-    while True:
-        try:
-            raw = next(iterator)
-        except StopIteration:
-            return
-        except UnicodeDecodeError as exc:
-            # A text-mode stream failed to decode; it cannot be resumed after this.
-            diagnostics.handle(
-                on_error,
-                DataError(
-                    f"not valid {exc.encoding} text at or after this line ({exc.reason}); "
-                    "open the file in binary mode (open_files(mode='b')) to have each line "
-                    "decoded as UTF-8 and the bad one named",
-                    source=source,
-                    line=number + 1,
-                ),
-                "undecodable line",
-            )
-            return
-        number += 1
-        if isinstance(raw, (bytes, bytearray)):
+    numbered = iter_text_lines(lines, source=source)
+    try:
+        while True:
             try:
-                text = bytes(raw).decode("utf-8")
-            except UnicodeDecodeError as exc:
+                number, text = next(numbered)
+            except StopIteration:
+                return
+            except DataError as exc:  # the stream cannot be read on
+                diagnostics.handle(on_error, exc, "unreadable table")
+                return
+            if isinstance(text, DataError):
+                diagnostics.handle(on_error, text, "undecodable line")
+                continue
+            stripped = text.strip(_WHITESPACE)
+            if not stripped:
+                continue
+            problem = _line_problem(stripped, allow_empty)
+            if problem is not None:
+                diagnostics.handle(
+                    on_error, DataError(problem, source=source, line=number), "malformed line"
+                )
+                continue
+            parts = _SPLIT.split(stripped, maxsplit=1)
+            key = parts[0]
+            value = parts[1] if len(parts) == 2 else ""
+            if key in seen:
                 diagnostics.handle(
                     on_error,
                     DataError(
-                        f"not valid UTF-8 ({exc.reason} at byte {exc.start})",
+                        f"duplicate key (first on line {seen[key]})",
                         source=source,
                         line=number,
+                        key=key,
                     ),
-                    "undecodable line",
+                    "duplicate key",
                 )
                 continue
-        elif isinstance(raw, str):
-            text = raw
-        else:
-            raise TypeError(f"{source}:{number}: lines must be str or bytes, got {raw!r}")
-        stripped = text.strip(_WHITESPACE)
-        if not stripped:
-            continue
-        problem = _line_problem(stripped, allow_empty)
-        if problem is not None:
-            diagnostics.handle(
-                on_error, DataError(problem, source=source, line=number), "malformed line"
-            )
-            continue
-        parts = _SPLIT.split(stripped, maxsplit=1)
-        key = parts[0]
-        value = parts[1] if len(parts) == 2 else ""
-        if key in seen:
-            diagnostics.handle(
-                on_error,
-                DataError(
-                    f"duplicate key (first on line {seen[key]})",
-                    source=source,
-                    line=number,
-                    key=key,
-                ),
-                "duplicate key",
-            )
-            continue
-        if check_sorted and previous is not None and key < previous:
-            # str order is code point order, which is UTF-8 byte order: LC_ALL=C sort's.
-            diagnostics.handle(
-                on_error,
-                DataError(
-                    f"key is out of order after {previous!r}: Kaldi tables must be sorted "
-                    "with 'LC_ALL=C sort' (or pass check_sorted=False)",
-                    source=source,
-                    line=number,
-                    key=key,
-                ),
-                "unsorted key",
-            )
-            continue
-        seen[key] = number
-        previous = key
-        yield ScpEntry(key, value, source=source, line=number)
+            if check_sorted and previous is not None and key < previous:
+                # str order is code point order, which is UTF-8 byte order: LC_ALL=C sort's.
+                diagnostics.handle(
+                    on_error,
+                    DataError(
+                        f"key is out of order after {previous!r}: Kaldi tables must be sorted "
+                        "with 'LC_ALL=C sort' (or pass check_sorted=False)",
+                        source=source,
+                        line=number,
+                        key=key,
+                    ),
+                    "unsorted key",
+                )
+                continue
+            seen[key] = number
+            previous = key
+            yield ScpEntry(key, value, source=source, line=number)
+    finally:
+        numbered.close()
 
 
 def _line_problem(stripped: str, allow_empty: bool) -> str | None:
@@ -309,16 +285,6 @@ def _line_problem(stripped: str, allow_empty: bool) -> str | None:
             "for a Kaldi text file whose transcripts may be empty)"
         )
     return None
-
-
-def _stream_of(item: Any) -> tuple[str, Any]:
-    if (isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], (str, os.PathLike))
-            and hasattr(item[1], "__iter__") and not isinstance(item[1], (str, bytes))):
-        return os.fspath(item[0]), item[1]
-    raise TypeError(
-        "parse_scp consumes (path, stream) pairs as yielded by open_files(mode='b') or "
-        f"open, got {item!r}; e.g. IterableWrapper([path]).open_files(mode='b').parse_scp()"
-    )
 
 
 @functional_datapipe("parse_scp")
@@ -370,7 +336,7 @@ class ScpParserIterDataPipe(IterDataPipe[ScpEntry]):
     def __iter__(self) -> Iterator[ScpEntry]:
         self.diagnostics.reset()
         for item in self.source_datapipe:
-            path, stream = _stream_of(item)
+            path, stream = check_path_stream(item, "parse_scp")
             try:
                 yield from parse_scp_lines(
                     stream,

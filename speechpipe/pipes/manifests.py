@@ -20,12 +20,10 @@ from __future__ import annotations
 
 import csv
 import gzip
-import io
 import json
 import math
 import os
 import posixpath
-import zlib
 from typing import IO, Any, Iterable, Iterator, Mapping
 
 import numpy as np
@@ -34,6 +32,7 @@ from ..diagnostics import Diagnostics, check_on_error
 from ..errors import DataError, MissingDataError
 from ..sample import DURATION, KEY, NUM_FRAMES, SOURCE, Sample
 from ._base import IterDataPipe, functional_datapipe
+from .sources import check_path_stream, iter_text_lines
 
 __all__ = [
     "FORMATS",
@@ -79,59 +78,6 @@ def _format_of(path: str, format: str) -> tuple[str, bool]:
             source=path,
         )
     return fmt, gzipped
-
-
-def _text_lines(path: str, stream: IO, gzipped: bool) -> Iterator[tuple[int, str]]:
-    """``(line number, text)`` of each line of a binary or text stream, decoding UTF-8.
-
-    Binary streams are decoded line by line, so invalid UTF-8 is reported at its own line.
-    A text stream over a UTF-8 binary buffer (``open(path)``, ``open_files(mode="r")``) is
-    read through that buffer for the same reason.
-    """
-    inner = getattr(stream, "file_obj", stream)  # torch's StreamWrapper
-    binary: IO | None = inner
-    if isinstance(inner, io.TextIOBase):
-        buffer = getattr(inner, "buffer", None)
-        encoding = (getattr(inner, "encoding", None) or "").lower().replace("_", "-")
-        binary = buffer if buffer is not None and encoding in ("utf-8", "utf8") else None
-    if gzipped:
-        if binary is None:
-            raise DataError("a gzipped manifest must be opened in binary mode", source=path)
-        binary = gzip.GzipFile(fileobj=binary, mode="rb")
-    try:
-        if binary is None:  # a text stream we cannot bypass: decoding is the stream's
-            lineno = 0
-            try:
-                for lineno, line in enumerate(inner, 1):
-                    yield lineno, line
-            except UnicodeDecodeError as exc:
-                raise DataError(
-                    f"invalid text after line {lineno}: {exc.reason}", source=path
-                ) from exc
-            return
-        lineno = 0
-        lines = iter(binary)
-        while True:
-            try:
-                raw = next(lines)
-            except StopIteration:
-                return
-            except (EOFError, OSError, zlib.error) as exc:
-                what = "truncated or corrupt gzip stream" if gzipped else "read failed"
-                raise DataError(f"{what} after line {lineno}: {exc}", source=path) from exc
-            lineno += 1
-            if not isinstance(raw, bytes):  # a text stream without a buffer was not TextIOBase
-                yield lineno, raw
-                continue
-            try:
-                yield lineno, raw.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                raise DataError(
-                    f"invalid UTF-8 at byte {exc.start + 1} of the line", source=path, line=lineno
-                ) from exc
-    finally:
-        if gzipped and binary is not None:
-            binary.close()
 
 
 def _stem(value: str) -> str:
@@ -268,6 +214,7 @@ def iter_manifest(
     failed). Under ``on_error="skip"`` a bad line is dropped and counted in ``diagnostics``
     (an error that ends the stream, such as a truncated gzip, drops the rest of the file).
 
+    >>> import io
     >>> lines = b'{"id": "u1", "text": "hi"}\\n\\n{"key": "u2", "duration": 1.5}\\n'
     >>> [s["key"] for s in iter_manifest("m.jsonl", io.BytesIO(lines))]
     ['u1', 'u2']
@@ -280,18 +227,17 @@ def iter_manifest(
         fmt, gzipped = _format_of(path, format)
         tsv = _TsvRows(path, key_column) if fmt == "tsv" else None
         seen: dict[str, int] = {}
-        lines = _text_lines(path, stream, gzipped)
+        lines = iter_text_lines(stream, source=path, gzipped=gzipped)
         try:
-            while True:
+            for lineno, text in lines:  # a DataError from here ends the file
+                if isinstance(text, str):
+                    if lineno == 1 and text.startswith(_BOM):
+                        text = text[1:]
+                    if not (text.strip() if tsv is None else text.rstrip("\r\n")):
+                        continue  # a blank line (in TSV only an empty one: tabs are columns)
                 try:
-                    lineno, text = next(lines)
-                except StopIteration:
-                    break
-                if lineno == 1 and text.startswith(_BOM):
-                    text = text[1:]
-                if not (text.strip() if tsv is None else text.rstrip("\r\n")):
-                    continue  # a blank line (in TSV only an empty one: tabs are columns)
-                try:
+                    if isinstance(text, DataError):  # a line that is not UTF-8
+                        raise text
                     if tsv is not None and tsv.header is None:
                         tsv.set_header(lineno, text)
                         continue
@@ -326,7 +272,7 @@ _REASONS = (
     ("invalid JSON", "invalid JSON"),
     ("expected a JSON object", "not a JSON object"),
     ("expected ", "wrong column count"),
-    ("invalid UTF-8", "invalid UTF-8"),
+    ("not valid UTF-8", "invalid UTF-8"),
     ("duplicate key", "duplicate key"),
     ("no key", "no key"),
     ("key field", "bad key"),
@@ -375,6 +321,7 @@ class ManifestParserIterDataPipe(IterDataPipe[Sample]):
             pass). A file that cannot be read on (truncated gzip, bad header, unknown
             extension) is skipped from there on.
 
+    >>> import io
     >>> from speechpipe.pipes._base import IterableWrapper
     >>> tsv = "client_id\\tpath\\tsentence\\nc1\\tcommon_voice_en_1.mp3\\tSay \\"hi\\"; go.\\n"
     >>> pairs = IterableWrapper([("train.tsv", io.StringIO(tsv))], deepcopy=False)
@@ -403,11 +350,9 @@ class ManifestParserIterDataPipe(IterDataPipe[Sample]):
     def __iter__(self) -> Iterator[Sample]:
         self.diagnostics.reset()
         for item in self.source_datapipe:
-            if not (isinstance(item, tuple) and len(item) == 2):
-                raise TypeError(f"parse_manifest expects (path, stream) pairs, got {item!r}")
-            path, stream = item
+            path, stream = check_path_stream(item, "parse_manifest")
             yield from iter_manifest(
-                os.fspath(path),
+                path,
                 stream,
                 self.format,
                 key_column=self.key_column,

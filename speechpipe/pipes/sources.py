@@ -9,6 +9,11 @@ Verbs:
   caller opts in, ``pipe:`` shell commands to ``(name, binary stream)`` pairs, the element
   shape that torch's ``open_files`` yields, so every parser accepts either.
 
+Reading what was opened, for the line-based parsers (``parse_scp``, ``parse_manifest``):
+:func:`check_path_stream` checks a ``(path, stream)`` element and :func:`iter_text_lines`
+numbers and decodes the lines of a binary or text stream (gzipped or not), naming the file and
+line of any that is not UTF-8.
+
 Each stream is closed by the opener itself when the consumer asks for the next element (or
 stops iterating): a consumer must finish with a stream before advancing. Nothing is closed
 in ``__del__``.
@@ -16,7 +21,9 @@ in ``__del__``.
 
 from __future__ import annotations
 
+import codecs
 import glob
+import gzip
 import io
 import os
 import shlex
@@ -24,8 +31,9 @@ import subprocess
 import tempfile
 import urllib.error
 import urllib.request
+import zlib
 from http.client import HTTPException
-from typing import BinaryIO, Iterable, Iterator
+from typing import IO, Any, BinaryIO, Iterable, Iterator
 
 import braceexpand
 
@@ -35,8 +43,10 @@ from ._base import IterDataPipe, functional_datapipe
 __all__ = [
     "ShardListerIterDataPipe",
     "StreamOpenerIterDataPipe",
+    "check_path_stream",
     "expand_patterns",
     "is_url",
+    "iter_text_lines",
     "open_stream",
 ]
 
@@ -339,3 +349,138 @@ class StreamOpenerIterDataPipe(IterDataPipe[tuple[str, BinaryIO]]):
 
 
 StreamOpener = StreamOpenerIterDataPipe
+
+
+# --------------------------------------------------------------------------- reading lines
+
+
+def check_path_stream(item: Any, verb: str) -> tuple[str, IO]:
+    """Check that a pipe element is a ``(path, stream)`` pair; return it with a ``str`` path.
+
+    The element shape of torch's ``open_files`` and speechpipe's ``open``, which the parsers
+    consume.
+
+    Args:
+        item: the element.
+        verb: functional name of the consuming pipe, for the error message.
+
+    Raises:
+        TypeError: ``item`` is not a ``(path, stream)`` pair; the message names ``verb`` and
+            shows how to open files first.
+
+    >>> import io, pathlib
+    >>> check_path_stream((pathlib.Path("data/text"), io.BytesIO()), "parse_scp")[0]
+    'data/text'
+    >>> check_path_stream("data/text", "parse_scp")
+    Traceback (most recent call last):
+    TypeError: parse_scp consumes (path, stream) pairs ..., got 'data/text'; e.g. ...
+    """
+    if (isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], (str, os.PathLike))
+            and hasattr(item[1], "__iter__") and not isinstance(item[1], (str, bytes))):
+        return os.fspath(item[0]), item[1]
+    raise TypeError(
+        f"{verb} consumes (path, stream) pairs as yielded by open_files(mode='b') or open, "
+        f"got {item!r}; e.g. IterableWrapper([path]).open_files(mode='b').{verb}()"
+    )
+
+
+def _bypass_text_layer(stream: Any) -> Any:
+    """What to iterate for the lines of ``stream``: the stream itself or its binary buffer.
+
+    torch's ``StreamWrapper`` is unwrapped. A strict UTF-8 text stream is replaced by its
+    binary buffer, which :func:`iter_text_lines` decodes line by line.
+    """
+    inner = getattr(stream, "file_obj", stream)  # torch's StreamWrapper
+    if not isinstance(inner, io.TextIOBase):
+        return inner
+    buffer = getattr(inner, "buffer", None)
+    try:
+        utf8 = codecs.lookup(getattr(inner, "encoding", None) or "").name == "utf-8"
+    except LookupError:
+        utf8 = False
+    if buffer is not None and utf8 and getattr(inner, "errors", "strict") == "strict":
+        return buffer
+    return inner
+
+
+def iter_text_lines(
+    lines: Iterable[str | bytes], *, source: str, gzipped: bool = False
+) -> Iterator[tuple[int, str | DataError]]:
+    """Number and decode the lines of a binary or text stream, naming any bad line.
+
+    Yields ``(line number, text)`` per line, numbered from 1, line ends kept. ``bytes`` lines
+    are decoded as UTF-8 one at a time, so a line that is not UTF-8 is named exactly: in its
+    place comes ``(line number, DataError)`` and iteration goes on with the next line; the
+    caller raises or skips it. A strict UTF-8 text stream handed over unread (``open(path)``,
+    torch's ``open_files(mode="r")``, whose ``StreamWrapper`` is unwrapped) is read through
+    its binary buffer for that reason. Any other text stream decodes itself, and a failure
+    there ends the stream.
+
+    Args:
+        lines: a binary or text stream, or any iterable of ``str``/``bytes`` lines. The
+            caller owns it and closes it.
+        source: file name used in errors.
+        gzipped: ``lines`` is a gzip-compressed binary stream.
+
+    Raises:
+        DataError: the stream cannot be read on: a truncated or corrupt gzip stream, a read
+            failure, a text stream that failed to decode itself, a gzipped text stream. The
+            lines before it have been yielded.
+        TypeError: ``lines`` is one ``str`` or ``bytes``, or yields something else.
+
+    >>> import io
+    >>> stream = io.BytesIO(b"u1 a\\nu2 \\xff\\nu3 c\\n")
+    >>> for number, text in iter_text_lines(stream, source="text"):
+    ...     print(number, repr(text) if isinstance(text, str) else f"error: {text}")
+    1 'u1 a\\n'
+    2 error: text:2: not valid UTF-8 (invalid start byte at byte 4 of the line)
+    3 'u3 c\\n'
+    """
+    if isinstance(lines, (str, bytes, bytearray)):
+        raise TypeError(
+            "lines must be an iterable of lines (a file object or a list), not one "
+            f"{type(lines).__name__}; use .splitlines() first"
+        )
+    lines = _bypass_text_layer(lines)
+    if gzipped:
+        if isinstance(lines, io.TextIOBase):
+            raise DataError("a gzipped file must be opened in binary mode", source=source)
+        lines = gzip.GzipFile(fileobj=lines, mode="rb")
+    number = 0
+    iterator = iter(lines)
+    try:
+        while True:
+            try:
+                raw = next(iterator)
+            except StopIteration:
+                return
+            except UnicodeDecodeError as exc:  # a text stream's own decoding: it cannot resume
+                raise DataError(
+                    f"not valid {exc.encoding} text at or after this line ({exc.reason}); "
+                    "open the file in binary mode (open_files(mode='b')) to have each line "
+                    "decoded as UTF-8 and the bad one named",
+                    source=source,
+                    line=number + 1,
+                ) from exc
+            except (EOFError, OSError, zlib.error) as exc:
+                what = "truncated or corrupt gzip stream" if gzipped else "read failed"
+                raise DataError(f"{what} after line {number}: {exc}", source=source) from exc
+            number += 1
+            if isinstance(raw, str):
+                yield number, raw
+            elif isinstance(raw, (bytes, bytearray)):
+                try:
+                    text: str | DataError = bytes(raw).decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    text = DataError(
+                        f"not valid UTF-8 ({exc.reason} at byte {exc.start + 1} of the line)",
+                        source=source,
+                        line=number,
+                    )
+                    text.__cause__ = exc
+                yield number, text
+            else:
+                raise TypeError(f"{source}:{number}: lines must be str or bytes, got {raw!r}")
+    finally:
+        if gzipped:
+            lines.close()  # the GzipFile only: the caller's stream stays open
