@@ -2,6 +2,8 @@
 
 - :func:`serve_directory`: a real HTTP server on 127.0.0.1 serving a folder, with two
   fault-injection paths for testing remote reads.
+- :func:`sample_durations`: utterance durations drawn from real corpora's published
+  percentiles (``shared/data/durations.md``), for realistic tests and benchmarks.
 """
 
 from __future__ import annotations
@@ -12,7 +14,63 @@ import http.server
 import threading
 from typing import Iterator
 
-__all__ = ["serve_directory"]
+import numpy as np
+
+__all__ = ["DURATION_PERCENTILES", "USABLE_RANGE", "sample_durations", "serve_directory"]
+
+#: Published percentile points ``(quantile, seconds)`` of utterance durations. Sources:
+#: icefall's ``display_manifest_statistics.py`` per recipe (train sets measured 3x speed
+#: perturbed, medians unchanged), LJSpeech's README; see ``shared/data/durations.md``.
+DURATION_PERCENTILES: dict[str, tuple[tuple[float, float], ...]] = {
+    "librispeech-train-clean-100": (
+        (0.0, 1.4), (0.001, 1.9), (0.005, 2.2), (0.01, 2.5), (0.05, 4.2), (0.10, 6.4),
+        (0.25, 11.4), (0.50, 13.8), (0.75, 15.3), (0.90, 16.7), (0.95, 17.3), (0.99, 18.1),
+        (0.995, 18.4), (0.999, 18.8), (1.0, 24.5),
+    ),
+    "librispeech-dev-clean": (
+        (0.0, 1.4), (0.25, 3.8), (0.50, 5.9), (0.75, 9.3), (0.99, 23.8), (1.0, 32.6),
+    ),
+    "aishell-1-train": (
+        (0.0, 1.2), (0.25, 3.5), (0.50, 4.3), (0.75, 5.4), (0.99, 8.8), (1.0, 14.5),
+    ),
+    "wenetspeech-m": (
+        (0.0, 0.2), (0.25, 1.4), (0.50, 2.0), (0.75, 2.9), (0.99, 8.0), (1.0, 405.1),
+    ),
+    "wenetspeech-l": (
+        (0.0, 0.2), (0.25, 1.4), (0.50, 2.0), (0.75, 3.0), (0.99, 8.4), (1.0, 405.1),
+    ),
+    "ljspeech": (
+        (0.0, 1.1), (0.25, 5.0), (0.50, 6.8), (0.75, 8.4), (0.99, 10.0), (1.0, 10.1),
+    ),
+}
+
+#: The duration range icefall keeps for training (seconds), per corpus family.
+USABLE_RANGE = {"librispeech": (1.0, 20.0), "aishell-1": (1.0, 12.0), "wenetspeech": (1.0, 15.0)}
+
+
+def sample_durations(corpus: str, n: int, seed: int = 0, *, usable_only: bool = False) -> np.ndarray:
+    """``n`` durations (seconds) drawn from ``corpus``'s published percentiles.
+
+    The percentile points are a piecewise-linear inverse CDF: draw ``u ~ U(0, 1)`` and
+    interpolate, which keeps the skew and the cliffs (LibriSpeech training near 17.5 s,
+    LJSpeech at 10.1 s). With ``usable_only``, durations outside the corpus's usual training
+    range (:data:`USABLE_RANGE`) are redrawn.
+
+    >>> d = sample_durations("librispeech-train-clean-100", 10_000)
+    >>> round(float(np.median(d)), 1), bool(d.min() >= 1.4), bool(d.max() <= 24.5)
+    (13.8, True, True)
+    """
+    if corpus not in DURATION_PERCENTILES:
+        raise ValueError(f"unknown corpus {corpus!r}; known: {sorted(DURATION_PERCENTILES)}")
+    q, v = map(np.asarray, zip(*DURATION_PERCENTILES[corpus]))
+    rng = np.random.default_rng(seed)
+    low, high = next((r for k, r in USABLE_RANGE.items() if corpus.startswith(k)),
+                     (0.0, np.inf)) if usable_only else (0.0, np.inf)
+    out = np.empty(0)
+    while out.size < n:
+        draw = np.interp(rng.random(2 * n), q, v)
+        out = np.concatenate([out, draw[(draw >= low) & (draw <= high)]])
+    return out[:n]
 
 
 class _Handler(http.server.SimpleHTTPRequestHandler):

@@ -84,9 +84,9 @@ class BatchConstraint(ABC):
     max_samples: int | None = None
 
     def measure(self, sample: Any) -> Length:
-        if not isinstance(sample, Mapping):  # a bare length (planning from an index)
-            return sample
         if self.length is None:
+            if not isinstance(sample, Mapping):  # a bare length (planning from an index)
+                return sample
             return sample_length(sample)
         if isinstance(self.length, str):
             return sample_length(sample, self.length)

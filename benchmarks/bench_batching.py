@@ -1,0 +1,179 @@
+"""Padding, budgets and shuffle quality of length-aware batching, side by side.
+
+On utterance lengths drawn from real corpora's published duration percentiles
+(``speechpipe.testing.sample_durations``: LibriSpeech train-clean-100, AISHELL-1 train,
+WenetSpeech M with icefall's 1-15 s filter), at the same padded budget, one run compares:
+
+(a) fixed-size random batches (the largest size that can never exceed the budget);
+(b) speechpipe streaming: per-epoch shuffled stream -> ``bucket_by_length`` -> ``block_batch``,
+    at two buffer sizes (the buffer trades padding against batch variety);
+(c) speechpipe's global-sort batching view (random-access road);
+(d) lhotse's ``DynamicBucketingSampler`` (``max_duration`` = the budget, 30 buckets as icefall).
+
+For each: padding efficiency (real / padded frames), batches per epoch, largest padded area
+(as a fraction of the budget), batches over budget, and the co-batch repeat rate: of the pairs
+of samples that share a batch in epoch e, the fraction that share one again in epoch e + 1
+(averaged over epochs). Lengths are frames at 100 frames/s. Nothing here is asserted.
+
+    python -m benchmarks bench_batching           # 100,000 utterances per corpus, 3 epochs
+    python -m benchmarks bench_batching --tiny    # 3,000 utterances, 2 epochs (smoke test)
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+
+from speechpipe.pipes._base import IterableWrapper
+from speechpipe.pipes.batching import PaddedArea
+from speechpipe.seeding import derive_rng
+from speechpipe.testing import sample_durations
+
+CORPORA = ("librispeech-train-clean-100", "aishell-1-train", "wenetspeech-m")
+FRAMES_PER_SECOND = 100
+
+
+def repeat_rate(epoch_a: list[list[int]], epoch_b: list[list[int]], n: int) -> float:
+    """Fraction of pairs co-batched in ``epoch_a`` that are co-batched again in ``epoch_b``."""
+    a = np.full(n, -1, np.int64)
+    b = np.full(n, -1, np.int64)
+    for i, batch in enumerate(epoch_a):
+        a[batch] = i
+    for i, batch in enumerate(epoch_b):
+        b[batch] = i
+    seen = (a >= 0) & (b >= 0)
+    sizes = np.bincount(a[a >= 0])
+    pairs = float((sizes * (sizes - 1) // 2).sum())
+    _, both = np.unique(a[seen] * (len(epoch_b) + 1) + b[seen], return_counts=True)
+    return float((both * (both - 1) // 2).sum()) / pairs if pairs else 0.0
+
+
+def describe(name: str, epochs: list[list[list[int]]], lengths: np.ndarray, budget: float,
+             seconds: float) -> dict:
+    batches = epochs[0]
+    real = sum(float(lengths[b].sum()) for b in batches)
+    areas = np.array([len(b) * float(lengths[b].max()) for b in batches])
+    rates = [repeat_rate(epochs[e], epochs[e + 1], len(lengths)) for e in range(len(epochs) - 1)]
+    return {
+        "contender": name,
+        "efficiency": real / float(areas.sum()),
+        "batches": len(batches),
+        "largest": float(areas.max()) / budget,
+        "over": int(sum(1 for b, area in zip(batches, areas) if len(b) > 1 and area > budget)),
+        "repeat": float(np.mean(rates)),
+        "ms_per_epoch": 1000 * seconds / len(epochs),
+    }
+
+
+def fixed_random(lengths, budget, epochs, seed):
+    size = max(1, int(budget // lengths.max()))
+    out = []
+    for e in range(epochs):
+        order = np.arange(len(lengths))
+        derive_rng(seed, e, 0, 0, "fixed").shuffle(order)
+        out.append([list(order[i:i + size]) for i in range(0, len(order), size)])
+    return out
+
+
+def streaming(lengths, budget, epochs, seed, buffer_size, num_buckets=None):
+    out = []
+    for e in range(epochs):
+        order = list(range(len(lengths)))
+        derive_rng(seed, e, 0, 0, "upstream").shuffle(order)  # stands for sharded_shuffle
+        constraint = PaddedArea(budget=budget, length=lambda i: lengths[i])
+        pipe = (IterableWrapper(order)
+                .bucket_by_length(buffer_size, num_buckets=num_buckets, seed=seed,
+                                  constraint=constraint)
+                .block_batch(constraint=constraint, seed=seed))
+        pipe.set_epoch(e)
+        pipe.source_datapipe.set_epoch(e)
+        out.append([list(b) for b in pipe])
+    return out
+
+
+def global_sort(lengths, budget, epochs, seed):
+    from speechpipe.pipes.views import BatchView
+
+    keys = {str(i): float(n) for i, n in enumerate(lengths)}
+    view = BatchView(keys, constraint=PaddedArea(budget=budget), seed=seed)
+    return [[[int(k) for k in batch] for batch in view.batches(e)] for e in range(epochs)]
+
+
+def lhotse_dynamic(durations, budget_seconds, epochs, seed, num_buckets=30):
+    import warnings
+
+    from lhotse import CutSet
+    from lhotse.dataset import DynamicBucketingSampler
+    from lhotse.testing.dummies import dummy_cut
+
+    cuts = [dummy_cut(i, duration=float(d)) for i, d in enumerate(durations)]
+    out = []
+    for e in range(epochs):
+        # lhotse buckets the stream it is given; give it the same upstream shuffle as (b).
+        order = list(range(len(cuts)))
+        derive_rng(seed, e, 0, 0, "upstream").shuffle(order)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "eagerly read CutSet": the cuts are in memory
+            sampler = DynamicBucketingSampler(
+                CutSet.from_cuts(cuts[i] for i in order), max_duration=budget_seconds,
+                shuffle=True, num_buckets=num_buckets, seed=seed)
+            sampler.set_epoch(e)
+            out.append([[int(c.id.rsplit("-", 1)[-1]) for c in batch] for batch in sampler])
+    return out
+
+
+def run(n: int, epochs: int, budget_seconds: float, seed: int = 0) -> list[dict]:
+    rows = []
+    for corpus in CORPORA:
+        durations = sample_durations(corpus, n, seed, usable_only=True)
+        lengths = np.round(durations * FRAMES_PER_SECOND).astype(np.int64)
+        budget = budget_seconds * FRAMES_PER_SECOND
+        contenders = [
+            ("(a) fixed-size random", lambda: fixed_random(lengths, budget, epochs, seed)),
+            ("(b) streaming, buffer 2000",
+             lambda: streaming(lengths, budget, epochs, seed, buffer_size=2000)),
+            ("(b) streaming, buffer 8000",
+             lambda: streaming(lengths, budget, epochs, seed, buffer_size=8000)),
+            ("(c) global-sort view", lambda: global_sort(lengths, budget, epochs, seed)),
+            ("(d) lhotse DynamicBucketing",
+             lambda: lhotse_dynamic(durations, budget_seconds, epochs, seed)),
+        ]
+        for name, fn in contenders:
+            start = time.perf_counter()
+            try:
+                result = fn()
+            except ImportError as exc:  # e.g. the view not yet importable
+                print(f"  {corpus} {name}: skipped ({exc})")
+                continue
+            rows.append({"corpus": corpus, **describe(
+                name, result, lengths, budget, time.perf_counter() - start)})
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    head = (f"{'corpus':<28} {'contender':<29} {'effic.':>7} {'batches':>7} "
+            f"{'max/budget':>10} {'over':>5} {'repeat':>7} {'ms/epoch':>9}")
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        lines.append(
+            f"{r['corpus']:<28} {r['contender']:<29} {r['efficiency']:>7.4f} {r['batches']:>7} "
+            f"{r['largest']:>10.3f} {r['over']:>5} {r['repeat']:>7.4f} {r['ms_per_epoch']:>9.0f}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tiny", action="store_true")
+    parser.add_argument("--utterances", type=int, default=100_000)
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--budget", type=float, default=600.0, help="padded seconds per batch")
+    args = parser.parse_args(argv)
+    n, epochs = (3000, 2) if args.tiny else (args.utterances, args.epochs)
+    print(f"{n} utterances per corpus, {epochs} epochs, budget {args.budget:g} padded seconds")
+    print(table(run(n, epochs, args.budget)))
+
+
+if __name__ == "__main__":
+    main()
