@@ -1,8 +1,10 @@
-"""The main job on the demo corpus: read -> decode -> shuffle -> batch -> collate.
+"""The main job on the demo corpus: read -> decode -> shuffle -> bucket -> batch -> collate.
 
 ``speechpipe demo`` (and ``make demo``) runs :func:`run_demo` on the small synthesized
 corpus shipped in ``speechpipe/demo_data/LibriSpeech`` (LibriSpeech's layout) and prints a
-summary: utterances, batches, hours of audio, throughput and padding efficiency.
+summary: utterances, batches, hours of audio, throughput and padding efficiency. Batches are
+length-aware by default (a budget of padded seconds per batch); ``batch_size`` gives fixed-size
+batches instead, for comparison.
 """
 
 from __future__ import annotations
@@ -13,9 +15,10 @@ from dataclasses import dataclass
 
 import torch
 
+from .pipes.batching import PaddedArea
 from .pipes.collate import PadCollate
 from .recipes.librispeech import librispeech_samples
-from .sample import AUDIO, len_key
+from .sample import AUDIO, len_key, sample_duration
 
 __all__ = ["DEMO_CORPUS", "DemoSummary", "build_demo_pipe", "run_demo"]
 
@@ -26,7 +29,8 @@ def build_demo_pipe(
     corpus_dir: str = DEMO_CORPUS,
     *,
     part: str = "dev-clean",
-    batch_size: int = 8,
+    budget_seconds: float = 30.0,
+    batch_size: int | None = None,
     seed: int = 0,
     shard: bool = False,
 ):
@@ -34,11 +38,13 @@ def build_demo_pipe(
 
     Stages and element shapes::
 
-        librispeech_samples  -> {key, text, speaker, audio (T,), sample_rate, audio_path}
-        shuffle(seeded)      -> the same samples, in a seeded random order
-        batch(batch_size)    -> list of samples
-        collate(PadCollate)  -> {audio (B, T_max) float32, audio_len (B,) int64, key [..],
-                                 text [..], speaker [..], sample_rate (B,), audio_path [..]}
+        librispeech_samples    -> {key, text, speaker, audio (T,), sample_rate, audio_path}
+        shuffle(seeded)        -> the same samples, in a seeded random order
+        bucket_by_length(64)   -> groups of samples sorted by duration
+        block_batch(budget)    -> lists of samples, n × longest duration <= budget_seconds
+          (or batch(batch_size) -> lists of batch_size samples, when batch_size is given)
+        collate(PadCollate)    -> {audio (B, T_max) float32, audio_len (B,) int64, key [..],
+                                   text [..], speaker [..], sample_rate (B,), audio_path [..]}
 
     >>> batch = next(iter(build_demo_pipe(batch_size=4)))
     >>> batch["audio"].shape[0], batch["audio_len"].dtype, len(batch["text"])
@@ -46,7 +52,12 @@ def build_demo_pipe(
     """
     pipe = librispeech_samples(corpus_dir, part, shard=shard)
     pipe = pipe.shuffle(buffer_size=10_000).set_seed(seed)
-    pipe = pipe.batch(batch_size)
+    if batch_size is not None:
+        pipe = pipe.batch(batch_size)
+    else:
+        budget = PaddedArea(budget=budget_seconds, length=sample_duration)
+        pipe = pipe.bucket_by_length(64, constraint=budget, seed=seed)
+        pipe = pipe.block_batch(constraint=budget, seed=seed)
     return pipe.collate(collate_fn=PadCollate())
 
 
@@ -83,7 +94,8 @@ def run_demo(
     corpus_dir: str = DEMO_CORPUS,
     *,
     part: str = "dev-clean",
-    batch_size: int = 8,
+    budget_seconds: float = 30.0,
+    batch_size: int | None = None,
     seed: int = 0,
     workers: int = 0,
     progress: bool = True,
@@ -93,15 +105,16 @@ def run_demo(
     Args:
         corpus_dir: a ``LibriSpeech`` folder.
         part: which part to read.
-        batch_size: utterances per batch.
+        budget_seconds: padded seconds per batch (batch size × longest utterance).
+        batch_size: fixed utterances per batch instead of the budget.
         seed: shuffle seed (the same seed gives the same batches).
         workers: DataLoader worker processes (0 runs in this process).
         progress: show a tqdm progress bar.
     """
     from tqdm import tqdm
 
-    pipe = build_demo_pipe(corpus_dir, part=part, batch_size=batch_size, seed=seed,
-                           shard=workers > 0)
+    pipe = build_demo_pipe(corpus_dir, part=part, budget_seconds=budget_seconds,
+                           batch_size=batch_size, seed=seed, shard=workers > 0)
     if workers > 0:
         loader = torch.utils.data.DataLoader(pipe, batch_size=None, num_workers=workers)
     else:

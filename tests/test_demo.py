@@ -54,9 +54,18 @@ def test_run_demo_summary_counts_every_utterance_once():
     summary = run_demo(batch_size=8, progress=False)
     assert summary.utterances == len(keys)
     assert summary.batches == -(-len(keys) // 8)
+    budgeted = run_demo(progress=False)
+    assert budgeted.utterances == len(keys)
+    assert budgeted.padding_efficiency > summary.padding_efficiency
     assert abs(summary.audio_seconds - seconds) < 1e-3
     assert 0.0 < summary.padding_efficiency < 1.0
     assert f"utterances          {len(keys)}\n" in summary.report()
+
+
+def test_budget_batches_stay_within_the_padded_seconds():
+    for batch in build_demo_pipe(budget_seconds=20):
+        padded_seconds = batch["audio"].shape[1] / 16000 * batch["audio"].shape[0]
+        assert batch["audio"].shape[0] == 1 or padded_seconds <= 20
 
 
 def test_batches_are_padded_with_true_lengths():
@@ -69,7 +78,7 @@ def test_batches_are_padded_with_true_lengths():
 
 
 def _order(seed):
-    return [k for batch in build_demo_pipe(batch_size=6, seed=seed) for k in batch["key"]]
+    return [k for batch in build_demo_pipe(seed=seed) for k in batch["key"]]
 
 
 def test_same_seed_same_batches_other_seed_other_order():
@@ -80,7 +89,7 @@ def test_same_seed_same_batches_other_seed_other_order():
 
 def test_workers_read_each_utterance_exactly_once():
     keys, _, _ = _expected()
-    pipe = build_demo_pipe(batch_size=4, shard=True)
+    pipe = build_demo_pipe(shard=True)
     loader = torch.utils.data.DataLoader(pipe, batch_size=None, num_workers=2)
     seen = [k for batch in loader for k in batch["key"]]
     assert sorted(seen) == sorted(keys)
