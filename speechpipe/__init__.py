@@ -6,4 +6,6 @@ Importing speechpipe registers every functional name (``open``, ``list_shards``,
 
 __version__ = "0.1.0"
 
-from .pipes import batching, collate, decode, kaldi, manifests, mixing, order, shards, sources  # noqa: E402,F401
+from .pipes import (  # noqa: E402,F401  (registration)
+    batching, collate, decode, kaldi, manifests, mixing, order, shards, sources, views,
+)

@@ -84,13 +84,14 @@ def _our_pipe_classes():
 
 
 def test_pipe_classes_and_functional_names_follow_the_naming_rule():
-    from speechpipe.pipes._base import IterDataPipe
+    from speechpipe.pipes._base import IterDataPipe, MapDataPipe
 
     classes = list(_our_pipe_classes())
     assert classes
     # torch stores each registration as functools.partial(class_function, cls, ...).
-    registered = {fn.args[0]: name for name, fn in IterDataPipe.functions.items()
-                  if getattr(fn, "args", None)}
+    registered = {fn.args[0]: name
+                  for table in (IterDataPipe.functions, MapDataPipe.functions)
+                  for name, fn in table.items() if getattr(fn, "args", None)}
     ours = [name for cls, name in registered.items() if cls.__module__.startswith("speechpipe.")]
     for cls in classes:
         if issubclass(cls, IterDataPipe):

@@ -1,0 +1,1132 @@
+"""Batching views: batches planned from lengths alone, data loaded only for the batches drawn.
+
+The **random-access road** (corpora whose index fits in memory), after SpeeChain's Iterator.
+A :class:`BatchView` never touches the data: it holds the length of every utterance (read from
+Kaldi/SpeeChain ``data_len`` files such as ``utt2num_frames`` or ``utt2dur`` with
+:func:`read_data_len`, or measured once and cached by :func:`compute_lengths`) and turns them
+into a **batching view**, a list of key lists:
+
+1. sort all keys by length (descending by default; ties by key, so the view is deterministic);
+2. cut the sorted keys into batches: **block** batches within a budget (any cost model of
+   :mod:`speechpipe.pipes.batching`, packed by its :func:`~speechpipe.pipes.batching.pack_batches`),
+   **piece** batches of a fixed count, or a custom ``batches_fn`` hook;
+3. per epoch, shuffle the order of the batches (never their content) with
+   :func:`speechpipe.seeding.derive_rng`, clip or extend to ``batches_per_epoch``, skip
+   ``start_step`` batches when resuming, and split each batch between ``world_size`` ranks.
+
+Data is loaded only for the batches drawn, in one of two ways:
+
+- ``batch_by_view`` (:class:`ViewLoaderIterDataPipe`) on a ``MapDataPipe`` (or any mapping
+  ``key -> sample``) yields lists of samples, ready for torch's ``collate``;
+- :meth:`BatchView.sampler` gives a ``batch_sampler`` for a map-style ``torch.utils.data``
+  ``DataLoader``.
+
+Helpers: :func:`select_keys` (SpeeChain's ``data_selection``: keep a part of the corpus),
+:func:`form_batches`, :func:`epoch_batches` and :func:`shard_batch`, the plain functions the
+view is made of.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Hashable, Iterable, Iterator, Union
+
+from ..errors import DataError
+from ..sample import sample_length
+from ..seeding import derive_rng, derive_seed, process_position
+from ._base import IterDataPipe, MapDataPipe
+from .batching import (
+    OVERSIZE,
+    BatchConstraint,
+    BatchStats,
+    PaddedArea,
+    TwoDimensional,
+    pack_batches,
+)
+from .kaldi import read_scp_table
+
+__all__ = [
+    "BatchView",
+    "SELECTION_MODES",
+    "ViewLoader",
+    "ViewLoaderIterDataPipe",
+    "ViewSampler",
+    "compute_lengths",
+    "epoch_batches",
+    "form_batches",
+    "read_data_len",
+    "select_keys",
+    "shard_batch",
+]
+
+Key = Hashable
+Length = Union[int, float, tuple]
+PathLike = Union[str, "os.PathLike[str]"]
+BatchesFn = Callable[..., Sequence[Sequence[Key]]]
+
+#: ``select_keys`` modes: by position in the corpus, at random, or by a metadata value.
+SELECTION_MODES = ("order", "rev_order", "random", "min", "max", "middle")
+
+_SALT = "batch_view"
+
+
+# --------------------------------------------------------------------------- lengths
+
+
+def _as_paths(paths: PathLike | Iterable[PathLike], name: str) -> list[str]:
+    if isinstance(paths, (str, os.PathLike)):
+        return [os.fspath(paths)]
+    try:
+        out = [os.fspath(p) for p in paths]
+    except TypeError as exc:
+        raise TypeError(f"{name} must be a path or a list of paths, got {paths!r}") from exc
+    if not out:
+        raise ValueError(f"{name} must name at least one file, got {paths!r}")
+    return out
+
+
+def _read_tables(paths: list[str]) -> dict[str, Any]:
+    """``{key: ScpEntry}`` merged over non-overlapping Kaldi tables (file order kept)."""
+    merged: dict[str, Any] = {}
+    for path in paths:
+        for key, entry in read_scp_table(path).items():
+            first = merged.get(key)
+            if first is not None:
+                raise DataError(
+                    f"key is also in {first.source}:{first.line}; these files must not overlap",
+                    source=path,
+                    line=entry.line,
+                    key=key,
+                )
+            merged[key] = entry
+    return merged
+
+
+def _parse_length(entry: Any) -> int | float:
+    text = entry.value
+    value: int | float = math.nan
+    if "_" not in text:  # Python's int() and float() accept "1_000"; a data_len file does not
+        try:
+            value = int(text)
+        except ValueError:
+            try:
+                value = float(text)
+            except ValueError:
+                pass
+    if not (math.isfinite(value) and value >= 0):
+        raise DataError(
+            f"expected '<key> <length>' with one finite number >= 0 as length, got {text!r}",
+            source=entry.source,
+            line=entry.line,
+            key=entry.key,
+        )
+    return value
+
+
+def read_data_len(paths: PathLike | Iterable[PathLike]) -> dict[str, int | float]:
+    """Read SpeeChain/Kaldi ``data_len`` files (``<key> <length>`` lines) into one dict.
+
+    Serves ``utt2num_frames`` (ints), ``utt2num_samples`` and ``utt2dur`` (seconds, floats).
+    Several files are merged in the order given and must not overlap. Lines are parsed by
+    :func:`speechpipe.pipes.kaldi.read_scp_table`.
+
+    Args:
+        paths: one file or a list of files.
+
+    Returns:
+        ``{key: length}`` in file order; a length is an ``int`` if written as one, else a
+        ``float``.
+
+    Raises:
+        MissingDataError: a file does not exist.
+        DataError: a malformed line or a length that is not a finite number >= 0
+            (``file:line (key 'k')``), a key twice in one file, or a key in two files (the
+            message names both files and lines and the key).
+
+    >>> import os, tempfile
+    >>> tmp = tempfile.TemporaryDirectory()
+    >>> a, b = os.path.join(tmp.name, "a"), os.path.join(tmp.name, "b")
+    >>> for path, text in [(a, "u1 120\\nu2 98\\n"), (b, "u3 2.5\\n")]:
+    ...     with open(path, "w") as f:
+    ...         _ = f.write(text)
+    >>> read_data_len([a, b])
+    {'u1': 120, 'u2': 98, 'u3': 2.5}
+    >>> tmp.cleanup()
+    """
+    entries = _read_tables(_as_paths(paths, "paths"))
+    return {key: _parse_length(entry) for key, entry in entries.items()}
+
+
+def _check_cache_key(key: Any) -> str:
+    if not isinstance(key, str) or not key or any(c.isspace() for c in key):
+        raise ValueError(
+            f"keys written to a data_len cache must be non-empty strings without whitespace, "
+            f"got {key!r}"
+        )
+    return key
+
+
+def compute_lengths(
+    source: Any,
+    keys: Iterable[Key] | None = None,
+    *,
+    cache: PathLike | None = None,
+    length: str | Callable[[Any], Length] | None = None,
+) -> dict[Key, Length]:
+    """Measure every sample once, by loading it, and optionally cache the lengths to a file.
+
+    Use it when no ``data_len`` file exists: the first run loads ``source[key]`` for each key
+    and writes ``cache`` (a ``data_len`` file, ``<key> <length>`` per line, written to a
+    temporary name and renamed); later runs read the cache instead, loading nothing, if it
+    covers all ``keys``. If it covers only some, only the missing keys are loaded and the
+    cache is rewritten with all of them. Delete the cache when the data changes.
+
+    Args:
+        source: a ``MapDataPipe`` or any mapping ``key -> sample``.
+        keys: keys to measure; by default ``source.keys()`` (a ``MapDataPipe`` has none: give
+            them).
+        cache: the ``data_len`` file to reuse or write (keys must then be strings without
+            whitespace).
+        length: field name to measure, or a callable ``sample -> length``; by default
+            :func:`speechpipe.sample.sample_length` (frames of ``feats``, else samples of
+            ``audio``).
+
+    Returns:
+        ``{key: length}`` for ``keys``, in their order.
+
+    Raises:
+        DataError: a sample cannot be measured or is missing from ``source`` (naming the
+            key), or the cache is malformed (naming ``file:line``).
+
+    >>> import numpy as np, os, tempfile
+    >>> tmp = tempfile.TemporaryDirectory()
+    >>> cache = os.path.join(tmp.name, "utt2num_samples")
+    >>> data = {"u1": {"audio": np.zeros(160)}, "u2": {"audio": np.zeros(80)}}
+    >>> compute_lengths(data, cache=cache)
+    {'u1': 160, 'u2': 80}
+    >>> with open(cache) as f:
+    ...     print(f.read(), end="")
+    u1 160
+    u2 80
+    >>> compute_lengths({}, ["u2"], cache=cache)  # from the cache: nothing loaded
+    {'u2': 80}
+    >>> tmp.cleanup()
+    """
+    if keys is None:
+        if not callable(getattr(source, "keys", None)):
+            raise TypeError(
+                f"compute_lengths needs keys= for a source without .keys(), got {source!r}"
+            )
+        keys = source.keys()
+    wanted = list(keys)
+    if length is not None and not (isinstance(length, str) or callable(length)):
+        raise TypeError(f"length must be a field name, a callable or None, got {length!r}")
+    cached: dict[Key, Length] = {}
+    if cache is not None:
+        cache = os.fspath(cache)
+        for key in wanted:
+            _check_cache_key(key)
+        if os.path.exists(cache):
+            cached = dict(read_data_len(cache))
+    missing = [key for key in wanted if key not in cached]
+    for key in missing:
+        cached[key] = _measure(source, key, length)
+        if cache is not None and isinstance(cached[key], tuple):
+            raise ValueError(
+                f"a data_len cache holds one number per key; key {key!r} measured "
+                f"{cached[key]!r} (use no cache for pair lengths)"
+            )
+    if cache is not None and missing:
+        _write_data_len(cache, cached)
+    return {key: cached[key] for key in wanted}
+
+
+def _measure(source: Any, key: Key, length: str | Callable | None) -> Length:
+    try:
+        sample = source[key]
+    except (KeyError, IndexError) as exc:
+        raise DataError(f"key is missing from the source: {exc!r}", key=key) from exc
+    try:
+        value = length(sample) if callable(length) else sample_length(sample, length)
+    except (KeyError, ValueError, TypeError) as exc:
+        if isinstance(exc, DataError):
+            raise
+        raise DataError(f"cannot measure the sample: {exc}", key=key) from exc
+    try:  # plain Python numbers (a numpy scalar would be written as 'np.int64(5)')
+        if isinstance(value, tuple):
+            return tuple(_plain_number(v) for v in value)
+        return _plain_number(value)
+    except (TypeError, ValueError) as exc:
+        raise DataError(f"the measured length is not a number >= 0: {value!r}", key=key) from exc
+
+
+def _plain_number(value: Any) -> int | float:
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        out: int | float = int(value)
+    elif isinstance(value, numbers.Real) and not isinstance(value, bool):
+        out = float(value)
+    else:
+        raise TypeError(f"not a number: {value!r}")
+    if not (math.isfinite(out) and out >= 0):
+        raise ValueError(f"not finite and >= 0: {value!r}")
+    return out
+
+
+def _write_data_len(path: str, lengths: Mapping[Key, Length]) -> None:
+    tmp = f"{path}.tmp{os.getpid()}"
+    try:
+        with open(tmp, "w", encoding="utf-8") as out:
+            for key, value in lengths.items():
+                out.write(f"{key} {value!r}\n")
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+# --------------------------------------------------------------------------- selection
+
+
+def select_keys(
+    lengths: Mapping[Key, Length],
+    mode: str,
+    amount: int | float,
+    *,
+    meta: PathLike | Mapping[Key, float] | None = None,
+    seed: int = 0,
+) -> dict[Key, Length]:
+    """Keep a part of a corpus before building a view (SpeeChain's ``data_selection``).
+
+    Modes without metadata: ``"order"`` keeps the first keys of ``lengths`` (file order),
+    ``"rev_order"`` the last ones, ``"random"`` a random subset drawn without replacement with
+    ``derive_rng(seed)``. Modes with a number per key in ``meta`` (an ``idx2data`` file
+    ``<key> <number>`` or a mapping; e.g. a per-utterance SNR or WER): ``"min"`` keeps the keys
+    with the smallest values, ``"max"`` the largest, ``"middle"`` drops the extremes on both
+    sides. Compose modes by calling it again on the result.
+
+    Args:
+        lengths: ``{key: length}`` (what :func:`read_data_len` returns).
+        mode: one of :data:`SELECTION_MODES`.
+        amount: how many keys to keep: an ``int >= 1`` (a count) or a ``float`` in (0, 1]
+            (a ratio of the keys, rounded down, at least one).
+        meta: the numbers ranked by ``"min"``/``"max"``/``"middle"`` (keys of ``lengths``
+            missing from it are an error).
+        seed: seed of ``"random"``.
+
+    Returns:
+        The kept ``{key: length}``, in the order of ``lengths``.
+
+    >>> lengths = {"a": 5, "b": 3, "c": 9, "d": 1}
+    >>> select_keys(lengths, "order", 2), select_keys(lengths, "rev_order", 0.25)
+    ({'a': 5, 'b': 3}, {'d': 1})
+    >>> select_keys(lengths, "max", 2, meta={"a": 0.5, "b": 0.1, "c": 0.9, "d": 0.7})
+    {'c': 9, 'd': 1}
+    """
+    if mode not in SELECTION_MODES:
+        raise ValueError(f"mode must be one of {SELECTION_MODES}, got {mode!r}")
+    keys = list(lengths)
+    if isinstance(amount, bool) or not isinstance(amount, (int, float)):
+        raise TypeError(f"amount must be an int or a float, got {amount!r}")
+    if isinstance(amount, int):
+        if amount < 1:
+            raise ValueError(f"amount must be >= 1 as a count, got {amount!r}")
+        count = min(amount, len(keys))
+    else:
+        if not 0 < amount <= 1:
+            raise ValueError(f"amount must be in (0, 1] as a ratio, got {amount!r}")
+        count = min(len(keys), max(1, int(len(keys) * amount)))
+    needs_meta = mode in ("min", "max", "middle")
+    if needs_meta != (meta is not None):
+        raise ValueError(f"mode {mode!r} {'needs' if needs_meta else 'takes no'} meta=")
+    if mode == "order":
+        kept = keys[:count]
+    elif mode == "rev_order":
+        kept = keys[len(keys) - count:]
+    elif mode == "random":
+        kept = derive_rng(_check_int(seed, "seed"), 0, 0, 0, "select_keys").sample(keys, count)
+    else:
+        values = _meta_values(meta, keys)
+        ranked = sorted(keys, key=lambda k: values[k])
+        if mode == "min":
+            kept = ranked[:count]
+        elif mode == "max":
+            kept = ranked[len(ranked) - count:]
+        else:
+            start = (len(ranked) - count) // 2
+            kept = ranked[start:start + count]
+    chosen = set(kept)
+    return {key: lengths[key] for key in keys if key in chosen}
+
+
+def _meta_values(meta: PathLike | Mapping, keys: list) -> dict:
+    if isinstance(meta, Mapping):
+        values, where = dict(meta), "meta"
+    else:
+        paths = _as_paths(meta, "meta")
+        values, where = {}, ", ".join(paths)
+        for key, entry in _read_tables(paths).items():
+            try:
+                values[key] = float(entry.value)
+            except ValueError as exc:
+                raise DataError(
+                    f"expected '<key> <number>', got {entry.value!r}",
+                    source=entry.source, line=entry.line, key=key,
+                ) from exc
+    for key in keys:
+        if key not in values:
+            raise DataError("key has no value in the selection metadata", source=where, key=key)
+    return values
+
+
+# --------------------------------------------------------------------------- algorithms
+
+
+def _primary(length: Length) -> float:
+    return length[0] if isinstance(length, tuple) else length
+
+
+def _sorted_keys(lengths: Mapping[Key, Length], descending: bool) -> list[Key]:
+    try:
+        by_key = sorted(lengths)
+    except TypeError as exc:
+        raise TypeError(f"the keys of lengths must be comparable with each other: {exc}") from exc
+    # sort() is stable, also with reverse=True: ties keep the key order in both directions.
+    return sorted(by_key, key=lambda k: _primary(lengths[k]), reverse=descending)
+
+
+@dataclass(frozen=True)
+class _Units(BatchConstraint):
+    """``inner`` applied to units of several samples (a unit's length is a tuple of lengths),
+    so that :func:`pack_batches` packs whole rank groups without breaking the budget."""
+
+    inner: BatchConstraint
+
+    def empty(self):
+        return self.inner.empty()
+
+    def add(self, state, unit):
+        for n in unit:
+            state = self.inner.add(state, n)
+        return state
+
+    def within(self, state):
+        return self.inner.within(state)
+
+    def cost(self, units):
+        return self.inner.cost([n for unit in units for n in unit])
+
+
+@dataclass
+class _ViewStats(BatchStats):
+    """:class:`BatchStats` plus the samples repeated to give every rank a sample."""
+
+    repeated: int = 0
+
+    def report(self) -> str:
+        text = super().report()
+        if self.repeated:
+            text += f"\n  samples repeated to fill the last rank group: {self.repeated}"
+        return text
+
+
+def _units(keys: list, world_size: int, stats: _ViewStats | None) -> list[tuple]:
+    """Consecutive groups of ``world_size`` keys; the last one padded by repeating its own."""
+    units = [tuple(keys[i:i + world_size]) for i in range(0, len(keys), world_size)]
+    if units and len(units[-1]) < world_size:
+        last = units[-1]
+        pad = world_size - len(last)
+        units[-1] = last + tuple(last[i % len(last)] for i in range(pad))
+        if stats is not None:
+            stats.repeated += pad
+    return units
+
+
+def _stats_constraint(lengths: Mapping[Key, Length], constraint: BatchConstraint | None):
+    if constraint is not None:
+        return constraint
+    inf = float("inf")
+    first = next(iter(lengths.values()), 0)
+    return TwoDimensional(inf, inf) if isinstance(first, tuple) else PaddedArea(inf)
+
+
+def form_batches(
+    keys_sorted: Sequence[Key],
+    lengths: Mapping[Key, Length],
+    *,
+    constraint: BatchConstraint | None = None,
+    batch_size: int | None = None,
+    world_size: int = 1,
+    oversize: str = "emit",
+    stats: BatchStats | None = None,
+) -> list[list[Key]]:
+    """Cut length-sorted keys into block batches (``constraint``) or piece batches (``batch_size``).
+
+    Every batch holds a multiple of ``world_size`` keys. Keys are first grouped in sorted order
+    into **rank groups** of ``world_size`` consecutive keys (the last group, if short, is
+    completed by repeating its own keys: nothing is dropped, and the repeats are counted in
+    ``stats.repeated`` when ``stats`` is a view's stats); block batches are then packed from
+    whole groups with :func:`~speechpipe.pipes.batching.pack_batches`, so no batch of more than
+    one group exceeds the budget. A group whose cost alone exceeds the budget (a single
+    oversize sample when ``world_size=1``) is emitted alone or dropped as ``oversize`` says,
+    and its samples are counted in ``stats.oversize_emitted`` / ``stats.oversize_dropped``.
+    Piece batches hold ``batch_size`` keys (the last one fewer), as SpeeChain's piece strategy.
+
+    Args:
+        keys_sorted: keys, sorted by length.
+        lengths: ``{key: length}``.
+        constraint: the cost model for block batches.
+        batch_size: keys per piece batch (a multiple of ``world_size``) if no constraint.
+        world_size: number of ranks that will share each batch.
+        oversize: ``"emit"`` or ``"drop"`` an over-budget rank group.
+        stats: where batch statistics are added.
+
+    >>> form_batches(["c", "a", "b"], {"a": 5, "b": 3, "c": 9}, constraint=PaddedArea(10))
+    [['c'], ['a', 'b']]
+    >>> form_batches(["c", "a", "b", "d"], {}, batch_size=2, world_size=2)
+    [['c', 'a'], ['b', 'd']]
+    """
+    if (constraint is None) == (batch_size is None):
+        raise ValueError("give exactly one of constraint and batch_size")
+    units = _units(list(keys_sorted), world_size, stats if isinstance(stats, _ViewStats) else None)
+    if constraint is None:
+        if batch_size % world_size:
+            raise ValueError(
+                f"batch_size must be a multiple of world_size={world_size}, got {batch_size!r}"
+            )
+        step = batch_size // world_size
+        grouped = [units[i:i + step] for i in range(0, len(units), step)]
+    else:
+        def unit_lengths(unit):
+            return tuple(lengths[k] for k in unit)
+
+        grouped = list(pack_batches(units, _Units(constraint), oversize=oversize,
+                                    lengths=unit_lengths))
+        if stats is not None:
+            emitted = {id(unit) for batch in grouped for unit in batch}
+            for unit in units:
+                if id(unit) not in emitted:
+                    stats.oversize_dropped += len(unit)
+            for batch in grouped:
+                if len(batch) == 1 and not constraint.fits(unit_lengths(batch[0])):
+                    stats.oversize_emitted += len(batch[0])
+    batches = [[key for unit in batch for key in unit] for batch in grouped]
+    if stats is not None:
+        measure = _stats_constraint(lengths, constraint)
+        for batch in batches:
+            stats.add_batch([lengths[k] for k in batch], measure)
+    return batches
+
+
+def _carry_to_multiple(batches: list[list], world_size: int, stats: _ViewStats | None) -> list:
+    """SpeeChain's rule for custom batches: trim each batch to a multiple of ``world_size`` and
+    carry the rest to the front of the next; the final rest is completed by repetition."""
+    out: list[list] = []
+    carry: list = []
+    for batch in batches:
+        batch = carry + list(batch)
+        cut = len(batch) - len(batch) % world_size
+        carry = batch[cut:]
+        if cut:
+            out.append(batch[:cut])
+    if carry:
+        out.append([key for unit in _units(carry, world_size, stats) for key in unit])
+    return out
+
+
+def epoch_batches(
+    batches: Sequence[Sequence[Key]],
+    epoch: int,
+    *,
+    shuffle: bool = True,
+    seed: int = 0,
+    batches_per_epoch: int | None = None,
+) -> list[list[Key]]:
+    """The batches of one epoch: a window of an endless stream of shuffled **rounds**.
+
+    Round ``r`` is the whole batching view in the order drawn by
+    ``derive_rng(seed, r, 0, 0, "batch_view")`` (the view's own order with ``shuffle=False``);
+    the same on every rank, since the rank does not enter the seed. Epoch ``e`` takes the
+    ``N`` batches at positions ``[e*N, (e+1)*N)`` of the rounds laid end to end, where ``N`` is
+    ``batches_per_epoch`` (default: the number of batches, so epoch ``e`` is round ``e``).
+    A smaller ``N`` clips: consecutive epochs walk through a round, so every batch is used
+    once per round (SpeeChain's cursor). A larger ``N`` extends: the epoch is supplemented by
+    batches from the start of the next round, repeating as needed (SpeeChain's supplement).
+    With ``shuffle=False`` this is exactly SpeeChain's rule: a cyclic window of the view
+    starting at ``e*N mod len``.
+
+    >>> view = [["a"], ["b"], ["c"]]
+    >>> epoch_batches(view, 0, shuffle=False, batches_per_epoch=2)
+    [['a'], ['b']]
+    >>> epoch_batches(view, 1, shuffle=False, batches_per_epoch=2)
+    [['c'], ['a']]
+    >>> epoch_batches(view, 0, shuffle=False, batches_per_epoch=5)
+    [['a'], ['b'], ['c'], ['a'], ['b']]
+    >>> sorted(epoch_batches(view, 7)) == view
+    True
+    """
+    n = len(batches)
+    if n == 0:
+        return []
+    size = n if batches_per_epoch is None else batches_per_epoch
+    out: list[list[Key]] = []
+    position = epoch * size
+    while len(out) < size:
+        round_, offset = divmod(position, n)
+        order = list(range(n))
+        if shuffle:
+            derive_rng(seed, round_, 0, 0, _SALT).shuffle(order)
+        take = min(size - len(out), n - offset)
+        out.extend(list(batches[i]) for i in order[offset:offset + take])
+        position += take
+    return out
+
+
+def shard_batch(
+    batch: Sequence[Key], rank: int, world_size: int, *, descending: bool = True
+) -> list[Key]:
+    """The part of a global batch that ``rank`` of ``world_size`` loads (every ``world_size``-th
+    key).
+
+    SpeeChain's rule: in a batch sorted longest first (``descending=True``) rank ``r`` takes
+    the keys at ``world_size - 1 - r``, ``2*world_size - 1 - r``, ..., so rank 0 gets the
+    shortest of each rank group (GPU 0 often holds more than the others); in ascending
+    order rank ``r`` starts at ``r``. Every rank gets ``len(batch) / world_size`` keys.
+
+    Raises:
+        ValueError: the batch size is not a multiple of ``world_size`` (the view never makes
+            such batches), or ``rank`` is not in ``[0, world_size)``.
+
+    >>> shard_batch(["l1", "l2", "l3", "l4"], 0, 2), shard_batch(["l1", "l2", "l3", "l4"], 1, 2)
+    (['l2', 'l4'], ['l1', 'l3'])
+    """
+    world_size = _check_int(world_size, "world_size", 1)
+    if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < world_size:
+        raise ValueError(f"rank must be an int in [0, {world_size}), got {rank!r}")
+    if len(batch) % world_size:
+        raise ValueError(
+            f"a batch of {len(batch)} keys cannot be split evenly between {world_size} ranks"
+        )
+    start = world_size - 1 - rank if descending else rank
+    return list(batch[start::world_size])
+
+
+# --------------------------------------------------------------------------- the view
+
+
+def _check_int(value: Any, name: str, minimum: int | None = None) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"{name} must be an int, got {value!r}")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value!r}")
+    return value
+
+
+def _check_bool(value: Any, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {value!r}")
+    return value
+
+
+def _check_length(key: Key, value: Any) -> Length:
+    parts = value if isinstance(value, tuple) else (value,)
+    ok = bool(parts) and all(
+        isinstance(p, (int, float)) and not isinstance(p, bool) and math.isfinite(p) and p >= 0
+        for p in parts
+    )
+    if not ok:
+        raise ValueError(
+            f"lengths[{key!r}] must be a finite number >= 0 (or a tuple of them), got {value!r}"
+        )
+    return value
+
+
+class BatchView:
+    """Batches planned from lengths alone; SpeeChain's Iterator without the data.
+
+    The view sorts the keys of ``lengths`` by length (``descending``; ties by key), cuts them
+    into batches -- block batches within a budget (``constraint`` or ``batch_len``), piece
+    batches of ``batch_size`` keys, or the lists returned by a ``batches_fn`` hook -- and
+    keeps that **batching view** (:attr:`batching_view`, inspectable, computed once in the
+    constructor from the in-memory lengths; nothing is read). Each epoch then draws an order
+    of these batches (:meth:`batches`, see :func:`epoch_batches`): shuffled per epoch with
+    ``derive_rng(seed, ...)``, or fixed with ``shuffle=False`` (validation and test), clipped
+    or extended to ``batches_per_epoch``, skipping ``start_step`` batches when resuming.
+
+    **Several ranks** (SpeeChain's ``ngpu``): with ``world_size=W`` every batch holds a
+    multiple of ``W`` keys, so each rank loads the same number of samples at every step and
+    every rank runs the same number of steps. Keys are grouped, in sorted order, into rank
+    groups of ``W``; the budget applies to the **global** batch (all ranks together, as
+    SpeeChain's ``batch_len``), and whole groups are packed, so the budget still holds; the
+    last group, if short, is completed by repeating its own keys (counted in
+    ``stats.repeated``; nothing is dropped). Piece batches need ``batch_size`` to be a
+    multiple of ``W``. A ``batches_fn``'s batches are fixed with SpeeChain's rule: each is
+    trimmed to a multiple of ``W`` and the rest carried to the front of the next. Rank ``r``
+    loads :func:`shard_batch` of each batch (``batches(epoch, rank=r)``).
+
+    Args:
+        lengths: ``{key: length}`` of every utterance (frames, samples or seconds; a pair
+            ``(input, output)`` for :class:`~speechpipe.pipes.batching.TwoDimensional`),
+            e.g. from :func:`read_data_len` or :func:`compute_lengths`. Copied.
+        constraint: block batches within this cost model's budget (``PaddedArea``,
+            ``SumOfLengths``, ``Quadratic``, ``TwoDimensional``); its ``length`` field is
+            not used (lengths are given).
+        batch_len: block batches with the default ``PaddedArea(budget=batch_len)``
+            (SpeeChain's BlockIterator: the total padded length of a batch).
+        batch_size: piece batches of this many keys (SpeeChain's piece strategy). With none
+            of ``constraint``, ``batch_len``, ``batch_size`` and ``batches_fn``, piece batches
+            of ``world_size`` keys: one utterance per rank per step, for evaluation.
+        batches_fn: a hook ``batches_fn(keys_sorted, lengths, **conf) -> list of key lists``
+            (SpeeChain's ``batches_generate_fn``); ``conf`` holds whichever of
+            ``constraint``, ``batch_len`` and ``batch_size`` were given. Must be picklable
+            (a module-level function or a ``functools.partial`` of one) to pickle the view.
+        descending: sort longest first (True) or shortest first (False).
+        shuffle: draw a new batch order each epoch (training); False keeps the view's order.
+        seed: base seed of the batch order.
+        batches_per_epoch: batches in each epoch, fewer (clip) or more (extend) than the
+            view has; ``len(view)`` returns it.
+        oversize: a rank group whose cost alone exceeds the budget (with ``world_size=1``: a
+            sample) is ``"emit"``-ted as a batch of its own or ``"drop"``-ped; counted in
+            :attr:`stats` either way.
+        group_info: per-utterance labels for group-wise evaluation, ``{name: source}`` where
+            a source is an ``idx2data`` file ``<key> <label>`` (or a list of non-overlapping
+            ones) or a mapping ``{key: label}``; read when :attr:`group_info` is first used.
+        world_size: number of ranks sharing each batch (SpeeChain's ``ngpu``).
+
+    Attributes:
+        stats: a :class:`~speechpipe.pipes.batching.BatchStats` over the view (padding
+            efficiency, batch sizes, oversize samples, plus ``repeated``);
+            ``print(view.stats.report())``.
+
+    >>> view = BatchView({"a": 5, "b": 3, "c": 9, "d": 2}, batch_len=10, shuffle=False)
+    >>> view.batching_view
+    [['c'], ['a', 'b'], ['d']]
+    >>> len(view), view.batches(0, start_step=1)
+    (3, [['a', 'b'], ['d']])
+    >>> BatchView({"a": 5, "b": 3, "c": 9, "d": 2}, batch_size=2, world_size=2).batching_view
+    [['c', 'a'], ['b', 'd']]
+    """
+
+    def __init__(
+        self,
+        lengths: Mapping[Key, Length],
+        *,
+        constraint: BatchConstraint | None = None,
+        batch_len: float | None = None,
+        batch_size: int | None = None,
+        batches_fn: BatchesFn | None = None,
+        descending: bool = True,
+        shuffle: bool = True,
+        seed: int = 0,
+        batches_per_epoch: int | None = None,
+        oversize: str = "emit",
+        group_info: Mapping[str, Any] | None = None,
+        world_size: int = 1,
+    ) -> None:
+        if isinstance(lengths, (str, os.PathLike)):
+            raise TypeError(
+                f"lengths must be a mapping key -> length, got the path {lengths!r}; "
+                "read it with read_data_len()"
+            )
+        if not isinstance(lengths, Mapping):
+            raise TypeError(f"lengths must be a mapping key -> length, got {lengths!r}")
+        self.lengths = {key: _check_length(key, value) for key, value in lengths.items()}
+        kinds = {isinstance(v, tuple) for v in self.lengths.values()}
+        if len(kinds) > 1:
+            raise ValueError("lengths must be all numbers or all tuples, got a mix")
+        if constraint is not None and batch_len is not None:
+            raise ValueError("give batch_len or constraint, not both")
+        if batch_len is not None:
+            if isinstance(batch_len, bool) or not isinstance(batch_len, (int, float)):
+                raise TypeError(f"batch_len must be a number, got {batch_len!r}")
+            constraint = PaddedArea(budget=batch_len)  # validates batch_len > 0
+        if constraint is not None and not isinstance(constraint, BatchConstraint):
+            raise TypeError(f"constraint must be a BatchConstraint, got {constraint!r}")
+        if batch_size is not None:
+            _check_int(batch_size, "batch_size", 1)
+        if batches_fn is not None and not callable(batches_fn):
+            raise TypeError(f"batches_fn must be callable, got {batches_fn!r}")
+        if batches_fn is None and constraint is not None and batch_size is not None:
+            raise ValueError(
+                "give batch_size (piece batches) or batch_len/constraint (block batches), "
+                "not both"
+            )
+        pairs = isinstance(constraint, TwoDimensional)
+        if constraint is not None and kinds and pairs != (True in kinds):
+            needed = "(input, output) pairs" if pairs else "numbers"
+            raise ValueError(f"{type(constraint).__name__} needs {needed} as lengths")
+        if oversize not in OVERSIZE:
+            raise ValueError(f"oversize must be one of {OVERSIZE}, got {oversize!r}")
+        if batches_per_epoch is not None:
+            _check_int(batches_per_epoch, "batches_per_epoch", 1)
+        if group_info is not None:
+            if not isinstance(group_info, Mapping):
+                raise TypeError(f"group_info must be a mapping name -> source, got {group_info!r}")
+            for name, source in group_info.items():
+                if not isinstance(source, Mapping):
+                    _as_paths(source, f"group_info[{name!r}]")
+        self.world_size = _check_int(world_size, "world_size", 1)
+        if batches_fn is None and constraint is None and batch_size is None:
+            batch_size = self.world_size
+        if batches_fn is None and constraint is None and batch_size % self.world_size:
+            raise ValueError(
+                f"batch_size must be a multiple of world_size={self.world_size}, "
+                f"got {batch_size!r}"
+            )
+        self.constraint = constraint
+        self.batch_len = batch_len
+        self.batch_size = batch_size
+        self.batches_fn = batches_fn
+        self.descending = _check_bool(descending, "descending")
+        self.shuffle = _check_bool(shuffle, "shuffle")
+        self.seed = _check_int(seed, "seed")
+        self.batches_per_epoch = batches_per_epoch
+        self.oversize = oversize
+        self._group_sources = dict(group_info) if group_info is not None else None
+        self._group_info: dict[str, dict[Key, Any]] | None = None
+        self.stats = _ViewStats("batch_view")
+        self._view = self._form()
+
+    def _form(self) -> list[list[Key]]:
+        keys = _sorted_keys(self.lengths, self.descending)
+        if self.batches_fn is None:
+            return form_batches(
+                keys, self.lengths, constraint=self.constraint, batch_size=self.batch_size,
+                world_size=self.world_size, oversize=self.oversize, stats=self.stats,
+            )
+        conf = {name: value for name, value in (("constraint", self.constraint),
+                                                ("batch_len", self.batch_len),
+                                                ("batch_size", self.batch_size))
+                if value is not None}
+        if self.batch_len is not None:
+            del conf["constraint"]  # made from batch_len: pass what the user gave
+        made = self.batches_fn(keys, dict(self.lengths), **conf)
+        batches = self._check_hook_output(made)
+        if self.world_size > 1:
+            batches = _carry_to_multiple(batches, self.world_size, self.stats)
+        measure = _stats_constraint(self.lengths, self.constraint)
+        for batch in batches:
+            self.stats.add_batch([self.lengths[k] for k in batch], measure)
+        return batches
+
+    def _check_hook_output(self, made: Any) -> list[list[Key]]:
+        name = getattr(self.batches_fn, "__name__", repr(self.batches_fn))
+        if isinstance(made, (str, bytes)) or not isinstance(made, Iterable):
+            raise ValueError(f"batches_fn {name} must return a list of key lists, got {made!r}")
+        batches = []
+        for i, batch in enumerate(made):
+            if isinstance(batch, (str, bytes)) or not isinstance(batch, Iterable):
+                raise ValueError(f"batches_fn {name} returned batch {i} = {batch!r}, not a list")
+            batch = list(batch)
+            if not batch:
+                raise ValueError(f"batches_fn {name} returned an empty batch at position {i}")
+            for key in batch:
+                if key not in self.lengths:
+                    raise ValueError(
+                        f"batches_fn {name} returned key {key!r} (batch {i}) that is not in "
+                        "lengths"
+                    )
+            batches.append(batch)
+        return batches
+
+    # ---------------------------------------------------------------- inspection
+
+    @property
+    def batching_view(self) -> list[list[Key]]:
+        """The batches before any epoch order: a fresh list of key lists (SpeeChain's
+        ``get_batch_indices``)."""
+        return [list(batch) for batch in self._view]
+
+    @property
+    def group_info(self) -> dict[str, dict[Key, Any]] | None:
+        """``{name: {key: label}}`` for the view's keys (SpeeChain's ``get_group_info``), or
+        None without ``group_info``. Files are read on first use; labels for keys outside
+        the view are left out; a key of the view without a label is a :class:`DataError`
+        naming the group's source and the key."""
+        if self._group_sources is None:
+            return None
+        if self._group_info is None:
+            info = {}
+            for name, source in self._group_sources.items():
+                if isinstance(source, Mapping):
+                    labels, where = dict(source), f"group_info[{name!r}]"
+                else:
+                    paths = _as_paths(source, f"group_info[{name!r}]")
+                    labels = {k: e.value for k, e in _read_tables(paths).items()}
+                    where = ", ".join(paths)
+                missing = [key for key in self.lengths if key not in labels]
+                if missing:
+                    raise DataError(
+                        f"group {name!r} has no label for {len(missing)} key(s) of the view",
+                        source=where, key=missing[0],
+                    )
+                info[name] = {key: labels[key] for key in self.lengths}
+            self._group_info = info
+        return {name: dict(labels) for name, labels in self._group_info.items()}
+
+    def __len__(self) -> int:
+        """Batches per epoch: ``batches_per_epoch`` if given, else all of the view's (0 if the
+        view is empty); the same on every rank and in every epoch."""
+        if not self._view:
+            return 0
+        return self.batches_per_epoch if self.batches_per_epoch is not None else len(self._view)
+
+    def __repr__(self) -> str:
+        sizes = [len(b) for b in self._view] or [0]
+        return (
+            f"{type(self).__name__}(keys={len(self.lengths)}, batches={len(self._view)}, "
+            f"batches_per_epoch={len(self)}, world_size={self.world_size}, "
+            f"shuffle={self.shuffle}, descending={self.descending}, seed={self.seed}, "
+            f"batch size min/mean/max={min(sizes)}/{sum(sizes) / len(sizes):.1f}/{max(sizes)})"
+        )
+
+    # ---------------------------------------------------------------- epochs
+
+    def _check_rank(self, rank: int | None, world_size: int | None) -> None:
+        if world_size is not None and world_size != self.world_size:
+            raise ValueError(
+                f"world_size={world_size!r} differs from the view's world_size="
+                f"{self.world_size}: build the view with world_size={world_size!r} so that "
+                "its batches split evenly"
+            )
+        if rank is not None and (not isinstance(rank, int) or isinstance(rank, bool)
+                                 or not 0 <= rank < self.world_size):
+            raise ValueError(f"rank must be an int in [0, {self.world_size}), got {rank!r}")
+
+    def _check_start(self, start_step: Any) -> int:
+        _check_int(start_step, "start_step", 0)
+        if start_step > len(self):
+            raise ValueError(
+                f"start_step must be <= {len(self)} (batches per epoch), got {start_step!r}"
+            )
+        return start_step
+
+    def batches(
+        self,
+        epoch: int = 0,
+        *,
+        rank: int | None = None,
+        world_size: int | None = None,
+        start_step: int = 0,
+    ) -> list[list[Key]]:
+        """The key lists of one epoch, in drawing order (see :func:`epoch_batches`).
+
+        Args:
+            epoch: epoch number (>= 0); with ``shuffle`` each epoch has its own order.
+            rank: give it to get this rank's part of every batch (:func:`shard_batch`); by
+                default the global batches.
+            world_size: if given, must equal the view's (a guard for DDP scripts).
+            start_step: skip this many batches (resuming); the rest equals the tail of the
+                uninterrupted epoch.
+        """
+        _check_int(epoch, "epoch", 0)
+        self._check_rank(rank, world_size)
+        start_step = self._check_start(start_step)
+        out = epoch_batches(self._view, epoch, shuffle=self.shuffle, seed=self.seed,
+                            batches_per_epoch=self.batches_per_epoch)[start_step:]
+        if rank is None:
+            return out
+        return [self.shard(batch, rank) for batch in out]
+
+    def shard(self, batch: Sequence[Key], rank: int, world_size: int | None = None) -> list[Key]:
+        """``rank``'s part of a global ``batch`` (:func:`shard_batch` with the view's order)."""
+        self._check_rank(rank, world_size)
+        return shard_batch(batch, rank, self.world_size, descending=self.descending)
+
+    def sampler(self, epoch: int = 0, *, rank: int | None = None, start_step: int = 0
+                ) -> ViewSampler:
+        """A ``batch_sampler`` for a map-style ``torch.utils.data.DataLoader`` (see
+        :class:`ViewSampler`)."""
+        return ViewSampler(self, epoch, rank=rank, start_step=start_step)
+
+
+class ViewSampler:
+    """The key lists of one epoch of a :class:`BatchView`, as a DataLoader ``batch_sampler``.
+
+    ``DataLoader(dataset, batch_sampler=view.sampler(epoch), collate_fn=..., num_workers=...,
+    pin_memory=..., generator=sampler.generator())`` loads ``dataset[key]`` for the keys of
+    each batch, in the view's order, in the workers; ``len(loader)`` is exact. ``dataset`` is
+    any map-style dataset indexed by the view's keys (a ``MapDataPipe``, a dict-backed
+    ``Dataset``). Reuse one sampler across epochs with :meth:`set_epoch`.
+
+    Args:
+        view: the batching view.
+        epoch: the epoch drawn.
+        rank: this process's rank for a view with ``world_size > 1`` (its part of each batch);
+            None for the global batches.
+        start_step: batches of this epoch to skip (resuming).
+
+    >>> sampler = BatchView({"a": 1, "b": 2, "c": 3}, batch_size=2, shuffle=False).sampler()
+    >>> list(sampler), len(sampler)
+    ([['c', 'b'], ['a']], 2)
+    """
+
+    def __init__(self, view: BatchView, epoch: int = 0, *, rank: int | None = None,
+                 start_step: int = 0) -> None:
+        if not isinstance(view, BatchView):
+            raise TypeError(f"view must be a BatchView, got {view!r}")
+        view._check_rank(rank, None)
+        self.view = view
+        self.rank = rank
+        self.set_epoch(epoch, start_step=start_step)
+
+    def set_epoch(self, epoch: int, *, start_step: int = 0) -> ViewSampler:
+        """Draw ``epoch`` next, skipping ``start_step`` batches (returns the sampler)."""
+        self.epoch = _check_int(epoch, "epoch", 0)
+        self.start_step = self.view._check_start(start_step)
+        return self
+
+    def __iter__(self) -> Iterator[list[Key]]:
+        yield from self.view.batches(self.epoch, rank=self.rank, start_step=self.start_step)
+
+    def __len__(self) -> int:
+        return len(self.view) - self.start_step
+
+    def generator(self):
+        """A ``torch.Generator`` seeded from ``(seed, epoch, rank)``, for the DataLoader's
+        ``generator=``: worker seeds (``random``, ``numpy``, ``torch`` in each worker) are then
+        reproducible, as SpeeChain's seeded ``worker_init_fn``."""
+        import torch
+
+        seed = derive_seed(self.view.seed, self.epoch, self.rank or 0, 0, "workers")
+        return torch.Generator().manual_seed(seed)
+
+
+# --------------------------------------------------------------------------- the pipe
+
+
+class ViewLoaderIterDataPipe(IterDataPipe[list]):
+    """Load the batches of a :class:`BatchView` from a map (functional name: ``batch_by_view``).
+
+    Registered on ``MapDataPipe``: ``map_dp.batch_by_view(view)``. Consumes a ``MapDataPipe``
+    (or any mapping ``key -> sample``) and yields, for each batch of the epoch's view, the
+    list of samples ``[source[key] for key in batch]`` -- only the batches drawn are loaded,
+    nothing is loaded in the constructor, and skipped batches (``start_step``) are never
+    loaded. Follow it with torch's ``collate`` (``.collate(collate_fn=PadCollate())``).
+
+    In a DataLoader with workers (``batch_size=None``), worker ``w`` of ``n`` loads batches
+    ``w, w + n, ...`` of the epoch, and the DataLoader's round-robin gives them back in the
+    view's order. With a view of ``world_size > 1`` each rank loads only its part of every
+    batch (:func:`shard_batch`), at every step. The pipe learns its worker and rank from the
+    DataLoader (it is a sharding pipe, see :meth:`apply_sharding`; torch therefore refuses a
+    ``sharding_filter`` after it) or, iterated directly, from ``torch.distributed``.
+
+    Args:
+        source_datapipe: a ``MapDataPipe`` or mapping indexed by the view's keys.
+        view: the :class:`BatchView`.
+        epoch: the epoch drawn by the next pass (change it with :meth:`set_epoch`).
+        start_step: batches skipped by the next pass (resuming mid-epoch).
+        rank: this process's rank for a view with ``world_size > 1``; by default the rank the
+            DataLoader or ``torch.distributed`` reports at iteration time (whose world size
+            must then be the view's: a mismatch is a ``ValueError``, never silent duplicates).
+
+    ``len(pipe)`` is the number of batches of the next pass: ``len(view) - start_step``.
+
+    >>> import numpy as np
+    >>> from speechpipe.pipes._base import SequenceWrapper
+    >>> data = {k: {"key": k, "audio": np.zeros(n, np.float32)}
+    ...         for k, n in [("a", 5), ("b", 3), ("c", 9), ("d", 2)]}
+    >>> view = BatchView({k: len(s["audio"]) for k, s in data.items()}, batch_len=10,
+    ...                  shuffle=False)
+    >>> pipe = SequenceWrapper(data).batch_by_view(view)
+    >>> [[s["key"] for s in batch] for batch in pipe], len(pipe)
+    ([['c'], ['a', 'b'], ['d']], 3)
+    """
+
+    def __init__(
+        self,
+        source_datapipe: Any,
+        view: BatchView,
+        *,
+        epoch: int = 0,
+        start_step: int = 0,
+        rank: int | None = None,
+    ) -> None:
+        if not callable(getattr(source_datapipe, "__getitem__", None)):
+            raise TypeError(
+                f"source_datapipe must be a MapDataPipe or a mapping key -> sample, got "
+                f"{source_datapipe!r}"
+            )
+        if not isinstance(view, BatchView):
+            raise TypeError(f"view must be a BatchView, got {view!r}")
+        view._check_rank(rank, None)
+        self.source_datapipe = source_datapipe
+        self.view = view
+        self.rank = rank
+        self._sharding: dict[int, tuple[int, int]] = {}
+        self.set_epoch(epoch, start_step=start_step)
+
+    def set_epoch(self, epoch: int, *, start_step: int = 0) -> ViewLoaderIterDataPipe:
+        """Draw ``epoch`` in the next pass, skipping ``start_step`` batches (returns the pipe)."""
+        self.epoch = _check_int(epoch, "epoch", 0)
+        self.start_step = self.view._check_start(start_step)
+        return self
+
+    def apply_sharding(self, num_of_instances: int, instance_id: int, sharding_group: int = 1
+                       ) -> None:
+        """Where this copy runs, as torch's DataLoader tells it (do not call it yourself).
+
+        The DataLoader calls it in each worker (and, for ``num_workers=0``, in the main
+        process) with ``num_workers * world_size`` instances and the id ``worker *
+        world_size + rank``; ``sharding_group`` is torch's ``SHARDING_PRIORITIES``
+        (1 = both, 2 = ranks only, 3 = workers only). Being a sharding pipe also makes torch
+        refuse a second one (a ``sharding_filter`` downstream would drop batches).
+        """
+        if not 0 <= instance_id < num_of_instances:
+            raise ValueError(
+                f"instance_id must be in [0, {num_of_instances}), got {instance_id!r}"
+            )
+        self._sharding[int(sharding_group)] = (num_of_instances, instance_id)
+
+    def _position(self) -> tuple[int | None, int, int]:
+        """(rank for the view or None, worker, number of workers) of this copy."""
+        where = process_position()
+        rank, world, worker, workers = where.rank, where.world_size, where.worker, where.num_workers
+        sharding = self._sharding
+        if 1 in sharding:  # DEFAULT: DataLoader's worker * world_size + rank
+            total, instance = sharding[1]
+            world = max(1, total // workers)
+            rank, worker = instance % world, instance // world
+        if 2 in sharding:
+            world, rank = sharding[2]
+        if 3 in sharding:
+            workers, worker = sharding[3]
+        if self.rank is not None:
+            rank = self.rank
+        elif world != self.view.world_size:
+            raise ValueError(
+                f"batch_by_view: the view was formed for world_size={self.view.world_size} "
+                f"but this process runs in world size {world}; build the view with "
+                f"world_size={world} (or pass rank= explicitly)"
+            )
+        return (None if self.view.world_size == 1 else rank), worker, workers
+
+    def __iter__(self) -> Iterator[list]:
+        rank, worker, workers = self._position()
+        keys_per_step = self.view.batches(self.epoch, rank=rank, start_step=self.start_step)
+        source = self.source_datapipe
+        for step, keys in enumerate(keys_per_step):
+            if step % workers != worker:
+                continue
+            batch = []
+            for key in keys:
+                try:
+                    batch.append(source[key])
+                except KeyError as exc:
+                    raise DataError(
+                        f"batch_by_view: key of the view not found in the source: {exc!r}",
+                        key=key,
+                    ) from exc
+            yield batch
+
+    def __len__(self) -> int:
+        return len(self.view) - self.start_step
+
+
+ViewLoader = ViewLoaderIterDataPipe
+
+# An iterable pipe made from a map pipe: registered on MapDataPipe's registry only.
+MapDataPipe.register_datapipe_as_function("batch_by_view", ViewLoaderIterDataPipe)
