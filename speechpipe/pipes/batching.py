@@ -540,7 +540,9 @@ class LengthBucketerIterDataPipe(_Seeded, IterDataPipe[list]):
     Args:
         source_datapipe: samples (dicts, or bare lengths for planning).
         buffer_size: samples held before the fullest bucket is emitted. Larger buffers give
-            less padding; smaller ones give more varied batches from epoch to epoch.
+            less padding; smaller ones give more varied batches from epoch to epoch. About 35
+            batches' worth of samples matches the batch variety of lhotse's 30-bucket
+            sampler with less padding (``benchmarks/bench_batching.py``).
         boundaries: increasing lengths separating buckets, or a callable returning them.
         num_buckets: estimate this many equal-count buckets when no boundaries are given.
         constraint: only its ``measure`` is used here (default :class:`PaddedArea` measure:
