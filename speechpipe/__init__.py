@@ -9,3 +9,6 @@ __version__ = "0.1.0"
 from .pipes import (  # noqa: E402,F401  (registration)
     batching, collate, decode, kaldi, manifests, mixing, order, shards, sources, views,
 )
+from .epochs import set_epoch  # noqa: E402
+
+__all__ = ["set_epoch"]

@@ -8,6 +8,7 @@ upstream touches this file only.
 from __future__ import annotations
 
 from torch.utils.data.datapipes._decorator import functional_datapipe
+from torch.utils.data.graph_settings import apply_random_seed
 from torch.utils.data.datapipes.datapipe import IterDataPipe, MapDataPipe
 from torch.utils.data.datapipes.iter import IterableWrapper
 from torch.utils.data.datapipes.map import SequenceWrapper
@@ -17,6 +18,7 @@ __all__ = [
     "IterableWrapper",
     "MapDataPipe",
     "SequenceWrapper",
+    "apply_random_seed",
     "functional_datapipe",
     "registered_iter_names",
     "registered_map_names",
