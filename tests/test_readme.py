@@ -72,3 +72,14 @@ def test_readme_shard_pipeline_runs(tmp_path, monkeypatch):
     assert sorted(got) == sorted(expected)
     for key in expected:
         assert np.array_equal(got[key], expected[key])
+
+
+def test_readme_batching_examples_run_on_the_demo_corpus(monkeypatch, capsys):
+    monkeypatch.chdir(README.parent)
+    namespace: dict = {}
+    exec(compile(_blocks()[2], "README.md", "exec"), namespace)
+    exec(compile(_blocks()[3], "README.md", "exec"), namespace)
+    out = capsys.readouterr().out
+    assert "block_batch:" in out and "padding efficiency" in out
+    assert out.strip().endswith("2 True")
+    assert namespace["pipe"].datapipe.stats.over_budget == 0
