@@ -1,0 +1,199 @@
+"""The shard index: what ``pack`` wrote, read by the stages that plan an epoch.
+
+Beside its shards, every folder written by ``pack`` holds ``index.jsonl``: a header line, then
+one line per shard with its file name, utterance count, byte size, keys and lengths::
+
+    {"format": "speechpipe-shard-index", "version": 1, "length_unit": "frames"}
+    {"name": "data-00000.tar", "count": 2000, "bytes": 61440000, "keys": [...], "lengths": [...]}
+
+With it, a streaming epoch can be planned on metadata before any byte is read: its exact
+length, bucket boundaries (:meth:`ShardIndex.boundaries`), a duration-balanced split across
+ranks, an exact resume position.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Sequence
+
+from .errors import DataError, MissingDataError
+
+__all__ = ["INDEX_NAME", "ShardEntry", "ShardIndex"]
+
+INDEX_NAME = "index.jsonl"
+_FORMAT = "speechpipe-shard-index"
+_VERSION = 1
+
+
+@dataclass(frozen=True)
+class ShardEntry:
+    """One shard: its file name (relative to the index's folder) and what it holds."""
+
+    name: str
+    count: int
+    bytes: int
+    keys: tuple[str, ...]
+    lengths: tuple[float, ...]
+
+    @property
+    def total_length(self) -> float:
+        return float(sum(self.lengths))
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {"name": self.name, "count": self.count, "bytes": self.bytes,
+             "keys": list(self.keys), "lengths": list(self.lengths)},
+            ensure_ascii=False, separators=(",", ":"),
+        )
+
+
+@dataclass
+class ShardIndex:
+    """The index of one or more shard folders.
+
+    Args:
+        root: folder the shard names are relative to.
+        shards: the entries, in shard-name order.
+        length_unit: what lengths count (``"frames"``, ``"samples"`` or ``"seconds"``).
+
+    >>> import tempfile
+    >>> d = tempfile.mkdtemp()
+    >>> idx = ShardIndex(d, [ShardEntry("data-00000.tar", 2, 1024, ("a", "b"), (100, 250))])
+    >>> _ = idx.write()
+    >>> again = ShardIndex.read(d)
+    >>> len(again), again.shards[0].keys, again.paths()[0][len(d):]
+    (2, ('a', 'b'), '/data-00000.tar')
+    """
+
+    root: str
+    shards: list[ShardEntry]
+    length_unit: str = "frames"
+
+    def __len__(self) -> int:
+        """Utterances in all shards."""
+        return sum(s.count for s in self.shards)
+
+    def paths(self) -> list[str]:
+        return [os.path.join(self.root, s.name) for s in self.shards]
+
+    def by_path(self) -> dict[str, ShardEntry]:
+        """``{absolute shard path: entry}``."""
+        return {os.path.abspath(p): s for p, s in zip(self.paths(), self.shards)}
+
+    def lengths(self) -> list[float]:
+        return [n for s in self.shards for n in s.lengths]
+
+    def total_bytes(self) -> int:
+        return sum(s.bytes for s in self.shards)
+
+    def boundaries(self, num_buckets: int) -> list[float]:
+        """Equal-count bucket boundaries over every length in the index."""
+        from .pipes.batching import estimate_boundaries
+
+        return estimate_boundaries(self.lengths(), num_buckets)
+
+    def boundaries_fn(self, num_buckets: int):
+        """A picklable callable returning :meth:`boundaries` (for ``bucket_by_length``, which
+        calls it once when iteration starts)."""
+        import functools
+
+        return functools.partial(ShardIndex.boundaries, self, num_buckets)
+
+    def write(self, path: str | None = None) -> str:
+        """Write ``index.jsonl`` (atomically: a temporary file renamed) and return its path."""
+        path = path or os.path.join(self.root, INDEX_NAME)
+        tmp = f"{path}.tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(json.dumps({"format": _FORMAT, "version": _VERSION,
+                                "length_unit": self.length_unit}) + "\n")
+            for entry in self.shards:
+                f.write(entry.to_json() + "\n")
+        os.replace(tmp, path)
+        return path
+
+    @classmethod
+    def read(cls, path: str | os.PathLike) -> "ShardIndex":
+        """Read ``index.jsonl`` (give the file or its folder).
+
+        Raises:
+            MissingDataError: no index there.
+            DataError: a malformed line, naming the file and line.
+        """
+        path = os.fspath(path)
+        if os.path.isdir(path):
+            path = os.path.join(path, INDEX_NAME)
+        try:
+            with open(path, encoding="utf-8") as f:
+                lines = list(f)
+        except FileNotFoundError as exc:
+            raise MissingDataError(
+                "no shard index here; write one with 'speechpipe pack'", source=path
+            ) from exc
+        if not lines:
+            raise DataError("empty shard index", source=path)
+        header = _json_line(lines[0], path, 1)
+        if not isinstance(header, dict) or header.get("format") != _FORMAT:
+            raise DataError(f"not a speechpipe shard index (header {lines[0].strip()[:80]!r})",
+                            source=path, line=1)
+        if header.get("version") != _VERSION:
+            raise DataError(f"unsupported index version {header.get('version')!r}",
+                            source=path, line=1)
+        shards = [_entry(_json_line(line, path, n), path, n)
+                  for n, line in enumerate(lines[1:], start=2) if line.strip()]
+        return cls(os.path.dirname(os.path.abspath(path)), shards,
+                   str(header.get("length_unit", "frames")))
+
+    @classmethod
+    def for_shards(cls, paths: Sequence[str]) -> "ShardIndex":
+        """An index of exactly ``paths`` (e.g. a brace pattern's expansion across length
+        groups), in their order, read from the ``index.jsonl`` of each folder. Entry names
+        become absolute paths.
+
+        Raises:
+            DataError: a shard missing from its folder's index.
+        """
+        cache: dict[str, dict[str, ShardEntry]] = {}
+        units: set[str] = set()
+        entries = []
+        for p in paths:
+            folder = os.path.dirname(os.path.abspath(p))
+            if folder not in cache:
+                idx = cls.read(folder)
+                units.add(idx.length_unit)
+                cache[folder] = {s.name: s for s in idx.shards}
+            entry = cache[folder].get(os.path.basename(p))
+            if entry is None:
+                raise DataError("shard is not in its folder's index (re-run pack?)", source=p)
+            entries.append(ShardEntry(os.path.abspath(p), entry.count, entry.bytes,
+                                      entry.keys, entry.lengths))
+        if len(units) > 1:
+            raise DataError(f"these shard folders count lengths in different units: {units}")
+        return cls("/", entries, units.pop() if units else "frames")
+
+
+def _json_line(line: str, path: str, number: int):
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise DataError(f"invalid JSON: {exc.msg} (column {exc.colno})",
+                        source=path, line=number) from exc
+
+
+def _entry(row, path: str, number: int) -> ShardEntry:
+    if not isinstance(row, dict):
+        raise DataError("expected a JSON object per shard", source=path, line=number)
+    try:
+        name, count, size = row["name"], row["count"], row["bytes"]
+        keys, lengths = row["keys"], row["lengths"]
+    except KeyError as exc:
+        raise DataError(f"shard entry lacks {exc.args[0]!r}", source=path, line=number) from exc
+    if not (isinstance(name, str) and isinstance(count, int) and isinstance(size, int)
+            and isinstance(keys, list) and isinstance(lengths, list)):
+        raise DataError("shard entry has fields of the wrong type", source=path, line=number)
+    if not (len(keys) == len(lengths) == count):
+        raise DataError(f"shard {name!r}: count {count} but {len(keys)} keys and "
+                        f"{len(lengths)} lengths", source=path, line=number)
+    return ShardEntry(name, count, size, tuple(keys), tuple(float(n) for n in lengths))
+
