@@ -1,0 +1,93 @@
+"""The shard index: round trip, planning helpers, and every malformed case named by line."""
+
+from __future__ import annotations
+
+import json
+import pickle
+
+import pytest
+
+from speechpipe.errors import DataError, MissingDataError
+from speechpipe.index import INDEX_NAME, ShardEntry, ShardIndex
+
+
+def entry(name, lengths):
+    return ShardEntry(name, len(lengths), 100 * len(lengths),
+                      tuple(f"{name}-{i}" for i in range(len(lengths))), tuple(lengths))
+
+
+@pytest.fixture
+def two_groups(tmp_path):
+    for group, lengths in (("10_500", [10, 20, 30]), ("500_800", [600, 700])):
+        (tmp_path / group).mkdir()
+        ShardIndex(str(tmp_path / group),
+                   [entry("data-00000.tar", lengths), entry("data-00001.tar", lengths[:1])]).write()
+    return tmp_path
+
+
+def test_round_trip_keeps_every_field(tmp_path):
+    idx = ShardIndex(str(tmp_path), [entry("data-00000.tar", [5.0, 7.5])], length_unit="samples")
+    path = idx.write()
+    assert path == str(tmp_path / INDEX_NAME)
+    again = ShardIndex.read(path)
+    assert again.shards == idx.shards and again.length_unit == "samples"
+    assert len(again) == 2 and again.total_bytes() == 200
+    assert not (tmp_path / f"{INDEX_NAME}.tmp").exists()
+
+
+def test_for_shards_spans_folders_in_the_given_order(two_groups):
+    paths = [str(two_groups / "500_800/data-00001.tar"), str(two_groups / "10_500/data-00000.tar")]
+    idx = ShardIndex.for_shards(paths)
+    assert idx.paths() == paths
+    assert [s.count for s in idx.shards] == [1, 3]
+    assert idx.lengths() == [600.0, 10.0, 20.0, 30.0]
+
+
+def test_boundaries_are_quantiles_and_the_callable_pickles(two_groups):
+    idx = ShardIndex.read(two_groups / "10_500")
+    assert idx.boundaries(2) == [20.0]
+    fn = pickle.loads(pickle.dumps(idx.boundaries_fn(2)))
+    assert fn() == [20.0]
+
+
+def test_missing_index_says_how_to_make_one(tmp_path):
+    with pytest.raises(MissingDataError, match="write one with 'speechpipe pack'"):
+        ShardIndex.read(tmp_path)
+
+
+def test_shard_missing_from_its_index_is_named(two_groups):
+    with pytest.raises(DataError, match="data-00009.tar: shard is not in its folder's index"):
+        ShardIndex.for_shards([str(two_groups / "10_500/data-00009.tar")])
+
+
+def test_folders_with_different_units_cannot_be_mixed(tmp_path):
+    for group, unit in (("a", "frames"), ("b", "samples")):
+        (tmp_path / group).mkdir()
+        ShardIndex(str(tmp_path / group), [entry("s.tar", [1])], length_unit=unit).write()
+    with pytest.raises(DataError, match="different units"):
+        ShardIndex.for_shards([str(tmp_path / "a/s.tar"), str(tmp_path / "b/s.tar")])
+
+
+HEADER = json.dumps({"format": "speechpipe-shard-index", "version": 1, "length_unit": "frames"})
+
+
+@pytest.mark.parametrize(("lines", "line", "message"), [
+    ([], None, "empty shard index"),
+    (['{"format": "other"}'], 1, "not a speechpipe shard index"),
+    (['{"format": "speechpipe-shard-index", "version": 9}'], 1, "unsupported index version 9"),
+    ([HEADER, "{not json"], 2, "invalid JSON"),
+    ([HEADER, "[1, 2]"], 2, "expected a JSON object per shard"),
+    ([HEADER, '{"name": "a.tar", "count": 1, "bytes": 1, "keys": ["k"]}'], 2,
+     "shard entry lacks 'lengths'"),
+    ([HEADER, '{"name": "a.tar", "count": "1", "bytes": 1, "keys": [], "lengths": []}'], 2,
+     "fields of the wrong type"),
+    ([HEADER, '{"name": "a.tar", "count": 2, "bytes": 1, "keys": ["k"], "lengths": [1]}'], 2,
+     "count 2 but 1 keys and 1 lengths"),
+])
+def test_malformed_index_names_file_and_line(tmp_path, lines, line, message):
+    path = tmp_path / INDEX_NAME
+    path.write_text("".join(f"{x}\n" for x in lines))
+    with pytest.raises(DataError, match=message) as info:
+        ShardIndex.read(path)
+    where = f"{path}:{line}" if line else str(path)
+    assert str(info.value).startswith(where)
