@@ -47,6 +47,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--workers", type=int, default=0, help="DataLoader worker processes")
     demo.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     demo.set_defaults(func=_demo)
+
+    from .pipes.text import add_tokenizer_command
+
+    add_tokenizer_command(sub)
     return parser
 
 
