@@ -48,8 +48,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     demo.set_defaults(func=_demo)
 
+    from .pack import add_pack_command
     from .pipes.text import add_tokenizer_command
 
+    add_pack_command(sub)
     add_tokenizer_command(sub)
     return parser
 
