@@ -49,9 +49,8 @@ from .index import INDEX_NAME, ShardEntry, ShardIndex
 from .pipes.decode import read_audio_segment
 from .pipes.kaldi import (
     ScpEntry,
-    _parse_segment,
-    _Where,
     load_scp_entries,
+    parse_segment,
     read_matrix,
     read_scp_table,
     read_wav_value,
@@ -578,8 +577,7 @@ def _measure_chunk(mode: str, items: Sequence[_Item]) -> list[tuple[int, int | N
 
 def _segment_length(item: _Item, infos: dict) -> tuple[int, int]:
     """Samples of a segment, by the rules of :func:`~speechpipe.pipes.kaldi.slice_segments`."""
-    where = _Where(item.source, item.line, item.key)
-    segment = _parse_segment(item.value, where)
+    segment = parse_segment(ScpEntry(item.key, item.value, item.source, item.line))
     reco = item.recording
     info = None if reco.value.endswith("|") else _audio_info(reco.value, infos)
     if info is None:

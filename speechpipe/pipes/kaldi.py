@@ -55,10 +55,12 @@ __all__ = [
     "ScpLoaderIterDataPipe",
     "ScpParser",
     "ScpParserIterDataPipe",
+    "Segment",
     "SegmentLoader",
     "SegmentLoaderIterDataPipe",
     "load_scp_entries",
     "parse_scp_lines",
+    "parse_segment",
     "read_matrix",
     "read_scp_table",
     "read_wav_value",
@@ -988,14 +990,25 @@ ScpLoader = ScpLoaderIterDataPipe
 # --------------------------------------------------------------------------- segments
 
 
-class _Segment(NamedTuple):
+class Segment(NamedTuple):
+    """One line of a Kaldi ``segments`` file, parsed."""
+
     recording: str
     start: float
     end: float  # -1: to the end of the recording
     channel: int | None
 
 
-def _parse_segment(value: str, where: _Where) -> _Segment:
+def parse_segment(entry: tuple[str, str]) -> Segment:
+    """Parse a ``segments`` entry (``ScpEntry`` from ``parse_scp``); errors name file and line.
+
+    >>> parse_segment(ScpEntry("utt1", "rec1 0.5 2.25", "segments", 1))
+    Segment(recording='rec1', start=0.5, end=2.25, channel=None)
+    """
+    return _parse_segment(entry[1], _where(entry))
+
+
+def _parse_segment(value: str, where: _Where) -> Segment:
     fields = _SPLIT.split(value.strip(_WHITESPACE)) if value.strip(_WHITESPACE) else []
     if len(fields) not in (3, 4):
         raise _error(
@@ -1026,7 +1039,7 @@ def _parse_segment(value: str, where: _Where) -> _Segment:
         if not fields[3].isdigit():
             raise _error(DataError, f"channel {fields[3]!r} is not a channel number", where)
         channel = int(fields[3])
-    return _Segment(fields[0], start, end, channel)
+    return Segment(fields[0], start, end, channel)
 
 
 class _Recordings:
@@ -1174,7 +1187,7 @@ def slice_segments(
 
 
 def _cut(
-    key: str, segment: _Segment, lookup: _Recordings, where: _Where, max_overshoot: float
+    key: str, segment: Segment, lookup: _Recordings, where: _Where, max_overshoot: float
 ) -> Sample:
     path, whole, rate, frames = lookup.get(segment.recording, where)
     start = round(segment.start * rate)
