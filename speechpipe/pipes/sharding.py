@@ -1,0 +1,966 @@
+"""The streaming road: shards read whole and in sequence, shuffled at two levels.
+
+A corpus too big for the page cache is stored as **shards** -- tar files of ~2000 utterances
+in webdataset naming (:mod:`speechpipe.pipes.shards`), or the ark files of a Kaldi data
+directory. Disks and networks read a file front to back far faster than they seek, so each
+epoch reads every shard sequentially and gets its randomness from two shuffles (webdataset's
+recipe, used by CAT and WeNet for corpora of 10,000 hours):
+
+1. the **shard list** is shuffled with ``(seed, epoch)`` -- the same order on every rank and
+   DataLoader worker -- and split between them (:func:`split_shards`);
+2. each process reads its shards one after the other and shuffles the **samples** in a buffer
+   of ``buffer_size`` (:func:`shuffle_buffer`), seeded with ``(seed, epoch, rank, worker)``.
+
+Verbs and functions:
+
+- ``sharded_shuffle`` (:class:`ShardedShufflerIterDataPipe`): shard names (paths or
+  ``http(s)://`` URLs, e.g. from ``list_shards``) to samples, in the two-level random order.
+  Tar shards give raw samples (fields still encoded bytes; follow with ``decode``), Kaldi arks
+  give ``{"key", "feats", "source"}``. With a shard index (:mod:`speechpipe.index`) it has an
+  exact ``len()`` and an :meth:`~ShardedShufflerIterDataPipe.epoch_plan`.
+- :func:`shuffle_shards`, :func:`split_shards`, :func:`read_shard`, :func:`iter_ark`,
+  :func:`shuffle_buffer`: the steps above as plain functions.
+- :func:`kaldi_arks`: the ark files of a ``feats.scp``, so that a Kaldi data directory is
+  streamed as shards with no packing.
+- :class:`EpochPlan` / :class:`PlannedShard`: the shards one process reads in one epoch, with
+  counts and bytes from the index; :class:`EpochProgress`: the epoch's ETA from it.
+
+A typical chain::
+
+    shards = IterableWrapper(["data/{10_1000,1000_2000}/data-*.tar"]).list_shards()
+    samples = shards.sharded_shuffle(buffer_size=2000, index=True).decode()
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import struct
+import urllib.parse
+from dataclasses import dataclass
+from typing import Any, BinaryIO, Iterable, Iterator, Sequence
+
+import numpy as np
+from kaldiio.matio import read_kaldi
+
+from ..diagnostics import Diagnostics, check_on_error
+from ..errors import DataError, MissingDataError, UnsafeInputError
+from ..index import ShardEntry, ShardIndex
+from ..sample import FEATS, KEY, SOURCE, Sample
+from ..seeding import Position, derive_rng, process_position
+from ._base import IterDataPipe, functional_datapipe
+from .batching import _check_seed, _Seeded
+from .kaldi import read_scp_table
+from .shards import group_by_key, iter_tar_members
+from .sources import is_url, open_stream
+
+__all__ = [
+    "EpochPlan",
+    "EpochProgress",
+    "FORMATS",
+    "PlannedShard",
+    "ShardedShuffler",
+    "ShardedShufflerIterDataPipe",
+    "iter_ark",
+    "kaldi_arks",
+    "read_shard",
+    "shuffle_buffer",
+    "shuffle_shards",
+    "split_shards",
+]
+
+#: Shard formats ``sharded_shuffle`` reads: webdataset tar, Kaldi binary/text ark.
+FORMATS = ("tar", "ark")
+
+# Salts of the two random streams (part of the public determinism contract: changing them
+# changes every epoch's order).
+_SHARDS_SALT = "shards"
+_SAMPLES_SALT = "samples"
+
+# Ark reading: payloads are read in chunks of this size, so that a corrupt size field never
+# makes us allocate more than the stream actually holds; a key longer than _KEY_MAX bytes
+# means the stream is not an ark.
+_CHUNK = 1 << 24
+_KEY_MAX = 4096
+_WHITESPACE = b" \t\n\r\v\f"
+_FLOAT_TYPES = {"FM": 4, "DM": 8}
+_VECTOR_TYPES = ("FV", "DV")
+_COMPRESSED_TYPES = ("CM", "CM2", "CM3")
+
+# <path>:<offset>[<range>] as in feats.scp (the same grammar as speechpipe.pipes.kaldi).
+_ARK_REF = re.compile(r"(?P<path>.+?)(?::(?P<offset>[0-9]+))?(?:\[(?P<range>[^\[\]]*)\])?", re.S)
+
+
+# --------------------------------------------------------------------------------------------
+# Level 1: the shard list
+# --------------------------------------------------------------------------------------------
+
+
+def shuffle_shards(names: Iterable[str], seed: int, epoch: int) -> list[str]:
+    """The epoch's shard order: ``names`` shuffled with ``derive_rng(seed, epoch, 0, 0,
+    "shards")``.
+
+    Rank and worker are deliberately left out, so every process computes the *same* order and
+    :func:`split_shards` can hand each one a disjoint part of it.
+
+    >>> names = [f"data-{i}.tar" for i in range(6)]
+    >>> shuffle_shards(names, 0, 1) == shuffle_shards(names, 0, 1)
+    True
+    >>> sorted(shuffle_shards(names, 0, 1)) == names
+    True
+    """
+    order = list(names)
+    derive_rng(seed, epoch, 0, 0, _SHARDS_SALT).shuffle(order)
+    return order
+
+
+def split_shards(names: Sequence[str], position: Position) -> list[str]:
+    """The shards this process reads: every ``k``-th shard of ``names``, from its slot on.
+
+    With ``world_size`` ranks of ``num_workers`` DataLoader workers there are
+    ``k = world_size * num_workers`` slots; rank ``r``'s worker ``w`` has slot
+    ``r * num_workers + w`` and reads ``names[slot::k]``. Given the same ``names`` everywhere
+    (:func:`shuffle_shards`), the processes read disjoint parts whose union is every shard
+    once. Counts differ by at most one shard (and by the shards' sizes): with fewer shards than
+    slots some processes read nothing. A duration-balanced split for DDP will replace this
+    function; it is the one place that decides who reads what.
+
+    Args:
+        names: the epoch's shard order, identical on every process.
+        position: this process (:func:`speechpipe.seeding.process_position`).
+
+    >>> from speechpipe.seeding import Position
+    >>> names = ["a", "b", "c", "d", "e"]
+    >>> split_shards(names, Position(rank=0, world_size=1, worker=1, num_workers=2))
+    ['b', 'd']
+    >>> split_shards(names, Position(rank=1, world_size=2, worker=0, num_workers=2))
+    ['c']
+    """
+    slots = position.world_size * position.num_workers
+    slot = position.rank * position.num_workers + position.worker
+    if not 0 <= slot < slots:
+        raise ValueError(f"position {position} is outside its own world and worker counts")
+    return list(names[slot::slots])
+
+
+# --------------------------------------------------------------------------------------------
+# Reading one shard sequentially
+# --------------------------------------------------------------------------------------------
+
+
+class _ArkReader:
+    """Sequential reads from an ark stream, counting the byte offset for error messages."""
+
+    def __init__(self, stream: BinaryIO, source: str | None) -> None:
+        self.stream = stream
+        self.source = source
+        self.offset = 0
+        self.key: str | None = None  # the object being read
+        self.last: str | None = None  # the last complete object
+
+    def error(self, reason: str, cls: type = DataError) -> Exception:
+        return cls(reason, source=self.source, key=self.key)
+
+    def read(self, n: int) -> bytes:
+        """Up to ``n`` bytes (fewer only at the end), in bounded chunks."""
+        parts, got = [], 0
+        while got < n:
+            try:
+                chunk = self.stream.read(min(n - got, _CHUNK))
+            except DataError:
+                raise
+            except OSError as exc:
+                raise self.error(f"cannot read ark at byte offset {self.offset}: {exc}") from exc
+            if not chunk:
+                break
+            if not isinstance(chunk, bytes):
+                raise TypeError("iter_ark needs a binary stream; open files with mode='b'")
+            parts.append(chunk)
+            got += len(chunk)
+        self.offset += got
+        return b"".join(parts)
+
+    def take(self, n: int, what: str) -> bytes:
+        data = self.read(n)
+        if len(data) < n:
+            raise self.error(
+                f"truncated ark: it ends inside {what} ({len(data)} of {n} bytes, at byte "
+                f"offset {self.offset})"
+            )
+        return data
+
+    def readline(self) -> bytes:
+        try:
+            line = self.stream.readline()
+        except DataError:
+            raise
+        except OSError as exc:
+            raise self.error(f"cannot read ark at byte offset {self.offset}: {exc}") from exc
+        self.offset += len(line)
+        return line
+
+    def next_key(self) -> str | None:
+        """The next object's key (the token before a space), or None at the end of the ark."""
+        token = bytearray()
+        while True:
+            char = self.read(1)
+            if not char:
+                if token:
+                    raise self.error(
+                        f"truncated ark: it ends inside a key ({bytes(token[:40])!r}) after "
+                        f"{self._after()}"
+                    )
+                return None
+            if char == b" " and token:
+                break
+            if char in _WHITESPACE and not token:
+                continue  # between objects of a text ark
+            token += char
+            if len(token) > _KEY_MAX:
+                raise self.error(
+                    f"not a Kaldi ark: no space after a key within {_KEY_MAX} bytes at byte "
+                    f"offset {self.offset - len(token)} ({self._after()})"
+                )
+        try:
+            return token.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise self.error(
+                f"not a Kaldi ark: the key at byte offset {self.offset - len(token) - 1} is "
+                f"not UTF-8 ({self._after()})"
+            ) from exc
+
+    def _after(self) -> str:
+        return f"key {self.last!r}" if self.last is not None else "the start of the ark"
+
+    def next_object(self) -> bytes:
+        """The bytes of one matrix object, checked to be complete; refuses non-matrices."""
+        start = self.offset
+        head = self.take(2, "an object header")
+        if head == b"\0B":
+            return head + self._binary_object()
+        magic = head + self.read(3)
+        if magic.startswith(b"PKL"):
+            raise self.error("holds a pickled object; speechpipe never unpickles",
+                             UnsafeInputError)
+        if magic[:4] in (b"RIFF", b"fLaC") or magic == b"AUDIO":
+            raise self.error("holds audio, not a feature matrix")
+        if magic.startswith(b"NPY"):
+            if len(magic) < 5:
+                raise self.error(f"truncated ark: it ends inside an NPY header (at byte "
+                                 f"offset {self.offset})")
+            return self._npy_object(magic)
+        if magic.lstrip(b" \t").startswith(b"["):
+            return self._text_object(magic)
+        raise self.error(
+            f"not a Kaldi matrix at byte offset {start} (it starts with {magic!r})"
+        )
+
+    def _binary_object(self) -> bytes:
+        first = self.take(1, "an object header")
+        if first == b"\x04":
+            raise self.error("holds an integer vector, not a feature matrix")
+        token = bytearray(first)
+        while True:
+            char = self.take(1, "an object header")
+            if char == b" ":
+                break
+            token += char
+            if len(token) > 3:
+                break
+        kind = token.decode("latin-1")
+        if kind in _FLOAT_TYPES:
+            dims = self.take(10, f"the {kind} header")
+            if dims[0:1] != b"\x04" or dims[5:6] != b"\x04":
+                raise self.error(f"bad size marker in the {kind} header")
+            rows, cols = struct.unpack("<i", dims[1:5])[0], struct.unpack("<i", dims[6:10])[0]
+            header = token + b" " + dims
+            body = _FLOAT_TYPES[kind] * rows * cols
+        elif kind in _COMPRESSED_TYPES:
+            dims = self.take(16, f"the {kind} header")
+            rows, cols = struct.unpack("<ii", dims[8:16])
+            header = token + b" " + dims
+            per_value = 2 if kind == "CM2" else 1
+            body = (8 * cols if kind == "CM" else 0) + per_value * rows * cols
+        elif kind in _VECTOR_TYPES:
+            raise self.error(f"holds a vector ({kind}), not a feature matrix (frames, dim)")
+        else:
+            raise self.error(
+                f"unsupported binary object type {kind!r} (expected one of FM, DM, CM, CM2, CM3)"
+            )
+        if rows < 0 or cols < 0:
+            raise self.error(f"negative size {rows} x {cols} in the {kind} header")
+        return bytes(header) + self.take(body, f"a {rows} x {cols} {kind} matrix")
+
+    def _npy_object(self, magic: bytes) -> bytes:
+        width = magic[3]
+        if not 0 < width <= 8:
+            raise self.error("bad NPY length header")
+        length = int.from_bytes(magic[4:5] + self.take(width - 1, "an NPY header"), "little")
+        return magic[:4] + length.to_bytes(width, "little") + self.take(length, "an NPY array")
+
+    def _text_object(self, head: bytes) -> bytes:
+        parts = [head]
+        seen = head
+        while b"]" not in seen:
+            seen = self.readline()
+            if not seen:
+                raise self.error(
+                    f"truncated ark: a text matrix has no closing ']' (at byte offset "
+                    f"{self.offset})"
+                )
+            parts.append(seen)
+        if not seen.endswith(b"\n"):  # ']' came with the header bytes or at the very end
+            parts.append(self.readline())
+        return b"".join(parts)
+
+
+def _decode_object(data: bytes, reader: _ArkReader) -> np.ndarray:
+    try:
+        if data.startswith(b"NPY"):
+            width = data[3]
+            array = np.load(io.BytesIO(data[4 + width:]), allow_pickle=False)
+        else:
+            with np.errstate(all="ignore"):
+                array = read_kaldi(io.BytesIO(data))
+    # kaldiio reports corrupt data with assert, struct.error, ValueError, IndexError...: any
+    # of them means the bytes are not a matrix.
+    except Exception as exc:
+        raise reader.error(f"cannot read a matrix: {type(exc).__name__}: {exc}") from exc
+    if not isinstance(array, np.ndarray) or array.ndim != 2:
+        shape = getattr(array, "shape", type(array).__name__)
+        raise reader.error(f"expected a matrix (frames, dim), got {shape}")
+    if array.dtype.kind not in "fiub":
+        raise reader.error(f"expected numbers, got dtype {array.dtype}")
+    return np.ascontiguousarray(array, dtype=np.float32)
+
+
+def iter_ark(stream: BinaryIO, *, source: str | None = None) -> Iterator[tuple[str, np.ndarray]]:
+    """Yield ``(key, float32 matrix (frames, dim))`` for each object of a Kaldi ark, in order.
+
+    Reads strictly sequentially (no seeking), so the stream may be a pipe or an HTTP
+    response. Each object's header is parsed first -- binary float/double (``FM``, ``DM``),
+    compressed (``CM``, ``CM2``, ``CM3``), kaldiio's ``NPY``, or a text matrix ``[ ... ]`` --
+    its exact bytes are read, and only then does kaldiio decode them, so a truncated ark is
+    detected at the object it cuts and nothing stored in an ark is unpickled. Equivalent to
+    ``kaldiio.load_ark`` on valid matrix arks, read to the end of the stream.
+
+    Args:
+        stream: a binary stream (with ``read`` and, for text arks, ``readline``) at the start
+            of the ark; it is not closed.
+        source: the ark's path or URL, named in error messages.
+
+    Raises:
+        DataError: the ark ends inside a key or an object (``"truncated ark"``), a header is
+            malformed, or an object is not a numeric matrix (audio, vectors, int vectors);
+            the message names the ark, the key and a byte offset.
+        UnsafeInputError: a pickled object (kaldiio's ``PKL``).
+
+    >>> import io, numpy as np, kaldiio
+    >>> buf = io.BytesIO()
+    >>> kaldiio.save_ark(buf, {"u1": np.ones((2, 3), np.float32), "u2": np.zeros((1, 3))})
+    >>> [(k, m.shape, m.dtype.name) for k, m in iter_ark(io.BytesIO(buf.getvalue()))]
+    [('u1', (2, 3), 'float32'), ('u2', (1, 3), 'float32')]
+    >>> list(iter_ark(io.BytesIO(buf.getvalue()[:30]), source="raw.ark"))
+    Traceback (most recent call last):
+    ...
+    speechpipe.errors.DataError: raw.ark (key 'u1'): truncated ark: it ends inside a 2 x 3 FM ...
+    """
+    reader = _ArkReader(stream, source)
+    while True:
+        reader.key = None
+        key = reader.next_key()
+        if key is None:
+            return
+        reader.key = key
+        array = _decode_object(reader.next_object(), reader)
+        reader.last = key
+        yield key, array
+
+
+def read_shard(
+    name: str, *, format: str = "tar", allow_pipes: bool = False, timeout: float = 60.0
+) -> Iterator[Sample]:
+    """Open one shard, yield its samples in file order, and close it.
+
+    A tar shard gives raw samples ``{"key", "source", "<field>": bytes, ...}``
+    (:func:`~speechpipe.pipes.shards.iter_tar_members` + :func:`~speechpipe.pipes.shards.
+    group_by_key`); an ark gives ``{"key", "feats": float32 (frames, dim), "source"}``
+    (:func:`iter_ark`). The stream comes from :func:`~speechpipe.pipes.sources.open_stream`
+    (a path, an ``http(s)://`` URL, or with ``allow_pipes`` a ``pipe:`` command) and is closed
+    when the shard is done or the consumer stops; closing checks the transfer (an HTTP body
+    cut short, a command's exit status).
+
+    Raises:
+        MissingDataError: the shard does not exist (or an HTTP 404, an unreachable host).
+        DataError: a truncated or corrupt shard, naming it and the member, key or offset.
+        UnsafeInputError: ``pipe:`` without ``allow_pipes``; a pickled object in an ark.
+
+    >>> import os, tempfile
+    >>> from speechpipe.pipes.shards import write_shard
+    >>> path = os.path.join(tempfile.mkdtemp(), "data-00000.tar")
+    >>> write_shard(path, [{"key": "u1", "txt": "hi"}, {"key": "u2", "txt": "yo"}])
+    2
+    >>> [(s["key"], s["txt"]) for s in read_shard(path)]
+    [('u1', b'hi'), ('u2', b'yo')]
+    """
+    if format not in FORMATS:
+        raise ValueError(f"format must be one of {FORMATS}, got {format!r}")
+    stream = open_stream(name, allow_pipes=allow_pipes, timeout=timeout)
+    try:
+        if format == "tar":
+            yield from group_by_key(iter_tar_members(stream, source=name), source=name)
+        else:
+            for key, feats in iter_ark(stream, source=name):
+                yield {KEY: key, FEATS: feats, SOURCE: name}
+    finally:
+        stream.close()
+
+
+def _skip_reason(error: Exception) -> str:
+    if isinstance(error, MissingDataError):
+        return "missing shard"
+    if isinstance(error, UnsafeInputError):
+        return "unsafe shard (rest of the shard skipped)"
+    reason = getattr(error, "reason", str(error))
+    if "truncated" in reason or "cut short" in reason:
+        return "truncated shard (rest of the shard skipped)"
+    return "corrupt shard (rest of the shard skipped)"
+
+
+def _read_shards(
+    names: Iterable[str],
+    *,
+    format: str,
+    allow_pipes: bool,
+    on_error: str,
+    diagnostics: Diagnostics,
+) -> Iterator[Sample]:
+    """Samples of each shard in turn; under ``"skip"`` a bad shard is counted and left."""
+    for name in names:
+        if name.startswith("pipe:") and not allow_pipes:  # a setup error: never skipped
+            raise UnsafeInputError(
+                "refusing to run a shell command; pass allow_pipes=True to read 'pipe:' shards",
+                source=name,
+            )
+        try:
+            yield from read_shard(name, format=format, allow_pipes=allow_pipes)
+        except (DataError, MissingDataError) as err:
+            diagnostics.handle(on_error, err, _skip_reason(err))
+
+
+# --------------------------------------------------------------------------------------------
+# Level 2: the samples
+# --------------------------------------------------------------------------------------------
+
+
+def shuffle_buffer(samples: Iterable[Any], buffer_size: int, rng) -> Iterator[Any]:
+    """Shuffle a stream in a buffer of ``buffer_size`` items.
+
+    Each item read goes into the buffer; once it holds ``buffer_size`` items, a uniformly
+    chosen one is yielded before the next is read; at the end the rest comes out in random
+    order. So at most ``buffer_size`` items are held, and the items read are never more than
+    ``buffer_size`` ahead of those yielded. ``buffer_size=1`` keeps the order. An item can move
+    forward any distance but back by less than ``buffer_size`` places.
+
+    Args:
+        samples: the stream.
+        buffer_size: items held, ``>= 1``.
+        rng: a ``random.Random``.
+
+    >>> import random
+    >>> list(shuffle_buffer(range(5), 1, random.Random(0)))
+    [0, 1, 2, 3, 4]
+    >>> sorted(shuffle_buffer(range(5), 3, random.Random(0)))
+    [0, 1, 2, 3, 4]
+    """
+    if not isinstance(buffer_size, int) or buffer_size < 1:
+        raise ValueError(f"buffer_size must be an int >= 1, got {buffer_size!r}")
+    buffer: list = []
+    for item in samples:
+        buffer.append(item)
+        if len(buffer) >= buffer_size:
+            i = rng.randrange(len(buffer))
+            buffer[i], buffer[-1] = buffer[-1], buffer[i]
+            yield buffer.pop()
+    rng.shuffle(buffer)
+    while buffer:
+        yield buffer.pop()
+
+
+# --------------------------------------------------------------------------------------------
+# Planning an epoch from the index
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PlannedShard:
+    """One shard of an epoch plan: its name, and its utterances and bytes from the index
+    (``None`` without an index)."""
+
+    name: str
+    count: int | None = None
+    bytes: int | None = None
+
+
+@dataclass(frozen=True)
+class EpochPlan:
+    """The shards one process reads in one epoch, in reading order.
+
+    Attributes:
+        epoch: the epoch planned.
+        position: the process (rank, worker) it is planned for.
+        shards: the :class:`PlannedShard` entries, in the order they are read.
+    """
+
+    epoch: int
+    position: Position
+    shards: tuple[PlannedShard, ...]
+
+    @property
+    def names(self) -> list[str]:
+        return [s.name for s in self.shards]
+
+    @property
+    def total_count(self) -> int | None:
+        """Utterances in the plan, or ``None`` if a count is unknown (no index)."""
+        if any(s.count is None for s in self.shards):
+            return None
+        return sum(s.count for s in self.shards)
+
+    @property
+    def total_bytes(self) -> int | None:
+        """Bytes of the plan's shards, or ``None`` if a size is unknown (no index)."""
+        if any(s.bytes is None for s in self.shards):
+            return None
+        return sum(s.bytes for s in self.shards)
+
+
+class EpochProgress:
+    """Progress and ETA of one process's epoch, from its :class:`EpochPlan`.
+
+    The count is exact: the plan holds every utterance this process will yield (unless a
+    shard is skipped under ``on_error="skip"``). Time is extrapolated from the rate so far:
+    by bytes when ``consumed_bytes`` is given and the plan knows its shards' sizes (better
+    when shards hold utterances of different lengths), else by samples.
+
+    **The buffer bound.** Samples come out of a shuffle buffer of ``buffer_size`` B, so the
+    reader is ahead of the samples yielded by at most B: after ``n`` samples have been
+    yielded, between ``n`` and ``n + B`` have been read. :meth:`remaining_shards` therefore
+    gives a range: the shards not yet finished if the reader stood at ``n + B`` (fewest) and
+    at ``n`` (most); the reader's true position is within B samples of ``n``.
+
+    Args:
+        plan: the epoch plan (from ``sharded_shuffle(..., index=...).epoch_plan()``), or its
+            shards; every count must be known.
+        buffer_size: the shuffle buffer of the pipe that yields the samples.
+
+    >>> from speechpipe.seeding import Position
+    >>> plan = EpochPlan(0, Position(), (PlannedShard("a", 100, 1000),
+    ...                                  PlannedShard("b", 100, 3000)))
+    >>> progress = EpochProgress(plan, buffer_size=10)
+    >>> progress.remaining_samples(150), progress.remaining_shards(150)
+    (50, (1, 1))
+    >>> progress.remaining_shards(95)
+    (1, 2)
+    >>> progress.remaining_seconds(50, elapsed=10.0)  # 50 samples in 10 s, 150 to go
+    30.0
+    >>> progress.remaining_seconds(50, elapsed=10.0, consumed_bytes=500)  # 3500 bytes to go
+    70.0
+    """
+
+    def __init__(self, plan: EpochPlan | Sequence[PlannedShard], *, buffer_size: int = 0):
+        shards = tuple(plan.shards if isinstance(plan, EpochPlan) else plan)
+        for s in shards:
+            if not isinstance(s, PlannedShard):
+                raise TypeError(f"plan must hold PlannedShard entries, got {s!r}")
+            if s.count is None:
+                raise ValueError(
+                    f"shard {s.name!r} has no count: plan with an index "
+                    "(sharded_shuffle(..., index=True))"
+                )
+        if not isinstance(buffer_size, int) or buffer_size < 0:
+            raise ValueError(f"buffer_size must be an int >= 0, got {buffer_size!r}")
+        self.shards = shards
+        self.buffer_size = buffer_size
+        self.total_samples = sum(s.count for s in shards)
+        self.total_bytes = (None if any(s.bytes is None for s in shards)
+                            else sum(s.bytes for s in shards))
+        self._ends = []  # cumulative counts: shard i is fully read once _ends[i] samples are
+        total = 0
+        for s in shards:
+            total += s.count
+            self._ends.append(total)
+
+    def _check(self, consumed: int) -> int:
+        if not isinstance(consumed, int) or consumed < 0:
+            raise ValueError(f"consumed must be an int >= 0, got {consumed!r}")
+        if consumed > self.total_samples:
+            raise ValueError(
+                f"consumed {consumed} samples but the plan holds {self.total_samples}"
+            )
+        return consumed
+
+    def remaining_samples(self, consumed: int) -> int:
+        """Samples still to come after ``consumed`` (exact)."""
+        return self.total_samples - self._check(consumed)
+
+    def fraction_done(self, consumed: int) -> float:
+        """``consumed / total`` (1.0 for an empty plan)."""
+        self._check(consumed)
+        return consumed / self.total_samples if self.total_samples else 1.0
+
+    def _unfinished(self, read: int) -> int:
+        return sum(1 for end in self._ends if end > read)
+
+    def remaining_shards(self, consumed: int) -> tuple[int, int]:
+        """``(fewest, most)`` shards the reader has not finished after ``consumed`` samples
+        were yielded: the reader stands between ``consumed`` and ``consumed + buffer_size``."""
+        self._check(consumed)
+        ahead = min(consumed + self.buffer_size, self.total_samples)
+        return self._unfinished(ahead), self._unfinished(consumed)
+
+    def remaining_seconds(
+        self, consumed: int, elapsed: float, consumed_bytes: int | None = None
+    ) -> float | None:
+        """Seconds left at the rate so far; ``None`` before anything was consumed.
+
+        Args:
+            consumed: samples yielded so far this epoch.
+            elapsed: seconds since the epoch started.
+            consumed_bytes: bytes of those samples (e.g. the sum of their raw fields'
+                sizes); with the plan's bytes, the rate is measured in bytes.
+        """
+        remaining = self.remaining_samples(consumed)
+        if elapsed < 0:
+            raise ValueError(f"elapsed must be >= 0 seconds, got {elapsed!r}")
+        if remaining == 0:
+            return 0.0
+        if consumed_bytes is not None and self.total_bytes is not None:
+            if not isinstance(consumed_bytes, int) or consumed_bytes < 0:
+                raise ValueError(f"consumed_bytes must be an int >= 0, got {consumed_bytes!r}")
+            if consumed_bytes == 0:
+                return None
+            return elapsed * max(self.total_bytes - consumed_bytes, 0) / consumed_bytes
+        if consumed == 0:
+            return None
+        return elapsed * remaining / consumed
+
+
+def _path_parts(name: str) -> list[str]:
+    path = urllib.parse.urlsplit(name).path if is_url(name) else os.path.abspath(name)
+    return [p for p in path.replace("\\", "/").split("/") if p]
+
+
+def _common_tail(a: list[str], b: list[str]) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[-1 - n] == b[-1 - n]:
+        n += 1
+    return n
+
+
+def _index_entries(names: Iterable[str], index: ShardIndex) -> dict[str, ShardEntry]:
+    """``{name: entry}`` for each distinct name. A local path matches the entry with the same
+    absolute path; a URL matches the entry sharing the longest tail of path components (at
+    least the file name), which must be unique."""
+    by_path = index.by_path()
+    by_base: dict[str, list[tuple[list[str], ShardEntry]]] = {}
+    for path, entry in by_path.items():
+        parts = _path_parts(path)
+        by_base.setdefault(parts[-1] if parts else "", []).append((parts, entry))
+    found: dict[str, ShardEntry] = {}
+    for name in names:
+        if name in found:
+            continue
+        if not is_url(name):
+            entry = by_path.get(os.path.abspath(name))
+        else:
+            parts = _path_parts(name)
+            scored = sorted(((_common_tail(parts, p), e) for p, e in
+                             by_base.get(parts[-1] if parts else "", [])),
+                            key=lambda t: -t[0])
+            entry = None
+            if scored:
+                if len(scored) > 1 and scored[0][0] == scored[1][0]:
+                    raise DataError(
+                        f"the index has {sum(1 for s, _ in scored if s == scored[0][0])} "
+                        "shards this URL could be; index one folder per URL prefix",
+                        source=name,
+                    )
+                entry = scored[0][1]
+        if entry is None:
+            raise DataError("shard is not in the index (re-run pack, or pass its index)",
+                            source=name)
+        found[name] = entry
+    return found
+
+
+# --------------------------------------------------------------------------------------------
+# Kaldi data directories as shards
+# --------------------------------------------------------------------------------------------
+
+
+def kaldi_arks(data_dir_or_feats_scp: str | os.PathLike) -> list[str]:
+    """The distinct ark files a ``feats.scp`` refers to, in order of first appearance.
+
+    Streams a Kaldi data directory as shards with no packing::
+
+        IterableWrapper(kaldi_arks("data/train")).sharded_shuffle(format="ark")
+
+    Each ark is then read whole and in sequence, and the ark list is shuffled per epoch. Paths
+    are returned as written; relative ones are relative to the current directory, as in Kaldi.
+
+    **Read whole** means every utterance of each ark: if ``feats.scp`` lists only some of an
+    ark's utterances (a ``subset_data_dir.sh`` subset, filtered utterances), the stream also
+    holds the others -- keep the listed keys with ``filter`` or ``join_by_key``.
+
+    Args:
+        data_dir_or_feats_scp: a data directory (its ``feats.scp`` is read) or the file.
+
+    Raises:
+        MissingDataError: no ``feats.scp``.
+        DataError: a malformed line, or a value that cannot be streamed: a command
+            (``... |``), a Kaldi range (``raw.ark:12[0:9]``) or a path without ``:offset``;
+            the message names the file, line and key.
+
+    >>> import os, pathlib, tempfile, numpy as np, kaldiio
+    >>> d = pathlib.Path(tempfile.mkdtemp())
+    >>> for part in (2, 1):
+    ...     spec = f"ark,scp:{d}/raw.{part}.ark,{d}/feats.{part}.scp"
+    ...     with kaldiio.WriteHelper(spec) as writer:
+    ...         for i in range(2):
+    ...             writer(f"utt{part}{i}", np.zeros((3, 2), np.float32))
+    >>> _ = (d / "feats.scp").write_text((d / "feats.2.scp").read_text()
+    ...                                  + (d / "feats.1.scp").read_text())
+    >>> [os.path.basename(p) for p in kaldi_arks(d)]
+    ['raw.2.ark', 'raw.1.ark']
+    """
+    path = os.fspath(data_dir_or_feats_scp)
+    if os.path.isdir(path):
+        path = os.path.join(path, "feats.scp")
+    arks: dict[str, None] = {}
+    for entry in read_scp_table(path).values():
+        value = entry.value
+        where = {"source": entry.source, "line": entry.line, "key": entry.key}
+        if value.endswith("|"):
+            raise DataError(f"a command cannot be streamed as a shard: {value!r}", **where)
+        match = _ARK_REF.fullmatch(value)
+        if match is None or match["offset"] is None:
+            raise DataError(f"expected an ark reference '<ark>:<offset>', got {value!r}",
+                            **where)
+        if match["range"] is not None:
+            raise DataError(
+                f"a range ({value!r}) selects part of a matrix; streaming reads whole "
+                "matrices (load this table with load_scp instead)",
+                **where,
+            )
+        arks.setdefault(match["path"], None)
+    return list(arks)
+
+
+# --------------------------------------------------------------------------------------------
+# The pipe
+# --------------------------------------------------------------------------------------------
+
+
+@functional_datapipe("sharded_shuffle")
+class ShardedShufflerIterDataPipe(_Seeded, IterDataPipe[Sample]):
+    """Read shards in shuffled order, then shuffle samples (functional name: ``sharded_shuffle``).
+
+    Consumes shard names -- paths, ``http(s)://`` URLs or (opt-in) ``pipe:`` commands, e.g.
+    from ``list_shards`` or :func:`kaldi_arks` -- and yields samples:
+
+    - ``format="tar"``: raw samples ``{"key", "source", "<field>": bytes, ...}`` (webdataset
+      naming, as ``read_shards``); the buffer holds compact encoded bytes, so follow with
+      ``decode``;
+    - ``format="ark"``: ``{"key", "feats": float32 (frames, dim), "source"}`` from Kaldi arks.
+
+    Each pass (epoch):
+
+    1. the shard names are read from the source and shuffled with ``(seed, epoch)`` -- the
+       same order on every rank and worker (:func:`shuffle_shards`);
+    2. this process keeps its part: every ``k``-th shard for its (rank, DataLoader worker)
+       slot among ``k`` = ranks x workers (:func:`split_shards`; ranks come from
+       ``torch.distributed`` when it is initialised). Do not add ``sharding_filter``: the
+       split is done here, at the shard level;
+    3. its shards are opened and read sequentially, one at a time (:func:`read_shard`);
+    4. samples are shuffled in a buffer of ``buffer_size`` (:func:`shuffle_buffer`) seeded
+       with ``(seed, epoch, rank, worker)``.
+
+    ``set_epoch(e)`` (or ``speechpipe.set_epoch``) changes both orders; the same seed and
+    epoch give the same output. Every sample of every shard comes out once per epoch.
+
+    **Length.** With ``index``, ``len()`` is exact: the sum of the index counts of the shards
+    this process reads in the current epoch -- every shard in the main process; inside a
+    DataLoader worker, that worker's shards. (``len(DataLoader)`` calls it in the main process,
+    so it is the total over the workers.) Without ``index``, ``len()`` raises ``TypeError``.
+    :meth:`epoch_plan` returns the shards, counts and bytes of an epoch, for
+    :class:`EpochProgress`, resuming and balancing ranks.
+
+    Args:
+        source_datapipe: shard names (an ``IterDataPipe`` or a list); listed again each pass.
+        buffer_size: samples in the shuffle buffer (``1``: each shard in file order). Larger
+            mixes more, costs memory (encoded samples) and a longer first fill. Use at least
+            a shard's worth of samples to mix shards with each other.
+        format: ``"tar"`` or ``"ark"``.
+        seed: base seed of both shuffles.
+        index: ``None``; ``True`` to read the ``index.jsonl`` beside the shards
+            (:meth:`ShardIndex.for_shards <speechpipe.index.ShardIndex.for_shards>`, local
+            shards only), lazily at the first ``len()``/pass and then kept; or a
+            :class:`~speechpipe.index.ShardIndex` (for URLs: an entry matches the URL sharing
+            the longest tail of path components).
+        allow_pipes: allow ``pipe:`` names (shell commands whose stdout is the shard).
+        on_error: ``"raise"`` (default): a missing, truncated or corrupt shard raises a
+            :class:`~speechpipe.errors.DataError` (or ``MissingDataError``) naming it;
+            ``"skip"``: the rest of that shard is skipped -- samples already read from it
+            stay -- and counted in :attr:`diagnostics`, with a warning at the end of the pass.
+
+    >>> import os, tempfile
+    >>> from speechpipe.pipes._base import IterableWrapper
+    >>> from speechpipe.pipes.shards import ShardWriter
+    >>> out = tempfile.mkdtemp()
+    >>> with ShardWriter(os.path.join(out, "data-%05d.tar"), maxcount=3) as writer:
+    ...     for i in range(9):
+    ...         writer.write({"key": f"utt{i}", "txt": f"text {i}"})
+    >>> pipe = IterableWrapper(writer.paths).sharded_shuffle(buffer_size=1, seed=0)
+    >>> [s["key"] for s in pipe]  # whole shards in a shuffled order, each in file order
+    ['utt3', 'utt4', 'utt5', 'utt6', 'utt7', 'utt8', 'utt0', 'utt1', 'utt2']
+    >>> [s["key"] for s in pipe.set_epoch(1)]
+    ['utt6', 'utt7', 'utt8', 'utt0', 'utt1', 'utt2', 'utt3', 'utt4', 'utt5']
+    >>> pipe = IterableWrapper(writer.paths).sharded_shuffle(buffer_size=4, seed=0)
+    >>> keys = [s["key"] for s in pipe]
+    >>> sorted(keys) == [f"utt{i}" for i in range(9)], keys == [s["key"] for s in pipe]
+    (True, True)
+    """
+
+    def __init__(
+        self,
+        source_datapipe: IterDataPipe[str] | Sequence[str],
+        buffer_size: int = 1000,
+        *,
+        format: str = "tar",
+        seed: int = 0,
+        index: ShardIndex | bool | None = None,
+        allow_pipes: bool = False,
+        on_error: str = "raise",
+    ) -> None:
+        if isinstance(source_datapipe, (str, bytes, os.PathLike)):
+            raise TypeError(
+                "sharded_shuffle consumes shard names (a pipe or list of them), not one "
+                f"{type(source_datapipe).__name__}; e.g. IterableWrapper([pattern]).list_shards()"
+            )
+        if not isinstance(source_datapipe, IterDataPipe):
+            try:
+                source_datapipe = list(source_datapipe)
+            except TypeError as exc:
+                raise TypeError(
+                    f"source_datapipe must be a pipe or a list of shard names, got "
+                    f"{type(source_datapipe).__name__}"
+                ) from exc
+        if not isinstance(buffer_size, int) or isinstance(buffer_size, bool) or buffer_size < 1:
+            raise ValueError(f"buffer_size must be an int >= 1, got {buffer_size!r}")
+        if format not in FORMATS:
+            raise ValueError(f"format must be one of {FORMATS}, got {format!r}")
+        if index is False:
+            index = None
+        if not (index is None or index is True or isinstance(index, ShardIndex)):
+            raise TypeError(f"index must be None, True or a ShardIndex, got {index!r}")
+        self.source_datapipe = source_datapipe
+        self.buffer_size = buffer_size
+        self.format = format
+        self.seed = _check_seed(seed)
+        self.epoch = 0
+        self.index = index
+        self.allow_pipes = bool(allow_pipes)
+        self.on_error = check_on_error(on_error)
+        self.diagnostics = Diagnostics("sharded_shuffle")
+        self._loaded_index: ShardIndex | None = None  # index=True: read lazily, then kept
+
+    # -- helpers
+
+    def _names(self) -> list[str]:
+        names = []
+        for name in self.source_datapipe:
+            if not isinstance(name, (str, os.PathLike)):
+                raise TypeError(
+                    f"sharded_shuffle expects shard names (paths or URLs), got {name!r}"
+                )
+            names.append(os.fspath(name))
+        return names
+
+    def _entries(self, names: list[str]) -> dict[str, ShardEntry] | None:
+        if self.index is None:
+            return None
+        if isinstance(self.index, ShardIndex):
+            return _index_entries(names, self.index)
+        urls = [n for n in names if is_url(n) or n.startswith("pipe:")]
+        if urls:
+            raise ValueError(
+                f"index=True reads the index.jsonl beside local shards, but {urls[0]!r} is not "
+                "local; pass index=ShardIndex.read(<a local copy of its folder's index>)"
+            )
+        if self._loaded_index is not None:
+            try:
+                return _index_entries(names, self._loaded_index)
+            except DataError:
+                pass  # the shard list grew: read the folders' indexes again
+        self._loaded_index = ShardIndex.for_shards(sorted(set(names)))
+        return _index_entries(names, self._loaded_index)
+
+    # -- public API
+
+    def epoch_plan(self, epoch: int | None = None, position: Position | None = None) -> EpochPlan:
+        """The shards a process reads in an epoch, in order, with counts and bytes.
+
+        Lists the source and, with an index, reads it (the first time). Counts and bytes are
+        ``None`` without an index.
+
+        Args:
+            epoch: the epoch to plan (default: the current one).
+            position: the process to plan for (default: this one,
+                :func:`~speechpipe.seeding.process_position`).
+        """
+        epoch = self.epoch if epoch is None else epoch
+        if not isinstance(epoch, int) or epoch < 0:
+            raise ValueError(f"epoch must be an int >= 0, got {epoch!r}")
+        position = process_position() if position is None else position
+        if not isinstance(position, Position):
+            raise TypeError(f"position must be a speechpipe.seeding.Position, got {position!r}")
+        names = self._names()
+        entries = self._entries(names)
+        mine = split_shards(shuffle_shards(names, self.seed, epoch), position)
+        shards = tuple(
+            PlannedShard(n) if entries is None
+            else PlannedShard(n, entries[n].count, entries[n].bytes)
+            for n in mine
+        )
+        return EpochPlan(epoch, position, shards)
+
+    def __iter__(self) -> Iterator[Sample]:
+        position = process_position()
+        names = self._names()
+        self._entries(names)  # read the index (once) before any shard is opened
+        mine = split_shards(shuffle_shards(names, self.seed, self.epoch), position)
+        self.diagnostics.reset()
+        rng = derive_rng(self.seed, self.epoch, position.rank, position.worker, _SAMPLES_SALT)
+        samples = _read_shards(
+            mine,
+            format=self.format,
+            allow_pipes=self.allow_pipes,
+            on_error=self.on_error,
+            diagnostics=self.diagnostics,
+        )
+        yield from shuffle_buffer(samples, self.buffer_size, rng)
+        self.diagnostics.warn_if_skipped()
+
+    def __len__(self) -> int:
+        if self.index is None:
+            raise TypeError(
+                "sharded_shuffle has no len() without an index: a shard's sample count is "
+                "known only after reading it; pass index=True (the index.jsonl that pack "
+                "writes beside the shards) or index=ShardIndex(...)"
+            )
+        return self.epoch_plan().total_count
+
+
+ShardedShuffler = ShardedShufflerIterDataPipe
