@@ -49,10 +49,12 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(func=_demo)
 
     from .pack import add_pack_command
+    from .pipes.audio import add_cmvn_command
     from .pipes.text import add_tokenizer_command
 
     add_pack_command(sub)
     add_tokenizer_command(sub)
+    add_cmvn_command(sub)
     return parser
 
 

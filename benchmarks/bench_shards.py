@@ -1,0 +1,227 @@
+"""Reading a sharded corpus: speechpipe's shard streaming beside the alternatives.
+
+One corpus of 80-dim float32 features (lengths drawn from LibriSpeech train-clean-100's
+published durations, 100 frames/s), written as Kaldi arks + feats.scp and packed by
+``speechpipe.pack.pack_data`` into tar shards. On it, side by side:
+
+(a) raw sequential read of the shard bytes (4 MiB reads; the ceiling);
+(b) speechpipe: ``list of shards -> sharded_shuffle(1000) -> decode`` (two-level shuffle);
+(c) map-style random reads through feats.scp offsets (``kaldiio.load_mat``) with a
+    shuffled ``torch.utils.data.DataLoader``;
+(d) webdataset's own reader: ``WebDataset(shards, shardshuffle=...).shuffle(1000).decode()``.
+
+Each in the main process (workers 0) and with DataLoader workers 2, with the page cache
+evicted for the data files before each run (``posix_fadvise(POSIX_FADV_DONTNEED)``: cold) and
+after a warming read (warm). Reported: utterances/s and MB/s (medians of the runs) and the
+ratios (b)/(a), (b)/(c), (b)/(d); then a profile of (b), warm, workers 0.
+
+    python -m benchmarks bench_shards               # ~3 GB corpus, 3 runs each
+    python -m benchmarks bench_shards --tiny        # 60 utterances, 1 run (smoke test)
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import os
+import pstats
+import statistics
+import tempfile
+import time
+
+import numpy as np
+import torch
+
+import speechpipe  # noqa: F401  (registers the pipes)
+from speechpipe.index import ShardIndex
+from speechpipe.pipes._base import IterableWrapper
+from speechpipe.testing import sample_durations
+
+DIM = 80
+
+
+def make_corpus(root: str, n: int, shard_size: int, seed: int = 0) -> tuple[list[str], str]:
+    """Write (once) arks + feats.scp + text and pack them; returns (shard paths, feats.scp)."""
+    import kaldiio
+
+    from speechpipe.pack import pack_data
+
+    scp = os.path.join(root, "feats.scp")
+    shards_dir = os.path.join(root, "shards")
+    if not os.path.exists(os.path.join(shards_dir, "index.jsonl")):
+        os.makedirs(root, exist_ok=True)
+        frames = np.round(sample_durations("librispeech-train-clean-100", n, seed) * 100)
+        rng = np.random.default_rng(seed)
+        keys = [f"utt{i:07d}" for i in range(n)]
+        with kaldiio.WriteHelper(f"ark,scp:{root}/feats.ark,{scp}") as writer:
+            for key, t in zip(keys, frames.astype(int)):
+                writer(key, rng.standard_normal((t, DIM), dtype=np.float32))
+        with open(os.path.join(root, "text"), "w") as f:
+            f.writelines(f"{k} SOME WORDS FOR {k}\n" for k in keys)
+        pack_data([scp], [os.path.join(root, "text")], shards_dir,
+                  utts_per_shard=shard_size, num_workers=2, progress=False)
+    return ShardIndex.read(shards_dir).paths(), scp
+
+
+def evict(paths: list[str]) -> None:
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def raw_read(paths, workers):
+    class Raw(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            info = torch.utils.data.get_worker_info()
+            mine = paths if info is None else paths[info.id::info.num_workers]
+            for path in mine:
+                with open(path, "rb", buffering=0) as f:
+                    while chunk := f.read(4 << 20):
+                        yield len(chunk)
+
+    return Raw(), 0  # counts chunks, not utterances
+
+
+def speechpipe_reader(paths, workers):
+    return IterableWrapper(paths).sharded_shuffle(buffer_size=1000, seed=0).decode()
+
+
+class ScpDataset(torch.utils.data.Dataset):
+    def __init__(self, scp: str):
+        with open(scp) as f:
+            self.entries = [line.split(None, 1) for line in f]
+
+    def __len__(self):
+        return len(self.entries)
+
+    def __getitem__(self, i):
+        import kaldiio
+
+        key, value = self.entries[i]
+        return {"key": key, "feats": kaldiio.load_mat(value.strip())}
+
+
+def webdataset_reader(paths, workers):
+    import webdataset as wds
+
+    return (wds.WebDataset(paths, shardshuffle=len(paths), seed=0, empty_check=False,
+                           nodesplitter=wds.split_by_node, workersplitter=wds.split_by_worker)
+            .shuffle(1000).decode())
+
+
+def consume(dataset, workers: int, shuffle: bool = False) -> int:
+    if workers == 0 and not shuffle:
+        iterable = dataset
+    else:
+        iterable = torch.utils.data.DataLoader(
+            dataset, batch_size=None, num_workers=workers, shuffle=shuffle,
+            generator=torch.Generator().manual_seed(0) if shuffle else None)
+    count = 0
+    for item in iterable:
+        if isinstance(item, dict):
+            feats = item.get("feats", item.get("feats.npy"))
+            assert feats is not None and feats.shape[1] == DIM
+        count += 1
+    return count
+
+
+def measure(name, build, files, data_bytes, workers, cold, runs, shuffle=False):
+    rates = []
+    count = 0
+    for _ in range(runs):
+        if cold:
+            evict(files)
+        else:
+            for path in files:  # warm the cache
+                with open(path, "rb", buffering=0) as f:
+                    while f.read(16 << 20):
+                        pass
+        start = time.perf_counter()
+        count = consume(build(workers), workers, shuffle=shuffle)
+        rates.append(time.perf_counter() - start)
+    seconds = statistics.median(rates)
+    return {"name": name, "workers": workers, "cache": "cold" if cold else "warm",
+            "items": count, "seconds": seconds, "mb_s": data_bytes / 1e6 / seconds}
+
+
+def run(n: int, shard_size: int, runs: int, root: str) -> list[dict]:
+    paths, scp = make_corpus(root, n, shard_size)
+    shard_bytes = sum(os.path.getsize(p) for p in paths)
+    ark = os.path.join(root, "feats.ark")
+    print(f"corpus: {n} utterances, {len(paths)} shards, {shard_bytes / 1e9:.2f} GB of shards, "
+          f"{os.path.getsize(ark) / 1e9:.2f} GB of arks")
+    rows = []
+    for cold in (True, False):
+        for workers in (0, 2):
+            rows.append(measure("(a) raw sequential read", lambda w: raw_read(paths, w)[0],
+                                paths, shard_bytes, workers, cold, runs))
+            rows.append(measure("(b) speechpipe sharded_shuffle",
+                                lambda w: speechpipe_reader(paths, w), paths, shard_bytes,
+                                workers, cold, runs))
+            rows.append(measure("(c) map-style scp reads", lambda w: ScpDataset(scp), [ark],
+                                os.path.getsize(ark), workers, cold, runs, shuffle=True))
+            rows.append(measure("(d) webdataset", lambda w: webdataset_reader(paths, w),
+                                paths, shard_bytes, workers, cold, runs))
+    for row in rows:
+        if row["name"].startswith("(a)"):
+            row["utt_s"] = float("nan")
+        else:
+            row["utt_s"] = row["items"] / row["seconds"]
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    head = f"{'reader':<32} {'cache':<5} {'wk':>2} {'utt/s':>8} {'MB/s':>8}"
+    out = [head, "-" * len(head)]
+    for r in rows:
+        out.append(f"{r['name']:<32} {r['cache']:<5} {r['workers']:>2} {r['utt_s']:>8.0f} "
+                   f"{r['mb_s']:>8.0f}")
+    out.append("")
+    for cache in ("cold", "warm"):
+        for workers in (0, 2):
+            get = {r["name"][:3]: r for r in rows if r["cache"] == cache and r["workers"] == workers}
+            b = get["(b)"]
+            out.append(
+                f"{cache} workers {workers}: (b)/(a) MB/s {b['mb_s'] / get['(a)']['mb_s']:.2f}, "
+                f"(b)/(c) utt/s {b['utt_s'] / get['(c)']['utt_s']:.2f}, "
+                f"(b)/(d) utt/s {b['utt_s'] / get['(d)']['utt_s']:.2f}")
+    return "\n".join(out)
+
+
+def profile(paths: list[str], top: int = 12) -> str:
+    profiler = cProfile.Profile()
+    profiler.enable()
+    consume(speechpipe_reader(paths, 0), 0)
+    profiler.disable()
+    out = io.StringIO()
+    pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(top)
+    return out.getvalue()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tiny", action="store_true")
+    parser.add_argument("--utterances", type=int, default=7500, help="about 3 GB at 80 dims")
+    parser.add_argument("--shard-size", type=int, default=500)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--root", default=None, help="corpus folder (reused if present)")
+    args = parser.parse_args(argv)
+    if args.tiny:
+        with tempfile.TemporaryDirectory() as root:
+            rows = run(60, 20, 1, root)
+            print(table(rows))
+        return
+    root = args.root or os.path.join(tempfile.gettempdir(),
+                                     f"speechpipe-bench-shards-{args.utterances}")
+    rows = run(args.utterances, args.shard_size, args.runs, root)
+    print(table(rows))
+    print("profile of (b), warm, workers 0 (by own time):")
+    print(profile(make_corpus(root, args.utterances, args.shard_size)[0]))
+
+
+if __name__ == "__main__":
+    main()
