@@ -446,3 +446,49 @@ def test_load_audio_constructor_reads_nothing(tmp_path):
     assert not os.path.exists(tmp_path / "none.wav")
     with pytest.raises(MissingDataError):
         list(pipe)
+
+
+# --- .npy without copies (the fast path) and its fallback -----------------------------------
+
+def _npy(array) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, array, allow_pickle=False)
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("array", [
+    np.arange(12, dtype=np.float32).reshape(3, 4),
+    np.asfortranarray(np.arange(12, dtype=np.float64).reshape(3, 4)),
+    np.array(3.5),
+    np.arange(6, dtype=">i4"),
+    np.array([True, False]),
+    np.zeros((0, 80), np.float32),
+    np.zeros(3, dtype=[("a", "<i4"), ("b", "<f8")]),  # structured: numpy's own reader
+], ids=["f32", "fortran", "0-d", "big-endian", "bool", "empty", "structured"])
+def test_npy_decodes_exactly_without_copying(array):
+    for payload in (_npy(array), bytearray(_npy(array))):
+        got = decode_field("feats.npy", payload)
+        assert got.dtype == array.dtype and got.shape == array.shape
+        assert np.array_equal(got, array)
+        # A view of the payload (read-only over bytes); numpy's reader copies (structured).
+        fast = array.dtype.names is None
+        assert got.flags.writeable == (isinstance(payload, bytearray) or not fast)
+
+
+def test_npy_from_a_bytearray_is_a_view_not_a_copy():
+    payload = bytearray(_npy(np.arange(4, dtype=np.int64)))
+    got = decode_field("feats.npy", payload)
+    got[0] = 99
+    assert np.frombuffer(payload, np.int64, count=1, offset=len(payload) - 32)[0] == 99
+
+
+def test_npy_cut_short_is_a_data_error():
+    with pytest.raises(DataError, match="the data is cut short"):
+        decode_field("feats.npy", _npy(np.zeros((10, 8), np.float32))[:-4])
+
+
+def test_npy_object_header_is_never_unpickled():
+    header = b"{'descr': '|O', 'fortran_order': False, 'shape': (1,), }"
+    payload = b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header + b"\x80"
+    with pytest.raises(UnsafeInputError, match="never unpickles"):
+        decode_field("x.npy", payload)

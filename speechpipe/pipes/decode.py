@@ -24,13 +24,19 @@ Verbs and functions:
 - :func:`read_audio_segment` and ``load_audio`` (:class:`AudioLoaderIterDataPipe`): audio
   files named in manifest samples (whole files or ``offset``/``duration`` segments).
 - :func:`encode_field`: the inverse allow-list, used by the shard writers.
+
+A plain ``.npy`` field is decoded without copying: the array is a view of the member's bytes
+(so it is read-only; ``.copy()`` it to modify it in place). Collation copies it into the
+batch, the one copy the data needs.
 """
 
 from __future__ import annotations
 
 import io
 import json
+import math
 import os
+import re
 from typing import Any, BinaryIO, Callable, Iterator, Mapping, Union
 
 import numpy as np
@@ -148,12 +154,22 @@ def _utf8(data: bytes, where: dict) -> str:
         raise DataError(f"invalid UTF-8 at byte {exc.start}: {exc.reason}", **where) from exc
 
 
-def _decode_npy(data: bytes, where: dict) -> np.ndarray:
-    data = bytes(data)
-    if not data.startswith(_NPY_MAGIC):
-        raise DataError(f"not a .npy array (starts with {data[:8]!r})", **where)
-    try:
-        return np.load(io.BytesIO(data), allow_pickle=False)
+# np.save's header for a plain array, e.g. "{'descr': '<f4', 'fortran_order': False,
+# 'shape': (1270, 80), }": parsed here without ast, and the payload wrapped without a copy.
+_NPY_HEADER = re.compile(
+    r"\{'descr': '([<>|=]?[a-zA-Z]\d*)', 'fortran_order': (True|False), "
+    r"'shape': \(((?:\d+, ?)*\d*)\), \}\s*\Z"
+)
+
+
+def _decode_npy(data: bytes | bytearray, where: dict) -> np.ndarray:
+    if bytes(data[:6]) != _NPY_MAGIC:
+        raise DataError(f"not a .npy array (starts with {bytes(data[:8])!r})", **where)
+    fast = _npy_view(data, where)
+    if fast is not None:
+        return fast
+    try:  # anything unusual (structured dtypes, ...): numpy's own reader, which copies
+        return np.load(io.BytesIO(bytes(data)), allow_pickle=False)
     except ValueError as exc:
         if "allow_pickle" in str(exc):
             raise UnsafeInputError(
@@ -164,6 +180,40 @@ def _decode_npy(data: bytes, where: dict) -> np.ndarray:
         raise DataError(f"cannot load .npy array: {exc}", **where) from exc
     except (OSError, EOFError, TypeError) as exc:
         raise DataError(f"cannot load .npy array: {exc}", **where) from exc
+
+
+def _npy_view(data: bytes | bytearray, where: dict) -> np.ndarray | None:
+    """The array of a plain ``.npy`` payload as a view of ``data`` -- no copy, so read-only
+    when ``data`` is ``bytes`` (as ``read_shards`` gives) -- or None to use ``np.load``."""
+    if len(data) < 10 or data[6] not in (1, 2, 3):
+        return None
+    size, start = ((int.from_bytes(data[8:10], "little"), 10) if data[6] == 1
+                   else (int.from_bytes(data[8:12], "little"), 12))
+    try:
+        header = bytes(data[start:start + size]).decode("latin1" if data[6] < 3 else "utf-8")
+    except UnicodeDecodeError:
+        return None
+    match = _NPY_HEADER.match(header)
+    if match is None:
+        return None
+    dtype = np.dtype(match.group(1))
+    if dtype.hasobject:
+        raise UnsafeInputError(
+            "a .npy object array would need unpickling; speechpipe never unpickles shard "
+            "contents (store numeric arrays)",
+            **where,
+        )
+    shape = tuple(int(n) for n in match.group(3).replace(" ", "").split(",") if n)
+    count = math.prod(shape)
+    offset = start + size
+    if len(data) - offset < count * dtype.itemsize:
+        raise DataError(
+            f"cannot load .npy array: the data is cut short ({len(data) - offset} of "
+            f"{count * dtype.itemsize} bytes)",
+            **where,
+        )
+    array = np.frombuffer(data, dtype=dtype, count=count, offset=offset)
+    return array.reshape(shape, order="F" if match.group(2) == "True" else "C")
 
 
 def _decode_json(data: bytes, where: dict) -> Any:

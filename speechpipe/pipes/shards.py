@@ -321,7 +321,7 @@ def iter_tar_members(
         pax = {}
 
         if typeflag in _REGULAR and not (typeflag == b"\0" and name.endswith("/")):
-            data = read_or_wrap(size)
+            data = read_or_wrap(size)  # one read into a new bytes object: one copy
             if len(data) < size:
                 raise DataError(
                     f"{_TRUNCATED}: member payload has {len(data)} of {size} bytes",
