@@ -83,3 +83,40 @@ def test_readme_batching_examples_run_on_the_demo_corpus(monkeypatch, capsys):
     assert "block_batch:" in out and "padding efficiency" in out
     assert out.strip().endswith("2 True")
     assert namespace["pipe"].datapipe.stats.over_budget == 0
+
+
+def test_readme_large_corpus_pipeline_runs(tmp_path, monkeypatch):
+    from speechpipe.pack import pack_data
+    from speechpipe.pipes.text import SentencePieceTokenizer
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data/train").mkdir(parents=True)
+    rng = np.random.default_rng(2)
+    mats = {f"utt{i:02d}": rng.standard_normal((int(n), 80)).astype(np.float32)
+            for i, n in enumerate(rng.integers(50, 1800, size=30))}
+    with kaldiio.WriteHelper("ark,scp:data/train/raw.1.ark,data/train/feats.scp") as w:
+        for key, mat in mats.items():
+            w(key, mat)
+    words = ["speech", "pipe", "shard", "batch", "token", "audio"]
+    texts = {k: " ".join(words[(i + j) % 6] for j in range(4)) for i, k in enumerate(mats)}
+    (tmp_path / "data/train/text").write_text("".join(f"{k} {t}\n" for k, t in texts.items()))
+    pack_data(["data/train/feats.scp"], ["data/train/text"], "shards",
+              filter_group=["10:1000", "1000:2000"], utts_per_shard=8, progress=False)
+    tok = SentencePieceTokenizer.build([t.upper() for t in texts.values()], model_type="char")
+    tok.save("bpe500.model")
+    namespace: dict = {}
+    first = _blocks()[0].splitlines()
+    exec("\n".join(line for line in first if line.startswith(("import ", "from "))), namespace)
+    exec(compile(_blocks()[4], "README.md", "exec"), namespace)
+    pipe = namespace["pipe"]
+    seen = {}
+    for batch in pipe:
+        for key, n, feats, m, tokens in zip(batch["key"], batch["feats_len"], batch["feats"],
+                                            batch["tokens_len"], batch["tokens"]):
+            assert torch.equal(feats[: int(n)], torch.from_numpy(mats[key]))
+            seen[key] = tok.decode(tokens[: int(m)].tolist())
+    assert seen == {k: t.upper() for k, t in texts.items()}
+    sharded = pipe.datapipe
+    while type(sharded).__name__ != "ShardedShufflerIterDataPipe":
+        sharded = sharded.source_datapipe
+    assert len(sharded) == 30  # exact, from the index
