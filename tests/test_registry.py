@@ -108,8 +108,11 @@ def test_pipe_classes_and_functional_names_follow_the_naming_rule():
 
 
 def test_every_module_all_is_sorted_and_complete():
-    for module in list(_pipe_modules()) + [importlib.import_module(f"speechpipe.{m}") for m in
-                                           ("errors", "diagnostics", "sample")]:
+    top = [f"speechpipe.{m.name}" for m in pkgutil.iter_modules(speechpipe.__path__)
+           if not m.ispkg and m.name != "__main__"]
+    recipes = [f"speechpipe.recipes.{m.name}" for m in pkgutil.iter_modules(
+        importlib.import_module("speechpipe.recipes").__path__)]
+    for module in list(_pipe_modules()) + [importlib.import_module(m) for m in top + recipes]:
         names = getattr(module, "__all__", None)
         assert names is not None, f"{module.__name__} has no __all__"
         assert list(names) == sorted(names), f"{module.__name__}.__all__ is not sorted"
