@@ -51,8 +51,13 @@ def build_parser() -> argparse.ArgumentParser:
     from .pack import add_pack_command
     from .pipes.audio import add_cmvn_command
     from .pipes.text import add_tokenizer_command
+    from .recipes._common import add_download_command, add_prepare_command
+    from .stats import add_stats_command
 
+    add_download_command(sub)
+    add_prepare_command(sub)
     add_pack_command(sub)
+    add_stats_command(sub)
     add_tokenizer_command(sub)
     add_cmvn_command(sub)
     return parser

@@ -40,7 +40,9 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence, Union
 
-from ..sample import sample_length
+from ..diagnostics import Diagnostics
+from ..errors import DataError
+from ..sample import KEY, SOURCE, Sample, sample_duration, sample_length
 from ..seeding import derive_rng, process_position
 from ._base import IterDataPipe, functional_datapipe
 
@@ -48,6 +50,7 @@ __all__ = [
     "BatchConstraint",
     "BatchStats",
     "BlockBatcherIterDataPipe",
+    "DurationFilterIterDataPipe",
     "LengthBucketerIterDataPipe",
     "OVERSIZE",
     "PaddedArea",
@@ -723,3 +726,87 @@ _END = object()
 
 
 BlockBatcher = BlockBatcherIterDataPipe
+
+
+# --------------------------------------------------------------------------- selection
+
+
+def _check_duration(value: Any, name: str) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+        raise ValueError(f"{name} must be seconds >= 0 or None, got {value!r}")
+    return float(value)
+
+
+@functional_datapipe("filter_by_duration")
+class DurationFilterIterDataPipe(IterDataPipe[Sample]):
+    """Keep samples whose duration is in ``[min_duration, max_duration]`` seconds, counting
+    the others (functional name: ``filter_by_duration``).
+
+    Consumes sample dicts with ``duration`` (from a manifest) or ``audio`` and
+    ``sample_rate``; yields those within the range, unchanged and in order. Every dropped
+    sample is counted in ``self.diagnostics`` (``"shorter than 1.0 s"``, ``"longer than 20.0
+    s"``, with examples), reset at the start of a pass, and, when ``warn``, reported in a
+    :class:`~speechpipe.diagnostics.SkippedInputWarning` at its end. Torch's ``filter`` drops
+    silently; use this one for data.
+
+    Args:
+        source_datapipe: samples.
+        min_duration: shortest duration kept, seconds (``None``: no lower bound).
+        max_duration: longest duration kept, seconds (``None``: no upper bound).
+        warn: warn at the end of a pass that dropped samples.
+
+    Raises:
+        DataError: (when iterated) a sample without ``duration`` nor audio, naming its key.
+
+    >>> from speechpipe.pipes._base import IterableWrapper
+    >>> rows = [{"key": "a", "duration": 0.5}, {"key": "b", "duration": 3.0},
+    ...         {"key": "c", "duration": 25.0}]
+    >>> pipe = IterableWrapper(rows).filter_by_duration(1.0, 20.0, warn=False)
+    >>> [s["key"] for s in pipe], dict(pipe.diagnostics.counts)
+    (['b'], {'shorter than 1.0 s': 1, 'longer than 20.0 s': 1})
+    """
+
+    def __init__(self, source_datapipe: IterDataPipe, min_duration: float | None = None,
+                 max_duration: float | None = None, *, warn: bool = True) -> None:
+        self.min_duration = _check_duration(min_duration, "min_duration")
+        self.max_duration = _check_duration(max_duration, "max_duration")
+        if (self.min_duration is not None and self.max_duration is not None
+                and self.min_duration > self.max_duration):
+            raise ValueError(f"min_duration {min_duration} is above max_duration {max_duration}")
+        if not isinstance(warn, bool):
+            raise TypeError(f"warn must be a bool, got {warn!r}")
+        self.source_datapipe = source_datapipe
+        self.warn = warn
+        self.diagnostics = Diagnostics("filter_by_duration")
+
+    def __iter__(self) -> Iterator[Sample]:
+        self.diagnostics.reset()
+        low, high = self.min_duration, self.max_duration
+        for sample in self.source_datapipe:
+            try:
+                seconds = sample_duration(sample)
+            except (KeyError, TypeError, ValueError) as exc:
+                key = sample.get(KEY) if isinstance(sample, Mapping) else None
+                raise DataError(f"filter_by_duration: no duration ({exc})",
+                                source=sample.get(SOURCE) if isinstance(sample, Mapping)
+                                else None, key=key if isinstance(key, str) else None) from exc
+            if low is not None and seconds < low:
+                self.diagnostics.record(f"shorter than {low} s",
+                                        f"key {sample.get(KEY)!r} ({seconds:.2f} s)")
+                continue
+            if high is not None and seconds > high:
+                self.diagnostics.record(f"longer than {high} s",
+                                        f"key {sample.get(KEY)!r} ({seconds:.2f} s)")
+                continue
+            yield sample
+        if self.warn:
+            self.diagnostics.warn_if_skipped()
+
+    def __len__(self) -> int:
+        raise TypeError("filter_by_duration has no length: how many samples are in range is "
+                        "known only after reading them")
+
+
+DurationFilter = DurationFilterIterDataPipe

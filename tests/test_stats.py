@@ -1,0 +1,163 @@
+"""speechpipe.stats: numbers equal a direct computation, shard indexes are read, the PNG is a
+valid PNG of the asked size, and the ``speechpipe stats`` command."""
+
+from __future__ import annotations
+
+import argparse
+import struct
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile
+
+from speechpipe.errors import DataError, MissingDataError
+from speechpipe.index import ShardEntry, ShardIndex
+from speechpipe.pipes.manifests import write_manifest
+from speechpipe.recipes.librispeech import prepare_librispeech
+from speechpipe.stats import (
+    PERCENTILES,
+    add_stats_command,
+    corpus_stats,
+    length_histogram,
+    padding_efficiency,
+    read_durations,
+    write_histogram_png,
+)
+from speechpipe.testing import sample_durations
+
+FIXTURE = Path(__file__).parent / "fixtures" / "librispeech" / "LibriSpeech"
+
+
+def _greedy(durations, budget):
+    """Direct computation: one sorted buffer packed greedily while n × longest <= budget."""
+    batches, batch = [], []
+    for d in sorted(durations):
+        if batch and (len(batch) + 1) * d > budget:
+            batches.append(batch)
+            batch = []
+        batch.append(d)
+    batches.append(batch)
+    real = sum(durations)
+    padded = sum(len(b) * max(b) for b in batches)
+    return real / padded, len(batches)
+
+
+@pytest.fixture(scope="module")
+def manifest(tmp_path_factory):
+    out = tmp_path_factory.mktemp("m")
+    return prepare_librispeech(FIXTURE, out, parts="dev-clean", progress=False)["dev-clean"]
+
+
+def test_stats_of_a_manifest_equal_a_direct_computation(manifest):
+    durations = [soundfile.info(str(p)).duration
+                 for p in sorted((FIXTURE / "dev-clean").rglob("*.flac"))]
+    stats = corpus_stats(manifest, budget_seconds=4.0)
+    assert stats.utterances == 3
+    assert stats.seconds == pytest.approx(sum(durations), abs=1e-9)
+    assert stats.hours == pytest.approx(sum(durations) / 3600)
+    for q in PERCENTILES:
+        assert stats.percentiles[q] == pytest.approx(np.percentile(durations, q))
+    efficiency, batches = _greedy(durations, 4.0)
+    assert stats.padding_efficiency == pytest.approx(efficiency)
+    assert stats.batches == batches
+    assert "utterances          3" in stats.report()
+
+
+def test_padding_efficiency_on_realistic_durations_equals_the_direct_computation():
+    durations = [float(d) for d in sample_durations("librispeech-train-clean-100", 500)]
+    stats = padding_efficiency(durations, 200.0, buffer_size=500)
+    efficiency, batches = _greedy(durations, 200.0)
+    assert stats.efficiency == pytest.approx(efficiency) and stats.batches == batches
+    small = padding_efficiency(durations, 200.0, buffer_size=20)
+    assert small.efficiency < stats.efficiency  # smaller sorted buffers pad more
+
+
+def test_durations_from_shard_index_folder_and_pattern(tmp_path):
+    folder = tmp_path / "shards"
+    folder.mkdir()
+    entries = [ShardEntry(f"data-{i:05d}.tar", 2, 10, (f"a{i}", f"b{i}"), (100 + i, 250))
+               for i in range(3)]
+    ShardIndex(str(folder), entries, "frames").write()
+    for e in entries:
+        (folder / e.name).write_bytes(b"")
+    assert read_durations(folder) == pytest.approx([1.0, 2.5, 1.01, 2.5, 1.02, 2.5])
+    pattern = str(folder / "data-{00001..00002}.tar")
+    assert read_durations(pattern) == pytest.approx([1.01, 2.5, 1.02, 2.5])
+    stats = corpus_stats([str(folder)], budget_seconds=5.0)
+    assert stats.utterances == 6 and stats.seconds == pytest.approx(10.53)
+
+
+def test_samples_and_seconds_units_of_an_index(tmp_path):
+    ShardIndex(str(tmp_path), [ShardEntry("d.tar", 1, 1, ("a",), (8000,))], "samples").write()
+    assert read_durations(tmp_path, sample_rate=16000) == [0.5]
+
+
+def test_manifest_line_without_duration_is_named(tmp_path):
+    path = tmp_path / "m.jsonl"
+    write_manifest(path, [{"key": "u1", "duration": 1.0}, {"key": "u2"}])
+    with pytest.raises(DataError, match=rf"{path}:2 \(key 'u2'\): manifest line has no "
+                                        "'duration'"):
+        read_durations(path)
+
+
+def test_absent_input_is_a_missing_data_error(tmp_path):
+    with pytest.raises(MissingDataError, match="no such manifest"):
+        read_durations(tmp_path / "nope.jsonl.gz")
+    with pytest.raises(MissingDataError, match="no shard index here"):
+        read_durations(tmp_path)
+
+
+def test_histogram_counts_every_utterance():
+    counts, edges = length_histogram([1.0, 1.2, 3.0, 5.0], bins=4)
+    assert counts == [2, 0, 1, 1] and edges == [1.0, 2.0, 3.0, 4.0, 5.0]
+
+
+def _chunks(data: bytes):
+    pos = 8
+    while pos < len(data):
+        (length,) = struct.unpack(">I", data[pos:pos + 4])
+        tag, body = data[pos + 4:pos + 8], data[pos + 8:pos + 8 + length]
+        (crc,) = struct.unpack(">I", data[pos + 8 + length:pos + 12 + length])
+        assert crc == zlib.crc32(tag + body) & 0xFFFFFFFF, tag
+        yield tag, body
+        pos += 12 + length
+
+
+def test_histogram_png_is_a_valid_png_of_the_asked_size_with_bars(tmp_path):
+    counts, edges = length_histogram(sample_durations("ljspeech", 300).tolist(), bins=30)
+    path = write_histogram_png(tmp_path / "h.png", counts, edges, width=400, height=200)
+    data = Path(path).read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    chunks = list(_chunks(data))
+    assert [t for t, _ in chunks][0] == b"IHDR" and chunks[-1][0] == b"IEND"
+    width, height, depth, color = struct.unpack(">IIBB", chunks[0][1][:10])
+    assert (width, height, depth, color) == (400, 200, 8, 2)
+    raw = zlib.decompress(b"".join(body for tag, body in chunks if tag == b"IDAT"))
+    assert len(raw) == height * (1 + 3 * width)
+    pixels = np.frombuffer(raw, np.uint8).reshape(height, 1 + 3 * width)[:, 1:]
+    pixels = pixels.reshape(height, width, 3)
+    assert ((pixels == (66, 114, 196)).all(axis=2)).sum() > 1000  # the bars are drawn
+
+
+def test_stats_command_prints_the_report_and_writes_the_png(manifest, tmp_path, capsys):
+    parser = argparse.ArgumentParser(prog="speechpipe")
+    add_stats_command(parser.add_subparsers(dest="command"))
+    png = tmp_path / "h.png"
+    args = parser.parse_args(["stats", str(manifest), "--budget", "4", "--png", str(png)])
+    assert args.func(args) == 0
+    out = capsys.readouterr().out
+    assert "utterances          3" in out and "padding efficiency" in out and str(png) in out
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    args = parser.parse_args(["stats", str(tmp_path / "nope.jsonl")])
+    assert args.func(args) == 2
+    assert "speechpipe stats: error: " in capsys.readouterr().err
+
+
+def test_stats_command_has_help(capsys):
+    parser = argparse.ArgumentParser(prog="speechpipe")
+    add_stats_command(parser.add_subparsers(dest="command"))
+    with pytest.raises(SystemExit) as info:
+        parser.parse_args(["stats", "--help"])
+    assert info.value.code == 0 and "--budget" in capsys.readouterr().out
