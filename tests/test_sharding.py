@@ -269,8 +269,8 @@ def test_every_rank_and_worker_computes_the_same_shard_order(shards, monkeypatch
             pipe = IterableWrapper(shards).sharded_shuffle(buffer_size=1, seed=9).set_epoch(1)
             seen[(rank, worker)] = shard_order(pipe)
     expected = shuffle_shards(shards, 9, 1)
-    for (rank, worker), order in seen.items():
-        assert order == expected[rank * 2 + worker::4]
+    for (rank, worker), order in seen.items():  # no index: round robin by rank, then worker
+        assert order == expected[rank::2][worker::2]
     assert sorted(s for order in seen.values() for s in order) == sorted(shards)
 
 
@@ -711,7 +711,10 @@ def test_epoch_plan_lists_this_process_shards_with_counts_and_bytes(uneven_shard
     assert [s.bytes for s in plan.shards] == [os.path.getsize(n) for n in plan.names]
     assert plan.total_count == 21
     other = pipe.epoch_plan(epoch=2, position=Position(rank=1, world_size=2))
-    assert other.names == shuffle_shards(uneven_shards, 3, 2)[1::2]
+    lengths = {p: 10.0 * (i + 1) for i, p in enumerate(uneven_shards)}  # as write_index
+    assert other.names == split_shards(shuffle_shards(uneven_shards, 3, 2),
+                                       Position(rank=1, world_size=2), weights=lengths)
+    assert other.total_count in (10, 11)  # with an index the ranks are balanced by length
     no_index = IterableWrapper(uneven_shards).sharded_shuffle(seed=3).set_epoch(1).epoch_plan()
     assert no_index.names == plan.names and no_index.total_count is None
 

@@ -439,6 +439,7 @@ def bucket_groups(
     boundaries: Sequence[float] | None,
     measure: Callable[[Any], Length],
     rng,
+    buckets: list[list] | None = None,
 ) -> Iterator[list]:
     """Groups of similar-length samples from a stream, holding at most ``buffer_size``.
 
@@ -447,6 +448,10 @@ def bucket_groups(
     bucket is emitted as one group sorted by length (ties in random order); at the end of the
     stream every non-empty bucket is emitted, in random order.
 
+    ``buckets`` (for resuming) is the list of ``len(boundaries) + 1`` buckets of
+    ``(length, tie, sample)`` to start from; it is updated in place, and after the end of the
+    stream it holds the groups still to be emitted, last first.
+
     >>> import random
     >>> groups = bucket_groups(iter([5, 1, 9, 2, 8, 3]), buffer_size=4, boundaries=[4],
     ...                        measure=lambda x: x, rng=random.Random(0))
@@ -454,8 +459,11 @@ def bucket_groups(
     [(1, 2), (3,), (5, 8, 9)]
     """
     cuts = list(boundaries or [])
-    buckets: list[list] = [[] for _ in range(len(cuts) + 1)]
-    held = 0
+    if buckets is None:
+        buckets = [[] for _ in range(len(cuts) + 1)]
+    elif len(buckets) != len(cuts) + 1:
+        raise ValueError(f"buckets must hold {len(cuts) + 1} buckets, got {len(buckets)}")
+    held = sum(len(b) for b in buckets)
     for sample in samples:
         n = measure(sample)
         buckets[bisect.bisect_right(cuts, _primary(n))].append((n, rng.random(), sample))
@@ -467,8 +475,9 @@ def bucket_groups(
             yield _sorted_group(group)
     rest = [b for b in buckets if b]
     rng.shuffle(rest)
-    for group in rest:
-        yield _sorted_group(group)
+    buckets[:] = rest[::-1]
+    while buckets:
+        yield _sorted_group(buckets.pop())
 
 
 def _sorted_group(group: list) -> list:
@@ -476,10 +485,13 @@ def _sorted_group(group: list) -> list:
     return [sample for _, _, sample in group]
 
 
-def shuffle_window(items: Iterable[Any], window: int, rng) -> Iterator[Any]:
+def shuffle_window(
+    items: Iterable[Any], window: int, rng, pool: list | None = None
+) -> Iterator[Any]:
     """Emit ``items`` in a random order within a sliding window of ``window`` items.
 
-    ``window=1`` keeps the order.
+    ``window=1`` keeps the order. ``pool`` (for resuming) is the window to start from; it is
+    updated in place, and after the end of ``items`` it holds the rest, last first.
 
     >>> import random
     >>> sorted(shuffle_window(range(10), 4, random.Random(0))) == list(range(10))
@@ -488,7 +500,8 @@ def shuffle_window(items: Iterable[Any], window: int, rng) -> Iterator[Any]:
     if window <= 1:
         yield from items
         return
-    pool: list = []
+    if pool is None:
+        pool = []
     for item in items:
         pool.append(item)
         if len(pool) >= window:
@@ -496,7 +509,9 @@ def shuffle_window(items: Iterable[Any], window: int, rng) -> Iterator[Any]:
             pool[i], pool[-1] = pool[-1], pool[i]
             yield pool.pop()
     rng.shuffle(pool)
-    yield from pool
+    pool.reverse()
+    while pool:
+        yield pool.pop()
 
 
 # --------------------------------------------------------------------------- pipes
@@ -526,8 +541,91 @@ def _check_seed(seed: int) -> int:
     return seed
 
 
+# --------------------------------------------------------------------------- resumable state
+# Exact mid-epoch resume is driven by speechpipe.loader.PipeDataset (its docstring has the
+# protocol). A pipe that holds samples between two of its yields names them in its state by
+# identity, (source, key); on restore the driver re-reads exactly those samples through the
+# stages above the pipe and hands them back in ``_resume_samples``.
+
+
+def _identity(item: Any) -> tuple[str, str]:
+    """``(source, key)`` of a sample held in a resumable state."""
+    if isinstance(item, Mapping) and isinstance(item.get(KEY), str):
+        return (str(item.get(SOURCE) or ""), item[KEY])
+    raise TypeError(
+        f"exact resume names the samples a stage holds by their 'key' (and 'source'), but it "
+        f"holds a {type(item).__name__}; resume a pipeline of sample dicts"
+    )
+
+
+def _ident_list(items: Iterable[Any]) -> list[list[str]]:
+    return [list(_identity(item)) for item in items]
+
+
+def _rng_state(state: Any) -> tuple:
+    """A ``random.Random`` state back from its stored form (tuples may come back as lists)."""
+    version, internal, gauss = state
+    return (version, tuple(internal), gauss)
+
+
+class _Resumable:
+    """``state_dict()``/``load_state_dict()`` of a pipe whose pass can be resumed exactly.
+
+    ``state_dict()`` describes the running pass (``{}`` outside a pass: start afresh);
+    ``load_state_dict(state)`` keeps it for the next pass. Subclasses set ``self._live`` (what
+    the running generator holds) and implement ``_snapshot(live)`` and ``_needs(state)`` (the
+    identities of the samples the state holds, which the driver re-reads).
+    """
+
+    _live: Any = None
+    _resume_state: dict | None = None
+    _resume_samples: dict | None = None
+    _passthrough: bool = False  # set by the driver during a replay pass for a stage below
+
+    def state_dict(self) -> dict:
+        """The state of the running pass (a small dict of ints, identities, rng states)."""
+        if self._resume_state is not None:
+            return dict(self._resume_state)
+        live = self._live
+        return {} if live is None else self._snapshot(live)
+
+    def load_state_dict(self, state: Mapping) -> None:
+        """Resume the next pass from ``state`` (``{}``: start afresh)."""
+        if not isinstance(state, Mapping):
+            raise TypeError(f"state must be a dict from state_dict(), got {state!r}")
+        self._resume_state = dict(state) if state else None
+        self._resume_samples = None
+
+    def _snapshot(self, live: Any) -> dict:
+        raise NotImplementedError
+
+    def _needs(self, state: dict) -> list[tuple[str, str]]:
+        return []
+
+    def _resume_needs(self) -> list[tuple[str, str]]:
+        return [] if self._resume_state is None else self._needs(self._resume_state)
+
+    def _take_resume(self) -> tuple[dict | None, dict]:
+        state, samples = self._resume_state, self._resume_samples or {}
+        self._resume_state = self._resume_samples = None
+        return state, samples
+
+
+def _held(samples: Mapping, ident: Any) -> Any:
+    key = tuple(ident)
+    if key not in samples:
+        raise DataError("resume: a held sample was not found when re-reading",
+                        source=key[0], key=key[1])
+    return samples[key]
+
+
+def _until_end(items: Iterable[Any], live: dict) -> Iterator[Any]:
+    yield from items
+    live["drain"] = True
+
+
 @functional_datapipe("bucket_by_length")
-class LengthBucketerIterDataPipe(_Seeded, IterDataPipe[list]):
+class LengthBucketerIterDataPipe(_Seeded, _Resumable, IterDataPipe[list]):
     """Group samples of similar length within a buffer (functional name: ``bucket_by_length``).
 
     Consumes samples; yields **groups**: lists of samples of similar length, each sorted by
@@ -602,23 +700,63 @@ class LengthBucketerIterDataPipe(_Seeded, IterDataPipe[list]):
         return self._estimated
 
     def __iter__(self) -> Iterator[list]:
+        if self._passthrough:  # a replay pass for a stage below (speechpipe.loader)
+            yield from self.source_datapipe
+            return
+        state, samples = self._take_resume()
         rng = self._rng("bucket_by_length")
-        it = iter(self.source_datapipe)
+        measure = self.constraint.measure
         head: list = []
-        needs_head = self.num_buckets is not None and self.boundaries is None
-        if needs_head and self._estimated is None:
-            for sample in it:
-                head.append(sample)
-                if len(head) >= self.buffer_size:
-                    break
-        boundaries = self._boundaries(head)
-        yield from bucket_groups(
-            _chain(head, it),
-            buffer_size=self.buffer_size,
-            boundaries=boundaries,
-            measure=self.constraint.measure,
-            rng=rng,
-        )
+        if state is None:
+            it = iter(self.source_datapipe)
+            needs_head = self.num_buckets is not None and self.boundaries is None
+            if needs_head and self._estimated is None:
+                for sample in it:
+                    head.append(sample)
+                    if len(head) >= self.buffer_size:
+                        break
+            boundaries = self._boundaries(head)
+            buckets: list[list] = [[] for _ in range(len(boundaries or []) + 1)]
+            live = {"rng": rng, "buckets": buckets, "drain": False}
+        else:  # resuming: the buckets as they were, the samples re-read by the driver
+            if state.get("estimated") is not None:
+                self._estimated = [float(b) for b in state["estimated"]]
+            rng.setstate(_rng_state(state["rng"]))
+            buckets = [[(measure(s), tie, s) for s, tie in
+                        ((_held(samples, ident), tie) for *ident, tie in bucket)]
+                       for bucket in state["buckets"]]
+            live = {"rng": rng, "buckets": buckets, "drain": bool(state["drain"])}
+            boundaries = None if live["drain"] else self._boundaries(head)
+            it = iter(()) if live["drain"] else iter(self.source_datapipe)
+        self._live = live
+        try:
+            if live["drain"]:  # the stream had ended: what is left, in the order drawn
+                while buckets:
+                    yield _sorted_group(buckets.pop())
+                return
+            yield from bucket_groups(
+                _until_end(_chain(head, it), live),
+                buffer_size=self.buffer_size,
+                boundaries=boundaries,
+                measure=measure,
+                rng=rng,
+                buckets=buckets,
+            )
+        finally:
+            self._live = None
+
+    def _snapshot(self, live: dict) -> dict:
+        return {
+            "epoch": self.epoch,
+            "estimated": self._estimated,
+            "rng": live["rng"].getstate(),
+            "drain": live["drain"],
+            "buckets": [[[*_identity(s), tie] for _, tie, s in bucket]
+                        for bucket in live["buckets"]],
+        }
+
+    def _needs(self, state: dict) -> list[tuple[str, str]]:
+        return [(src, key) for bucket in state["buckets"] for src, key, _ in bucket]
 
     @property
     def estimated_boundaries(self) -> list[float] | None:
@@ -635,7 +773,7 @@ LengthBucketer = LengthBucketerIterDataPipe
 
 
 @functional_datapipe("block_batch")
-class BlockBatcherIterDataPipe(_Seeded, IterDataPipe[list]):
+class BlockBatcherIterDataPipe(_Seeded, _Resumable, IterDataPipe[list]):
     """Pack samples into batches within a budget (functional name: ``block_batch``).
 
     Consumes samples, or groups of samples from ``bucket_by_length`` (each group is packed on
@@ -698,28 +836,91 @@ class BlockBatcherIterDataPipe(_Seeded, IterDataPipe[list]):
         self.epoch = 0
         self.stats = BatchStats("block_batch")
 
-    def _batches(self) -> Iterator[list]:
+    def _batches(self, live: dict) -> Iterator[list]:
+        # live["pending"]: batches packed from the current group, not yet in the window;
+        # live["open"]: samples of the open batch (a plain stream of samples).
+        pending, kwargs = live["pending"], dict(oversize=self.oversize, stats=self.stats,
+                                                lengths=self.constraint.measure)
+        while pending:
+            yield pending.pop(0)
         it = iter(self.source_datapipe)
-        first = next(it, _END)
-        if first is _END:
-            return
-        stream = _chain([first], it)
-        kwargs = dict(oversize=self.oversize, stats=self.stats, lengths=self.constraint.measure)
-        if not isinstance(first, list):  # a plain stream of samples
-            yield from pack_batches(stream, self.constraint, **kwargs)
-            return
-        for group in stream:  # groups from bucket_by_length: no batch spans two groups
-            if not isinstance(group, list):
-                raise TypeError(
-                    f"block_batch got a {type(group).__name__} after groups (lists); feed it "
-                    "either samples or the groups of bucket_by_length, not both"
-                )
-            yield from pack_batches(group, self.constraint, **kwargs)
+        if live["mode"] is None:
+            first = next(it, _END)
+            if first is _END:
+                live["drain"] = True
+                return
+            live["mode"] = "groups" if isinstance(first, list) else "samples"
+            it = _chain([first], it)
+        if live["mode"] == "samples":  # a plain stream of samples
+            open_ = live["open"]
+            stream = self._tracked(_chain(open_[:], it), open_)
+            del open_[:]
+            for batch in pack_batches(stream, self.constraint, **kwargs):
+                packed = {id(s) for s in batch}
+                open_[:] = [s for s in open_ if id(s) not in packed]
+                yield batch
+        else:
+            for group in it:  # groups from bucket_by_length: no batch spans two groups
+                if not isinstance(group, list):
+                    raise TypeError(
+                        f"block_batch got a {type(group).__name__} after groups (lists); feed "
+                        "it either samples or the groups of bucket_by_length, not both"
+                    )
+                pending.extend(pack_batches(group, self.constraint, **kwargs))
+                while pending:
+                    yield pending.pop(0)
+        live["drain"] = True
+
+    def _tracked(self, samples: Iterable[Any], open_: list) -> Iterator[Any]:
+        """Record the samples read into the open batch (those packing will not drop)."""
+        c, drop = self.constraint, self.oversize == "drop"
+        for sample in samples:
+            if not drop or c.within(c.add(c.empty(), c.measure(sample))):
+                open_.append(sample)
+            yield sample
 
     def __iter__(self) -> Iterator[list]:
+        if self._passthrough:  # a replay pass for a stage below (speechpipe.loader)
+            yield from self.source_datapipe
+            return
+        state, samples = self._take_resume()
         self.stats.reset()
         rng = self._rng("block_batch")
-        yield from shuffle_window(self._batches(), self.shuffle_window, rng)
+        live = {"rng": rng, "mode": None, "pending": [], "open": [], "pool": [], "drain": False}
+        if state is not None:  # resuming: the driver re-read the held samples
+            rng.setstate(_rng_state(state["rng"]))
+            live.update(
+                mode=state["mode"], drain=bool(state["drain"]),
+                pool=[[_held(samples, i) for i in batch] for batch in state["pool"]],
+                pending=[[_held(samples, i) for i in batch] for batch in state["pending"]],
+                open=[_held(samples, i) for i in state["open"]],
+            )
+        self._live = live
+        try:
+            if live["drain"]:  # the stream had ended: the window's rest, in the order drawn
+                pool = live["pool"]
+                while pool:
+                    yield pool.pop()
+                return
+            yield from shuffle_window(self._batches(live), self.shuffle_window, rng,
+                                      pool=live["pool"])
+        finally:
+            self._live = None
+
+    def _snapshot(self, live: dict) -> dict:
+        return {
+            "epoch": self.epoch,
+            "rng": live["rng"].getstate(),
+            "drain": live["drain"],
+            "mode": live["mode"],
+            "pool": [_ident_list(batch) for batch in live["pool"]],
+            "pending": [_ident_list(batch) for batch in live["pending"]],
+            "open": _ident_list(live["open"]),
+        }
+
+    def _needs(self, state: dict) -> list[tuple[str, str]]:
+        batches = state["pool"] + state["pending"] + [state["open"]]
+        return [tuple(ident) for batch in batches for ident in batch]
 
 
 _END = object()

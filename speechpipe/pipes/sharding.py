@@ -39,7 +39,7 @@ import re
 import struct
 import urllib.parse
 from dataclasses import dataclass
-from typing import Any, BinaryIO, Iterable, Iterator, Sequence
+from typing import Any, BinaryIO, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 from kaldiio.matio import read_kaldi
@@ -50,7 +50,8 @@ from ..index import ShardEntry, ShardIndex
 from ..sample import FEATS, KEY, SOURCE, Sample
 from ..seeding import Position, derive_rng, process_position
 from ._base import IterDataPipe, functional_datapipe
-from .batching import _check_seed, _Seeded
+from .batching import _chain, _check_seed, _held, _ident_list, _Resumable, _rng_state, _Seeded
+from .distributed import ShardSplit, assign_shards
 from .kaldi import read_scp_table
 from .shards import group_by_key, iter_tar_members
 from .sources import is_url, open_stream
@@ -115,33 +116,49 @@ def shuffle_shards(names: Iterable[str], seed: int, epoch: int) -> list[str]:
     return order
 
 
-def split_shards(names: Sequence[str], position: Position) -> list[str]:
-    """The shards this process reads: every ``k``-th shard of ``names``, from its slot on.
+def split_shards(
+    names: Sequence[str],
+    position: Position,
+    *,
+    weights: Mapping[str, float] | None = None,
+    split: ShardSplit | None = None,
+) -> list[str]:
+    """The shards this process reads: its part of :func:`~speechpipe.pipes.distributed.
+    assign_shards` for ``position``.
 
-    With ``world_size`` ranks of ``num_workers`` DataLoader workers there are
-    ``k = world_size * num_workers`` slots; rank ``r``'s worker ``w`` has slot
-    ``r * num_workers + w`` and reads ``names[slot::k]``. Given the same ``names`` everywhere
-    (:func:`shuffle_shards`), the processes read disjoint parts whose union is every shard
-    once. Counts differ by at most one shard (and by the shards' sizes): with fewer shards than
-    slots some processes read nothing. A duration-balanced split for DDP will replace this
-    function; it is the one place that decides who reads what.
+    The epoch's order is split first between the ``world_size`` ranks, then each rank's part
+    between its ``num_workers`` DataLoader workers -- balanced by total length when
+    ``weights`` (total length per shard, from the index) are given, else round robin by count
+    (rank ``r`` gets ``names[r::world_size]``, its worker ``w`` every ``num_workers``-th of
+    those). Given the same ``names`` everywhere (:func:`shuffle_shards`), the processes read
+    disjoint parts whose union is every shard once (unless ``split`` equalises counts by
+    repeating or dropping shards). A rank's shards do not depend on the number of workers.
+    This is the one place that decides who reads what.
 
     Args:
         names: the epoch's shard order, identical on every process.
         position: this process (:func:`speechpipe.seeding.process_position`).
+        weights: ``{name: total length}`` to balance by length.
+        split: a :class:`~speechpipe.pipes.distributed.ShardSplit` (balance, equal counts).
 
     >>> from speechpipe.seeding import Position
     >>> names = ["a", "b", "c", "d", "e"]
     >>> split_shards(names, Position(rank=0, world_size=1, worker=1, num_workers=2))
     ['b', 'd']
     >>> split_shards(names, Position(rank=1, world_size=2, worker=0, num_workers=2))
-    ['c']
+    ['b']
+    >>> split_shards(names, Position(rank=1, world_size=2),
+    ...              weights={"a": 5, "b": 1, "c": 1, "d": 1, "e": 1})
+    ['b', 'c', 'd', 'e']
     """
     slots = position.world_size * position.num_workers
     slot = position.rank * position.num_workers + position.worker
-    if not 0 <= slot < slots:
+    if not (0 <= position.rank < position.world_size and 0 <= position.worker
+            < position.num_workers) or not 0 <= slot < slots:
         raise ValueError(f"position {position} is outside its own world and worker counts")
-    return list(names[slot::slots])
+    assignment = assign_shards(names, world_size=position.world_size,
+                               num_workers=position.num_workers, weights=weights, split=split)
+    return assignment.shards(position.rank, position.worker)
 
 
 # --------------------------------------------------------------------------------------------
@@ -435,18 +452,64 @@ def _read_shards(
     allow_pipes: bool,
     on_error: str,
     diagnostics: Diagnostics,
+    live: dict | None = None,
+    start: int = 0,
+    skip: int = 0,
+    wanted: set[str] | None = None,
+    picked: dict | None = None,
 ) -> Iterator[Sample]:
-    """Samples of each shard in turn; under ``"skip"`` a bad shard is counted and left."""
-    for name in names:
+    """Samples of each shard in turn; under ``"skip"`` a bad shard is counted and left.
+
+    For resuming: reading starts at ``names[start]``, whose first ``skip`` samples are read but
+    not yielded (those with a key in ``wanted`` go to ``picked``); ``live`` records the
+    position (``"shard"``, ``"offset"``: samples read from it) and ``"drain"`` at the end.
+    """
+    names = list(names)
+    live = {} if live is None else live
+    for i in range(start, len(names)):
+        name = names[i]
+        live["shard"], live["offset"] = i, 0
         if name.startswith("pipe:") and not allow_pipes:  # a setup error: never skipped
             raise UnsafeInputError(
                 "refusing to run a shell command; pass allow_pipes=True to read 'pipe:' shards",
                 source=name,
             )
         try:
-            yield from read_shard(name, format=format, allow_pipes=allow_pipes)
+            for sample in read_shard(name, format=format, allow_pipes=allow_pipes):
+                live["offset"] += 1
+                if live["offset"] <= skip:
+                    if wanted and sample[KEY] in wanted:
+                        picked[(name, sample[KEY])] = sample
+                    continue
+                yield sample
         except (DataError, MissingDataError) as err:
             diagnostics.handle(on_error, err, _skip_reason(err))
+        skip = 0
+    live["drain"] = True
+
+
+def _pick_samples(wanted: Mapping[str, set[str]], *, format: str, allow_pipes: bool) -> dict:
+    """``{(shard, key): sample}`` for the wanted keys of each shard, each shard read from its
+    start up to the last wanted key only (resuming)."""
+    found: dict = {}
+    for name, keys in wanted.items():
+        left = set(keys)
+        if not left:
+            continue
+        shard = read_shard(name, format=format, allow_pipes=allow_pipes)
+        try:
+            for sample in shard:
+                if sample[KEY] in left:
+                    found[(name, sample[KEY])] = sample
+                    left.discard(sample[KEY])
+                    if not left:
+                        break
+        finally:
+            shard.close()
+        if left:
+            raise DataError(f"resume: {len(left)} held sample(s) are not in the shard any more",
+                            source=name, key=sorted(left)[0])
+    return found
 
 
 # --------------------------------------------------------------------------------------------
@@ -454,7 +517,9 @@ def _read_shards(
 # --------------------------------------------------------------------------------------------
 
 
-def shuffle_buffer(samples: Iterable[Any], buffer_size: int, rng) -> Iterator[Any]:
+def shuffle_buffer(
+    samples: Iterable[Any], buffer_size: int, rng, buffer: list | None = None
+) -> Iterator[Any]:
     """Shuffle a stream in a buffer of ``buffer_size`` items.
 
     Each item read goes into the buffer; once it holds ``buffer_size`` items, a uniformly
@@ -467,6 +532,7 @@ def shuffle_buffer(samples: Iterable[Any], buffer_size: int, rng) -> Iterator[An
         samples: the stream.
         buffer_size: items held, ``>= 1``.
         rng: a ``random.Random``.
+        buffer: the buffer to start from (resuming); updated in place.
 
     >>> import random
     >>> list(shuffle_buffer(range(5), 1, random.Random(0)))
@@ -476,7 +542,8 @@ def shuffle_buffer(samples: Iterable[Any], buffer_size: int, rng) -> Iterator[An
     """
     if not isinstance(buffer_size, int) or buffer_size < 1:
         raise ValueError(f"buffer_size must be an int >= 1, got {buffer_size!r}")
-    buffer: list = []
+    if buffer is None:
+        buffer = []
     for item in samples:
         buffer.append(item)
         if len(buffer) >= buffer_size:
@@ -764,7 +831,7 @@ def kaldi_arks(data_dir_or_feats_scp: str | os.PathLike) -> list[str]:
 
 
 @functional_datapipe("sharded_shuffle")
-class ShardedShufflerIterDataPipe(_Seeded, IterDataPipe[Sample]):
+class ShardedShufflerIterDataPipe(_Seeded, _Resumable, IterDataPipe[Sample]):
     """Read shards in shuffled order, then shuffle samples (functional name: ``sharded_shuffle``).
 
     Consumes shard names -- paths, ``http(s)://`` URLs or (opt-in) ``pipe:`` commands, e.g.
@@ -779,16 +846,20 @@ class ShardedShufflerIterDataPipe(_Seeded, IterDataPipe[Sample]):
 
     1. the shard names are read from the source and shuffled with ``(seed, epoch)`` -- the
        same order on every rank and worker (:func:`shuffle_shards`);
-    2. this process keeps its part: every ``k``-th shard for its (rank, DataLoader worker)
-       slot among ``k`` = ranks x workers (:func:`split_shards`; ranks come from
-       ``torch.distributed`` when it is initialised). Do not add ``sharding_filter``: the
-       split is done here, at the shard level;
+    2. this process keeps its part (:func:`split_shards`): the order is split between the
+       ranks (rank and world size from ``torch.distributed`` when it is initialised), then
+       between each rank's DataLoader workers -- with an index, balanced by total length,
+       else round robin by count; ``split`` can also make shard counts per rank equal
+       (:class:`~speechpipe.pipes.distributed.ShardSplit`). Do not add ``sharding_filter``:
+       the split is done here, at the shard level;
     3. its shards are opened and read sequentially, one at a time (:func:`read_shard`);
     4. samples are shuffled in a buffer of ``buffer_size`` (:func:`shuffle_buffer`) seeded
        with ``(seed, epoch, rank, worker)``.
 
     ``set_epoch(e)`` (or ``speechpipe.set_epoch``) changes both orders; the same seed and
-    epoch give the same output. Every sample of every shard comes out once per epoch.
+    epoch give the same output. Every sample of every shard comes out once per epoch (over
+    all ranks and workers; ``ShardSplit(equalize=...)`` repeats or drops whole shards,
+    counted in :func:`~speechpipe.pipes.distributed.shard_assignment`).
 
     **Length.** With ``index``, ``len()`` is exact: the sum of the index counts of the shards
     this process reads in the current epoch -- every shard in the main process; inside a
@@ -810,6 +881,9 @@ class ShardedShufflerIterDataPipe(_Seeded, IterDataPipe[Sample]):
             :class:`~speechpipe.index.ShardIndex` (for URLs: an entry matches the URL sharing
             the longest tail of path components).
         allow_pipes: allow ``pipe:`` names (shell commands whose stdout is the shard).
+        split: how shards are split between ranks and workers
+            (:class:`~speechpipe.pipes.distributed.ShardSplit`; default: balanced by length
+            with an index, by count without, shard counts per rank not equalised).
         on_error: ``"raise"`` (default): a missing, truncated or corrupt shard raises a
             :class:`~speechpipe.errors.DataError` (or ``MissingDataError``) naming it;
             ``"skip"``: the rest of that shard is skipped -- samples already read from it
@@ -842,6 +916,7 @@ class ShardedShufflerIterDataPipe(_Seeded, IterDataPipe[Sample]):
         seed: int = 0,
         index: ShardIndex | bool | None = None,
         allow_pipes: bool = False,
+        split: ShardSplit | None = None,
         on_error: str = "raise",
     ) -> None:
         if isinstance(source_datapipe, (str, bytes, os.PathLike)):
@@ -865,6 +940,11 @@ class ShardedShufflerIterDataPipe(_Seeded, IterDataPipe[Sample]):
             index = None
         if not (index is None or index is True or isinstance(index, ShardIndex)):
             raise TypeError(f"index must be None, True or a ShardIndex, got {index!r}")
+        if split is None:
+            split = ShardSplit()
+        if not isinstance(split, ShardSplit):
+            raise TypeError(f"split must be a ShardSplit (speechpipe.pipes.distributed), "
+                            f"got {split!r}")
         self.source_datapipe = source_datapipe
         self.buffer_size = buffer_size
         self.format = format
@@ -872,6 +952,7 @@ class ShardedShufflerIterDataPipe(_Seeded, IterDataPipe[Sample]):
         self.epoch = 0
         self.index = index
         self.allow_pipes = bool(allow_pipes)
+        self.split = split
         self.on_error = check_on_error(on_error)
         self.diagnostics = Diagnostics("sharded_shuffle")
         self._loaded_index: ShardIndex | None = None  # index=True: read lazily, then kept
@@ -928,7 +1009,8 @@ class ShardedShufflerIterDataPipe(_Seeded, IterDataPipe[Sample]):
             raise TypeError(f"position must be a speechpipe.seeding.Position, got {position!r}")
         names = self._names()
         entries = self._entries(names)
-        mine = split_shards(shuffle_shards(names, self.seed, epoch), position)
+        mine = split_shards(shuffle_shards(names, self.seed, epoch), position,
+                            weights=_weights(entries), split=self.split)
         shards = tuple(
             PlannedShard(n) if entries is None
             else PlannedShard(n, entries[n].count, entries[n].bytes)
@@ -937,21 +1019,130 @@ class ShardedShufflerIterDataPipe(_Seeded, IterDataPipe[Sample]):
         return EpochPlan(epoch, position, shards)
 
     def __iter__(self) -> Iterator[Sample]:
+        if self._replay_request is not None:  # re-read samples held below (speechpipe.loader)
+            request, self._replay_request = self._replay_request, None
+            yield from self._replay(request)
+            return
+        prepared, self._prepared = self._prepared, None
+        if prepared is None:
+            prepared = self._start(self._take_resume()[0], [])
+        samples, draining, live = prepared
+        self._live = live
+        try:
+            if draining:  # the shards had ended: the buffer's rest, in the order drawn
+                while live["buffer"]:
+                    yield live["buffer"].pop()
+            else:
+                yield from shuffle_buffer(samples, self.buffer_size, live["rng"],
+                                          buffer=live["buffer"])
+        finally:
+            self._live = self._replay_cache = None
+        self.diagnostics.warn_if_skipped()
+
+    def _start(self, state: dict | None, needs: list) -> tuple[Iterator[Sample], bool, dict]:
+        """Plan this process's epoch and open the reader: from the start, or where ``state``
+        stood (then also reading the ``needs`` of the stages below, see :meth:`_resume`)."""
         position = process_position()
         names = self._names()
-        self._entries(names)  # read the index (once) before any shard is opened
-        mine = split_shards(shuffle_shards(names, self.seed, self.epoch), position)
+        entries = self._entries(names)  # read the index (once) before any shard is opened
+        mine = split_shards(shuffle_shards(names, self.seed, self.epoch), position,
+                            weights=_weights(entries), split=self.split)
         self.diagnostics.reset()
         rng = derive_rng(self.seed, self.epoch, position.rank, position.worker, _SAMPLES_SALT)
-        samples = _read_shards(
-            mine,
-            format=self.format,
-            allow_pipes=self.allow_pipes,
-            on_error=self.on_error,
-            diagnostics=self.diagnostics,
-        )
-        yield from shuffle_buffer(samples, self.buffer_size, rng)
-        self.diagnostics.warn_if_skipped()
+        live = {"rng": rng, "buffer": [], "shard": 0, "offset": 0, "drain": False, "plan": mine}
+        if state is None:
+            return self._read(mine, live), False, live
+        samples, draining = self._resume(state, mine, entries, live, needs)
+        return samples, draining, live
+
+    # -- exact resume (driven by speechpipe.loader.PipeDataset)
+
+    _replay_request: list | None = None  # samples held below, to read again (set by the driver)
+    _replay_cache: dict | None = None  # those samples, read once by _prepare_resume
+    _prepared: tuple | None = None  # the reader positioned by _prepare_resume
+
+    def _prepare_resume(self, needs: list) -> None:
+        """Position the reader where the loaded state stood and read, once, both the samples
+        of its own buffer and ``needs`` (held by the stages below; served to their replay
+        passes from a cache)."""
+        state, _ = self._take_resume()
+        if state is not None:
+            self._prepared = self._start(state, needs)
+
+    def _drop_prepared(self) -> None:
+        prepared, self._prepared, self._replay_cache = self._prepared, None, None
+        if prepared is not None:
+            close = getattr(prepared[0], "close", None)
+            if close is not None:
+                close()
+
+    def _read(self, mine: list[str], live: dict, **resume: Any) -> Iterator[Sample]:
+        return _read_shards(mine, format=self.format, allow_pipes=self.allow_pipes,
+                            on_error=self.on_error, diagnostics=self.diagnostics, live=live,
+                            **resume)
+
+    def _snapshot(self, live: dict) -> dict:
+        plan, shard = live["plan"], live["shard"]
+        return {
+            "epoch": self.epoch,
+            "shards": len(plan),
+            "name": plan[shard] if shard < len(plan) else None,
+            "shard": shard,
+            "offset": live["offset"],
+            "drain": live["drain"],
+            "rng": live["rng"].getstate(),
+            "buffer": _ident_list(live["buffer"]),
+        }
+
+    def _resume(self, state: dict, mine: list[str], entries: dict | None, live: dict,
+                needs: list):
+        """Position the reader where ``state`` stood and rebuild the shuffle buffer.
+
+        Shards before the current one are not opened, except to re-read the samples still held
+        (in this buffer, or ``needs`` of the stages below): each such shard once, from its
+        start up to its last held sample. The current shard's first ``offset`` samples are read
+        once (held ones kept) and not yielded; with an index, a finished shard is not opened.
+        """
+        start, skip = state["shard"], state["offset"]
+        name = mine[start] if start < len(mine) else None
+        if len(mine) != state["shards"] or name != state["name"]:
+            raise DataError(
+                f"resume: this process reads {len(mine)} shards this epoch but the state was "
+                f"saved reading {state['shards']} (at {state['name']!r}); the shard list, index, "
+                "split, seed, epoch or number of workers changed",
+                source=name,
+            )
+        live["rng"].setstate(_rng_state(state["rng"]))
+        live["shard"], live["offset"] = start, skip
+        wanted: dict[str, set[str]] = {}
+        for src, key in list(state["buffer"]) + list(needs):
+            wanted.setdefault(src, set()).add(key)
+        picked: dict = {}
+        samples: Iterator[Sample] = iter(())
+        if state["drain"]:
+            live["drain"] = True
+        else:
+            if name is not None and entries is not None and skip >= entries[name].count:
+                start, skip = start + 1, 0  # finished: not opened again
+            reader = self._read(mine, live, start=start, skip=skip, wanted=wanted.get(name),
+                                picked=picked)
+            first = next(reader, _END)  # reads the skipped part, picking held samples in it
+            samples = reader if first is _END else _chain([first], reader)
+        rest = {src: {k for k in keys if (src, k) not in picked} for src, keys in wanted.items()}
+        picked.update(_pick_samples(rest, format=self.format, allow_pipes=self.allow_pipes))
+        live["buffer"][:] = [_held(picked, ident) for ident in state["buffer"]]
+        self._replay_cache = picked
+        return samples, bool(state["drain"])
+
+    def _replay(self, request: list) -> Iterator[Sample]:
+        found = self._replay_cache
+        if found is None or any(tuple(ident) not in found for ident in request):
+            wanted: dict[str, set[str]] = {}
+            for src, key in request:
+                wanted.setdefault(src, set()).add(key)
+            found = _pick_samples(wanted, format=self.format, allow_pipes=self.allow_pipes)
+        for ident in request:
+            yield _held(found, ident)
 
     def __len__(self) -> int:
         if self.index is None:
@@ -962,5 +1153,14 @@ class ShardedShufflerIterDataPipe(_Seeded, IterDataPipe[Sample]):
             )
         return self.epoch_plan().total_count
 
+
+def _weights(entries: dict[str, ShardEntry] | None) -> dict[str, float] | None:
+    """Total length per shard name (what the split balances), or None without an index."""
+    if entries is None:
+        return None
+    return {name: entry.total_length for name, entry in entries.items()}
+
+
+_END = object()
 
 ShardedShuffler = ShardedShufflerIterDataPipe

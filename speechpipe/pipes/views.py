@@ -45,6 +45,7 @@ from .batching import (
     BatchStats,
     PaddedArea,
     TwoDimensional,
+    _Resumable,
     pack_batches,
 )
 from .kaldi import read_scp_table
@@ -998,7 +999,7 @@ class ViewSampler:
 # --------------------------------------------------------------------------- the pipe
 
 
-class ViewLoaderIterDataPipe(IterDataPipe[list]):
+class ViewLoaderIterDataPipe(_Resumable, IterDataPipe[list]):
     """Load the batches of a :class:`BatchView` from a map (functional name: ``batch_by_view``).
 
     Registered on ``MapDataPipe``: ``map_dp.batch_by_view(view)``. Consumes a ``MapDataPipe``
@@ -1106,24 +1107,37 @@ class ViewLoaderIterDataPipe(IterDataPipe[list]):
 
     def __iter__(self) -> Iterator[list]:
         rank, worker, workers = self._position()
-        keys_per_step = self.view.batches(self.epoch, rank=rank, start_step=self.start_step)
+        state, _ = self._take_resume()
+        epoch, start_step, first = self.epoch, self.start_step, worker
+        if state is not None:  # resuming (speechpipe.loader): this copy's next step
+            epoch, start_step, first = state["epoch"], state["start_step"], state["next"]
+        keys_per_step = self.view.batches(epoch, rank=rank, start_step=start_step)
         source = self.source_datapipe
-        for step, keys in enumerate(keys_per_step):
-            if step % workers != worker:
-                continue
-            batch = []
-            for key in keys:
-                try:
-                    batch.append(source[key])
-                except KeyError as exc:
-                    raise DataError(
-                        f"batch_by_view: key of the view not found in the source: {exc!r}",
-                        key=key,
-                    ) from exc
-            yield batch
+        live = self._live = {"epoch": epoch, "start_step": start_step, "next": first}
+        try:
+            for step in range(first, len(keys_per_step), workers):
+                keys = keys_per_step[step]
+                live["next"] = step + workers
+                batch = []
+                for key in keys:
+                    try:
+                        batch.append(source[key])
+                    except KeyError as exc:
+                        raise DataError(
+                            f"batch_by_view: key of the view not found in the source: {exc!r}",
+                            key=key,
+                        ) from exc
+                yield batch
+        finally:
+            self._live = None
 
     def __len__(self) -> int:
         return len(self.view) - self.start_step
+
+    def _snapshot(self, live: dict) -> dict:
+        """Epoch, ``start_step`` and the next step this copy loads: nothing is held, so a
+        resumed pass loads nothing it skips."""
+        return dict(live)
 
 
 ViewLoader = ViewLoaderIterDataPipe

@@ -1,0 +1,527 @@
+"""The loader a training script needs, in one call; epochs that reach the workers; exact resume.
+
+:func:`build_loader` wraps a pipeline (``sharded_shuffle -> decode -> bucket_by_length ->
+block_batch -> collate``, or ``batch_by_view -> collate``) in what a training loop uses::
+
+    loader = build_loader(pipe, num_workers=4, prefetch_factor=2, pin_memory=True,
+                          persistent_workers=True, device="cuda", seed=0)
+    for epoch in range(start_epoch, epochs):
+        loader.set_epoch(epoch)
+        for batch in loader:              # padded tensors, on the device
+            ...
+            if step % 1000 == 0:
+                torch.save({"loader": loader.state_dict(), ...}, "ckpt.pt")
+
+and after a preemption, in a new process, ``loader.load_state_dict(ckpt["loader"])`` makes the
+next batches exactly those the uninterrupted run would have seen (``loader.epoch`` says which
+epoch to continue).
+
+**What runs where.** The pipeline runs in each DataLoader worker (:class:`PipeDataset`, an
+``IterableDataset``); batching and collation happen there too, so that one transfer between
+processes carries a whole padded batch (``benchmarks/bench_e2e.py`` measures the difference
+with per-utterance transfers). Pinning happens in the DataLoader's pin thread, the move to
+``device`` (``non_blocking`` when pinned) and the uneven-input stage
+(:class:`~speechpipe.pipes.distributed.EqualSteps`) in the main process.
+
+**Workers, sharding, seeds.** In worker ``w`` of ``n`` (rank ``r`` of ``W``), speechpipe's
+pipes find their position themselves (``sharded_shuffle`` splits shards, ``batch_by_view``
+takes every ``n``-th batch), and pipes with ``apply_sharding`` (torch's ``sharding_filter``)
+are told ``(W * n, w * W + r)`` as torch's DataLoader does. Random pipes derive their seeds
+from ``(seed, epoch, rank, worker)``; torch's ``shuffle`` stages get a seed from ``(seed,
+epoch)``, the same in every worker (so that a ``sharding_filter`` after one splits one order).
+The workers' global ``random``/``numpy``/``torch`` seeds come from a generator seeded with
+``seed``. So every sample comes out once per epoch, whatever the number of workers.
+
+**Epochs reach persistent workers.** With ``persistent_workers=True`` each worker keeps its
+own copy of the pipeline across epochs, so ``set_epoch`` on the main process's pipeline would
+not reach it. The epoch therefore lives in shared memory (:class:`SharedEpoch`, a
+``multiprocessing`` value created with the dataset and inherited by the workers):
+``loader.set_epoch(e)`` writes it, and every worker reads it when its next pass starts and
+sets it on its copy (``speechpipe.set_epoch``). Call ``set_epoch`` before iterating.
+
+**Exact resume** (torchdata's ``StatefulDataLoader``). The DataLoader asks the dataset for
+``state_dict()`` in each worker after each batch (every ``snapshot_every`` batches) and gives it
+back with ``load_state_dict()`` in the new process. :class:`PipeDataset`'s state is the epoch
+and, for each resumable pipe of the graph (``sharded_shuffle``, ``bucket_by_length``,
+``block_batch``, ``batch_by_view``, ``prefetch_in_thread``, ``map_in_threads``), a small dict:
+positions, random generator states, and the samples each holds **by identity**
+``(shard, key)``, never their data. On restore:
+
+1. ``sharded_shuffle`` recomputes this worker's plan (the same epoch, seed and shard list) and
+   starts at the shard it was reading: earlier shards are not opened, the current one's first
+   ``offset`` samples are read (raw bytes, not decoded) and dropped -- with an index, a shard
+   that was finished is not opened at all;
+2. the samples that were in its shuffle buffer are re-read from their shards (each such shard
+   from its start up to its last held sample);
+3. for every pipe below that held samples (bucket buffers, packed batches waiting in the
+   shuffle window, items in flight in a thread stage), those samples are re-read the same way
+   and passed again through the stages between (``decode`` ...), once, then put back where
+   they were; random generators continue from their saved states.
+
+So what is read again is at most the buffers' contents plus the current shard's prefix --
+never the epoch so far. ``batch_by_view`` holds nothing: it restarts at its next step and
+loads nothing it skips. Stages between resumable ones must map one sample to one sample
+deterministically (decode, feature extraction without dither, tokenization); random stages
+that draw in sequence (``perturb_speed``, ``spec_augment``) resume with a fresh draw sequence
+(a warning says so); torch's ``shuffle``, ``batch`` and other buffering stages cannot be saved
+(``state_dict()`` raises, naming them).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import warnings
+from typing import Any, Callable, Iterable, Iterator, Mapping
+
+import torch
+import torch.utils.data
+
+from .pipes._base import IterDataPipe, MapDataPipe
+from .pipes.batching import _identity, _Resumable, _Seeded
+from .pipes.concurrency import graph_nodes, to_device
+from .pipes.mixing import propagate_epoch
+from .seeding import derive_seed, process_position
+
+__all__ = ["Loader", "PipeDataset", "ResumeWarning", "SharedEpoch", "build_loader"]
+
+_VERSION = 1
+
+# torch stages that hold items in their generator's locals: a state cannot include them.
+_UNSAVEABLE = {
+    "ShufflerIterDataPipe": "shuffle keeps its buffer in its generator; use sharded_shuffle",
+    "BatcherIterDataPipe": "batch keeps its open batch in its generator; use block_batch",
+    "BucketBatcherIterDataPipe": "bucketbatch keeps its buffer; use bucket_by_length",
+    "GrouperIterDataPipe": "groupby keeps its buffer in its generator",
+    "ForkerIterDataPipe": "fork keeps a buffer shared by its children",
+    "DemultiplexerIterDataPipe": "demux keeps a buffer shared by its children",
+    "MultiplexerIterDataPipe": "mux keeps its position in its generator",
+    "ConcaterIterDataPipe": "concat keeps its position in its generator",
+    "ZipperIterDataPipe": "zip keeps its position in its generator",
+}
+
+
+class ResumeWarning(UserWarning):
+    """A resumed pipeline will not repeat the uninterrupted run exactly (the message says why)."""
+
+
+class SharedEpoch:
+    """An epoch number in shared memory, written by the main process, read by its workers.
+
+    Created before the DataLoader starts its workers (which inherit it, also with ``spawn``):
+    a persistent worker reads the value the main process set last. Do not pickle it otherwise.
+
+    >>> epoch = SharedEpoch()
+    >>> epoch.set(3); epoch.get()
+    3
+    """
+
+    def __init__(self, epoch: int = 0) -> None:
+        self._value = multiprocessing.RawValue("q", _check_epoch(epoch))
+
+    def set(self, epoch: int) -> None:
+        self._value.value = _check_epoch(epoch)
+
+    def get(self) -> int:
+        return int(self._value.value)
+
+
+def _check_epoch(epoch: Any) -> int:
+    if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
+        raise ValueError(f"epoch must be an int >= 0, got {epoch!r}")
+    return epoch
+
+
+def _is_source(node: Any) -> bool:
+    """A pipe that starts the sample stream of a resumable pass (``sharded_shuffle``, which
+    can re-read held samples, or ``batch_by_view``, which holds none)."""
+    return isinstance(node, _Resumable) and (
+        hasattr(type(node), "_replay_request") or hasattr(node, "view"))
+
+
+class PipeDataset(torch.utils.data.IterableDataset):
+    """A pipeline as the dataset of a DataLoader: epochs, sharding, seeds and exact resume.
+
+    Each pass (``iter``) reads the epoch from :attr:`shared_epoch` (or from a loaded state),
+    sets it on every pipe of the graph, seeds torch's ``shuffle`` stages from ``(seed,
+    epoch)``, tells pipes with ``apply_sharding`` where this process stands, and yields the
+    pipeline's items. :meth:`state_dict` / :meth:`load_state_dict` follow the protocol of
+    torchdata's ``StatefulDataLoader`` (which calls them in every worker); see the module
+    documentation for what a state holds and what a restore reads again.
+
+    Args:
+        pipe: the pipeline (an ``IterDataPipe``), e.g. ending in ``collate``.
+        seed: base seed for torch's ``shuffle`` stages (speechpipe's pipes have their own).
+        epoch: the first epoch.
+
+    >>> import speechpipe
+    >>> from speechpipe.pipes._base import IterableWrapper
+    >>> ds = PipeDataset(IterableWrapper([3, 1, 2]).block_batch(batch_len=4, seed=0))
+    >>> list(ds)
+    [[3], [1, 2]]
+    >>> ds.state_dict()["finished"]
+    True
+    """
+
+    def __init__(self, pipe: Any, *, seed: int = 0, epoch: int = 0) -> None:
+        if isinstance(pipe, MapDataPipe):
+            raise TypeError("pipe must be an IterDataPipe: turn a MapDataPipe into batches "
+                            "with batch_by_view(view) first")
+        if not isinstance(pipe, IterDataPipe):
+            raise TypeError(f"pipe must be an IterDataPipe, got {type(pipe).__name__}")
+        if not isinstance(seed, int) or isinstance(seed, bool):
+            raise TypeError(f"seed must be an int, got {seed!r}")
+        self.pipe = pipe
+        self.seed = seed
+        self.shared_epoch = SharedEpoch(epoch)
+        self._pending: dict | None = None
+        self._starting: dict | None = None
+        self._live: dict | None = None
+
+    # -- epochs
+
+    @property
+    def epoch(self) -> int:
+        return self.shared_epoch.get()
+
+    def set_epoch(self, epoch: int) -> PipeDataset:
+        """The epoch of the next pass, here and in every worker (also persistent ones)."""
+        self.shared_epoch.set(epoch)
+        return self
+
+    def _prepare(self, epoch: int) -> None:
+        nodes = graph_nodes(self.pipe)
+        propagate_epoch(self.pipe, epoch)
+        for i, node in enumerate(n for n in nodes
+                                 if type(n).__name__ == "ShufflerIterDataPipe"):
+            node.set_seed(derive_seed(self.seed, epoch, 0, 0, "torch-shuffle", i) % 2**63)
+        where = process_position()
+        total = where.world_size * where.num_workers
+        instance = where.worker * where.world_size + where.rank
+        for node in nodes:
+            apply = getattr(node, "apply_sharding", None)
+            if callable(apply):
+                apply(total, instance)
+
+    # -- iteration
+
+    def __iter__(self) -> Iterator[Any]:
+        # Not a generator function: the pass is registered now, so that a state taken between
+        # iter() and the first item (the DataLoader takes one when a worker starts a pass)
+        # describes this pass, not the previous one.
+        resume, self._pending = self._pending, None
+        self._live = None
+        self._starting = resume if resume is not None else {
+            "version": _VERSION, "epoch": self.epoch, "started": False}
+        return self._pass(resume)
+
+    def _pass(self, resume: dict | None) -> Iterator[Any]:
+        epoch = self.epoch if resume is None else _check_epoch(resume["epoch"])
+        if resume is not None and resume.get("finished"):
+            self._live = {"epoch": epoch, "finished": True, "stages": []}
+            return
+        self._prepare(epoch)
+        stages = _stages(self.pipe)
+        try:
+            if resume is not None and resume.get("started"):
+                _restore(stages, resume.get("stages", {}), self.pipe)
+            live = self._live = {"epoch": epoch, "finished": False, "stages": stages,
+                                 "unsaveable": _unsaveable(self.pipe)}
+            for item in self.pipe:
+                yield item
+            live["finished"] = True
+        finally:
+            for _, stage in stages:
+                stage._resume_state = stage._resume_samples = None
+                if hasattr(stage, "_drop_prepared"):
+                    stage._drop_prepared()
+
+    def __len__(self) -> int:
+        return len(self.pipe)
+
+    # -- state
+
+    def state_dict(self) -> dict:
+        """The state of the running pass: the epoch and each resumable pipe's state."""
+        if self._pending is not None:
+            return dict(self._pending)
+        live = self._live
+        if live is None:
+            if self._starting is not None:  # iter() was called, no item was asked yet
+                return dict(self._starting)
+            return {"version": _VERSION, "epoch": self.epoch, "started": False}
+        if live["finished"]:
+            return {"version": _VERSION, "epoch": live["epoch"], "started": True,
+                    "finished": True}
+        stages = live["stages"]
+        if live["unsaveable"]:  # the DataLoader asks every step: say why, raise on load
+            return {"version": _VERSION, "epoch": live["epoch"], "started": True,
+                    "finished": False, "unresumable": live["unsaveable"]}
+        with contextlib.ExitStack() as paused:
+            for _, stage in stages:  # top first: a thread stage stops reading from the ones below
+                pause = getattr(stage, "_paused", None)
+                if pause is not None:
+                    paused.enter_context(pause())
+            states = {path: stage.state_dict() for path, stage in stages}
+        return {"version": _VERSION, "epoch": live["epoch"], "started": True,
+                "finished": False, "stages": states}
+
+    def load_state_dict(self, state: Mapping) -> None:
+        """Resume from ``state`` at the next pass (``{}``: start afresh)."""
+        if not isinstance(state, Mapping):
+            raise TypeError(f"state must be a dict from state_dict(), got {state!r}")
+        if not state:
+            self._pending = None
+            return
+        if state.get("version") != _VERSION:
+            raise ValueError(f"unknown loader state version {state.get('version')!r} "
+                             f"(this speechpipe writes {_VERSION})")
+        if state.get("unresumable"):
+            raise TypeError(state["unresumable"])
+        self._pending = dict(state)
+        self.shared_epoch.set(_check_epoch(state["epoch"]))
+
+
+def _stages(pipe: Any) -> list[tuple[str, Any]]:
+    """``(path, pipe)`` of every resumable pipe, in graph order; the path (position in the
+    walk and class) is the same in every process that builds the same pipeline."""
+    nodes = graph_nodes(pipe, stop=_is_source)
+    return [(f"{i}:{type(n).__name__}", n) for i, n in enumerate(nodes)
+            if isinstance(n, _Resumable)]
+
+
+def _unsaveable(pipe: Any) -> str | None:
+    """Why a state of ``pipe`` could not resume it exactly, or None."""
+    nodes = graph_nodes(pipe, stop=_is_source)
+    for node in nodes:
+        reason = _UNSAVEABLE.get(type(node).__name__)
+        if reason is not None and type(node).__module__.startswith("torch."):
+            return f"this pipeline cannot be resumed exactly: torch's {reason}"
+    if not any(_is_source(n) for n in nodes):
+        return ("this pipeline cannot be resumed exactly: its samples do not come from "
+                "sharded_shuffle or batch_by_view (the pipes that know their position)")
+    return None
+
+
+def _find_unresumable(state: Any) -> str | None:
+    if isinstance(state, Mapping):
+        if state.get("unresumable"):
+            return state["unresumable"]
+        for value in state.values():
+            found = _find_unresumable(value)
+            if found:
+                return found
+    return None
+
+
+def _restore(stages: list[tuple[str, Any]], states: Mapping[str, Any], pipe: Any) -> None:
+    paths = {path for path, _ in stages}
+    unknown = sorted(set(states) - paths)
+    if unknown:
+        raise ValueError(
+            f"the state was saved from another pipeline: it has {unknown[:3]} but this one's "
+            f"resumable pipes are {sorted(paths)}"
+        )
+    drawing = [type(n).__name__ for n in graph_nodes(pipe, stop=_is_source)
+               if isinstance(n, _Seeded) and not isinstance(n, _Resumable)]
+    if drawing:
+        warnings.warn(
+            f"resuming a pipeline with random stages that draw in sequence ({', '.join(drawing)})"
+            ": their draws restart, so batches after the resume differ from an uninterrupted "
+            "run where those draws matter", ResumeWarning, stacklevel=3)
+    for path, stage in stages:
+        if path in states:
+            stage.load_state_dict(states[path])
+    needs = {path: stage._resume_needs() for path, stage in stages}
+    readers = [stage for _, stage in stages if hasattr(stage, "_prepare_resume")]
+    for reader in readers:  # position the reader; read every held sample once
+        reader._prepare_resume([i for n in needs.values() for i in n] if len(readers) == 1
+                               else [])
+    for path, stage in stages:
+        if needs[path]:
+            stage._resume_samples = _replay(stage, needs[path])
+
+
+def _replay(stage: Any, needs: list) -> dict:
+    """Re-read ``needs`` through the pipes above ``stage``: the source is asked for exactly
+    those samples and the resumable pipes between pass them through (their own states stay
+    pending for the real pass)."""
+    below = graph_nodes(stage.source_datapipe, stop=_is_source)
+    sources = [n for n in below if hasattr(type(n), "_replay_request")]
+    if len(sources) != 1:
+        raise TypeError(
+            f"{type(stage).__name__} holds samples that must be re-read on resume, but "
+            f"{'no' if not sources else len(sources)} sharded_shuffle is below it (exactly one "
+            "is needed)"
+        )
+    source = sources[0]
+    between = [n for n in below if isinstance(n, _Resumable) and n is not source]
+    for node in between:
+        node._passthrough = True
+    source._replay_request = list(needs)
+    try:
+        return {_identity(item): item for item in stage.source_datapipe}
+    finally:
+        source._replay_request = None
+        for node in between:
+            node._passthrough = False
+
+
+# --------------------------------------------------------------------------------------------
+# The loader
+# --------------------------------------------------------------------------------------------
+
+
+class Loader:
+    """What :func:`build_loader` returns: iterate it once per epoch.
+
+    Attributes:
+        dataset: the :class:`PipeDataset` (the pipeline as the workers run it).
+        dataloader: the ``StatefulDataLoader`` (or ``DataLoader``) reading it.
+        epoch: the epoch of the next (or current) pass.
+    """
+
+    def __init__(self, dataset: PipeDataset, dataloader: Any, *, device: torch.device | None,
+                 non_blocking: bool, uneven: Any = None) -> None:
+        self.dataset = dataset
+        self.dataloader = dataloader
+        self.device = device
+        self.non_blocking = non_blocking
+        self.uneven = uneven
+
+    @property
+    def epoch(self) -> int:
+        return self.dataset.epoch
+
+    def set_epoch(self, epoch: int) -> Loader:
+        """Use ``epoch`` for the next pass, in every worker (persistent ones included)."""
+        self.dataset.set_epoch(epoch)
+        if callable(getattr(self.uneven, "set_epoch", None)):
+            self.uneven.set_epoch(epoch)
+        return self
+
+    def __iter__(self) -> Iterator[Any]:
+        batches = self.uneven if self.uneven is not None else self.dataloader
+        if self.device is None:
+            yield from batches
+            return
+        for batch in batches:
+            yield to_device(batch, self.device, non_blocking=self.non_blocking)
+
+    def __len__(self) -> int:
+        return len(self.uneven if self.uneven is not None else self.dataloader)
+
+    def state_dict(self) -> dict:
+        """The position after the last batch yielded (``StatefulDataLoader.state_dict``)."""
+        state = getattr(self.dataloader, "state_dict", None)
+        if state is None:
+            raise TypeError("this loader cannot save its position: install torchdata>=0.10 "
+                            "(pip install 'torchdata>=0.10') for StatefulDataLoader")
+        saved = state()
+        reason = _find_unresumable(saved)
+        if reason:
+            raise TypeError(reason)
+        return {"epoch": self.epoch, "dataloader": saved}
+
+    def load_state_dict(self, state: Mapping) -> None:
+        """Continue where ``state`` was saved: the next batches are the ones that followed."""
+        if not isinstance(state, Mapping) or "dataloader" not in state:
+            raise TypeError(f"state must be a dict from Loader.state_dict(), got {state!r}")
+        self.set_epoch(_check_epoch(state["epoch"]))
+        self.dataloader.load_state_dict(state["dataloader"])
+
+
+def build_loader(
+    pipe: Any,
+    *,
+    num_workers: int = 0,
+    prefetch_factor: int | None = None,
+    pin_memory: bool = False,
+    persistent_workers: bool = False,
+    device: str | torch.device | None = None,
+    seed: int = 0,
+    uneven: str | Callable[[Iterable], Iterable] | None = None,
+    snapshot_every: int = 1,
+) -> Loader:
+    """Build the loader a training script iterates: workers, prefetch, pinning, device,
+    uneven inputs and exact resume, in one call.
+
+    Args:
+        pipe: the pipeline, ending in batches (``... .block_batch(...).collate(...)`` or
+            ``batch_by_view(view).collate(...)``): batching and collation run in the workers,
+            so each transfer between processes carries a whole batch.
+        num_workers: DataLoader worker processes (0: in the main process).
+        prefetch_factor: batches each worker prepares ahead (default 2 with workers).
+        pin_memory: pin batches (page-locked memory) in the DataLoader's pin thread, for
+            asynchronous copies to the GPU.
+        persistent_workers: keep the workers (and their pipeline copies) across epochs;
+            :meth:`Loader.set_epoch` still reaches them (see the module documentation).
+        device: move each batch there in the main process (``non_blocking`` when pinned).
+        seed: seeds torch's ``shuffle`` stages and the workers' global random generators.
+        uneven: the uneven-input stage for ``torch.distributed`` (in the main process, after
+            the DataLoader): a policy of :class:`~speechpipe.pipes.distributed.EqualSteps`
+            (``"stop"``, ``"pad"``), or a callable taking the DataLoader and returning the
+            iterable to use (e.g. ``lambda dl: EqualSteps(dl, "plan", steps=planner)``).
+        snapshot_every: how often workers send their state to the main process, in batches
+            (``StatefulDataLoader``'s ``snapshot_every_n_steps``); raise it to the checkpoint
+            interval to save the per-batch cost.
+
+    >>> import numpy as np, speechpipe
+    >>> from speechpipe.pipes._base import SequenceWrapper
+    >>> from speechpipe.pipes.collate import PadCollate
+    >>> from speechpipe.pipes.views import BatchView
+    >>> data = {f"u{i}": {"key": f"u{i}", "feats": np.ones((i + 1, 2), np.float32)}
+    ...         for i in range(5)}
+    >>> view = BatchView({k: len(s["feats"]) for k, s in data.items()}, batch_len=6, seed=0)
+    >>> pipe = SequenceWrapper(data).batch_by_view(view).collate(collate_fn=PadCollate())
+    >>> loader = build_loader(pipe, seed=0)
+    >>> [tuple(b["feats"].shape) for b in loader]
+    [(1, 1, 2), (1, 4, 2), (1, 5, 2), (2, 3, 2)]
+    """
+    for name, value in (("num_workers", num_workers), ("snapshot_every", snapshot_every)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < (name != "num_workers"):
+            raise ValueError(f"{name} must be an int >= {int(name != 'num_workers')}, "
+                             f"got {value!r}")
+    if prefetch_factor is not None:
+        if not isinstance(prefetch_factor, int) or isinstance(prefetch_factor, bool) \
+                or prefetch_factor < 1:
+            raise ValueError(f"prefetch_factor must be an int >= 1, got {prefetch_factor!r}")
+        if num_workers == 0:
+            raise ValueError("prefetch_factor needs num_workers > 0 (the main process does not "
+                             "prefetch)")
+    if persistent_workers and num_workers == 0:
+        raise ValueError("persistent_workers=True needs num_workers > 0")
+    for name, value in (("pin_memory", pin_memory), ("persistent_workers", persistent_workers)):
+        if not isinstance(value, bool):
+            raise TypeError(f"{name} must be a bool, got {value!r}")
+    if device is not None:
+        try:
+            device = torch.device(device)
+        except (RuntimeError, TypeError) as exc:
+            raise ValueError(f"device must name a torch device, got {device!r}") from exc
+    if uneven is not None and not (isinstance(uneven, str) or callable(uneven)):
+        raise TypeError(f"uneven must be a policy name or a callable, got {uneven!r}")
+    dataset = PipeDataset(pipe, seed=seed)
+    generator = torch.Generator().manual_seed(derive_seed(seed, 0, 0, 0, "loader") % 2**63)
+    options = dict(batch_size=None, num_workers=num_workers, pin_memory=pin_memory,
+                   persistent_workers=persistent_workers, generator=generator)
+    if num_workers:
+        options["prefetch_factor"] = prefetch_factor or 2
+    try:
+        from torchdata.stateful_dataloader import StatefulDataLoader
+    except ImportError:  # pragma: no cover - torchdata is a dependency
+        dataloader = torch.utils.data.DataLoader(dataset, **options)
+    else:
+        with warnings.catch_warnings():  # torchdata 0.11 calls a deprecated torch function
+            warnings.filterwarnings("ignore", message=".*set_vital.*")
+            dataloader = StatefulDataLoader(dataset, snapshot_every_n_steps=snapshot_every,
+                                            **options)
+    wrapped = None
+    if isinstance(uneven, str):
+        from .pipes.distributed import EqualSteps
+
+        wrapped = EqualSteps(dataloader, policy=uneven)
+    elif uneven is not None:
+        wrapped = uneven(dataloader)
+    return Loader(dataset, dataloader, device=device, non_blocking=pin_memory and device is not
+                  None and device.type != "cpu", uneven=wrapped)

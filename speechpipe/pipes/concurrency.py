@@ -1,0 +1,780 @@
+"""Concurrency: background threads for I/O and decoding, and the move to the device.
+
+The last room of the flow (``... -> batch -> collate -> device``). Three verbs, after MDNC's
+``MTSequence`` (a thread pool fed by queues, with converters to torch tensors):
+
+- ``prefetch_in_thread`` (:class:`ThreadPrefetcherIterDataPipe`): one background thread
+  iterates the source into a **bounded** queue of ``buffer_size`` items, so that reading
+  (a shard from a disk or a network) overlaps with the work downstream;
+- ``map_in_threads`` (:class:`ThreadMapperIterDataPipe`): MTSequence's workers -- items go
+  into an input queue, ``num_threads`` threads apply a function, results come back through an
+  output queue, **in input order** by default. For work that releases the GIL: soundfile
+  decoding, numpy, torch ops (fbank). At most ``buffer_size`` items are in flight;
+- ``move_to_device`` (:class:`DeviceMoverIterDataPipe`): MTSequence's converter -- numpy
+  arrays (in dicts, lists, tuples) become torch tensors, optionally pinned, and move to a
+  device with ``non_blocking``. Runs on the CPU as it does on CUDA (:func:`to_device`).
+
+**Start and finish.** A pass starts threads when iteration starts and joins them when it
+ends: at the end of the data, when the loop breaks (the iterator is closed or dropped), or
+when anything raises -- the queues are drained so that no thread stays blocked, every thread
+is joined, and the source's iterator is closed (so its files close). For an explicit scope,
+as MTSequence's ``start()``/``finish()``: ``with start(pipe) as items: for x in items: ...``
+(or ``pipe.start()`` on the pipes of this module); ``finish()`` does what leaving the block
+does.
+
+**Test mode.** ``start(pipe, test=True)`` (``pipe.start_test()``) runs every thread stage of
+the pipeline in the consuming thread, one item at a time: the same items in the same order
+(``map_in_threads`` is ordered by default), no threads -- for debugging and for tests.
+``num_threads=0`` does the same permanently.
+
+**Errors.** An exception raised in a thread reaches the consumer at the position of the item
+that caused it: a :class:`~speechpipe.errors.DataError` (which names its file and key) is
+re-raised as is; any other exception from ``map_in_threads``' function is wrapped in a
+``DataError`` naming the sample's source and key (the original is its ``__cause__``), or
+skipped and counted under ``on_error="skip"``. Errors of the source read by
+``prefetch_in_thread`` are re-raised unchanged.
+
+**Exact resume** (:class:`speechpipe.loader.PipeDataset`): both thread stages record the
+samples they hold (pulled from the source, not yet yielded) by identity, and are given them
+back, in order, before the rest of the source; ``prefetch_in_thread`` pauses its thread while
+a state is taken. Items without a ``key`` cannot be resumed (``state_dict`` raises).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import queue
+import threading
+import warnings
+from typing import Any, Callable, Iterable, Iterator, Mapping
+
+import numpy as np
+import torch
+
+from ..diagnostics import Diagnostics, check_on_error
+from ..errors import DataError
+from ..sample import KEY, SOURCE
+from ._base import IterDataPipe, MapDataPipe, functional_datapipe
+from .batching import _held, _identity, _Resumable
+
+__all__ = [
+    "DeviceMover",
+    "DeviceMoverIterDataPipe",
+    "Running",
+    "ThreadMapper",
+    "ThreadMapperIterDataPipe",
+    "ThreadPrefetcher",
+    "ThreadPrefetcherIterDataPipe",
+    "graph_nodes",
+    "map_items_in_threads",
+    "prefetch_items",
+    "start",
+    "to_device",
+]
+
+_END = object()
+_PUT_POLL = 0.05  # seconds: how often a blocked producer checks whether the consumer left
+_GRAPH_CONTAINER_MAX = 64  # containers longer than this are data, not a pipe graph
+
+
+class _Failure:
+    """An exception travelling from a thread to the consumer."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+def _put(q: queue.Queue, item: Any, stop: threading.Event) -> bool:
+    """Put ``item`` unless the consumer has left; False if it left first."""
+    while not stop.is_set():
+        try:
+            q.put(item, timeout=_PUT_POLL)
+            return True
+        except queue.Full:
+            continue
+    return False
+
+
+def _drain(q: queue.Queue) -> None:
+    while True:
+        try:
+            q.get_nowait()
+        except queue.Empty:
+            return
+
+
+def _close(it: Any) -> None:
+    close = getattr(it, "close", None)
+    if callable(close):
+        close()
+
+
+def _check_count(name: str, value: Any, minimum: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+    return value
+
+
+# --------------------------------------------------------------------------------------------
+# Algorithms
+# --------------------------------------------------------------------------------------------
+
+
+def prefetch_items(
+    source: Iterable[Any],
+    buffer_size: int,
+    *,
+    threaded: bool = True,
+    held: collections.deque | None = None,
+    lock: threading.Lock | None = None,
+) -> Iterator[Any]:
+    """Iterate ``source`` in a background thread, ``buffer_size`` items ahead at most.
+
+    The thread puts items into a ``queue.Queue(maxsize=buffer_size)``; the consumer takes
+    them in order. When the consumer stops (end, ``break``, an exception, ``close()``), the
+    thread is told to stop, the queue is drained, the thread is joined, and ``source``'s
+    iterator is closed. An exception raised by ``source`` is re-raised in the consumer after
+    the items before it. (A thread blocked inside the source -- a slow network read -- is
+    joined when that read returns.)
+
+    Args:
+        source: the items.
+        buffer_size: items read ahead at most (the queue's bound), ``>= 1``.
+        threaded: False iterates ``source`` in the calling thread (test mode).
+        held: if given, a deque that holds the items read and not yet yielded (for resuming).
+        lock: held by the thread while it reads one item (a state can be taken under it).
+
+    >>> list(prefetch_items(range(5), 2))
+    [0, 1, 2, 3, 4]
+    """
+    _check_count("buffer_size", buffer_size, 1)
+    lock = lock or threading.Lock()
+    it = iter(source)
+    if not threaded:
+        try:
+            while True:
+                with lock:
+                    item = next(it, _END)
+                    if item is _END:
+                        return
+                    if held is not None:
+                        held.append(item)
+                if held is not None:
+                    held.popleft()
+                yield item
+        finally:
+            _close(it)
+    q: queue.Queue = queue.Queue(maxsize=buffer_size)
+    stop = threading.Event()
+
+    def produce() -> None:
+        try:
+            while not stop.is_set():
+                with lock:
+                    item = next(it, _END)
+                    if item is not _END and held is not None:
+                        held.append(item)
+                if item is _END:
+                    break
+                if not _put(q, item, stop):
+                    return
+        except Exception as exc:  # handed to the consumer, raised there
+            _put(q, _Failure(exc), stop)
+            return
+        _put(q, _END, stop)
+
+    thread = threading.Thread(target=produce, name="speechpipe-prefetch", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item = q.get()
+            if item is _END:
+                return
+            if isinstance(item, _Failure):
+                raise item.error
+            if held is not None:
+                held.popleft()
+            yield item
+    finally:
+        stop.set()
+        _drain(q)
+        thread.join()
+        _close(it)
+
+
+def _where(item: Any, seq: int) -> dict:
+    if isinstance(item, Mapping) and isinstance(item.get(KEY), str):
+        return {"source": item.get(SOURCE), "key": item[KEY]}
+    return {"source": f"item #{seq}"}
+
+
+def _failed(fn: Callable, item: Any, seq: int, exc: Exception) -> DataError:
+    if isinstance(exc, DataError):
+        return exc
+    name = getattr(fn, "__name__", type(fn).__name__)
+    error = DataError(f"map_in_threads: {name} raised {type(exc).__name__}: {exc}",
+                      **_where(item, seq))
+    error.__cause__ = exc
+    return error
+
+
+def map_items_in_threads(
+    source: Iterable[Any],
+    fn: Callable[[Any], Any],
+    *,
+    num_threads: int = 4,
+    buffer_size: int | None = None,
+    ordered: bool = True,
+    on_error: str = "raise",
+    diagnostics: Diagnostics | None = None,
+    in_flight: collections.deque | None = None,
+) -> Iterator[Any]:
+    """``fn(item)`` for each item of ``source``, computed by ``num_threads`` threads.
+
+    MTSequence's scheme: the consumer reads the source (in its own thread) and puts
+    ``(position, item)`` into an input queue; worker threads apply ``fn`` and put the result
+    into an output queue; the consumer yields results in input order (``ordered``) or as they
+    come. At most ``buffer_size`` items are in flight (read and not yet yielded), which bounds
+    both queues. With ``num_threads=0`` everything runs in the calling thread, in order.
+
+    An exception from ``fn`` is raised when its item's turn comes (after the items before
+    it): a ``DataError`` as is, anything else wrapped in a ``DataError`` naming the item's
+    ``source`` and ``key``; under ``on_error="skip"`` the item is dropped and counted in
+    ``diagnostics``. Threads are joined and the source's iterator closed when the consumer
+    stops.
+
+    Args:
+        source: the items.
+        fn: the function, called from worker threads (it must be thread-safe).
+        num_threads: worker threads (``0``: no threads, test mode).
+        buffer_size: items in flight at most (default ``2 * num_threads``, at least 1).
+        ordered: yield in input order (True) or in completion order.
+        on_error: ``"raise"`` or ``"skip"``.
+        diagnostics: where skipped items are counted.
+        in_flight: if given, a deque of the items read and not yet yielded (for resuming).
+
+    >>> list(map_items_in_threads(range(6), lambda x: x * x, num_threads=3))
+    [0, 1, 4, 9, 16, 25]
+    """
+    _check_count("num_threads", num_threads, 0)
+    if buffer_size is None:
+        buffer_size = max(1, 2 * num_threads)
+    _check_count("buffer_size", buffer_size, 1)
+    check_on_error(on_error)
+    diagnostics = diagnostics or Diagnostics("map_in_threads")
+    flight = in_flight if in_flight is not None else collections.deque()
+    it = iter(source)
+
+    def settle(seq: int, item: Any, ok: bool, value: Any):
+        if ok:
+            return value
+        error = _failed(fn, item, seq, value)
+        diagnostics.handle(on_error, error, "function raised")
+        return _END
+
+    if num_threads == 0:
+        try:
+            seq = 0
+            while True:
+                item = next(it, _END)
+                if item is _END:
+                    return
+                flight.append(item)
+                try:
+                    ok, value = True, fn(item)
+                except Exception as exc:
+                    ok, value = False, exc
+                flight.popleft()
+                out = settle(seq, item, ok, value)
+                seq += 1
+                if out is not _END:
+                    yield out
+        finally:
+            _close(it)
+
+    inputs: queue.Queue = queue.Queue()
+    outputs: queue.Queue = queue.Queue()
+
+    def work() -> None:
+        while True:
+            task = inputs.get()
+            if task is None:
+                return
+            seq, item = task
+            try:
+                outputs.put((seq, True, fn(item)))
+            except Exception as exc:
+                outputs.put((seq, False, exc))
+
+    threads = [threading.Thread(target=work, name=f"speechpipe-map-{i}", daemon=True)
+               for i in range(num_threads)]
+    for thread in threads:
+        thread.start()
+    seqs: collections.deque = collections.deque()  # positions of the items in flight
+    done: dict[int, tuple[bool, Any]] = {}
+    next_seq = 0
+    exhausted = False
+    try:
+        while True:
+            while not exhausted and len(flight) < buffer_size:
+                item = next(it, _END)
+                if item is _END:
+                    exhausted = True
+                    break
+                flight.append(item)
+                seqs.append(next_seq)
+                inputs.put((next_seq, item))
+                next_seq += 1
+            if not flight:
+                return
+            if ordered:
+                target = seqs[0]
+                while target not in done:
+                    seq, ok, value = outputs.get()
+                    done[seq] = (ok, value)
+                index = 0
+            else:
+                while not done:
+                    seq, ok, value = outputs.get()
+                    done[seq] = (ok, value)
+                target = next(iter(done))
+                index = seqs.index(target)
+            ok, value = done.pop(target)
+            item = flight[index]
+            del flight[index], seqs[index]
+            out = settle(target, item, ok, value)
+            if out is not _END:
+                yield out
+    finally:
+        _drain(inputs)
+        for _ in threads:
+            inputs.put(None)
+        for thread in threads:
+            thread.join()
+        _close(it)
+
+
+def _pin(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.pin_memory() if tensor.device.type == "cpu" else tensor
+
+
+def _to_tensor(array: np.ndarray) -> torch.Tensor | np.ndarray:
+    if array.dtype.kind not in "biufc":
+        return array  # strings, objects: left as they are
+    if not array.flags.writeable or not array.flags.c_contiguous or array.dtype.byteorder == ">":
+        # torch shares memory only with writable, native-order arrays; views of shard bytes are
+        # read-only, so they are copied once here.
+        array = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("="))
+        if not array.flags.writeable:
+            array = array.copy()
+    return torch.from_numpy(array)
+
+
+def to_device(
+    obj: Any,
+    device: str | torch.device | None = None,
+    *,
+    pin_memory: bool = False,
+    non_blocking: bool = False,
+) -> Any:
+    """Numpy arrays in ``obj`` to torch tensors, pinned if asked, moved to ``device``.
+
+    Walks dicts, lists and tuples (returning the same container types); numeric numpy arrays
+    and numpy scalars become tensors (sharing memory when the array is writable and
+    contiguous, else copied once), tensors are moved, anything else (str, int, None) stays.
+    ``pin_memory`` pins CPU tensors (page-locked memory, needed for asynchronous copies to a
+    GPU); ``non_blocking`` lets ``Tensor.to`` return before a copy from pinned memory ends.
+    Both are harmless on the CPU: ``to_device(x, "cpu")`` moves nothing.
+
+    >>> out = to_device({"feats": np.ones((2, 3), np.float32), "key": "u1"}, "cpu")
+    >>> out["feats"].dtype, tuple(out["feats"].shape), out["key"]
+    (torch.float32, (2, 3), 'u1')
+    """
+    if isinstance(obj, torch.Tensor):
+        tensor = obj
+    elif isinstance(obj, np.ndarray):
+        tensor = _to_tensor(obj)
+        if not isinstance(tensor, torch.Tensor):
+            return tensor
+    elif isinstance(obj, np.generic) and obj.dtype.kind in "biufc":
+        tensor = torch.from_numpy(np.asarray(obj))
+    elif isinstance(obj, Mapping):
+        items = {k: to_device(v, device, pin_memory=pin_memory, non_blocking=non_blocking)
+                 for k, v in obj.items()}
+        return items if type(obj) is dict else type(obj)(items)
+    elif isinstance(obj, tuple) and hasattr(obj, "_fields"):  # a namedtuple
+        return type(obj)(*(to_device(v, device, pin_memory=pin_memory,
+                                     non_blocking=non_blocking) for v in obj))
+    elif isinstance(obj, (list, tuple)):
+        return type(obj)(to_device(v, device, pin_memory=pin_memory, non_blocking=non_blocking)
+                         for v in obj)
+    else:
+        return obj
+    if pin_memory:
+        tensor = _pin(tensor)
+    if device is not None:
+        tensor = tensor.to(device, non_blocking=non_blocking)
+    return tensor
+
+
+# --------------------------------------------------------------------------------------------
+# Starting and finishing a pass
+# --------------------------------------------------------------------------------------------
+
+
+def graph_nodes(pipe: Any, stop: Callable[[Any], bool] | None = None) -> list:
+    """``pipe`` and every pipe below it, depth first, each once, in a deterministic order.
+
+    The graph is followed through the pipes' attributes: a pipe held directly, or in a list,
+    tuple or dict of at most 64 items (longer containers are data). The order depends only on
+    how the pipeline was built, so it is the same in every process. Below a node for which
+    ``stop(node)`` is true the walk does not continue (the node itself is listed).
+
+    >>> from speechpipe.pipes._base import IterableWrapper
+    >>> [type(p).__name__ for p in graph_nodes(IterableWrapper([1]).map(str))]
+    ['MapperIterDataPipe', 'IterableWrapperIterDataPipe']
+    """
+    out: list = []
+    seen: set[int] = set()
+    stack = [pipe]
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        out.append(node)
+        if stop is not None and stop(node):
+            continue
+        children: list = []
+        for value in getattr(node, "__dict__", {}).values():
+            if isinstance(value, (IterDataPipe, MapDataPipe)):
+                children.append(value)
+            elif isinstance(value, (list, tuple)) and len(value) <= _GRAPH_CONTAINER_MAX:
+                children.extend(v for v in value if isinstance(v, (IterDataPipe, MapDataPipe)))
+            elif isinstance(value, dict) and len(value) <= _GRAPH_CONTAINER_MAX:
+                children.extend(v for v in value.values()
+                                if isinstance(v, (IterDataPipe, MapDataPipe)))
+        stack.extend(reversed(children))
+    return out
+
+
+class Running:
+    """One started pass of a pipeline: an iterator that ``finish()`` ends (MTSequence's
+    ``start()``/``finish()``); a context manager that finishes on leaving.
+
+    Made by :func:`start` (or ``pipe.start()`` / ``pipe.start_test()``). ``finish()`` closes
+    the pass: threads of every thread stage are joined and the sources' files closed, also
+    after a ``break`` or an exception; it can be called more than once.
+    """
+
+    def __init__(self, pipe: Any, *, test: bool = False) -> None:
+        self._stages = [n for n in graph_nodes(pipe) if isinstance(n, _Threaded)]
+        for stage in self._stages:
+            stage._test_mode = bool(test)
+        self.test = bool(test)
+        try:
+            self._it = iter(pipe)
+        except BaseException:
+            self._reset()
+            raise
+
+    def _reset(self) -> None:
+        for stage in self._stages:
+            stage._test_mode = False
+
+    def __iter__(self) -> Running:
+        return self
+
+    def __next__(self) -> Any:
+        if self._it is None:
+            raise StopIteration
+        return next(self._it)
+
+    def finish(self) -> None:
+        """End the pass: join its threads, close its sources (idempotent)."""
+        it, self._it = self._it, None
+        try:
+            if it is not None:
+                _close(it)
+        finally:
+            self._reset()
+
+    def __enter__(self) -> Running:
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.finish()
+
+
+def start(pipe: Any, *, test: bool = False) -> Running:
+    """Start a pass of ``pipe``: ``with start(pipe) as items: for x in items: ...``.
+
+    With ``test=True`` every thread stage of the pipeline (``prefetch_in_thread``,
+    ``map_in_threads``) runs in the calling thread for this pass: the same items, in the
+    same order, without threads (MTSequence's ``start_test``).
+
+    >>> from speechpipe.pipes._base import IterableWrapper
+    >>> pipe = IterableWrapper(range(4)).map_in_threads(lambda x: x + 1, num_threads=2)
+    >>> with start(pipe) as items:
+    ...     next(items), next(items)
+    (1, 2)
+    >>> with start(pipe, test=True) as items:
+    ...     list(items)
+    [1, 2, 3, 4]
+    """
+    return Running(pipe, test=test)
+
+
+class _Threaded(_Resumable):
+    """Start/finish, test mode and resumable state shared by the thread stages."""
+
+    _test_mode: bool = False
+
+    def start(self) -> Running:
+        """Start a pass with threads (see :func:`start`)."""
+        return Running(self)
+
+    def start_test(self) -> Running:
+        """Start a pass in the calling thread, same order (see :func:`start`)."""
+        return Running(self, test=True)
+
+    def _needs(self, state: dict) -> list:
+        return [tuple(ident) for ident in state.get("held", [])]
+
+    def _restored(self, state: dict | None, samples: dict) -> list:
+        """The held samples of a resumed pass, in the order they were read."""
+        return [] if state is None else [_held(samples, i) for i in self._needs(state)]
+
+
+def _chain(head: list, rest: Iterator) -> Iterator:
+    yield from head
+    yield from rest
+
+
+# --------------------------------------------------------------------------------------------
+# The pipes
+# --------------------------------------------------------------------------------------------
+
+
+@functional_datapipe("prefetch_in_thread")
+class ThreadPrefetcherIterDataPipe(_Threaded, IterDataPipe):
+    """Read the source ahead in a background thread (functional name: ``prefetch_in_thread``).
+
+    Consumes any items and yields the same items in the same order; one thread iterates the
+    source and keeps up to ``buffer_size`` items in a bounded queue, so that the source's I/O
+    (reading shards, waiting for a network) overlaps with the stages after it. The thread
+    starts with the pass and is joined when it ends, breaks or raises (see :func:`start`);
+    errors of the source are re-raised, unchanged, after the items before them.
+
+    Use it where a stage waits on I/O: after ``sharded_shuffle``/``read_shards`` on a network
+    file system, or in the main process after a DataLoader (batches). Inside DataLoader
+    workers, processes already overlap; ``map_in_threads`` is the stage for CPU work.
+
+    Args:
+        source_datapipe: any items.
+        buffer_size: items read ahead at most (memory: that many items).
+        threads: ``False`` reads in the consuming thread (test mode, as :meth:`start_test`).
+
+    >>> from speechpipe.pipes._base import IterableWrapper
+    >>> list(IterableWrapper(range(5)).prefetch_in_thread(buffer_size=2))
+    [0, 1, 2, 3, 4]
+    """
+
+    def __init__(self, source_datapipe: Iterable, buffer_size: int = 16, *,
+                 threads: bool = True) -> None:
+        self.source_datapipe = source_datapipe
+        self.buffer_size = _check_count("buffer_size", buffer_size, 1)
+        if not isinstance(threads, bool):
+            raise TypeError(f"threads must be a bool, got {threads!r}")
+        self.threads = threads
+
+    def __iter__(self) -> Iterator:
+        if self._passthrough:  # a replay pass for a stage below (speechpipe.loader)
+            yield from self.source_datapipe
+            return
+        state, samples = self._take_resume()
+        head = self._restored(state, samples)
+        held: collections.deque = collections.deque()
+        lock = threading.Lock()
+        self._live = (held, lock)
+        try:
+            yield from prefetch_items(_chain(head, iter(self.source_datapipe)), self.buffer_size,
+                                      threaded=self.threads and not self._test_mode,
+                                      held=held, lock=lock)
+        finally:
+            self._live = None
+
+    @contextlib.contextmanager
+    def _paused(self) -> Iterator[None]:
+        """Hold the reading thread between two items (a state of the stages above is then
+        consistent with the items held here)."""
+        live = self._live
+        if live is None:
+            yield
+            return
+        with live[1]:
+            yield
+
+    def _snapshot(self, live: tuple) -> dict:
+        return {"held": [list(_identity(item)) for item in list(live[0])]}
+
+    def __len__(self) -> int:
+        return len(self.source_datapipe)
+
+
+ThreadPrefetcher = ThreadPrefetcherIterDataPipe
+
+
+@functional_datapipe("map_in_threads")
+class ThreadMapperIterDataPipe(_Threaded, IterDataPipe):
+    """Apply a function in a pool of threads (functional name: ``map_in_threads``).
+
+    Consumes items and yields ``fn(item)`` for each, computed by ``num_threads`` threads fed
+    through queues (MTSequence's workers, see :func:`map_items_in_threads`); in input order
+    unless ``ordered=False``. Threads help where ``fn`` releases the GIL -- soundfile and
+    numpy decoding, torch ops such as ``compute_features``' fbank -- and do not for pure
+    Python work. The threads start with the pass and are joined when it ends, breaks or
+    raises (see :func:`start`). Use torch's ``map`` when one thread is enough.
+
+    Args:
+        source_datapipe: items (sample dicts name themselves in errors).
+        fn: the function (thread-safe; a module-level function to pickle the pipe for
+            DataLoader workers).
+        num_threads: worker threads; ``0`` runs ``fn`` in the consuming thread (test mode).
+        buffer_size: items in flight at most (default ``2 * num_threads``).
+        ordered: keep input order (default) or yield in completion order.
+        on_error: ``"raise"``: an exception from ``fn`` reaches the consumer at its item's
+            turn, a ``DataError`` as is, others wrapped in a ``DataError`` naming the sample's
+            source and key; ``"skip"``: the item is dropped and counted in
+            :attr:`diagnostics`, with a warning at the end of the pass.
+
+    >>> from speechpipe.pipes._base import IterableWrapper
+    >>> list(IterableWrapper(range(6)).map_in_threads(lambda x: 10 * x, num_threads=3))
+    [0, 10, 20, 30, 40, 50]
+    """
+
+    def __init__(
+        self,
+        source_datapipe: Iterable,
+        fn: Callable[[Any], Any],
+        *,
+        num_threads: int = 4,
+        buffer_size: int | None = None,
+        ordered: bool = True,
+        on_error: str = "raise",
+    ) -> None:
+        if not callable(fn):
+            raise TypeError(f"fn must be callable, got {fn!r}")
+        self.source_datapipe = source_datapipe
+        self.fn = fn
+        self.num_threads = _check_count("num_threads", num_threads, 0)
+        if buffer_size is not None:
+            _check_count("buffer_size", buffer_size, 1)
+        self.buffer_size = buffer_size
+        if not isinstance(ordered, bool):
+            raise TypeError(f"ordered must be a bool, got {ordered!r}")
+        self.ordered = ordered
+        self.on_error = check_on_error(on_error)
+        self.diagnostics = Diagnostics("map_in_threads")
+
+    def __iter__(self) -> Iterator:
+        if self._passthrough:  # a replay pass for a stage below: a plain map
+            for item in self.source_datapipe:
+                yield self.fn(item)
+            return
+        state, samples = self._take_resume()
+        head = self._restored(state, samples)
+        self.diagnostics.reset()
+        flight: collections.deque = collections.deque()
+        self._live = flight
+        try:
+            yield from map_items_in_threads(
+                _chain(head, iter(self.source_datapipe)), self.fn,
+                num_threads=0 if self._test_mode else self.num_threads,
+                buffer_size=self.buffer_size or max(1, 2 * self.num_threads),
+                ordered=self.ordered, on_error=self.on_error, diagnostics=self.diagnostics,
+                in_flight=flight,
+            )
+        finally:
+            self._live = None
+        self.diagnostics.warn_if_skipped()
+
+    def _snapshot(self, flight: collections.deque) -> dict:
+        return {"held": [list(_identity(item)) for item in list(flight)]}
+
+    def __len__(self) -> int:
+        if self.on_error == "skip":
+            raise TypeError("map_in_threads has no len() under on_error='skip': skipped items "
+                            "are known only after the pass")
+        return len(self.source_datapipe)
+
+
+ThreadMapper = ThreadMapperIterDataPipe
+
+
+@functional_datapipe("move_to_device")
+class DeviceMoverIterDataPipe(IterDataPipe):
+    """Convert to torch tensors and move to a device (functional name: ``move_to_device``).
+
+    Consumes samples or batches (dicts, lists, tuples of numpy arrays, tensors and other
+    values) and yields the same structure with numeric numpy arrays as tensors (sharing
+    memory where possible), pinned if ``pin_memory``, on ``device`` (see :func:`to_device`).
+    Strings, ints and ``None`` pass unchanged. Place it last, in the process that owns the
+    device -- the main process, after the DataLoader (``speechpipe.loader.build_loader(...,
+    device=...)`` does this); in DataLoader workers keep tensors on the CPU.
+
+    Args:
+        source_datapipe: items.
+        device: target device (``"cuda"``, ``"cuda:1"``, ``"cpu"``, a ``torch.device``), or
+            None to only convert.
+        pin_memory: pin CPU tensors before the move (page-locked memory, for asynchronous
+            copies to a GPU). Without an accelerator it is ignored with a warning (once per
+            pass), as torch's DataLoader does.
+        non_blocking: pass ``non_blocking`` to ``Tensor.to``: from pinned memory the copy
+            runs asynchronously on the current CUDA stream.
+
+    >>> import numpy as np
+    >>> from speechpipe.pipes._base import IterableWrapper
+    >>> [batch] = IterableWrapper([{"feats": np.zeros((2, 4), np.float32)}]).move_to_device("cpu")
+    >>> batch["feats"].device, batch["feats"].dtype
+    (device(type='cpu'), torch.float32)
+    """
+
+    def __init__(self, source_datapipe: Iterable, device: str | torch.device | None = None, *,
+                 pin_memory: bool = False, non_blocking: bool = False) -> None:
+        if device is not None:
+            try:
+                device = torch.device(device)
+            except (RuntimeError, TypeError) as exc:
+                raise ValueError(f"device must name a torch device, got {device!r}") from exc
+        for name, value in (("pin_memory", pin_memory), ("non_blocking", non_blocking)):
+            if not isinstance(value, bool):
+                raise TypeError(f"{name} must be a bool, got {value!r}")
+        self.source_datapipe = source_datapipe
+        self.device = device
+        self.pin_memory = pin_memory
+        self.non_blocking = non_blocking
+
+    def __iter__(self) -> Iterator:
+        pin = self.pin_memory and _can_pin()
+        if self.pin_memory and not pin:
+            warnings.warn("move_to_device: pin_memory=True but no accelerator is available; "
+                          "tensors are not pinned", UserWarning, stacklevel=2)
+        for item in self.source_datapipe:
+            yield to_device(item, self.device, pin_memory=pin, non_blocking=self.non_blocking)
+
+    def __len__(self) -> int:
+        return len(self.source_datapipe)
+
+
+def _can_pin() -> bool:
+    accelerator = getattr(torch, "accelerator", None)
+    if accelerator is not None and hasattr(accelerator, "is_available"):
+        return bool(accelerator.is_available())
+    return torch.cuda.is_available()
+
+
+DeviceMover = DeviceMoverIterDataPipe

@@ -1,0 +1,361 @@
+"""Thread stages and the device converter (speechpipe.pipes.concurrency).
+
+Invariants: a thread stage yields what its single-threaded form yields, in the same order
+(ordered by default); its queues are bounded by its arguments; its threads are joined and its
+sources closed when a pass ends, breaks or raises (threading.active_count() returns to its
+baseline, no ResourceWarning); an error raised in a thread reaches the consumer at its item's
+turn and names the sample's source and key.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import pickle
+import threading
+import time
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+import speechpipe  # noqa: F401  (registers the pipes)
+from speechpipe.diagnostics import SkippedInputWarning
+from speechpipe.errors import DataError
+from speechpipe.pipes._base import IterableWrapper
+from speechpipe.pipes.concurrency import (
+    DeviceMover,
+    ThreadMapper,
+    ThreadPrefetcher,
+    graph_nodes,
+    map_items_in_threads,
+    prefetch_items,
+    start,
+    to_device,
+)
+from speechpipe.pipes.shards import ShardWriter
+
+
+def _samples(n: int) -> list[dict]:
+    return [{"key": f"u{i}", "source": "mem.tar", "x": i} for i in range(n)]
+
+
+def _double(sample: dict) -> dict:  # module level: picklable
+    return {**sample, "x": 2 * sample["x"]}
+
+
+class _Counting:
+    """An iterable recording how many items were pulled from it."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.pulled = 0
+
+    def __iter__(self):
+        for i in range(self.n):
+            self.pulled += 1
+            yield i
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+# ------------------------------------------------------------------------------ functional
+
+
+def test_prefetch_in_thread_yields_the_source_in_order():
+    pipe = IterableWrapper(range(50)).prefetch_in_thread(buffer_size=4)
+    assert list(pipe) == list(range(50))
+    assert list(pipe) == list(range(50))  # a second pass
+    assert len(pipe) == 50
+
+
+def test_prefetch_reads_in_another_thread():
+    where = []
+
+    def source():
+        for i in range(3):
+            where.append(threading.get_ident())
+            yield i
+
+    assert list(prefetch_items(source(), 2)) == [0, 1, 2]
+    assert where and all(ident != threading.get_ident() for ident in where)
+
+
+def test_prefetch_queue_is_bounded_by_buffer_size():
+    source = _Counting(1000)
+    it = prefetch_items(source, 5)
+    assert next(it) == 0
+    time.sleep(0.3)  # let the thread run as far ahead as it can
+    # consumed 1; at most buffer_size queued and one more in the thread's hand
+    assert source.pulled <= 1 + 5 + 1
+    it.close()
+
+
+def test_map_in_threads_is_ordered_and_equals_the_plain_map():
+    data = _samples(40)
+    pipe = IterableWrapper(data).map_in_threads(_double, num_threads=3)
+    assert list(pipe) == [_double(s) for s in data]
+    assert len(pipe) == 40
+
+
+def test_map_in_threads_runs_the_function_concurrently():
+    barrier = threading.Barrier(2, timeout=10)
+
+    def meet(x):
+        if x < 2:
+            barrier.wait()  # passes only if two calls run at the same time
+        return x
+
+    assert list(IterableWrapper(range(4)).map_in_threads(meet, num_threads=2)) == [0, 1, 2, 3]
+
+
+def test_map_in_threads_unordered_yields_every_result_once():
+    def slow_first(x):
+        if x == 0:
+            time.sleep(0.2)
+        return x
+
+    out = list(IterableWrapper(range(12)).map_in_threads(slow_first, num_threads=3,
+                                                         ordered=False))
+    assert sorted(out) == list(range(12))
+    assert out[0] != 0  # the slow first item did not hold the others back
+
+
+def test_map_in_threads_keeps_at_most_buffer_size_items_in_flight():
+    source = _Counting(1000)
+    it = map_items_in_threads(source, lambda x: x, num_threads=2, buffer_size=6)
+    assert next(it) == 0
+    time.sleep(0.2)
+    assert source.pulled <= 1 + 6
+    it.close()
+
+
+def test_test_mode_gives_the_same_order_in_the_calling_thread():
+    threads_seen = set()
+
+    def tag(sample):
+        threads_seen.add(threading.get_ident())
+        return _double(sample)
+
+    pipe = IterableWrapper(_samples(30)).prefetch_in_thread(3).map_in_threads(tag, num_threads=4)
+    with start(pipe) as items:
+        threaded = list(items)
+    threads_seen.clear()
+    with pipe.start_test() as items:
+        tested = list(items)
+    assert tested == threaded
+    assert threads_seen == {threading.get_ident()}
+
+
+def test_num_threads_zero_runs_in_the_calling_thread():
+    seen = []
+    pipe = IterableWrapper(range(5)).map_in_threads(
+        lambda x: seen.append(threading.get_ident()) or x, num_threads=0)
+    assert list(pipe) == [0, 1, 2, 3, 4]
+    assert set(seen) == {threading.get_ident()}
+
+
+# ------------------------------------------------------------------------------ lifecycle
+
+
+def _pipeline():
+    return (IterableWrapper(_samples(500)).prefetch_in_thread(8)
+            .map_in_threads(_double, num_threads=3))
+
+
+def test_threads_are_joined_when_a_loop_breaks():
+    baseline = threading.active_count()
+    for i, _ in enumerate(_pipeline()):
+        if i == 3:
+            break
+    assert threading.active_count() == baseline
+
+
+def test_threads_are_joined_when_the_loop_body_raises():
+    baseline = threading.active_count()
+    with pytest.raises(RuntimeError, match="boom"):
+        for i, _ in enumerate(_pipeline()):
+            if i == 2:
+                raise RuntimeError("boom")
+    assert threading.active_count() == baseline
+
+
+def test_start_finish_as_a_context_manager_joins_threads():
+    baseline = threading.active_count()
+    with start(_pipeline()) as items:
+        assert next(items)["x"] == 0
+        assert threading.active_count() > baseline
+    assert threading.active_count() == baseline
+    running = start(_pipeline())
+    next(running)
+    running.finish()
+    running.finish()  # idempotent
+    assert threading.active_count() == baseline
+    assert list(running) == []
+
+
+def test_breaking_out_of_a_shard_pipeline_closes_its_files(tmp_path):
+    with ShardWriter(str(tmp_path / "data-%05d.tar"), maxcount=50) as writer:
+        for i in range(200):
+            writer.write({"key": f"u{i:03d}", "txt": f"text {i}"})
+    baseline_threads, baseline_fds = threading.active_count(), _open_fds()
+    pipe = (IterableWrapper(writer.paths).sharded_shuffle(buffer_size=10).prefetch_in_thread(4)
+            .decode().map_in_threads(lambda s: s, num_threads=2))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for i, _ in enumerate(pipe):
+            if i == 5:
+                break
+        gc.collect()
+    assert not [w for w in caught if issubclass(w.category, ResourceWarning)]
+    assert threading.active_count() == baseline_threads
+    assert _open_fds() == baseline_fds
+
+
+# ------------------------------------------------------------------------------ errors
+
+
+def _fail_on_u3(sample):
+    if sample["key"] == "u3":
+        raise ZeroDivisionError("division by zero")
+    return sample
+
+
+def test_a_function_error_is_wrapped_naming_the_source_and_key_at_its_turn():
+    seen = []
+    with pytest.raises(DataError, match=r"mem\.tar \(key 'u3'\).*ZeroDivisionError") as info:
+        for sample in IterableWrapper(_samples(8)).map_in_threads(_fail_on_u3, num_threads=3):
+            seen.append(sample["key"])
+    assert seen == ["u0", "u1", "u2"]
+    assert isinstance(info.value.__cause__, ZeroDivisionError)
+
+
+def test_a_data_error_from_a_thread_is_reraised_as_is():
+    def fail(sample):
+        raise DataError("bad bytes", source="a.tar", key=sample["key"])
+
+    with pytest.raises(DataError, match=r"a\.tar \(key 'u0'\): bad bytes") as info:
+        list(IterableWrapper(_samples(3)).map_in_threads(fail, num_threads=2))
+    assert info.value.reason == "bad bytes"
+
+
+def test_on_error_skip_drops_counts_and_warns():
+    pipe = IterableWrapper(_samples(6)).map_in_threads(_fail_on_u3, num_threads=2,
+                                                       on_error="skip")
+    with pytest.warns(SkippedInputWarning, match="map_in_threads skipped 1"):
+        keys = [s["key"] for s in pipe]
+    assert keys == ["u0", "u1", "u2", "u4", "u5"]
+    assert pipe.diagnostics.total == 1
+
+
+def test_an_error_of_the_source_reaches_the_consumer_through_prefetch():
+    def source():
+        yield 1
+        yield 2
+        raise DataError("truncated shard", source="x.tar")
+
+    out = []
+    with pytest.raises(DataError, match=r"x\.tar: truncated shard"):
+        for item in prefetch_items(source(), 4):
+            out.append(item)
+    assert out == [1, 2]
+
+
+def test_a_test_mode_error_is_the_same_error():
+    with pytest.raises(DataError, match=r"\(key 'u3'\).*ZeroDivisionError"):
+        with IterableWrapper(_samples(8)).map_in_threads(_fail_on_u3).start_test() as items:
+            list(items)
+
+
+# ------------------------------------------------------------------------------ device
+
+
+def test_to_device_converts_arrays_in_nested_containers_and_keeps_the_rest():
+    batch = {"feats": np.arange(6, dtype=np.float32).reshape(2, 3), "key": ["a", "b"],
+             "n": (np.int64(3), np.array([1, 2], np.int64)), "text": "hi", "none": None}
+    out = to_device(batch, "cpu")
+    assert isinstance(out["feats"], torch.Tensor) and out["feats"].dtype == torch.float32
+    assert out["feats"].tolist() == [[0, 1, 2], [3, 4, 5]]
+    assert out["key"] == ["a", "b"] and out["text"] == "hi" and out["none"] is None
+    assert isinstance(out["n"], tuple) and out["n"][0].item() == 3
+    assert out["n"][1].dtype == torch.int64
+
+
+def test_to_device_shares_memory_with_writable_arrays_and_copies_read_only_ones():
+    array = np.zeros(4, np.float32)
+    assert to_device(array).data_ptr() == array.ctypes.data
+    frozen = np.frombuffer(np.ones(4, np.float32).tobytes(), np.float32)  # read-only view
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # torch warns about non-writable arrays: not here
+        tensor = to_device(frozen)
+    assert tensor.tolist() == [1, 1, 1, 1]
+
+
+def test_to_device_moves_to_the_device_with_non_blocking(monkeypatch):
+    calls = []
+    original = torch.Tensor.to
+
+    def spy(self, *args, **kwargs):
+        calls.append((args, kwargs))
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "to", spy)
+    out = to_device({"feats": np.ones((2, 2), np.float32)}, "meta", non_blocking=True)
+    assert out["feats"].device.type == "meta"
+    assert calls == [((torch.device("meta"),), {"non_blocking": True})] or \
+        calls == [(("meta",), {"non_blocking": True})]
+
+
+def test_move_to_device_pipe_on_cpu():
+    data = [{"key": "u1", "feats": np.ones((3, 2), np.float32)}]
+    [out] = IterableWrapper(data).move_to_device("cpu", non_blocking=True)
+    assert out["feats"].device == torch.device("cpu") and out["key"] == "u1"
+    assert len(DeviceMover(IterableWrapper(data), None)) == 1
+
+
+def test_pin_memory_without_an_accelerator_warns_and_leaves_tensors_unpinned(monkeypatch):
+    import speechpipe.pipes.concurrency as concurrency
+
+    monkeypatch.setattr(concurrency, "_can_pin", lambda: False)
+    pipe = IterableWrapper([{"x": np.ones(2, np.float32)}]).move_to_device("cpu",
+                                                                           pin_memory=True)
+    with pytest.warns(UserWarning, match="no accelerator"):
+        [out] = list(pipe)
+    assert not out["x"].is_pinned()
+
+
+# ------------------------------------------------------------------------------ arguments
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: ThreadPrefetcher(IterableWrapper([1]), 0), "buffer_size must be an int >= 1, got 0"),
+    (lambda: ThreadPrefetcher(IterableWrapper([1]), threads=1), "threads must be a bool"),
+    (lambda: ThreadMapper(IterableWrapper([1]), 3), "fn must be callable, got 3"),
+    (lambda: ThreadMapper(IterableWrapper([1]), str, num_threads=-1),
+     "num_threads must be an int >= 0, got -1"),
+    (lambda: ThreadMapper(IterableWrapper([1]), str, buffer_size=0),
+     "buffer_size must be an int >= 1, got 0"),
+    (lambda: ThreadMapper(IterableWrapper([1]), str, on_error="ignore"), "on_error must be"),
+    (lambda: DeviceMover(IterableWrapper([1]), "gpu7"), "device must name a torch device"),
+    (lambda: DeviceMover(IterableWrapper([1]), "cpu", pin_memory="yes"),
+     "pin_memory must be a bool"),
+])
+def test_arguments_are_validated_in_the_constructor(make, message):
+    with pytest.raises((ValueError, TypeError), match=message):
+        make()
+
+
+def test_thread_pipes_pickle_and_give_the_same_output():
+    pipe = IterableWrapper(_samples(10)).prefetch_in_thread(2).map_in_threads(_double,
+                                                                              num_threads=2)
+    assert list(pickle.loads(pickle.dumps(pipe))) == list(pipe)
+
+
+def test_graph_nodes_lists_every_pipe_once_top_first():
+    source = IterableWrapper([1, 2])
+    pipe = source.prefetch_in_thread(2).map_in_threads(str)
+    nodes = graph_nodes(pipe)
+    assert nodes[0] is pipe and nodes[-1] is source and len(nodes) == 3

@@ -1,0 +1,411 @@
+"""Exact mid-epoch resume (speechpipe.loader + the resumable pipes), issue 6.
+
+Invariant: for a pipeline whose samples come from ``sharded_shuffle`` or ``batch_by_view``,
+the batches that follow ``load_state_dict(state)`` -- in a new process, with the same number
+of workers -- equal the batches that followed ``state_dict()`` in the uninterrupted run, at any
+step, including inside a shuffle buffer and across an epoch boundary. A restore reads again at
+most the samples held in buffers and the current shard's prefix, never the epoch so far.
+
+This file is also a script: ``python tests/test_resume.py <case.json>`` is the "new process"
+of the subprocess tests.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import speechpipe  # noqa: F401  (registers the pipes)
+from speechpipe.errors import DataError
+from speechpipe.index import ShardEntry, ShardIndex
+from speechpipe.loader import PipeDataset, ResumeWarning, build_loader
+from speechpipe.pipes._base import IterableWrapper, SequenceWrapper
+from speechpipe.pipes.collate import PadCollate
+from speechpipe.pipes.shards import ShardWriter
+from speechpipe.pipes.views import BatchView
+
+DIM = 4
+EPOCHS = 2
+
+
+# ------------------------------------------------------------------------------ fixtures
+
+
+def write_corpus(root: str, n: int = 200, per_shard: int = 20, seed: int = 0) -> list[str]:
+    """Tar shards of ``feats.npy`` (frames, DIM) + ``txt``, with an index.jsonl."""
+    rng = np.random.default_rng(seed)
+    frames = rng.integers(5, 60, size=n)
+    with ShardWriter(os.path.join(root, "data-%05d.tar"), maxcount=per_shard) as writer:
+        for i, t in enumerate(frames):
+            writer.write({"key": f"u{i:04d}", "txt": f"text {i}",
+                          "feats.npy": np.full((int(t), DIM), i, np.float32)})
+    entries = []
+    for s, path in enumerate(writer.paths):
+        ids = range(s * per_shard, min(n, (s + 1) * per_shard))
+        entries.append(ShardEntry(os.path.basename(path), len(ids), os.path.getsize(path),
+                                  tuple(f"u{i:04d}" for i in ids),
+                                  tuple(float(frames[i]) for i in ids)))
+    ShardIndex(root, entries).write()
+    return writer.paths
+
+
+def stream_pipe(paths: list[str], *, threads: bool = False):
+    """sharded_shuffle -> decode -> bucket_by_length -> block_batch -> collate."""
+    samples = IterableWrapper(paths).sharded_shuffle(buffer_size=30, seed=1, index=True)
+    samples = samples.decode()
+    if threads:
+        samples = samples.prefetch_in_thread(5).map_in_threads(lambda s: s, num_threads=2)
+    return (samples.bucket_by_length(40, seed=2)
+            .block_batch(batch_len=300, shuffle_window=4, seed=3)
+            .collate(collate_fn=PadCollate()))
+
+
+def view_data(n: int = 120) -> dict:
+    rng = np.random.default_rng(5)
+    return {f"v{i:03d}": {"key": f"v{i:03d}",
+                          "feats": np.full((int(rng.integers(3, 40)), DIM), i, np.float32)}
+            for i in range(n)}
+
+
+def view_pipe():
+    data = view_data()
+    view = BatchView({k: len(s["feats"]) for k, s in data.items()}, batch_len=200, seed=4)
+    return SequenceWrapper(data).batch_by_view(view).collate(collate_fn=PadCollate())
+
+
+def summary(batch: dict) -> list:
+    return [list(batch["key"]), float(batch["feats"].sum()), list(batch["feats"].shape)]
+
+
+def build(case: dict):
+    pipe = view_pipe() if case["path"] == "view" else stream_pipe(case["paths"])
+    return build_loader(pipe, num_workers=case["workers"],
+                        persistent_workers=case["workers"] > 0, seed=0)
+
+
+def run_from(loader, start_epoch: int, epochs: int, fresh: bool) -> list:
+    out = []
+    for epoch in range(start_epoch, epochs):
+        if fresh or epoch > start_epoch:
+            loader.set_epoch(epoch)
+        out.extend([epoch] + summary(batch) for batch in loader)
+    return out
+
+
+def uninterrupted_with_states(case: dict, cuts: list[int]) -> tuple[list, dict]:
+    """The whole run, saving loader.state_dict() after each step in ``cuts``."""
+    loader, out, states, step = build(case), [], {}, 0
+    for epoch in range(EPOCHS):
+        loader.set_epoch(epoch)
+        for batch in loader:
+            out.append([epoch] + summary(batch))
+            step += 1
+            if step in cuts:
+                states[step] = loader.state_dict()
+    return out, states
+
+
+def resumed(case: dict, state: dict) -> list:
+    loader = build(case)
+    loader.load_state_dict(state)
+    return run_from(loader, loader.epoch, EPOCHS, fresh=False)
+
+
+def _child(case_file: str) -> None:
+    with open(case_file) as f:
+        case = json.load(f)
+    results = {}
+    for step, path in case["states"].items():
+        state = torch.load(path, weights_only=False)  # our own file, written by the test
+        results[step] = resumed(case, state)
+    print(json.dumps(results))
+
+
+def _resume_in_new_process(tmp_path, case: dict, cuts: list[int]) -> None:
+    full, states = uninterrupted_with_states(case, cuts)
+    assert sorted(states) == sorted(cuts), "a cut point is past the end of the run"
+    files = {}
+    for step, state in states.items():
+        files[step] = str(tmp_path / f"state-{step}.pt")
+        torch.save(state, files[step])
+    case_file = tmp_path / "case.json"
+    case_file.write_text(json.dumps({**case, "states": files}))
+    out = subprocess.run([sys.executable, __file__, str(case_file)], capture_output=True,
+                         text=True, timeout=240)
+    assert out.returncode == 0, out.stderr[-4000:]
+    results = json.loads(out.stdout.strip().splitlines()[-1])
+    for step in cuts:
+        assert results[str(step)] == full[step:], f"resumed after step {step} differs"
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    return write_corpus(str(tmp_path_factory.mktemp("corpus")))
+
+
+def _epoch_len(case: dict) -> int:
+    loader = build(case)
+    return sum(1 for _ in loader)
+
+
+# ------------------------------------------------------------------------------ new process
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_streaming_path_resumes_exactly_in_a_new_process(tmp_path, corpus, workers):
+    case = {"path": "stream", "workers": workers, "paths": corpus}
+    n = _epoch_len(case)
+    # 1: the shuffle and bucket buffers are full and nothing is finished; n - 1, n: the end
+    # of epoch 0; n + 2: inside epoch 1 (the state carries the epoch).
+    _resume_in_new_process(tmp_path, case, [1, 4, n - 1, n, n + 2])
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_random_access_path_resumes_exactly_in_a_new_process(tmp_path, workers):
+    case = {"path": "view", "workers": workers}
+    n = _epoch_len(case)
+    _resume_in_new_process(tmp_path, case, [1, 3, n - 1, n + 1])
+
+
+# ------------------------------------------------------------------------------ in process
+
+
+def _keys(batch) -> tuple:
+    return tuple(batch["key"]) if isinstance(batch, dict) else tuple(s["key"] for s in batch)
+
+
+def _cut_and_resume(make, cut: int) -> tuple[list, list, dict]:
+    full = [_keys(b) for b in PipeDataset(make())]
+    dataset = PipeDataset(make())
+    it = iter(dataset)
+    head = [_keys(next(it)) for _ in range(cut)]
+    state = dataset.state_dict()
+    it.close()
+    again = PipeDataset(make())
+    again.load_state_dict(state)
+    return full, head + [_keys(b) for b in again], state
+
+
+def test_a_cut_inside_the_shuffle_buffer_holds_samples_and_resumes_exactly(corpus):
+    full, joined, state = _cut_and_resume(lambda: stream_pipe(corpus), 2)
+    shuffler = next(s for path, s in state["stages"].items() if "ShardedShuffler" in path)
+    assert shuffler["buffer"] and not shuffler["drain"]  # cut with samples in the buffer
+    below = [s for path, s in state["stages"].items() if "ShardedShuffler" not in path]
+    assert sum(len(_identities(s)) for s in below) > 0  # and in the stages below it
+    assert joined == full
+
+
+@pytest.mark.parametrize("cut", [0, 1, 5, 11, 17, 23])
+def test_every_cut_point_resumes_exactly(corpus, cut):
+    full, joined, _ = _cut_and_resume(lambda: stream_pipe(corpus), cut)
+    assert joined == full
+
+
+def test_the_end_of_the_stream_drains_exactly(corpus):
+    n = len([b for b in PipeDataset(stream_pipe(corpus))])
+    for cut in (n - 3, n - 1, n):  # window and buckets draining, then nothing left
+        full, joined, _ = _cut_and_resume(lambda: stream_pipe(corpus), cut)
+        assert joined == full
+
+
+def test_thread_stages_in_the_chain_resume_exactly(corpus):
+    for cut in (1, 6):
+        full, joined, state = _cut_and_resume(lambda: stream_pipe(corpus, threads=True), cut)
+        assert joined == full
+        held = [s for p, s in state["stages"].items() if "Thread" in p]
+        assert len(held) == 2
+
+
+@pytest.mark.parametrize("oversize", ["emit", "drop"])
+def test_block_batch_on_a_plain_stream_resumes_exactly(corpus, oversize):
+    def make():
+        return (IterableWrapper(corpus).sharded_shuffle(buffer_size=7, seed=3).decode()
+                .block_batch(batch_len=150, oversize=oversize, shuffle_window=3, seed=1))
+
+    for cut in (1, 4, 9):
+        full, joined, _ = _cut_and_resume(make, cut)
+        assert joined == full
+
+
+def test_kaldi_arks_resume_exactly(tmp_path):
+    import kaldiio
+
+    rng = np.random.default_rng(0)
+    arks = []
+    for a in range(3):
+        ark = str(tmp_path / f"raw.{a}.ark")
+        with kaldiio.WriteHelper(f"ark:{ark}") as writer:
+            for i in range(10):
+                writer(f"a{a}u{i}", rng.standard_normal((int(rng.integers(3, 30)), 2),
+                                                        dtype=np.float32))
+        arks.append(ark)
+
+    def make():
+        return (IterableWrapper(arks).sharded_shuffle(buffer_size=6, format="ark", seed=2)
+                .bucket_by_length(8, seed=1).block_batch(batch_len=60, seed=5))
+
+    for cut in (1, 3, 7):
+        full, joined, _ = _cut_and_resume(make, cut)
+        assert joined == full
+
+
+def test_a_restore_reads_again_only_held_samples_and_the_current_prefix(corpus, monkeypatch):
+    import speechpipe.pipes.sharding as sharding
+
+    reads: collections.Counter = collections.Counter()
+    original = sharding.read_shard
+
+    def counting(name, **kwargs):
+        for sample in original(name, **kwargs):
+            reads[name] += 1
+            yield sample
+
+    monkeypatch.setattr(sharding, "read_shard", counting)
+    index = ShardIndex.read(os.path.dirname(corpus[0]))
+    keys = {os.path.join(index.root, e.name): list(e.keys) for e in index.shards}
+    for cut in (3, 12):
+        dataset = PipeDataset(stream_pipe(corpus))
+        it = iter(dataset)
+        consumed = sum(len(next(it)["key"]) for _ in range(cut))
+        state = dataset.state_dict()
+        it.close()
+        reader = next(s for p, s in state["stages"].items() if "ShardedShuffler" in p)
+        plan = sharding.ShardedShuffler(corpus, seed=1, index=True).epoch_plan(0).names
+        current, offset = reader["shard"], reader["offset"]
+        held: dict[str, set] = {}
+        for stage in state["stages"].values():
+            for src, key in _identities(stage):
+                held.setdefault(src, set()).add(key)
+
+        reads.clear()
+        again = PipeDataset(stream_pipe(corpus))
+        again.load_state_dict(state)
+        assert sum(len(b["key"]) for b in again) + consumed == 200
+        # shards read before the current one: only those holding a held sample
+        done = set(plan[:current])
+        assert {name for name in reads if name in done} <= set(held)
+        # every sample read beyond what an uninterrupted run reads after the cut is a held
+        # sample's shard prefix (read once) or the current shard's prefix
+        new = len(keys[plan[current]]) - offset + sum(len(keys[n]) for n in plan[current + 1:])
+        bound = offset + sum(max(keys[src].index(k) for k in ks) + 1
+                             for src, ks in held.items() if src != plan[current])
+        assert sum(reads.values()) - new <= bound
+        assert bound < 200  # not the epoch again
+
+
+def _identities(stage_state: dict) -> list:
+    out = []
+    for name in ("buffer", "open"):
+        out.extend(stage_state.get(name, []))
+    for name in ("pool", "pending"):
+        for batch in stage_state.get(name, []):
+            out.extend(batch)
+    for bucket in stage_state.get("buckets", []):
+        out.extend(item[:2] for item in bucket)
+    out.extend(stage_state.get("held", []))
+    return out
+
+
+# ------------------------------------------------------------------------------ refusals
+
+
+def test_torch_shuffle_cannot_be_saved_and_says_why(corpus):
+    dataset = PipeDataset(IterableWrapper(corpus).sharded_shuffle(buffer_size=4).shuffle())
+    it = iter(dataset)
+    next(it)
+    state = dataset.state_dict()  # the DataLoader asks at every step: no error there
+    it.close()
+    with pytest.raises(TypeError, match="shuffle keeps its buffer.*sharded_shuffle"):
+        PipeDataset(IterableWrapper(corpus).sharded_shuffle(4).shuffle()).load_state_dict(state)
+    loader = build_loader(IterableWrapper(corpus).sharded_shuffle(buffer_size=4).shuffle())
+    next(iter(loader))
+    with pytest.raises(TypeError, match="shuffle keeps its buffer"):
+        loader.state_dict()  # refused when saving, in the main process
+
+
+def test_a_pipeline_without_a_resumable_source_cannot_be_saved():
+    samples = [{"key": f"u{i}", "feats": np.zeros((i + 1, 2), np.float32)} for i in range(9)]
+    dataset = PipeDataset(IterableWrapper(samples).block_batch(batch_len=10))
+    it = iter(dataset)
+    next(it)
+    state = dataset.state_dict()
+    it.close()
+    with pytest.raises(TypeError, match="do not come from sharded_shuffle or batch_by_view"):
+        dataset.load_state_dict(state)
+
+
+def test_a_state_of_another_pipeline_is_refused(corpus):
+    dataset = PipeDataset(view_pipe())
+    it = iter(dataset)
+    next(it)
+    state = dataset.state_dict()
+    it.close()
+    other = PipeDataset(stream_pipe(corpus))
+    other.load_state_dict(state)
+    with pytest.raises(ValueError, match="saved from another pipeline"):
+        next(iter(other))
+
+
+def test_a_changed_shard_list_is_refused_naming_it(corpus):
+    dataset = PipeDataset(stream_pipe(corpus))
+    it = iter(dataset)
+    next(it)
+    state = dataset.state_dict()
+    it.close()
+    other = PipeDataset(stream_pipe(corpus[:-1]))
+    other.load_state_dict(state)
+    with pytest.raises(DataError, match="resume: this process reads 9 shards.*saved reading 10"):
+        next(iter(other))
+
+
+def test_a_held_sample_missing_from_its_shard_is_named(tmp_path):
+    paths = write_corpus(str(tmp_path), n=40, per_shard=10)
+
+    def make():
+        return (IterableWrapper(paths).sharded_shuffle(buffer_size=15, seed=0).decode()
+                .block_batch(batch_len=10**6, max_samples=2, shuffle_window=1))
+
+    dataset = PipeDataset(make())
+    it = iter(dataset)
+    next(it)
+    state = dataset.state_dict()
+    it.close()
+    reader = next(s for p, s in state["stages"].items() if "ShardedShuffler" in p)
+    src = reader["buffer"][0][0]
+    reader["buffer"].append([src, "nope"])
+    again = PipeDataset(make())
+    again.load_state_dict(state)
+    with pytest.raises(DataError, match=r"data-0000\d\.tar \(key 'nope'\): resume: 1 held"):
+        next(iter(again))
+
+
+def test_resuming_with_random_stages_drawing_in_sequence_warns(tmp_path):
+    with ShardWriter(str(tmp_path / "data-%05d.tar"), maxcount=5) as writer:
+        for i in range(10):
+            writer.write({"key": f"a{i}", "sample_rate": 8000,
+                          "flac": np.zeros(80 * (i + 1), np.float32)})
+
+    def make():
+        return (IterableWrapper(writer.paths).sharded_shuffle(buffer_size=4).decode()
+                .perturb_volume(seed=0).block_batch(batch_len=10**6, max_samples=2))
+
+    dataset = PipeDataset(make())
+    it = iter(dataset)
+    next(it)
+    state = dataset.state_dict()
+    it.close()
+    again = PipeDataset(make())
+    again.load_state_dict(state)
+    with pytest.warns(ResumeWarning, match="VolumePerturber"):
+        next(iter(again), None)
+
+
+if __name__ == "__main__":
+    _child(sys.argv[1])
