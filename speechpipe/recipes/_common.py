@@ -121,6 +121,8 @@ log = logging.getLogger("speechpipe.recipes")
 #: Corpus name -> recipe module. The CLI's ``download``/``prepare`` choices; each module has
 #: ``PARTS``, ``prepare_<name>`` and (unless the corpus is made locally) ``download_<name>``.
 RECIPES: dict[str, str] = {
+    "aishell": "speechpipe.recipes.aishell",
+    "commonvoice": "speechpipe.recipes.commonvoice",
     "kaldi_dir": "speechpipe.recipes.kaldi_dir",
     "librispeech": "speechpipe.recipes.librispeech",
     "ljspeech": "speechpipe.recipes.ljspeech",

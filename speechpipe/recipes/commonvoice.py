@@ -1,0 +1,314 @@
+"""Mozilla Common Voice (scripted speech): prepare manifests of one language, pipelines.
+
+Layout of a release (``cv-corpus-{version}-{date}/{lang}/``, e.g. ``.../en/``)::
+
+    clips/common_voice_en_651325.mp3 ...   # MP3, 48 kHz mono
+    train.tsv dev.tsv test.tsv             # the official split (also validated.tsv, other.tsv...)
+    clip_durations.tsv                     # since 16.1: clip<TAB>duration[ms]
+
+Clip tables are tab-separated with a header row, read with ``csv.QUOTE_NONE`` (sentences
+contain quotes). Current releases have 13 columns (``client_id path sentence_id sentence
+sentence_domain up_votes down_votes age gender accents variant locale segment``); releases
+before 17.0 have 10 (``client_id path sentence up_votes down_votes age gender accents locale
+segment``, ``accent`` in older ones): columns are found by header name.
+
+- :func:`prepare_commonvoice`: ``commonvoice_samples_<part>.jsonl.gz`` with ``key`` (the clip
+  file's stem), ``audio_path``, ``duration`` (from ``clip_durations.tsv``, else the MP3
+  header), ``text`` (``sentence``), ``speaker`` (``client_id``) and, when measured from the
+  file, ``sample_rate``;
+- :func:`commonvoice_train` / :func:`commonvoice_valid` / :func:`commonvoice_test`: pipelines
+  (train on 1-15 s, 80-bin fbank, budget batches).
+
+There is no download function: releases are handed out by Mozilla after accepting terms
+(:data:`NO_DOWNLOAD`).
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+from pathlib import Path
+from typing import Any, Iterable
+
+from ..errors import DataError, MissingDataError
+from ..pipes._base import IterDataPipe
+from ..pipes.sources import iter_text_lines
+from ..sample import DURATION, KEY, SPEAKER, TEXT
+from ._common import (
+    AUDIO_PATH,
+    _check_prepare_args,
+    check_pairs,
+    eval_pipeline,
+    measure_audio,
+    prepare_parts,
+    resolve_manifests,
+    resolve_parts,
+    train_pipeline,
+)
+
+__all__ = [
+    "CLIP_DURATIONS",
+    "CORPUS",
+    "DURATION_RANGE",
+    "NO_DOWNLOAD",
+    "PARTS",
+    "REQUIRED_COLUMNS",
+    "commonvoice_test",
+    "commonvoice_train",
+    "commonvoice_valid",
+    "prepare_commonvoice",
+    "read_clip_durations",
+    "read_clip_table",
+]
+
+CORPUS = "commonvoice"
+PARTS = ("train", "dev", "test")
+#: Why ``speechpipe download commonvoice`` does not exist.
+NO_DOWNLOAD = ("Common Voice releases are downloaded from Mozilla's site after accepting its "
+               "terms; extract one and prepare its <lang> folder")
+#: Utterance durations kept for training (seconds).
+DURATION_RANGE = (1.0, 15.0)
+#: Per-clip durations in milliseconds (releases 16.1 and later).
+CLIP_DURATIONS = "clip_durations.tsv"
+#: Columns every clip table must have.
+REQUIRED_COLUMNS = ("client_id", "path", "sentence")
+
+
+def _tsv_rows(path: Path) -> Iterable[tuple[int, list[str]]]:
+    """``(line, fields)`` of a tab-separated file, no quoting; blank lines skipped."""
+    with open(path, "rb") as stream:
+        lines = iter_text_lines(stream, source=str(path))
+        try:
+            for number, text in lines:
+                if isinstance(text, DataError):
+                    raise text
+                if number == 1:
+                    text = text.lstrip("\ufeff")
+                text = text.rstrip("\r\n")
+                if not text.strip():
+                    continue
+                yield number, next(csv.reader([text], delimiter="\t",
+                                              quoting=csv.QUOTE_NONE))
+        finally:
+            lines.close()
+
+
+def read_clip_table(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """The rows of a clip table (``train.tsv``...) as dicts keyed by its header, plus
+    ``line`` (the line number).
+
+    Raises:
+        DataError: a header without ``client_id``, ``path`` and ``sentence``, a row whose
+            field count differs from the header's, an empty ``path``, invalid UTF-8; the
+            message names ``file:line``.
+
+    >>> import tempfile
+    >>> p = Path(tempfile.mkdtemp()) / "dev.tsv"
+    >>> _ = p.write_text('client_id\\tpath\\tsentence\\tup_votes\\n'
+    ...                  'c1\\tcommon_voice_en_1.mp3\\tSay "hi"; go.\\t2\\n', encoding="utf-8")
+    >>> row = read_clip_table(p)[0]
+    >>> row["path"], row["sentence"], row["line"]
+    ('common_voice_en_1.mp3', 'Say "hi"; go.', 2)
+    """
+    path = Path(path)
+    rows: list[dict[str, Any]] = []
+    header: list[str] | None = None
+    for number, fields in _tsv_rows(path):
+        if header is None:
+            header = fields
+            missing = [c for c in REQUIRED_COLUMNS if c not in header]
+            if missing:
+                raise DataError(f"header lacks column(s) {missing} (a Common Voice clip table "
+                                f"has {', '.join(REQUIRED_COLUMNS)}...)", source=str(path),
+                                line=number)
+            continue
+        if len(fields) != len(header):
+            raise DataError(f"expected {len(header)} tab-separated fields as in the header, "
+                            f"got {len(fields)}", source=str(path), line=number)
+        row: dict[str, Any] = dict(zip(header, fields))
+        if not row["path"]:
+            raise DataError("empty clip path", source=str(path), line=number)
+        row["line"] = number
+        rows.append(row)
+    if header is None:
+        raise DataError("empty clip table (no header row)", source=str(path))
+    return rows
+
+
+def read_clip_durations(path: str | os.PathLike) -> dict[str, float]:
+    """``{clip file name: seconds}`` from ``clip_durations.tsv`` (``clip<TAB>duration[ms]``).
+
+    Raises:
+        DataError: not two fields, or a duration that is not a number of milliseconds;
+            naming ``file:line``.
+
+    >>> import tempfile
+    >>> p = Path(tempfile.mkdtemp()) / CLIP_DURATIONS
+    >>> _ = p.write_text("clip\\tduration[ms]\\ncommon_voice_en_1.mp3\\t2825\\n")
+    >>> read_clip_durations(p)
+    {'common_voice_en_1.mp3': 2.825}
+    """
+    path = Path(path)
+    out: dict[str, float] = {}
+    for number, fields in _tsv_rows(path):
+        if len(fields) != 2:
+            raise DataError(f"expected 2 tab-separated fields (clip, duration[ms]), got "
+                            f"{len(fields)}", source=str(path), line=number)
+        if number == 1 and fields[0] == "clip":
+            continue
+        try:
+            ms = float(fields[1])
+        except ValueError:
+            ms = -1.0
+        if not ms >= 0:
+            raise DataError(f"bad duration {fields[1]!r} (milliseconds expected)",
+                            source=str(path), line=number)
+        out[fields[0]] = ms / 1000
+    return out
+
+
+def prepare_commonvoice(
+    corpus_dir: str | os.PathLike,
+    output_dir: str | os.PathLike | None = None,
+    parts: str | Iterable[str] = "auto",
+    num_jobs: int = 1,
+    *,
+    on_mismatch: str = "error",
+    force: bool = False,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Validate the ``train``/``dev``/``test`` tables of one Common Voice language folder and
+    write ``commonvoice_samples_<part>.jsonl.gz`` for each.
+
+    One manifest line per table row, in table order: ``key`` (clip stem), ``audio_path``
+    (absolute), ``duration`` (seconds: ``clip_durations.tsv`` when present and listing the
+    clip, else the MP3 header, which also gives ``sample_rate``), ``text`` (``sentence``, as
+    written), ``speaker`` (``client_id``), and ``age``, ``gender``, ``accents`` (or
+    ``accent``) and ``locale`` when the table has them. Parts whose manifest exists are reused.
+
+    Clips not listed in a split's table are not a mismatch (they belong to ``validated``,
+    ``other``... tables); a row whose clip is absent from ``clips/`` is.
+
+    The pipelines read ``[0, duration)`` of each clip, so a ``clip_durations.tsv`` value
+    longer than what libsndfile decodes (rounded up, another decoder's count) fails at load
+    time with a :class:`~speechpipe.errors.DataError` naming the clip; remove the table (or
+    pass ``force=True`` without it) to measure every clip from its header instead.
+
+    Args:
+        corpus_dir: the language folder (``cv-corpus-<version>/<lang>``).
+        output_dir: manifest folder; ``None`` returns the sample lists instead of paths.
+        parts: ``"auto"`` (every table present), a part name or several.
+        num_jobs: threads reading MP3 headers.
+        on_mismatch: rows whose clip file is absent: ``"error"`` raises a
+            :class:`~speechpipe.errors.DataError` with the count and examples; ``"skip"``
+            leaves them out, counted in a :class:`~speechpipe.diagnostics.SkippedInputWarning`.
+        force: rebuild manifests that exist.
+        progress: tqdm progress bars.
+
+    Raises:
+        MissingDataError: ``corpus_dir``, ``clips/`` or a requested table is absent (named).
+        DataError: a malformed table line or header, a repeated clip in a table, a bad
+            ``clip_durations.tsv`` line, an unreadable MP3 header, a mismatch under ``"error"``.
+    """
+    _check_prepare_args(on_mismatch, num_jobs)
+    root = Path(corpus_dir)
+    if not root.is_dir():
+        raise MissingDataError("Common Voice language folder not found", source=str(root))
+    clips = root / "clips"
+    if not clips.is_dir():
+        raise MissingDataError("the clips/ folder is missing (is this a Common Voice "
+                               "cv-corpus-<version>/<lang> folder?)", source=str(clips))
+    names = resolve_parts(parts, PARTS, lambda p: (root / f"{p}.tsv").is_file(), corpus=CORPUS,
+                          corpus_dir=root, where=lambda p: str(root / f"{p}.tsv"))
+    cache: dict[str, dict[str, float]] = {}
+
+    def durations() -> dict[str, float]:
+        if "d" not in cache:
+            table = root / CLIP_DURATIONS
+            cache["d"] = read_clip_durations(table) if table.is_file() else {}
+        return cache["d"]
+
+    return prepare_parts(
+        CORPUS, names, output_dir,
+        lambda part: _part_samples(root, part, durations(), num_jobs=num_jobs,
+                                   on_mismatch=on_mismatch, progress=progress),
+        force=force,
+    )
+
+
+_EXTRA = ("age", "gender", "accents", "accent", "locale")
+
+
+def _part_samples(root: Path, part: str, durations: dict[str, float], *, num_jobs: int,
+                  on_mismatch: str, progress: bool) -> list[dict]:
+    table = root / f"{part}.tsv"
+    rows = read_clip_table(table)
+    seen: dict[str, int] = {}
+    for row in rows:
+        if row["path"] in seen:
+            raise DataError(f"clip listed twice (first on line {seen[row['path']]})",
+                            source=str(table), line=row["line"], key=row["path"])
+        seen[row["path"]] = row["line"]
+    without_audio = [f"{table}:{r['line']} (key {Path(r['path']).stem!r})" for r in rows
+                     if not (root / "clips" / r["path"]).is_file()]
+    check_pairs([], without_audio, on_mismatch=on_mismatch,
+                stage=f"prepare_commonvoice {part}", source=table)
+    kept = [r for r in rows if (root / "clips" / r["path"]).is_file()]
+    unmeasured = [str((root / "clips" / r["path"]).resolve()) for r in kept
+                  if r["path"] not in durations]
+    measured = dict(zip(unmeasured, measure_audio(unmeasured, num_jobs=num_jobs,
+                                                  progress=progress,
+                                                  desc=f"commonvoice {part}")))
+    samples = []
+    for row in kept:
+        path = str((root / "clips" / row["path"]).resolve())
+        sample: dict[str, Any] = {KEY: Path(row["path"]).stem, AUDIO_PATH: path}
+        if path in measured:
+            frames, rate = measured[path]
+            sample[DURATION] = frames / rate
+            sample["sample_rate"] = rate
+        else:
+            sample[DURATION] = durations[row["path"]]
+        sample[TEXT] = row["sentence"]
+        sample[SPEAKER] = row["client_id"]
+        for name in _EXTRA:
+            if name in row:
+                sample[name] = row[name]
+        samples.append(sample)
+    return samples
+
+
+# --------------------------------------------------------------------------- pipelines
+
+
+def commonvoice_train(manifests: Any, parts: Iterable[str] = ("train",), *,
+                      min_duration: float | None = DURATION_RANGE[0],
+                      max_duration: float | None = DURATION_RANGE[1],
+                      **options: Any) -> IterDataPipe[dict]:
+    """Training batches of Common Voice: clips of 1-15 s (the others dropped and counted),
+    80-bin fbank, 200 padded seconds per batch.
+
+    Args:
+        manifests: the manifest folder, prepare's dict, or manifest paths (then ``parts`` is
+            ignored); see :func:`~speechpipe.recipes._common.resolve_manifests`.
+        parts: the parts to train on.
+        min_duration, max_duration: duration range kept, seconds.
+        **options: :func:`~speechpipe.recipes._common.train_pipeline` options.
+    """
+    return train_pipeline(resolve_manifests(manifests, corpus=CORPUS, parts=list(parts)),
+                          min_duration=min_duration, max_duration=max_duration, **options)
+
+
+def commonvoice_valid(manifests: Any, parts: Iterable[str] = ("dev",),
+                      **options: Any) -> IterDataPipe[dict]:
+    """Validation batches (``dev``), every clip, fixed order; ``options`` are
+    :func:`~speechpipe.recipes._common.eval_pipeline`'s."""
+    return eval_pipeline(resolve_manifests(manifests, corpus=CORPUS, parts=list(parts)),
+                         **options)
+
+
+def commonvoice_test(manifests: Any, part: str = "test",
+                     **options: Any) -> IterDataPipe[dict]:
+    """Test batches (``test``), every clip, fixed order; ``options`` are
+    :func:`~speechpipe.recipes._common.eval_pipeline`'s."""
+    return eval_pipeline(resolve_manifests(manifests, corpus=CORPUS, parts=[part]), **options)

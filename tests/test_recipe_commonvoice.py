@@ -1,0 +1,219 @@
+"""The Common Voice recipe on its fixture (tests/fixtures/commonvoice): clip tables read without
+quoting (current 13-column and pre-17 10-column headers), durations from clip_durations.tsv or
+the MP3 header, mismatch policies, layout errors, reuse, pipelines.
+
+The fixture (``cv-corpus-17.0-2024-03-15/en/``): 4 MP3 clips (48 kHz mono), train.tsv (2 rows),
+dev.tsv and test.tsv (1 row each), clip_durations.tsv; sentences hold quotes and semicolons.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import soundfile
+
+from speechpipe.diagnostics import SkippedInputWarning
+from speechpipe.errors import DataError, MissingDataError
+from speechpipe.pipes.manifests import read_manifest
+from speechpipe.recipes._common import get_recipe, manifest_path, pipeline_report
+from speechpipe.recipes.commonvoice import (
+    CLIP_DURATIONS,
+    NO_DOWNLOAD,
+    commonvoice_test,
+    commonvoice_train,
+    commonvoice_valid,
+    prepare_commonvoice,
+    read_clip_durations,
+    read_clip_table,
+)
+
+FIXTURE = Path(__file__).parent / "fixtures" / "commonvoice" / "cv-corpus-17.0-2024-03-15" / "en"
+
+OLD_HEADER = ("client_id\tpath\tsentence\tup_votes\tdown_votes\tage\tgender\taccent\tlocale\t"
+              "segment\n")
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    """A writable copy of the fixture's language folder."""
+    return Path(shutil.copytree(FIXTURE, tmp_path / "cv-corpus-17.0-2024-03-15" / "en"))
+
+
+def _rows(corpus: Path, part: str) -> list[list[str]]:
+    lines = (corpus / f"{part}.tsv").read_text(encoding="utf-8").splitlines()
+    header = lines[0].split("\t")
+    return [dict(zip(header, line.split("\t"))) for line in lines[1:]]
+
+
+def _expected(corpus: Path, part: str, *, from_header: bool) -> list[dict]:
+    out = []
+    for row in _rows(corpus, part):
+        clip = corpus / "clips" / row["path"]
+        info = soundfile.info(str(clip))
+        sample = {"key": clip.stem, "audio_path": str(clip.resolve()), "text": row["sentence"],
+                  "speaker": row["client_id"], "age": row["age"], "gender": row["gender"],
+                  "locale": row["locale"]}
+        sample["accents" if "accents" in row else "accent"] = row.get("accents", row.get("accent"))
+        if from_header:
+            sample["duration"] = info.frames / info.samplerate
+            sample["sample_rate"] = info.samplerate
+        else:
+            sample["duration"] = (info.frames * 1000 // info.samplerate) / 1000
+        out.append(sample)
+    return out
+
+
+def _read(path) -> list[dict]:
+    rows = list(read_manifest(path))
+    for r in rows:
+        r.pop("source")
+    return rows
+
+
+def test_fixture_is_48_khz_mono_mp3_with_quotes_and_semicolons_under_300_kb():
+    clips = sorted((FIXTURE / "clips").glob("*.mp3"))
+    assert len(clips) == 4
+    for clip in clips:
+        info = soundfile.info(str(clip))
+        assert (info.samplerate, info.channels, info.format) == (48000, 1, "MP3")
+    text = (FIXTURE / "train.tsv").read_text(encoding="utf-8")
+    assert '"' in text and ";" in text
+    assert sum(p.stat().st_size for p in FIXTURE.rglob("*") if p.is_file()) < 300 * 1024
+
+
+# --------------------------------------------------------------------------- prepare
+
+
+def test_prepare_uses_clip_durations_and_keeps_sentences_as_written(corpus, tmp_path):
+    out = prepare_commonvoice(corpus, tmp_path / "m", progress=False)
+    assert out == {p: manifest_path(tmp_path / "m", "commonvoice", p)
+                   for p in ("train", "dev", "test")}
+    rows = _read(out["train"])
+    assert rows == _expected(corpus, "train", from_header=False)
+    assert [(r["key"], r["speaker"], r["text"]) for r in rows] == [
+        ("common_voice_en_1001", "c1a2", '"Hello," she said; then left.'),
+        ("common_voice_en_1002", "c3b4", 'It\'s a "test"; nothing more.')]
+    for r in rows:  # whole milliseconds, at most 1 ms below soundfile's duration
+        info = soundfile.info(r["audio_path"])
+        assert 0 <= info.frames / info.samplerate - r["duration"] < 0.001
+
+
+def test_without_clip_durations_the_mp3_header_gives_exact_durations(corpus):
+    (corpus / CLIP_DURATIONS).unlink()
+    samples = prepare_commonvoice(corpus, parts="train", progress=False)["train"]
+    assert samples == _expected(corpus, "train", from_header=True)
+
+
+def test_pre_17_ten_column_header_is_read_by_name(corpus):
+    rows = _rows(corpus, "dev")
+    lines = [f"{r['client_id']}\t{r['path']}\t{r['sentence']}\t2\t0\tthirties\tfemale\t\ten\t\n"
+             for r in rows]
+    (corpus / "dev.tsv").write_text(OLD_HEADER + "".join(lines), encoding="utf-8")
+    samples = prepare_commonvoice(corpus, parts="dev", progress=False)["dev"]
+    assert [(s["key"], s["text"], s["speaker"], s["age"], s["accent"]) for s in samples] == [
+        ("common_voice_en_1003", "Rain; wind; snow.", "c1a2", "thirties", "")]
+
+
+def test_row_without_clip_is_an_error_naming_table_line_and_key(corpus, tmp_path):
+    (corpus / "clips" / "common_voice_en_1002.mp3").unlink()
+    with pytest.raises(DataError) as info:
+        prepare_commonvoice(corpus, tmp_path / "m", parts="train", progress=False)
+    msg = str(info.value)
+    assert "prepare_commonvoice train: 1 transcript(s) without audio" in msg
+    assert f"{corpus / 'train.tsv'}:3 (key 'common_voice_en_1002')" in msg
+    assert not manifest_path(tmp_path / "m", "commonvoice", "train").exists()
+
+
+def test_skip_policy_leaves_rows_without_clip_out_counted_in_a_warning(corpus):
+    (corpus / "clips" / "common_voice_en_1002.mp3").unlink()
+    with pytest.warns(SkippedInputWarning, match=r"transcript without audio: 1"):
+        out = prepare_commonvoice(corpus, parts="train", on_mismatch="skip", progress=False)
+    assert [s["key"] for s in out["train"]] == ["common_voice_en_1001"]
+
+
+def test_clips_of_other_tables_are_not_mismatches(corpus):
+    # clips/ holds the clips of every table; dev lists one of the four
+    assert [s["key"] for s in prepare_commonvoice(corpus, parts="dev",
+                                                  progress=False)["dev"]] == [
+        "common_voice_en_1003"]
+
+
+def test_missing_clips_folder_is_named(corpus):
+    shutil.rmtree(corpus / "clips")
+    with pytest.raises(MissingDataError) as info:
+        prepare_commonvoice(corpus, progress=False)
+    assert str(info.value).startswith(f"{corpus / 'clips'}: the clips/ folder is missing")
+
+
+def test_missing_table_is_named(corpus):
+    (corpus / "test.tsv").unlink()
+    with pytest.raises(MissingDataError) as info:
+        prepare_commonvoice(corpus, parts=["test"], progress=False)
+    assert str(info.value).startswith(f"{corpus / 'test.tsv'}: commonvoice part 'test' not found")
+
+
+def test_missing_language_folder_is_named(tmp_path):
+    with pytest.raises(MissingDataError, match="Common Voice language folder not found"):
+        prepare_commonvoice(tmp_path / "nope")
+
+
+def test_row_with_a_wrong_field_count_is_named_with_file_and_line(corpus):
+    with open(corpus / "dev.tsv", "a", encoding="utf-8") as f:
+        f.write("c9\tcommon_voice_en_9.mp3\tonly three\n")
+    with pytest.raises(DataError, match=rf"{corpus / 'dev.tsv'}:3: expected 13 tab-separated"):
+        read_clip_table(corpus / "dev.tsv")
+
+
+def test_header_without_required_columns_is_named(corpus):
+    (corpus / "dev.tsv").write_text("id\tfile\ttext\n", encoding="utf-8")
+    with pytest.raises(DataError, match=r"dev.tsv:1: header lacks column\(s\) \['client_id', "
+                                        r"'path', 'sentence'\]"):
+        prepare_commonvoice(corpus, parts="dev", progress=False)
+
+
+def test_bad_clip_duration_line_is_named(corpus):
+    path = corpus / CLIP_DURATIONS
+    path.write_text(path.read_text() + "common_voice_en_9.mp3\tlong\n")
+    with pytest.raises(DataError, match=rf"{path}:6: bad duration 'long'"):
+        read_clip_durations(path)
+
+
+def test_rerun_reuses_finished_parts_without_reading_the_corpus(corpus, tmp_path):
+    out = prepare_commonvoice(corpus, tmp_path / "m", parts="dev", progress=False)
+    before = out["dev"].read_bytes()
+    shutil.rmtree(corpus / "clips")
+    (corpus / "clips").mkdir()  # a rerun that read the part again would now fail
+    again = prepare_commonvoice(corpus, tmp_path / "m", parts="dev", progress=False)
+    assert again == out and out["dev"].read_bytes() == before
+    with pytest.raises(DataError, match="1 transcript"):
+        prepare_commonvoice(corpus, tmp_path / "m", parts="dev", force=True, progress=False)
+
+
+def test_no_download_is_explained():
+    module = get_recipe("commonvoice")
+    assert not hasattr(module, "download_commonvoice") and "Mozilla" in NO_DOWNLOAD
+
+
+# --------------------------------------------------------------------------- pipelines
+
+
+def test_train_gives_padded_batches_within_budget_and_valid_test_keep_order(corpus, tmp_path):
+    manifests = prepare_commonvoice(corpus, tmp_path / "m", progress=False)
+    rows = _read(manifests["train"])
+    pipe = commonvoice_train(tmp_path / "m", budget_seconds=6.0, max_duration=2.5)
+    with pytest.warns(SkippedInputWarning, match="longer than 2.5 s: 1"):
+        batches = list(pipe)
+    durations = {r["key"]: r["duration"] for r in rows}
+    assert sorted(k for b in batches for k in b["key"]) == ["common_voice_en_1002"]
+    for b in batches:
+        assert len(b["key"]) * max(durations[k] for k in b["key"]) <= 6.0
+        assert tuple(b["feats"].shape[::2]) == (len(b["key"]), 80)
+    assert "filter_by_duration skipped 1 item(s)" in pipeline_report(pipe)
+    full = list(commonvoice_train(manifests, budget_seconds=6.0, features=None))
+    assert sorted(k for b in full for k in b["key"]) == [r["key"] for r in rows]  # 1-15 s
+    valid = list(commonvoice_valid(manifests, batch_size=2, features=None))
+    assert [list(b["key"]) for b in valid] == [["common_voice_en_1003"]]
+    test = list(commonvoice_test(tmp_path / "m", batch_size=2))
+    assert [list(b["key"]) for b in test] == [["common_voice_en_1004"]]
