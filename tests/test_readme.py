@@ -18,6 +18,12 @@ def _blocks():
     return re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
 
 
+def _block(marker: str) -> str:
+    """The README python block containing ``marker``."""
+    (block,) = [b for b in _blocks() if marker in b]
+    return block
+
+
 def test_readme_shows_the_two_commands_first():
     text = README.read_text()
     first_block = re.search(r"```sh\n(.*?)```", text, re.S).group(1)
@@ -107,7 +113,7 @@ def test_readme_large_corpus_pipeline_runs(tmp_path, monkeypatch):
     namespace: dict = {}
     first = _blocks()[0].splitlines()
     exec("\n".join(line for line in first if line.startswith(("import ", "from "))), namespace)
-    exec(compile(_blocks()[4], "README.md", "exec"), namespace)
+    exec(compile(_block("index=True"), "README.md", "exec"), namespace)
     pipe = namespace["pipe"]
     seen = {}
     for batch in pipe:
@@ -120,3 +126,28 @@ def test_readme_large_corpus_pipeline_runs(tmp_path, monkeypatch):
     while type(sharded).__name__ != "ShardedShufflerIterDataPipe":
         sharded = sharded.source_datapipe
     assert len(sharded) == 30  # exact, from the index
+
+
+def test_readme_recipe_example_runs(tmp_path, monkeypatch):
+    import shutil
+
+    import speechpipe
+    from speechpipe.demo import DEMO_CORPUS
+    from speechpipe.pipes.text import SentencePieceTokenizer
+    from speechpipe.recipes.librispeech import prepare_librispeech
+
+    monkeypatch.chdir(tmp_path)
+    shutil.copytree(f"{DEMO_CORPUS}/dev-clean", "LibriSpeech/train-clean-100")
+    prepare_librispeech("LibriSpeech", "OUT", parts=["train-clean-100"])
+    texts = [line.split(" ", 1)[1] for p in pathlib.Path("LibriSpeech").rglob("*.trans.txt")
+             for line in p.read_text().splitlines()]
+    SentencePieceTokenizer.build(texts, model_type="char").save("bpe500.model")
+    code = _block("librispeech_train").replace("range(30)", "range(2)")  # two epochs suffice
+    code = code.replace("        ...", "        batches.append(batch)")
+    namespace: dict = {"speechpipe": speechpipe, "batches": []}
+    exec(compile(code, "README.md", "exec"), namespace)
+    batches = namespace["batches"]
+    assert batches and all(b["feats"].shape[-1] == 80 for b in batches)
+    # The demo utterances all last 1-20 s: every one is kept, once per epoch.
+    assert sum(len(b["key"]) for b in batches) == 2 * len(texts)
+    assert all("tokens" in b and b["tokens_len"].min() > 0 for b in batches)
