@@ -60,7 +60,13 @@ positions, random generator states, and the samples each holds **by identity**
 
 So what is read again is at most the buffers' contents plus the current shard's prefix --
 never the epoch so far. ``batch_by_view`` holds nothing: it restarts at its next step and
-loads nothing it skips. Stages between resumable ones must map one sample to one sample
+loads nothing it skips (under the loader, its position comes from the state: the
+``start_step`` of its constructor is reset by each pass's ``set_epoch``).
+
+The state costs about 0.6 ms per batch in each worker for buffers of 1000 + 2000 samples (and
+~30 kB sent to the main process). ``snapshot_every=k`` sends it every ``k`` batches instead; a
+state taken between two snapshots is then restored by fetching again the (at most ``k - 1``)
+batches since the last one -- still exact, at the cost of re-reading those batches. Stages between resumable ones must map one sample to one sample
 deterministically (decode, feature extraction without dither, tokenization); random stages
 that draw in sequence (``perturb_speed``, ``spec_augment``) resume with a fresh draw sequence
 (a warning says so); torch's ``shuffle``, ``batch`` and other buffering stages cannot be saved
@@ -81,6 +87,8 @@ from .pipes._base import IterDataPipe, MapDataPipe
 from .pipes.batching import _identity, _Resumable, _Seeded
 from .pipes.concurrency import graph_nodes, to_device
 from .pipes.mixing import propagate_epoch
+from .pipes.sharding import ShardedShufflerIterDataPipe
+from .pipes.views import ViewLoaderIterDataPipe
 from .seeding import derive_seed, process_position
 
 __all__ = ["Loader", "PipeDataset", "ResumeWarning", "SharedEpoch", "build_loader"]
@@ -135,8 +143,7 @@ def _check_epoch(epoch: Any) -> int:
 def _is_source(node: Any) -> bool:
     """A pipe that starts the sample stream of a resumable pass (``sharded_shuffle``, which
     can re-read held samples, or ``batch_by_view``, which holds none)."""
-    return isinstance(node, _Resumable) and (
-        hasattr(type(node), "_replay_request") or hasattr(node, "view"))
+    return isinstance(node, (ShardedShufflerIterDataPipe, ViewLoaderIterDataPipe))
 
 
 class PipeDataset(torch.utils.data.IterableDataset):
@@ -347,7 +354,7 @@ def _replay(stage: Any, needs: list) -> dict:
     those samples and the resumable pipes between pass them through (their own states stay
     pending for the real pass)."""
     below = graph_nodes(stage.source_datapipe, stop=_is_source)
-    sources = [n for n in below if hasattr(type(n), "_replay_request")]
+    sources = [n for n in below if isinstance(n, ShardedShufflerIterDataPipe)]
     if len(sources) != 1:
         raise TypeError(
             f"{type(stage).__name__} holds samples that must be re-read on resume, but "

@@ -8,8 +8,6 @@ over many epochs.
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 import torch
