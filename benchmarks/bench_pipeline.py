@@ -1,0 +1,694 @@
+"""End to end, shards to padded batches: speechpipe beside webdataset and lhotse.
+
+Two workloads on the same utterances (durations drawn from LibriSpeech train-clean-100's
+published percentiles), doing the same work in all three:
+
+1. **features**: precomputed 80-dim float32 features (Kaldi arks packed into tar shards by
+   ``speechpipe.pack``; lhotse: the same matrices exported to Lhotse Shar shards) -> shuffle
+   -> length bucketing -> batches within a padded budget -> padded ``(B, T, 80)`` tensors;
+2. **audio**: 16 kHz FLAC (speech cut from the demo corpus) in tar shards (lhotse: Shar) ->
+   decode with soundfile -> Kaldi fbank (``speechpipe.pipes.audio.compute_features``, 80 bins,
+   one call per utterance in all three) -> the same batching. speechpipe and lhotse batch on
+   lengths known beforehand (the shard index, the cuts' durations) and decode each batch's
+   utterances after batching; webdataset (WeNet's recipe) decodes before its sort buffer.
+
+Contenders (shuffle buffer, bucketing buffer and budget the same for all):
+
+- **speechpipe**: ``sharded_shuffle -> decode -> bucket_by_length (boundaries from the shard
+  index) -> block_batch -> collate(PadCollate)``; for audio ``sharded_shuffle -> map(length
+  from the index) -> bucket_by_length -> block_batch -> map(decode + fbank per batch) ->
+  collate``; through ``speechpipe.loader.build_loader`` (StatefulDataLoader, resumable state
+  every batch);
+- **webdataset**: its own pipeline, ``WebDataset(shardshuffle, split_by_worker) .shuffle()
+  .decode()`` [+ fbank map], then WeNet's processors (``sort`` in a buffer, ``dynamic_batch``
+  by padded frames, ``padding``) -- the usual speech recipe on webdataset;
+- **lhotse**: ``CutSet.from_shar`` -> ``DynamicBucketingSampler`` (``max_duration`` is a padded
+  budget, bins from the same durations) -> a map-style dataset loading features / audio and
+  padding (``IterableDatasetWrapper`` with workers, as lhotse recommends for Shar).
+
+Each with workers 0 and 2, cold cache (``posix_fadvise(DONTNEED)`` on every data file before
+the run) and warm (after a full read), each run in a fresh process (``--runs`` runs, medians):
+audio seconds per second, utterances per second, time to first batch (from building the loader),
+and peak memory of the process tree (the largest sum of resident memory of the process and its
+workers, sampled every 50 ms; shared pages count once per process). For the audio workload
+also one core's decode + fbank rate, measured in the same run on the same files, times the
+cores used (the CPU limit), and each contender's ratio to it.
+
+Then: the per-sample overhead (us) of speechpipe stages, timing a pipeline with and without
+each stage on in-memory samples; and workload 1 with batching and collation in the workers
+(one transfer per batch) against per-utterance transfer (batching in the main process).
+
+    python -m benchmarks bench_pipeline              # 1500 / 600 utterances, 3 runs (~15 min)
+    python -m benchmarks bench_pipeline --tiny       # 40 utterances, 1 run, in process (seconds)
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import functools
+import io
+import json
+import os
+import pstats
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import warnings
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import soundfile as sf
+import torch
+
+import speechpipe  # noqa: F401  (registers the pipes)
+from speechpipe.index import ShardEntry, ShardIndex
+from speechpipe.loader import PipeDataset, build_loader
+from speechpipe.pipes._base import IterableWrapper
+from speechpipe.pipes.audio import compute_features
+from speechpipe.pipes.collate import PadCollate
+from speechpipe.pipes.decode import decode_sample
+from speechpipe.pipes.shards import ShardWriter
+from speechpipe.testing import sample_durations
+
+DIM, FPS, RATE = 80, 100, 16000
+SYSTEMS = ("speechpipe", "webdataset", "lhotse")
+WORKLOADS = ("features", "audio")
+
+
+@dataclass(frozen=True)
+class Setup:
+    """The work every contender does."""
+
+    shuffle: int = 1000  # shuffle buffer, samples
+    bucket: int = 2000  # bucketing / sorting buffer, samples
+    buckets: int = 30  # length buckets (speechpipe, lhotse)
+    budget_seconds: float = 200.0  # padded seconds per batch: n x longest <= budget
+    shard_size: int = 100
+    snapshot_every: int = 1  # speechpipe: worker state sent every n batches
+
+    @property
+    def budget_frames(self) -> int:
+        return int(self.budget_seconds * FPS)
+
+
+TINY = Setup(shuffle=10, bucket=20, buckets=4, budget_seconds=60.0, shard_size=10)
+
+
+# --------------------------------------------------------------------------------------------
+# The corpus
+# --------------------------------------------------------------------------------------------
+
+
+def _fbank_frames(samples: int) -> int:
+    return 1 + (samples - 400) // 160 if samples >= 400 else 0
+
+
+def _write_index(paths: list[str], keys: list[list[str]], lengths: list[list[float]]) -> None:
+    entries = [ShardEntry(os.path.basename(p), len(k), os.path.getsize(p), tuple(k), tuple(n))
+               for p, k, n in zip(paths, keys, lengths)]
+    ShardIndex(os.path.dirname(paths[0]), entries).write()
+
+
+def _demo_speech() -> np.ndarray:
+    from speechpipe.demo import DEMO_CORPUS
+
+    parts = []
+    for folder, _, files in sorted(os.walk(DEMO_CORPUS)):
+        for name in sorted(files):
+            if name.endswith(".flac"):
+                audio, rate = sf.read(os.path.join(folder, name), dtype="float32")
+                assert rate == RATE
+                parts.append(audio)
+    return np.concatenate(parts)
+
+
+def make_features(root: str, n: int, setup: Setup) -> dict:
+    """Kaldi arks packed into tar shards (as bench_shards), and the same as Lhotse Shar."""
+    from benchmarks.bench_shards import make_corpus
+
+    paths, scp = make_corpus(os.path.join(root, "kaldi"), n, setup.shard_size)
+    shar = os.path.join(root, "shar")
+    if not os.path.exists(shar + ".done"):
+        import shutil
+
+        import kaldiio
+        from lhotse import CutSet, Features, MonoCut
+        from lhotse.features.io import NumpyFilesWriter
+
+        staging = os.path.join(root, "npy")
+        table = kaldiio.load_scp(scp)
+
+        def cuts(writer):
+            for entry in ShardIndex.read(os.path.dirname(paths[0])).shards:
+                for key, frames in zip(entry.keys, entry.lengths):
+                    features = Features(
+                        type="fbank", num_frames=int(frames), num_features=DIM,
+                        frame_shift=1 / FPS, sampling_rate=RATE, start=0, duration=frames / FPS,
+                        storage_type=writer.name, storage_path=writer.storage_path,
+                        storage_key=writer.write(key, table[key]))
+                    yield MonoCut(id=key, start=0, duration=frames / FPS, channel=0,
+                                  features=features)
+
+        os.makedirs(shar, exist_ok=True)
+        with NumpyFilesWriter(staging) as writer:
+            CutSet(cuts(writer)).to_shar(shar, fields={"features": "numpy"},
+                                         shard_size=setup.shard_size)
+        shutil.rmtree(staging)
+        open(shar + ".done", "w").close()
+    return _described(paths, shar)
+
+
+def make_audio(root: str, n: int, setup: Setup, seed: int = 1) -> dict:
+    """FLAC utterances cut from the demo corpus's speech, in tar shards and as Lhotse Shar."""
+    shards_dir, shar = os.path.join(root, "shards"), os.path.join(root, "shar")
+    if not os.path.exists(os.path.join(shards_dir, "index.jsonl")):
+        os.makedirs(shards_dir, exist_ok=True)
+        speech = _demo_speech()
+        rng = np.random.default_rng(seed)
+        durations = sample_durations("librispeech-train-clean-100", n, seed, usable_only=True)
+        keys: list[list[str]] = []
+        lengths: list[list[float]] = []
+        with ShardWriter(os.path.join(shards_dir, "data-%05d.tar"),
+                         maxcount=setup.shard_size) as writer:
+            for i, seconds in enumerate(durations):
+                size = int(seconds * RATE)
+                start = int(rng.integers(0, len(speech)))
+                audio = np.take(speech, np.arange(start, start + size), mode="wrap")
+                if i % setup.shard_size == 0:
+                    keys.append([])
+                    lengths.append([])
+                keys[-1].append(f"a{i:06d}")
+                lengths[-1].append(float(_fbank_frames(size)))
+                writer.write({"key": f"a{i:06d}", "flac": audio, "sample_rate": RATE})
+        _write_index(writer.paths, keys, lengths)
+    paths = ShardIndex.read(shards_dir).paths()
+    if not os.path.exists(shar + ".done"):
+        from lhotse import CutSet, MonoCut, Recording
+
+        from speechpipe.pipes.sharding import read_shard
+
+        cuts = []
+        for path in paths:
+            for sample in read_shard(path):
+                recording = Recording.from_bytes(sample["flac"], recording_id=sample["key"])
+                cuts.append(MonoCut(id=sample["key"], start=0, duration=recording.duration,
+                                    channel=0, recording=recording))
+        os.makedirs(shar, exist_ok=True)
+        CutSet.from_cuts(cuts).to_shar(shar, fields={"recording": "flac"},
+                                       shard_size=setup.shard_size)
+        open(shar + ".done", "w").close()
+    return _described(paths, shar)
+
+
+def _described(paths: list[str], shar: str) -> dict:
+    index = ShardIndex.read(os.path.dirname(paths[0]))
+    shar_files = sorted(os.path.join(shar, f) for f in os.listdir(shar))
+    return {"shards": paths, "shar": shar, "utts": len(index),
+            "seconds": sum(index.lengths()) / FPS,
+            "files": {"speechpipe": paths, "webdataset": paths, "lhotse": shar_files}}
+
+
+# --------------------------------------------------------------------------------------------
+# The contenders
+# --------------------------------------------------------------------------------------------
+
+
+def _boundaries(data: dict, setup: Setup) -> list[float]:
+    return ShardIndex.read(os.path.dirname(data["shards"][0])).boundaries(setup.buckets)
+
+
+def with_num_frames(lengths: dict, sample: dict) -> dict:
+    """A raw sample with its length from the index, so it can be batched before decoding."""
+    return {**sample, "num_frames": int(lengths[sample["key"]])}
+
+
+def featurize(batch: list) -> list:
+    """Decode and fbank the samples of one batch (after batching: nothing buffered is decoded)."""
+    out = []
+    for raw in batch:
+        sample = decode_sample(raw)
+        out.append({"key": sample["key"], "feats": compute_features(
+            sample["audio"], sample["sample_rate"], num_mel_bins=DIM)})
+    return out
+
+
+def speechpipe_pipe(kind: str, data: dict, setup: Setup, *, batches: bool = True):
+    index = ShardIndex.read(os.path.dirname(data["shards"][0]))
+    pipe = IterableWrapper(data["shards"]).sharded_shuffle(setup.shuffle, seed=0, index=index)
+    if kind == "audio" and batches:
+        # Bucket and batch on the index's lengths, then decode + fbank each batch: the buffers
+        # hold FLAC bytes, and the first batch needs only its own utterances decoded.
+        lengths = {k: n for e in index.shards for k, n in zip(e.keys, e.lengths)}
+        pipe = pipe.map(functools.partial(with_num_frames, lengths))
+        return (pipe.bucket_by_length(setup.bucket, boundaries=_boundaries(data, setup), seed=0)
+                .block_batch(batch_len=setup.budget_frames, seed=0)
+                .map(featurize).collate(collate_fn=PadCollate()))
+    pipe = pipe.decode()
+    if kind == "audio":
+        pipe = pipe.compute_features("fbank", num_mel_bins=DIM, keep_audio=False)
+    if not batches:
+        return pipe
+    return batch_in_speechpipe(pipe, data, setup)
+
+
+def batch_in_speechpipe(samples, data: dict, setup: Setup):
+    return (samples.bucket_by_length(setup.bucket, boundaries=_boundaries(data, setup), seed=0)
+            .block_batch(batch_len=setup.budget_frames, seed=0)
+            .collate(collate_fn=PadCollate()))
+
+
+def speechpipe_loader(kind: str, data: dict, workers: int, setup: Setup):
+    return build_loader(speechpipe_pipe(kind, data, setup), num_workers=workers, seed=0,
+                        snapshot_every=setup.snapshot_every)
+
+
+def _feats_of_wds(sample: dict) -> dict:
+    return {"key": sample["__key__"], "feats": sample["feats.npy"]}
+
+
+def _fbank_of_flac(sample: dict) -> dict:
+    audio, rate = sf.read(io.BytesIO(sample["flac"]), dtype="float32")
+    return {"key": sample["__key__"], "feats": compute_features(audio, rate, num_mel_bins=DIM)}
+
+
+def wenet_sort(data, size: int):
+    """WeNet's ``processor.sort``: sort a buffer of ``size`` samples by length."""
+    buf: list = []
+    for sample in data:
+        buf.append(sample)
+        if len(buf) >= size:
+            buf.sort(key=lambda s: s["feats"].shape[0])
+            yield from buf
+            buf = []
+    buf.sort(key=lambda s: s["feats"].shape[0])
+    yield from buf
+
+
+def wenet_dynamic_batch(data, max_frames: int):
+    """WeNet's ``processor.dynamic_batch``: close a batch when n x longest > max_frames."""
+    buf: list = []
+    longest = 0
+    for sample in data:
+        frames = sample["feats"].shape[0]
+        longest = max(longest, frames)
+        if longest * (len(buf) + 1) > max_frames:
+            if buf:
+                yield buf
+            buf, longest = [sample], frames
+        else:
+            buf.append(sample)
+    if buf:
+        yield buf
+
+
+def wenet_padding(batch: list) -> dict:
+    feats = [torch.from_numpy(np.asarray(s["feats"])) for s in batch]
+    return {"key": [s["key"] for s in batch],
+            "feats": torch.nn.utils.rnn.pad_sequence(feats, batch_first=True),
+            "feats_len": torch.tensor([f.shape[0] for f in feats])}
+
+
+def webdataset_loader(kind: str, data: dict, workers: int, setup: Setup):
+    import webdataset as wds
+
+    shards = data["shards"]
+    ds = wds.WebDataset(shards, shardshuffle=len(shards), seed=0, empty_check=False,
+                        nodesplitter=wds.split_by_node, workersplitter=wds.split_by_worker)
+    ds = ds.shuffle(setup.shuffle, seed=0)
+    ds = ds.decode().map(_feats_of_wds) if kind == "features" else ds.map(_fbank_of_flac)
+    ds = ds.compose(functools.partial(wenet_sort, size=setup.bucket),
+                    functools.partial(wenet_dynamic_batch, max_frames=setup.budget_frames))
+    ds = ds.map(wenet_padding)
+    return torch.utils.data.DataLoader(ds, batch_size=None, num_workers=workers)
+
+
+class LhotseBatches(torch.utils.data.Dataset):
+    """lhotse's side: load each cut's features (or audio, then fbank) and pad."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+
+    def __getitem__(self, cuts) -> dict:
+        if self.kind == "features":
+            feats = [c.load_features() for c in cuts]
+        else:
+            feats = [compute_features(c.load_audio()[0], c.sampling_rate, num_mel_bins=DIM)
+                     for c in cuts]
+        return wenet_padding([{"key": c.id, "feats": f} for c, f in zip(cuts, feats)])
+
+
+def lhotse_loader(kind: str, data: dict, workers: int, setup: Setup):
+    from lhotse import CutSet
+    from lhotse.dataset import DynamicBucketingSampler, IterableDatasetWrapper
+    from lhotse.dataset.dataloading import make_worker_init_fn
+
+    cuts = CutSet.from_shar(in_dir=data["shar"], shuffle_shards=True,
+                            split_for_dataloading=workers > 0, seed=0)
+    bins = [b / FPS for b in _boundaries(data, setup)]
+    sampler = DynamicBucketingSampler(cuts, max_duration=setup.budget_seconds,
+                                      duration_bins=bins, shuffle=True,
+                                      buffer_size=setup.bucket,
+                                      shuffle_buffer_size=setup.shuffle, seed=0)
+    dataset = LhotseBatches(kind)
+    if workers == 0:
+        return torch.utils.data.DataLoader(dataset, sampler=sampler, batch_size=None)
+    return torch.utils.data.DataLoader(IterableDatasetWrapper(dataset, sampler),
+                                       batch_size=None, num_workers=workers,
+                                       worker_init_fn=make_worker_init_fn(seed=0))
+
+
+LOADERS = {"speechpipe": speechpipe_loader, "webdataset": webdataset_loader,
+           "lhotse": lhotse_loader}
+
+
+# --------------------------------------------------------------------------------------------
+# Measuring
+# --------------------------------------------------------------------------------------------
+
+
+def _tree_rss_kib(pid: int) -> int:
+    total, stack = 0, [pid]
+    while stack:
+        p = stack.pop()
+        try:
+            with open(f"/proc/{p}/status") as f:
+                for line in f:
+                    if line.startswith("VmRSS:"):
+                        total += int(line.split()[1])
+                        break
+            for task in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{task}/children") as f:
+                    stack.extend(int(c) for c in f.read().split())
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+    return total
+
+
+class TreePeak:
+    """The largest resident memory of this process and its descendants, sampled every 50 ms."""
+
+    def __init__(self) -> None:
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, _tree_rss_kib(os.getpid()))
+            self._stop.wait(0.05)
+
+    def __enter__(self) -> "TreePeak":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def measure(system: str, kind: str, data: dict, workers: int, setup: Setup) -> dict:
+    """One epoch; figures of this run."""
+    torch.set_num_threads(1)
+    with TreePeak() as peak:
+        start = time.perf_counter()
+        loader = LOADERS[system](kind, data, workers, setup)
+        first, utts, frames = None, 0, 0
+        for batch in loader:
+            if first is None:
+                first = time.perf_counter() - start
+            utts += int(batch["feats"].shape[0])
+            frames += int(batch["feats_len"].sum())
+            assert batch["feats"].shape[2] == DIM
+        seconds = time.perf_counter() - start
+    return {"system": system, "workload": kind, "workers": workers, "seconds": seconds,
+            "first": first, "utts": utts, "audio_s": frames / FPS, "peak_mib": peak.peak / 1024}
+
+
+def evict(paths: list[str]) -> None:
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def warm(paths: list[str]) -> None:
+    for path in paths:
+        with open(path, "rb", buffering=0) as f:
+            while f.read(16 << 20):
+                pass
+
+
+def run_one(system: str, kind: str, data: dict, workers: int, cold: bool, setup: Setup,
+            in_process: bool) -> dict:
+    files = data["files"][system]
+    (evict if cold else warm)(files)
+    if in_process:
+        return measure(system, kind, data, workers, setup)
+    spec = json.dumps({"system": system, "kind": kind, "data": data, "workers": workers,
+                       "setup": asdict(setup)})
+    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", spec],
+                         capture_output=True, text=True, timeout=3600)
+    if out.returncode:
+        raise RuntimeError(f"{system} {kind} workers {workers} failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def cpu_limit(data: dict) -> float:
+    """Audio seconds per CPU second of soundfile decode + fbank on one core, over every
+    utterance of the corpus (process time, so that other load on a shared machine does not
+    lower it; the best of 2 passes)."""
+    from speechpipe.pipes.sharding import read_shard
+
+    torch.set_num_threads(1)
+    blobs = [sample["flac"] for path in data["shards"] for sample in read_shard(path)]
+    rates = []
+    for _ in range(2):
+        start, seconds = time.process_time(), 0.0
+        for blob in blobs:
+            audio, rate = sf.read(io.BytesIO(blob), dtype="float32")
+            compute_features(audio, rate, num_mel_bins=DIM)
+            seconds += len(audio) / rate
+        rates.append(seconds / (time.process_time() - start))
+    return max(rates)
+
+
+def contest(corpora: dict, setup: Setup, runs: int, in_process: bool,
+            workloads=WORKLOADS) -> list[dict]:
+    rows = []
+    for kind in workloads:
+        for cold in (True, False):
+            for workers in (0, 2):
+                for system in SYSTEMS:
+                    results = [run_one(system, kind, corpora[kind], workers, cold, setup,
+                                       in_process) for _ in range(runs)]
+                    row = {key: statistics.median(r[key] for r in results)
+                           for key in ("seconds", "first", "utts", "audio_s", "peak_mib")}
+                    row.update(system=system, workload=kind, workers=workers,
+                               cache="cold" if cold else "warm")
+                    row["utt_s"] = row["utts"] / row["seconds"]
+                    row["audio_s_s"] = row["audio_s"] / row["seconds"]
+                    rows.append(row)
+                    print(f"  {kind:<8} {row['cache']} w{workers} {system:<10} "
+                          f"{row['audio_s_s']:8.0f} audio-s/s {row['utt_s']:7.0f} utt/s "
+                          f"first {row['first']:.2f}s peak {row['peak_mib']:.0f} MiB",
+                          flush=True)
+    return rows
+
+
+def table(rows: list[dict], limit: float) -> str:
+    head = (f"{'workload':<8} {'cache':<5} {'wk':>2} {'system':<10} {'audio-s/s':>9} "
+            f"{'utt/s':>7} {'1st batch s':>11} {'peak MiB':>8} {'/CPU limit':>10}")
+    out = [head, "-" * len(head)]
+    for r in rows:
+        cores = max(1, r["workers"])
+        ratio = (f"{r['audio_s_s'] / (limit * cores):>10.2f}" if r["workload"] == "audio"
+                 else f"{'':>10}")
+        out.append(f"{r['workload']:<8} {r['cache']:<5} {r['workers']:>2} {r['system']:<10} "
+                   f"{r['audio_s_s']:>9.0f} {r['utt_s']:>7.0f} {r['first']:>11.2f} "
+                   f"{r['peak_mib']:>8.0f} {ratio}")
+    out.append("")
+    out.append(f"CPU limit (audio): one core decodes + fbanks {limit:.0f} audio-s per CPU-s; "
+               "x cores used (workers 0: 1, workers 2: 2)")
+    for kind in sorted({r["workload"] for r in rows}, key=WORKLOADS.index):
+        for cache in ("cold", "warm"):
+            for workers in (0, 2):
+                get = {r["system"]: r for r in rows if r["workload"] == kind and
+                       r["cache"] == cache and r["workers"] == workers}
+                sp = get["speechpipe"]["audio_s_s"]
+                out.append(f"{kind} {cache} workers {workers}: speechpipe / webdataset "
+                           f"{sp / get['webdataset']['audio_s_s']:.2f}, / lhotse "
+                           f"{sp / get['lhotse']['audio_s_s']:.2f}")
+    return "\n".join(out)
+
+
+# --------------------------------------------------------------------------------------------
+# Per-stage overhead and transfers
+# --------------------------------------------------------------------------------------------
+
+
+def _identity(sample):
+    return sample
+
+
+def stage_overheads(n: int, repeats: int) -> list[tuple[str, float]]:
+    """Extra us per sample of each stage: pipeline with it minus pipeline without it."""
+    from speechpipe.pipes.sharding import shuffle_buffer
+
+    torch.set_num_threads(1)
+    rng = np.random.default_rng(0)
+    samples = [{"key": f"s{i}", "source": "mem",
+                "feats": np.zeros((int(rng.integers(50, 1500)), 1), np.float32)}
+               for i in range(n)]
+
+    def base():
+        return IterableWrapper(samples, deepcopy=False)
+
+    def bucketed():
+        return base().bucket_by_length(2000, num_buckets=30)
+
+    def drain(pipe):
+        for _ in pipe:
+            pass
+
+    cases = [
+        ("shuffle_buffer (sharded_shuffle's)", lambda: drain(base()),
+         lambda: drain(shuffle_buffer(base(), 1000, random.Random(0)))),
+        ("bucket_by_length(2000, 30 buckets)", lambda: drain(base()),
+         lambda: drain(bucketed())),
+        ("block_batch (after bucket)", lambda: drain(bucketed()),
+         lambda: drain(bucketed().block_batch(batch_len=20000))),
+        ("block_batch (plain stream)", lambda: drain(base()),
+         lambda: drain(base().block_batch(batch_len=20000))),
+        ("torch map(identity) (reference)", lambda: drain(base()),
+         lambda: drain(base().map(_identity))),
+        ("PipeDataset (epoch, state)", lambda: drain(base()),
+         lambda: drain(PipeDataset(base()))),
+        ("prefetch_in_thread(64)", lambda: drain(base()),
+         lambda: drain(base().prefetch_in_thread(64))),
+        ("map_in_threads(identity, 2 threads)", lambda: drain(base()),
+         lambda: drain(base().map_in_threads(_identity, num_threads=2, buffer_size=64))),
+        ("move_to_device('cpu')", lambda: drain(base()),
+         lambda: drain(base().move_to_device("cpu"))),
+    ]
+    out = []
+    for name, without, with_ in cases:
+        deltas = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            without()
+            t1 = time.perf_counter()
+            with_()
+            t2 = time.perf_counter()
+            deltas.append(((t2 - t1) - (t1 - t0)) / n * 1e6)
+        out.append((name, statistics.median(deltas)))
+    return out
+
+
+def transfers(data: dict, setup: Setup, workers: int, runs: int) -> list[tuple[str, float]]:
+    """Workload 1 warm: batches made in the workers vs utterances sent to the main process."""
+    torch.set_num_threads(1)
+    warm(data["files"]["speechpipe"])
+    out = []
+    names = ("batch + collate in workers", "per-utterance transfer",
+             "batch in workers, state every 100")
+    for name in names:
+        rates = []
+        for _ in range(runs):
+            start = time.perf_counter()
+            with warnings.catch_warnings():  # decode's zero-copy arrays are read-only
+                warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+                if name.startswith("batch"):
+                    loader = build_loader(speechpipe_pipe("features", data, setup),
+                                          num_workers=workers, seed=0,
+                                          snapshot_every=100 if "100" in name else 1)
+                else:
+                    samples = build_loader(
+                        speechpipe_pipe("features", data, setup, batches=False),
+                        num_workers=workers, seed=0)
+                    loader = batch_in_speechpipe(IterableWrapper(samples, deepcopy=False),
+                                                 data, setup)
+                utts = sum(int(b["feats"].shape[0]) for b in loader)
+            rates.append(utts / (time.perf_counter() - start))
+        out.append((name, statistics.median(rates)))
+    return out
+
+
+def profile(kind: str, data: dict, setup: Setup, top: int = 16) -> str:
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in speechpipe_loader(kind, data, 0, setup):
+        pass
+    profiler.disable()
+    text = io.StringIO()
+    pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(top)
+    return text.getvalue()
+
+
+# --------------------------------------------------------------------------------------------
+
+
+def run(root: str, n_feats: int, n_audio: int, runs: int, setup: Setup, in_process: bool,
+        show_profile: bool, workloads=WORKLOADS) -> None:
+    start = time.perf_counter()
+    corpora = {"features": make_features(os.path.join(root, "features"), n_feats, setup),
+               "audio": make_audio(os.path.join(root, "audio"), n_audio, setup)}
+    for kind, data in corpora.items():
+        size = sum(os.path.getsize(p) for p in data["shards"]) / 1e6
+        print(f"{kind}: {data['utts']} utterances, {data['seconds'] / 3600:.2f} h, "
+              f"{len(data['shards'])} shards, {size:.0f} MB")
+    print(f"corpus ready in {time.perf_counter() - start:.0f} s; setup {setup}", flush=True)
+    limit = cpu_limit(corpora["audio"])
+    load = os.getloadavg()[0]
+    rows = contest(corpora, setup, runs, in_process, workloads)
+    print(table(rows, limit))
+    print(f"load average before / after the runs: {load:.1f} / {os.getloadavg()[0]:.1f} "
+          f"on {os.cpu_count()} cores")
+    print("\nper-sample overhead of speechpipe stages (in-memory samples, median):")
+    for name, micros in stage_overheads(2000 if in_process else 50_000, 3 if in_process else 7):
+        print(f"  {name:<38} {micros:6.2f} us/sample")
+    print("\nworkload 1 warm, workers 2: where batches are made")
+    for name, rate in transfers(corpora["features"], setup, 2, runs):
+        print(f"  {name:<34} {rate:7.0f} utt/s")
+    if show_profile:
+        for kind in workloads:
+            print(f"\nprofile of speechpipe, {kind}, warm, workers 0 (by own time):")
+            print(profile(kind, corpora[kind], setup))
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tiny", action="store_true")
+    parser.add_argument("--feature-utterances", type=int, default=1500)
+    parser.add_argument("--audio-utterances", type=int, default=600)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--snapshot-every", type=int, default=1)
+    parser.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=list(WORKLOADS))
+    parser.add_argument("--root", default=None, help="corpus folder (reused if present)")
+    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        spec = json.loads(args.child)
+        print(json.dumps(measure(spec["system"], spec["kind"], spec["data"], spec["workers"],
+                                 Setup(**spec["setup"]))))
+        return
+    if args.tiny:
+        with tempfile.TemporaryDirectory() as root:
+            run(root, 40, 40, 1, TINY, in_process=True, show_profile=False)
+        return
+    root = args.root or os.path.join(
+        tempfile.gettempdir(), f"speechpipe-bench-e2e-{args.feature_utterances}-"
+        f"{args.audio_utterances}")
+    run(root, args.feature_utterances, args.audio_utterances, args.runs,
+        Setup(snapshot_every=args.snapshot_every), in_process=False, show_profile=True,
+        workloads=tuple(args.workloads))
+
+
+if __name__ == "__main__":
+    main()
