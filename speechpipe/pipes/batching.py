@@ -119,6 +119,9 @@ class BatchConstraint(ABC):
             state = self.add(state, n)
         return self.within(state)
 
+    def __post_init__(self) -> None:  # run by every dataclass subclass
+        self._check()
+
     def _check(self) -> None:
         for name in ("budget", "budget_in", "budget_out"):
             value = getattr(self, name, None)
@@ -153,9 +156,6 @@ class PaddedArea(BatchConstraint):
     max_samples: int | None = None
     length: LengthFn = None
 
-    def __post_init__(self):
-        self._check()
-
     def empty(self):
         return (0, 0)
 
@@ -182,9 +182,6 @@ class SumOfLengths(BatchConstraint):
     budget: float
     max_samples: int | None = None
     length: LengthFn = None
-
-    def __post_init__(self):
-        self._check()
 
     def empty(self):
         return (0, 0)
@@ -216,7 +213,7 @@ class Quadratic(BatchConstraint):
     length: LengthFn = None
 
     def __post_init__(self):
-        self._check()
+        super().__post_init__()
         if not self.q > 0:
             raise ValueError(f"q must be > 0, got {self.q!r}")
 
@@ -256,9 +253,6 @@ class TwoDimensional(BatchConstraint):
     max_samples: int | None = None
     length: LengthFn = None
     output: str = "tokens"
-
-    def __post_init__(self):
-        self._check()
 
     def measure(self, sample):
         if not isinstance(sample, Mapping):
