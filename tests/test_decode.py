@@ -373,6 +373,19 @@ def test_load_audio_reads_a_segment(corpus):
     assert np.array_equal(s["audio"], tone(16000)[4000:12000])
 
 
+def test_load_audio_whole_without_offset_reads_whole_files_and_segments(corpus):
+    rows = [{"key": "w", "audio_path": "wavs/u1.flac", "duration": 1.2},  # a rounded-up value
+            {"key": "s", "audio_path": "wavs/u1.flac", "offset": 0.25, "duration": 0.5}]
+    whole, seg = IterableWrapper(rows).load_audio(
+        offset_field="offset", duration_field="duration", whole_without_offset=True,
+        root=corpus)
+    assert np.array_equal(whole["audio"], tone(16000)) and whole["duration"] == 1.0
+    assert np.array_equal(seg["audio"], tone(16000)[4000:12000]) and seg["duration"] == 0.5
+    with pytest.raises(DataError, match=r"\(key 'w'\): sample has no field 'offset'"):
+        list(IterableWrapper(rows[:1]).load_audio(
+            offset_field="offset", duration_field="duration", root=corpus))
+
+
 def test_load_audio_offset_without_duration_reads_to_the_end(corpus):
     assert read_audio_segment(corpus / "wavs" / "u1.flac", offset=0.75)[0].shape == (4000,)
 
@@ -428,6 +441,7 @@ def test_load_audio_skip_policy_counts_missing_and_unreadable(corpus):
     ({"field": ""}, TypeError, "field must be a non-empty str"),
     ({"offset_field": 3}, TypeError, "offset_field must be a non-empty str"),
     ({"root": 5}, TypeError, "root must be a path or None"),
+    ({"whole_without_offset": True}, ValueError, "whole_without_offset needs an offset_field"),
     ({"on_error": "drop"}, ValueError, "on_error must be one of"),
 ])
 def test_load_audio_validates_arguments(kwargs, error, match):

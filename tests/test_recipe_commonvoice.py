@@ -88,7 +88,7 @@ def test_fixture_is_48_khz_mono_mp3_with_quotes_and_semicolons_under_300_kb():
 
 def test_prepare_uses_clip_durations_and_keeps_sentences_as_written(corpus, tmp_path):
     out = prepare_commonvoice(corpus, tmp_path / "m", progress=False)
-    assert out == {p: manifest_path(tmp_path / "m", "commonvoice", p)
+    assert out == {p: manifest_path(tmp_path / "m", "commonvoice_en", p)
                    for p in ("train", "dev", "test")}
     rows = _read(out["train"])
     assert rows == _expected(corpus, "train", from_header=False)
@@ -189,6 +189,31 @@ def test_rerun_reuses_finished_parts_without_reading_the_corpus(corpus, tmp_path
     assert again == out and out["dev"].read_bytes() == before
     with pytest.raises(DataError, match="1 transcript"):
         prepare_commonvoice(corpus, tmp_path / "m", parts="dev", force=True, progress=False)
+
+
+def test_a_rounded_up_clip_duration_reads_the_whole_clip(corpus, tmp_path):
+    table = corpus / CLIP_DURATIONS
+    table.write_text(table.read_text().replace("\t2285", "\t2400"))  # dev clip, 2.285 s
+    manifests = prepare_commonvoice(corpus, tmp_path / "m", parts="dev", progress=False)
+    assert _read(manifests["dev"])[0]["duration"] == 2.4
+    [batch] = commonvoice_valid(manifests, features=None)
+    info = soundfile.info(str(corpus / "clips" / "common_voice_en_1003.mp3"))
+    assert int(batch["audio_len"][0]) == info.frames
+    assert float(batch["duration"][0]) == pytest.approx(info.frames / info.samplerate)
+
+
+def test_languages_prepared_into_one_folder_stay_apart(corpus, tmp_path):
+    french = Path(shutil.copytree(corpus, corpus.parent / "fr"))
+    prepare_commonvoice(corpus, tmp_path / "m", parts="test", progress=False)
+    prepare_commonvoice(french, tmp_path / "m", parts="test", progress=False)
+    names = sorted(p.name for p in (tmp_path / "m").iterdir())
+    assert names == ["commonvoice_en_samples_test.jsonl.gz", "commonvoice_fr_samples_test.jsonl.gz"]
+    with pytest.raises(MissingDataError, match=r"manifests of \['en', 'fr'\].*language="):
+        commonvoice_test(tmp_path / "m")
+    [batch] = commonvoice_test(tmp_path / "m", language="fr", features=None)
+    assert batch["audio_path"][0].startswith(str(french.resolve()))
+    with pytest.raises(MissingDataError, match="holds no Common Voice manifest"):
+        commonvoice_test(tmp_path / "m", part="train")
 
 
 def test_no_download_is_explained():

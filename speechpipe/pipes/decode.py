@@ -553,6 +553,11 @@ class AudioLoaderIterDataPipe(IterDataPipe[Sample]):
         field: the field holding the path.
         offset_field: field holding the segment start in seconds (``None``: from the start).
         duration_field: field holding the segment length in seconds (``None``: to the end).
+        whole_without_offset: a sample that lacks ``offset_field`` is a whole file: it is read
+            to its end, its ``duration_field`` value (a measurement from a header or a table,
+            which may round) is no stop point and is replaced by the decoded duration. Without
+            this option a missing field is an error. For manifests mixing segments of long
+            recordings with whole-file utterances.
         root: directory that relative paths are joined to (absolute paths are used as they
             are); ``None`` resolves relative paths against the working directory.
         on_error: ``"raise"`` (default): a missing file raises
@@ -582,9 +587,12 @@ class AudioLoaderIterDataPipe(IterDataPipe[Sample]):
         *,
         offset_field: str | None = None,
         duration_field: str | None = None,
+        whole_without_offset: bool = False,
         root: str | os.PathLike | None = None,
         on_error: str = "raise",
     ) -> None:
+        if whole_without_offset and offset_field is None:
+            raise ValueError("whole_without_offset needs an offset_field")
         for name, value in (("field", field), ("offset_field", offset_field),
                             ("duration_field", duration_field)):
             if value is None and name != "field":
@@ -597,6 +605,7 @@ class AudioLoaderIterDataPipe(IterDataPipe[Sample]):
         self.field = field
         self.offset_field = offset_field
         self.duration_field = duration_field
+        self.whole_without_offset = bool(whole_without_offset)
         self.root = None if root is None else os.fspath(root)
         self.on_error = check_on_error(on_error)
         self.diagnostics = Diagnostics("load_audio")
@@ -604,7 +613,9 @@ class AudioLoaderIterDataPipe(IterDataPipe[Sample]):
     def _load(self, sample: Mapping[str, Any]) -> Sample:
         key = sample.get(KEY)
         values = {}
-        for name in (self.field, self.offset_field, self.duration_field):
+        whole = self.whole_without_offset and self.offset_field not in sample
+        names = (self.field,) if whole else (self.field, self.offset_field, self.duration_field)
+        for name in names:
             if name is not None and name not in sample:
                 raise DataError(f"sample has no field {name!r}", source=sample.get(SOURCE),
                                 key=key)
@@ -625,6 +636,8 @@ class AudioLoaderIterDataPipe(IterDataPipe[Sample]):
         out = dict(sample)
         out[AUDIO] = audio
         out[SAMPLE_RATE] = rate
+        if whole and self.duration_field is not None and self.duration_field in out:
+            out[self.duration_field] = audio.shape[0] / rate
         return out
 
     def __iter__(self) -> Iterator[Sample]:

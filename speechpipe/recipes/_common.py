@@ -843,15 +843,6 @@ def manifest_samples(manifests: ManifestsArg, *, corpus: str | None = None,
 
 
 
-def _with_offset(sample: Mapping[str, Any]) -> Sample:
-    """The sample with ``offset`` 0.0 when it has none (whole-file utterances)."""
-    if OFFSET in sample:
-        return sample  # type: ignore[return-value]
-    out = dict(sample)
-    out[OFFSET] = 0.0
-    return out
-
-
 def _load_feats(sample: Mapping[str, Any]) -> Sample:
     """Read the Kaldi matrix named by ``feats_path`` into ``feats``."""
     from ..pipes.kaldi import read_matrix
@@ -868,9 +859,10 @@ def _load_feats(sample: Mapping[str, Any]) -> Sample:
 
 def _loaded(pipe: IterDataPipe, input: str) -> IterDataPipe:
     if input == "audio":
-        # -> + audio (T,) float32, sample_rate (only the [offset, offset + duration) segment)
-        return pipe.map(_with_offset).load_audio(
-            field=AUDIO_PATH, offset_field=OFFSET, duration_field=DURATION)
+        # -> + audio (T,) float32, sample_rate: [offset, offset + duration) of a segment, the
+        # whole file otherwise (duration then set to the decoded length)
+        return pipe.load_audio(field=AUDIO_PATH, offset_field=OFFSET, duration_field=DURATION,
+                               whole_without_offset=True)
     # -> + feats (frames, dim) float32
     return pipe.map(_load_feats)
 

@@ -12,7 +12,8 @@ sentence_domain up_votes down_votes age gender accents variant locale segment``)
 before 17.0 have 10 (``client_id path sentence up_votes down_votes age gender accents locale
 segment``, ``accent`` in older ones): columns are found by header name.
 
-- :func:`prepare_commonvoice`: ``commonvoice_samples_<part>.jsonl.gz`` with ``key`` (the clip
+- :func:`prepare_commonvoice`: ``commonvoice_<lang>_samples_<part>.jsonl.gz`` (``<lang>``: the
+  language folder's name, so that languages prepared into one folder stay apart) with ``key`` (the clip
   file's stem), ``audio_path``, ``duration`` (from ``clip_durations.tsv``, else the MP3
   header), ``text`` (``sentence``), ``speaker`` (``client_id``) and, when measured from the
   file, ``sample_rate``;
@@ -56,6 +57,7 @@ __all__ = [
     "commonvoice_test",
     "commonvoice_train",
     "commonvoice_valid",
+    "manifest_corpus",
     "prepare_commonvoice",
     "read_clip_durations",
     "read_clip_table",
@@ -72,6 +74,37 @@ DURATION_RANGE = (1.0, 15.0)
 CLIP_DURATIONS = "clip_durations.tsv"
 #: Columns every clip table must have.
 REQUIRED_COLUMNS = ("client_id", "path", "sentence")
+
+
+def manifest_corpus(language: str) -> str:
+    """The corpus name in a language's manifest file names: ``commonvoice_<language>``.
+
+    >>> manifest_corpus("zh-CN")
+    'commonvoice_zh-CN'
+    """
+    if not isinstance(language, str) or not language or "/" in language:
+        raise ValueError(f"a Common Voice language is a folder name such as 'en', got "
+                         f"{language!r}")
+    return f"{CORPUS}_{language}"
+
+
+def _manifests(manifests: Any, parts: list[str], language: str | None) -> list:
+    """:func:`resolve_manifests` for Common Voice: a manifest folder is read for ``language``,
+    which may be left out when the folder holds one language's manifests of ``parts[0]``."""
+    if not (isinstance(manifests, (str, os.PathLike)) and os.path.isdir(manifests)):
+        return resolve_manifests(manifests, parts=parts)
+    if language is None:
+        prefix, suffix = f"{CORPUS}_", f"_samples_{parts[0]}.jsonl.gz"
+        found = sorted(p.name[len(prefix):-len(suffix)]
+                       for p in Path(manifests).glob(f"{prefix}*{suffix}"))
+        if len(found) != 1:
+            what = f"holds manifests of {found}" if found else "holds no Common Voice manifest"
+            raise MissingDataError(
+                f"{what} for part {parts[0]!r}: pass language=... (run 'speechpipe prepare "
+                f"commonvoice <cv-corpus>/<lang> {os.fspath(manifests)}' first)",
+                source=os.fspath(manifests))
+        language = found[0]
+    return resolve_manifests(manifests, corpus=manifest_corpus(language), parts=parts)
 
 
 def _tsv_rows(path: Path) -> Iterable[tuple[int, list[str]]]:
@@ -178,7 +211,8 @@ def prepare_commonvoice(
     progress: bool = True,
 ) -> dict[str, Any]:
     """Validate the ``train``/``dev``/``test`` tables of one Common Voice language folder and
-    write ``commonvoice_samples_<part>.jsonl.gz`` for each.
+    write ``commonvoice_<lang>_samples_<part>.jsonl.gz`` for each (``<lang>``: the folder's
+    name, e.g. ``en``; see :func:`manifest_corpus`).
 
     One manifest line per table row, in table order: ``key`` (clip stem), ``audio_path``
     (absolute), ``duration`` (seconds: ``clip_durations.tsv`` when present and listing the
@@ -189,10 +223,9 @@ def prepare_commonvoice(
     Clips not listed in a split's table are not a mismatch (they belong to ``validated``,
     ``other``... tables); a row whose clip is absent from ``clips/`` is.
 
-    The pipelines read ``[0, duration)`` of each clip, so a ``clip_durations.tsv`` value
-    longer than what libsndfile decodes (rounded up, another decoder's count) fails at load
-    time with a :class:`~speechpipe.errors.DataError` naming the clip; remove the table (or
-    pass ``force=True`` without it) to measure every clip from its header instead.
+    A clip is a whole file (no ``offset``): the pipelines read it to its end and replace
+    ``duration`` by the decoded length, so a ``clip_durations.tsv`` value that another decoder
+    rounded differently only serves the duration filter and the batch budget.
 
     Args:
         corpus_dir: the language folder (``cv-corpus-<version>/<lang>``).
@@ -229,7 +262,7 @@ def prepare_commonvoice(
         return cache["d"]
 
     return prepare_parts(
-        CORPUS, names, output_dir,
+        manifest_corpus(root.name), names, output_dir,
         lambda part: _part_samples(root, part, durations(), num_jobs=num_jobs,
                                    on_mismatch=on_mismatch, progress=progress),
         force=force,
@@ -282,6 +315,7 @@ def _part_samples(root: Path, part: str, durations: dict[str, float], *, num_job
 
 
 def commonvoice_train(manifests: Any, parts: Iterable[str] = ("train",), *,
+                      language: str | None = None,
                       min_duration: float | None = DURATION_RANGE[0],
                       max_duration: float | None = DURATION_RANGE[1],
                       **options: Any) -> IterDataPipe[dict]:
@@ -292,23 +326,26 @@ def commonvoice_train(manifests: Any, parts: Iterable[str] = ("train",), *,
         manifests: the manifest folder, prepare's dict, or manifest paths (then ``parts`` is
             ignored); see :func:`~speechpipe.recipes._common.resolve_manifests`.
         parts: the parts to train on.
+        language: the language folder's name (``en``...), to pick its manifests from a folder
+            holding several languages' (``None``: the folder's only language).
         min_duration, max_duration: duration range kept, seconds.
         **options: :func:`~speechpipe.recipes._common.train_pipeline` options.
     """
-    return train_pipeline(resolve_manifests(manifests, corpus=CORPUS, parts=list(parts)),
+    return train_pipeline(_manifests(manifests, list(parts), language),
                           min_duration=min_duration, max_duration=max_duration, **options)
 
 
-def commonvoice_valid(manifests: Any, parts: Iterable[str] = ("dev",),
-                      **options: Any) -> IterDataPipe[dict]:
-    """Validation batches (``dev``), every clip, fixed order; ``options`` are
+def commonvoice_valid(manifests: Any, parts: Iterable[str] = ("dev",), *,
+                      language: str | None = None, **options: Any) -> IterDataPipe[dict]:
+    """Validation batches (``dev``), every clip, fixed order; ``language`` as in
+    :func:`commonvoice_train`, ``options`` are
     :func:`~speechpipe.recipes._common.eval_pipeline`'s."""
-    return eval_pipeline(resolve_manifests(manifests, corpus=CORPUS, parts=list(parts)),
-                         **options)
+    return eval_pipeline(_manifests(manifests, list(parts), language), **options)
 
 
-def commonvoice_test(manifests: Any, part: str = "test",
+def commonvoice_test(manifests: Any, part: str = "test", *, language: str | None = None,
                      **options: Any) -> IterDataPipe[dict]:
-    """Test batches (``test``), every clip, fixed order; ``options`` are
+    """Test batches (``test``), every clip, fixed order; ``language`` as in
+    :func:`commonvoice_train`, ``options`` are
     :func:`~speechpipe.recipes._common.eval_pipeline`'s."""
-    return eval_pipeline(resolve_manifests(manifests, corpus=CORPUS, parts=[part]), **options)
+    return eval_pipeline(_manifests(manifests, [part], language), **options)
