@@ -39,6 +39,7 @@ __all__ = [
     "JSON_KEY_FIELDS",
     "ManifestParser",
     "ManifestParserIterDataPipe",
+    "ManifestWriter",
     "PATH_KEY_COLUMNS",
     "TSV_KEY_COLUMNS",
     "TSV_NUMBER_COLUMNS",
@@ -436,6 +437,98 @@ def _np_scalar(value: Any) -> Any:
     raise TypeError(f"{type(value).__name__} is not JSON-serializable")
 
 
+class ManifestWriter:
+    """Write samples one at a time to a JSON-lines manifest (gzipped if ``path`` ends with
+    ``.gz``), for manifests too large to hold in memory or several written in one pass.
+
+    The file is written next to ``path`` and renamed into place by :meth:`close` (a
+    ``with`` block closes on success); :meth:`abort` (or an exception in the ``with`` block)
+    removes it, so an existing manifest is always a complete one. Format and checks are
+    :func:`write_manifest`'s.
+
+    Args:
+        path: the manifest to write.
+
+    >>> import tempfile
+    >>> path = os.path.join(tempfile.mkdtemp(), "m.jsonl.gz")
+    >>> with ManifestWriter(path) as writer:
+    ...     writer.write({"key": "u1", "duration": 1.5})
+    ...     writer.write({"key": "u2", "duration": 0.5})
+    >>> writer.count, [s["key"] for s in read_manifest(path)]
+    (2, ['u1', 'u2'])
+    """
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = os.fspath(path)
+        self.count = 0
+        self._tmp = f"{self.path}.tmp{os.getpid()}"
+        self._seen: dict[str, int] = {}
+        self._raw: IO[bytes] | None = open(self._tmp, "wb")
+        self._out: IO[bytes] = self._raw
+        if self.path.endswith(".gz"):
+            self._out = gzip.GzipFile(filename="", mode="wb", fileobj=self._raw, mtime=0)
+
+    def write(self, sample: Mapping[str, Any]) -> None:
+        """Append one sample.
+
+        Raises:
+            TypeError: not a dict, or a field holding a non-JSON value (names key and field).
+            ValueError: no string key, a key already written, a NaN or infinite number.
+        """
+        if self._raw is None:
+            raise ValueError(f"{self.path}: the writer is closed")
+        index = self.count
+        if not isinstance(sample, Mapping):
+            raise TypeError(f"sample {index} is a {type(sample).__name__}, not a dict")
+        line = _to_json(sample, index)
+        key = sample[KEY]
+        if key in self._seen:
+            raise ValueError(f"duplicate key {key!r} (samples {self._seen[key]} and {index})")
+        self._seen[key] = index
+        try:
+            data = line.encode("utf-8")
+        except UnicodeEncodeError:  # lone surrogates: write them \u-escaped
+            data = json.dumps(sample, sort_keys=True, allow_nan=False,
+                              default=_np_scalar).encode("ascii")
+        self._out.write(data + b"\n")
+        self.count += 1
+
+    def close(self) -> None:
+        """Finish the file and rename it into place."""
+        if self._raw is None:
+            return
+        try:
+            if self._out is not self._raw:
+                self._out.close()
+            self._raw.close()
+        except BaseException:
+            self.abort()
+            raise
+        self._raw = None
+        os.replace(self._tmp, self.path)
+
+    def abort(self) -> None:
+        """Close and remove the unfinished file (``path`` is left as it was)."""
+        if self._raw is not None:
+            try:
+                if self._out is not self._raw:
+                    self._out.close()
+            finally:
+                self._raw.close()
+                self._raw = None
+        if os.path.exists(self._tmp):
+            os.remove(self._tmp)
+
+    def __enter__(self) -> "ManifestWriter":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+
 def write_manifest(path: str | os.PathLike, samples: Iterable[Mapping[str, Any]]) -> int:
     """Write samples as JSON lines (gzipped if ``path`` ends with ``.gz``); return the count.
 
@@ -443,6 +536,7 @@ def write_manifest(path: str | os.PathLike, samples: Iterable[Mapping[str, Any]]
     timestamp, so the same samples give the same bytes. The file is written next to ``path``
     and renamed into place once complete. Each sample needs a non-empty string ``key``, unique
     in the file; values must be JSON-serializable (numpy scalars are written as numbers).
+    :class:`ManifestWriter` writes one sample at a time.
 
     Raises:
         TypeError: a field holds an array or another non-JSON value (names key and field).
@@ -456,38 +550,7 @@ def write_manifest(path: str | os.PathLike, samples: Iterable[Mapping[str, Any]]
     ...     print(f.read(), end="")
     {"duration": 1.25, "key": "u1", "text": "hi"}
     """
-    path = os.fspath(path)
-    tmp = f"{path}.tmp{os.getpid()}"
-    count = 0
-    seen: dict[str, int] = {}
-    try:
-        with open(tmp, "wb") as raw:
-            out: IO[bytes] = raw
-            if path.endswith(".gz"):
-                out = gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0)
-            try:
-                for index, sample in enumerate(samples):
-                    if not isinstance(sample, Mapping):
-                        raise TypeError(f"sample {index} is a {type(sample).__name__}, not a dict")
-                    line = _to_json(sample, index)
-                    key = sample[KEY]
-                    if key in seen:
-                        raise ValueError(f"duplicate key {key!r} (samples {seen[key]} and {index})")
-                    seen[key] = index
-                    try:
-                        data = line.encode("utf-8")
-                    except UnicodeEncodeError:  # lone surrogates: write them \u-escaped
-                        data = json.dumps(
-                            sample, sort_keys=True, allow_nan=False, default=_np_scalar
-                        ).encode("ascii")
-                    out.write(data + b"\n")
-                    count += 1
-            finally:
-                if out is not raw:
-                    out.close()
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
-    return count
+    with ManifestWriter(path) as writer:
+        for sample in samples:
+            writer.write(sample)
+    return writer.count

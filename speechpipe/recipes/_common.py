@@ -126,6 +126,7 @@ RECIPES: dict[str, str] = {
     "kaldi_dir": "speechpipe.recipes.kaldi_dir",
     "librispeech": "speechpipe.recipes.librispeech",
     "ljspeech": "speechpipe.recipes.ljspeech",
+    "wenetspeech": "speechpipe.recipes.wenetspeech",
 }
 
 #: The one manifest kind recipes write: one JSON line per utterance.
@@ -380,6 +381,8 @@ def download_and_extract(
     keep_archive: bool = False,
     progress: bool = True,
     timeout: float = 60.0,
+    decrypt: Callable[[Path, Path], None] | None = None,
+    extract_dir: str | os.PathLike | None = None,
 ) -> Path:
     """Download an archive into ``target_dir``, verify it, extract it there; return the folder.
 
@@ -393,7 +396,8 @@ def download_and_extract(
        :class:`~speechpipe.errors.DataError` and keeps the ``.part`` file;
     2. verify ``checksum``: on a mismatch the file is deleted and a ``DataError`` names it
        and both digests;
-    3. extract with :func:`safe_extract`; check that every path of ``expected`` exists;
+    3. (with ``decrypt``) decrypt it into a temporary file next to it; extract with
+       :func:`safe_extract`; check that every path of ``expected`` exists;
     4. write ``sentinel`` and delete the archive (unless ``keep_archive``).
 
     Args:
@@ -408,6 +412,10 @@ def download_and_extract(
         keep_archive: keep the downloaded archive after extraction.
         progress: show tqdm progress bars.
         timeout: seconds to wait for the server before giving up.
+        decrypt: ``decrypt(archive, output)`` writes the decrypted archive to ``output``
+            (raising :class:`~speechpipe.errors.DataError` if it cannot), for corpora shipped
+            encrypted; the checksum is the encrypted file's.
+        extract_dir: where to extract (default ``target_dir``); ``expected`` is relative to it.
 
     Raises:
         MissingDataError: the server answers 404.
@@ -443,10 +451,20 @@ def download_and_extract(
                 "deleted: run again to download it anew (or check the URL / checksum)",
                 source=str(archive),
             )
-    safe_extract(archive, target, progress=progress)
+    destination = target if extract_dir is None else Path(extract_dir)
+    if decrypt is None:
+        safe_extract(archive, destination, progress=progress)
+    else:
+        plain = archive.with_name(archive.name + ".decrypted")
+        try:
+            decrypt(archive, plain)
+            safe_extract(plain, destination, progress=progress)
+        finally:
+            if plain.exists():
+                plain.unlink()
     for rel in expected:
-        if not (target / rel).exists():
-            raise DataError(f"the archive did not create {rel!r} in {target}",
+        if not (destination / rel).exists():
+            raise DataError(f"the archive did not create {rel!r} in {destination}",
                             source=str(archive))
     marker.parent.mkdir(parents=True, exist_ok=True)
     tmp = marker.with_name(marker.name + ".tmp")
@@ -1156,6 +1174,23 @@ def _run_download(args: argparse.Namespace) -> int:
         kwargs["parts"] = args.parts
     if args.base_url:
         kwargs["base_url"] = args.base_url
+    accepted = inspect.signature(download).parameters
+    for flag, name, value in (("--password-file", "password", args.password_file),
+                              ("--list", "list_file", args.list)):
+        if value is None:
+            continue
+        if name not in accepted:
+            print(f"speechpipe download: error: {flag} is not an option of {args.corpus}",
+                  file=sys.stderr)
+            return 2
+        if name == "password":
+            try:
+                value = Path(value).read_text(encoding="utf-8").strip()
+            except OSError as exc:
+                print(f"speechpipe download: error: cannot read the password file: {exc}",
+                      file=sys.stderr)
+                return 2
+        kwargs[name] = value
     try:
         corpus_dir = download(args.target_dir, **kwargs)
     except (ValueError, OSError) as exc:  # DataError, MissingDataError included
@@ -1213,8 +1248,9 @@ def add_prepare_command(subparsers: Any) -> argparse.ArgumentParser:
 def add_download_command(subparsers: Any) -> argparse.ArgumentParser:
     """Add ``download`` to the ``speechpipe`` command's subparsers; return its parser.
 
-    ``speechpipe download <corpus> <target_dir> [--parts P ...] [--base-url URL] [--force]``
-    forwards to ``download_<corpus>``: resumable, checksum-verified, idempotent.
+    ``speechpipe download <corpus> <target_dir> [--parts P ...] [--base-url URL] [--force]
+    [--password-file FILE] [--list FILE]`` forwards to ``download_<corpus>``: resumable,
+    checksum-verified, idempotent (the last two: encrypted releases such as WenetSpeech).
 
     >>> parser = argparse.ArgumentParser(prog="speechpipe")
     >>> _ = add_download_command(parser.add_subparsers(dest="command"))
@@ -1238,6 +1274,12 @@ def add_download_command(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--base-url", default=None, metavar="URL",
                         help="download from this mirror instead of the official site")
     parser.add_argument("--force", action="store_true", help="download again parts already done")
+    parser.add_argument("--password-file", default=None, metavar="FILE",
+                        help="wenetspeech: file holding the release password (the official "
+                        "SAFEBOX/password)")
+    parser.add_argument("--list", default=None, metavar="FILE",
+                        help="wenetspeech: the object list with md5 sums (metadata/v1.list "
+                        "of github.com/wenet-e2e/WenetSpeech), a path or URL")
     parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
     parser.set_defaults(func=_run_download)
     return parser
