@@ -487,3 +487,28 @@ def test_cli_prepare_and_download(corpus, tmp_path, capsys):
     assert cli_main(["download", "librispeech", str(tmp_path / "d"), "--password-file",
                      str(tmp_path / "password")]) == 2
     assert "--password-file is not an option of librispeech" in capsys.readouterr().err
+
+
+def test_iter_audios_memory_does_not_grow_with_the_document(tmp_path, monkeypatch):
+    import tracemalloc
+
+    monkeypatch.setattr(ws, "_CHUNK", 1 << 16)
+    entry = {"aid": "Y", "duration": 600.0, "path": "audio/train/youtube/B00000/Y.opus",
+             "segments": [{"sid": f"Y_S{i:05d}", "begin_time": i * 2.0, "end_time": i * 2.0 + 1,
+                           "text": "今天天气很好" * 3, "subsets": ["L"]} for i in range(100)]}
+    one = json.dumps(entry, indent=4, ensure_ascii=False)
+    peaks = {}
+    for count in (150, 600):
+        path = tmp_path / f"{count}.json"
+        path.write_text('{"audios": [\n' + ",\n".join([one] * count) + "\n]}",
+                        encoding="utf-8")
+        tracemalloc.start()
+        try:
+            assert sum(1 for _ in iter_audios(path)) == count
+            peaks[count] = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+    size = (tmp_path / "600.json").stat().st_size
+    assert size > 10_000_000
+    assert peaks[600] < 1.25 * peaks[150]  # 4x the document, the same memory
+    assert peaks[600] < size / 10  # a few chunks and one entry, not the document

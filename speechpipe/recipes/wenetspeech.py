@@ -140,7 +140,7 @@ class _JsonStream:
         if self.eof:
             return False
         try:
-            chunk = self.stream.read(max(_CHUNK, len(self.buffer)))
+            chunk = self.stream.read(max(_CHUNK, len(self.buffer) - self.pos))
         except UnicodeDecodeError as exc:
             raise self.error(f"invalid UTF-8 ({exc.reason}) after this line") from exc
         if self.progress is not None:
