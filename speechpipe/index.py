@@ -57,6 +57,8 @@ class ShardIndex:
         root: folder the shard names are relative to.
         shards: the entries, in shard-name order.
         length_unit: what lengths count (``"frames"``, ``"samples"`` or ``"seconds"``).
+        audio_format: how ``pack`` encoded audio (``"lossless"``, ``"flac16"``), ``None`` for
+            features or an index written by something else.
 
     >>> import tempfile
     >>> d = tempfile.mkdtemp()
@@ -70,6 +72,7 @@ class ShardIndex:
     root: str
     shards: list[ShardEntry]
     length_unit: str = "frames"
+    audio_format: str | None = None
 
     def __len__(self) -> int:
         """Utterances in all shards."""
@@ -106,8 +109,10 @@ class ShardIndex:
         path = path or os.path.join(self.root, INDEX_NAME)
         tmp = f"{path}.tmp"
         with open(tmp, "w", encoding="utf-8") as f:
-            f.write(json.dumps({"format": _FORMAT, "version": _VERSION,
-                                "length_unit": self.length_unit}) + "\n")
+            header = {"format": _FORMAT, "version": _VERSION, "length_unit": self.length_unit}
+            if self.audio_format is not None:
+                header["audio_format"] = self.audio_format
+            f.write(json.dumps(header) + "\n")
             for entry in self.shards:
                 f.write(entry.to_json() + "\n")
         os.replace(tmp, path)
@@ -142,8 +147,10 @@ class ShardIndex:
                             source=path, line=1)
         shards = [_entry(_json_line(line, path, n), path, n)
                   for n, line in enumerate(lines[1:], start=2) if line.strip()]
+        audio_format = header.get("audio_format")
         return cls(os.path.dirname(os.path.abspath(path)), shards,
-                   str(header.get("length_unit", "frames")))
+                   str(header.get("length_unit", "frames")),
+                   None if audio_format is None else str(audio_format))
 
     @classmethod
     def for_shards(cls, paths: Sequence[str]) -> "ShardIndex":

@@ -60,6 +60,7 @@ from .pipes.manifests import read_manifest
 from .pipes.shards import iter_tar_members, split_member_name, write_shard
 
 __all__ = [
+    "AUDIO_FORMATS",
     "KINDS",
     "LENGTH_UNITS",
     "LengthGroup",
@@ -82,6 +83,9 @@ KINDS = ("auto", "feats", "wav")
 ON_MISMATCH = ("error", "skip")
 #: Values of ``length_unit=``: ``frames`` for features; ``samples`` or ``seconds`` for audio.
 LENGTH_UNITS = ("frames", "samples", "seconds")
+#: How ``pack`` encodes audio: lossless (FLAC for 16-bit sources, float WAV otherwise) or
+#: every utterance as 16-bit FLAC.
+AUDIO_FORMATS = ("lossless", "flac16")
 #: Manifest fields holding the audio path, in the order they are looked for.
 MANIFEST_AUDIO_FIELDS = ("audio_path", "audio_filepath", "path", "wav")
 #: Manifest fields holding the transcript, in the order they are looked for.
@@ -199,6 +203,8 @@ class PackReport:
         stale_shards: files in an output folder named like a shard but not part of this pack
             (left over from an earlier pack of other inputs; not deleted, not indexed).
         index_paths: the ``index.jsonl`` files written.
+        clipped: utterances (of the shards written by this run) with samples beyond
+            ``[-1, 1)`` that ``audio_format="flac16"`` clipped to the 16-bit range.
         seconds: wall-clock time.
     """
 
@@ -218,6 +224,7 @@ class PackReport:
     labels_without_data_examples: list[str] = field(default_factory=list)
     stale_shards: list[str] = field(default_factory=list)
     index_paths: list[str] = field(default_factory=list)
+    clipped: int = 0
     seconds: float = 0.0
 
     @property
@@ -237,6 +244,9 @@ class PackReport:
         ]
         for name, count in self.groups.items():
             lines.append(f"  {name}/: {count} utterances")
+        if self.clipped:
+            lines.append(f"  clipped to 16 bits (flac16; samples beyond [-1, 1)): "
+                         f"{self.clipped} utterance(s)")
         if self.out_of_range:
             lines.append(f"  outside every length group (not packed): {self.out_of_range} "
                          f"(e.g. {', '.join(self.out_of_range_examples)})")
@@ -627,25 +637,35 @@ def _manifest_length(item: _Item, infos: dict) -> tuple[int, int]:
     return length, rate
 
 
-def _encode_audio(audio: np.ndarray, rate: int, item: _Item) -> tuple[str, bytes]:
-    """``("flac", 16-bit FLAC)`` when every sample is a 16-bit value, else ``("wav", float)``.
+def _encode_audio(audio: np.ndarray, rate: int, item: _Item,
+                  audio_format: str = "lossless") -> tuple[str, bytes, bool]:
+    """``(extension, payload, clipped)``: ``("flac", 16-bit FLAC)`` when every sample is a
+    16-bit value, else ``("wav", float)``; with ``audio_format="flac16"`` always a 16-bit FLAC.
 
     A 16-bit (or 8-bit) source read as float32 holds exact multiples of 1/32768, so the
-    test is exact and the FLAC is lossless; anything finer (24-bit, float) is kept as a
-    32-bit float WAV, also lossless.
+    test is exact and the FLAC is lossless; anything finer (24-bit, float, decoded Opus/MP3)
+    is kept as a 32-bit float WAV, also lossless -- or, under ``"flac16"``, rounded to the
+    nearest 16-bit value (clipped to [-32768, 32767]; ``clipped`` says whether any was).
     """
     buf = io.BytesIO()
     scaled = audio * _INT16_SCALE
+    rounded = np.rint(scaled)
+    clipped = False
     try:
-        if audio.size and np.array_equal(np.rint(scaled), scaled) \
-                and scaled.min() >= -32768 and scaled.max() <= 32767:
-            soundfile.write(buf, scaled.astype(np.int16), rate, format="FLAC", subtype="PCM_16")
-            return "flac", buf.getvalue()
+        exact = bool(audio.size) and np.array_equal(rounded, scaled) \
+            and scaled.min() >= -32768 and scaled.max() <= 32767
+        if exact or audio_format == "flac16":
+            if not exact:
+                clipped = bool(audio.size) and (rounded.min() < -32768 or rounded.max() > 32767)
+                rounded = np.clip(rounded, -32768, 32767)
+            soundfile.write(buf, rounded.astype(np.int16), rate, format="FLAC",
+                            subtype="PCM_16")
+            return "flac", buf.getvalue(), clipped
         soundfile.write(buf, audio, rate, format="WAV", subtype="FLOAT")
     except (soundfile.LibsndfileError, RuntimeError, TypeError, ValueError) as exc:
         raise DataError(f"cannot encode audio ({audio.shape}, {rate} Hz): {exc}",
                         source=item.source, line=item.line, key=item.key) from exc
-    return "wav", buf.getvalue()
+    return "wav", buf.getvalue(), False
 
 
 def _read_items(mode: str, items: Sequence[_Item]) -> Iterator[tuple[_Item, dict]]:
@@ -683,6 +703,7 @@ class _ShardTask(NamedTuple):
     items: tuple[_Item, ...]
     lengths: tuple[int, ...]  # planned lengths (frames or samples)
     check_existing: bool  # an existing shard may be kept if its member names are right
+    audio_format: str = "lossless"
 
 
 def _shard_is_complete(task: _ShardTask) -> bool:
@@ -692,7 +713,8 @@ def _shard_is_complete(task: _ShardTask) -> bool:
     I/O, no decoding): it checks every header checksum and the end-of-archive marker, so a
     truncated or damaged file is rewritten.
     """
-    allowed = (_FEATS_FIELD,) if task.mode == _FEATS else _AUDIO_FIELDS
+    allowed = (_FEATS_FIELD,) if task.mode == _FEATS else (
+        ("flac",) if task.audio_format == "flac16" else _AUDIO_FIELDS)
     expected = iter(task.items)
     current: tuple[str, set] | None = None
     try:
@@ -717,14 +739,16 @@ def _fields_ok(fields: set, allowed: Sequence[str]) -> bool:
     return len(fields) == 2 and _TEXT_FIELD in fields and bool(fields & set(allowed))
 
 
-def _run_shard_task(task: _ShardTask) -> tuple[bool, int]:
-    """Write one shard (or keep a complete one): ``(written, size in bytes)``.
+def _run_shard_task(task: _ShardTask) -> tuple[bool, int, int]:
+    """Write one shard (or keep a complete one): ``(written, size in bytes, utterances
+    clipped)``.
 
     Runs in worker processes (module level, picklable arguments: spawn-safe). The shard is
     written as ``<path>.tmp`` and renamed when complete (:func:`write_shard`).
     """
     if task.check_existing and os.path.isfile(task.path) and _shard_is_complete(task):
-        return False, os.path.getsize(task.path)
+        return False, os.path.getsize(task.path), 0
+    clipped = 0
 
     def samples(reader: Iterator[tuple[_Item, dict]]) -> Iterator[dict]:
         for (item, sample), planned in zip(reader, task.lengths):
@@ -738,8 +762,11 @@ def _run_shard_task(task: _ShardTask) -> tuple[bool, int]:
             if task.mode == _FEATS:
                 out[_FEATS_FIELD] = data
             else:
-                ext, payload = _encode_audio(data, sample["sample_rate"], item)
+                ext, payload, cut = _encode_audio(data, sample["sample_rate"], item,
+                                                  task.audio_format)
                 out[ext] = payload
+                nonlocal clipped
+                clipped += cut
             yield out
 
     reader = _read_items(task.mode, task.items)
@@ -747,7 +774,7 @@ def _run_shard_task(task: _ShardTask) -> tuple[bool, int]:
         write_shard(task.path, samples(reader))
     finally:
         reader.close()
-    return True, os.path.getsize(task.path)
+    return True, os.path.getsize(task.path), clipped
 
 
 # --------------------------------------------------------------------------------------------
@@ -791,17 +818,19 @@ def _check_positive_int(value: Any, name: str) -> int:
     return value
 
 
-def _old_index(folder: str, unit: str) -> dict[str, ShardEntry]:
-    """Entries of an existing index in ``folder`` (empty if absent, unreadable or another
-    length unit: it is then simply not used to recognise complete shards)."""
+def _old_index(folder: str, unit: str,
+               audio_format: str | None) -> dict[str, ShardEntry] | None:
+    """Entries of an existing index in ``folder`` (empty if absent or unreadable: it is then
+    simply not used to recognise complete shards); ``None`` if it was written with another
+    length unit or audio format (then no shard of the folder is kept)."""
     if not os.path.isfile(os.path.join(folder, INDEX_NAME)):
         return {}
     try:
         index = ShardIndex.read(folder)
     except (DataError, MissingDataError):
         return {}
-    if index.length_unit != unit:
-        return {}
+    if index.length_unit != unit or index.audio_format != audio_format:
+        return None
     return {entry.name: entry for entry in index.shards}
 
 
@@ -847,6 +876,7 @@ def pack_data(
     num_workers: int = 1,
     progress: bool = True,
     length_unit: str | None = None,
+    audio_format: str = "lossless",
 ) -> PackReport:
     """Pack Kaldi tables (or manifests) and their labels into tar shards with an index.
 
@@ -910,6 +940,12 @@ def pack_data(
         progress: show tqdm progress bars (measuring, then one step per shard).
         length_unit: ``"frames"`` (features), ``"samples"`` (audio, the default) or
             ``"seconds"`` (audio).
+        audio_format: ``"lossless"`` (16-bit sources as FLAC, finer ones as float WAV) or
+            ``"flac16"``: every utterance as 16-bit FLAC, rounding finer samples (decoded
+            Opus or MP3 as in WenetSpeech, GigaSpeech, Common Voice) to 16 bits as Kaldi and
+            WeNet do -- a quarter of the size of float WAV; samples beyond the range are
+            clipped and counted (:attr:`PackReport.clipped`). Recorded in the index: a
+            rerun with another format rewrites the shards.
 
     Returns:
         A :class:`PackReport` (``print(report.report())``).
@@ -961,6 +997,8 @@ def pack_data(
         raise ValueError("manifests name audio files: kind must be 'auto' or 'wav'")
     if on_mismatch not in ON_MISMATCH:
         raise ValueError(f"on_mismatch must be one of {ON_MISMATCH}, got {on_mismatch!r}")
+    if audio_format not in AUDIO_FORMATS:
+        raise ValueError(f"audio_format must be one of {AUDIO_FORMATS}, got {audio_format!r}")
     if length_unit is not None and length_unit not in LENGTH_UNITS:
         raise ValueError(f"length_unit must be one of {LENGTH_UNITS} or None, "
                          f"got {length_unit!r}")
@@ -1032,7 +1070,10 @@ def pack_data(
             folder = out_dir if name == "." else os.path.join(out_dir, name)
             os.makedirs(folder, exist_ok=True)
             report.groups[name] = len(indices)
-            old = _old_index(folder, unit)
+            fmt_recorded = None if inputs.kind == "feats" else audio_format
+            old = _old_index(folder, unit, fmt_recorded)
+            keep_complete = old is not None
+            old = old or {}
             entries[folder] = {}
             planned_names = set()
             for number, start in enumerate(range(0, len(indices), utts_per_shard)):
@@ -1053,7 +1094,8 @@ def pack_data(
                     continue
                 entries[folder][shard] = entry
                 tasks.append(_ShardTask(path, inputs.mode, tuple(items[i] for i in chosen),
-                                        tuple(native[i][0] for i in chosen), previous is None))
+                                        tuple(native[i][0] for i in chosen),
+                                        keep_complete and previous is None, audio_format))
                 task_folder.append(folder)
             report.stale_shards.extend(
                 os.path.join(folder, f) for f in sorted(os.listdir(folder))
@@ -1066,7 +1108,8 @@ def pack_data(
         # 4. Shards, then indexes.
         with tqdm(total=len(tasks) + report.shards_skipped, initial=report.shards_skipped,
                   desc="pack: write", unit="shard", disable=not progress) as bar:
-            for i, (written, size) in _run_all(executor, _run_shard_task, tasks, bar):
+            for i, (written, size, clipped) in _run_all(executor, _run_shard_task, tasks, bar):
+                report.clipped += clipped
                 name = os.path.basename(tasks[i].path)
                 folder = task_folder[i]
                 entries[folder][name] = dataclasses.replace(entries[folder][name], bytes=size)
@@ -1082,7 +1125,8 @@ def pack_data(
 
     for folder, by_name in entries.items():
         # In shard-number order (the plan's), which is also sorted key order.
-        index = ShardIndex(folder, list(by_name.values()), length_unit=unit)
+        index = ShardIndex(folder, list(by_name.values()), length_unit=unit,
+                           audio_format=None if inputs.kind == "feats" else audio_format)
         report.index_paths.append(index.write())
     report.seconds = time.monotonic() - started
     return report
@@ -1156,6 +1200,10 @@ def add_pack_command(subparsers: Any) -> argparse.ArgumentParser:
     output.add_argument("--length-unit", choices=LENGTH_UNITS, default=None,
                         help="unit of lengths and groups: frames (features), samples (audio, "
                         "default) or seconds (audio)")
+    output.add_argument("--audio-format", choices=AUDIO_FORMATS, default="lossless",
+                        help="lossless (default: 16-bit sources as FLAC, finer ones as float "
+                        "WAV) or flac16 (every utterance as 16-bit FLAC: decoded Opus/MP3 "
+                        "rounded to 16 bits, 1/4 the size)")
     output.add_argument("--utts-per-shard", type=int, default=UTTS_PER_SHARD, metavar="N",
                         help=f"utterances per shard (default: {UTTS_PER_SHARD})")
     run = parser.add_argument_group("run")
@@ -1178,6 +1226,7 @@ def run_pack_command(args: argparse.Namespace) -> int:
             segments=args.segments or None, manifests=args.manifest or None,
             on_mismatch=args.on_mismatch, num_workers=args.workers,
             progress=not args.no_progress, length_unit=args.length_unit,
+            audio_format=args.audio_format,
         )
     except MissingDataError as exc:
         print(f"speechpipe pack: error: {exc}\n  check the path, then run the same command "

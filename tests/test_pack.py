@@ -247,6 +247,33 @@ def test_float_audio_is_packed_as_float_wav_losslessly(tmp_path):
     assert np.array_equal(s["audio"], arrays["f1"])
 
 
+def test_flac16_rounds_finer_audio_to_16_bits_clips_counted_and_reruns_rewrite(tmp_path):
+    scp, arrays = write_wavs(str(tmp_path), {"f1": 500, "f2": 300}, subtype="FLOAT")
+    loud = arrays["f2"].copy()
+    loud[:3] = [1.5, -1.2, 0.9999999]  # beyond the 16-bit range, and just below 1.0
+    soundfile.write(tmp_path / "f2.wav", loud, 8000, subtype="FLOAT")
+    text = write_text(tmp_path / "text", {"f1": "a", "f2": "b"})
+    report = pack_data(scp, text, tmp_path / "out", audio_format="flac16", progress=False)
+    assert report.clipped == 1 and "clipped to 16 bits" in report.report()
+    index = ShardIndex.read(tmp_path / "out")
+    assert index.audio_format == "flac16"
+    with open(index.paths()[0], "rb") as f:
+        assert [n for n, _ in iter_tar_members(f)] == ["f1.flac", "f1.txt", "f2.flac", "f2.txt"]
+    got = {s["key"]: s["audio"] for s in read_back(str(tmp_path / "out"))}
+    for key, source in (("f1", arrays["f1"]), ("f2", loud)):
+        want = np.clip(np.rint(source * 32768), -32768, 32767).astype(np.float32) / 32768
+        assert np.array_equal(got[key], want)
+    assert got["f2"][:3].tolist() == [32767 / 32768, -1.0, 32767 / 32768]
+    # the same inputs packed losslessly: the flac16 shards are not kept
+    again = pack_data(scp, text, tmp_path / "out", progress=False)
+    assert again.shards_written == 1 and again.clipped == 0
+    assert ShardIndex.read(tmp_path / "out").audio_format == "lossless"
+    got = {s["key"]: s["audio"] for s in read_back(str(tmp_path / "out"))}
+    assert np.array_equal(got["f2"], loud)
+    with pytest.raises(ValueError, match="audio_format must be one of"):
+        pack_data(scp, text, tmp_path / "o2", audio_format="mp3", progress=False)
+
+
 def test_segments_are_packed_as_slices_of_their_recordings(tmp_path):
     scp, recordings = write_wavs(str(tmp_path), {"rec1": 16000, "rec2": 8000})
     with open(tmp_path / "segments", "w") as f:

@@ -365,6 +365,26 @@ def test_valid_and_test_keep_every_segment_in_order(manifests, tmp_path):
     assert [list(b["key"]) for b in meeting] == [["X0000000004_fixture0005_S00000"]]
 
 
+def test_pack_cuts_the_segments_into_16_bit_flac_shards(manifests, tmp_path):
+    from speechpipe.index import ShardIndex
+    from speechpipe.pack import pack_data
+    from speechpipe.pipes._base import IterableWrapper
+
+    report = pack_data(None, None, tmp_path / "shards", manifests=manifests["L"],
+                       audio_format="flac16", progress=False)
+    rows = {s["key"]: s for s in read_manifest(manifests["L"])}
+    assert report.utterances == len(rows) and report.clipped == 0
+    paths = ShardIndex.read(tmp_path / "shards").paths()
+    for sample in IterableWrapper(paths).open().read_shards().decode():
+        row = rows.pop(sample["key"])
+        whole, rate = soundfile.read(row["audio_path"], dtype="float32")
+        start = round(row["offset"] * rate)
+        cut = whole[start:start + round(row["duration"] * rate)]
+        assert np.array_equal(sample["audio"], np.rint(cut * 32768).astype(np.float32) / 32768)
+        assert sample["text"] == row["text"]
+    assert not rows
+
+
 # --------------------------------------------------------------------------- download
 
 

@@ -31,8 +31,9 @@ it belongs to.
   characters removed, as the official ``fix_json.py`` does).
 
 Reading a segment seeks into a long Opus file, which costs a decode from the previous page;
-for many epochs over ``M``/``L``, ``speechpipe pack --manifest`` the manifests into tar shards
-of cut segments once.
+for many epochs over ``M``/``L``, cut the segments into tar shards once with ``speechpipe pack
+--manifest OUT/wenetspeech_samples_L.jsonl.gz --audio-format flac16 --out shards/L`` (16-bit
+FLAC, as Kaldi and WeNet store them; float WAV would be four times larger).
 """
 
 from __future__ import annotations
