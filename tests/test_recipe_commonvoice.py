@@ -8,11 +8,14 @@ dev.tsv and test.tsv (1 row each), clip_durations.tsv; sentences hold quotes and
 
 from __future__ import annotations
 
+import hashlib
 import shutil
+import tarfile
 from pathlib import Path
 
 import pytest
 import soundfile
+from test_recipes_common import range_server
 
 from speechpipe.diagnostics import SkippedInputWarning
 from speechpipe.errors import DataError, MissingDataError
@@ -20,10 +23,10 @@ from speechpipe.pipes.manifests import read_manifest
 from speechpipe.recipes._common import get_recipe, manifest_path, pipeline_report
 from speechpipe.recipes.commonvoice import (
     CLIP_DURATIONS,
-    NO_DOWNLOAD,
     commonvoice_test,
     commonvoice_train,
     commonvoice_valid,
+    download_commonvoice,
     prepare_commonvoice,
     read_clip_durations,
     read_clip_table,
@@ -216,9 +219,57 @@ def test_languages_prepared_into_one_folder_stay_apart(corpus, tmp_path):
         commonvoice_test(tmp_path / "m", part="train")
 
 
-def test_no_download_is_explained():
-    module = get_recipe("commonvoice")
-    assert not hasattr(module, "download_commonvoice") and "Mozilla" in NO_DOWNLOAD
+def _release_archive(folder: Path) -> tuple[Path, str]:
+    """The fixture as Mozilla ships a language: cv-corpus-<version>-<lang>.tar.gz holding
+    cv-corpus-<version>/<lang>/...; returns its path and sha256."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "cv-corpus-17.0-2024-03-15-en.tar.gz"
+    with tarfile.open(path, "w:gz") as tar:
+        tar.add(FIXTURE, arcname="cv-corpus-17.0-2024-03-15/en")
+    return path, hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_download_from_the_release_link_then_prepare(tmp_path):
+    archive, digest = _release_archive(tmp_path / "srv")
+    with range_server(tmp_path / "srv") as (url, requests):
+        folder = download_commonvoice(tmp_path / "data", url=f"{url}/{archive.name}?sig=x",
+                                      checksum=f"sha256:{digest}", progress=False)
+        assert folder == tmp_path / "data" / "cv-corpus-17.0-2024-03-15" / "en"
+        again = download_commonvoice(tmp_path / "data", url=f"{url}/{archive.name}",
+                                     checksum=digest, progress=False)
+    assert again == folder and len(requests) == 1  # the second call is a no-op
+    assert sorted(p.name for p in (folder / "clips").iterdir()) == sorted(
+        p.name for p in (FIXTURE / "clips").iterdir())
+    assert not (tmp_path / "data" / archive.name).exists()
+    out = prepare_commonvoice(folder, parts="dev", progress=False)
+    assert [s["key"] for s in out["dev"]] == ["common_voice_en_1003"]
+
+
+def test_download_checks_the_sha256_and_the_archive_name(tmp_path):
+    archive, _ = _release_archive(tmp_path / "srv")
+    with range_server(tmp_path / "srv") as (url, _):
+        with pytest.raises(DataError, match="checksum mismatch: expected sha256 0{64}"):
+            download_commonvoice(tmp_path / "data", url=f"{url}/{archive.name}",
+                                 checksum="0" * 64, progress=False)
+    with pytest.raises(ValueError, match="pass url="):
+        download_commonvoice(tmp_path)
+    with pytest.raises(ValueError, match="'en.zip' is not a Common Voice release archive"):
+        download_commonvoice(tmp_path, url="http://127.0.0.1:9/en.zip")
+    with pytest.raises(ValueError, match="no parts"):
+        download_commonvoice(tmp_path, "train", url="http://127.0.0.1:9/x.tar.gz")
+
+
+def test_cli_download_with_url_and_checksum(tmp_path, capsys):
+    from speechpipe.cli import main as cli_main
+
+    assert get_recipe("commonvoice").download_commonvoice is download_commonvoice
+    archive, digest = _release_archive(tmp_path / "srv")
+    with range_server(tmp_path / "srv") as (url, _):
+        assert cli_main(["download", "commonvoice", str(tmp_path / "data"), "--url",
+                         f"{url}/{archive.name}", "--checksum", digest, "--no-progress"]) == 0
+    assert "cv-corpus-17.0-2024-03-15/en" in capsys.readouterr().out
+    assert cli_main(["download", "librispeech", str(tmp_path / "d"), "--url", "http://x/y"]) == 2
+    assert "--url is not an option of librispeech" in capsys.readouterr().err
 
 
 # --------------------------------------------------------------------------- pipelines

@@ -1176,7 +1176,8 @@ def _run_download(args: argparse.Namespace) -> int:
         kwargs["base_url"] = args.base_url
     accepted = inspect.signature(download).parameters
     for flag, name, value in (("--password-file", "password", args.password_file),
-                              ("--list", "list_file", args.list)):
+                              ("--list", "list_file", args.list), ("--url", "url", args.url),
+                              ("--checksum", "checksum", args.checksum)):
         if value is None:
             continue
         if name not in accepted:
@@ -1249,8 +1250,9 @@ def add_download_command(subparsers: Any) -> argparse.ArgumentParser:
     """Add ``download`` to the ``speechpipe`` command's subparsers; return its parser.
 
     ``speechpipe download <corpus> <target_dir> [--parts P ...] [--base-url URL] [--force]
-    [--password-file FILE] [--list FILE]`` forwards to ``download_<corpus>``: resumable,
-    checksum-verified, idempotent (the last two: encrypted releases such as WenetSpeech).
+    [--url URL] [--checksum SHA256] [--password-file FILE] [--list FILE]`` forwards to
+    ``download_<corpus>``: resumable, checksum-verified, idempotent (``--url``/``--checksum``:
+    releases handed out as a link, Common Voice; the last two: WenetSpeech's encrypted one).
 
     >>> parser = argparse.ArgumentParser(prog="speechpipe")
     >>> _ = add_download_command(parser.add_subparsers(dest="command"))
@@ -1274,6 +1276,11 @@ def add_download_command(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--base-url", default=None, metavar="URL",
                         help="download from this mirror instead of the official site")
     parser.add_argument("--force", action="store_true", help="download again parts already done")
+    parser.add_argument("--url", default=None, metavar="URL",
+                        help="commonvoice: the cv-corpus-<version>-<lang>.tar.gz link Mozilla "
+                        "gives after accepting its terms")
+    parser.add_argument("--checksum", default=None, metavar="SHA256",
+                        help="commonvoice: the archive's sha256 (shown beside the link)")
     parser.add_argument("--password-file", default=None, metavar="FILE",
                         help="wenetspeech: file holding the release password (the official "
                         "SAFEBOX/password)")

@@ -20,14 +20,18 @@ segment``, ``accent`` in older ones): columns are found by header name.
 - :func:`commonvoice_train` / :func:`commonvoice_valid` / :func:`commonvoice_test`: pipelines
   (train on 1-15 s, 80-bin fbank, budget batches).
 
-There is no download function: releases are handed out by Mozilla after accepting terms
-(:data:`NO_DOWNLOAD`).
+- :func:`download_commonvoice`: releases are handed out per language by Mozilla after
+  accepting its terms, as a link to ``cv-corpus-<version>-<lang>.tar.gz`` (with its sha256
+  shown beside it); given that link, the archive is downloaded (resumable, verified) and
+  extracted, and the language folder returned.
 """
 
 from __future__ import annotations
 
 import csv
 import os
+import re
+import urllib.parse
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -39,6 +43,7 @@ from ._common import (
     AUDIO_PATH,
     _check_prepare_args,
     check_pairs,
+    download_and_extract,
     eval_pipeline,
     measure_audio,
     prepare_parts,
@@ -51,12 +56,12 @@ __all__ = [
     "CLIP_DURATIONS",
     "CORPUS",
     "DURATION_RANGE",
-    "NO_DOWNLOAD",
     "PARTS",
     "REQUIRED_COLUMNS",
     "commonvoice_test",
     "commonvoice_train",
     "commonvoice_valid",
+    "download_commonvoice",
     "manifest_corpus",
     "prepare_commonvoice",
     "read_clip_durations",
@@ -65,15 +70,63 @@ __all__ = [
 
 CORPUS = "commonvoice"
 PARTS = ("train", "dev", "test")
-#: Why ``speechpipe download commonvoice`` does not exist.
-NO_DOWNLOAD = ("Common Voice releases are downloaded from Mozilla's site after accepting its "
-               "terms; extract one and prepare its <lang> folder")
 #: Utterance durations kept for training (seconds).
 DURATION_RANGE = (1.0, 15.0)
 #: Per-clip durations in milliseconds (releases 16.1 and later).
 CLIP_DURATIONS = "clip_durations.tsv"
 #: Columns every clip table must have.
 REQUIRED_COLUMNS = ("client_id", "path", "sentence")
+
+
+_ARCHIVE = re.compile(r"(?P<release>cv-corpus-[^/]+)-(?P<lang>[A-Za-z]{2,3}(?:-[A-Za-z0-9]+)*)"
+                      r"\.tar(?:\.gz)?")
+
+
+def download_commonvoice(
+    target_dir: str | os.PathLike,
+    parts: str | Iterable[str] | None = None,
+    force: bool = False,
+    *,
+    url: str | None = None,
+    checksum: str | None = None,
+    progress: bool = True,
+) -> Path:
+    """Download and extract one Common Voice release of one language from the link Mozilla
+    gives after its terms are accepted; return the language folder
+    (``target_dir/cv-corpus-<version>/<lang>``), which :func:`prepare_commonvoice` reads.
+
+    The archive name (the link's last path component) must be
+    ``cv-corpus-<version>-<lang>.tar.gz``; it is downloaded with resume and verified against
+    ``checksum`` (the sha256 Mozilla shows beside the link), extracted safely and deleted; a
+    marker makes a second call a no-op.
+
+    Args:
+        target_dir: download folder.
+        parts: not used (an archive holds every split of its language): ``None``.
+        force: download again.
+        url: the download link (required; signed links expire: ask for a new one if refused).
+        checksum: ``"sha256:<hex>"`` (or a bare hex digest); ``None`` skips verification.
+        progress: tqdm progress bars.
+
+    Raises:
+        ValueError: no ``url``, an archive name that is not a Common Voice release, or parts.
+        MissingDataError / DataError: as :func:`~speechpipe.recipes._common.download_and_extract`,
+            and an archive that did not create ``<release>/<lang>/clips``.
+    """
+    if url is None:
+        raise ValueError("pass url=...: the link to cv-corpus-<version>-<lang>.tar.gz that "
+                         "Mozilla's Common Voice site gives after accepting its terms")
+    if parts is not None:
+        raise ValueError("a Common Voice archive holds every split of one language: no parts")
+    name = Path(urllib.parse.urlparse(url).path).name
+    match = _ARCHIVE.fullmatch(name)
+    if match is None:
+        raise ValueError(f"{name!r} is not a Common Voice release archive "
+                         "(cv-corpus-<version>-<lang>.tar.gz)")
+    folder = Path(match["release"]) / match["lang"]
+    download_and_extract(url, target_dir, checksum=checksum, force=force, progress=progress,
+                         expected=(str(folder / "clips"),))
+    return Path(target_dir) / folder
 
 
 def manifest_corpus(language: str) -> str:
