@@ -89,9 +89,23 @@ def test_prefetch_queue_is_bounded_by_buffer_size():
     it = prefetch_items(source, 5)
     assert next(it) == 0
     time.sleep(0.3)  # let the thread run as far ahead as it can
-    # consumed 1; at most buffer_size queued and one more in the thread's hand
-    assert source.pulled <= 1 + 5 + 1
+    # consumed 1; at most buffer_size read and not yet yielded
+    assert source.pulled <= 1 + 5
     it.close()
+
+
+@pytest.mark.parametrize("buffer_size", [1, 2, 3, 16, 100])
+def test_prefetch_hands_items_over_in_runs_within_the_bound(buffer_size):
+    held = __import__("collections").deque()
+    most = []
+
+    def source():
+        for i in range(500):
+            most.append(len(held))  # read and not yet yielded, before reading one more
+            yield i
+
+    assert list(prefetch_items(source(), buffer_size, held=held)) == list(range(500))
+    assert max(most) <= buffer_size - 1 and not held
 
 
 def test_map_in_threads_is_ordered_and_equals_the_plain_map():
@@ -131,6 +145,60 @@ def test_map_in_threads_keeps_at_most_buffer_size_items_in_flight():
     time.sleep(0.2)
     assert source.pulled <= 1 + 6
     it.close()
+
+
+def test_prefetch_hands_a_slow_sources_items_over_without_waiting_for_a_run():
+    def slow():  # an item every 50 ms: each must reach the consumer at once, not in a run
+        for _ in range(10):
+            time.sleep(0.05)
+            yield time.perf_counter()
+
+    delays = [time.perf_counter() - made for made in prefetch_items(slow(), 64)]
+    assert max(delays) < 0.025
+
+
+# tasks of several items: buffer_size 32 over 2 threads sends items 8 at a time
+
+
+def test_map_in_threads_in_tasks_is_ordered_and_bounded():
+    data = _samples(101)
+    flight = __import__("collections").deque()
+    most = []
+
+    def source():
+        for sample in data:
+            most.append(len(flight))
+            yield sample
+
+    out = list(map_items_in_threads(source(), _double, num_threads=2, buffer_size=32,
+                                    in_flight=flight))
+    assert out == [_double(s) for s in data]
+    assert max(most) <= 31 and not flight
+
+
+def test_map_in_threads_in_tasks_unordered_yields_every_result_once():
+    def slow_first(x):
+        if x < 8:
+            time.sleep(0.2)
+        return x
+
+    out = list(map_items_in_threads(range(64), slow_first, num_threads=2, buffer_size=32,
+                                    ordered=False))
+    assert sorted(out) == list(range(64))
+    assert out[0] >= 8  # the slow first task did not hold the others back
+
+
+def test_map_in_threads_in_tasks_raises_at_the_items_turn_or_skips():
+    seen = []
+    with pytest.raises(DataError, match=r"mem\.tar \(key 'u3'\).*ZeroDivisionError"):
+        for sample in map_items_in_threads(_samples(20), _fail_on_u3, num_threads=2,
+                                           buffer_size=32):
+            seen.append(sample["key"])
+    assert seen == ["u0", "u1", "u2"]
+    pipe = IterableWrapper(_samples(20)).map_in_threads(_fail_on_u3, num_threads=2,
+                                                        buffer_size=32, on_error="skip")
+    with pytest.warns(SkippedInputWarning, match="map_in_threads skipped 1"):
+        assert [s["key"] for s in pipe] == [f"u{i}" for i in range(20) if i != 3]
 
 
 def test_test_mode_gives_the_same_order_in_the_calling_thread():

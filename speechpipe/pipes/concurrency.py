@@ -44,8 +44,10 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import itertools
 import queue
 import threading
+import time
 import warnings
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
@@ -75,6 +77,7 @@ __all__ = [
 
 _END = object()
 _PUT_POLL = 0.05  # seconds: how often a blocked producer checks whether the consumer left
+_RUN_WAIT = 50e-6  # seconds a run may grow while the consumer waits (prefetch_items)
 _GRAPH_CONTAINER_MAX = 64  # containers longer than this are data, not a pipe graph
 
 
@@ -133,16 +136,17 @@ def prefetch_items(
 ) -> Iterator[Any]:
     """Iterate ``source`` in a background thread, ``buffer_size`` items ahead at most.
 
-    The thread puts items into a ``queue.Queue(maxsize=buffer_size)``; the consumer takes
-    them in order. When the consumer stops (end, ``break``, an exception, ``close()``), the
-    thread is told to stop, the queue is drained, the thread is joined, and ``source``'s
-    iterator is closed. An exception raised by ``source`` is re-raised in the consumer after
+    The thread hands items over in runs (up to ``buffer_size // 4``, sooner when the consumer
+    waits) and the consumer takes all that is ready at once, so that locking and waking a
+    thread are paid per run rather than per item; never more than ``buffer_size`` items are
+    read and not yet yielded. When the consumer stops (end, ``break``, an exception,
+    ``close()``), the thread is told to stop and joined, and ``source``'s iterator is closed. An exception raised by ``source`` is re-raised in the consumer after
     the items before it. (A thread blocked inside the source -- a slow network read -- is
     joined when that read returns.)
 
     Args:
         source: the items.
-        buffer_size: items read ahead at most (the queue's bound), ``>= 1``.
+        buffer_size: items read ahead at most, ``>= 1``.
         threaded: False iterates ``source`` in the calling thread (test mode).
         held: if given, a deque that holds the items read and not yet yielded (for resuming).
         lock: held by the thread while it reads one item (a state can be taken under it).
@@ -167,40 +171,113 @@ def prefetch_items(
                 yield item
         finally:
             _close(it)
-    q: queue.Queue = queue.Queue(maxsize=buffer_size)
-    stop = threading.Event()
+    yield from _prefetch_threaded(it, buffer_size, held, lock)
+
+
+class _Handoff:
+    """The producer -> consumer channel of :func:`prefetch_items`: items move in runs, not
+    one by one, so that the locks and thread wake-ups are paid once per run.
+
+    ``ready`` holds items the producer handed over; ``taken`` counts the items the consumer
+    took at its last visit (read and perhaps not yet yielded). The producer waits while
+    ``len(ready) + taken + its own run`` would exceed ``buffer_size``, so that no more than
+    ``buffer_size`` items are ever read ahead of the consumer.
+    """
+
+    __slots__ = ("cond", "ready", "taken", "waiting", "stop")
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition(threading.Lock())
+        self.ready: collections.deque = collections.deque()
+        self.taken = 0
+        self.waiting = False  # the consumer waits for items (read without the lock)
+        self.stop = False
+
+
+def _prefetch_threaded(it: Iterator, buffer_size: int, held: collections.deque | None,
+                       lock: threading.Lock) -> Iterator[Any]:
+    chan = _Handoff()
+    run_max = max(1, buffer_size // 4)
+
+    def ahead() -> int:  # read and not yet yielded, the producer's run aside (see _Handoff)
+        return len(chan.ready) + chan.taken
+
+    def hand_over(run: list) -> bool:
+        with chan.cond:
+            if chan.stop:
+                return False
+            chan.ready.extend(run)
+            chan.cond.notify_all()
+        return True
+
+    def wait_for_room(run: list) -> bool:
+        with chan.cond:
+            while not chan.stop and ahead() + len(run) >= buffer_size:
+                chan.cond.wait()
+            return not chan.stop
 
     def produce() -> None:
+        run: list = []
+        started = 0.0  # when the run's first item was read
+        slow = False  # the last item took _RUN_WAIT or more to read
         try:
-            while not stop.is_set():
+            while True:
+                room = buffer_size - len(chan.ready) - chan.taken - len(run)  # see ahead()
+                # a waiting consumer gets the run at once if items come slowly (I/O), after
+                # _RUN_WAIT if they come fast (then a run of several is worth the wait)
+                if run and (room <= 0 or len(run) >= run_max or (
+                        chan.waiting and (slow or time.perf_counter() - started >= _RUN_WAIT))):
+                    if not hand_over(run):
+                        return
+                    run = []
+                    room = buffer_size - len(chan.ready) - chan.taken
+                if room <= 0 and not wait_for_room(run):
+                    return
+                before = time.perf_counter()
                 with lock:
                     item = next(it, _END)
                     if item is not _END and held is not None:
                         held.append(item)
                 if item is _END:
                     break
-                if not _put(q, item, stop):
-                    return
+                now = time.perf_counter()
+                slow = now - before >= _RUN_WAIT
+                if not run:
+                    started = now
+                run.append(item)
         except Exception as exc:  # handed to the consumer, raised there
-            _put(q, _Failure(exc), stop)
-            return
-        _put(q, _END, stop)
+            run.append(_Failure(exc))
+        else:
+            run.append(_END)
+        hand_over(run)
 
     thread = threading.Thread(target=produce, name="speechpipe-prefetch", daemon=True)
     thread.start()
     try:
         while True:
-            item = q.get()
-            if item is _END:
-                return
-            if isinstance(item, _Failure):
-                raise item.error
-            if held is not None:
-                held.popleft()
-            yield item
+            with chan.cond:
+                chan.taken = 0
+                while not chan.ready:
+                    chan.waiting = True
+                    chan.cond.notify_all()
+                    chan.cond.wait()
+                chan.waiting = False
+                batch = chan.ready
+                chan.taken = len(batch)  # before emptying ready: ahead() never undercounts
+                chan.ready = collections.deque()
+                chan.cond.notify_all()
+            for item in batch:
+                if item is _END:
+                    return
+                if isinstance(item, _Failure):
+                    raise item.error
+                if held is not None:
+                    held.popleft()
+                yield item
     finally:
-        stop.set()
-        _drain(q)
+        with chan.cond:
+            chan.stop = True
+            chan.cond.notify_all()
         thread.join()
         _close(it)
 
@@ -238,7 +315,10 @@ def map_items_in_threads(
     ``(position, item)`` into an input queue; worker threads apply ``fn`` and put the result
     into an output queue; the consumer yields results in input order (``ordered``) or as they
     come. At most ``buffer_size`` items are in flight (read and not yet yielded), which bounds
-    both queues. With ``num_threads=0`` everything runs in the calling thread, in order.
+    both queues. Items travel in tasks of ``buffer_size // (2 * num_threads)`` (1 to 64), so
+    that a large ``buffer_size`` also pays the queues and thread wake-ups once per task rather
+    than per item (the default ``2 * num_threads`` sends items one by one, for slow ``fn``).
+    With ``num_threads=0`` everything runs in the calling thread, in order.
 
     An exception from ``fn`` is raised when its item's turn comes (after the items before
     it): a ``DataError`` as is, anything else wrapped in a ``DataError`` naming the item's
@@ -295,6 +375,7 @@ def map_items_in_threads(
         finally:
             _close(it)
 
+    chunk = max(1, min(buffer_size // (2 * num_threads), 64))
     inputs: queue.Queue = queue.Queue()
     outputs: queue.Queue = queue.Queue()
 
@@ -303,51 +384,61 @@ def map_items_in_threads(
             task = inputs.get()
             if task is None:
                 return
-            seq, item = task
-            try:
-                outputs.put((seq, True, fn(item)))
-            except Exception as exc:
-                outputs.put((seq, False, exc))
+            first, items = task
+            results = []
+            for item in items:
+                try:
+                    results.append((True, fn(item)))
+                except Exception as exc:
+                    results.append((False, exc))
+            outputs.put((first, results))
 
     threads = [threading.Thread(target=work, name=f"speechpipe-map-{i}", daemon=True)
                for i in range(num_threads)]
     for thread in threads:
         thread.start()
-    seqs: collections.deque = collections.deque()  # positions of the items in flight
-    done: dict[int, tuple[bool, Any]] = {}
+    tasks: collections.deque = collections.deque()  # (first position, size) of tasks in flight
+    done: dict[int, list] = {}
     next_seq = 0
     exhausted = False
     try:
         while True:
             while not exhausted and len(flight) < buffer_size:
-                item = next(it, _END)
-                if item is _END:
-                    exhausted = True
-                    break
-                flight.append(item)
-                seqs.append(next_seq)
-                inputs.put((next_seq, item))
-                next_seq += 1
-            if not flight:
+                items = []
+                while len(items) < chunk and len(flight) < buffer_size:
+                    item = next(it, _END)
+                    if item is _END:
+                        exhausted = True
+                        break
+                    flight.append(item)
+                    items.append(item)
+                if items:
+                    inputs.put((next_seq, items))
+                    tasks.append((next_seq, len(items)))
+                    next_seq += len(items)
+            if not tasks:
                 return
             if ordered:
-                target = seqs[0]
-                while target not in done:
-                    seq, ok, value = outputs.get()
-                    done[seq] = (ok, value)
                 index = 0
+                while tasks[0][0] not in done:
+                    first, results = outputs.get()
+                    done[first] = results
             else:
                 while not done:
-                    seq, ok, value = outputs.get()
-                    done[seq] = (ok, value)
-                target = next(iter(done))
-                index = seqs.index(target)
-            ok, value = done.pop(target)
-            item = flight[index]
-            del flight[index], seqs[index]
-            out = settle(target, item, ok, value)
-            if out is not _END:
-                yield out
+                    first, results = outputs.get()
+                    done[first] = results
+                ready = next(iter(done))
+                index = next(i for i, (f, _) in enumerate(tasks) if f == ready)
+            first, size = tasks[index]
+            del tasks[index]
+            results = done.pop(first)
+            offset = sum(n for _, n in itertools.islice(tasks, index))  # items before it
+            for position, (ok, value) in enumerate(results, start=first):
+                item = flight[offset]
+                del flight[offset]
+                out = settle(position, item, ok, value)
+                if out is not _END:
+                    yield out
     finally:
         _drain(inputs)
         for _ in threads:
@@ -393,6 +484,21 @@ def to_device(
     >>> out["feats"].dtype, tuple(out["feats"].shape), out["key"]
     (torch.float32, (2, 3), 'u1')
     """
+    if device is not None and not isinstance(device, torch.device):
+        device = torch.device(device)
+    return _convert(obj, device, pin_memory, non_blocking)
+
+
+_LEAVES = frozenset({str, int, float, bool, bytes, type(None)})
+
+
+def _convert(obj: Any, device: torch.device | None, pin_memory: bool,
+             non_blocking: bool) -> Any:
+    kind = type(obj)
+    if kind in _LEAVES:
+        return obj
+    if kind is dict:
+        return {k: _convert(v, device, pin_memory, non_blocking) for k, v in obj.items()}
     if isinstance(obj, torch.Tensor):
         tensor = obj
     elif isinstance(obj, np.ndarray):
@@ -402,20 +508,17 @@ def to_device(
     elif isinstance(obj, np.generic) and obj.dtype.kind in "biufc":
         tensor = torch.from_numpy(np.asarray(obj))
     elif isinstance(obj, Mapping):
-        items = {k: to_device(v, device, pin_memory=pin_memory, non_blocking=non_blocking)
-                 for k, v in obj.items()}
-        return items if type(obj) is dict else type(obj)(items)
+        return type(obj)({k: _convert(v, device, pin_memory, non_blocking)
+                          for k, v in obj.items()})
     elif isinstance(obj, tuple) and hasattr(obj, "_fields"):  # a namedtuple
-        return type(obj)(*(to_device(v, device, pin_memory=pin_memory,
-                                     non_blocking=non_blocking) for v in obj))
+        return kind(*(_convert(v, device, pin_memory, non_blocking) for v in obj))
     elif isinstance(obj, (list, tuple)):
-        return type(obj)(to_device(v, device, pin_memory=pin_memory, non_blocking=non_blocking)
-                         for v in obj)
+        return kind(_convert(v, device, pin_memory, non_blocking) for v in obj)
     else:
         return obj
     if pin_memory:
         tensor = _pin(tensor)
-    if device is not None:
+    if device is not None and tensor.device != device:  # .to() costs even when a no-op
         tensor = tensor.to(device, non_blocking=non_blocking)
     return tensor
 
