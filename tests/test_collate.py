@@ -409,3 +409,30 @@ def test_padded_batch_unpads_to_inputs_and_pads_with_pad_value(case):
     for i, a in enumerate(arrays):
         assert np.array_equal(padded[i, : len(a)].numpy(), a)
         assert torch.all(padded[i, len(a):] == pad_value)
+
+
+class _CollatingWorker(torch.utils.data.IterableDataset):
+    """Collates in a DataLoader worker and reports whether the batch was born shared."""
+
+    def __init__(self, samples):
+        self.samples = samples
+
+    def __iter__(self):
+        batch = PadCollate(pad_values={"tokens": -1})(self.samples)
+        yield {"batch": batch, "shared": {k: v.is_shared() for k, v in batch.items()
+                                          if isinstance(v, torch.Tensor)}}
+
+
+def test_in_a_dataloader_worker_batches_are_allocated_in_shared_memory():
+    rng = np.random.default_rng(0)
+    samples = [{"key": f"u{i}", "feats": rng.standard_normal((n, 3)).astype(np.float32),
+                "tokens": np.arange(i + 1), "duration": 0.5 * n}
+               for i, n in enumerate((5, 2, 7))]
+    [out] = torch.utils.data.DataLoader(_CollatingWorker(samples), batch_size=None,
+                                        num_workers=1)
+    assert out["shared"]["feats"] and out["shared"]["tokens"]  # the padded (large) fields
+    here = PadCollate(pad_values={"tokens": -1})(samples)
+    assert not here["feats"].is_shared()  # in the main process: ordinary memory
+    for name in ("feats", "feats_len", "tokens", "tokens_len", "duration"):
+        assert torch.equal(out["batch"][name], here[name]), name
+    assert out["batch"]["tokens"][1].tolist() == [0, 1, -1]  # padding filled

@@ -24,6 +24,8 @@ every array into its slice: no per-item ``np.pad`` and no Python loop over time 
 
 from __future__ import annotations
 
+import math
+
 from functools import lru_cache
 from typing import Any, Iterable, Mapping, Sequence, Union
 
@@ -153,6 +155,17 @@ def _shape_mismatch(
     return _error(f"field {name!r}: {what} differ across the batch: {listed}", keys, first_odd)
 
 
+def _empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """An uninitialized tensor; in a DataLoader worker, in shared memory from the start (as
+    torch's ``default_collate`` does), so that sending the batch to the main process passes
+    a handle instead of copying the batch into shared memory first."""
+    if torch.utils.data.get_worker_info() is None:
+        return torch.empty(shape, dtype=dtype)
+    proto = torch.empty(0, dtype=dtype)
+    storage = proto._typed_storage()._new_shared(math.prod(shape), device=proto.device)
+    return proto.new(storage).resize_(shape)
+
+
 def _copy_rows(out: torch.Tensor, arrays: Sequence[Any], lengths: Sequence[int] | None) -> None:
     """Copy ``arrays[i]`` into ``out[i, :lengths[i]]`` (whole rows when ``lengths`` is None).
 
@@ -222,8 +235,12 @@ def _pad(
     lengths = [int(a.shape[0]) for a in arrays]
     out_dtype = _result_dtype(dtypes, dtype, float_dtype)
     _check_pad_value(pad_value, out_dtype, name)
-    out = torch.full((len(arrays), max(lengths), *trailing), pad_value, dtype=out_dtype)
+    longest = max(lengths)
+    out = _empty((len(arrays), longest, *trailing), out_dtype)
     _copy_rows(out, arrays, lengths)
+    for i, n in enumerate(lengths):  # only the padding is filled, not the whole tensor
+        if n < longest:
+            out[i, n:] = pad_value
     return out, torch.tensor(lengths, dtype=torch.int64)
 
 
@@ -287,7 +304,7 @@ def _stack(
     shapes = [tuple(a.shape) for a in arrays]
     if any(s != shapes[0] for s in shapes):
         raise _shape_mismatch("shapes", name, shapes, keys)
-    out = torch.empty((len(arrays), *shapes[0]), dtype=_result_dtype(dtypes, dtype, float_dtype))
+    out = _empty((len(arrays), *shapes[0]), _result_dtype(dtypes, dtype, float_dtype))  # arrays
     _copy_rows(out, arrays, None)
     return out
 
