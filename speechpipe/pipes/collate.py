@@ -304,7 +304,7 @@ def _stack(
     shapes = [tuple(a.shape) for a in arrays]
     if any(s != shapes[0] for s in shapes):
         raise _shape_mismatch("shapes", name, shapes, keys)
-    out = _empty((len(arrays), *shapes[0]), _result_dtype(dtypes, dtype, float_dtype))  # arrays
+    out = _empty((len(arrays), *shapes[0]), _result_dtype(dtypes, dtype, float_dtype))
     _copy_rows(out, arrays, None)
     return out
 
