@@ -89,7 +89,7 @@ from .pipes.concurrency import graph_nodes, to_device
 from .pipes.mixing import propagate_epoch
 from .pipes.sharding import ShardedShufflerIterDataPipe
 from .pipes.views import ViewLoaderIterDataPipe
-from .seeding import derive_seed, process_position
+from .seeding import derive_seed, pin_rank, process_position
 
 __all__ = ["Loader", "PipeDataset", "ResumeWarning", "SharedEpoch", "build_loader"]
 
@@ -184,6 +184,23 @@ class PipeDataset(torch.utils.data.IterableDataset):
         self._pending: dict | None = None
         self._starting: dict | None = None
         self._live: dict | None = None
+
+    # -- workers started by spawn / forkserver: they learn their rank from the pickle
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        where = process_position()
+        state["_rank"] = (where.rank, where.world_size)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        rank = state.pop("_rank", None)
+        self.__dict__.update(state)
+        # unpickled in a worker started by spawn (before torch sets its worker info): the
+        # process group is not there, the rank of the process that started it is
+        if rank is not None and not (torch.distributed.is_available()
+                                     and torch.distributed.is_initialized()):
+            pin_rank(*rank)
 
     # -- epochs
 
@@ -449,6 +466,7 @@ def build_loader(
     seed: int = 0,
     uneven: str | Callable[[Iterable], Iterable] | None = None,
     snapshot_every: int = 1,
+    multiprocessing_context: str | None = None,
 ) -> Loader:
     """Build the loader a training script iterates: workers, prefetch, pinning, device,
     uneven inputs and exact resume, in one call.
@@ -472,6 +490,9 @@ def build_loader(
         snapshot_every: how often workers send their state to the main process, in batches
             (``StatefulDataLoader``'s ``snapshot_every_n_steps``); raise it to the checkpoint
             interval to save the per-batch cost.
+        multiprocessing_context: how workers start, ``"fork"``, ``"spawn"`` or
+            ``"forkserver"`` (default: the platform's); spawned workers get their rank from
+            :class:`PipeDataset` (see :func:`speechpipe.seeding.pin_rank`).
 
     >>> import numpy as np, speechpipe
     >>> from speechpipe.pipes._base import SequenceWrapper
@@ -514,6 +535,10 @@ def build_loader(
                    persistent_workers=persistent_workers, generator=generator)
     if num_workers:
         options["prefetch_factor"] = prefetch_factor or 2
+    if multiprocessing_context is not None:
+        if num_workers == 0:
+            raise ValueError("multiprocessing_context needs num_workers > 0")
+        options["multiprocessing_context"] = multiprocessing_context
     try:
         from torchdata.stateful_dataloader import StatefulDataLoader
     except ImportError:  # pragma: no cover - torchdata is a dependency

@@ -4,7 +4,11 @@ One helper, :func:`derive_seed`, turns the tuple into a 64-bit seed with a hash,
 nearby tuples give unrelated streams (``seed + epoch`` would make seed 1 epoch 0 equal seed 0
 epoch 1). :func:`process_position` reads the rank from ``torch.distributed`` when it is
 initialised and the worker from the DataLoader, so pipes never read environment variables,
-time or pids.
+time or pids. DataLoader workers started by ``spawn`` or ``forkserver`` (the default on macOS,
+and on Linux from Python 3.14) begin without the process group: :func:`pin_rank`, called in
+the worker by :class:`speechpipe.loader.PipeDataset` with the rank of the process that started
+it, gives them their rank (a pipe given to a plain DataLoader with such workers would see
+rank 0 on every rank: use ``build_loader`` or ``PipeDataset``).
 """
 
 from __future__ import annotations
@@ -14,7 +18,9 @@ import random
 import struct
 from dataclasses import dataclass
 
-__all__ = ["Position", "derive_rng", "derive_seed", "process_position"]
+__all__ = ["Position", "derive_rng", "derive_seed", "pin_rank", "process_position"]
+
+_pinned: tuple[int, int] | None = None  # (rank, world size) given to this worker process
 
 
 def derive_seed(seed: int, epoch: int = 0, rank: int = 0, worker: int = 0, *salt: int | str) -> int:
@@ -53,6 +59,18 @@ class Position:
     num_workers: int = 1
 
 
+def pin_rank(rank: int, world_size: int) -> None:
+    """Set the rank :func:`process_position` reports when ``torch.distributed`` is not
+    initialised in this process (a DataLoader worker started by ``spawn``).
+
+    >>> pin_rank(0, 1)
+    """
+    global _pinned
+    if not (isinstance(rank, int) and isinstance(world_size, int) and 0 <= rank < world_size):
+        raise ValueError(f"need 0 <= rank < world_size, got {rank}, {world_size}")
+    _pinned = (rank, world_size)
+
+
 def process_position() -> Position:
     """Rank from ``torch.distributed`` (if initialised) and worker from the DataLoader.
 
@@ -65,6 +83,8 @@ def process_position() -> Position:
     rank, world = 0, 1
     if dist.is_available() and dist.is_initialized():
         rank, world = dist.get_rank(), dist.get_world_size()
+    elif _pinned is not None:
+        rank, world = _pinned
     info = torch.utils.data.get_worker_info()
     if info is None:
         return Position(rank, world, 0, 1)

@@ -626,7 +626,19 @@ def _scenario(name: str, ctx: dict, rank: int, world: int, write):
         return _stall_scenario(ctx, rank, world)
     if kind == "die":
         return _die_scenario(ctx, rank, world, write)
+    if kind == "spawn":
+        return _spawn_scenario(arg)
     raise ValueError(name)
+
+
+def _spawn_scenario(context: str) -> dict:
+    """Items each rank reads through build_loader with 2 workers started by ``context``."""
+    from speechpipe.loader import build_loader
+    from speechpipe.pipes._base import IterableWrapper
+
+    pipe = IterableWrapper(range(48)).sharding_filter().batch(3)
+    loader = build_loader(pipe, num_workers=2, multiprocessing_context=context)
+    return {"items": sorted(int(i) for batch in loader for i in batch)}
 
 
 def _rank_main(rank: int, world: int, port: int, ctx_path: str, out: str) -> None:
@@ -699,6 +711,16 @@ def run_group(tmp, world: int, ctx: dict, expect_exit: dict | None = None) -> li
         with open(path) as f:
             results.append(json.load(f))
     return results
+
+
+@pytest.mark.parametrize("context", ["spawn", "fork"])
+def test_workers_started_by_spawn_know_their_rank(tmp_path, context):
+    """Spawned workers begin without the process group; each rank must still read its own
+    share (a worker seeing rank 0 everywhere would make every rank read the same items)."""
+    results = run_group(str(tmp_path), 2, {"scenarios": [f"spawn:{context}"]})
+    items = [r[f"spawn:{context}"]["items"] for r in results]
+    assert sorted(items[0] + items[1]) == list(range(48))
+    assert not set(items[0]) & set(items[1])
 
 
 def _broken_copy(paths: list[str], folder: str, world: int) -> tuple[list[str], str, int]:
