@@ -5,14 +5,28 @@ published durations, 100 frames/s), written as Kaldi arks + feats.scp and packed
 ``speechpipe.pack.pack_data`` into tar shards. On it, side by side:
 
 (a) raw sequential read of the shard bytes (4 MiB reads; the ceiling);
-(b) speechpipe: ``list of shards -> sharded_shuffle(1000) -> decode`` (two-level shuffle);
+(b) speechpipe: ``list of shards -> sharded_shuffle(1000) -> decode -> batch(16) ->
+    collate(PadCollate)`` (two-level shuffle; local shards are memory-mapped, the default --
+    ``SPEECHPIPE_SHARD_MMAP=0`` measures the ``read`` path instead);
 (c) map-style random reads through feats.scp offsets (``kaldiio.load_mat``) with a
-    shuffled ``torch.utils.data.DataLoader``;
-(d) webdataset's own reader: ``WebDataset(shards, shardshuffle=...).shuffle(1000).decode()``.
+    shuffled ``torch.utils.data.DataLoader(batch_size=16, collate_fn=PadCollate)``;
+(d) webdataset's own reader: ``WebDataset(shards, shardshuffle=...).shuffle(1000).decode()
+    .map(to key/feats/text).batched(16, collation_fn=PadCollate)``.
+
+The consumer is what a training loop does, the same for (b), (c) and (d): utterances are
+grouped into batches of 16 and padded by :class:`speechpipe.pipes.collate.PadCollate` (fields
+``key``, ``feats``, ``text``) *in the process that reads them* (the DataLoader worker when
+there are workers, where PadCollate allocates the batch in shared memory, so one batch -- not
+each utterance -- crosses the process boundary), and the main process touches every padded
+batch (``batch["feats"].sum()``), so every feature byte is really read and copied once into a
+batch. (a) only reads the bytes into memory.
 
 Each in the main process (workers 0) and with DataLoader workers 2, with the page cache
 evicted for the data files before each run (``posix_fadvise(POSIX_FADV_DONTNEED)``: cold) and
-after a warming read (warm). Reported: utterances/s and MB/s (medians of the runs) and the
+after a warming read (warm). torch runs one intra-op thread in the main process (as in
+DataLoader workers): the padding and the sum are small, and two OpenMP threads spin-waiting
+on a busy 2-CPU machine made identical runs differ tenfold. Reported: utterances/s and MB/s
+of the data files (medians of the runs; DataLoader start-up is inside the timing) and the
 ratios (b)/(a), (b)/(c), (b)/(d); then a profile of (b), warm, workers 0.
 
     python -m benchmarks bench_shards               # ~3 GB corpus, 3 runs each
@@ -36,9 +50,17 @@ import torch
 import speechpipe  # noqa: F401  (registers the pipes)
 from speechpipe.index import ShardIndex
 from speechpipe.pipes._base import IterableWrapper
+from speechpipe.pipes.collate import PadCollate
 from speechpipe.testing import sample_durations
 
 DIM = 80
+BATCH = 16
+# The fields every reader's batches hold (PadCollate pads feats and adds feats_len).
+FIELDS = ("key", "feats", "text")
+
+
+def collate_fn() -> PadCollate:
+    return PadCollate(fields=FIELDS)
 
 
 def make_corpus(root: str, n: int, shard_size: int, seed: int = 0) -> tuple[list[str], str]:
@@ -87,13 +109,20 @@ def raw_read(paths, workers):
 
 
 def speechpipe_reader(paths, workers):
-    return IterableWrapper(paths).sharded_shuffle(buffer_size=1000, seed=0).decode()
+    return (IterableWrapper(paths).sharded_shuffle(buffer_size=1000, seed=0).decode()
+            .batch(BATCH).collate(collate_fn=collate_fn()))
 
 
 class ScpDataset(torch.utils.data.Dataset):
-    def __init__(self, scp: str):
+    """Map-style: one utterance per index, read through its feats.scp offset.
+
+    Batched and padded by the DataLoader (``batch_size=16, collate_fn=PadCollate``)."""
+
+    def __init__(self, scp: str, text: str):
         with open(scp) as f:
             self.entries = [line.split(None, 1) for line in f]
+        with open(text) as f:
+            self.text = dict(line.rstrip("\n").split(" ", 1) for line in f)
 
     def __len__(self):
         return len(self.entries)
@@ -102,7 +131,12 @@ class ScpDataset(torch.utils.data.Dataset):
         import kaldiio
 
         key, value = self.entries[i]
-        return {"key": key, "feats": kaldiio.load_mat(value.strip())}
+        return {"key": key, "feats": kaldiio.load_mat(value.strip()), "text": self.text[key]}
+
+
+def _wds_sample(sample: dict) -> dict:
+    # webdataset names fields by extension: give PadCollate the same fields as (b) and (c).
+    return {"key": sample["__key__"], "feats": sample["feats.npy"], "text": sample["txt"]}
 
 
 def webdataset_reader(paths, workers):
@@ -110,26 +144,35 @@ def webdataset_reader(paths, workers):
 
     return (wds.WebDataset(paths, shardshuffle=len(paths), seed=0, empty_check=False,
                            nodesplitter=wds.split_by_node, workersplitter=wds.split_by_worker)
-            .shuffle(1000).decode())
+            .shuffle(1000).decode().map(_wds_sample)
+            .batched(BATCH, collation_fn=collate_fn(), partial=True))
 
 
-def consume(dataset, workers: int, shuffle: bool = False) -> int:
-    if workers == 0 and not shuffle:
-        iterable = dataset
-    else:
+def consume(dataset, workers: int, map_style: bool = False) -> int:
+    """Iterate like a training loop: batches of 16 padded where they are read (the worker),
+    every padded batch touched in the main process; returns the number of utterances."""
+    if map_style:
         iterable = torch.utils.data.DataLoader(
-            dataset, batch_size=None, num_workers=workers, shuffle=shuffle,
-            generator=torch.Generator().manual_seed(0) if shuffle else None)
+            dataset, batch_size=BATCH, shuffle=True, collate_fn=collate_fn(),
+            num_workers=workers, generator=torch.Generator().manual_seed(0))
+    elif workers == 0:
+        iterable = dataset
+    else:  # the dataset yields whole batches
+        iterable = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=workers)
     count = 0
-    for item in iterable:
-        if isinstance(item, dict):
-            feats = item.get("feats", item.get("feats.npy"))
-            assert feats is not None and feats.shape[1] == DIM
-        count += 1
+    for batch in iterable:
+        if isinstance(batch, dict):
+            feats = batch["feats"]
+            assert feats.ndim == 3 and feats.shape[2] == DIM and len(batch["key"]) <= BATCH
+            assert batch["feats_len"].shape == (len(batch["key"]),)
+            float(feats.sum())  # touch every padded value in the main process
+            count += len(batch["key"])
+        else:  # (a): chunk sizes
+            count += 1
     return count
 
 
-def measure(name, build, files, data_bytes, workers, cold, runs, shuffle=False):
+def measure(name, build, files, data_bytes, workers, cold, runs, map_style=False):
     rates = []
     count = 0
     for _ in range(runs):
@@ -141,7 +184,7 @@ def measure(name, build, files, data_bytes, workers, cold, runs, shuffle=False):
                     while f.read(16 << 20):
                         pass
         start = time.perf_counter()
-        count = consume(build(workers), workers, shuffle=shuffle)
+        count = consume(build(workers), workers, map_style=map_style)
         rates.append(time.perf_counter() - start)
     seconds = statistics.median(rates)
     return {"name": name, "workers": workers, "cache": "cold" if cold else "warm",
@@ -149,9 +192,19 @@ def measure(name, build, files, data_bytes, workers, cold, runs, shuffle=False):
 
 
 def run(n: int, shard_size: int, runs: int, root: str) -> list[dict]:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _run(n, shard_size, runs, root)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _run(n: int, shard_size: int, runs: int, root: str) -> list[dict]:
     paths, scp = make_corpus(root, n, shard_size)
     shard_bytes = sum(os.path.getsize(p) for p in paths)
     ark = os.path.join(root, "feats.ark")
+    text = os.path.join(root, "text")
     print(f"corpus: {n} utterances, {len(paths)} shards, {shard_bytes / 1e9:.2f} GB of shards, "
           f"{os.path.getsize(ark) / 1e9:.2f} GB of arks")
     rows = []
@@ -162,14 +215,16 @@ def run(n: int, shard_size: int, runs: int, root: str) -> list[dict]:
             rows.append(measure("(b) speechpipe sharded_shuffle",
                                 lambda w: speechpipe_reader(paths, w), paths, shard_bytes,
                                 workers, cold, runs))
-            rows.append(measure("(c) map-style scp reads", lambda w: ScpDataset(scp), [ark],
-                                os.path.getsize(ark), workers, cold, runs, shuffle=True))
+            rows.append(measure("(c) map-style scp reads", lambda w: ScpDataset(scp, text),
+                                [ark], os.path.getsize(ark), workers, cold, runs,
+                                map_style=True))
             rows.append(measure("(d) webdataset", lambda w: webdataset_reader(paths, w),
                                 paths, shard_bytes, workers, cold, runs))
     for row in rows:
         if row["name"].startswith("(a)"):
             row["utt_s"] = float("nan")
         else:
+            assert row["items"] == n, (row["name"], row["items"], n)  # every utterance, once
             row["utt_s"] = row["items"] / row["seconds"]
     return rows
 
@@ -193,10 +248,19 @@ def table(rows: list[dict]) -> str:
 
 
 def profile(paths: list[str], top: int = 12) -> str:
+    for path in paths:  # warm
+        with open(path, "rb", buffering=0) as f:
+            while f.read(16 << 20):
+                pass
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
     profiler = cProfile.Profile()
-    profiler.enable()
-    consume(speechpipe_reader(paths, 0), 0)
-    profiler.disable()
+    try:
+        profiler.enable()
+        consume(speechpipe_reader(paths, 0), 0)
+        profiler.disable()
+    finally:
+        torch.set_num_threads(threads)
     out = io.StringIO()
     pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(top)
     return out.getvalue()

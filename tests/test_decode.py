@@ -506,3 +506,68 @@ def test_npy_object_header_is_never_unpickled():
     payload = b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header + b"\x80"
     with pytest.raises(UnsafeInputError, match="never unpickles"):
         decode_field("x.npy", payload)
+
+
+# --- memoryview payloads (large members of memory-mapped shards) ----------------------------
+
+def _readonly_view(payload: bytes) -> memoryview:
+    """A read-only memoryview inside a larger buffer, like a member of a mapped shard."""
+    return memoryview(b"header" + payload + b"trailer")[6:6 + len(payload)]
+
+
+@pytest.mark.parametrize("array", [
+    np.arange(12, dtype=np.float32).reshape(3, 4),
+    np.asfortranarray(np.arange(12, dtype=np.float64).reshape(3, 4)),
+    np.arange(6, dtype=">i4"),
+    np.zeros((0, 80), np.float32),
+    np.zeros(3, dtype=[("a", "<i4"), ("b", "<f8")]),  # structured: numpy's own reader
+], ids=["f32", "fortran", "big-endian", "empty", "structured"])
+def test_npy_from_a_memoryview_is_a_read_only_view_of_it(array):
+    view = _readonly_view(_npy(array))
+    got = decode_field("feats.npy", view)
+    assert got.dtype == array.dtype and got.shape == array.shape and np.array_equal(got, array)
+    if array.dtype.names is None:  # the fast path: a read-only view, no copy
+        assert not got.flags.writeable
+        if array.size:
+            assert np.shares_memory(got, np.frombuffer(view, np.uint8))
+
+
+def test_every_decoder_takes_a_memoryview():
+    audio = tone()
+    sample = raw(**{"flac": _readonly_view(audio_bytes(audio)),
+                    "wav": _readonly_view(audio_bytes(audio, fmt="WAV")),
+                    "feats.npy": _readonly_view(_npy(np.ones((2, 3), np.float32))),
+                    "txt": _readonly_view("héllo".encode()),
+                    "json": _readonly_view(b'{"a": [1]}'),
+                    "cls": _readonly_view(b"7")})
+    out = decode_sample(sample, rename={"wav": "audio2"})
+    assert np.array_equal(out["audio"], audio) and out["sample_rate"] == 16000
+    assert np.array_equal(out["audio2"], audio)
+    assert np.array_equal(out["feats"], np.ones((2, 3), np.float32))
+    assert out["text"] == "héllo" and out["meta"] == {"a": [1]} and out["cls"] == 7
+
+
+def test_memoryview_errors_name_the_member_like_bytes():
+    for payload, match in [(b"\xff\xfe", "invalid UTF-8"), (b"nope", "not a .npy array")]:
+        field = "txt" if match.startswith("invalid") else "feats.npy"
+        with pytest.raises(DataError, match=rf"\[member spk1/utt7.{field}\].*{match}"):
+            decode_sample(raw(**{field: _readonly_view(payload)}))
+
+
+def test_unknown_memoryview_field_is_kept_as_bytes_so_decoded_samples_pickle():
+    out = decode_sample(raw(**{"feats.npy": _readonly_view(_npy(np.ones(3, np.float32))),
+                               "blob": _readonly_view(b"\x00\x01")}), unknown="keep")
+    assert type(out["blob"]) is bytes and out["blob"] == b"\x00\x01"
+    again = pickle.loads(pickle.dumps(out))
+    assert again["blob"] == b"\x00\x01" and np.array_equal(again["feats"], np.ones(3))
+
+
+def test_decode_after_read_shards_of_a_mapped_shard(tmp_path):
+    path = str(tmp_path / "m.tar")
+    feats = np.random.default_rng(0).standard_normal((400, 80), dtype=np.float32)  # 128 KB
+    write_shard(path, [{"key": "u1", "feats.npy": feats, "txt": "hi", "blob": b"b" * 70000}])
+    [rawsample] = IterableWrapper([path]).open().read_shards()
+    assert isinstance(rawsample["feats.npy"], memoryview)
+    [s] = IterableWrapper([path]).open().read_shards().decode(unknown="keep")
+    assert np.array_equal(s["feats"], feats) and not s["feats"].flags.writeable
+    assert s["text"] == "hi" and type(s["blob"]) is bytes and s["blob"] == b"b" * 70000

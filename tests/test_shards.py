@@ -10,6 +10,7 @@ import hashlib
 import io
 import json
 import os
+import sys
 import tarfile
 import warnings
 
@@ -673,3 +674,248 @@ def test_headers_with_valid_checksums_and_random_fields_raise_only_data_error(pa
 def test_valid_property_fixtures_read_cleanly():
     assert len(members_of(VALID)) == 4 and len(members_of(VALID_GNU)) == 2
     assert json.loads(dict(members_of(VALID))["日本/" + "x" * 120 + ".json"]) == {}
+
+
+# --------------------------------------------------------------------------------------------
+# memory-mapped local files: the same members and errors as the reading path, payloads as views
+# --------------------------------------------------------------------------------------------
+
+BIG = 1 << 16  # payloads from this size on are views of the mapping (shards._VIEW_MIN)
+
+
+def _mixed_tar() -> bytes:
+    """Large and small payloads, pax and GNU long names, a directory, sizes around BIG."""
+    rng = np.random.default_rng(1)
+    members = [("dir", (tarfile.DIRTYPE,))]
+    for i, n in enumerate([BIG - 1, BIG, BIG + 1, 3, 0, 700_000, 512, 1 << 20]):
+        members.append((f"dir/utt{i}.bin", rng.bytes(n)))
+        members.append((f"dir/utt{i}.txt", f"text {i}".encode()))
+    members.append(("日本/" + "x" * 130 + ".bin", rng.bytes(BIG + 5)))
+    return make_tar(members, fmt=tarfile.PAX_FORMAT)
+
+
+def _both_paths(path, source="s.tar"):
+    """(members or the error message, final stream position) with mmap=True and mmap=False."""
+    out = []
+    for mmap in (True, False):
+        got = []
+        with open(path, "rb") as f:
+            try:
+                for name, data in iter_tar_members(f, source=source, mmap=mmap):
+                    got.append((name, bytes(data)))
+                result = ("ok", got, f.tell())
+            except DataError as err:
+                result = ("error", got, str(err))
+        out.append(result)
+    return out
+
+
+def test_mmap_gives_the_members_of_the_reading_path_with_large_payloads_as_views(tmp_path):
+    path = tmp_path / "mixed.tar"
+    path.write_bytes(_mixed_tar())
+    mapped, read = _both_paths(path)
+    assert mapped == read and mapped[0] == "ok" and len(mapped[1]) == 17
+    with open(path, "rb") as f:
+        members = list(iter_tar_members(f, source="s.tar"))  # the default maps local files
+    expected = dict(members_of(path.read_bytes()))
+    for name, data in members:
+        assert bytes(data) == expected[name]
+        if len(data) >= BIG:
+            assert isinstance(data, memoryview) and data.readonly
+        else:
+            assert type(data) is bytes
+
+
+def test_mmap_on_a_multi_shard_corpus_written_by_shardwriter(tmp_path):
+    rng = np.random.default_rng(0)
+    samples = [{"key": f"utt{i}", "feats.npy": rng.standard_normal((40 * i + 1, 80),
+                                                                    dtype=np.float32),
+                "txt": f"words {i}", "json": {"i": i}} for i in range(12)]
+    with ShardWriter(str(tmp_path / "d-%05d.tar"), maxcount=5) as writer:
+        for s in samples:
+            writer.write(s)
+    for p in writer.paths:
+        mapped, read = _both_paths(p)
+        assert mapped == read and mapped[0] == "ok"
+    got = list(IterableWrapper(writer.paths).open().read_shards().decode())
+    assert [s["key"] for s in got] == [s["key"] for s in samples]
+    for s, o in zip(got, samples):
+        assert np.array_equal(s["feats"], o["feats.npy"]) and not s["feats"].flags.writeable
+        assert s["text"] == o["txt"] and s["meta"] == o["json"]
+
+
+def test_the_stream_ends_where_the_reading_path_leaves_it(tmp_path):
+    data = make_tar([("a.txt", b"1"), ("a.bin", b"z" * BIG)])
+    for tail in (b"", bytes(3 << 20)):  # record padding; more than the 1 MiB read after it
+        path = tmp_path / "t.tar"
+        path.write_bytes(data + tail)
+        mapped, read = _both_paths(path)
+        assert mapped == read and mapped[0] == "ok"
+
+
+def test_mmap_reads_from_the_stream_position(tmp_path):
+    path = tmp_path / "prefixed.tar"
+    tar = make_tar([("u1.bin", b"q" * (BIG + 3)), ("u1.txt", b"t")])
+    path.write_bytes(b"junk" * 1000 + tar)
+    with open(path, "rb") as f:
+        f.read(4000)
+        got = [(n, bytes(d), type(d)) for n, d in iter_tar_members(f, mmap=True)]
+    assert got == [("u1.bin", b"q" * (BIG + 3), memoryview), ("u1.txt", b"t", bytes)]
+
+
+def _cuts(tar: bytes) -> list[int]:
+    """Cut points around every header and inside every payload (and the end marker)."""
+    cuts = {0, 1, 100, len(tar) - 1}
+    for header, payload in offsets(tar).values():
+        cuts.update({header, header + 1, header + 300, header + 511, payload, payload + 1,
+                     payload + 700, payload + BIG - 1, payload + BIG + 1})
+    return sorted(c for c in cuts if 0 <= c < len(tar))
+
+
+def test_truncated_shards_raise_the_same_data_error_on_the_mapped_path(tmp_path):
+    tar = make_tar([("u1.txt", b"a" * 100), ("u2.bin", b"b" * (BIG + 100)),
+                    ("u3.bin", b"c" * 3000), ("y" * 130 + ".bin", b"d" * (BIG * 2))],
+                   fmt=tarfile.GNU_FORMAT)
+    end = offsets(tar)["y" * 130 + ".bin"][1] + len(pad(b"d" * BIG * 2))
+    path = tmp_path / "cut.tar"
+    checked = 0
+    for cut in _cuts(tar) + [end, end + 100, end + 511]:
+        if cut >= end + 512:  # the first zero block is the end of the archive
+            continue
+        path.write_bytes(tar[:cut])
+        mapped, read = _both_paths(path, source="shards/s-00007.tar")
+        assert mapped == read, cut
+        assert mapped[0] == "error" and mapped[2].startswith("shards/s-00007.tar"), cut
+        checked += 1
+    assert checked > 30
+    path.write_bytes(tar[:offsets(tar)["u2.bin"][1] + 5000])
+    with open(path, "rb") as f, pytest.raises(DataError) as exc:
+        list(iter_tar_members(f, source="shards/s-00007.tar", mmap=True))
+    assert str(exc.value).startswith("shards/s-00007.tar [member u2.bin]: truncated shard: "
+                                     f"member payload has 5000 of {BIG + 100} bytes")
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from([VALID, VALID_GNU]),
+       st.lists(st.tuples(st.integers(0, len(VALID) - 1), st.integers(1, 255)), max_size=4),
+       st.integers(0, len(VALID)))
+def test_corrupt_or_cut_shards_behave_the_same_mapped_and_read(tmp_path_factory, tar, flips,
+                                                               cut):
+    data = bytearray(tar)
+    for pos, mask in flips:
+        data[pos % len(data)] ^= mask
+    path = tmp_path_factory.mktemp("corrupt") / "p.tar"
+    path.write_bytes(bytes(data[:cut]) if cut < len(data) else bytes(data))
+    mapped, read = _both_paths(path, source="p.tar")
+    assert mapped == read
+
+
+def test_views_outlive_the_closed_stream_and_the_mapping_goes_with_them(tmp_path):
+    fds = "/proc/self/fd"
+    if not os.path.isdir(fds):
+        pytest.skip("needs /proc/self/fd")
+    path = tmp_path / "v.tar"
+    path.write_bytes(make_tar([("u1.bin", b"x" * BIG * 2), ("u1.txt", b"t")]))
+    before = len(os.listdir(fds))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no ResourceWarning on any path
+        with open(path, "rb") as f:
+            members = dict(iter_tar_members(f, source="v.tar", mmap=True))
+        assert bytes(members["u1.bin"]) == b"x" * BIG * 2  # read after the file was closed
+        own_fd = 1 if sys.version_info < (3, 13) else 0  # the mapping's descriptor (trackfd)
+        assert len(os.listdir(fds)) == before + own_fd
+        del members
+        assert len(os.listdir(fds)) == before  # unmapped with its last view
+        with open(path, "rb") as f:  # no view handed out: unmapped when the shard is done
+            assert [n for n, _ in iter_tar_members(f, mmap=True)] == ["u1.bin", "u1.txt"]
+        assert len(os.listdir(fds)) == before
+        with open(path, "rb") as f:  # stopped early: unmapped when the generator is closed
+            it = iter_tar_members(f, mmap=True)
+            next(it)
+            it.close()
+        assert len(os.listdir(fds)) == before
+
+
+def test_a_shard_shrinking_while_mapped_raises_instead_of_crashing(tmp_path):
+    path = tmp_path / "shrink.tar"
+    tar = make_tar([("u1.bin", b"a" * BIG), ("u2.bin", b"b" * BIG), ("u3.bin", b"c" * BIG)])
+    path.write_bytes(tar)
+    with open(path, "rb") as f:
+        it = iter_tar_members(f, source="shrink.tar", mmap=True)
+        name, _ = next(it)  # u1's view is not touched after the cut below
+        assert name == "u1.bin"
+        os.truncate(path, offsets(tar)["u3.bin"][1] + 10)
+        with pytest.raises(DataError, match=rf"^shrink.tar: the shard file shrank from "
+                                            rf"{len(tar)} to .* bytes while it was being read "
+                                            r"\(after member 'u1.bin'\)"):
+            next(it)
+
+
+def test_streams_that_are_not_plain_local_files_are_read(tmp_path):
+    import gzip
+
+    tar = make_tar([("u1.bin", b"g" * (BIG + 1)), ("u1.txt", b"t")])
+    path = tmp_path / "s.tar.gz"
+    path.write_bytes(gzip.compress(tar, mtime=0))
+    expected = [("u1.bin", b"g" * (BIG + 1)), ("u1.txt", b"t")]
+    with open(path, "rb") as raw_file, gzip.GzipFile(fileobj=raw_file) as f:
+        # a decompressor has a fileno() of the compressed file: it must not be mapped
+        assert list(iter_tar_members(f, mmap=True)) == expected
+    assert list(iter_tar_members(io.BufferedReader(io.BytesIO(tar)), mmap=True)) == expected
+    for _, data in iter_tar_members(io.BytesIO(tar), mmap=True):
+        assert type(data) is bytes
+
+
+def test_torch_open_files_streams_are_mapped(tmp_path):
+    path = str(tmp_path / "t.tar")
+    write_shard(path, [{"key": "u1", "bin": b"w" * BIG, "txt": "hi"}])
+    [sample] = IterableWrapper([path]).open_files(mode="b").read_shards()
+    assert isinstance(sample["bin"], memoryview) and bytes(sample["bin"]) == b"w" * BIG
+    assert sample["txt"] == b"hi" and type(sample["txt"]) is bytes
+
+
+def test_mmap_can_be_turned_off_by_argument_or_environment(tmp_path, monkeypatch):
+    path = str(tmp_path / "t.tar")
+    write_shard(path, [{"key": "u1", "bin": b"w" * BIG}])
+    [s] = IterableWrapper([path]).open().read_shards(mmap=False)
+    assert type(s["bin"]) is bytes
+    monkeypatch.setenv("SPEECHPIPE_SHARD_MMAP", "0")
+    [s] = IterableWrapper([path]).open().read_shards()
+    assert type(s["bin"]) is bytes
+    [s] = IterableWrapper([path]).open().read_shards(mmap=True)
+    assert type(s["bin"]) is memoryview
+    with pytest.raises(TypeError, match="mmap must be True, False or None"):
+        IterableWrapper([path]).open().read_shards(mmap="yes")
+
+
+def test_sharded_shuffle_reads_mapped_shards_like_read_ones(tmp_path, monkeypatch):
+    rng = np.random.default_rng(2)
+    feats = {f"u{i}": rng.standard_normal((300 + i, 80), dtype=np.float32) for i in range(9)}
+    with ShardWriter(str(tmp_path / "d-%05d.tar"), maxcount=4) as writer:
+        for key, value in feats.items():
+            writer.write({"key": key, "feats.npy": value, "txt": key})
+
+    def run():
+        pipe = IterableWrapper(writer.paths).sharded_shuffle(buffer_size=5, seed=3).decode()
+        return [(s["key"], s["feats"], s["text"]) for s in pipe]
+
+    mapped = run()
+    monkeypatch.setenv("SPEECHPIPE_SHARD_MMAP", "0")
+    read = run()
+    assert [k for k, _, _ in mapped] == [k for k, _, _ in read] and len(mapped) == 9
+    for (key, a, text), (_, b, _) in zip(mapped, read):
+        assert np.array_equal(a, b) and np.array_equal(a, feats[key]) and text == key
+        assert isinstance(a.base, memoryview) or isinstance(a.base.base, memoryview)
+
+
+def test_sharded_shuffle_mmap_false_reads_payloads_as_bytes(tmp_path):
+    big = np.zeros((300, 80), np.float32)  # 96 KB: a view when mapped
+    with ShardWriter(str(tmp_path / "d-%05d.tar"), maxcount=4) as writer:
+        writer.write({"key": "u1", "feats.npy": big, "txt": "u1"})
+    mapped = list(IterableWrapper(writer.paths).sharded_shuffle(buffer_size=1))
+    read = list(IterableWrapper(writer.paths).sharded_shuffle(buffer_size=1, mmap=False))
+    assert isinstance(mapped[0]["feats.npy"], memoryview)
+    assert isinstance(read[0]["feats.npy"], bytes)
+    assert bytes(mapped[0]["feats.npy"]) == read[0]["feats.npy"]
+    with pytest.raises(TypeError, match="mmap must be None or a bool"):
+        IterableWrapper(writer.paths).sharded_shuffle(mmap="no")

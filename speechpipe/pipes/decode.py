@@ -26,8 +26,13 @@ Verbs and functions:
 - :func:`encode_field`: the inverse allow-list, used by the shard writers.
 
 A plain ``.npy`` field is decoded without copying: the array is a view of the member's bytes
-(so it is read-only; ``.copy()`` it to modify it in place). Collation copies it into the
-batch, the one copy the data needs.
+-- or, for a memory-mapped local shard (:mod:`speechpipe.pipes.shards`), of the file's pages
+in the page cache -- so it is read-only (``.copy()`` it to modify it in place). Collation
+copies it into the batch, the one copy the data needs.
+
+Raw fields may be ``bytes``, ``bytearray`` or ``memoryview`` (a mapped shard's large
+payloads); every decoder takes all three, and ``unknown="keep"`` keeps a ``memoryview`` as
+``bytes``, so a decoded sample holds no views of a mapping but its arrays (which pickle).
 """
 
 from __future__ import annotations
@@ -162,7 +167,7 @@ _NPY_HEADER = re.compile(
 )
 
 
-def _decode_npy(data: bytes | bytearray, where: dict) -> np.ndarray:
+def _decode_npy(data: bytes | bytearray | memoryview, where: dict) -> np.ndarray:
     if bytes(data[:6]) != _NPY_MAGIC:
         raise DataError(f"not a .npy array (starts with {bytes(data[:8])!r})", **where)
     fast = _npy_view(data, where)
@@ -182,9 +187,10 @@ def _decode_npy(data: bytes | bytearray, where: dict) -> np.ndarray:
         raise DataError(f"cannot load .npy array: {exc}", **where) from exc
 
 
-def _npy_view(data: bytes | bytearray, where: dict) -> np.ndarray | None:
+def _npy_view(data: bytes | bytearray | memoryview, where: dict) -> np.ndarray | None:
     """The array of a plain ``.npy`` payload as a view of ``data`` -- no copy, so read-only
-    when ``data`` is ``bytes`` (as ``read_shards`` gives) -- or None to use ``np.load``."""
+    when ``data`` is ``bytes`` or a read-only ``memoryview`` of a mapped shard (as
+    ``read_shards`` gives) -- or None to use ``np.load``."""
     if len(data) < 10 or data[6] not in (1, 2, 3):
         return None
     size, start = ((int.from_bytes(data[8:10], "little"), 10) if data[6] == 1
@@ -244,9 +250,11 @@ def _where(sample: Mapping[str, Any], field: str) -> dict:
 
 
 def decode_field(
-    field: str, data: bytes, *, source: str | None = None, key: str | None = None
+    field: str, data: bytes | bytearray | memoryview, *, source: str | None = None,
+    key: str | None = None
 ) -> Any:
-    """Decode one field's bytes by the last part of its name, from the allow-list.
+    """Decode one field's bytes (any bytes-like) by the last part of its name, from the
+    allow-list.
 
     Audio gives ``(audio, sample_rate)``; ``npy`` an array; ``txt``/``text``/``transcript``
     a ``str``; ``json`` the parsed object; ``cls``/``id``/``index`` an ``int``.
@@ -321,11 +329,12 @@ def decode_sample(
 
     Args:
         sample: ``{"key", "source", "<field>": bytes, ...}`` as :mod:`~speechpipe.pipes.shards`
-            yields; values that are not bytes (``key``, ``source``, already decoded fields)
-            are kept as they are.
+            yields (``bytes``, ``bytearray`` or ``memoryview``); values that are not bytes-like
+            (``key``, ``source``, already decoded fields) are kept as they are.
         unknown: what to do with a field whose extension is not in the allow-list:
             ``"error"`` raises :class:`DataError`, ``"keep"`` keeps its bytes under its own
-            name, ``"drop"`` removes it and calls ``on_drop(field)``.
+            name (a ``memoryview`` copied into ``bytes``), ``"drop"`` removes it and calls
+            ``on_drop(field)``.
         rename: output names by raw field name, overriding the default naming.
         on_drop: called with each dropped field name.
 
@@ -351,8 +360,8 @@ def decode_sample(
         if not _is_known(field):
             if unknown == "error":
                 decode_field(field, value, source=sample.get(SOURCE), key=sample.get(KEY))
-            if unknown == "keep":
-                put(field, value, field)
+            if unknown == "keep":  # as bytes: no view of a mapped shard outlives decoding
+                put(field, bytes(value) if isinstance(value, memoryview) else value, field)
             elif on_drop is not None:
                 on_drop(field)
             continue

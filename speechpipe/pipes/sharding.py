@@ -396,13 +396,15 @@ def iter_ark(stream: BinaryIO, *, source: str | None = None) -> Iterator[tuple[s
 
 
 def read_shard(
-    name: str, *, format: str = "tar", allow_pipes: bool = False, timeout: float = 60.0
+    name: str, *, format: str = "tar", allow_pipes: bool = False, timeout: float = 60.0,
+    mmap: bool | None = None,
 ) -> Iterator[Sample]:
     """Open one shard, yield its samples in file order, and close it.
 
     A tar shard gives raw samples ``{"key", "source", "<field>": bytes, ...}``
     (:func:`~speechpipe.pipes.shards.iter_tar_members` + :func:`~speechpipe.pipes.shards.
-    group_by_key`); an ark gives ``{"key", "feats": float32 (frames, dim), "source"}``
+    group_by_key`; fields of 64 KiB or more of a local shard are read-only ``memoryview`` s of
+    the memory-mapped file unless ``mmap=False``); an ark gives ``{"key", "feats": float32 (frames, dim), "source"}``
     (:func:`iter_ark`). The stream comes from :func:`~speechpipe.pipes.sources.open_stream`
     (a path, an ``http(s)://`` URL, or with ``allow_pipes`` a ``pipe:`` command) and is closed
     when the shard is done or the consumer stops; closing checks the transfer (an HTTP body
@@ -426,7 +428,8 @@ def read_shard(
     stream = open_stream(name, allow_pipes=allow_pipes, timeout=timeout)
     try:
         if format == "tar":
-            yield from group_by_key(iter_tar_members(stream, source=name), source=name)
+            yield from group_by_key(iter_tar_members(stream, source=name, mmap=mmap),
+                                    source=name)
         else:
             for key, feats in iter_ark(stream, source=name):
                 yield {KEY: key, FEATS: feats, SOURCE: name}
@@ -452,6 +455,7 @@ def _read_shards(
     allow_pipes: bool,
     on_error: str,
     diagnostics: Diagnostics,
+    mmap: bool | None = None,
     live: dict | None = None,
     start: int = 0,
     skip: int = 0,
@@ -475,7 +479,7 @@ def _read_shards(
                 source=name,
             )
         try:
-            for sample in read_shard(name, format=format, allow_pipes=allow_pipes):
+            for sample in read_shard(name, format=format, allow_pipes=allow_pipes, mmap=mmap):
                 live["offset"] += 1
                 if live["offset"] <= skip:
                     if wanted and sample[KEY] in wanted:
@@ -488,7 +492,8 @@ def _read_shards(
     live["drain"] = True
 
 
-def _pick_samples(wanted: Mapping[str, set[str]], *, format: str, allow_pipes: bool) -> dict:
+def _pick_samples(wanted: Mapping[str, set[str]], *, format: str, allow_pipes: bool,
+                  mmap: bool | None = None) -> dict:
     """``{(shard, key): sample}`` for the wanted keys of each shard, each shard read from its
     start up to the last wanted key only (resuming)."""
     found: dict = {}
@@ -496,7 +501,7 @@ def _pick_samples(wanted: Mapping[str, set[str]], *, format: str, allow_pipes: b
         left = set(keys)
         if not left:
             continue
-        shard = read_shard(name, format=format, allow_pipes=allow_pipes)
+        shard = read_shard(name, format=format, allow_pipes=allow_pipes, mmap=mmap)
         try:
             for sample in shard:
                 if sample[KEY] in left:
@@ -838,8 +843,9 @@ class ShardedShufflerIterDataPipe(_Seeded, _Resumable, IterDataPipe[Sample]):
     from ``list_shards`` or :func:`kaldi_arks` -- and yields samples:
 
     - ``format="tar"``: raw samples ``{"key", "source", "<field>": bytes, ...}`` (webdataset
-      naming, as ``read_shards``); the buffer holds compact encoded bytes, so follow with
-      ``decode``;
+      naming, as ``read_shards``; fields of 64 KiB or more of local shards are read-only
+      ``memoryview`` s of the memory-mapped shard, see ``mmap``); the buffer holds compact
+      encoded bytes, so follow with ``decode``;
     - ``format="ark"``: ``{"key", "feats": float32 (frames, dim), "source"}`` from Kaldi arks.
 
     Each pass (epoch):
@@ -888,6 +894,9 @@ class ShardedShufflerIterDataPipe(_Seeded, _Resumable, IterDataPipe[Sample]):
             :class:`~speechpipe.errors.DataError` (or ``MissingDataError``) naming it;
             ``"skip"``: the rest of that shard is skipped -- samples already read from it
             stay -- and counted in :attr:`diagnostics`, with a warning at the end of the pass.
+        mmap: map local tar shards instead of reading them (``None``: yes, unless the
+            environment variable ``SPEECHPIPE_SHARD_MMAP`` is ``0``; ``False`` on storage that
+            reports read errors, see :mod:`speechpipe.pipes.shards`).
 
     >>> import os, tempfile
     >>> from speechpipe.pipes._base import IterableWrapper
@@ -918,6 +927,7 @@ class ShardedShufflerIterDataPipe(_Seeded, _Resumable, IterDataPipe[Sample]):
         allow_pipes: bool = False,
         split: ShardSplit | None = None,
         on_error: str = "raise",
+        mmap: bool | None = None,
     ) -> None:
         if isinstance(source_datapipe, (str, bytes, os.PathLike)):
             raise TypeError(
@@ -954,6 +964,9 @@ class ShardedShufflerIterDataPipe(_Seeded, _Resumable, IterDataPipe[Sample]):
         self.allow_pipes = bool(allow_pipes)
         self.split = split
         self.on_error = check_on_error(on_error)
+        if mmap is not None and not isinstance(mmap, bool):
+            raise TypeError(f"mmap must be None or a bool, got {mmap!r}")
+        self.mmap = mmap
         self.diagnostics = Diagnostics("sharded_shuffle")
         self._loaded_index: ShardIndex | None = None  # index=True: read lazily, then kept
 
@@ -1079,7 +1092,7 @@ class ShardedShufflerIterDataPipe(_Seeded, _Resumable, IterDataPipe[Sample]):
     def _read(self, mine: list[str], live: dict, **resume: Any) -> Iterator[Sample]:
         return _read_shards(mine, format=self.format, allow_pipes=self.allow_pipes,
                             on_error=self.on_error, diagnostics=self.diagnostics, live=live,
-                            **resume)
+                            mmap=self.mmap, **resume)
 
     def _snapshot(self, live: dict) -> dict:
         plan, shard = live["plan"], live["shard"]
@@ -1129,7 +1142,8 @@ class ShardedShufflerIterDataPipe(_Seeded, _Resumable, IterDataPipe[Sample]):
             first = next(reader, _END)  # reads the skipped part, picking held samples in it
             samples = reader if first is _END else _chain([first], reader)
         rest = {src: {k for k in keys if (src, k) not in picked} for src, keys in wanted.items()}
-        picked.update(_pick_samples(rest, format=self.format, allow_pipes=self.allow_pipes))
+        picked.update(_pick_samples(rest, format=self.format, allow_pipes=self.allow_pipes,
+                                    mmap=self.mmap))
         live["buffer"][:] = [_held(picked, ident) for ident in state["buffer"]]
         self._replay_cache = picked
         return samples, bool(state["drain"])
@@ -1140,7 +1154,8 @@ class ShardedShufflerIterDataPipe(_Seeded, _Resumable, IterDataPipe[Sample]):
             wanted: dict[str, set[str]] = {}
             for src, key in request:
                 wanted.setdefault(src, set()).add(key)
-            found = _pick_samples(wanted, format=self.format, allow_pipes=self.allow_pipes)
+            found = _pick_samples(wanted, format=self.format, allow_pipes=self.allow_pipes,
+                                  mmap=self.mmap)
         for ident in request:
             yield _held(found, ident)
 
