@@ -16,6 +16,8 @@ import argparse
 import json
 import math
 import pickle
+import types
+import warnings
 
 import kaldiio
 import numpy as np
@@ -110,6 +112,17 @@ def test_resample_keeps_channels_time_first_and_does_not_mutate_the_input(few):
     assert sample["sample_rate"] == 16000 and sample["audio"] is stereo
 
 
+def test_resample_kernels_are_per_source_rate_and_reused_across_passes(few):
+    rates = [16000, 22050, 16000, 44100, 22050, 16000]
+    mixed = [dict(sample, sample_rate=rate) for sample, rate in zip(few, rates)]
+    pipe = _pipe(mixed).resample(8000)
+    first, second = list(pipe), list(pipe)
+    for sample, a, b in zip(mixed, first, second):
+        expected = taF.resample(_wave(sample), sample["sample_rate"], 8000)
+        assert torch.equal(torch.from_numpy(a["audio"]), expected)
+        assert np.array_equal(a["audio"], b["audio"]) and a["sample_rate"] == 8000
+
+
 def test_resample_of_a_sample_without_audio_names_the_key():
     with pytest.raises(DataError, match=r"\(key 'u9'\).*no 'audio' field"):
         list(_pipe([{"key": "u9", "sample_rate": 16000}]).resample(8000))
@@ -201,6 +214,18 @@ def test_mel_equals_melspectrogram_transform(few, log):
         if log:
             expected = expected.clamp(min=1e-10).log()
         assert torch.equal(torch.from_numpy(got["feats"]), expected.T)
+
+
+def test_mel_transforms_are_per_sample_rate(few):
+    opts = dict(n_fft=512, hop_length=160, n_mels=40)
+    mixed = [dict(sample, sample_rate=rate) for sample, rate in zip(few, [16000, 8000] * 3)]
+    pipe = _pipe(mixed).compute_features("mel", **opts)
+    first, second = list(pipe), list(pipe)
+    for sample, a, b in zip(mixed, first, second):
+        expected = taT.MelSpectrogram(sample_rate=sample["sample_rate"], **opts)(_wave(sample))
+        assert torch.equal(torch.from_numpy(a["feats"]), expected.T)
+        assert np.array_equal(a["feats"], b["feats"])
+        assert a["feats"].flags.c_contiguous
 
 
 def test_feature_frames_are_known_before_computing(corpus):
@@ -361,6 +386,19 @@ def test_perturb_speed_equals_torchaudio_functional_speed(few):
         [got] = _pipe(few[:1]).perturb_speed(factors=(factor,))
         expected, _ = taF.speed(_wave(few[0]), 16000, factor)
         assert torch.equal(torch.from_numpy(got["audio"]), expected)
+
+
+def test_perturb_speed_kernels_are_per_rate_and_factor(few):
+    mixed = [dict(sample, sample_rate=rate) for sample, rate in zip(few, [16000, 22050] * 3)]
+    pipe = _pipe(mixed).perturb_speed(factors=(0.9, 1.1, 1.25), seed=5)
+    first, second = list(pipe), list(pipe)
+    assert len({(s["sample_rate"], s["speed"]) for s in first}) > 2
+    for sample, a, b in zip(mixed, first, second):
+        expected = change_speed(sample["audio"], sample["sample_rate"], a["speed"])
+        assert np.array_equal(a["audio"], expected) and np.array_equal(a["audio"], b["audio"])
+        if sample["sample_rate"] == 16000:
+            speed, _ = taF.speed(_wave(sample), 16000, a["speed"])
+            assert torch.equal(torch.from_numpy(a["audio"]), speed)
 
 
 def test_perturb_speed_factor_one_keeps_the_audio(few):
@@ -601,6 +639,18 @@ def test_apply_cmvn_means_only(corpus_feats):
     assert np.array_equal(got["feats"], expected)
 
 
+@pytest.mark.parametrize("norm_means, norm_vars", [(True, True), (True, False), (False, True)])
+def test_apply_cmvn_equals_normalize_features_on_every_pass(corpus_feats, norm_means, norm_vars):
+    stats = compute_cmvn_stats(corpus_feats, progress=False)
+    pipe = _pipe(corpus_feats[:6]).apply_cmvn(stats, norm_means=norm_means, norm_vars=norm_vars)
+    first, second = list(pipe), list(pipe)
+    for sample, a, b in zip(corpus_feats, first, second):
+        expected = normalize_features(sample["feats"], stats, norm_means=norm_means,
+                                      norm_vars=norm_vars)
+        assert np.array_equal(a["feats"], expected) and np.array_equal(b["feats"], expected)
+        assert a["feats"].dtype == np.float32
+
+
 def test_apply_cmvn_reads_a_stats_file_when_iterated_not_when_built(tmp_path, corpus_feats):
     path = tmp_path / "later.json"
     pipe = _pipe(corpus_feats[:2]).apply_cmvn(str(path))  # no file yet: fine
@@ -673,6 +723,47 @@ def test_cmvn_command_reads_kaldi_feats_scp(tmp_path):
     got = CmvnStats.load(out)
     assert got.count == 33
     np.testing.assert_allclose(got.mean, every.mean(axis=0), rtol=1e-9)
+
+
+# ------------------------------------------------------------------- unusual inputs
+
+
+def test_read_only_float64_and_non_dict_samples_give_the_same_numbers(few):
+    plain = few[0]
+    read_only = plain["audio"].copy()
+    read_only.setflags(write=False)
+    variants = [dict(plain, audio=read_only), dict(plain, audio=plain["audio"].astype(np.float64)),
+                types.MappingProxyType(plain)]
+    stages = [("audio", lambda p: p.resample(8000)),
+              ("audio", lambda p: p.perturb_speed(factors=(1.1,))),
+              ("audio", lambda p: p.perturb_volume(seed=1)),
+              ("feats", lambda p: p.compute_features("fbank")),
+              ("feats", lambda p: p.compute_features("mel", n_fft=512, hop_length=160, n_mels=40))]
+    for field, stage in stages:
+        [expected] = stage(_pipe([plain]))
+        for variant in variants:
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                [got] = stage(_pipe([variant]))
+            assert np.array_equal(got[field], expected[field])
+            assert got[field].dtype == np.float32
+
+
+def test_fortran_ordered_float64_and_read_only_feats_give_the_same_numbers(corpus_feats):
+    plain = corpus_feats[0]
+    read_only = plain["feats"].copy()
+    read_only.setflags(write=False)
+    variants = [dict(plain, feats=np.asfortranarray(plain["feats"], dtype=np.float64)),
+                dict(plain, feats=read_only), dict(plain, feats=torch.from_numpy(plain["feats"]))]
+    stats = compute_cmvn_stats(corpus_feats, progress=False)
+    for stage in (lambda p: p.spec_augment(seed=3), lambda p: p.apply_cmvn(stats)):
+        [expected] = stage(_pipe([plain]))
+        for variant in variants:
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                [got] = stage(_pipe([variant]))
+            assert np.array_equal(got["feats"], expected["feats"])
+            assert got["feats"].dtype == np.float32 and got["feats"].flags.c_contiguous
 
 
 # ------------------------------------------------------------------ pickling, DataLoader

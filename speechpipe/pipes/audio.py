@@ -119,16 +119,31 @@ def _where(sample: Mapping[str, Any]) -> dict:
     return {"source": source if isinstance(source, str) else None, "key": sample.get(KEY)}
 
 
-def _check_sample(sample: Any, stage: str) -> Mapping[str, Any]:
+def _check_sample(sample: Any, stage: str) -> None:
     if not isinstance(sample, Mapping):
         raise TypeError(f"{stage} expects sample dicts, got {type(sample).__name__}")
-    return sample
 
 
-def _audio_of(
-    sample: Mapping[str, Any], stage: str, *, mono: bool = False
-) -> tuple[np.ndarray, int]:
-    """The sample's audio (float32, time first, writable) and its rate, or a DataError."""
+_FLOAT32 = np.dtype(np.float32)
+
+
+def _audio_of(sample: Any, stage: str, *, mono: bool = False) -> tuple[np.ndarray, int]:
+    """The sample's audio (float32, time first) and its rate; a TypeError for a sample that is
+    not a mapping, a DataError for missing or unusable audio.
+
+    A dict with a float32 array and an int rate is recognised by a few type checks and its
+    audio returned as it is; anything else goes through :func:`_checked_audio`.
+    """
+    if type(sample) is dict:
+        audio, rate = sample.get(AUDIO), sample.get(SAMPLE_RATE)
+        if (type(audio) is np.ndarray and audio.dtype is _FLOAT32 and type(rate) is int
+                and rate > 0 and (audio.ndim == 1 or (audio.ndim == 2 and not mono))):
+            return audio, rate
+    return _checked_audio(sample, stage, mono)
+
+
+def _checked_audio(sample: Any, stage: str, mono: bool) -> tuple[np.ndarray, int]:
+    _check_sample(sample, stage)
     where = _where(sample)
     if AUDIO not in sample:
         raise DataError(f"{stage}: the sample has no {AUDIO!r} field", **where)
@@ -148,18 +163,17 @@ def _audio_of(
         raise DataError(f"{stage}: expected {want}, got shape {audio.shape}", **where)
     if isinstance(rate, (bool, np.bool_)) or not isinstance(rate, numbers.Integral) or rate <= 0:
         raise DataError(f"{stage}: {SAMPLE_RATE!r} must be a positive int, got {rate!r}", **where)
-    if audio.dtype != np.float32:
-        audio = audio.astype(np.float32)
-    elif not audio.flags.writeable:
-        audio = audio.copy()  # torch.from_numpy warns on read-only arrays
-    return audio, int(rate)
+    return audio.astype(np.float32, copy=False), int(rate)
+
+
+def _tensor(array: np.ndarray) -> torch.Tensor:
+    """``torch.from_numpy`` (no copy), copying only read-only arrays, on which it warns."""
+    return torch.from_numpy(array if array.flags.writeable else array.copy())
 
 
 def _channels_first(audio: np.ndarray) -> torch.Tensor:
     """``(T,)`` or ``(T, C)`` numpy to a ``(T,)`` or ``(C, T)`` contiguous tensor."""
-    if audio.ndim == 1:
-        return torch.from_numpy(np.ascontiguousarray(audio))
-    return torch.from_numpy(np.ascontiguousarray(audio.T))
+    return _tensor(np.ascontiguousarray(audio if audio.ndim == 1 else audio.T))
 
 
 def _time_first(waveform: torch.Tensor) -> np.ndarray:
@@ -197,12 +211,19 @@ def _source_len(pipe: Any) -> int:
 
 @functools.lru_cache(maxsize=32)
 def _resampler(
-    orig: int, new: int, lowpass_filter_width: int, rolloff: float, method: str, beta: float | None
+    orig: int,
+    new: int,
+    *,
+    lowpass_filter_width: int = 6,
+    rolloff: float = 0.99,
+    resampling_method: str = "sinc_interp_hann",
+    beta: float | None = None,
 ) -> taT.Resample:
     # dtype=float32: the kernel is then built exactly as torchaudio.functional.resample builds
     # it for float32 audio (the transform's default builds it in float64 and rounds, which
     # differs in the last bits).
-    return taT.Resample(orig, new, method, lowpass_filter_width, rolloff, beta, dtype=torch.float32)
+    return taT.Resample(orig, new, resampling_method, lowpass_filter_width, rolloff, beta,
+                        dtype=torch.float32)
 
 
 def resample_audio(
@@ -227,8 +248,9 @@ def resample_audio(
     """
     if orig_rate == new_rate:
         return audio
-    transform = _resampler(int(orig_rate), int(new_rate), lowpass_filter_width, float(rolloff),
-                           resampling_method, beta)
+    transform = _resampler(int(orig_rate), int(new_rate),
+                           lowpass_filter_width=lowpass_filter_width, rolloff=float(rolloff),
+                           resampling_method=resampling_method, beta=beta)
     return _time_first(transform(_channels_first(audio)))
 
 
@@ -291,14 +313,17 @@ class ResamplerIterDataPipe(IterDataPipe[Sample]):
                         "beta": None if beta is None else float(beta)}
 
     def __iter__(self) -> Iterator[Sample]:
+        kernels: dict[int, taT.Resample] = {}  # by source rate
         for sample in self.source_datapipe:
-            _check_sample(sample, "resample")
             audio, rate = _audio_of(sample, "resample")
             if rate == self.rate:
                 yield sample
                 continue
+            kernel = kernels.get(rate)
+            if kernel is None:
+                kernel = kernels[rate] = _resampler(rate, self.rate, **self.options)
             out = dict(sample)
-            out[AUDIO] = resample_audio(audio, rate, self.rate, **self.options)
+            out[AUDIO] = _time_first(kernel(_channels_first(audio)))
             out[SAMPLE_RATE] = self.rate
             yield out
 
@@ -329,13 +354,19 @@ def change_speed(audio: np.ndarray, sample_rate: int, factor: float) -> np.ndarr
     >>> change_speed(np.ones(16000, np.float32), 16000, 1.25).shape
     (12800,)
     """
+    kernel = _speed_kernel(int(sample_rate), factor)
+    return audio if kernel is None else _time_first(kernel(_channels_first(audio)))
+
+
+def _speed_kernel(sample_rate: int, factor: float) -> taT.Resample | None:
+    """The resampler of :func:`change_speed` (``None`` when the rate does not change)."""
     source = int(round(sample_rate * factor))
     if source <= 0:
         raise ValueError(f"factor {factor!r} gives a non-positive rate at {sample_rate} Hz")
     if source == sample_rate:
-        return audio
-    gcd = math.gcd(source, int(sample_rate))
-    return resample_audio(audio, source // gcd, int(sample_rate) // gcd)
+        return None
+    gcd = math.gcd(source, sample_rate)
+    return _resampler(source // gcd, sample_rate // gcd)
 
 
 def _check_factors(factors: Any) -> tuple[float, ...]:
@@ -389,12 +420,16 @@ class SpeedPerturberIterDataPipe(_Seeded, IterDataPipe[Sample]):
 
     def __iter__(self) -> Iterator[Sample]:
         rng = self._rng("perturb_speed")
+        kernels: dict[tuple[int, float], taT.Resample | None] = {}  # by (rate, factor)
         for sample in self.source_datapipe:
-            _check_sample(sample, "perturb_speed")
             audio, rate = _audio_of(sample, "perturb_speed")
             factor = rng.choice(self.factors)
+            try:
+                kernel = kernels[rate, factor]
+            except KeyError:
+                kernel = kernels[rate, factor] = _speed_kernel(rate, factor)
             out = dict(sample)
-            out[AUDIO] = change_speed(audio, rate, factor)
+            out[AUDIO] = audio if kernel is None else _time_first(kernel(_channels_first(audio)))
             out[SPEED] = float(sample.get(SPEED, 1.0)) * factor
             if DURATION in out:
                 out[DURATION] = out[AUDIO].shape[0] / rate
@@ -452,7 +487,6 @@ class VolumePerturberIterDataPipe(_Seeded, IterDataPipe[Sample]):
     def __iter__(self) -> Iterator[Sample]:
         rng = self._rng("perturb_volume")
         for sample in self.source_datapipe:
-            _check_sample(sample, "perturb_volume")
             audio, _ = _audio_of(sample, "perturb_volume")
             gain = rng.uniform(self.low, self.high)
             out = dict(sample)
@@ -605,6 +639,8 @@ class _Extractor:
             self.frame_length = float(merged["frame_length"])
             self.frame_shift = float(merged["frame_shift"])
             self.snip_edges = bool(merged["snip_edges"])
+        self._kaldi = {"fbank": kaldi.fbank, "mfcc": kaldi.mfcc}.get(kind)
+        self._mels: dict[int, taT.MelSpectrogram] = {}  # by sample rate
         self.dim = self._dry_run()
 
     def _dry_run(self) -> int:
@@ -638,12 +674,15 @@ class _Extractor:
     def __call__(self, waveform: torch.Tensor, rate: int) -> torch.Tensor:
         """``(n,)`` float32 waveform (already scaled and dithered) -> ``(frames, dim)``."""
         if self.kind == "mel":
-            spec = _mel_transform(rate, self._frozen)(waveform)
+            transform = self._mels.get(rate)
+            if transform is None:
+                transform = self._mels[rate] = _mel_transform(rate, self._frozen)
+            spec = transform(waveform)
             if self.log:
                 spec = spec.clamp(min=self.log_floor).log()
             return spec.transpose(0, 1)
-        fn = kaldi.fbank if self.kind == "fbank" else kaldi.mfcc
-        return fn(waveform.unsqueeze(0), sample_frequency=float(rate), dither=0.0, **self.options)
+        return self._kaldi(waveform.unsqueeze(0), sample_frequency=float(rate), dither=0.0,
+                           **self.options)
 
 
 @functools.lru_cache(maxsize=16)
@@ -667,7 +706,7 @@ def _prepare(
     dither: float,
     generator: torch.Generator | None,
 ) -> torch.Tensor:
-    waveform = audio if isinstance(audio, torch.Tensor) else torch.from_numpy(audio)
+    waveform = audio if isinstance(audio, torch.Tensor) else _tensor(audio)
     waveform = waveform * extractor.scale if extractor.scale != 1.0 else waveform
     if dither != 0.0:
         noise = torch.randn(waveform.shape[0], generator=generator, dtype=waveform.dtype)
@@ -681,19 +720,21 @@ def _extract_one(
     extractor: _Extractor,
     dither: float,
     generator: torch.Generator | None,
-    where: Mapping[str, Any],
+    sample: Mapping[str, Any],
 ) -> np.ndarray:
+    """Features of one waveform; errors name ``sample``'s key and source."""
     n = audio.shape[0]
     least = extractor.min_samples(rate)
     if n < least:
         raise DataError(f"compute_features: audio of {n} samples is shorter than one "
-                        f"{extractor.kind} frame ({least} samples at {rate} Hz)", **where)
+                        f"{extractor.kind} frame ({least} samples at {rate} Hz)",
+                        **_where(sample))
     waveform = _prepare(audio, extractor, dither, generator)
     try:
         feats = extractor(waveform, rate)
     except Exception as exc:  # torchaudio validates with assert / Exception
         raise DataError(f"compute_features: torchaudio's {extractor.kind} failed at {rate} Hz: "
-                        f"{type(exc).__name__}: {exc}", **where) from exc
+                        f"{type(exc).__name__}: {exc}", **_where(sample)) from exc
     return np.ascontiguousarray(feats.numpy(), dtype=np.float32)
 
 
@@ -738,10 +779,10 @@ def compute_features(
     return _extract_one(audio, int(sample_rate), extractor, float(dither), generator, {})
 
 
-def _batch_rate(batch: Mapping[str, Any], where: dict) -> int:
+def _batch_rate(batch: Mapping[str, Any]) -> int:
     if SAMPLE_RATE not in batch:
         raise DataError(f"compute_features(batched=True): the batch has no {SAMPLE_RATE!r} "
-                        "field", **where)
+                        "field", **_batch_where(batch))
     rates = batch[SAMPLE_RATE]
     values = (rates.tolist() if isinstance(rates, (torch.Tensor, np.ndarray))
               else list(rates) if isinstance(rates, (list, tuple)) else [rates])
@@ -749,7 +790,7 @@ def _batch_rate(batch: Mapping[str, Any], where: dict) -> int:
     distinct = sorted(set(int(v) for v in values))
     if len(distinct) != 1:
         raise DataError(f"compute_features(batched=True): the batch mixes sample rates "
-                        f"{distinct}; resample before batching", **where)
+                        f"{distinct}; resample before batching", **_batch_where(batch))
     return distinct[0]
 
 
@@ -778,8 +819,8 @@ def batch_features(
     ``audio_len[i]`` samples, then zeros up to ``T' = max(feats_len)``; ``feats_len`` is the
     exact frame count of each length. The reference runs once per row, on the row's real
     samples: Kaldi's functions take one utterance, and one ``MelSpectrogram`` call on the
-    whole ``(B, T)`` tensor, which torchaudio allows, measured 1.4× (rows of similar length)
-    to 2.7× (random order) slower per real second than the loop on one CPU thread
+    whole ``(B, T)`` tensor, which torchaudio allows, measured 1.0-1.06× (rows of similar
+    length) to 1.6-1.8× (random order) slower per real second than the loop on one CPU thread
     (``benchmarks/bench_audio.py``: it also computes the padding, and the batch's spectra
     outgrow the cache), and would differ from the per-sample frames near each row's end (zero
     padding instead of reflection). Dither noise is drawn row by row, as the samples would
@@ -813,7 +854,7 @@ def _batch_features(
                         **_batch_where(batch))
     audio = audio.to(torch.float32)
     lengths = [int(n) for n in torch.as_tensor(lengths).tolist()]
-    rate = _batch_rate(batch, _batch_where(batch))
+    rate = _batch_rate(batch)
     least = extractor.min_samples(rate)
     for i, n in enumerate(lengths):
         if n > audio.shape[1]:
@@ -929,7 +970,6 @@ class FeatureComputerIterDataPipe(_Seeded, IterDataPipe[Sample]):
         generator = (_torch_generator(self.seed, self.epoch, "compute_features")
                      if self.dither else None)
         for item in self.source_datapipe:
-            _check_sample(item, "compute_features")
             try:
                 out = self._batch(item, generator) if self.batched else self._one(item, generator)
             except DataError as err:
@@ -940,7 +980,7 @@ class FeatureComputerIterDataPipe(_Seeded, IterDataPipe[Sample]):
 
     def _one(self, sample: Mapping[str, Any], generator) -> Sample:
         audio, rate = _audio_of(sample, "compute_features", mono=True)
-        feats = _extract_one(audio, rate, self.extractor, self.dither, generator, _where(sample))
+        feats = _extract_one(audio, rate, self.extractor, self.dither, generator, sample)
         out = dict(sample)
         out[FEATS] = feats
         if not self.keep_audio:
@@ -948,6 +988,7 @@ class FeatureComputerIterDataPipe(_Seeded, IterDataPipe[Sample]):
         return out
 
     def _batch(self, batch: Mapping[str, Any], generator) -> dict:
+        _check_sample(batch, "compute_features")
         feats, lengths = _batch_features(batch, self.extractor, self.dither, generator)
         out = dict(batch)
         if not self.keep_audio:
@@ -1129,16 +1170,14 @@ class SpecAugmenterIterDataPipe(_Seeded, IterDataPipe[Sample]):
         self.source_datapipe = source_datapipe
 
     def __iter__(self) -> Iterator[Sample]:
-        generator = _torch_generator(self.seed, self.epoch, "spec_augment")
+        options = {"freq_masks": self.freq_masks, "freq_width": self.freq_width,
+                   "time_masks": self.time_masks, "time_width": self.time_width,
+                   "time_warp_window": self.time_warp, "mask_value": self.mask_value,
+                   "generator": _torch_generator(self.seed, self.epoch, "spec_augment")}
         for sample in self.source_datapipe:
-            _check_sample(sample, "spec_augment")
             feats = _feats_of(sample, "spec_augment")
             out = dict(sample)
-            augmented = spec_augment(
-                torch.from_numpy(feats), freq_masks=self.freq_masks, freq_width=self.freq_width,
-                time_masks=self.time_masks, time_width=self.time_width,
-                time_warp_window=self.time_warp, mask_value=self.mask_value, generator=generator)
-            out[FEATS] = augmented.numpy()
+            out[FEATS] = spec_augment(_tensor(feats), **options).numpy()
             yield out
 
     def __len__(self) -> int:
@@ -1148,7 +1187,15 @@ class SpecAugmenterIterDataPipe(_Seeded, IterDataPipe[Sample]):
 SpecAugmenter = SpecAugmenterIterDataPipe
 
 
-def _feats_of(sample: Mapping[str, Any], stage: str) -> np.ndarray:
+def _feats_of(sample: Any, stage: str) -> np.ndarray:
+    """The sample's features, a C-contiguous float32 ``(frames, dim)`` array; a TypeError for a
+    sample that is not a mapping, a DataError for missing or unusable features."""
+    if type(sample) is dict:
+        feats = sample.get(FEATS)
+        if (type(feats) is np.ndarray and feats.dtype is _FLOAT32 and feats.ndim == 2
+                and feats.flags.c_contiguous):
+            return feats
+    _check_sample(sample, stage)
     where = _where(sample)
     if FEATS not in sample:
         raise DataError(f"{stage}: the sample has no {FEATS!r} field", **where)
@@ -1158,11 +1205,7 @@ def _feats_of(sample: Mapping[str, Any], stage: str) -> np.ndarray:
     if not isinstance(feats, np.ndarray) or feats.ndim != 2 or feats.dtype.kind != "f":
         raise DataError(f"{stage}: {FEATS!r} must be a (frames, dim) float array, got "
                         f"{type(feats).__name__} {getattr(feats, 'shape', '')}", **where)
-    if feats.dtype != np.float32:
-        feats = feats.astype(np.float32)
-    elif not feats.flags.writeable or not feats.flags.c_contiguous:
-        feats = np.ascontiguousarray(feats).copy()
-    return feats
+    return np.ascontiguousarray(feats, dtype=np.float32)
 
 
 # --------------------------------------------------------------------------------------------
@@ -1347,13 +1390,29 @@ def normalize_features(
     if stats is None:
         stats = CmvnStats.empty(feats.shape[1])
         stats.update(feats)
-    out = feats
-    if norm_means:
-        out = out - stats.mean.astype(np.float32)
+    mean, scale = _cmvn_terms(stats, norm_means, norm_vars)
+    return np.asarray(_normalize(feats, mean, scale), dtype=np.float32)
+
+
+def _cmvn_terms(
+    stats: CmvnStats, norm_means: bool, norm_vars: bool
+) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """The float32 mean to subtract and scale to multiply by (``None``: not applied)."""
+    mean = stats.mean.astype(np.float32) if norm_means else None
+    scale = None
     if norm_vars:
-        scale = 1.0 / np.sqrt(np.maximum(stats.variance, VAR_FLOOR))
-        out = out * scale.astype(np.float32)
-    return np.asarray(out, dtype=np.float32)
+        scale = (1.0 / np.sqrt(np.maximum(stats.variance, VAR_FLOOR))).astype(np.float32)
+    return mean, scale
+
+
+def _normalize(
+    feats: np.ndarray, mean: np.ndarray | None, scale: np.ndarray | None
+) -> np.ndarray:
+    if mean is not None:
+        feats = feats - mean
+    if scale is not None:
+        feats = feats * scale
+    return feats
 
 
 @functional_datapipe("apply_cmvn")
@@ -1413,15 +1472,20 @@ class CmvnApplierIterDataPipe(IterDataPipe[Sample]):
         stats = self.stats
         if isinstance(stats, (str, os.PathLike)):
             stats = CmvnStats.load(stats)
+        if stats is not None:
+            dim = stats.dim
+            mean, scale = _cmvn_terms(stats, self.norm_means, self.norm_vars)
         for sample in self.source_datapipe:
-            _check_sample(sample, "apply_cmvn")
             feats = _feats_of(sample, "apply_cmvn")
-            if stats is not None and feats.shape[1] != stats.dim:
-                raise DataError(f"apply_cmvn: features of dim {feats.shape[1]}, but the CMVN "
-                                f"statistics have dim {stats.dim}", **_where(sample))
             out = dict(sample)
-            out[FEATS] = normalize_features(feats, stats, norm_means=self.norm_means,
-                                            norm_vars=self.norm_vars)
+            if stats is None:
+                out[FEATS] = normalize_features(feats, norm_means=self.norm_means,
+                                                norm_vars=self.norm_vars)
+            elif feats.shape[1] != dim:
+                raise DataError(f"apply_cmvn: features of dim {feats.shape[1]}, but the CMVN "
+                                f"statistics have dim {dim}", **_where(sample))
+            else:
+                out[FEATS] = _normalize(feats, mean, scale)
             yield out
 
     def __len__(self) -> int:
@@ -1507,7 +1571,7 @@ def _cmvn_command(args: argparse.Namespace) -> int:
                 continue
             audio, rate = _audio_of(sample, "cmvn", mono=True)
             yield {KEY: sample.get(KEY),
-                   FEATS: _extract_one(audio, rate, extractor, 0.0, None, _where(sample))}
+                   FEATS: _extract_one(audio, rate, extractor, 0.0, None, sample)}
 
     stats = compute_cmvn_stats(features(), progress=not args.no_progress)
     stats.save(args.out)
