@@ -14,6 +14,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 import speechpipe
 import speechpipe.pipes
 
@@ -129,3 +131,26 @@ def test_torch_datapipe_machinery_is_imported_in_one_module_only():
                      r"torch\.utils\.data\.datapipes|from torch\.utils\.data import .*DataPipe",
                      p.read_text())]
     assert offenders == []
+
+
+def test_child_pipes_of_fork_and_demux_still_enforce_their_rules():
+    """_base sets ``_is_child_datapipe = False`` on IterDataPipe (a per-item cost of torch's
+    hook); fork's and demux's children keep True, so torch still checks them."""
+    from speechpipe.pipes._base import IterableWrapper, IterDataPipe
+
+    assert IterDataPipe._is_child_datapipe is False
+    a, b = IterableWrapper(range(6)).fork(2)
+    assert a._is_child_datapipe is True
+    assert list(zip(a, b)) == [(i, i) for i in range(6)]
+    even, odd = IterableWrapper(range(6)).demux(2, _parity)
+    assert list(even) == [0, 2, 4] and list(odd) == [1, 3, 5]
+    it = iter(a)
+    next(it)
+    with pytest.warns(UserWarning, match="not exhausted"):
+        iter(a)  # a second iterator of a child resets the fork: the first one is now invalid
+    with pytest.raises(RuntimeError, match="invalidated"):
+        next(it)
+
+
+def _parity(x: int) -> int:
+    return x % 2

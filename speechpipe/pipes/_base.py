@@ -13,6 +13,14 @@ from torch.utils.data.datapipes.datapipe import IterDataPipe, MapDataPipe
 from torch.utils.data.datapipes.iter import IterableWrapper
 from torch.utils.data.datapipes.map import SequenceWrapper
 
+# torch's iterator hook asks ``hasattr(datapipe, "_is_child_datapipe")`` on every item; on
+# a pipe without the attribute that goes through ``IterDataPipe.__getattr__``, which raises
+# and catches an AttributeError: about 1 us per item per stage, most of a stage's cost. The
+# hook only acts when the value is True (``fork``/``demux`` children set it so on their own
+# class), so False on the base class changes nothing but the cost (1.2 -> 0.24 us per item
+# per stage here).
+IterDataPipe._is_child_datapipe = False
+
 __all__ = [
     "IterDataPipe",
     "IterableWrapper",
