@@ -195,7 +195,8 @@ def make_audio(root: str, n: int, setup: Setup, seed: int = 1) -> dict:
         cuts = []
         for path in paths:
             for sample in read_shard(path):
-                recording = Recording.from_bytes(sample["flac"], recording_id=sample["key"])
+                recording = Recording.from_bytes(bytes(sample["flac"]),  # a view if mapped
+                                                 recording_id=sample["key"])
                 cuts.append(MonoCut(id=sample["key"], start=0, duration=recording.duration,
                                     channel=0, recording=recording))
         os.makedirs(shar, exist_ok=True)

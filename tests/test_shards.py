@@ -688,9 +688,9 @@ def _mixed_tar() -> bytes:
     rng = np.random.default_rng(1)
     members = [("dir", (tarfile.DIRTYPE,))]
     for i, n in enumerate([BIG - 1, BIG, BIG + 1, 3, 0, 700_000, 512, 1 << 20]):
-        members.append((f"dir/utt{i}.bin", rng.bytes(n)))
+        members.append((f"dir/utt{i}.npy", rng.bytes(n)))
         members.append((f"dir/utt{i}.txt", f"text {i}".encode()))
-    members.append(("日本/" + "x" * 130 + ".bin", rng.bytes(BIG + 5)))
+    members.append(("日本/" + "x" * 130 + ".npy", rng.bytes(BIG + 5)))
     return make_tar(members, fmt=tarfile.PAX_FORMAT)
 
 
@@ -745,7 +745,7 @@ def test_mmap_on_a_multi_shard_corpus_written_by_shardwriter(tmp_path):
 
 
 def test_the_stream_ends_where_the_reading_path_leaves_it(tmp_path):
-    data = make_tar([("a.txt", b"1"), ("a.bin", b"z" * BIG)])
+    data = make_tar([("a.txt", b"1"), ("a.npy", b"z" * BIG)])
     for tail in (b"", bytes(3 << 20)):  # record padding; more than the 1 MiB read after it
         path = tmp_path / "t.tar"
         path.write_bytes(data + tail)
@@ -755,12 +755,12 @@ def test_the_stream_ends_where_the_reading_path_leaves_it(tmp_path):
 
 def test_mmap_reads_from_the_stream_position(tmp_path):
     path = tmp_path / "prefixed.tar"
-    tar = make_tar([("u1.bin", b"q" * (BIG + 3)), ("u1.txt", b"t")])
+    tar = make_tar([("u1.npy", b"q" * (BIG + 3)), ("u1.txt", b"t")])
     path.write_bytes(b"junk" * 1000 + tar)
     with open(path, "rb") as f:
         f.read(4000)
         got = [(n, bytes(d), type(d)) for n, d in iter_tar_members(f, mmap=True)]
-    assert got == [("u1.bin", b"q" * (BIG + 3), memoryview), ("u1.txt", b"t", bytes)]
+    assert got == [("u1.npy", b"q" * (BIG + 3), memoryview), ("u1.txt", b"t", bytes)]
 
 
 def _cuts(tar: bytes) -> list[int]:
@@ -773,10 +773,10 @@ def _cuts(tar: bytes) -> list[int]:
 
 
 def test_truncated_shards_raise_the_same_data_error_on_the_mapped_path(tmp_path):
-    tar = make_tar([("u1.txt", b"a" * 100), ("u2.bin", b"b" * (BIG + 100)),
-                    ("u3.bin", b"c" * 3000), ("y" * 130 + ".bin", b"d" * (BIG * 2))],
+    tar = make_tar([("u1.txt", b"a" * 100), ("u2.npy", b"b" * (BIG + 100)),
+                    ("u3.npy", b"c" * 3000), ("y" * 130 + ".npy", b"d" * (BIG * 2))],
                    fmt=tarfile.GNU_FORMAT)
-    end = offsets(tar)["y" * 130 + ".bin"][1] + len(pad(b"d" * BIG * 2))
+    end = offsets(tar)["y" * 130 + ".npy"][1] + len(pad(b"d" * BIG * 2))
     path = tmp_path / "cut.tar"
     checked = 0
     for cut in _cuts(tar) + [end, end + 100, end + 511]:
@@ -788,10 +788,10 @@ def test_truncated_shards_raise_the_same_data_error_on_the_mapped_path(tmp_path)
         assert mapped[0] == "error" and mapped[2].startswith("shards/s-00007.tar"), cut
         checked += 1
     assert checked > 30
-    path.write_bytes(tar[:offsets(tar)["u2.bin"][1] + 5000])
+    path.write_bytes(tar[:offsets(tar)["u2.npy"][1] + 5000])
     with open(path, "rb") as f, pytest.raises(DataError) as exc:
         list(iter_tar_members(f, source="shards/s-00007.tar", mmap=True))
-    assert str(exc.value).startswith("shards/s-00007.tar [member u2.bin]: truncated shard: "
+    assert str(exc.value).startswith("shards/s-00007.tar [member u2.npy]: truncated shard: "
                                      f"member payload has 5000 of {BIG + 100} bytes")
 
 
@@ -815,19 +815,19 @@ def test_views_outlive_the_closed_stream_and_the_mapping_goes_with_them(tmp_path
     if not os.path.isdir(fds):
         pytest.skip("needs /proc/self/fd")
     path = tmp_path / "v.tar"
-    path.write_bytes(make_tar([("u1.bin", b"x" * BIG * 2), ("u1.txt", b"t")]))
+    path.write_bytes(make_tar([("u1.npy", b"x" * BIG * 2), ("u1.txt", b"t")]))
     before = len(os.listdir(fds))
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no ResourceWarning on any path
         with open(path, "rb") as f:
             members = dict(iter_tar_members(f, source="v.tar", mmap=True))
-        assert bytes(members["u1.bin"]) == b"x" * BIG * 2  # read after the file was closed
+        assert bytes(members["u1.npy"]) == b"x" * BIG * 2  # read after the file was closed
         own_fd = 1 if sys.version_info < (3, 13) else 0  # the mapping's descriptor (trackfd)
         assert len(os.listdir(fds)) == before + own_fd
         del members
         assert len(os.listdir(fds)) == before  # unmapped with its last view
         with open(path, "rb") as f:  # no view handed out: unmapped when the shard is done
-            assert [n for n, _ in iter_tar_members(f, mmap=True)] == ["u1.bin", "u1.txt"]
+            assert [n for n, _ in iter_tar_members(f, mmap=True)] == ["u1.npy", "u1.txt"]
         assert len(os.listdir(fds)) == before
         with open(path, "rb") as f:  # stopped early: unmapped when the generator is closed
             it = iter_tar_members(f, mmap=True)
@@ -838,26 +838,26 @@ def test_views_outlive_the_closed_stream_and_the_mapping_goes_with_them(tmp_path
 
 def test_a_shard_shrinking_while_mapped_raises_instead_of_crashing(tmp_path):
     path = tmp_path / "shrink.tar"
-    tar = make_tar([("u1.bin", b"a" * BIG), ("u2.bin", b"b" * BIG), ("u3.bin", b"c" * BIG)])
+    tar = make_tar([("u1.npy", b"a" * BIG), ("u2.npy", b"b" * BIG), ("u3.npy", b"c" * BIG)])
     path.write_bytes(tar)
     with open(path, "rb") as f:
         it = iter_tar_members(f, source="shrink.tar", mmap=True)
         name, _ = next(it)  # u1's view is not touched after the cut below
-        assert name == "u1.bin"
-        os.truncate(path, offsets(tar)["u3.bin"][1] + 10)
+        assert name == "u1.npy"
+        os.truncate(path, offsets(tar)["u3.npy"][1] + 10)
         with pytest.raises(DataError, match=rf"^shrink.tar: the shard file shrank from "
                                             rf"{len(tar)} to .* bytes while it was being read "
-                                            r"\(after member 'u1.bin'\)"):
+                                            r"\(after member 'u1.npy'\)"):
             next(it)
 
 
 def test_streams_that_are_not_plain_local_files_are_read(tmp_path):
     import gzip
 
-    tar = make_tar([("u1.bin", b"g" * (BIG + 1)), ("u1.txt", b"t")])
+    tar = make_tar([("u1.npy", b"g" * (BIG + 1)), ("u1.txt", b"t")])
     path = tmp_path / "s.tar.gz"
     path.write_bytes(gzip.compress(tar, mtime=0))
-    expected = [("u1.bin", b"g" * (BIG + 1)), ("u1.txt", b"t")]
+    expected = [("u1.npy", b"g" * (BIG + 1)), ("u1.txt", b"t")]
     with open(path, "rb") as raw_file, gzip.GzipFile(fileobj=raw_file) as f:
         # a decompressor has a fileno() of the compressed file: it must not be mapped
         assert list(iter_tar_members(f, mmap=True)) == expected
@@ -868,22 +868,22 @@ def test_streams_that_are_not_plain_local_files_are_read(tmp_path):
 
 def test_torch_open_files_streams_are_mapped(tmp_path):
     path = str(tmp_path / "t.tar")
-    write_shard(path, [{"key": "u1", "bin": b"w" * BIG, "txt": "hi"}])
+    write_shard(path, [{"key": "u1", "opus": b"w" * BIG, "txt": "hi"}])
     [sample] = IterableWrapper([path]).open_files(mode="b").read_shards()
-    assert isinstance(sample["bin"], memoryview) and bytes(sample["bin"]) == b"w" * BIG
+    assert isinstance(sample["opus"], memoryview) and bytes(sample["opus"]) == b"w" * BIG
     assert sample["txt"] == b"hi" and type(sample["txt"]) is bytes
 
 
 def test_mmap_can_be_turned_off_by_argument_or_environment(tmp_path, monkeypatch):
     path = str(tmp_path / "t.tar")
-    write_shard(path, [{"key": "u1", "bin": b"w" * BIG}])
+    write_shard(path, [{"key": "u1", "opus": b"w" * BIG}])
     [s] = IterableWrapper([path]).open().read_shards(mmap=False)
-    assert type(s["bin"]) is bytes
+    assert type(s["opus"]) is bytes
     monkeypatch.setenv("SPEECHPIPE_SHARD_MMAP", "0")
     [s] = IterableWrapper([path]).open().read_shards()
-    assert type(s["bin"]) is bytes
+    assert type(s["opus"]) is bytes
     [s] = IterableWrapper([path]).open().read_shards(mmap=True)
-    assert type(s["bin"]) is memoryview
+    assert type(s["opus"]) is memoryview
     with pytest.raises(TypeError, match="mmap must be True, False or None"):
         IterableWrapper([path]).open().read_shards(mmap="yes")
 
@@ -919,3 +919,15 @@ def test_sharded_shuffle_mmap_false_reads_payloads_as_bytes(tmp_path):
     assert bytes(mapped[0]["feats.npy"]) == read[0]["feats.npy"]
     with pytest.raises(TypeError, match="mmap must be None or a bool"):
         IterableWrapper(writer.paths).sharded_shuffle(mmap="no")
+
+
+def test_mapped_text_and_unknown_members_stay_bytes_whatever_their_size(tmp_path):
+    path = str(tmp_path / "d-00000.tar")
+    big_text = "x" * (1 << 17)
+    write_shard(path, [{"key": "u1", "txt": big_text, "meta.json": {"t": big_text},
+                        "feats.npy": np.zeros((300, 80), np.float32)}])
+    with open(path, "rb") as f:
+        members = dict(iter_tar_members(f, source=path))
+    assert isinstance(members["u1.feats.npy"], memoryview)  # an array: a view
+    assert isinstance(members["u1.txt"], bytes) and members["u1.txt"].decode() == big_text
+    assert isinstance(members["u1.meta.json"], bytes)

@@ -403,8 +403,8 @@ def read_shard(
 
     A tar shard gives raw samples ``{"key", "source", "<field>": bytes, ...}``
     (:func:`~speechpipe.pipes.shards.iter_tar_members` + :func:`~speechpipe.pipes.shards.
-    group_by_key`; fields of 64 KiB or more of a local shard are read-only ``memoryview`` s of
-    the memory-mapped file unless ``mmap=False``); an ark gives ``{"key", "feats": float32 (frames, dim), "source"}``
+    group_by_key`; array and audio fields of 64 KiB or more of a local shard are read-only
+    ``memoryview`` s of the memory-mapped file unless ``mmap=False``); an ark gives ``{"key", "feats": float32 (frames, dim), "source"}``
     (:func:`iter_ark`). The stream comes from :func:`~speechpipe.pipes.sources.open_stream`
     (a path, an ``http(s)://`` URL, or with ``allow_pipes`` a ``pipe:`` command) and is closed
     when the shard is done or the consumer stops; closing checks the transfer (an HTTP body
@@ -843,9 +843,9 @@ class ShardedShufflerIterDataPipe(_Seeded, _Resumable, IterDataPipe[Sample]):
     from ``list_shards`` or :func:`kaldi_arks` -- and yields samples:
 
     - ``format="tar"``: raw samples ``{"key", "source", "<field>": bytes, ...}`` (webdataset
-      naming, as ``read_shards``; fields of 64 KiB or more of local shards are read-only
-      ``memoryview`` s of the memory-mapped shard, see ``mmap``); the buffer holds compact
-      encoded bytes, so follow with ``decode``;
+      naming, as ``read_shards``; array and audio fields of 64 KiB or more of local shards are
+      read-only ``memoryview`` s of the memory-mapped shard, see ``mmap``); the buffer holds
+      compact encoded bytes, so follow with ``decode``;
     - ``format="ark"``: ``{"key", "feats": float32 (frames, dim), "source"}`` from Kaldi arks.
 
     Each pass (epoch):

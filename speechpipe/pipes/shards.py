@@ -27,10 +27,13 @@ Memory-mapped shards
 
 When the stream given to :func:`iter_tar_members` reads a local regular file as it is (a file
 from ``open(path, "rb")``, speechpipe's ``open``/``open_stream``, or torch's ``open_files``),
-the file is mapped read-only instead of read: each payload of at least 64 KiB is a read-only
-``memoryview`` of the mapping -- no copy, no fresh heap allocation; the bytes stay in the page
-cache until a consumer (``decode``'s ``.npy`` view, then collation) copies them once into a
-batch -- and smaller payloads (text, JSON, labels) are copied into ``bytes``. Reading ahead is
+the file is mapped read-only instead of read: each array or audio payload (``.npy``, ``.flac``,
+``.wav``, ``.mp3``, ``.ogg``, ``.opus``) of at least 64 KiB is a read-only ``memoryview`` of
+the mapping -- no copy, no fresh heap allocation; the bytes stay in the page cache until a
+consumer (``decode``'s ``.npy`` view, then collation) copies them once into a batch -- and
+other payloads (text, JSON, labels, unknown members, small ones) are copied into ``bytes``. A
+view is bytes-like (``np.frombuffer``, ``soundfile``, ``io.BytesIO`` take it); ``bytes(view)``
+makes a copy for code that insists on ``bytes``. Reading ahead is
 asked of the kernel (``madvise(MADV_WILLNEED)``) as the reader walks the file, so a cold
 shard is still read sequentially. Remote (``http(s)://``) and ``pipe:`` streams, compressed
 file objects, ``BytesIO`` and anything else are read with ``read`` as before, payloads as
@@ -70,7 +73,7 @@ from ..diagnostics import Diagnostics, check_on_error
 from ..errors import DataError
 from ..sample import KEY, SAMPLE_RATE, SOURCE, Sample
 from ._base import IterDataPipe, functional_datapipe
-from .decode import encode_field
+from .decode import AUDIO_EXTENSIONS, NPY_EXTENSIONS, encode_field
 
 __all__ = [
     "ShardReaderIterDataPipe",
@@ -94,6 +97,10 @@ _TRAILER = 1 << 20
 # 8 MiB window beat 2, 4, 16 and 32 MiB (larger ones stalled on major faults).
 # SPEECHPIPE_SHARD_MMAP=0 turns mapping off by default.
 _VIEW_MIN = 1 << 16
+# Only arrays and audio are views (what ``decode`` turns into arrays; bytes-like consumers --
+# numpy, soundfile, io.BytesIO -- take them); text, JSON and unknown members stay ``bytes``,
+# whatever their size, so that ``payload.decode()`` keeps working on them.
+_VIEW_EXTENSIONS = frozenset(AUDIO_EXTENSIONS + NPY_EXTENSIONS)
 _READ_AHEAD = 1 << 23
 _MMAP_ENV = "SPEECHPIPE_SHARD_MMAP"
 # Python 3.13+ can map without keeping a duplicate of the file descriptor; before, each
@@ -354,8 +361,9 @@ def iter_tar_members(
     stream and can check it.
 
     A stream reading a local regular file is memory-mapped instead (see the module's
-    "Memory-mapped shards"): payloads of 64 KiB or more are then read-only ``memoryview`` s of
-    the mapping, which stay valid after the stream is closed, and smaller ones ``bytes``; the
+    "Memory-mapped shards"): array and audio payloads of 64 KiB or more are then read-only
+    ``memoryview`` s of the mapping, which stay valid after the stream is closed, and the
+    others ``bytes``; the
     members, the errors and the stream's final position are those of the reading path.
 
     Args:
@@ -428,8 +436,10 @@ def _iter_members(
     else:
         read_or_wrap = mapped.read
 
-        def payload_or_wrap(n: int) -> bytes | memoryview:
-            return mapped.view(n) if n >= _VIEW_MIN else mapped.read(n)
+        def payload_or_wrap(n: int, name: str = "") -> bytes | memoryview:
+            if n >= _VIEW_MIN and name.rpartition(".")[2].lower() in _VIEW_EXTENSIONS:
+                return mapped.view(n)
+            return mapped.read(n)
 
     while True:
         if mapped is not None:
@@ -527,7 +537,7 @@ def _iter_members(
 
         if typeflag in _REGULAR and not (typeflag == b"\0" and name.endswith("/")):
             # one read into a new bytes object (one copy), or a view of the mapped file
-            data = payload_or_wrap(size)
+            data = payload_or_wrap(size, name) if mapped is not None else payload_or_wrap(size)
             if len(data) < size:
                 raise DataError(
                     f"{_TRUNCATED}: member payload has {len(data)} of {size} bytes",
@@ -671,9 +681,9 @@ class ShardReaderIterDataPipe(IterDataPipe[Sample]):
     ``utt1.feats.npy`` gives key ``utt1``, field ``feats.npy``). Fields are still bytes: follow
     with ``decode``. Each stream is read to its end-of-archive marker and closed when its shard
     is done (or the iteration stops). The number of samples is not known before reading, so
-    there is no ``len()``. A local file's fields of 64 KiB or more are read-only
-    ``memoryview`` s of the mapped file (module docs, "Memory-mapped shards"), valid after the
-    stream is closed; smaller fields, and every field of other streams, are ``bytes``.
+    there is no ``len()``. A local file's array and audio fields of 64 KiB or more are
+    read-only ``memoryview`` s of the mapped file (module docs, "Memory-mapped shards"), valid
+    after the stream is closed; other fields, and every field of other streams, are ``bytes``.
 
     Args:
         source_datapipe: pipe of ``(name, binary stream)`` pairs.
