@@ -91,7 +91,7 @@ from .pipes.sharding import ShardedShufflerIterDataPipe
 from .pipes.views import ViewLoaderIterDataPipe
 from .seeding import derive_seed, pin_rank, process_position
 
-__all__ = ["Loader", "PipeDataset", "ResumeWarning", "SharedEpoch", "build_loader"]
+__all__ = ["Loader", "PipeDataset", "ResumeWarning", "SharedEpoch", "as_tensors", "build_loader"]
 
 _VERSION = 1
 
@@ -455,6 +455,31 @@ class Loader:
         self.dataloader.load_state_dict(state["dataloader"])
 
 
+_LEAVES = frozenset({str, int, float, bool, bytes, type(None), torch.Tensor})
+
+
+def as_tensors(item: Any) -> Any:
+    """Numpy arrays in a batch to tensors (sharing memory), the rest as it is: what torch's
+    ``default_convert`` does for a DataLoader without ``batch_size``, without visiting every
+    string of a list of keys (``build_loader``'s ``collate_fn``).
+
+    >>> import numpy as np
+    >>> out = as_tensors({"feats": np.zeros((2, 3), np.float32), "key": ["u1", "u2"]})
+    >>> type(out["feats"]).__name__, out["key"]
+    ('Tensor', ['u1', 'u2'])
+    """
+    kind = type(item)
+    if kind in _LEAVES:
+        return item
+    if kind is dict:
+        return {k: as_tensors(v) for k, v in item.items()}
+    if kind is list:
+        if all(type(v) in _LEAVES for v in item):
+            return item
+        return [as_tensors(v) for v in item]
+    return torch.utils.data.default_convert(item)
+
+
 def build_loader(
     pipe: Any,
     *,
@@ -532,7 +557,8 @@ def build_loader(
     dataset = PipeDataset(pipe, seed=seed)
     generator = torch.Generator().manual_seed(derive_seed(seed, 0, 0, 0, "loader") % 2**63)
     options = dict(batch_size=None, num_workers=num_workers, pin_memory=pin_memory,
-                   persistent_workers=persistent_workers, generator=generator)
+                   persistent_workers=persistent_workers, generator=generator,
+                   collate_fn=as_tensors)
     if num_workers:
         options["prefetch_factor"] = prefetch_factor or 2
     if multiprocessing_context is not None:

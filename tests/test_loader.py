@@ -200,3 +200,19 @@ def test_resident_memory_stays_flat_over_twenty_epochs(tmp_path):
     main_growth, worker_growth = _rss_kib() - main_before, _rss_kib(worker) - worker_before
     assert main_growth < 16 * 1024, f"main process grew {main_growth} KiB"
     assert worker_growth < 16 * 1024, f"worker grew {worker_growth} KiB"
+
+
+def test_as_tensors_converts_arrays_anywhere_and_leaves_key_lists_alone():
+    from speechpipe.loader import as_tensors
+
+    keys = ["u1", "u2"]
+    batch = {"feats": np.zeros((2, 3), np.float32), "key": keys, "n": 3,
+             "nested": [np.ones(2, np.int64), "x"], "pair": (np.zeros(1), 1.5),
+             "scalar": np.float32(0.5)}
+    out = as_tensors(batch)
+    assert out["key"] is keys and out["n"] == 3
+    assert isinstance(out["feats"], torch.Tensor) and out["feats"].shape == (2, 3)
+    assert isinstance(out["nested"][0], torch.Tensor) and out["nested"][1] == "x"
+    assert isinstance(out["pair"][0], torch.Tensor) and out["pair"][1] == 1.5
+    assert isinstance(out["scalar"], torch.Tensor)
+    assert np.shares_memory(out["feats"].numpy(), batch["feats"])
