@@ -6,9 +6,10 @@ epoch 1). :func:`process_position` reads the rank from ``torch.distributed`` whe
 initialised and the worker from the DataLoader, so pipes never read environment variables,
 time or pids. DataLoader workers started by ``spawn`` or ``forkserver`` (the default on macOS,
 and on Linux from Python 3.14) begin without the process group: :func:`pin_rank`, called in
-the worker by :class:`speechpipe.loader.PipeDataset` with the rank of the process that started
-it, gives them their rank (a pipe given to a plain DataLoader with such workers would see
-rank 0 on every rank: use ``build_loader`` or ``PipeDataset``).
+the worker when the pipeline is unpickled -- by :class:`speechpipe.loader.PipeDataset` and by
+every seeded speechpipe pipe (``sharded_shuffle``, ``bucket_by_length``, ``block_batch``, the
+audio augmentations...) with the rank of the process that pickled it -- gives them their rank.
+A pipeline of torch's pipes only (e.g. ``sharding_filter``) gets its rank from the DataLoader.
 """
 
 from __future__ import annotations

@@ -628,7 +628,19 @@ def _scenario(name: str, ctx: dict, rank: int, world: int, write):
         return _die_scenario(ctx, rank, world, write)
     if kind == "spawn":
         return _spawn_scenario(arg)
+    if kind == "plainspawn":
+        return _plain_spawn_scenario(ctx)
     raise ValueError(name)
+
+
+def _plain_spawn_scenario(ctx: dict) -> dict:
+    """Keys each rank reads through a plain torch DataLoader with 2 spawned workers."""
+    from speechpipe.pipes._base import IterableWrapper
+
+    pipe = IterableWrapper(ctx["paths"]).sharded_shuffle(buffer_size=1, seed=SEED)
+    loader = torch.utils.data.DataLoader(pipe, batch_size=None, num_workers=2,
+                                         multiprocessing_context="spawn")
+    return {"keys": sorted(s["key"] for s in loader)}
 
 
 def _spawn_scenario(context: str) -> dict:
@@ -721,6 +733,16 @@ def test_workers_started_by_spawn_know_their_rank(tmp_path, context):
     items = [r[f"spawn:{context}"]["items"] for r in results]
     assert sorted(items[0] + items[1]) == list(range(48))
     assert not set(items[0]) & set(items[1])
+
+
+def test_a_plain_dataloader_with_spawned_workers_splits_shards_by_rank(tmp_path, corpus):
+    """The pipe itself carries the rank into spawned workers (sharded_shuffle splits shards
+    by rank in the worker): no rank reads another's shards."""
+    results = run_group(str(tmp_path), 2, {"paths": corpus, "scenarios": ["plainspawn"]})
+    keys = [r["plainspawn"]["keys"] for r in results]
+    index = ShardIndex.read(os.path.dirname(corpus[0]))
+    assert sorted(keys[0] + keys[1]) == sorted(k for e in index.shards for k in e.keys)
+    assert not set(keys[0]) & set(keys[1])
 
 
 def _broken_copy(paths: list[str], folder: str, world: int) -> tuple[list[str], str, int]:
