@@ -295,3 +295,29 @@ def test_workers_get_distinct_seeds_and_reproducible_batches():
     assert first == run()
     keys = [k for b in first for k in b]
     assert collections.Counter(keys) == collections.Counter(s["key"] for s in samples_of(lengths))
+
+
+def test_block_batch_states_taken_every_step_equal_states_taken_once():
+    """block_batch keeps the identities of the batches it holds between states: a state
+    taken after states at every earlier step is the state taken once at that step."""
+    samples = [{"key": f"u{i:03d}", "source": "s.tar", "n": int(n)}
+               for i, n in enumerate(np.random.default_rng(5).integers(5, 60, 300))]
+
+    def pipe():
+        return (IterableWrapper(samples, deepcopy=False)
+                .bucket_by_length(80, constraint=PaddedArea(budget=200, length=_n), seed=1)
+                .block_batch(constraint=PaddedArea(budget=200, length=_n), seed=1,
+                             shuffle_window=8))
+
+    every, once = pipe(), pipe()
+    it_every, it_once = iter(every), iter(once)
+    for step in range(40):
+        next(it_every)
+        next(it_once)
+        taken = every.state_dict()
+        if step in (3, 17, 39):
+            assert taken == once.state_dict()
+
+
+def _n(sample: dict) -> int:
+    return sample["n"]

@@ -928,15 +928,27 @@ class BlockBatcherIterDataPipe(_Seeded, _Resumable, IterDataPipe[list]):
             self._live = None
 
     def _snapshot(self, live: dict) -> dict:
-        return {
+        # A held batch never changes once packed: its identities are computed once and kept
+        # while it is held (a state is taken every step; the window holds dozens of batches).
+        cache, kept = live.get("idents", {}), {}
+
+        def idents(batch: list) -> list[list[str]]:
+            hit = cache.get(id(batch))
+            ids = hit[1] if hit is not None and hit[0] is batch else _ident_list(batch)
+            kept[id(batch)] = (batch, ids)
+            return ids
+
+        state = {
             "epoch": self.epoch,
             "rng": live["rng"].getstate(),
             "drain": live["drain"],
             "mode": live["mode"],
-            "pool": [_ident_list(batch) for batch in live["pool"]],
-            "pending": [_ident_list(batch) for batch in live["pending"]],
+            "pool": [idents(batch) for batch in live["pool"]],
+            "pending": [idents(batch) for batch in live["pending"]],
             "open": _ident_list(live["open"]),
         }
+        live["idents"] = kept
+        return state
 
     def _needs(self, state: dict) -> list[tuple[str, str]]:
         batches = state["pool"] + state["pending"] + [state["open"]]
