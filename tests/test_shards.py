@@ -931,3 +931,36 @@ def test_mapped_text_and_unknown_members_stay_bytes_whatever_their_size(tmp_path
     assert isinstance(members["u1.feats.npy"], memoryview)  # an array: a view
     assert isinstance(members["u1.txt"], bytes) and members["u1.txt"].decode() == big_text
     assert isinstance(members["u1.meta.json"], bytes)
+
+
+def test_shards_on_a_network_file_system_are_read_unless_mapping_is_asked_for(
+        tmp_path, monkeypatch):
+    from speechpipe.pipes import shards as shards_mod
+
+    path = str(tmp_path / "d-00000.tar")
+    write_shard(path, [{"key": "u1", "feats.npy": np.zeros((300, 80), np.float32)}])
+    real = os.path.realpath(str(tmp_path))
+    for fstype, mapped in (("nfs4", False), ("fuse.sshfs", False), ("lustre", False),
+                           ("ext4", True)):
+        monkeypatch.setattr(shards_mod, "_mount_table", [(real, fstype), ("/", "ext4")])
+        with open(path, "rb") as f:
+            [(_, payload)] = iter_tar_members(f, source=path)
+        assert isinstance(payload, memoryview) is mapped, fstype
+        with open(path, "rb") as f:  # asked for: mapped wherever the file is
+            [(_, payload)] = iter_tar_members(f, source=path, mmap=True)
+        assert isinstance(payload, memoryview), fstype
+    assert shards_mod._on_network_fs(os.path.join(real, "sub", "x.tar")) is False  # ext4 last
+    monkeypatch.setattr(shards_mod, "_mount_table", [(real + "/sub", "nfs"), ("/", "ext4")])
+    assert shards_mod._on_network_fs(os.path.join(real, "sub", "x.tar"))
+    assert not shards_mod._on_network_fs(os.path.join(real, "subway", "x.tar"))
+
+
+def test_the_mount_table_is_read_from_proc():
+    from speechpipe.pipes import shards as shards_mod
+
+    table = shards_mod._mounts()
+    if not os.path.exists("/proc/self/mounts"):
+        assert table == []
+        return
+    assert ("/", table[-1][1]) == table[-1] or any(p == "/" for p, _ in table)
+    assert [len(p) for p, _ in table] == sorted((len(p) for p, _ in table), reverse=True)

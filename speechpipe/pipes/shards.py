@@ -53,8 +53,10 @@ checks that the file has not shrunk (a ``DataError`` saying so), but a shard tru
 place after a member was handed out makes touching that member's view a ``SIGBUS`` (a crash,
 not an exception), and an I/O error of the storage under a mapped page is a ``SIGBUS`` too,
 where ``read`` would raise. Replace shards by writing a new file and renaming it (as
-:class:`ShardWriter` and :func:`speechpipe.pack.pack_data` do), never in place; on storage
-that reports read errors (some network file systems) turn mapping off with ``mmap=False``
+:class:`ShardWriter` and :func:`speechpipe.pack.pack_data` do), never in place. Shards on a
+network or FUSE file system (NFS, CIFS, Lustre, Ceph, sshfs...: :data:`NETWORK_FILE_SYSTEMS`,
+read from ``/proc/self/mounts``) are read, not mapped, unless mapping is asked for; on other
+storage that reports read errors turn mapping off with ``mmap=False``
 (``iter_tar_members``, ``read_shards``) or the environment variable
 ``SPEECHPIPE_SHARD_MMAP=0`` (every reader, including ``sharded_shuffle``).
 """
@@ -76,6 +78,7 @@ from ._base import IterDataPipe, functional_datapipe
 from .decode import AUDIO_EXTENSIONS, NPY_EXTENSIONS, encode_field
 
 __all__ = [
+    "NETWORK_FILE_SYSTEMS",
     "ShardReaderIterDataPipe",
     "ShardWriter",
     "group_by_key",
@@ -253,6 +256,43 @@ def _local_file(stream: Any) -> Any | None:
     return stream
 
 
+#: File systems whose read errors would reach a mapped page as SIGBUS: shards there are read,
+#: not mapped, unless ``mmap=True`` is asked for (``fuse.*`` covers sshfs, gcsfuse, s3fs...).
+NETWORK_FILE_SYSTEMS = frozenset({
+    "9p", "afs", "beegfs", "ceph", "cifs", "glusterfs", "gpfs", "lustre", "ncpfs", "nfs", "nfs4",
+    "smb3", "smbfs", "virtiofs",
+})
+_mount_table: list[tuple[str, str]] | None = None
+
+
+def _mounts() -> list[tuple[str, str]]:
+    """``(mount point, file system type)`` of this process's mounts, longest point first
+    (read once from ``/proc/self/mounts``; empty where there is none)."""
+    global _mount_table
+    if _mount_table is None:
+        table = []
+        try:
+            with open("/proc/self/mounts", encoding="utf-8", errors="replace") as f:
+                for line in f:
+                    fields = line.split()
+                    if len(fields) >= 3:  # spaces in mount points are written as \040
+                        table.append((fields[1].replace("\\040", " "), fields[2]))
+        except OSError:
+            pass
+        table.sort(key=lambda m: len(m[0]), reverse=True)
+        _mount_table = table
+    return _mount_table
+
+
+def _on_network_fs(path: str) -> bool:
+    """Whether ``path`` lies on a network or FUSE file system (see NETWORK_FILE_SYSTEMS)."""
+    real = os.path.realpath(path)
+    for point, fstype in _mounts():
+        if real == point or real.startswith(point.rstrip("/") + "/"):
+            return fstype in NETWORK_FILE_SYSTEMS or fstype.startswith("fuse")
+    return False
+
+
 def _mmap_default() -> bool:
     return os.environ.get(_MMAP_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
 
@@ -277,10 +317,14 @@ class _MappedFile:
         self.ahead = start - start % _mmap.PAGESIZE  # read-ahead asked for up to here
 
     @classmethod
-    def open(cls, stream: Any) -> _MappedFile | None:
-        """Map the local file behind ``stream`` from its current position, or ``None``."""
+    def open(cls, stream: Any, *, check_fs: bool = False) -> _MappedFile | None:
+        """Map the local file behind ``stream`` from its current position, or ``None``
+        (also, with ``check_fs``, for a file on a network or FUSE file system)."""
         file = _local_file(stream)
         if file is None:
+            return None
+        name = getattr(file, "name", None)
+        if check_fs and isinstance(name, str) and _on_network_fs(name):
             return None
         try:
             fd = file.fileno()
@@ -371,8 +415,9 @@ def iter_tar_members(
             ``read(n)``; it is not closed).
         source: the shard's path or URL, named in error messages.
         mmap: ``None`` (default): map local files unless the environment variable
-            ``SPEECHPIPE_SHARD_MMAP`` is ``0``; ``True``: map local files; ``False``: always
-            read, every payload ``bytes``.
+            ``SPEECHPIPE_SHARD_MMAP`` is ``0`` or the file is on a network or FUSE file system
+            (:data:`NETWORK_FILE_SYSTEMS`, from ``/proc/self/mounts``); ``True``: map local
+            files wherever they are; ``False``: always read, every payload ``bytes``.
 
     Raises:
         DataError: the stream ends before the end-of-archive marker (a zero block) --
@@ -395,8 +440,10 @@ def iter_tar_members(
     speechpipe.errors.DataError: mem.tar: truncated shard: it ends after member 'utt1.txt' ...
     """
     if mmap is None:
-        mmap = _mmap_default()
-    mapped = _MappedFile.open(stream) if mmap else None
+        mmap, auto = _mmap_default(), True
+    else:
+        auto = False
+    mapped = _MappedFile.open(stream, check_fs=auto) if mmap else None
     if mapped is None:
         yield from _iter_members(stream.read, None, source)
         return
