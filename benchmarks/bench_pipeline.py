@@ -75,6 +75,8 @@ from speechpipe.pipes.decode import decode_sample
 from speechpipe.pipes.shards import ShardWriter
 from speechpipe.testing import sample_durations
 
+from .bench_shards import evict, warm
+
 DIM, FPS, RATE = 80, 100, 16000
 SYSTEMS = ("speechpipe", "webdataset", "lhotse")
 WORKLOADS = ("features", "audio")
@@ -430,22 +432,6 @@ def measure(system: str, kind: str, data: dict, workers: int, setup: Setup) -> d
             "first": first, "utts": utts, "audio_s": frames / FPS, "peak_mib": peak.peak / 1024}
 
 
-def evict(paths: list[str]) -> None:
-    for path in paths:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-
-
-def warm(paths: list[str]) -> None:
-    for path in paths:
-        with open(path, "rb", buffering=0) as f:
-            while f.read(16 << 20):
-                pass
-
-
 def run_one(system: str, kind: str, data: dict, workers: int, cold: bool, setup: Setup,
             in_process: bool) -> dict:
     files = data["files"][system]
@@ -454,8 +440,11 @@ def run_one(system: str, kind: str, data: dict, workers: int, cold: bool, setup:
         return measure(system, kind, data, workers, setup)
     spec = json.dumps({"system": system, "kind": kind, "data": data, "workers": workers,
                        "setup": asdict(setup)})
-    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", spec],
-                         capture_output=True, text=True, timeout=3600)
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        p for p in (repo, os.environ.get("PYTHONPATH")) if p))
+    out = subprocess.run([sys.executable, "-m", "benchmarks.bench_pipeline", "--child", spec],
+                         capture_output=True, text=True, timeout=3600, env=env)
     if out.returncode:
         raise RuntimeError(f"{system} {kind} workers {workers} failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])

@@ -87,12 +87,21 @@ def make_corpus(root: str, n: int, shard_size: int, seed: int = 0) -> tuple[list
 
 
 def evict(paths: list[str]) -> None:
+    """Drop the files from the page cache (the next read comes from the disk: cold)."""
     for path in paths:
         fd = os.open(path, os.O_RDONLY)
         try:
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         finally:
             os.close(fd)
+
+
+def warm(paths: list[str]) -> None:
+    """Read the files once so that they are in the page cache (warm)."""
+    for path in paths:
+        with open(path, "rb", buffering=0) as f:
+            while f.read(16 << 20):
+                pass
 
 
 def raw_read(paths, workers):
@@ -179,10 +188,7 @@ def measure(name, build, files, data_bytes, workers, cold, runs, map_style=False
         if cold:
             evict(files)
         else:
-            for path in files:  # warm the cache
-                with open(path, "rb", buffering=0) as f:
-                    while f.read(16 << 20):
-                        pass
+            warm(files)
         start = time.perf_counter()
         count = consume(build(workers), workers, map_style=map_style)
         rates.append(time.perf_counter() - start)

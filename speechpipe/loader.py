@@ -85,11 +85,11 @@ import torch.utils.data
 
 from .pipes._base import IterDataPipe, MapDataPipe
 from .pipes.batching import _identity, _Resumable, _Seeded
-from .pipes.concurrency import graph_nodes, to_device
+from .pipes.concurrency import _LEAVES, graph_nodes, to_device
 from .pipes.mixing import propagate_epoch
 from .pipes.sharding import ShardedShufflerIterDataPipe
 from .pipes.views import ViewLoaderIterDataPipe
-from .seeding import derive_seed, pin_rank, process_position
+from .seeding import CarriesRank, derive_seed, process_position
 
 __all__ = ["Loader", "PipeDataset", "ResumeWarning", "SharedEpoch", "as_tensors", "build_loader"]
 
@@ -146,7 +146,7 @@ def _is_source(node: Any) -> bool:
     return isinstance(node, (ShardedShufflerIterDataPipe, ViewLoaderIterDataPipe))
 
 
-class PipeDataset(torch.utils.data.IterableDataset):
+class PipeDataset(CarriesRank, torch.utils.data.IterableDataset):
     """A pipeline as the dataset of a DataLoader: epochs, sharding, seeds and exact resume.
 
     Each pass (``iter``) reads the epoch from :attr:`shared_epoch` (or from a loaded state),
@@ -184,23 +184,6 @@ class PipeDataset(torch.utils.data.IterableDataset):
         self._pending: dict | None = None
         self._starting: dict | None = None
         self._live: dict | None = None
-
-    # -- workers started by spawn / forkserver: they learn their rank from the pickle
-
-    def __getstate__(self) -> dict:
-        state = self.__dict__.copy()
-        where = process_position()
-        state["_rank"] = (where.rank, where.world_size)
-        return state
-
-    def __setstate__(self, state: dict) -> None:
-        rank = state.pop("_rank", None)
-        self.__dict__.update(state)
-        # unpickled in a worker started by spawn (before torch sets its worker info): the
-        # process group is not there, the rank of the process that started it is
-        if rank is not None and not (torch.distributed.is_available()
-                                     and torch.distributed.is_initialized()):
-            pin_rank(*rank)
 
     # -- epochs
 
@@ -455,13 +438,10 @@ class Loader:
         self.dataloader.load_state_dict(state["dataloader"])
 
 
-_LEAVES = frozenset({str, int, float, bool, bytes, type(None), torch.Tensor})
-
-
 def as_tensors(item: Any) -> Any:
-    """Numpy arrays in a batch to tensors (sharing memory), the rest as it is: what torch's
-    ``default_convert`` does for a DataLoader without ``batch_size``, without visiting every
-    string of a list of keys (``build_loader``'s ``collate_fn``).
+    """Numpy arrays in a batch to tensors (sharing memory), the rest as it is
+    (:func:`~speechpipe.pipes.concurrency.to_device` without a device), handing a list of keys
+    back as it is rather than walking it: ``build_loader``'s ``collate_fn``.
 
     >>> import numpy as np
     >>> out = as_tensors({"feats": np.zeros((2, 3), np.float32), "key": ["u1", "u2"]})
@@ -469,15 +449,11 @@ def as_tensors(item: Any) -> Any:
     ('Tensor', ['u1', 'u2'])
     """
     kind = type(item)
-    if kind in _LEAVES:
-        return item
     if kind is dict:
         return {k: as_tensors(v) for k, v in item.items()}
-    if kind is list:
-        if all(type(v) in _LEAVES for v in item):
-            return item
-        return [as_tensors(v) for v in item]
-    return torch.utils.data.default_convert(item)
+    if kind is list and all(type(v) in _LEAVES for v in item):
+        return item
+    return to_device(item)
 
 
 def build_loader(

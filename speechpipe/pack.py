@@ -751,6 +751,7 @@ def _run_shard_task(task: _ShardTask) -> tuple[bool, int, int]:
     clipped = 0
 
     def samples(reader: Iterator[tuple[_Item, dict]]) -> Iterator[dict]:
+        nonlocal clipped
         for (item, sample), planned in zip(reader, task.lengths):
             data = sample["feats"] if task.mode == _FEATS else sample["audio"]
             if data.shape[0] != planned:
@@ -765,7 +766,6 @@ def _run_shard_task(task: _ShardTask) -> tuple[bool, int, int]:
                 ext, payload, cut = _encode_audio(data, sample["sample_rate"], item,
                                                   task.audio_format)
                 out[ext] = payload
-                nonlocal clipped
                 clipped += cut
             yield out
 

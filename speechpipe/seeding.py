@@ -19,7 +19,8 @@ import random
 import struct
 from dataclasses import dataclass
 
-__all__ = ["Position", "derive_rng", "derive_seed", "pin_rank", "process_position"]
+__all__ = ["CarriesRank", "Position", "derive_rng", "derive_seed", "pin_rank",
+           "process_position"]
 
 _pinned: tuple[int, int] | None = None  # (rank, world size) given to this worker process
 
@@ -90,3 +91,39 @@ def process_position() -> Position:
     if info is None:
         return Position(rank, world, 0, 1)
     return Position(rank, world, info.id, info.num_workers)
+
+
+def _distributed_initialized() -> bool:
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized()
+
+
+class CarriesRank:
+    """Mixin of objects that go to DataLoader workers: the pickle holds the rank and world size
+    of the process that made it, and unpickling in a process without ``torch.distributed``
+    (a worker started by spawn) pins them there (:func:`pin_rank`).
+
+    >>> class Thing(CarriesRank):
+    ...     pass
+    >>> state = Thing().__getstate__()
+    >>> state["_pickled_rank"]
+    (0, 1)
+    >>> copy = Thing.__new__(Thing)
+    >>> copy.__setstate__(state)
+    >>> "_pickled_rank" in copy.__dict__
+    False
+    """
+
+    def __getstate__(self) -> dict:
+        state = dict(super().__getstate__() or {})  # object's and IterDataPipe's: __dict__
+        where = process_position()
+        state["_pickled_rank"] = (where.rank, where.world_size)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        state = dict(state)
+        rank = state.pop("_pickled_rank", None)
+        self.__dict__.update(state)
+        if rank is not None and not _distributed_initialized():
+            pin_rank(*rank)

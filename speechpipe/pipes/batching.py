@@ -44,7 +44,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence, Union
 from ..diagnostics import Diagnostics
 from ..errors import DataError
 from ..sample import KEY, SOURCE, Sample, sample_duration, sample_length
-from ..seeding import derive_rng, pin_rank, process_position
+from ..seeding import CarriesRank, derive_rng, process_position
 from ._base import IterDataPipe, functional_datapipe
 
 __all__ = [
@@ -512,8 +512,9 @@ def shuffle_window(
 # --------------------------------------------------------------------------- pipes
 
 
-class _Seeded:
-    """Seed, epoch and the per-process random generator of a random pipe."""
+class _Seeded(CarriesRank):
+    """Seed, epoch and the per-process random generator of a random pipe (its pickle carries
+    the rank into spawned DataLoader workers: :class:`~speechpipe.seeding.CarriesRank`)."""
 
     seed: int
     epoch: int
@@ -528,29 +529,6 @@ class _Seeded:
     def _rng(self, salt: str):
         where = process_position()
         return derive_rng(self.seed, self.epoch, where.rank, where.worker, salt)
-
-    # A DataLoader worker started by spawn/forkserver unpickles the pipe without the process
-    # group: the rank of the process that pickled it travels along and is pinned there
-    # (speechpipe.seeding.pin_rank), so seeds and shard splits use the right rank.
-
-    def __getstate__(self) -> dict:
-        state = dict(super().__getstate__())  # IterDataPipe's: the __dict__ itself
-        where = process_position()
-        state["_pickled_rank"] = (where.rank, where.world_size)
-        return state
-
-    def __setstate__(self, state: dict) -> None:
-        state = dict(state)
-        rank = state.pop("_pickled_rank", None)
-        self.__dict__.update(state)
-        if rank is not None and not _distributed_initialized():
-            pin_rank(*rank)
-
-
-def _distributed_initialized() -> bool:
-    import torch.distributed as dist
-
-    return dist.is_available() and dist.is_initialized()
 
 
 def _check_seed(seed: int) -> int:

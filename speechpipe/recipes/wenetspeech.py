@@ -388,6 +388,8 @@ def prepare_wenetspeech(
     sinks: dict[str, Any] = {
         p: [] if output_dir is None else ManifestWriter(manifest_path(output_dir, CORPUS, p))
         for p in todo}
+    write = {p: sink.append if isinstance(sink, list) else sink.write
+             for p, sink in sinks.items()}
     wanted = set(todo)
     folders = {PART_FOLDERS[p] for p in todo}
     metadata = root / METADATA
@@ -403,23 +405,24 @@ def prepare_wenetspeech(
             for line, entry in iter_audios(metadata, progress=advance):
                 aid, rel, duration, segments = _segments(entry, line, str(metadata))
                 listed.add(rel)
-                audio = root / rel
-                exists = None
+                audio_path = None  # the recording's absolute path, once it is needed
                 for seg in segments:
                     targets = wanted.intersection(seg["subsets"])
                     if not targets:
                         continue
-                    loc = f"{metadata}:{line} (key {seg['sid']!r})"
-                    if exists is None:
-                        exists = audio.is_file()
-                    if not exists:
-                        without_audio.append(f"{loc}: no file {rel}")
+                    if audio_path is None:
+                        audio = root / rel
+                        audio_path = str(audio.resolve()) if audio.is_file() else ""
+                    if not audio_path:
+                        without_audio.append(f"{metadata}:{line} (key {seg['sid']!r}): "
+                                             f"no file {rel}")
                         continue
                     if seg["end_time"] > duration:
-                        without_audio.append(f"{loc}: ends at {seg['end_time']} s, after the "
-                                             f"recording's {duration} s")
+                        without_audio.append(f"{metadata}:{line} (key {seg['sid']!r}): ends at "
+                                             f"{seg['end_time']} s, after the recording's "
+                                             f"{duration} s")
                         continue
-                    sample = {KEY: seg["sid"], AUDIO_PATH: str(audio.resolve()),
+                    sample = {KEY: seg["sid"], AUDIO_PATH: audio_path,
                               OFFSET: float(seg["begin_time"]),
                               DURATION: round(seg["end_time"] - seg["begin_time"], 6),
                               TEXT: seg["text"], "recording": aid}
@@ -428,8 +431,7 @@ def prepare_wenetspeech(
                     if _number(seg.get("confidence")):
                         sample["confidence"] = seg["confidence"]
                     for part in targets:
-                        sink = sinks[part]
-                        sink.append(sample) if isinstance(sink, list) else sink.write(sample)
+                        write[part](sample)
                         counts[part] += 1
         without_text = sorted(
             str(p) for folder in sorted(folders) for p in (root / "audio" / folder).rglob("*")
