@@ -154,3 +154,49 @@ def test_child_pipes_of_fork_and_demux_still_enforce_their_rules():
 
 def _parity(x: int) -> int:
     return x % 2
+
+
+def _speechpipe_pipe_classes() -> list[type]:
+    from speechpipe.pipes._base import IterDataPipe
+
+    classes = []
+    for info in pkgutil.walk_packages(speechpipe.__path__, "speechpipe."):
+        module = importlib.import_module(info.name)
+        for value in vars(module).values():
+            if (isinstance(value, type) and issubclass(value, IterDataPipe)
+                    and value.__module__ == module.__name__ and "__iter__" in vars(value)):
+                classes.append(value)
+    return sorted(set(classes), key=lambda c: c.__qualname__)
+
+
+def test_every_speechpipe_stage_iterates_outside_torchs_per_item_hook():
+    """Each of our IterDataPipe classes that defines ``__iter__`` has it made plain (registered
+    through _base's functional_datapipe or decorated with plain_iterator): iterating yields
+    from our own generator, not from torch's wrapper generator."""
+    classes = _speechpipe_pipe_classes()
+    assert len(classes) >= 25
+    hooked = [c.__qualname__ for c in classes
+              if vars(c)["__iter__"].__code__.co_name == "wrap_generator"]
+    assert hooked == []
+    from speechpipe.pipes._base import IterableWrapper
+
+    rows = [{"key": "a", "text": "x"}]
+    it = iter(IterableWrapper(rows).normalize_text())
+    assert it.gi_code.co_name == "__iter__"  # our generator itself, no wrapper around it
+    assert next(it)["text"] == "x"
+
+
+def test_a_plain_stage_still_appears_in_torchs_profiler():
+    """With torch's profiler on, a pass goes through torch's hook, which records a
+    ``record_function`` entry per stage; iteration gives the same items."""
+    import torch
+    from speechpipe.pipes._base import IterableWrapper
+
+    rows = [{"key": f"u{i}", "text": "ab"} for i in range(3)]
+    pipe = IterableWrapper(rows).normalize_text()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        out = list(pipe)
+    assert [s["key"] for s in out] == ["u0", "u1", "u2"]
+    names = {event.name for event in prof.events()}
+    assert any("TranscriptNormalizer" in name for name in names), sorted(names)[:20]
+    assert [s["key"] for s in pipe] == ["u0", "u1", "u2"]  # and plain again without it

@@ -38,7 +38,7 @@ from typing import Any, Callable, Hashable, Iterable, Iterator, Union
 from ..errors import DataError
 from ..sample import sample_length
 from ..seeding import derive_rng, derive_seed, process_position
-from ._base import IterDataPipe, MapDataPipe
+from ._base import IterDataPipe, MapDataPipe, plain_iterator
 from .batching import (
     OVERSIZE,
     BatchConstraint,
@@ -999,6 +999,7 @@ class ViewSampler:
 # --------------------------------------------------------------------------- the pipe
 
 
+@plain_iterator
 class ViewLoaderIterDataPipe(_Resumable, IterDataPipe[list]):
     """Load the batches of a :class:`BatchView` from a map (functional name: ``batch_by_view``).
 
