@@ -419,18 +419,19 @@ class SpeedPerturberIterDataPipe(_Seeded, IterDataPipe[Sample]):
         self.source_datapipe = source_datapipe
 
     def __iter__(self) -> Iterator[Sample]:
-        rng = self._rng("perturb_speed")
+        choice, factors = self._rng("perturb_speed").choice, self.factors
         kernels: dict[tuple[int, float], taT.Resample | None] = {}  # by (rate, factor)
         for sample in self.source_datapipe:
             audio, rate = _audio_of(sample, "perturb_speed")
-            factor = rng.choice(self.factors)
+            factor = choice(factors)
             try:
                 kernel = kernels[rate, factor]
             except KeyError:
                 kernel = kernels[rate, factor] = _speed_kernel(rate, factor)
             out = dict(sample)
             out[AUDIO] = audio if kernel is None else _time_first(kernel(_channels_first(audio)))
-            out[SPEED] = float(sample.get(SPEED, 1.0)) * factor
+            previous = out.get(SPEED)
+            out[SPEED] = factor if previous is None else float(previous) * factor
             if DURATION in out:
                 out[DURATION] = out[AUDIO].shape[0] / rate
             yield out
@@ -485,13 +486,15 @@ class VolumePerturberIterDataPipe(_Seeded, IterDataPipe[Sample]):
         self.source_datapipe = source_datapipe
 
     def __iter__(self) -> Iterator[Sample]:
-        rng = self._rng("perturb_volume")
+        draw = self._rng("perturb_volume").random
+        low, span, float32 = self.low, self.high - self.low, np.float32
         for sample in self.source_datapipe:
             audio, _ = _audio_of(sample, "perturb_volume")
-            gain = rng.uniform(self.low, self.high)
+            gain = low + span * draw()  # random.Random.uniform(low, high), inlined
             out = dict(sample)
-            out[AUDIO] = audio * np.float32(gain)
-            out[GAIN] = float(sample.get(GAIN, 1.0)) * gain
+            out[AUDIO] = audio * float32(gain)
+            previous = out.get(GAIN)
+            out[GAIN] = gain if previous is None else float(previous) * gain
             yield out
 
     def __len__(self) -> int:
@@ -1475,17 +1478,22 @@ class CmvnApplierIterDataPipe(IterDataPipe[Sample]):
         if stats is not None:
             dim = stats.dim
             mean, scale = _cmvn_terms(stats, self.norm_means, self.norm_vars)
+        if stats is None:
+            norm_means, norm_vars = self.norm_means, self.norm_vars
+            for sample in self.source_datapipe:
+                feats = _feats_of(sample, "apply_cmvn")
+                out = dict(sample)
+                out[FEATS] = normalize_features(feats, norm_means=norm_means,
+                                                norm_vars=norm_vars)
+                yield out
+            return
         for sample in self.source_datapipe:
             feats = _feats_of(sample, "apply_cmvn")
-            out = dict(sample)
-            if stats is None:
-                out[FEATS] = normalize_features(feats, norm_means=self.norm_means,
-                                                norm_vars=self.norm_vars)
-            elif feats.shape[1] != dim:
+            if feats.shape[1] != dim:
                 raise DataError(f"apply_cmvn: features of dim {feats.shape[1]}, but the CMVN "
                                 f"statistics have dim {dim}", **_where(sample))
-            else:
-                out[FEATS] = _normalize(feats, mean, scale)
+            out = dict(sample)
+            out[FEATS] = _normalize(feats, mean, scale)
             yield out
 
     def __len__(self) -> int:

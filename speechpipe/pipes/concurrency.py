@@ -453,9 +453,11 @@ def _pin(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def _to_tensor(array: np.ndarray) -> torch.Tensor | np.ndarray:
-    if array.dtype.kind not in "biufc":
+    dtype = array.dtype
+    if dtype.kind not in "biufc":
         return array  # strings, objects: left as they are
-    if not array.flags.writeable or not array.flags.c_contiguous or array.dtype.byteorder == ">":
+    flags = array.flags  # a new object at each access
+    if not (flags.writeable and flags.c_contiguous and dtype.isnative):
         # torch shares memory only with writable, native-order arrays; views of shard bytes are
         # read-only, so they are copied once here.
         array = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("="))
@@ -497,8 +499,18 @@ def _convert(obj: Any, device: torch.device | None, pin_memory: bool,
     kind = type(obj)
     if kind in _LEAVES:
         return obj
-    if kind is dict:
-        return {k: _convert(v, device, pin_memory, non_blocking) for k, v in obj.items()}
+    if kind is dict:  # a sample or a batch: its leaves and arrays without a call each
+        out = {}
+        for k, v in obj.items():
+            kind = type(v)
+            if kind in _LEAVES:
+                out[k] = v
+            elif kind is np.ndarray and not pin_memory and (device is None
+                                                            or device.type == "cpu"):
+                out[k] = _to_tensor(v)  # a CPU tensor (or a non-numeric array, kept)
+            else:
+                out[k] = _convert(v, device, pin_memory, non_blocking)
+        return out
     if isinstance(obj, torch.Tensor):
         tensor = obj
     elif isinstance(obj, np.ndarray):
@@ -866,8 +878,9 @@ class DeviceMoverIterDataPipe(IterDataPipe):
         if self.pin_memory and not pin:
             warnings.warn("move_to_device: pin_memory=True but no accelerator is available; "
                           "tensors are not pinned", UserWarning, stacklevel=2)
+        device, non_blocking = self.device, self.non_blocking
         for item in self.source_datapipe:
-            yield to_device(item, self.device, pin_memory=pin, non_blocking=self.non_blocking)
+            yield _convert(item, device, pin, non_blocking)  # to_device, its checks done once
 
     def __len__(self) -> int:
         return len(self.source_datapipe)
