@@ -27,7 +27,8 @@ Contenders (shuffle buffer, bucketing buffer and budget the same for all):
   padding (``IterableDatasetWrapper`` with workers, as lhotse recommends for Shar).
 
 Each with workers 0 and 2, cold cache (``posix_fadvise(DONTNEED)`` on every data file before
-the run) and warm (after a full read), each run in a fresh process (``--runs`` runs, medians):
+the run) and warm (after a full read), each run in a fresh process (``--runs`` rounds, in each of
+which the systems run in turn; medians, and the range of the per-round ratios):
 audio seconds per second, utterances per second, time to first batch (from building the loader),
 and peak memory of the process tree (the largest sum of resident memory of the process and its
 workers, sampled every 50 ms; shared pages count once per process). For the audio workload
@@ -475,13 +476,20 @@ def contest(corpora: dict, setup: Setup, runs: int, in_process: bool,
     for kind in workloads:
         for cold in (True, False):
             for workers in (0, 2):
+                # The systems take turns run by run (A B C A B C ...), so that a slow spell of
+                # a shared machine falls on all of them rather than on one system's runs.
+                by_system: dict[str, list[dict]] = {system: [] for system in SYSTEMS}
+                for _ in range(runs):
+                    for system in SYSTEMS:
+                        by_system[system].append(run_one(system, kind, corpora[kind], workers,
+                                                         cold, setup, in_process))
                 for system in SYSTEMS:
-                    results = [run_one(system, kind, corpora[kind], workers, cold, setup,
-                                       in_process) for _ in range(runs)]
+                    results = by_system[system]
                     row = {key: statistics.median(r[key] for r in results)
                            for key in ("seconds", "first", "utts", "audio_s", "peak_mib")}
                     row.update(system=system, workload=kind, workers=workers,
                                cache="cold" if cold else "warm")
+                    row["rates"] = [r["audio_s"] / r["seconds"] for r in results]  # by round
                     row["utt_s"] = row["utts"] / row["seconds"]
                     row["audio_s_s"] = row["audio_s"] / row["seconds"]
                     rows.append(row)
@@ -512,9 +520,13 @@ def table(rows: list[dict], limit: float) -> str:
                 get = {r["system"]: r for r in rows if r["workload"] == kind and
                        r["cache"] == cache and r["workers"] == workers}
                 sp = get["speechpipe"]["audio_s_s"]
-                out.append(f"{kind} {cache} workers {workers}: speechpipe / webdataset "
-                           f"{sp / get['webdataset']['audio_s_s']:.2f}, / lhotse "
-                           f"{sp / get['lhotse']['audio_s_s']:.2f}")
+                parts = []
+                for other in ("webdataset", "lhotse"):
+                    rounds = [a / b for a, b in zip(get["speechpipe"]["rates"],
+                                                    get[other]["rates"])]
+                    parts.append(f"/ {other} {sp / get[other]['audio_s_s']:.2f} "
+                                 f"[rounds {min(rounds):.2f}-{max(rounds):.2f}]")
+                out.append(f"{kind} {cache} workers {workers}: speechpipe " + ", ".join(parts))
     return "\n".join(out)
 
 
