@@ -13,7 +13,11 @@ like a compiler's: ``data/wav.scp:17: expected '<key> <value>', got 'utt1'``.
 
 from __future__ import annotations
 
-__all__ = ["DataError", "MissingDataError", "SpeechpipeError", "UnsafeInputError", "locate"]
+import json
+import re
+
+__all__ = ["DataError", "MissingDataError", "SpeechpipeError", "UnsafeInputError", "locate",
+           "mark_location"]
 
 
 def locate(
@@ -46,16 +50,67 @@ class SpeechpipeError(Exception):
     """Base class of the errors speechpipe raises on purpose."""
 
 
+#: The line :func:`mark_location` adds to an error's message in a DataLoader worker.
+_MARK = "speechpipe-location: "
+_MARK_LINE = re.compile(r"^" + re.escape(_MARK) + r"(\{.*\})$", re.MULTILINE)
+
+
+def mark_location(error: BaseException) -> None:
+    """Append the location of a speechpipe error to its message as one JSON line.
+
+    A DataLoader worker sends an error to the main process as its type and its formatted
+    traceback, and the main process raises ``type(text)``: the ``source``/``line``/
+    ``member``/``key`` attributes would be lost (only the text would name them). Marked in the
+    worker (``speechpipe.loader`` does it), the error rebuilt in the main process reads the
+    line back: its attributes are the worker's, its message starts with the location.
+
+    >>> error = DataError("bad line", source="text", line=3)
+    >>> mark_location(error)
+    >>> again = DataError("Caught DataError in DataLoader worker process 0. ..." + str(error))
+    >>> again.source, again.line, again.reason
+    ('text', 3, 'bad line')
+    """
+    if not isinstance(error, _Located) or not error.args or _MARK in str(error.args[0]):
+        return
+    where = {"reason": error.reason, "source": error.source, "line": error.line,
+             "member": error.member, "key": error.key}
+    try:
+        line = _MARK + json.dumps(where, ensure_ascii=True)
+    except (TypeError, ValueError):  # a location that is not JSON (an odd key type): as is
+        return
+    error.args = (f"{error.args[0]}\n{line}",) + tuple(error.args[1:])
+
+
 class _Located:
     """Mixin storing where the problem is and prefixing it to the message."""
 
     def _init_location(self, message, source, line, member, key):
+        if (source is None and line is None and member is None and key is None
+                and isinstance(message, str) and _MARK in message):
+            return self._init_marked(message)
         self.reason = message
         self.source = None if source is None else str(source)
         self.line = line
         self.member = member
         self.key = key
         return f"{locate(self.source, line=line, member=member, key=key)}: {message}"
+
+    def _init_marked(self, text: str) -> str:
+        """The error torch rebuilds in the main process from a worker's marked traceback."""
+        found = list(_MARK_LINE.finditer(text))
+        try:
+            where = json.loads(found[-1].group(1)) if found else None
+        except ValueError:
+            where = None
+        if not isinstance(where, dict):
+            self.reason, self.source, self.line, self.member, self.key = text, None, None, None, None
+            return f"{locate()}: {text}"
+        rest = _MARK_LINE.sub("", text).rstrip()
+        self.reason = where.get("reason")
+        self.source, self.line = where.get("source"), where.get("line")
+        self.member, self.key = where.get("member"), where.get("key")
+        place = locate(self.source, line=self.line, member=self.member, key=self.key)
+        return f"{place}: {self.reason}\n{rest}"
 
     def __reduce__(self):
         # Keep the location when the error crosses a DataLoader worker boundary.

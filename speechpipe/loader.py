@@ -83,6 +83,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 import torch
 import torch.utils.data
 
+from .errors import SpeechpipeError, mark_location
 from .pipes._base import IterDataPipe, MapDataPipe
 from .pipes.batching import _identity, _Resumable, _Seeded
 from .pipes.concurrency import _LEAVES, graph_nodes, to_device
@@ -237,6 +238,10 @@ class PipeDataset(CarriesRank, torch.utils.data.IterableDataset):
             for item in self.pipe:
                 yield item
             live["finished"] = True
+        except SpeechpipeError as error:
+            if torch.utils.data.get_worker_info() is not None:
+                mark_location(error)  # so that the main process gets .source/.line/.key too
+            raise
         finally:
             for _, stage in stages:
                 stage._resume_state = stage._resume_samples = None

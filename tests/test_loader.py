@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import speechpipe  # noqa: F401  (registers the pipes)
+from speechpipe.errors import DataError, MissingDataError
 from speechpipe.loader import Loader, PipeDataset, SharedEpoch, build_loader
 from speechpipe.pipes._base import IterableWrapper, SequenceWrapper
 from speechpipe.pipes.collate import PadCollate
@@ -216,3 +217,43 @@ def test_as_tensors_converts_arrays_anywhere_and_leaves_key_lists_alone():
     assert isinstance(out["pair"][0], torch.Tensor) and out["pair"][1] == 1.5
     assert isinstance(out["scalar"], torch.Tensor)
     assert np.shares_memory(out["feats"].numpy(), batch["feats"])
+
+
+def _scp_pipe(paths):
+    return (IterableWrapper(paths).sharding_filter().open_files(mode="b").parse_scp()
+            .map(tuple))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_data_error_in_a_worker_keeps_its_file_line_and_reason(tmp_path, workers):
+    """torch rebuilds a worker's exception from its text; the location survives as attributes
+    and as the start of the message, with the worker's traceback kept below it."""
+    good, bad = tmp_path / "a.scp", tmp_path / "b.scp"
+    good.write_text("u1 x\nu2 y\n", encoding="utf-8")
+    bad.write_text("u3 z\nu4\nu5 w\n", encoding="utf-8")
+    loader = build_loader(_scp_pipe([str(good), str(bad)]), num_workers=workers, seed=0)
+    with pytest.raises(DataError) as caught:
+        list(loader)
+    error = caught.value
+    assert (error.source, error.line) == (str(bad), 2)
+    assert error.reason.startswith("expected '<key> <value>'")
+    assert str(error).startswith(f"{bad}:2: expected '<key> <value>'")
+    if workers:
+        assert "DataLoader worker process" in str(error)  # torch's account follows
+        assert "speechpipe-location" not in str(error)
+
+
+def test_a_missing_file_in_a_worker_is_still_a_missing_data_error_with_its_source(tmp_path):
+    pipe = IterableWrapper([str(tmp_path / "nowhere.tar")]).sharding_filter().open().read_shards()
+    with pytest.raises(MissingDataError) as caught:
+        list(build_loader(pipe, num_workers=1, seed=0))
+    assert caught.value.source == str(tmp_path / "nowhere.tar")
+    assert isinstance(caught.value, FileNotFoundError)
+
+
+def test_a_marked_message_that_is_not_json_leaves_the_error_unlocated():
+    from speechpipe.errors import DataError
+
+    error = DataError("Caught DataError.\nspeechpipe-location: {not json}")
+    assert error.source is None and error.line is None
+    assert "{not json}" in str(error)
