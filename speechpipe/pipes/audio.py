@@ -1098,7 +1098,14 @@ def spec_augment(
     >>> out.shape, bool((out == 0).any())
     (torch.Size([100, 80]), True)
     """
-    x = feats
+    return _spec_augment(feats, freq_masks, freq_width, time_masks, time_width,
+                         time_warp_window, mask_value, generator)
+
+
+def _spec_augment(x: torch.Tensor, freq_masks: int, freq_width: int, time_masks: int,
+                  time_width: int | float, time_warp_window: int, mask_value: float | str,
+                  generator: torch.Generator | None) -> torch.Tensor:
+    """:func:`spec_augment`, its arguments by position (the stage calls it per sample)."""
     if time_warp_window:
         x = time_warp(x, time_warp_window, generator)
     value = x.mean() if mask_value == "mean" else float(mask_value)
@@ -1173,14 +1180,13 @@ class SpecAugmenterIterDataPipe(_Seeded, IterDataPipe[Sample]):
         self.source_datapipe = source_datapipe
 
     def __iter__(self) -> Iterator[Sample]:
-        options = {"freq_masks": self.freq_masks, "freq_width": self.freq_width,
-                   "time_masks": self.time_masks, "time_width": self.time_width,
-                   "time_warp_window": self.time_warp, "mask_value": self.mask_value,
-                   "generator": _torch_generator(self.seed, self.epoch, "spec_augment")}
+        options = (self.freq_masks, self.freq_width, self.time_masks, self.time_width,
+                   self.time_warp, self.mask_value,
+                   _torch_generator(self.seed, self.epoch, "spec_augment"))
         for sample in self.source_datapipe:
             feats = _feats_of(sample, "spec_augment")
             out = dict(sample)
-            out[FEATS] = spec_augment(_tensor(feats), **options).numpy()
+            out[FEATS] = _spec_augment(_tensor(feats), *options).numpy()
             yield out
 
     def __len__(self) -> int:
