@@ -32,8 +32,8 @@ which the systems run in turn; medians, and the range of the per-round ratios):
 audio seconds per second, utterances per second, time to first batch (from building the loader),
 and peak memory of the process tree (the largest sum of resident memory of the process and its
 workers, sampled every 50 ms; shared pages count once per process). For the audio workload
-also one core's decode + fbank rate, measured in the same run on the same files, times the
-cores used (the CPU limit), and each contender's ratio to it.
+also one core's decode + fbank rate, measured in the same run on the same files (before every
+round; the median), times the cores used (the CPU limit), and each contender's ratio to it.
 
 Then: the per-sample overhead (us) of speechpipe stages, timing a pipeline with and without
 each stage on in-memory samples; and workload 1 with batching and collation in the workers
@@ -451,16 +451,16 @@ def run_one(system: str, kind: str, data: dict, workers: int, cold: bool, setup:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def cpu_limit(data: dict) -> float:
+def cpu_limit(data: dict, passes: int = 2) -> float:
     """Audio seconds per CPU second of soundfile decode + fbank on one core, over every
     utterance of the corpus (process time, so that other load on a shared machine does not
-    lower it; the best of 2 passes)."""
+    lower it; the best of ``passes`` passes)."""
     from speechpipe.pipes.sharding import read_shard
 
     torch.set_num_threads(1)
     blobs = [sample["flac"] for path in data["shards"] for sample in read_shard(path)]
     rates = []
-    for _ in range(2):
+    for _ in range(passes):
         start, seconds = time.process_time(), 0.0
         for blob in blobs:
             audio, rate = sf.read(io.BytesIO(blob), dtype="float32")
@@ -471,7 +471,9 @@ def cpu_limit(data: dict) -> float:
 
 
 def contest(corpora: dict, setup: Setup, runs: int, in_process: bool,
-            workloads=WORKLOADS) -> list[dict]:
+            workloads=WORKLOADS, limits: list[float] | None = None) -> list[dict]:
+    """Every system's runs; for the audio workload one more measure of the CPU limit before
+    each round goes into ``limits`` (the machine's speed drifts over minutes)."""
     rows = []
     for kind in workloads:
         for cold in (True, False):
@@ -480,6 +482,8 @@ def contest(corpora: dict, setup: Setup, runs: int, in_process: bool,
                 # a shared machine falls on all of them rather than on one system's runs.
                 by_system: dict[str, list[dict]] = {system: [] for system in SYSTEMS}
                 for _ in range(runs):
+                    if kind == "audio" and limits is not None:
+                        limits.append(cpu_limit(corpora[kind], passes=1))
                     for system in SYSTEMS:
                         by_system[system].append(run_one(system, kind, corpora[kind], workers,
                                                          cold, setup, in_process))
@@ -500,7 +504,8 @@ def contest(corpora: dict, setup: Setup, runs: int, in_process: bool,
     return rows
 
 
-def table(rows: list[dict], limit: float) -> str:
+def table(rows: list[dict], limits: list[float]) -> str:
+    limit = statistics.median(limits)
     head = (f"{'workload':<8} {'cache':<5} {'wk':>2} {'system':<10} {'audio-s/s':>9} "
             f"{'utt/s':>7} {'1st batch s':>11} {'peak MiB':>8} {'/CPU limit':>10}")
     out = [head, "-" * len(head)]
@@ -512,8 +517,9 @@ def table(rows: list[dict], limit: float) -> str:
                    f"{r['audio_s_s']:>9.0f} {r['utt_s']:>7.0f} {r['first']:>11.2f} "
                    f"{r['peak_mib']:>8.0f} {ratio}")
     out.append("")
-    out.append(f"CPU limit (audio): one core decodes + fbanks {limit:.0f} audio-s per CPU-s; "
-               "x cores used (workers 0: 1, workers 2: 2)")
+    out.append(f"CPU limit (audio): one core decodes + fbanks {limit:.0f} audio-s per CPU-s "
+               f"(median of {len(limits)} measures, {min(limits):.0f}-{max(limits):.0f}, one "
+               "before each round); x cores used (workers 0: 1, workers 2: 2)")
     for kind in sorted({r["workload"] for r in rows}, key=WORKLOADS.index):
         for cache in ("cold", "warm"):
             for workers in (0, 2):
@@ -654,10 +660,10 @@ def run(root: str, n_feats: int, n_audio: int, runs: int, setup: Setup, in_proce
         print(f"{kind}: {data['utts']} utterances, {data['seconds'] / 3600:.2f} h, "
               f"{len(data['shards'])} shards, {size:.0f} MB")
     print(f"corpus ready in {time.perf_counter() - start:.0f} s; setup {setup}", flush=True)
-    limit = cpu_limit(corpora["audio"])
+    limits = [cpu_limit(corpora["audio"])]
     load = os.getloadavg()[0]
-    rows = contest(corpora, setup, runs, in_process, workloads)
-    print(table(rows, limit))
+    rows = contest(corpora, setup, runs, in_process, workloads, limits)
+    print(table(rows, limits))
     print(f"load average before / after the runs: {load:.1f} / {os.getloadavg()[0]:.1f} "
           f"on {os.cpu_count()} cores")
     print("\nper-sample overhead of speechpipe stages (in-memory samples, median):")
