@@ -103,7 +103,8 @@ class _Located:
         except ValueError:
             where = None
         if not isinstance(where, dict):
-            self.reason, self.source, self.line, self.member, self.key = text, None, None, None, None
+            self.reason, self.source, self.line, self.member, self.key = (text, None, None,
+                                                                          None, None)
             return f"{locate()}: {text}"
         rest = _MARK_LINE.sub("", text).rstrip()
         self.reason = where.get("reason")

@@ -34,6 +34,7 @@ import torch
 
 from ..errors import DataError
 from ..sample import KEY, TOKENS, len_key
+from ..transfer import take
 
 __all__ = [
     "DEFAULT_PAD_VALUES",
@@ -161,6 +162,9 @@ def _empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     a handle instead of copying the batch into shared memory first."""
     if torch.utils.data.get_worker_info() is None:
         return torch.empty(shape, dtype=dtype)
+    pooled = take(shape, dtype)  # a reused slot, with build_loader's reuse_shared_memory
+    if pooled is not None:
+        return pooled
     proto = torch.empty(0, dtype=dtype)
     storage = proto._typed_storage()._new_shared(math.prod(shape), device=proto.device)
     return proto.new(storage).resize_(shape)

@@ -1,0 +1,260 @@
+"""Reused shared memory for batches sent from DataLoader workers to the main process.
+
+A batch collated in a DataLoader worker is sent to the main process in shared memory. torch
+makes a fresh shared segment for every batch: the worker creates it and faults in every page
+as the rows are copied in (zero-filled by the kernel), the main process maps it and faults in
+every page again, and both free it. For an 8 MB padded batch that is about 4 ms of the
+worker's 5 ms (collating into private memory takes 1 ms), and with two workers on two cores
+it bounds the loader (``benchmarks/bench_shards.py``).
+
+With :func:`speechpipe.loader.build_loader` (``reuse_shared_memory=True``, the default with
+workers), each worker keeps a small pool of shared segments (*slots*) and collates into them
+(:class:`~speechpipe.pipes.collate.PadCollate` asks :func:`take`): a slot's pages are
+already there, nothing is created. A slot is reused only after the main process has let go
+of the batch that used it:
+
+- the main process owns a table of flags in shared memory, one row per worker, one int64 per
+  slot: 0 means free; the worker writes a tag (its pid and a sequence number, never 0) when
+  it hands the slot out with a batch;
+- the batch travels as :class:`PooledBatch` (the batch plus its slots' tags); unpickled in the
+  main process it becomes the plain batch again, and for each slot a weak reference to the
+  main process's storage is registered (:func:`_rebuild`);
+- whenever a batch arrives (and when a pass starts), the main process clears the flag of
+  every registered slot whose storage has died (no tensor of it left: the batch was consumed,
+  or copied by the pin-memory thread) -- only if the flag still holds that batch's tag, so a
+  slot that a later worker took in between is never freed by mistake;
+- a worker takes a slot only when its flag is 0. With no free slot large enough (the main
+  process holds many batches, or a batch never reached it), the worker makes a fresh segment
+  as torch does: slower, never wrong.
+
+Limits: at most :data:`SLOTS` slots and :data:`MAX_BYTES` per worker (shared memory stays
+allocated while the worker lives: with a small ``/dev/shm``, as Docker's default 64 MB, pass
+``reuse_shared_memory=False``); only tensors of :data:`MIN_BYTES` or more use slots; a
+collated tensor the worker drops instead of yielding keeps its slot until the worker exits.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import threading
+import weakref
+from typing import Any
+
+import torch
+from torch.multiprocessing.reductions import StorageWeakRef
+
+__all__ = [
+    "MAX_BYTES", "MIN_BYTES", "PoolStats", "PooledBatch", "SLOTS", "forget_table", "install",
+    "keep_table_while", "new_table", "release", "release_now", "take", "wrap",
+]
+
+#: Slots per worker.
+SLOTS = 16
+#: Shared memory a worker keeps in its slots, at most.
+MAX_BYTES = 512 << 20
+#: Tensors smaller than this are allocated as torch does.
+MIN_BYTES = 64 << 10
+_ROUND = 1 << 20  # slot capacities are whole MiB, with a quarter of headroom when grown
+
+
+class PoolStats:
+    """Counts of one worker's pool (for tests and benchmarks)."""
+
+    def __init__(self) -> None:
+        self.reused = 0  # tensors placed in a slot that already existed
+        self.created = 0  # slots created or grown
+        self.fallbacks = 0  # tensors given a fresh segment: no free slot fitted
+
+    def __repr__(self) -> str:
+        return (f"PoolStats(reused={self.reused}, created={self.created}, "
+                f"fallbacks={self.fallbacks})")
+
+
+class _Pool:
+    """A worker's slots: shared storages, and the worker's row of the main process's flags."""
+
+    def __init__(self, key: str, worker: int, flags: torch.Tensor) -> None:
+        self.key = key
+        self.worker = worker
+        self.flags = flags[worker].numpy()  # shared with the main process
+        self.storages: list[torch.UntypedStorage | None] = [None] * len(self.flags)
+        self.handed: dict[int, tuple[int, int]] = {}  # data_ptr -> (slot, tag)
+        self.tags = itertools.count(1)
+        self.base = (os.getpid() & 0x7FFFFFFF) << 32
+        self.lock = threading.Lock()
+        self.stats = PoolStats()
+
+    def take(self, nbytes: int) -> torch.UntypedStorage | None:
+        """A slot's storage of at least ``nbytes``, flagged as handed out; None: no slot."""
+        with self.lock:
+            handed = {slot for slot, _ in self.handed.values()}
+            free = [s for s in range(len(self.flags))
+                    if self.flags[s] == 0 and s not in handed]
+            fitting = [s for s in free if self.storages[s] is not None
+                       and self.storages[s].nbytes() >= nbytes]
+            if fitting:
+                slot = min(fitting, key=lambda s: self.storages[s].nbytes())
+                self.stats.reused += 1
+            else:
+                slot = self._grow(free, nbytes)
+                if slot is None:
+                    self.stats.fallbacks += 1
+                    return None
+            storage = self.storages[slot]
+            tag = self.base | (next(self.tags) & 0xFFFFFFFF) or 1
+            self.flags[slot] = tag
+            self.handed[storage.data_ptr()] = (slot, tag)
+            return storage
+
+    def _grow(self, free: list[int], nbytes: int) -> int | None:
+        """Make (or enlarge) a free slot for ``nbytes``, within :data:`MAX_BYTES`."""
+        if not free:
+            return None
+        empty = [s for s in free if self.storages[s] is None]
+        slot = empty[0] if empty else max(free, key=lambda s: self.storages[s].nbytes())
+        capacity = -(-int(nbytes * 1.25) // _ROUND) * _ROUND
+        held = sum(s.nbytes() for i, s in enumerate(self.storages) if s is not None and i != slot)
+        if held + capacity > MAX_BYTES:
+            return None
+        self.storages[slot] = None  # the old segment goes before the new one is made
+        self.storages[slot] = torch.UntypedStorage._new_shared(capacity)
+        self.stats.created += 1
+        return slot
+
+    def wrap(self, item: Any) -> Any:
+        """``item`` as a :class:`PooledBatch` naming the slots its tensors use (or as is)."""
+        if not self.handed:
+            return item
+        entries = []
+        with self.lock:
+            for path, tensor in _tensors(item):
+                found = self.handed.pop(tensor.untyped_storage().data_ptr(), None)
+                if found is not None:
+                    entries.append((found[0], found[1], path))
+        return PooledBatch(item, self.key, self.worker, entries) if entries else item
+
+
+_pool: _Pool | None = None  # this worker's pool, installed by speechpipe.loader.PipeDataset
+
+
+def install(key: str, worker: int, flags: torch.Tensor) -> _Pool:
+    """Give this process (a DataLoader worker) a pool over ``flags[worker]``."""
+    global _pool
+    if _pool is None or _pool.key != key or _pool.worker != worker:
+        _pool = _Pool(key, worker, flags)
+    return _pool
+
+
+def take(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor | None:
+    """An uninitialised tensor in one of this worker's slots; None when pooling is off here,
+    the tensor is small, or no slot is free (the caller then allocates as torch does)."""
+    pool = _pool
+    if pool is None:
+        return None
+    numel = 1
+    for n in shape:
+        numel *= n
+    nbytes = numel * torch.empty((), dtype=dtype).element_size()
+    if nbytes < MIN_BYTES:
+        return None
+    storage = pool.take(nbytes)
+    if storage is None:
+        return None
+    out = torch.empty(0, dtype=dtype)
+    return out.set_(storage, 0, shape)
+
+
+def wrap(item: Any) -> Any:
+    """What a worker yields: ``item``, as a :class:`PooledBatch` if it uses slots."""
+    pool = _pool
+    return item if pool is None else pool.wrap(item)
+
+
+def _tensors(item: Any, path: tuple = (), depth: int = 0):
+    """``(path, tensor)`` of the tensors in a batch (dicts, lists, tuples; a few levels)."""
+    if isinstance(item, torch.Tensor):
+        yield path, item
+    elif depth < 4 and isinstance(item, dict):
+        for key, value in item.items():
+            yield from _tensors(value, path + (key,), depth + 1)
+    elif depth < 4 and isinstance(item, (list, tuple)):
+        for i, value in enumerate(item):
+            yield from _tensors(value, path + (i,), depth + 1)
+
+
+def _at(item: Any, path: tuple) -> Any:
+    for step in path:
+        item = item[step]
+    return item
+
+
+class PooledBatch:
+    """A batch in transit from a worker, with the slots its tensors use; unpickled in the main
+    process it is the plain batch again (see the module documentation)."""
+
+    __slots__ = ("item", "key", "worker", "entries")
+
+    def __init__(self, item: Any, key: str, worker: int, entries: list) -> None:
+        self.item, self.key, self.worker, self.entries = item, key, worker, entries
+
+    def __reduce__(self):
+        return (_rebuild, (self.item, self.key, self.worker, self.entries))
+
+
+# ----------------------------------------------------------------------------- main process
+
+_flags: dict[str, torch.Tensor] = {}  # the flag tables of this process's loaders, by key
+_live: list[tuple[StorageWeakRef, Any, int, int, int]] = []  # (ref, flags, worker, slot, tag)
+_lock = threading.Lock()
+
+
+def new_table(num_workers: int) -> tuple[str, torch.Tensor]:
+    """A flag table for a loader's workers, registered in this (the main) process."""
+    key = os.urandom(8).hex()
+    table = torch.zeros((num_workers, SLOTS), dtype=torch.int64).share_memory_()
+    _flags[key] = table
+    return key, table
+
+
+def forget_table(key: str) -> None:
+    _flags.pop(key, None)
+
+
+def keep_table_while(owner: Any, key: str) -> None:
+    """Unregister the table ``key`` when ``owner`` is garbage collected."""
+    weakref.finalize(owner, forget_table, key)
+
+
+def _rebuild(item: Any, key: str, worker: int, entries: list) -> Any:
+    table = _flags.get(key)
+    if table is None:  # not the process that built the loader: nothing to release
+        return item
+    flags = table.numpy()
+    with _lock:
+        release()
+        for slot, tag, path in entries:
+            storage = _at(item, path).untyped_storage()
+            _live.append((StorageWeakRef(storage), flags, worker, slot, tag))
+    return item
+
+
+def release() -> None:
+    """Free the slots whose batches the main process no longer holds."""
+    if not _live:
+        return
+    kept = []
+    for entry in _live:
+        ref, flags, worker, slot, tag = entry
+        if ref.expired():
+            if flags[worker, slot] == tag:  # a later batch may have the slot: leave it
+                flags[worker, slot] = 0
+        else:
+            kept.append(entry)
+    _live[:] = kept
+
+
+def release_now() -> None:
+    """:func:`release`, under the lock (a pass starting, a test)."""
+    with _lock:
+        release()

@@ -1,0 +1,146 @@
+"""Reused shared memory for worker batches (speechpipe.transfer), with real DataLoader workers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import speechpipe  # noqa: F401  (registers the pipes)
+from speechpipe import transfer
+from speechpipe.loader import build_loader
+from speechpipe.pipes._base import IterableWrapper
+from speechpipe.pipes.collate import PadCollate
+
+ROWS = 16 * 24  # utterances; batches of 16
+
+
+def _rows(n: int = ROWS, seed: int = 0) -> list[dict]:
+    rng = np.random.default_rng(seed)
+    # 80-dim rows of 300-900 frames: a padded batch of 16 is 1.5-4.6 MB, well over MIN_BYTES
+    return [{"key": f"k{i}", "feats": np.full((int(rng.integers(300, 900)), 80), i, np.float32)}
+            for i in range(n)]
+
+
+def _with_stats(batch: dict) -> dict:
+    """Runs in the worker after collation: the pool's counts so far, as tensors."""
+    stats = transfer._pool.stats if transfer._pool is not None else transfer.PoolStats()
+    return {**batch, "reused": torch.tensor(stats.reused),
+            "fallbacks": torch.tensor(stats.fallbacks), "created": torch.tensor(stats.created)}
+
+
+def _pipe(rows: list[dict], stats: bool = False):
+    pipe = (IterableWrapper(rows, deepcopy=False).sharding_filter().batch(16)
+            .collate(collate_fn=PadCollate(fields=("key", "feats"))))
+    return pipe.map(_with_stats) if stats else pipe
+
+
+def _check(batch: dict, rows: list[dict]) -> None:
+    """Every row holds its utterance's value up to its length and zeros after."""
+    for r, key in enumerate(batch["key"]):
+        i = int(key[1:])
+        n = len(rows[i]["feats"])
+        assert int(batch["feats_len"][r]) == n
+        row = batch["feats"][r]
+        assert bool((row[:n] == i).all()), f"batch row {r} ({key}) was overwritten"
+        assert bool((row[n:] == 0).all())
+
+
+def test_batches_held_by_the_main_process_are_never_overwritten():
+    """The main process keeps every batch of two epochs; workers keep collating. Each batch
+    still holds its own numbers at the end: no slot was reused under a live batch (the pool
+    runs out and falls back to fresh segments instead)."""
+    rows = _rows()
+    loader = build_loader(_pipe(rows, stats=True), num_workers=2, seed=0, persistent_workers=True)
+    held = []
+    for epoch in range(2):
+        loader.set_epoch(epoch)
+        held.extend(loader)
+    assert len(held) == 2 * ROWS // 16
+    for batch in held:
+        _check(batch, rows)
+    assert max(int(b["fallbacks"]) for b in held) > 0  # the pool was exhausted, and said so
+
+
+@pytest.mark.parametrize("window", [1, 3, 8])
+def test_batches_released_late_are_intact_and_their_slots_reused(window):
+    """A sliding window of held batches (a training step that keeps a few batches alive):
+    every batch is intact when it leaves the window, and slots are reused."""
+    rows = _rows()
+    loader = build_loader(_pipe(rows, stats=True), num_workers=2, seed=0)
+    window_batches: list[dict] = []
+    last = None
+    for batch in loader:
+        window_batches.append(batch)
+        if len(window_batches) > window:
+            _check(window_batches.pop(0), rows)
+        last = batch
+    for batch in window_batches:
+        _check(batch, rows)
+    assert int(last["reused"]) > 0
+    assert int(last["created"]) <= transfer.SLOTS
+
+
+def test_the_same_batches_with_and_without_reuse():
+    rows = _rows()
+    runs = []
+    for reuse in (False, True):
+        loader = build_loader(_pipe(rows), num_workers=2, seed=0, reuse_shared_memory=reuse)
+        runs.append([(b["key"], b["feats"].clone(), b["feats_len"].clone()) for b in loader])
+    assert len(runs[0]) == len(runs[1]) == ROWS // 16
+    for (k0, f0, n0), (k1, f1, n1) in zip(*runs):
+        assert k0 == k1 and torch.equal(f0, f1) and torch.equal(n0, n1)
+
+
+def test_spawned_workers_reuse_slots_too():
+    rows = _rows(16 * 8)
+    loader = build_loader(_pipe(rows, stats=True), num_workers=1, seed=0,
+                          multiprocessing_context="spawn")
+    batches = []
+    for batch in loader:
+        _check(batch, rows)
+        batches.append(int(batch["reused"]))
+    assert batches[-1] > 0
+
+
+def test_without_workers_or_when_turned_off_there_is_no_pool():
+    rows = _rows(32)
+    assert build_loader(_pipe(rows), num_workers=0, seed=0).dataset._transfer is None
+    off = build_loader(_pipe(rows, stats=True), num_workers=1, seed=0, reuse_shared_memory=False)
+    assert off.dataset._transfer is None
+    assert [int(b["reused"]) for b in off] == [0, 0]
+    with pytest.raises(TypeError, match="reuse_shared_memory"):
+        build_loader(_pipe(rows), num_workers=1, reuse_shared_memory="yes")
+
+
+def test_a_slot_taken_again_is_not_freed_by_an_older_batch():
+    """The main process clears a slot's flag only if it still holds that batch's tag."""
+    key, table = transfer.new_table(1)
+    try:
+        flags = table.numpy()
+        storage = torch.empty(10).untyped_storage()
+        flags[0, 3] = 111
+        batch = {"x": torch.empty(0).set_(storage, 0, (10,))}
+        transfer._rebuild(batch, key, 0, [(3, 111, ("x",))])
+        del batch
+        del storage
+        flags[0, 3] = 222  # (cannot happen while 111 is live; stands for a stale entry)
+        transfer.release_now()
+        assert flags[0, 3] == 222
+        storage = torch.empty(10).untyped_storage()
+        flags[0, 4] = 333
+        batch = {"x": torch.empty(0).set_(storage, 0, (10,))}
+        transfer._rebuild(batch, key, 0, [(4, 333, ("x",))])
+        del batch
+        transfer.release_now()
+        assert flags[0, 4] == 333  # still held here
+        del storage
+        transfer.release_now()
+        assert flags[0, 4] == 0
+    finally:
+        transfer.forget_table(key)
+
+
+def test_a_batch_unpickled_where_no_loader_was_built_is_returned_as_is():
+    batch = {"x": torch.ones(3)}
+    assert transfer._rebuild(batch, "not-a-table", 0, [(0, 1, ("x",))]) is batch
