@@ -7,7 +7,9 @@ published durations, 100 frames/s), written as Kaldi arks + feats.scp and packed
 (a) raw sequential read of the shard bytes (4 MiB reads; the ceiling);
 (b) speechpipe: ``list of shards -> sharded_shuffle(1000) -> decode -> batch(16) ->
     collate(PadCollate)`` (two-level shuffle; local shards are memory-mapped, the default --
-    ``SPEECHPIPE_SHARD_MMAP=0`` measures the ``read`` path instead);
+    ``SPEECHPIPE_SHARD_MMAP=0`` measures the ``read`` path instead), with workers in
+    ``speechpipe.loader.build_loader`` (its defaults: a resumable state with every batch,
+    batches collated into reused shared memory);
 (c) map-style random reads through feats.scp offsets (``kaldiio.load_mat``) with a
     shuffled ``torch.utils.data.DataLoader(batch_size=16, collate_fn=PadCollate)``;
 (d) webdataset's own reader: ``WebDataset(shards, shardshuffle=...).shuffle(1000).decode()
@@ -49,6 +51,7 @@ import torch
 
 import speechpipe  # noqa: F401  (registers the pipes)
 from speechpipe.index import ShardIndex
+from speechpipe.loader import build_loader
 from speechpipe.pipes._base import IterableWrapper
 from speechpipe.pipes.collate import PadCollate
 from speechpipe.testing import sample_durations
@@ -117,9 +120,21 @@ def raw_read(paths, workers):
     return Raw(), 0  # counts chunks, not utterances
 
 
+class SpeechpipeBatches:
+    """(b)'s pipeline; with workers it runs in :func:`speechpipe.loader.build_loader` (state
+    sent with every batch, workers collating into reused shared memory)."""
+
+    def __init__(self, pipe):
+        self.pipe = pipe
+
+    def __iter__(self):
+        return iter(self.pipe)
+
+
 def speechpipe_reader(paths, workers):
-    return (IterableWrapper(paths).sharded_shuffle(buffer_size=1000, seed=0).decode()
-            .batch(BATCH).collate(collate_fn=collate_fn()))
+    return SpeechpipeBatches(
+        IterableWrapper(paths).sharded_shuffle(buffer_size=1000, seed=0).decode()
+        .batch(BATCH).collate(collate_fn=collate_fn()))
 
 
 class ScpDataset(torch.utils.data.Dataset):
@@ -166,6 +181,8 @@ def consume(dataset, workers: int, map_style: bool = False) -> int:
             num_workers=workers, generator=torch.Generator().manual_seed(0))
     elif workers == 0:
         iterable = dataset
+    elif isinstance(dataset, SpeechpipeBatches):  # speechpipe's own loader (as in the README)
+        iterable = build_loader(dataset.pipe, num_workers=workers, seed=0)
     else:  # the dataset yields whole batches
         iterable = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=workers)
     count = 0
