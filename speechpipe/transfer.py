@@ -27,10 +27,12 @@ of the batch that used it:
   process holds many batches, or a batch never reached it), the worker makes a fresh segment
   as torch does: slower, never wrong.
 
-Limits: at most :data:`SLOTS` slots and :data:`MAX_BYTES` per worker (shared memory stays
-allocated while the worker lives: with a small ``/dev/shm``, as Docker's default 64 MB, pass
-``reuse_shared_memory=False``); only tensors of :data:`MIN_BYTES` or more use slots; a
-collated tensor the worker drops instead of yielding keeps its slot until the worker exits.
+Limits: at most :data:`SLOTS` slots and :data:`MAX_BYTES` per worker, and a slot is made
+only while ``/dev/shm`` has room for four more of its size (shared memory stays allocated
+while the worker lives; where ``/dev/shm`` is small, as Docker's default 64 MB, slots are
+rarely made and batches go as torch sends them; ``reuse_shared_memory=False`` turns slots
+off); only tensors of :data:`MIN_BYTES` or more use slots; a collated tensor the worker drops
+instead of yielding keeps its slot until the worker exits.
 """
 
 from __future__ import annotations
@@ -115,7 +117,7 @@ class _Pool:
         slot = empty[0] if empty else max(free, key=lambda s: self.storages[s].nbytes())
         capacity = -(-int(nbytes * 1.25) // _ROUND) * _ROUND
         held = sum(s.nbytes() for i, s in enumerate(self.storages) if s is not None and i != slot)
-        if held + capacity > MAX_BYTES:
+        if held + capacity > MAX_BYTES or _shm_free() < 4 * capacity:
             return None
         self.storages[slot] = None  # the old segment goes before the new one is made
         self.storages[slot] = torch.UntypedStorage._new_shared(capacity)
@@ -133,6 +135,20 @@ class _Pool:
                 if found is not None:
                     entries.append((found[0], found[1], path))
         return PooledBatch(item, self.key, self.worker, entries) if entries else item
+
+
+def _shm_free() -> float:
+    """Free bytes of the shared-memory file system (``/dev/shm``), or infinity if unknown.
+
+    A slot is kept only while four more of its size would still fit, so that slots never
+    take the room torch's own fresh segments need (a full ``/dev/shm`` is a SIGBUS, not an
+    error, when a page is first written).
+    """
+    try:
+        stat = os.statvfs("/dev/shm")
+    except (OSError, AttributeError):
+        return float("inf")
+    return float(stat.f_bavail) * stat.f_frsize
 
 
 _pool: _Pool | None = None  # this worker's pool, installed by speechpipe.loader.PipeDataset

@@ -144,3 +144,16 @@ def test_a_slot_taken_again_is_not_freed_by_an_older_batch():
 def test_a_batch_unpickled_where_no_loader_was_built_is_returned_as_is():
     batch = {"x": torch.ones(3)}
     assert transfer._rebuild(batch, "not-a-table", 0, [(0, 1, ("x",))]) is batch
+
+
+def test_no_slot_is_made_when_dev_shm_is_nearly_full(monkeypatch):
+    """The pool leaves /dev/shm's room to torch's own segments: with little free space it
+    makes no slot and every batch falls back (still intact)."""
+    monkeypatch.setattr(transfer, "_shm_free", lambda: 1 << 20)  # inherited by forked workers
+    rows = _rows(16 * 6)
+    loader = build_loader(_pipe(rows, stats=True), num_workers=1, seed=0,
+                          multiprocessing_context="fork")
+    batches = list(loader)
+    for batch in batches:
+        _check(batch, rows)
+    assert int(batches[-1]["created"]) == 0 and int(batches[-1]["fallbacks"]) == len(batches)
