@@ -49,6 +49,8 @@ torchaudio's ``MelSpectrogram`` called once on the whole padded ``(B, T)`` tenso
 near each row's end): the fastest of the passes. No timing is asserted.
 
     python -m benchmarks bench_audio           # all 36 demo utterances (174 s), 15 passes
+    python -m benchmarks.bench_audio --durations librispeech-train-clean-100
+                                               # 36 utterances of LibriSpeech's lengths
     python -m benchmarks bench_audio --tiny    # 6 utterances, 3 passes (a few seconds)
 """
 
@@ -386,15 +388,38 @@ def batch_rows(samples: list[dict], batch_size: int, seed: int = 0):
     return rows
 
 
+def realistic_samples(samples: list[dict], corpus: str, seed: int = 0) -> list[dict]:
+    """As many utterances as ``samples``, with durations drawn from ``corpus``'s published
+    distribution, cut in turn from the demo's speech laid end to end (wrapping around)."""
+    from speechpipe.testing import sample_durations
+
+    speech = np.concatenate([s["audio"] for s in samples])
+    durations = sample_durations(corpus, len(samples), seed, usable_only=True)
+    out, start = [], 0
+    for i, seconds in enumerate(durations):
+        size = int(seconds * RATE)
+        audio = np.take(speech, np.arange(start, start + size), mode="wrap")
+        start = (start + size) % len(speech)
+        out.append({**samples[i], "key": f"r{i:03d}", "duration": size / RATE,  # same fields
+                    "audio": np.ascontiguousarray(audio, np.float32), "sample_rate": RATE})
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tiny", action="store_true")
     parser.add_argument("--runs", type=int, default=15)
     parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--durations", default=None, metavar="CORPUS",
+                        help="utterances as long as CORPUS's (durations.md, e.g. "
+                             "librispeech-train-clean-100), cut from the demo's speech; "
+                             "default: the demo's own utterances (4.8 s on average)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     steady_allocator()
     samples = list(librispeech_samples(DEMO_CORPUS))
+    if args.durations:
+        samples = realistic_samples(samples, args.durations)
     runs = args.runs
     if args.tiny:
         samples, runs = sorted(samples, key=lambda s: s["key"])[::6], 3
