@@ -512,8 +512,8 @@ def build_loader(
             :class:`PipeDataset` (see :func:`speechpipe.seeding.pin_rank`).
         reuse_shared_memory: with workers, each worker collates into a few shared-memory
             segments it reuses once the main process has let go of their batches, instead of
-            a fresh segment per batch (:mod:`speechpipe.transfer`: about twice the batches
-            per second when transfers bound the loader). Turn off where ``/dev/shm`` is
+            a fresh segment per batch (:mod:`speechpipe.transfer`: 1.6 times the batches per
+            second where transfers bound the loader). Turn off where ``/dev/shm`` is
             small (up to :data:`speechpipe.transfer.MAX_BYTES` stays allocated per worker).
 
     >>> import numpy as np, speechpipe

@@ -23,16 +23,18 @@ of the batch that used it:
   every registered slot whose storage has died (no tensor of it left: the batch was consumed,
   or copied by the pin-memory thread) -- only if the flag still holds that batch's tag, so a
   slot that a later worker took in between is never freed by mistake;
-- a worker takes a slot only when its flag is 0. With no free slot large enough (the main
-  process holds many batches, or a batch never reached it), the worker makes a fresh segment
-  as torch does: slower, never wrong.
+- a worker takes a slot only when its flag is 0 or holds another process's tag (a batch of an
+  earlier worker of the loader: its memory is that worker's segment). With no free slot large
+  enough (the main process holds many batches, or a batch never reached it), the worker makes
+  a fresh segment as torch does: slower, never wrong.
 
 Limits: at most :data:`SLOTS` slots and :data:`MAX_BYTES` per worker, and a slot is made
 only while ``/dev/shm`` has room for four more of its size (shared memory stays allocated
 while the worker lives; where ``/dev/shm`` is small, as Docker's default 64 MB, slots are
 rarely made and batches go as torch sends them; ``reuse_shared_memory=False`` turns slots
 off); only tensors of :data:`MIN_BYTES` or more use slots; a collated tensor the worker drops
-instead of yielding keeps its slot until the worker exits.
+instead of yielding, or a batch the main process discards (a pass left early with persistent
+workers), keeps its slot until the worker exits.
 """
 
 from __future__ import annotations
@@ -83,7 +85,8 @@ class _Pool:
         self.storages: list[torch.UntypedStorage | None] = [None] * len(self.flags)
         self.handed: dict[int, tuple[int, int]] = {}  # data_ptr -> (slot, tag)
         self.tags = itertools.count(1)
-        self.base = (os.getpid() & 0x7FFFFFFF) << 32
+        self.pid_bits = os.getpid() & 0x7FFFFFFF
+        self.base = self.pid_bits << 32
         self.lock = threading.Lock()
         self.stats = PoolStats()
 
@@ -91,8 +94,13 @@ class _Pool:
         """A slot's storage of at least ``nbytes``, flagged as handed out; None: no slot."""
         with self.lock:
             handed = {slot for slot, _ in self.handed.values()}
+            # Free: flag 0, or a tag of another process -- an earlier worker of this loader
+            # (workers are new each epoch unless persistent) whose batch the main process has
+            # not let go of, or never received: its memory is that worker's segment, not one
+            # of these, and the main process clears a flag only if it still holds its tag.
             free = [s for s in range(len(self.flags))
-                    if self.flags[s] == 0 and s not in handed]
+                    if s not in handed and (self.flags[s] == 0
+                                            or int(self.flags[s]) >> 32 != self.pid_bits)]
             fitting = [s for s in free if self.storages[s] is not None
                        and self.storages[s].nbytes() >= nbytes]
             if fitting:

@@ -157,3 +157,17 @@ def test_no_slot_is_made_when_dev_shm_is_nearly_full(monkeypatch):
     for batch in batches:
         _check(batch, rows)
     assert int(batches[-1]["created"]) == 0 and int(batches[-1]["fallbacks"]) == len(batches)
+
+
+def test_slots_flagged_by_an_earlier_worker_are_used_by_the_next_one():
+    """Workers are new processes each epoch (not persistent): a flag still holding an earlier
+    worker's tag (its batch never reached the main process) does not block the slot, whose
+    memory the new worker allocates afresh; batches stay intact."""
+    rows = _rows(16 * 8)
+    loader = build_loader(_pipe(rows, stats=True), num_workers=1, seed=0)
+    table = loader.dataset._transfer[1].numpy()
+    table[0, :] = (1 << 32) | 7  # tags of a process that is not this loader's worker
+    batches = list(loader)
+    for batch in batches:
+        _check(batch, rows)
+    assert int(batches[-1]["created"]) > 0 and int(batches[-1]["fallbacks"]) == 0
