@@ -493,11 +493,7 @@ def build_loader(
             ``batch_by_view(view).collate(...)``): batching and collation run in the workers,
             so each transfer between processes carries a whole batch.
         num_workers: DataLoader worker processes (0: in the main process).
-        prefetch_factor: batches each worker prepares ahead (default 4 with workers, torch's
-            is 2: the DataLoader delivers in order, so with 2 a worker whose batches are quick
-            waits behind the other's slow one; on the audio workload of
-            ``benchmarks/bench_pipeline.py`` with 2 workers, 4 gave 4-17 % more audio per
-            second over three sets of interleaved runs, features unchanged).
+        prefetch_factor: batches each worker prepares ahead (default 2 with workers).
         pin_memory: pin batches (page-locked memory) in the DataLoader's pin thread, for
             asynchronous copies to the GPU.
         persistent_workers: keep the workers (and their pipeline copies) across epochs;
@@ -564,7 +560,7 @@ def build_loader(
                    persistent_workers=persistent_workers, generator=generator,
                    collate_fn=as_tensors)
     if num_workers:
-        options["prefetch_factor"] = prefetch_factor or 4
+        options["prefetch_factor"] = prefetch_factor or 2
     if multiprocessing_context is not None:
         if num_workers == 0:
             raise ValueError("multiprocessing_context needs num_workers > 0")
