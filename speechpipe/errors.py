@@ -81,37 +81,35 @@ def mark_location(error: BaseException) -> None:
     error.args = (f"{error.args[0]}\n{line}",) + tuple(error.args[1:])
 
 
+def _read_mark(text: str) -> dict | None:
+    """The location :func:`mark_location` wrote into ``text`` (its last mark), or None."""
+    found = list(_MARK_LINE.finditer(text))
+    try:
+        where = json.loads(found[-1].group(1)) if found else None
+    except ValueError:
+        return None
+    return where if isinstance(where, dict) else None
+
+
 class _Located:
     """Mixin storing where the problem is and prefixing it to the message."""
 
     def _init_location(self, message, source, line, member, key):
+        rest = None  # below the location: torch's account of an error from a worker
         if (source is None and line is None and member is None and key is None
                 and isinstance(message, str) and _MARK in message):
-            return self._init_marked(message)
+            where = _read_mark(message)
+            if where is not None:  # the error torch rebuilt from a worker's marked traceback
+                rest = _MARK_LINE.sub("", message).rstrip()
+                message, source, line = where.get("reason"), where.get("source"), where.get("line")
+                member, key = where.get("member"), where.get("key")
         self.reason = message
         self.source = None if source is None else str(source)
         self.line = line
         self.member = member
         self.key = key
-        return f"{locate(self.source, line=line, member=member, key=key)}: {message}"
-
-    def _init_marked(self, text: str) -> str:
-        """The error torch rebuilds in the main process from a worker's marked traceback."""
-        found = list(_MARK_LINE.finditer(text))
-        try:
-            where = json.loads(found[-1].group(1)) if found else None
-        except ValueError:
-            where = None
-        if not isinstance(where, dict):
-            self.reason, self.source, self.line, self.member, self.key = (text, None, None,
-                                                                          None, None)
-            return f"{locate()}: {text}"
-        rest = _MARK_LINE.sub("", text).rstrip()
-        self.reason = where.get("reason")
-        self.source, self.line = where.get("source"), where.get("line")
-        self.member, self.key = where.get("member"), where.get("key")
-        place = locate(self.source, line=self.line, member=self.member, key=self.key)
-        return f"{place}: {self.reason}\n{rest}"
+        located = f"{locate(self.source, line=line, member=member, key=key)}: {message}"
+        return located if rest is None else f"{located}\n{rest}"
 
     def __reduce__(self):
         # Keep the location when the error crosses a DataLoader worker boundary.

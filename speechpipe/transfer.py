@@ -40,6 +40,7 @@ workers), keeps its slot until the worker exits.
 from __future__ import annotations
 
 import itertools
+import math
 import os
 import threading
 import weakref
@@ -50,7 +51,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 
 __all__ = [
     "MAX_BYTES", "MIN_BYTES", "PoolStats", "PooledBatch", "SLOTS", "forget_table", "install",
-    "keep_table_while", "new_table", "release", "release_now", "take", "wrap",
+    "keep_table_while", "new_table", "release_now", "take",
 ]
 
 #: Slots per worker.
@@ -93,14 +94,13 @@ class _Pool:
     def take(self, nbytes: int) -> torch.UntypedStorage | None:
         """A slot's storage of at least ``nbytes``, flagged as handed out; None: no slot."""
         with self.lock:
-            handed = {slot for slot, _ in self.handed.values()}
             # Free: flag 0, or a tag of another process -- an earlier worker of this loader
             # (workers are new each epoch unless persistent) whose batch the main process has
             # not let go of, or never received: its memory is that worker's segment, not one
             # of these, and the main process clears a flag only if it still holds its tag.
+            # (A slot handed out by this process holds this process's tag: never free.)
             free = [s for s in range(len(self.flags))
-                    if s not in handed and (self.flags[s] == 0
-                                            or int(self.flags[s]) >> 32 != self.pid_bits)]
+                    if self.flags[s] == 0 or int(self.flags[s]) >> 32 != self.pid_bits]
             fitting = [s for s in free if self.storages[s] is not None
                        and self.storages[s].nbytes() >= nbytes]
             if fitting:
@@ -112,7 +112,7 @@ class _Pool:
                     self.stats.fallbacks += 1
                     return None
             storage = self.storages[slot]
-            tag = self.base | (next(self.tags) & 0xFFFFFFFF) or 1
+            tag = self.base | (next(self.tags) & 0xFFFFFFFF)  # never 0: base holds the pid
             self.flags[slot] = tag
             self.handed[storage.data_ptr()] = (slot, tag)
             return storage
@@ -176,10 +176,7 @@ def take(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor | None:
     pool = _pool
     if pool is None:
         return None
-    numel = 1
-    for n in shape:
-        numel *= n
-    nbytes = numel * torch.empty((), dtype=dtype).element_size()
+    nbytes = math.prod(shape) * dtype.itemsize
     if nbytes < MIN_BYTES:
         return None
     storage = pool.take(nbytes)
@@ -187,12 +184,6 @@ def take(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor | None:
         return None
     out = torch.empty(0, dtype=dtype)
     return out.set_(storage, 0, shape)
-
-
-def wrap(item: Any) -> Any:
-    """What a worker yields: ``item``, as a :class:`PooledBatch` if it uses slots."""
-    pool = _pool
-    return item if pool is None else pool.wrap(item)
 
 
 def _tensors(item: Any, path: tuple = (), depth: int = 0):
@@ -256,15 +247,15 @@ def _rebuild(item: Any, key: str, worker: int, entries: list) -> Any:
         return item
     flags = table.numpy()
     with _lock:
-        release()
+        _release_expired()
         for slot, tag, path in entries:
             storage = _at(item, path).untyped_storage()
             _live.append((StorageWeakRef(storage), flags, worker, slot, tag))
     return item
 
 
-def release() -> None:
-    """Free the slots whose batches the main process no longer holds."""
+def _release_expired() -> None:
+    """Free the slots whose batches the main process no longer holds (under ``_lock``)."""
     if not _live:
         return
     kept = []
@@ -279,6 +270,6 @@ def release() -> None:
 
 
 def release_now() -> None:
-    """:func:`release`, under the lock (a pass starting, a test)."""
+    """Free the slots whose batches the main process no longer holds (a pass starting)."""
     with _lock:
-        release()
+        _release_expired()
