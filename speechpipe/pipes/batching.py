@@ -639,9 +639,12 @@ class LengthBucketerIterDataPipe(_Seeded, _Resumable, IterDataPipe[list]):
     Args:
         source_datapipe: samples (dicts, or bare lengths for planning).
         buffer_size: samples held before the fullest bucket is emitted. Larger buffers give
-            less padding; smaller ones give more varied batches from epoch to epoch. About 35
-            batches' worth of samples matches the batch variety of lhotse's 30-bucket
-            sampler with less padding (``benchmarks/bench_batching.py``).
+            less padding; smaller ones give more varied batches from epoch to epoch. About 30
+            batches' worth of samples gives the batch variety (co-batch repeat rate) of
+            lhotse's 30-bucket sampler with less padding: efficiency 0.972 / 0.964 / 0.964
+            against lhotse's 0.967 / 0.960 / 0.958 on LibriSpeech / AISHELL-1 / WenetSpeech
+            lengths at a 600 s budget; 35 batches' worth gives 0.976 / 0.970 / 0.969 with
+            15 % more repeated pairs (``benchmarks/bench_batching.py``).
         boundaries: increasing lengths separating buckets, or a callable returning them.
         num_buckets: estimate this many equal-count buckets when no boundaries are given.
         constraint: only its ``measure`` is used here (default :class:`PaddedArea` measure:
