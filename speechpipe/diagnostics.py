@@ -75,6 +75,24 @@ class Diagnostics:
         self.counts.clear()
         self.examples.clear()
 
+    def to_dict(self) -> dict:
+        """Counts and examples as plain data (what a DataLoader worker reports)."""
+        return {"counts": dict(self.counts), "examples": {k: list(v) for k, v in
+                                                          self.examples.items()}}
+
+    def merge(self, data: dict) -> None:
+        """Add the counts and examples of :meth:`to_dict` output (another worker's pass).
+
+        >>> a, b = Diagnostics("s"), Diagnostics("s")
+        >>> a.record("bad line", "a.scp:2"); b.record("bad line", "b.scp:7")
+        >>> a.merge(b.to_dict()); a.counts["bad line"], a.examples["bad line"]
+        (2, ['a.scp:2', 'b.scp:7'])
+        """
+        for reason, n in data["counts"].items():
+            self.counts[reason] += int(n)
+            kept = self.examples.setdefault(reason, [])
+            kept.extend(data["examples"].get(reason, [])[:self.max_examples - len(kept)])
+
     def report(self) -> str:
         if not self.counts:
             return f"{self.stage} skipped nothing"

@@ -39,6 +39,17 @@ not reach it. The epoch therefore lives in shared memory (:class:`SharedEpoch`, 
 ``loader.set_epoch(e)`` writes it, and every worker reads it when its next pass starts and
 sets it on its copy (``speechpipe.set_epoch``). Call ``set_epoch`` before iterating.
 
+**Skip counts come back from the workers.** Each worker runs its own copy of the pipeline,
+so what its pipes count -- ``diagnostics`` (samples skipped under ``on_error="skip"``, filtered
+by ``filter_by_duration``, ...) and ``block_batch``'s ``stats`` (batches, padding, oversize
+samples emitted or dropped) -- would stay in the worker. At the end of its pass each worker
+writes its counts to a private folder of the loader, and when a pass over the loader has run to
+its end, the main process's pipes hold the sum over the workers: ``pipe.diagnostics`` and
+``pipe.stats`` read after the epoch describe the whole epoch, as they do without workers. A
+pass left early (a ``break``, or the uneven-input stage stopping it) is not added up; a pass
+resumed from a state counts from the resume on. Workers still warn
+(:class:`~speechpipe.diagnostics.SkippedInputWarning`) at the end of a pass that skipped.
+
 **Exact resume** (torchdata's ``StatefulDataLoader``). The DataLoader asks the dataset for
 ``state_dict()`` in each worker after each batch (every ``snapshot_every`` batches) and gives it
 back with ``load_state_dict()`` in the new process. :class:`PipeDataset`'s state is the epoch
@@ -76,17 +87,23 @@ that draw in sequence (``perturb_speed``, ``spec_augment``) resume with a fresh 
 from __future__ import annotations
 
 import contextlib
+import json
 import multiprocessing
+import os
+import shutil
+import tempfile
 import warnings
+import weakref
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import torch
 import torch.utils.data
 
 from . import transfer
+from .diagnostics import Diagnostics
 from .errors import SpeechpipeError, mark_location
 from .pipes._base import IterDataPipe, MapDataPipe
-from .pipes.batching import _identity, _Resumable, _Seeded
+from .pipes.batching import BatchStats, _identity, _Resumable, _Seeded
 from .pipes.concurrency import _LEAVES, graph_nodes, to_device
 from .pipes.mixing import propagate_epoch
 from .pipes.sharding import ShardedShufflerIterDataPipe
@@ -187,6 +204,7 @@ class PipeDataset(CarriesRank, torch.utils.data.IterableDataset):
         self._starting: dict | None = None
         self._live: dict | None = None
         self._transfer: tuple[str, torch.Tensor] | None = None  # set by build_loader
+        self._reports: str | None = None  # folder for the workers' skip counts (build_loader)
 
     # -- epochs
 
@@ -247,6 +265,8 @@ class PipeDataset(CarriesRank, torch.utils.data.IterableDataset):
                 for item in self.pipe:
                     yield item
             live["finished"] = True
+            if info is not None and self._reports is not None:
+                _write_report(self._reports, info.id, self.pipe)
         except SpeechpipeError as error:
             if torch.utils.data.get_worker_info() is not None:
                 mark_location(error)  # so that the main process gets .source/.line/.key too
@@ -301,6 +321,55 @@ class PipeDataset(CarriesRank, torch.utils.data.IterableDataset):
             raise TypeError(state["unresumable"])
         self._pending = dict(state)
         self.shared_epoch.set(_check_epoch(state["epoch"]))
+
+
+def _ledgers(pipe: Any) -> list[tuple[str, Any]]:
+    """``(path, ledger)`` of every skip count (:class:`~speechpipe.diagnostics.Diagnostics`)
+    and batching record (:class:`~speechpipe.pipes.batching.BatchStats`) in the graph; the
+    path is the same in every process that holds a copy of the pipeline."""
+    out = []
+    for i, node in enumerate(graph_nodes(pipe)):
+        for attr in ("diagnostics", "stats"):
+            ledger = getattr(node, attr, None)
+            if isinstance(ledger, (Diagnostics, BatchStats)):
+                out.append((f"{i}:{type(node).__name__}.{attr}", ledger))
+    return out
+
+
+def _write_report(folder: str, worker: int, pipe: Any) -> None:
+    """In a worker at the end of its pass: its ledgers, for the main process to add up."""
+    data = {path: ledger.to_dict() for path, ledger in _ledgers(pipe)}
+    final = os.path.join(folder, f"worker-{worker}.json")
+    try:
+        with open(final + ".tmp", "w", encoding="utf-8") as f:
+            json.dump(data, f)
+        os.replace(final + ".tmp", final)
+    except OSError as exc:  # the loader is gone, or the disk is full: training goes on
+        warnings.warn(f"worker {worker} could not report its skip counts to the main "
+                      f"process ({exc}); its pipes' diagnostics stay in the worker",
+                      RuntimeWarning, stacklevel=2)
+
+
+def _clear_reports(folder: str) -> None:
+    for name in os.listdir(folder):
+        os.remove(os.path.join(folder, name))
+
+
+def _collect_reports(folder: str, pipe: Any) -> None:
+    """In the main process after a pass: each ledger of ``pipe`` becomes the sum of the
+    workers' (the main process's copies of the pipes never ran)."""
+    ledgers = dict(_ledgers(pipe))
+    for ledger in ledgers.values():
+        ledger.reset()
+    for name in sorted(os.listdir(folder)):
+        if not name.endswith(".json"):
+            continue
+        with open(os.path.join(folder, name), encoding="utf-8") as f:
+            data = json.load(f)
+        for path, entry in data.items():
+            if path in ledgers:
+                ledgers[path].merge(entry)
+    _clear_reports(folder)
 
 
 def _stages(pipe: Any) -> list[tuple[str, Any]]:
@@ -424,11 +493,16 @@ class Loader:
     def __iter__(self) -> Iterator[Any]:
         batches = self.uneven if self.uneven is not None else self.dataloader
         transfer.release_now()  # slots of batches dropped since the last arrival
+        reports = self.dataset._reports
+        if reports is not None:
+            _clear_reports(reports)  # left by a pass that was not run to its end
         if self.device is None:
             yield from batches
-            return
-        for batch in batches:
-            yield to_device(batch, self.device, non_blocking=self.non_blocking)
+        else:
+            for batch in batches:
+                yield to_device(batch, self.device, non_blocking=self.non_blocking)
+        if reports is not None:  # every worker has finished its pass: add up their counts
+            _collect_reports(reports, self.dataset.pipe)
 
     def __len__(self) -> int:
         return len(self.uneven if self.uneven is not None else self.dataloader)
@@ -555,6 +629,8 @@ def build_loader(
     dataset = PipeDataset(pipe, seed=seed)
     if num_workers and reuse_shared_memory:
         dataset._transfer = transfer.new_table(num_workers)
+    if num_workers:
+        dataset._reports = tempfile.mkdtemp(prefix="speechpipe-reports-")
     generator = torch.Generator().manual_seed(derive_seed(seed, 0, 0, 0, "loader") % 2**63)
     options = dict(batch_size=None, num_workers=num_workers, pin_memory=pin_memory,
                    persistent_workers=persistent_workers, generator=generator,
@@ -585,4 +661,6 @@ def build_loader(
                     not None and device.type != "cpu", uneven=wrapped)
     if dataset._transfer is not None:
         transfer.keep_table_while(loader, dataset._transfer[0])
+    if dataset._reports is not None:
+        weakref.finalize(loader, shutil.rmtree, dataset._reports, True)
     return loader

@@ -257,3 +257,85 @@ def test_a_marked_message_that_is_not_json_leaves_the_error_unlocated():
     error = DataError("Caught DataError.\nspeechpipe-location: {not json}")
     assert error.source is None and error.line is None
     assert "{not json}" in str(error)
+
+
+# ------------------------------------------------------------------------------ skip counts
+
+
+def _with_duration(sample):
+    return {**sample, "duration": len(sample["feats"]) / 10}
+
+
+def _skipping(paths):
+    """A pipeline whose pipes count what they drop: durations filtered, oversize dropped."""
+    return (IterableWrapper(paths).sharded_shuffle(buffer_size=20, seed=0).decode()
+            .map(_with_duration)
+            .filter_by_duration(1.0, 4.5, warn=False)
+            .block_batch(batch_len=40, oversize="drop", seed=0)
+            .collate(collate_fn=PadCollate()))
+
+
+def _ledgers_of(pipe):
+    from speechpipe.diagnostics import Diagnostics
+    from speechpipe.pipes.batching import BatchStats
+    from speechpipe.pipes.concurrency import graph_nodes
+
+    out = {}
+    for node in graph_nodes(pipe):
+        for attr in ("diagnostics", "stats"):
+            ledger = getattr(node, attr, None)
+            if isinstance(ledger, Diagnostics):
+                out[type(node).__name__] = dict(ledger.counts)
+            elif isinstance(ledger, BatchStats):
+                out[type(node).__name__] = (ledger.samples, ledger.oversize_dropped)
+                out["sizes"] = sorted(ledger.sizes)
+    return out
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_skip_counts_of_the_workers_reach_the_main_process_pipes(shards, persistent):
+    """With workers, the main process's pipes never run; after a pass they hold the sum of the
+    workers' counts, equal to those of the same epoch run without workers."""
+    alone = _skipping(shards)
+    for _ in build_loader(alone, num_workers=0):
+        pass
+    expected = _ledgers_of(alone)
+    expected.pop("sizes")  # the batches themselves differ: each worker packs its own stream
+    assert sum(expected["DurationFilterIterDataPipe"].values()) > 0  # the data does skip
+    assert expected["BlockBatcherIterDataPipe"][1] > 0
+    pipe = _skipping(shards)
+    loader = build_loader(pipe, num_workers=2, persistent_workers=persistent)
+    for epoch in range(2):  # the second pass replaces the first's counts, not adds to them
+        loader.set_epoch(0)
+        batches = list(loader)
+        counts = _ledgers_of(pipe)
+        assert counts.pop("sizes") == sorted(len(b["key"]) for b in batches)
+        assert counts == expected
+
+
+def test_a_pass_left_early_reports_nothing_and_the_next_full_pass_counts_alone(shards):
+    pipe = _skipping(shards)
+    loader = build_loader(pipe, num_workers=2)
+    for _ in loader:
+        break
+    assert _ledgers_of(pipe)["sizes"] == []  # the abandoned pass: nothing added up
+    batches = list(loader)
+    alone = _skipping(shards)
+    list(build_loader(alone, num_workers=0))
+    counts, expected = _ledgers_of(pipe), _ledgers_of(alone)
+    assert counts.pop("sizes") == sorted(len(b["key"]) for b in batches)
+    expected.pop("sizes")
+    assert counts == expected
+
+
+def test_the_reports_folder_goes_with_the_loader(shards):
+    import gc
+    import os
+
+    loader = build_loader(_skipping(shards), num_workers=1)
+    list(loader)
+    folder = loader.dataset._reports
+    assert os.path.isdir(folder) and not os.listdir(folder)  # collected and cleared
+    del loader
+    gc.collect()
+    assert not os.path.exists(folder)

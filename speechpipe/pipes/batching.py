@@ -325,6 +325,19 @@ class BatchStats:
     def reset(self) -> None:
         self.__init__(self.stage)
 
+    def to_dict(self) -> dict:
+        """The figures as plain data (what a DataLoader worker reports)."""
+        return {name: getattr(self, name) for name in self.__dataclass_fields__
+                if name != "stage"}
+
+    def merge(self, data: dict) -> None:
+        """Add another pass's figures (:meth:`to_dict` of another worker's stats)."""
+        for name in ("batches", "samples", "real", "padded", "over_budget", "oversize_emitted",
+                     "oversize_dropped"):
+            setattr(self, name, getattr(self, name) + data[name])
+        self.largest_cost = max(self.largest_cost, data["largest_cost"])
+        self.sizes.extend(data["sizes"])
+
     def report(self) -> str:
         if not self.batches:
             return f"{self.stage}: no batches"
