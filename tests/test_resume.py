@@ -86,8 +86,12 @@ def summary(batch: dict) -> list:
 
 def build(case: dict):
     pipe = view_pipe() if case["path"] == "view" else stream_pipe(case["paths"])
+    # snapshot_every=1: every state comes from the workers' pipes themselves (the held-sample
+    # machinery); larger values restore the last snapshot and fetch the batches since again.
+    snapshot = {} if case.get("snapshot_every") == "default" else {
+        "snapshot_every": case.get("snapshot_every", 1)}
     return build_loader(pipe, num_workers=case["workers"],
-                        persistent_workers=case["workers"] > 0, seed=0)
+                        persistent_workers=case["workers"] > 0, seed=0, **snapshot)
 
 
 def run_from(loader, start_epoch: int, epochs: int, fresh: bool) -> list:
@@ -158,9 +162,11 @@ def _epoch_len(case: dict) -> int:
 # ------------------------------------------------------------------------------ new process
 
 
-@pytest.mark.parametrize("workers", [0, 2])
-def test_streaming_path_resumes_exactly_in_a_new_process(tmp_path, corpus, workers):
-    case = {"path": "stream", "workers": workers, "paths": corpus}
+@pytest.mark.parametrize("workers, snapshot_every", [(0, 1), (2, 1), (2, 10), (2, "default")])
+def test_streaming_path_resumes_exactly_in_a_new_process(tmp_path, corpus, workers,
+                                                         snapshot_every):
+    case = {"path": "stream", "workers": workers, "paths": corpus,
+            "snapshot_every": snapshot_every}
     n = _epoch_len(case)
     # 1: the shuffle and bucket buffers are full and nothing is finished; n - 1, n: the end
     # of epoch 0; n + 2: inside epoch 1 (the state carries the epoch).
