@@ -171,7 +171,6 @@ def matched_variety(lengths, budget, epochs, seed, target: float, per_batch: flo
     padding compared at equal batch variety. Bisection over the buffer in batches' worth
     (the repeat rate grows with the buffer; 8 steps, each a full run of ``epochs``)."""
     low, high, best = 1.0, 4.0 * BUFFER_BATCHES, None
-    start = time.perf_counter()
     for _ in range(8):
         mid = (low + high) / 2
         size = max(1, min(len(lengths), int(mid * per_batch)))

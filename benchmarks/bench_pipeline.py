@@ -48,6 +48,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import functools
+import inspect
 import io
 import json
 import os
@@ -78,6 +79,9 @@ from speechpipe.testing import sample_durations
 
 from .bench_shards import evict, warm
 
+#: build_loader's own default, read from its signature so that the benchmark follows it.
+DEFAULT_SNAPSHOT_EVERY = inspect.signature(build_loader).parameters["snapshot_every"].default
+
 DIM, FPS, RATE = 80, 100, 16000
 SYSTEMS = ("speechpipe", "webdataset", "lhotse")
 WORKLOADS = ("features", "audio")
@@ -92,7 +96,7 @@ class Setup:
     buckets: int = 30  # length buckets (speechpipe, lhotse)
     budget_seconds: float = 200.0  # padded seconds per batch: n x longest <= budget
     shard_size: int = 100
-    snapshot_every: int = 100  # speechpipe: worker state sent every n batches (the default)
+    snapshot_every: int = DEFAULT_SNAPSHOT_EVERY  # speechpipe: workers' state every n batches
 
     @property
     def budget_frames(self) -> int:
@@ -685,7 +689,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--feature-utterances", type=int, default=1500)
     parser.add_argument("--audio-utterances", type=int, default=600)
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--snapshot-every", type=int, default=100)
+    parser.add_argument("--snapshot-every", type=int, default=DEFAULT_SNAPSHOT_EVERY)
     parser.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=list(WORKLOADS))
     parser.add_argument("--root", default=None, help="corpus folder (reused if present)")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)

@@ -8,8 +8,8 @@ published durations, 100 frames/s), written as Kaldi arks + feats.scp and packed
 (b) speechpipe: ``list of shards -> sharded_shuffle(1000) -> decode -> batch(16) ->
     collate(PadCollate)`` (two-level shuffle; local shards are memory-mapped, the default --
     ``SPEECHPIPE_SHARD_MMAP=0`` measures the ``read`` path instead), with workers in
-    ``speechpipe.loader.build_loader`` (its defaults: a resumable state with every batch,
-    batches collated into reused shared memory);
+    ``speechpipe.loader.build_loader`` (its defaults: workers' state snapshots every 100
+    batches, batches collated into reused shared memory);
 (c) map-style random reads through feats.scp offsets (``kaldiio.load_mat``) with a
     shuffled ``torch.utils.data.DataLoader(batch_size=16, collate_fn=PadCollate)``;
 (d) webdataset's own reader: ``WebDataset(shards, shardshuffle=...).shuffle(1000).decode()
@@ -121,8 +121,8 @@ def raw_read(paths, workers):
 
 
 class SpeechpipeBatches:
-    """(b)'s pipeline; with workers it runs in :func:`speechpipe.loader.build_loader` (state
-    sent with every batch, workers collating into reused shared memory)."""
+    """(b)'s pipeline; with workers it runs in :func:`speechpipe.loader.build_loader`, with its
+    defaults (workers collating into reused shared memory)."""
 
     def __init__(self, pipe):
         self.pipe = pipe
