@@ -209,7 +209,7 @@ class PipeDataset(CarriesRank, torch.utils.data.IterableDataset):
         self._pending: dict | None = None
         self._starting: dict | None = None
         self._live: dict | None = None
-        self._transfer: tuple[str, torch.Tensor] | None = None  # set by build_loader
+        self._transfer: tuple[str, torch.Tensor, torch.Tensor] | None = None  # build_loader
         self._reports: str | None = None  # folder for the workers' skip counts (build_loader)
 
     # -- epochs
@@ -263,8 +263,7 @@ class PipeDataset(CarriesRank, torch.utils.data.IterableDataset):
                                  "unsaveable": _unsaveable(self.pipe)}
             info = torch.utils.data.get_worker_info()
             if self._transfer is not None and info is not None:
-                key, flags = self._transfer
-                pool = transfer.install(key, info.id, flags)
+                pool = transfer.install(info.id, *self._transfer)
                 for item in self.pipe:
                     yield pool.wrap(item)  # batches collated in reused shared memory
             else:
@@ -499,6 +498,8 @@ class Loader:
     def __iter__(self) -> Iterator[Any]:
         batches = self.uneven if self.uneven is not None else self.dataloader
         transfer.release_now()  # slots of batches dropped since the last arrival
+        if self.dataset._transfer is not None and not self.dataloader.persistent_workers:
+            transfer.forget_segments(self.dataset._transfer[0])  # the last pass's workers
         reports = self.dataset._reports
         if reports is not None:
             _clear_reports(reports)  # left by a pass that was not run to its end

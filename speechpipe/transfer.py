@@ -19,6 +19,16 @@ of the batch that used it:
 - the batch travels as :class:`PooledBatch` (the batch plus its slots' tags); unpickled in the
   main process it becomes the plain batch again, and for each slot a weak reference to the
   main process's storage is registered (:func:`_rebuild`);
+- a slot's segment crosses to the main process once: torch passes every shared storage as a
+  file descriptor, which costs a connection to the sending worker (its resource-sharer
+  thread, with an authentication handshake: about 1 ms a tensor on a busy 2-CPU machine,
+  and the worker's interpreter must answer). The main process keeps each slot's segment
+  mapped and records its generation in a second shared table; while it matches, the worker
+  sends only where the tensor lies in the slot (:class:`_SlotRef`), and the main process
+  gives the batch a view of the mapping with a storage of its own, whose death frees the
+  slot. The mappings of a pass's workers are let go when the next pass starts new workers;
+- tensors under :data:`MIN_BYTES` (lengths, counts, small labels) travel as bytes inside the
+  pickle (:class:`_Inline`), not as shared memory;
 - whenever a batch arrives (and when a pass starts), the main process clears the flag of
   every registered slot whose storage has died (no tensor of it left: the batch was consumed,
   or copied by the pin-memory thread) -- only if the flag still holds that batch's tag, so a
@@ -46,6 +56,7 @@ import threading
 import weakref
 from typing import Any
 
+import numpy as np
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
@@ -79,13 +90,17 @@ class PoolStats:
 class _Pool:
     """A worker's slots: shared storages, and the worker's row of the main process's flags."""
 
-    def __init__(self, key: str, worker: int, flags: torch.Tensor) -> None:
+    def __init__(self, key: str, worker: int, flags: torch.Tensor, known: torch.Tensor) -> None:
         self.key = key
         self.worker = worker
         self.flags = flags[worker].numpy()  # shared with the main process
+        self.known = known[worker].numpy()  # the main process's mapped generation per slot
+        self.known[:] = 0  # a new process: the main process maps none of its slots
         self.storages: list[torch.UntypedStorage | None] = [None] * len(self.flags)
+        self.gens = [0] * len(self.flags)  # generation of each slot's segment (never 0)
         self.handed: dict[int, tuple[int, int]] = {}  # data_ptr -> (slot, tag)
         self.tags = itertools.count(1)
+        self.generations = itertools.count(1)
         self.pid_bits = os.getpid() & 0x7FFFFFFF
         self.base = self.pid_bits << 32
         self.lock = threading.Lock()
@@ -129,20 +144,40 @@ class _Pool:
             return None
         self.storages[slot] = None  # the old segment goes before the new one is made
         self.storages[slot] = torch.UntypedStorage._new_shared(capacity)
+        self.gens[slot] = self.base | (next(self.generations) & 0xFFFFFFFF)
         self.stats.created += 1
         return slot
 
     def wrap(self, item: Any) -> Any:
-        """``item`` as a :class:`PooledBatch` naming the slots its tensors use (or as is)."""
-        if not self.handed:
-            return item
+        """``item`` as a :class:`PooledBatch` naming the slots its tensors use, and sending its
+        small tensors inline (or as is: no tensor in it)."""
         entries = []
+        small = False
         with self.lock:
             for path, tensor in _tensors(item):
-                found = self.handed.pop(tensor.untyped_storage().data_ptr(), None)
+                found = (self.handed.pop(tensor.untyped_storage().data_ptr(), None)
+                         if self.handed else None)
                 if found is not None:
                     entries.append((found[0], found[1], path))
-        return PooledBatch(item, self.key, self.worker, entries) if entries else item
+                elif _inline(tensor):
+                    small = True
+        if not entries and not small:
+            return item
+        return PooledBatch(item, self.key, self.worker, entries, self)
+
+    def pickled(self, item: Any, entries: list) -> Any:
+        """``item`` with its slot tensors as :class:`_SlotRef` (the segment itself only when
+        the main process has not mapped it yet) and its small tensors as numpy arrays."""
+        slots = {}
+        for slot, _, path in entries:
+            tensor = _at(item, path)
+            storage = self.storages[slot]
+            gen = self.gens[slot]
+            mapped = int(self.known[slot]) == gen
+            slots[path] = _SlotRef(slot, gen, None if mapped else storage, tensor.dtype,
+                                   tuple(tensor.shape), tuple(tensor.stride()),
+                                   tensor.storage_offset())
+        return _replace(item, slots)
 
 
 def _shm_free() -> float:
@@ -162,23 +197,24 @@ def _shm_free() -> float:
 _pool: _Pool | None = None  # this worker's pool, installed by speechpipe.loader.PipeDataset
 
 
-def install(key: str, worker: int, flags: torch.Tensor) -> _Pool:
+def install(worker: int, key: str, flags: torch.Tensor, known: torch.Tensor) -> _Pool:
     """Give this process (a DataLoader worker) a pool over ``flags[worker]``."""
     global _pool
     if _pool is None or _pool.key != key or _pool.worker != worker:
-        _pool = _Pool(key, worker, flags)
+        _pool = _Pool(key, worker, flags, known)
     return _pool
 
 
 def take(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor | None:
-    """An uninitialised tensor in one of this worker's slots; None when pooling is off here,
-    the tensor is small, or no slot is free (the caller then allocates as torch does)."""
+    """An uninitialised tensor for a batch: in one of this worker's slots, or, when small, in
+    private memory (it is sent inline); None when pooling is off here or no slot is free (the
+    caller then allocates as torch does)."""
     pool = _pool
     if pool is None:
         return None
     nbytes = math.prod(shape) * dtype.itemsize
     if nbytes < MIN_BYTES:
-        return None
+        return torch.empty(shape, dtype=dtype) if dtype in _NUMPY_DTYPES else None
     storage = pool.take(nbytes)
     if storage is None:
         return None
@@ -204,36 +240,118 @@ def _at(item: Any, path: tuple) -> Any:
     return item
 
 
+# dtypes that travel inline as numpy arrays (not bfloat16 and the like: numpy lacks them)
+_NUMPY_DTYPES = frozenset((torch.float16, torch.float32, torch.float64, torch.int8, torch.int16,
+                           torch.int32, torch.int64, torch.uint8, torch.bool, torch.complex64,
+                           torch.complex128))
+
+
+def _inline(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` is sent as bytes in the pickle rather than as shared memory: small,
+    on the CPU, a plain tensor of a dtype numpy has (its bytes are copied once; sharing it
+    would pass a file descriptor, a connection to the worker per tensor)."""
+    return (type(tensor) is torch.Tensor and tensor.device.type == "cpu"
+            and not tensor.requires_grad and tensor.dtype in _NUMPY_DTYPES
+            and tensor.numel() * tensor.element_size() < MIN_BYTES)
+
+
+def _replace(item: Any, slots: dict, path: tuple = (), depth: int = 0) -> Any:
+    """A copy of ``item``'s containers with the tensors at ``slots``' paths replaced by their
+    references and small tensors by numpy arrays (the same walk as :func:`_tensors`)."""
+    if isinstance(item, torch.Tensor):
+        if path in slots:
+            return slots[path]
+        if _inline(item):
+            return _Inline(item.numpy(force=False) if not item.is_conj() else
+                           item.resolve_conj().numpy())
+        return item
+    if depth < 4 and isinstance(item, dict):
+        return type(item)((key, _replace(value, slots, path + (key,), depth + 1))
+                          for key, value in item.items()) if type(item) is dict else item
+    if depth < 4 and isinstance(item, (list, tuple)) and type(item) in (list, tuple):
+        return type(item)(_replace(value, slots, path + (i,), depth + 1)
+                          for i, value in enumerate(item))
+    return item
+
+
+class _Inline:
+    """A small tensor in transit, as a numpy array (pickled by value)."""
+
+    __slots__ = ("array",)
+
+    def __init__(self, array: np.ndarray) -> None:
+        self.array = array
+
+    def __reduce__(self):
+        return (_Inline, (self.array,))
+
+
+class _SlotRef:
+    """A tensor in transit that lives in a worker's slot: where it is in the slot's segment,
+    and the segment itself only the first time (the main process then keeps it mapped)."""
+
+    __slots__ = ("slot", "gen", "storage", "dtype", "shape", "stride", "offset")
+
+    def __init__(self, slot, gen, storage, dtype, shape, stride, offset) -> None:
+        self.slot, self.gen, self.storage = slot, gen, storage
+        self.dtype, self.shape, self.stride, self.offset = dtype, shape, stride, offset
+
+    def __reduce__(self):
+        return (_SlotRef, (self.slot, self.gen, self.storage, self.dtype, self.shape,
+                           self.stride, self.offset))
+
+
 class PooledBatch:
     """A batch in transit from a worker, with the slots its tensors use; unpickled in the main
     process it is the plain batch again (see the module documentation)."""
 
-    __slots__ = ("item", "key", "worker", "entries")
+    __slots__ = ("item", "key", "worker", "entries", "pool")
 
-    def __init__(self, item: Any, key: str, worker: int, entries: list) -> None:
+    def __init__(self, item: Any, key: str, worker: int, entries: list,
+                 pool: _Pool | None = None) -> None:
         self.item, self.key, self.worker, self.entries = item, key, worker, entries
+        self.pool = pool
 
     def __reduce__(self):
-        return (_rebuild, (self.item, self.key, self.worker, self.entries))
+        item = self.item if self.pool is None else self.pool.pickled(self.item, self.entries)
+        return (_rebuild, (item, self.key, self.worker, self.entries))
 
 
 # ----------------------------------------------------------------------------- main process
 
 _flags: dict[str, torch.Tensor] = {}  # the flag tables of this process's loaders, by key
+_known: dict[str, torch.Tensor] = {}  # their tables of mapped slot generations
+_maps: dict[tuple[str, int, int], tuple[int, torch.UntypedStorage]] = {}  # -> (gen, segment)
 _live: list[tuple[StorageWeakRef, Any, int, int, int]] = []  # (ref, flags, worker, slot, tag)
 _lock = threading.Lock()
 
 
-def new_table(num_workers: int) -> tuple[str, torch.Tensor]:
-    """A flag table for a loader's workers, registered in this (the main) process."""
+def new_table(num_workers: int) -> tuple[str, torch.Tensor, torch.Tensor]:
+    """A loader's tables, registered in this (the main) process: the slot flags and the
+    generation of each slot's segment that this process keeps mapped (0: none)."""
     key = os.urandom(8).hex()
-    table = torch.zeros((num_workers, SLOTS), dtype=torch.int64).share_memory_()
-    _flags[key] = table
-    return key, table
+    flags = torch.zeros((num_workers, SLOTS), dtype=torch.int64).share_memory_()
+    known = torch.zeros((num_workers, SLOTS), dtype=torch.int64).share_memory_()
+    _flags[key] = flags
+    _known[key] = known
+    return key, flags, known
 
 
 def forget_table(key: str) -> None:
     _flags.pop(key, None)
+    _known.pop(key, None)
+    forget_segments(key)
+
+
+def forget_segments(key: str) -> None:
+    """Unmap the workers' segments kept for the loader ``key`` (its workers are gone: a pass
+    of non-persistent workers starts; batches still held keep their own segment alive)."""
+    with _lock:
+        for name in [name for name in _maps if name[0] == key]:
+            del _maps[name]
+        known = _known.get(key)
+        if known is not None:
+            known.numpy()[:] = 0
 
 
 def keep_table_while(owner: Any, key: str) -> None:
@@ -241,16 +359,91 @@ def keep_table_while(owner: Any, key: str) -> None:
     weakref.finalize(owner, forget_table, key)
 
 
+class _Segment:
+    """Holds a mapped segment while a batch's view of it lives (numpy's array interface)."""
+
+    __slots__ = ("segment", "__array_interface__")
+
+    def __init__(self, segment: torch.UntypedStorage) -> None:
+        self.segment = segment
+        self.__array_interface__ = {"data": (segment.data_ptr(), False), "version": 3,
+                                    "shape": (segment.nbytes(),), "typestr": "|u1"}
+
+
+def _set(item: Any, path: tuple, value: Any) -> Any:
+    """``item`` with the value at ``path`` replaced (containers were copied when pickled)."""
+    if not path:
+        return value
+    parent = _at(item, path[:-1])
+    if isinstance(parent, tuple):  # rebuild the tuple up the path
+        changed = parent[:path[-1]] + (value,) + parent[path[-1] + 1:]
+        return _set(item, path[:-1], changed)
+    parent[path[-1]] = value
+    return item
+
+
 def _rebuild(item: Any, key: str, worker: int, entries: list) -> Any:
+    item = _restore_inline(item)
     table = _flags.get(key)
     if table is None:  # not the process that built the loader: nothing to release
-        return item
+        return _materialise_here(item, entries)
     flags = table.numpy()
+    known = _known[key].numpy()
     with _lock:
         _release_expired()
         for slot, tag, path in entries:
-            storage = _at(item, path).untyped_storage()
-            _live.append((StorageWeakRef(storage), flags, worker, slot, tag))
+            value = _at(item, path)
+            if isinstance(value, _SlotRef):
+                value = _view(key, worker, value, known)
+                item = _set(item, path, value)
+            _live.append((StorageWeakRef(value.untyped_storage()), flags, worker, slot, tag))
+    return item
+
+
+def _view(key: str, worker: int, ref: _SlotRef, known: Any) -> torch.Tensor:
+    """The tensor ``ref`` stands for, with a storage of its own over the kept mapping (its
+    death frees the slot); maps the segment when it came along (under ``_lock``)."""
+    name = (key, worker, ref.slot)
+    if ref.storage is not None:
+        _maps[name] = (ref.gen, ref.storage)
+        known[worker, ref.slot] = ref.gen
+    gen, segment = _maps.get(name, (None, None))
+    if gen != ref.gen:  # pragma: no cover - the worker sends a segment until it is known here
+        raise RuntimeError(f"speechpipe.transfer: worker {worker}'s slot {ref.slot} arrived "
+                           f"without its memory (generation {ref.gen:#x}, mapped {gen})")
+    base = torch.from_numpy(np.asarray(_Segment(segment)))
+    out = torch.empty(0, dtype=ref.dtype)
+    return out.set_(base.view(ref.dtype).untyped_storage(), ref.offset, ref.shape, ref.stride)
+
+
+def _materialise_here(item: Any, entries: list) -> Any:
+    """Slot references as plain tensors, in a process that keeps no mappings."""
+    for _, _, path in entries:
+        ref = _at(item, path)
+        if isinstance(ref, _SlotRef):
+            if ref.storage is None:
+                raise RuntimeError("speechpipe.transfer: a batch of a loader's worker was "
+                                   "unpickled in a process other than the loader's")
+            out = torch.empty(0, dtype=ref.dtype)
+            item = _set(item, path, out.set_(ref.storage, ref.offset, ref.shape, ref.stride))
+    return item
+
+
+def _restore_inline(item: Any, depth: int = 0) -> Any:
+    if isinstance(item, _Inline):
+        return torch.from_numpy(item.array)
+    if depth < 4 and type(item) is dict:
+        for name, value in item.items():
+            if isinstance(value, (_Inline, dict, list, tuple)):
+                item[name] = _restore_inline(value, depth + 1)
+        return item
+    if depth < 4 and type(item) is list:
+        for i, value in enumerate(item):
+            if isinstance(value, (_Inline, dict, list, tuple)):
+                item[i] = _restore_inline(value, depth + 1)
+        return item
+    if depth < 4 and type(item) is tuple:
+        return tuple(_restore_inline(value, depth + 1) for value in item)
     return item
 
 

@@ -32,7 +32,7 @@ def _with_stats(batch: dict) -> dict:
 def _pipe(rows: list[dict], stats: bool = False):
     pipe = (IterableWrapper(rows, deepcopy=False).sharding_filter().batch(16)
             .collate(collate_fn=PadCollate(fields=("key", "feats"))))
-    return pipe.map(_with_stats) if stats else pipe
+    return pipe.map(_with_stats).map(_with_pid) if stats else pipe
 
 
 def _check(batch: dict, rows: list[dict]) -> None:
@@ -115,7 +115,7 @@ def test_without_workers_or_when_turned_off_there_is_no_pool():
 
 def test_a_slot_taken_again_is_not_freed_by_an_older_batch():
     """The main process clears a slot's flag only if it still holds that batch's tag."""
-    key, table = transfer.new_table(1)
+    key, table, _ = transfer.new_table(1)
     try:
         flags = table.numpy()
         storage = torch.empty(10).untyped_storage()
@@ -171,3 +171,89 @@ def test_slots_flagged_by_an_earlier_worker_are_used_by_the_next_one():
     for batch in batches:
         _check(batch, rows)
     assert int(batches[-1]["created"]) > 0 and int(batches[-1]["fallbacks"]) == 0
+
+
+def _count_fd_transfers(monkeypatch) -> list:
+    """Counts the file descriptors the main process receives from workers (torch passes one
+    per shared storage: a connection to the worker's resource sharer each time)."""
+    from multiprocessing import resource_sharer
+
+    calls = []
+    original = resource_sharer.DupFd.detach
+
+    def counting(self):
+        calls.append(1)
+        return original(self)
+
+    monkeypatch.setattr(resource_sharer.DupFd, "detach", counting)
+    return calls
+
+
+def test_a_slot_crosses_once_and_small_tensors_travel_inline(monkeypatch):
+    """Per batch torch would pass one descriptor per tensor (feats, feats_len and the three
+    counts here); with the pool only a slot's first batch carries its segment, later ones
+    name it, and small tensors come as bytes. The batches are the same."""
+    calls = _count_fd_transfers(monkeypatch)
+    rows = _rows(16 * 12)
+    count = 0
+    for batch in build_loader(_pipe(rows, stats=True), num_workers=1, seed=0):
+        _check(batch, rows)  # (and let go of it: its slot is reused)
+        assert batch["feats_len"].dtype == torch.int64 and batch["reused"].ndim == 0
+        count += 1
+        created, reused = int(batch["created"]), int(batch["reused"])
+    assert count == 12 and reused > 0
+    assert 0 < len(calls) <= created < count
+
+
+def test_segments_are_sent_again_to_a_new_pass_of_fresh_workers(monkeypatch):
+    """Workers that are not persistent are new processes each pass: the main process lets go
+    of the last pass's segments and the new workers send theirs; persistent workers send
+    each segment once over both passes."""
+    rows = _rows(16 * 6)
+    for persistent in (False, True):
+        calls = _count_fd_transfers(monkeypatch)
+        loader = build_loader(_pipe(rows, stats=True), num_workers=1, seed=0,
+                              persistent_workers=persistent)
+        key = loader.dataset._transfer[0]
+        per_pass = []
+        for epoch in range(2):
+            loader.set_epoch(epoch)
+            before = len(calls)
+            for batch in loader:
+                _check(batch, rows)
+            per_pass.append(len(calls) - before)
+            kept = {gen for name, (gen, _) in transfer._maps.items() if name[0] == key}
+            assert kept and all(gen >> 32 == _worker_pid(batch) for gen in kept)
+        if persistent:
+            assert per_pass[0] > 0 and per_pass[1] == 0
+        else:
+            assert per_pass[0] > 0 and per_pass[1] > 0
+
+
+def _worker_pid(batch: dict) -> int:
+    return int(batch["pid"]) & 0x7FFFFFFF
+
+
+def _with_pid(batch: dict) -> dict:
+    import os
+    return {**batch, "pid": torch.tensor(os.getpid())}
+
+
+def _as_tuple(batch: dict) -> tuple:
+    return (batch["feats"], {"n": batch["feats_len"], "half": batch["feats_len"].to(
+        torch.bfloat16), "none": torch.empty(0, 3)}, batch["key"])
+
+
+def test_nested_and_tuple_batches_and_dtypes_numpy_lacks_arrive_intact():
+    """A batch may be a tuple holding a dict; a bfloat16 tensor (numpy has no such dtype)
+    goes as torch sends it; an empty tensor travels inline."""
+    rows = _rows(16 * 4)
+    pipe = _pipe(rows).map(_as_tuple)
+    seen = 0
+    for feats, extra, keys in build_loader(pipe, num_workers=2, seed=0):
+        _check({"key": keys, "feats": feats, "feats_len": extra["n"]}, rows)
+        assert extra["half"].dtype == torch.bfloat16
+        assert torch.equal(extra["half"], extra["n"].to(torch.bfloat16))
+        assert extra["none"].shape == (0, 3)
+        seen += len(keys)
+    assert seen == len(rows)
