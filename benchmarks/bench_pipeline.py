@@ -672,8 +672,16 @@ def run(root: str, n_feats: int, n_audio: int, runs: int, setup: Setup, in_proce
     print(f"load average before / after the runs: {load:.1f} / {os.getloadavg()[0]:.1f} "
           f"on {os.cpu_count()} cores")
     print("\nper-sample overhead of speechpipe stages (in-memory samples, median):")
-    for name, micros in stage_overheads(2000 if in_process else 50_000, 3 if in_process else 7):
+    overheads = stage_overheads(2000 if in_process else 50_000, 3 if in_process else 7)
+    for name, micros in overheads:
         print(f"  {name:<42} {micros:6.2f} us/sample")
+    by_name = dict(overheads)
+    # move_to_device does work (array -> tensor): its figure minus the same conversion
+    # written by hand in a torch map (both in this run) is what it costs beyond a torch map
+    # doing that work; its overhead beyond the work is that plus the map's (identity) row
+    beyond = (by_name["move_to_device('cpu')"]
+              - by_name["torch map(from_numpy by hand) (reference)"])
+    print(f"  {'move_to_device minus the by-hand map':<42} {beyond:6.2f} us/sample")
     print("\nworkload 1 warm, workers 2: where batches are made")
     for name, rate in transfers(corpora["features"], setup, 2, runs):
         print(f"  {name:<34} {rate:7.0f} utt/s")
