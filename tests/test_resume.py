@@ -17,6 +17,7 @@ import json
 import os
 import subprocess
 import sys
+from typing import Any
 
 import numpy as np
 import pytest
@@ -135,6 +136,11 @@ def _child(case_file: str) -> None:
 def _resume_in_new_process(tmp_path, case: dict, cuts: list[int]) -> None:
     full, states = uninterrupted_with_states(case, cuts)
     assert sorted(states) == sorted(cuts), "a cut point is past the end of the run"
+    if case["workers"] and case.get("snapshot_every", 1) != 1:
+        # the case is there for cuts between two snapshots: the new process fetches the
+        # batches since the last snapshot again; at least one cut must be such a cut
+        since = [_steps_since_snapshot(state) for state in states.values()]
+        assert max(since) > 0, since
     files = {}
     for step, state in states.items():
         files[step] = str(tmp_path / f"state-{step}.pt")
@@ -147,6 +153,15 @@ def _resume_in_new_process(tmp_path, case: dict, cuts: list[int]) -> None:
     results = json.loads(out.stdout.strip().splitlines()[-1])
     for step in cuts:
         assert results[str(step)] == full[step:], f"resumed after step {step} differs"
+
+
+def _steps_since_snapshot(state: Any) -> int:
+    """StatefulDataLoader's count of batches yielded since its last snapshot, in a state."""
+    if isinstance(state, dict):
+        if "_steps_since_snapshot" in state:
+            return int(state["_steps_since_snapshot"])
+        return max((_steps_since_snapshot(v) for v in state.values()), default=-1)
+    return -1
 
 
 @pytest.fixture(scope="module")
