@@ -510,6 +510,8 @@ class Loader:
                 yield to_device(batch, self.device, non_blocking=self.non_blocking)
         if reports is not None:  # every worker has finished its pass: add up their counts
             _collect_reports(reports, self.dataset.pipe)
+        if self.dataset._transfer is not None and not self.dataloader.persistent_workers:
+            transfer.forget_segments(self.dataset._transfer[0])  # its workers have exited
 
     def __len__(self) -> int:
         return len(self.uneven if self.uneven is not None else self.dataloader)

@@ -26,7 +26,8 @@ of the batch that used it:
   mapped and records its generation in a second shared table; while it matches, the worker
   sends only where the tensor lies in the slot (:class:`_SlotRef`), and the main process
   gives the batch a view of the mapping with a storage of its own, whose death frees the
-  slot. The mappings of a pass's workers are let go when the next pass starts new workers;
+  slot. With workers that are not persistent, a pass's mappings are let go when it ends
+  (or when the next pass starts, if it was left early); batches still held keep theirs;
 - tensors under :data:`MIN_BYTES` (lengths, counts, small labels) travel as bytes inside the
   pickle (:class:`_Inline`), not as shared memory;
 - whenever a batch arrives (and when a pass starts), the main process clears the flag of
