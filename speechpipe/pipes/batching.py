@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import itertools
 import statistics
 from abc import ABC, abstractmethod
 from collections.abc import Mapping  # isinstance on typing.Mapping costs ~1 us per sample
@@ -366,6 +367,7 @@ def pack_batches(
     oversize: str = "emit",
     stats: BatchStats | None = None,
     lengths: Callable[[Any], Length] | None = None,
+    open_batch: list | None = None,
 ) -> Iterator[list]:
     """Greedily pack consecutive samples into batches within ``constraint``'s budget.
 
@@ -380,6 +382,9 @@ def pack_batches(
             ``stats`` either way.
         stats: where batch statistics are added.
         lengths: measure function (default ``constraint.measure``).
+        open_batch: a list to hold the open batch, in place, while packing: what it holds
+            at the start is packed first (a resumed open batch); whenever the generator is
+            suspended it holds exactly the samples read and not yet yielded nor dropped.
 
     >>> [b for b in pack_batches([1, 2, 3, 3, 9, 30], PaddedArea(budget=10))]
     [[1, 2, 3], [3], [30], [9]]
@@ -391,10 +396,12 @@ def pack_batches(
     measure = lengths or constraint.measure
     empty = constraint.empty()
     add, within = constraint.add, constraint.within
-    batch: list = []
+    batch: list = [] if open_batch is None else open_batch
+    resumed = batch[:]
+    batch.clear()
     batch_lengths: list = []
     state = empty
-    for sample in samples:
+    for sample in itertools.chain(resumed, samples) if resumed else samples:
         n = measure(sample)
         grown = add(state, n)
         if within(grown):
@@ -407,8 +414,13 @@ def pack_batches(
             if batch:
                 if stats is not None:
                     stats.add_batch(batch_lengths, constraint)
-                yield batch
-            batch, batch_lengths, state = [sample], [n], alone
+                full = batch[:]
+                batch[:] = [sample]  # the open batch while suspended: the sample just read
+                batch_lengths, state = [n], alone
+                yield full
+            else:
+                batch.append(sample)
+                batch_lengths, state = [n], alone
             continue
         # An oversize sample: handled on its own, the open batch stays open.
         if oversize == "emit":
@@ -421,7 +433,9 @@ def pack_batches(
     if batch:
         if stats is not None:
             stats.add_batch(batch_lengths, constraint)
-        yield batch
+        full = batch[:]
+        batch.clear()
+        yield full
 
 
 def estimate_boundaries(lengths: Sequence[float], num_buckets: int) -> list[float]:
@@ -866,13 +880,8 @@ class BlockBatcherIterDataPipe(_Seeded, _Resumable, IterDataPipe[list]):
             live["mode"] = "groups" if isinstance(first, list) else "samples"
             it = _chain([first], it)
         if live["mode"] == "samples":  # a plain stream of samples
-            open_ = live["open"]
-            stream = self._tracked(_chain(open_[:], it), open_)
-            del open_[:]
-            for batch in pack_batches(stream, self.constraint, **kwargs):
-                packed = {id(s) for s in batch}
-                open_[:] = [s for s in open_ if id(s) not in packed]
-                yield batch
+            # live["open"] is the packer's open batch, kept in place (a state reads it)
+            yield from pack_batches(it, self.constraint, open_batch=live["open"], **kwargs)
         else:
             for group in it:  # groups from bucket_by_length: no batch spans two groups
                 if not isinstance(group, list):
@@ -884,14 +893,6 @@ class BlockBatcherIterDataPipe(_Seeded, _Resumable, IterDataPipe[list]):
                 while pending:
                     yield pending.pop(0)
         live["drain"] = True
-
-    def _tracked(self, samples: Iterable[Any], open_: list) -> Iterator[Any]:
-        """Record the samples read into the open batch (those packing will not drop)."""
-        c, drop = self.constraint, self.oversize == "drop"
-        for sample in samples:
-            if not drop or c.within(c.add(c.empty(), c.measure(sample))):
-                open_.append(sample)
-            yield sample
 
     def __iter__(self) -> Iterator[list]:
         if self._passthrough:  # a replay pass for a stage below (speechpipe.loader)
