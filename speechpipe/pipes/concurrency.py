@@ -218,32 +218,30 @@ def _prefetch_threaded(it: Iterator, buffer_size: int, held: collections.deque |
 
     def produce() -> None:
         run: list = []
-        started = 0.0  # when the run's first item was read
-        slow = False  # the last item took _RUN_WAIT or more to read
+        started = 0.0  # when the reading of the run's first item began
         try:
             while True:
                 room = buffer_size - len(chan.ready) - chan.taken - len(run)  # see ahead()
-                # a waiting consumer gets the run at once if items come slowly (I/O), after
-                # _RUN_WAIT if they come fast (then a run of several is worth the wait)
+                # a waiting consumer gets the run once _RUN_WAIT has passed since its first
+                # item was asked for: at once after a slow item (I/O), after a few fast ones
+                # (then a run of several is worth the wait); the clock is read only while the
+                # consumer waits
                 if run and (room <= 0 or len(run) >= run_max or (
-                        chan.waiting and (slow or time.perf_counter() - started >= _RUN_WAIT))):
+                        chan.waiting and time.perf_counter() - started >= _RUN_WAIT)):
                     if not hand_over(run):
                         return
                     run = []
                     room = buffer_size - len(chan.ready) - chan.taken
                 if room <= 0 and not wait_for_room(run):
                     return
-                before = time.perf_counter()
+                if not run:
+                    started = time.perf_counter()
                 with lock:
                     item = next(it, _END)
                     if item is not _END and held is not None:
                         held.append(item)
                 if item is _END:
                     break
-                now = time.perf_counter()
-                slow = now - before >= _RUN_WAIT
-                if not run:
-                    started = now
                 run.append(item)
         except Exception as exc:  # handed to the consumer, raised there
             run.append(_Failure(exc))
