@@ -101,7 +101,7 @@ def _put(q: queue.Queue, item: Any, stop: threading.Event) -> bool:
     return False
 
 
-def _drain(q: queue.Queue) -> None:
+def _drain(q: queue.Queue | queue.SimpleQueue) -> None:
     while True:
         try:
             q.get_nowait()
@@ -374,8 +374,8 @@ def map_items_in_threads(
             _close(it)
 
     chunk = max(1, min(buffer_size // (2 * num_threads), 64))
-    inputs: queue.Queue = queue.Queue()
-    outputs: queue.Queue = queue.Queue()
+    inputs: queue.SimpleQueue = queue.SimpleQueue()  # unbounded: flight bounds both
+    outputs: queue.SimpleQueue = queue.SimpleQueue()
 
     def work() -> None:
         while True:
@@ -431,6 +431,14 @@ def map_items_in_threads(
             del tasks[index]
             results = done.pop(first)
             offset = sum(n for _, n in itertools.islice(tasks, index))  # items before it
+            if offset == 0:  # the oldest task (always, in order): its items lead the flight
+                for position, (ok, value) in enumerate(results, start=first):
+                    item = flight.popleft()
+                    if ok:
+                        yield value
+                    elif (out := settle(position, item, ok, value)) is not _END:
+                        yield out
+                continue
             for position, (ok, value) in enumerate(results, start=first):
                 item = flight[offset]
                 del flight[offset]
