@@ -6,6 +6,7 @@ DataError naming the shard and the member, key or byte offset; never a silent sh
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import io
 import json
@@ -742,6 +743,49 @@ def test_mmap_on_a_multi_shard_corpus_written_by_shardwriter(tmp_path):
     for s, o in zip(got, samples):
         assert np.array_equal(s["feats"], o["feats.npy"]) and not s["feats"].flags.writeable
         assert s["text"] == o["txt"] and s["meta"] == o["json"]
+
+
+def _in_a_mapping(array: np.ndarray) -> bool:
+    """Whether ``array`` is a view of a memory-mapped file (else of copied bytes)."""
+    import mmap
+
+    base = array
+    while isinstance(base, np.ndarray):
+        base = base.base
+    return isinstance(base, memoryview) and isinstance(base.obj, mmap.mmap)
+
+
+@pytest.mark.skipif(sys.version_info >= (3, 13), reason="3.13+ maps without a descriptor")
+def test_held_samples_map_no_more_shards_than_the_descriptor_budget(tmp_path, monkeypatch):
+    """Every sample is held (as a buffer would), each keeping its shard's mapping -- and on
+    Python < 3.13 a file descriptor -- alive: with a budget of 3, the first shards are mapped
+    and the rest read (copied), and the samples are the same as with mapping off."""
+    from speechpipe.pipes import shards as shards_module
+
+    rng = np.random.default_rng(0)
+    samples = [{"key": f"utt{i:02d}", "feats.npy": rng.standard_normal((300, 80),
+                                                                        dtype=np.float32)}
+               for i in range(20)]
+    with ShardWriter(str(tmp_path / "d-%05d.tar"), maxcount=2) as writer:
+        for sample in samples:
+            writer.write(sample)
+    assert len(writer.paths) == 10
+    monkeypatch.setattr(shards_module, "_fd_budget", lambda: 3)
+    base = shards_module._live_mappings
+    held, most = [], 0
+    for sample in IterableWrapper(writer.paths).open().read_shards().decode():
+        held.append(sample)
+        most = max(most, shards_module._live_mappings - base)
+    assert most == 3  # mapped up to the budget, never past it
+    assert [_in_a_mapping(s["feats"]) for s in held] == [True] * 6 + [False] * 14
+    monkeypatch.setenv("SPEECHPIPE_SHARD_MMAP", "0")
+    read = list(IterableWrapper(writer.paths).open().read_shards().decode())
+    assert [s["key"] for s in held] == [s["key"] for s in read] == [s["key"] for s in samples]
+    for got, want in zip(held, samples):
+        assert np.array_equal(got["feats"], want["feats.npy"])
+    del held, sample
+    gc.collect()
+    assert shards_module._live_mappings == base  # each mapping is uncounted when it goes
 
 
 def test_the_stream_ends_where_the_reading_path_leaves_it(tmp_path):

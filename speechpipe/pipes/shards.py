@@ -69,6 +69,8 @@ import os
 import stat
 import sys
 import tarfile
+import threading
+import weakref
 from typing import Any, BinaryIO, Callable, Iterable, Iterator, Mapping
 
 from ..diagnostics import Diagnostics, check_on_error
@@ -109,6 +111,47 @@ _MMAP_ENV = "SPEECHPIPE_SHARD_MMAP"
 # Python 3.13+ can map without keeping a duplicate of the file descriptor; before, each
 # mapping holds one until it is unmapped.
 _MMAP_KWARGS: dict = {"trackfd": False} if sys.version_info >= (3, 13) else {}
+# Samples held in buffers keep their shard's mapping alive; with small shards and large
+# buffers a process can hold dozens (the 6,000-utterance benchmark corpus in 100-utterance
+# shards: 59 of 60 at once). Where a mapping holds a descriptor, a shard is mapped only
+# while the live mappings stay under a quarter of the soft limit of open files
+# (RLIMIT_NOFILE, often 1024); past it, shards are read (payloads copied) instead.
+_FD_SHARE = 4
+_live_mappings = 0
+_live_lock = threading.Lock()
+
+
+def _fd_budget() -> int:
+    """How many live mappings may hold a descriptor in this process."""
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (ImportError, OSError, ValueError):  # no resource module (Windows)
+        return 128
+    if soft == resource.RLIM_INFINITY or soft <= 0:
+        return 1 << 16
+    return max(8, soft // _FD_SHARE)
+
+
+def _may_map() -> bool:
+    return bool(_MMAP_KWARGS) or _live_mappings < _fd_budget()
+
+
+def _count_mapping(mapping: _mmap.mmap) -> None:
+    """Count ``mapping`` among the live ones until it is unmapped or collected."""
+    global _live_mappings
+    if _MMAP_KWARGS:  # it holds no descriptor
+        return
+    with _live_lock:
+        _live_mappings += 1
+    weakref.finalize(mapping, _uncount_mapping)
+
+
+def _uncount_mapping() -> None:
+    global _live_mappings
+    with _live_lock:
+        _live_mappings -= 1
 
 _REGULAR = (b"0", b"\0", b"7")  # '7' (contiguous file) is a regular file for every reader
 _DIRECTORY = b"5"
@@ -326,6 +369,8 @@ class _MappedFile:
         name = getattr(file, "name", None)
         if check_fs and isinstance(name, str) and _on_network_fs(name):
             return None
+        if not _may_map():  # as many mappings hold a descriptor as this process allows
+            return None
         try:
             fd = file.fileno()
             if not stat.S_ISREG(os.fstat(fd).st_mode):
@@ -337,6 +382,7 @@ class _MappedFile:
         if start >= len(mapping):
             mapping.close()
             return None
+        _count_mapping(mapping)
         return cls(mapping, start, file)
 
     def _read_ahead(self, end: int) -> None:
