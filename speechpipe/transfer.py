@@ -263,8 +263,7 @@ def _replace(item: Any, slots: dict, path: tuple = (), depth: int = 0) -> Any:
         if path in slots:
             return slots[path]
         if _inline(item):
-            return _Inline(item.numpy(force=False) if not item.is_conj() else
-                           item.resolve_conj().numpy())
+            return _Inline(item.resolve_conj().resolve_neg().numpy())  # (self if unset)
         return item
     if depth < 4 and isinstance(item, dict):
         return type(item)((key, _replace(value, slots, path + (key,), depth + 1))
@@ -346,7 +345,8 @@ def forget_table(key: str) -> None:
 
 def forget_segments(key: str) -> None:
     """Unmap the workers' segments kept for the loader ``key`` (its workers are gone: a pass
-    of non-persistent workers starts; batches still held keep their own segment alive)."""
+    of workers that are not persistent has ended, or the next starts; batches still held keep
+    their own segment alive)."""
     with _lock:
         for name in [name for name in _maps if name[0] == key]:
             del _maps[name]

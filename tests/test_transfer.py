@@ -261,3 +261,25 @@ def test_nested_and_tuple_batches_and_dtypes_numpy_lacks_arrive_intact():
         assert extra["none"].shape == (0, 3)
         seen += len(keys)
     assert seen == len(rows)
+
+
+def _with_lazy_views(batch: dict) -> dict:
+    """Small tensors whose conjugate or negative bit is set (views torch resolves lazily):
+    ``.numpy()`` refuses both, so the inline path must resolve them first."""
+    z = torch.complex(batch["feats_len"].float(), torch.ones(len(batch["key"])))
+    return {**batch, "conj": z.conj(), "neg": z.conj().imag, "lengths": z.real}
+
+
+def test_small_tensors_with_the_conjugate_or_negative_bit_travel_inline_resolved():
+    rows = _rows(16 * 4)
+    pipe = _pipe(rows).map(_with_lazy_views)
+    seen = 0
+    for batch in build_loader(pipe, num_workers=2, seed=0):
+        _check(batch, rows)
+        n = len(batch["key"])
+        assert torch.equal(batch["lengths"], batch["feats_len"].float())
+        assert torch.equal(batch["neg"], -torch.ones(n))
+        assert torch.equal(batch["conj"].resolve_conj(), torch.complex(
+            batch["feats_len"].float(), -torch.ones(n)))
+        seen += n
+    assert seen == len(rows)
