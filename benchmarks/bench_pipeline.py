@@ -33,7 +33,10 @@ audio seconds per second, utterances per second, time to first batch (from build
 and peak memory of the process tree (the largest sum of resident memory of the process and its
 workers, sampled every 50 ms; shared pages count once per process). For the audio workload
 also one core's decode + fbank rate, measured in the same run on the same files (before every
-round; the median), times the cores used (the CPU limit), and each contender's ratio to it.
+round; the median), times the cores used (the CPU limit), and each contender's ratio to it;
+with workers 2, also the ratio to two processes decoding + fbanking half the files each at the
+same time (before every round with workers: what two cores really give this work, which one
+core's rate x 2 overstates on a machine whose cores share caches and a host).
 
 Then: the per-sample overhead (us) of speechpipe stages, timing a pipeline with and without
 each stage on in-memory samples; and workload 1 with batching and collation in the workers
@@ -455,29 +458,66 @@ def run_one(system: str, kind: str, data: dict, workers: int, cold: bool, setup:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def _flac_blobs(data: dict) -> list[bytes]:
+    from speechpipe.pipes.sharding import read_shard
+
+    return [bytes(sample["flac"]) for path in data["shards"] for sample in read_shard(path)]
+
+
+def _decode_fbank(blobs: list[bytes], out=None) -> tuple[float, float]:
+    """soundfile decode + fbank of every blob on one thread: (audio seconds, process seconds);
+    sent to ``out`` (a queue) when given."""
+    torch.set_num_threads(1)
+    start, seconds = time.process_time(), 0.0
+    for blob in blobs:
+        audio, rate = sf.read(io.BytesIO(blob), dtype="float32")
+        compute_features(audio, rate, num_mel_bins=DIM)
+        seconds += len(audio) / rate
+    result = (seconds, time.process_time() - start)
+    if out is not None:
+        out.put(result)
+    return result
+
+
 def cpu_limit(data: dict, passes: int = 2) -> float:
     """Audio seconds per CPU second of soundfile decode + fbank on one core, over every
     utterance of the corpus (process time, so that other load on a shared machine does not
     lower it; the best of ``passes`` passes)."""
-    from speechpipe.pipes.sharding import read_shard
-
-    torch.set_num_threads(1)
-    blobs = [sample["flac"] for path in data["shards"] for sample in read_shard(path)]
+    blobs = _flac_blobs(data)
     rates = []
     for _ in range(passes):
-        start, seconds = time.process_time(), 0.0
-        for blob in blobs:
-            audio, rate = sf.read(io.BytesIO(blob), dtype="float32")
-            compute_features(audio, rate, num_mel_bins=DIM)
-            seconds += len(audio) / rate
-        rates.append(seconds / (time.process_time() - start))
+        seconds, cpu = _decode_fbank(blobs)
+        rates.append(seconds / cpu)
     return max(rates)
 
 
+def two_at_once(data: dict) -> float:
+    """Audio seconds per wall second of two processes each decoding + fbanking half of the
+    corpus at the same time: what two cores of this machine really give the work (one core's
+    rate x 2 overstates it: the cores share caches, memory and the host; measured 0.89-1.07 of
+    it over 9 rounds here, median 0.94)."""
+    import multiprocessing
+
+    blobs = _flac_blobs(data)
+    context = multiprocessing.get_context("fork")
+    out = context.Queue()
+    start = time.perf_counter()
+    children = [context.Process(target=_decode_fbank, args=(blobs[i::2], out)) for i in (0, 1)]
+    for child in children:
+        child.start()
+    seconds = sum(out.get()[0] for _ in children)
+    elapsed = time.perf_counter() - start
+    for child in children:
+        child.join()
+    return seconds / elapsed
+
+
 def contest(corpora: dict, setup: Setup, runs: int, in_process: bool,
-            workloads=WORKLOADS, limits: list[float] | None = None) -> list[dict]:
+            workloads=WORKLOADS, limits: list[float] | None = None,
+            ceilings: list[float] | None = None) -> list[dict]:
     """Every system's runs; for the audio workload one more measure of the CPU limit before
-    each round goes into ``limits`` (the machine's speed drifts over minutes)."""
+    each round goes into ``limits``, and of two processes at once into ``ceilings`` (the
+    machine's speed drifts over minutes)."""
     rows = []
     for kind in workloads:
         for cold in (True, False):
@@ -488,6 +528,8 @@ def contest(corpora: dict, setup: Setup, runs: int, in_process: bool,
                 for _ in range(runs):
                     if kind == "audio" and limits is not None:
                         limits.append(cpu_limit(corpora[kind], passes=1))
+                    if kind == "audio" and ceilings is not None and workers:
+                        ceilings.append(two_at_once(corpora[kind]))
                     for system in SYSTEMS:
                         by_system[system].append(run_one(system, kind, corpora[kind], workers,
                                                          cold, setup, in_process))
@@ -508,22 +550,32 @@ def contest(corpora: dict, setup: Setup, runs: int, in_process: bool,
     return rows
 
 
-def table(rows: list[dict], limits: list[float]) -> str:
+def table(rows: list[dict], limits: list[float], ceilings: list[float] = ()) -> str:
     limit = statistics.median(limits)
+    ceiling = statistics.median(ceilings) if ceilings else None
     head = (f"{'workload':<8} {'cache':<5} {'wk':>2} {'system':<10} {'audio-s/s':>9} "
-            f"{'utt/s':>7} {'1st batch s':>11} {'peak MiB':>8} {'/CPU limit':>10}")
+            f"{'utt/s':>7} {'1st batch s':>11} {'peak MiB':>8} {'/CPU limit':>10} "
+            f"{'/2 at once':>10}")
     out = [head, "-" * len(head)]
     for r in rows:
         cores = max(1, r["workers"])
-        ratio = (f"{r['audio_s_s'] / (limit * cores):>10.2f}" if r["workload"] == "audio"
-                 else f"{'':>10}")
+        ratio = at_once = f"{'':>10}"
+        if r["workload"] == "audio":
+            ratio = f"{r['audio_s_s'] / (limit * cores):>10.2f}"
+            if r["workers"] and ceiling:
+                at_once = f"{r['audio_s_s'] / ceiling:>10.2f}"
         out.append(f"{r['workload']:<8} {r['cache']:<5} {r['workers']:>2} {r['system']:<10} "
                    f"{r['audio_s_s']:>9.0f} {r['utt_s']:>7.0f} {r['first']:>11.2f} "
-                   f"{r['peak_mib']:>8.0f} {ratio}")
+                   f"{r['peak_mib']:>8.0f} {ratio} {at_once}")
     out.append("")
     out.append(f"CPU limit (audio): one core decodes + fbanks {limit:.0f} audio-s per CPU-s "
                f"(median of {len(limits)} measures, {min(limits):.0f}-{max(limits):.0f}, one "
                "before each round); x cores used (workers 0: 1, workers 2: 2)")
+    if ceiling:
+        out.append(f"2 at once (audio, workers 2): two processes decode + fbank half the corpus "
+                   f"each at the same time, {ceiling:.0f} audio-s per wall s (median of "
+                   f"{len(ceilings)}, {min(ceilings):.0f}-{max(ceilings):.0f}) = "
+                   f"{ceiling / (2 * limit):.2f} x 2 x the one-core limit")
     for kind in sorted({r["workload"] for r in rows}, key=WORKLOADS.index):
         for cache in ("cold", "warm"):
             for workers in (0, 2):
@@ -665,10 +717,10 @@ def run(root: str, n_feats: int, n_audio: int, runs: int, setup: Setup, in_proce
         print(f"{kind}: {data['utts']} utterances, {data['seconds'] / 3600:.2f} h, "
               f"{len(data['shards'])} shards, {size:.0f} MB")
     print(f"corpus ready in {time.perf_counter() - start:.0f} s; setup {setup}", flush=True)
-    limits = [cpu_limit(corpora["audio"])]
+    limits, ceilings = [cpu_limit(corpora["audio"])], []
     load = os.getloadavg()[0]
-    rows = contest(corpora, setup, runs, in_process, workloads, limits)
-    print(table(rows, limits))
+    rows = contest(corpora, setup, runs, in_process, workloads, limits, ceilings)
+    print(table(rows, limits, ceilings))
     print(f"load average before / after the runs: {load:.1f} / {os.getloadavg()[0]:.1f} "
           f"on {os.cpu_count()} cores")
     print("\nper-sample overhead of speechpipe stages (in-memory samples, median):")
