@@ -494,8 +494,8 @@ def cpu_limit(data: dict, passes: int = 2) -> float:
 def two_at_once(data: dict) -> float:
     """Audio seconds per wall second of two processes each decoding + fbanking half of the
     corpus at the same time: what two cores of this machine really give the work (one core's
-    rate x 2 overstates it: the cores share caches, memory and the host; measured 0.89-1.07 of
-    it over 9 rounds here, median 0.94)."""
+    rate x 2 overstates it: the cores share caches, memory and the host; here its median was
+    0.94 of it over 9 rounds of a probe and 0.82 over the 6 rounds of one full run)."""
     import multiprocessing
 
     blobs = _flac_blobs(data)
