@@ -479,11 +479,10 @@ def _decode_fbank(blobs: list[bytes], out=None) -> tuple[float, float]:
     return result
 
 
-def cpu_limit(data: dict, passes: int = 2) -> float:
+def cpu_limit(blobs: list[bytes], passes: int = 2) -> float:
     """Audio seconds per CPU second of soundfile decode + fbank on one core, over every
-    utterance of the corpus (process time, so that other load on a shared machine does not
-    lower it; the best of ``passes`` passes)."""
-    blobs = _flac_blobs(data)
+    utterance of the corpus (``_flac_blobs``; process time, so that other load on a shared
+    machine does not lower it; the best of ``passes`` passes)."""
     rates = []
     for _ in range(passes):
         seconds, cpu = _decode_fbank(blobs)
@@ -491,14 +490,13 @@ def cpu_limit(data: dict, passes: int = 2) -> float:
     return max(rates)
 
 
-def two_at_once(data: dict) -> float:
+def two_at_once(blobs: list[bytes]) -> float:
     """Audio seconds per wall second of two processes each decoding + fbanking half of the
     corpus at the same time: what two cores of this machine really give the work (one core's
     rate x 2 overstates it: the cores share caches, memory and the host; here its median was
     0.94 of it over 9 rounds of a probe and 0.82 over the 6 rounds of one full run)."""
     import multiprocessing
 
-    blobs = _flac_blobs(data)
     context = multiprocessing.get_context("fork")
     out = context.Queue()
     start = time.perf_counter()
@@ -519,6 +517,7 @@ def contest(corpora: dict, setup: Setup, runs: int, in_process: bool,
     each round goes into ``limits``, and of two processes at once into ``ceilings`` (the
     machine's speed drifts over minutes)."""
     rows = []
+    blobs = _flac_blobs(corpora["audio"]) if "audio" in workloads else []
     for kind in workloads:
         for cold in (True, False):
             for workers in (0, 2):
@@ -527,9 +526,9 @@ def contest(corpora: dict, setup: Setup, runs: int, in_process: bool,
                 by_system: dict[str, list[dict]] = {system: [] for system in SYSTEMS}
                 for _ in range(runs):
                     if kind == "audio" and limits is not None:
-                        limits.append(cpu_limit(corpora[kind], passes=1))
+                        limits.append(cpu_limit(blobs, passes=1))
                     if kind == "audio" and ceilings is not None and workers:
-                        ceilings.append(two_at_once(corpora[kind]))
+                        ceilings.append(two_at_once(blobs))
                     for system in SYSTEMS:
                         by_system[system].append(run_one(system, kind, corpora[kind], workers,
                                                          cold, setup, in_process))
@@ -717,7 +716,7 @@ def run(root: str, n_feats: int, n_audio: int, runs: int, setup: Setup, in_proce
         print(f"{kind}: {data['utts']} utterances, {data['seconds'] / 3600:.2f} h, "
               f"{len(data['shards'])} shards, {size:.0f} MB")
     print(f"corpus ready in {time.perf_counter() - start:.0f} s; setup {setup}", flush=True)
-    limits, ceilings = [cpu_limit(corpora["audio"])], []
+    limits, ceilings = [cpu_limit(_flac_blobs(corpora["audio"]))], []
     load = os.getloadavg()[0]
     rows = contest(corpora, setup, runs, in_process, workloads, limits, ceilings)
     print(table(rows, limits, ceilings))
