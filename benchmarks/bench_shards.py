@@ -6,10 +6,12 @@ published durations, 100 frames/s), written as Kaldi arks + feats.scp and packed
 
 (a) raw sequential read of the shard bytes (4 MiB reads; the ceiling);
 (b) speechpipe: ``list of shards -> sharded_shuffle(1000) -> decode -> batch(16) ->
-    collate(PadCollate)`` (two-level shuffle; local shards are memory-mapped, the default --
-    ``SPEECHPIPE_SHARD_MMAP=0`` measures the ``read`` path instead), with workers in
-    ``speechpipe.loader.build_loader`` (its defaults: workers' state snapshots every 100
-    batches, batches collated into reused shared memory);
+    collate(PadCollate)`` (two-level shuffle; local shards are memory-mapped and, cold, read
+    ahead by a thread without the GIL, the defaults -- ``SPEECHPIPE_SHARD_MMAP=0`` measures
+    the ``read`` path instead), with workers in ``speechpipe.loader.build_loader`` (its
+    defaults: workers' state snapshots every 100 batches, batches collated into reused shared
+    memory); with ``--ablation``, also (b') the same with ``SPEECHPIPE_SHARD_READAHEAD=0``
+    (the kernel asked for read-ahead with ``madvise`` from the reader's thread instead);
 (c) map-style random reads through feats.scp offsets (``kaldiio.load_mat``) with a
     shuffled ``torch.utils.data.DataLoader(batch_size=16, collate_fn=PadCollate)``;
 (d) webdataset's own reader: ``WebDataset(shards, shardshuffle=...).shuffle(1000).decode()
@@ -32,12 +34,14 @@ of the data files (medians of the runs; DataLoader start-up is inside the timing
 ratios (b)/(a), (b)/(c), (b)/(d); then a profile of (b), warm, workers 0.
 
     python -m benchmarks bench_shards               # ~3 GB corpus, 3 runs each
+    python -m benchmarks bench_shards --ablation    # and (b'): read-ahead thread off
     python -m benchmarks bench_shards --tiny        # 60 utterances, 1 run (smoke test)
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import io
 import os
@@ -137,6 +141,24 @@ def speechpipe_reader(paths, workers):
         .batch(BATCH).collate(collate_fn=collate_fn()))
 
 
+READAHEAD_ENV = "SPEECHPIPE_SHARD_READAHEAD"
+
+
+class _ReadAheadOff:
+    """``SPEECHPIPE_SHARD_READAHEAD=0`` while a run lasts (workers inherit it: they start
+    inside the run)."""
+
+    def __enter__(self):
+        self.saved = os.environ.get(READAHEAD_ENV)
+        os.environ[READAHEAD_ENV] = "0"
+
+    def __exit__(self, *exc):
+        if self.saved is None:
+            del os.environ[READAHEAD_ENV]
+        else:
+            os.environ[READAHEAD_ENV] = self.saved
+
+
 class ScpDataset(torch.utils.data.Dataset):
     """Map-style: one utterance per index, read through its feats.scp offset.
 
@@ -198,7 +220,7 @@ def consume(dataset, workers: int, map_style: bool = False) -> int:
     return count
 
 
-def measure(name, build, files, data_bytes, workers, cold, runs, map_style=False):
+def measure(name, build, files, data_bytes, workers, cold, runs, map_style=False, env=None):
     rates = []
     count = 0
     for _ in range(runs):
@@ -206,24 +228,25 @@ def measure(name, build, files, data_bytes, workers, cold, runs, map_style=False
             evict(files)
         else:
             warm(files)
-        start = time.perf_counter()
-        count = consume(build(workers), workers, map_style=map_style)
-        rates.append(time.perf_counter() - start)
+        with env or contextlib.nullcontext():
+            start = time.perf_counter()
+            count = consume(build(workers), workers, map_style=map_style)
+            rates.append(time.perf_counter() - start)
     seconds = statistics.median(rates)
     return {"name": name, "workers": workers, "cache": "cold" if cold else "warm",
             "items": count, "seconds": seconds, "mb_s": data_bytes / 1e6 / seconds}
 
 
-def run(n: int, shard_size: int, runs: int, root: str) -> list[dict]:
+def run(n: int, shard_size: int, runs: int, root: str, ablation: bool = False) -> list[dict]:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return _run(n, shard_size, runs, root)
+        return _run(n, shard_size, runs, root, ablation)
     finally:
         torch.set_num_threads(threads)
 
 
-def _run(n: int, shard_size: int, runs: int, root: str) -> list[dict]:
+def _run(n: int, shard_size: int, runs: int, root: str, ablation: bool) -> list[dict]:
     paths, scp = make_corpus(root, n, shard_size)
     shard_bytes = sum(os.path.getsize(p) for p in paths)
     ark = os.path.join(root, "feats.ark")
@@ -238,6 +261,10 @@ def _run(n: int, shard_size: int, runs: int, root: str) -> list[dict]:
             rows.append(measure("(b) speechpipe sharded_shuffle",
                                 lambda w: speechpipe_reader(paths, w), paths, shard_bytes,
                                 workers, cold, runs))
+            if ablation:
+                rows.append(measure("(b') speechpipe, read-ahead off",
+                                    lambda w: speechpipe_reader(paths, w), paths, shard_bytes,
+                                    workers, cold, runs, env=_ReadAheadOff()))
             rows.append(measure("(c) map-style scp reads", lambda w: ScpDataset(scp, text),
                                 [ark], os.path.getsize(ark), workers, cold, runs,
                                 map_style=True))
@@ -263,10 +290,14 @@ def table(rows: list[dict]) -> str:
         for workers in (0, 2):
             get = {r["name"][:3]: r for r in rows if r["cache"] == cache and r["workers"] == workers}
             b = get["(b)"]
-            out.append(
+            line = (
                 f"{cache} workers {workers}: (b)/(a) MB/s {b['mb_s'] / get['(a)']['mb_s']:.2f}, "
                 f"(b)/(c) utt/s {b['utt_s'] / get['(c)']['utt_s']:.2f}, "
                 f"(b)/(d) utt/s {b['utt_s'] / get['(d)']['utt_s']:.2f}")
+            ablated = get.get("(b'")  # the name's first three characters
+            if ablated is not None:
+                line += f", (b)/(b') {b['utt_s'] / ablated['utt_s']:.2f}"
+            out.append(line)
     return "\n".join(out)
 
 
@@ -296,15 +327,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--shard-size", type=int, default=500)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--root", default=None, help="corpus folder (reused if present)")
+    parser.add_argument("--ablation", action="store_true",
+                        help="also run (b) with the read-ahead thread off")
     args = parser.parse_args(argv)
     if args.tiny:
         with tempfile.TemporaryDirectory() as root:
-            rows = run(60, 20, 1, root)
+            rows = run(60, 20, 1, root, ablation=True)
             print(table(rows))
         return
     root = args.root or os.path.join(tempfile.gettempdir(),
                                      f"speechpipe-bench-shards-{args.utterances}")
-    rows = run(args.utterances, args.shard_size, args.runs, root)
+    rows = run(args.utterances, args.shard_size, args.runs, root, args.ablation)
     print(table(rows))
     print("profile of (b), warm, workers 0 (by own time):")
     print(profile(make_corpus(root, args.utterances, args.shard_size)[0]))

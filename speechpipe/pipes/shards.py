@@ -33,13 +33,19 @@ the mapping -- no copy, no fresh heap allocation; the bytes stay in the page cac
 consumer (``decode``'s ``.npy`` view, then collation) copies them once into a batch -- and
 other payloads (text, JSON, labels, unknown members, small ones) are copied into ``bytes``. A
 view is bytes-like (``np.frombuffer``, ``soundfile``, ``io.BytesIO`` take it); ``bytes(view)``
-makes a copy for code that insists on ``bytes``. Reading ahead is
-asked of the kernel (``madvise(MADV_WILLNEED)``) as the reader walks the file, so a cold
-shard is still read sequentially. Remote (``http(s)://``) and ``pipe:`` streams, compressed
-file objects, ``BytesIO`` and anything else are read with ``read`` as before, payloads as
-``bytes``. Every check is the same on both paths: header checksums, the end-of-archive
-marker, each member's extent checked against the mapped size before any of it is touched, so
-a truncated shard raises :class:`~speechpipe.errors.DataError` naming the shard and the member.
+makes a copy for code that insists on ``bytes``. On Linux, a shard of 16 MiB or more that
+is not in the page cache gets a read-ahead thread (:mod:`speechpipe.pipes._readahead`): it
+reads the file sequentially up to 256 MiB ahead of the reader and enters the pages in the
+mapping, without holding the GIL, so the reader (often the training loop's thread) neither
+waits for the disk nor takes page faults; a reader that finishes a shard lets its thread finish
+too (the views it handed out are still to be read), one stopped early stops it. A shard in the
+page cache needs nothing; smaller shards, other systems and ``SPEECHPIPE_SHARD_READAHEAD=0``
+ask the kernel for read-ahead (``madvise(MADV_WILLNEED)``) as the reader walks the file.
+Remote (``http(s)://``) and ``pipe:`` streams, compressed file objects, ``BytesIO`` and
+anything else are read with ``read`` as before, payloads as ``bytes``. Every check is the
+same on both paths: header checksums, the end-of-archive marker, each member's extent checked
+against the mapped size before any of it is touched, so a truncated shard raises
+:class:`~speechpipe.errors.DataError` naming the shard and the member.
 
 A view keeps the mapping alive after the stream is closed (before Python 3.13 the mapping
 also holds a duplicate file descriptor); a shard is unmapped with its last view -- after
@@ -76,6 +82,7 @@ from typing import Any, BinaryIO, Callable, Iterable, Iterator, Mapping
 from ..diagnostics import Diagnostics, check_on_error
 from ..errors import DataError
 from ..sample import KEY, SAMPLE_RATE, SOURCE, Sample
+from . import _readahead
 from ._base import IterDataPipe, functional_datapipe
 from .decode import AUDIO_EXTENSIONS, NPY_EXTENSIONS, encode_field
 
@@ -97,9 +104,10 @@ _CHUNK = 1 << 26
 # After the end-of-archive marker, at most this much is read to reach the end of the stream.
 _TRAILER = 1 << 20
 # Mapped shards: payloads of at least _VIEW_MIN bytes are zero-copy views of the mapping,
-# smaller ones are copied into bytes. The kernel is asked (MADV_WILLNEED) to have the next
-# _READ_AHEAD bytes read, half a window at a time: on the 3000-utterance benchmark, cold, an
-# 8 MiB window beat 2, 4, 16 and 32 MiB (larger ones stalled on major faults).
+# smaller ones are copied into bytes. Where no read-ahead thread runs (see _readahead), the
+# kernel is asked (MADV_WILLNEED) to have the next _READ_AHEAD bytes read, half a window at a
+# time: on the 3000-utterance benchmark, cold, an 8 MiB window beat 2, 4, 16 and 32 MiB
+# (larger ones stalled on major faults).
 # SPEECHPIPE_SHARD_MMAP=0 turns mapping off by default.
 _VIEW_MIN = 1 << 16
 # Only arrays and audio are views (what ``decode`` turns into arrays; bytes-like consumers --
@@ -349,7 +357,7 @@ class _MappedFile:
     become shorter than the mapping since (touching the cut part would raise SIGBUS).
     """
 
-    __slots__ = ("map", "file", "buffer", "start", "pos", "size", "ahead")
+    __slots__ = ("map", "file", "buffer", "start", "pos", "size", "ahead", "helper")
 
     def __init__(self, mapping: _mmap.mmap, start: int, file: Any) -> None:
         self.map = mapping
@@ -358,6 +366,12 @@ class _MappedFile:
         self.start = self.pos = start
         self.size = len(mapping)
         self.ahead = start - start % _mmap.PAGESIZE  # read-ahead asked for up to here
+        # Large files on Linux (see _readahead): a thread reads a cold file ahead of us, and
+        # a file in the page cache needs no read-ahead; for the others, madvise as we go.
+        how = _readahead.plan(mapping, file.fileno(), start)
+        self.helper = how if isinstance(how, _readahead.ReadAhead) else None
+        if how is not False:
+            self.ahead = self.size  # no inline madvise
 
     @classmethod
     def open(cls, stream: Any, *, check_fs: bool = False) -> _MappedFile | None:
@@ -388,7 +402,11 @@ class _MappedFile:
     def _read_ahead(self, end: int) -> None:
         # Keep the kernel reading up to a window ahead of the reader (asked for half a window
         # at a time), as it does for sequential reads; pages not asked for are read on demand.
+        # With a helper thread, only tell it where we are when it waits for us.
         if end + _READ_AHEAD // 2 <= self.ahead or self.ahead >= self.size:
+            helper = self.helper
+            if helper is not None and end >= helper.resume_at:
+                helper.advance(end)
             return
         stop = max(end, self.ahead) + _READ_AHEAD
         stop = self.size if stop >= self.size else stop - stop % _mmap.PAGESIZE
@@ -426,8 +444,15 @@ class _MappedFile:
             return None
         return now if now < self.size else None
 
-    def release(self) -> None:
-        """Unmap now unless payload views still use the mapping (then it goes with them)."""
+    def release(self, finished: bool = False) -> None:
+        """Unmap now unless payload views or a read-ahead thread still use the mapping (then
+        it goes with them). A reader that ``finished`` the file lets its read-ahead thread
+        finish too (the views handed out will be read); one that stopped early stops it."""
+        if self.helper is not None:
+            if finished:
+                self.helper.advance(self.size)
+            else:
+                self.helper.stop()
         self.buffer.release()
         try:
             self.map.close()
@@ -493,13 +518,15 @@ def iter_tar_members(
     if mapped is None:
         yield from _iter_members(stream.read, None, source)
         return
+    finished = False
     try:
         yield from _iter_members(None, mapped, source)
+        finished = True
         # Leave the stream where the reading path leaves it (after the trailer it reads).
         if not mapped.file.closed:
             mapped.file.seek(mapped.pos)
     finally:
-        mapped.release()
+        mapped.release(finished)
 
 
 def _iter_members(
