@@ -31,7 +31,10 @@ after a warming read (warm). torch runs one intra-op thread in the main process 
 DataLoader workers): the padding and the sum are small, and two OpenMP threads spin-waiting
 on a busy 2-CPU machine made identical runs differ tenfold. Reported: utterances/s and MB/s
 of the data files (medians of the runs; DataLoader start-up is inside the timing) and the
-ratios (b)/(a), (b)/(c), (b)/(d); then a profile of (b), warm, workers 0.
+ratios (b)/(a), (b)/(c), (b)/(d); "main busy", the main thread's CPU time over the wall time
+(``time.thread_time``, median) -- without workers the rest is the reader waiting, for the disk
+or for its read-ahead thread: where the time goes cold --; then a profile of (b), warm,
+workers 0 (where it goes warm).
 
     python -m benchmarks bench_shards               # ~3 GB corpus, 3 runs each
     python -m benchmarks bench_shards --ablation    # and (b'): read-ahead thread off
@@ -221,7 +224,7 @@ def consume(dataset, workers: int, map_style: bool = False) -> int:
 
 
 def measure(name, build, files, data_bytes, workers, cold, runs, map_style=False, env=None):
-    rates = []
+    rates, busy = [], []
     count = 0
     for _ in range(runs):
         if cold:
@@ -229,12 +232,15 @@ def measure(name, build, files, data_bytes, workers, cold, runs, map_style=False
         else:
             warm(files)
         with env or contextlib.nullcontext():
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.thread_time()
             count = consume(build(workers), workers, map_style=map_style)
-            rates.append(time.perf_counter() - start)
+            wall = time.perf_counter() - start
+            rates.append(wall)
+            busy.append((time.thread_time() - cpu) / wall)
     seconds = statistics.median(rates)
     return {"name": name, "workers": workers, "cache": "cold" if cold else "warm",
-            "items": count, "seconds": seconds, "mb_s": data_bytes / 1e6 / seconds}
+            "items": count, "seconds": seconds, "mb_s": data_bytes / 1e6 / seconds,
+            "busy": statistics.median(busy)}
 
 
 def run(n: int, shard_size: int, runs: int, root: str, ablation: bool = False) -> list[dict]:
@@ -280,11 +286,11 @@ def _run(n: int, shard_size: int, runs: int, root: str, ablation: bool) -> list[
 
 
 def table(rows: list[dict]) -> str:
-    head = f"{'reader':<32} {'cache':<5} {'wk':>2} {'utt/s':>8} {'MB/s':>8}"
+    head = f"{'reader':<32} {'cache':<5} {'wk':>2} {'utt/s':>8} {'MB/s':>8} {'main busy':>9}"
     out = [head, "-" * len(head)]
     for r in rows:
         out.append(f"{r['name']:<32} {r['cache']:<5} {r['workers']:>2} {r['utt_s']:>8.0f} "
-                   f"{r['mb_s']:>8.0f}")
+                   f"{r['mb_s']:>8.0f} {r['busy']:>9.2f}")
     out.append("")
     for cache in ("cold", "warm"):
         for workers in (0, 2):
