@@ -10,8 +10,10 @@ What is checked, on real files with their pages evicted from the page cache
   the reader, and follows the reader when told where it is;
 - ``stop`` ends the thread and closes its descriptor, early or at the end;
 - through ``iter_tar_members`` and ``sharded_shuffle``, a cold shard is read with a helper and
-  the members are those of the reading path; a shard cut while it is read still raises the
-  shrinking ``DataError`` (the helper's short read ends it quietly).
+  the members are those of the reading path; a reader that finishes first leaves its helper to
+  read the rest; a shard cut while it is read still raises the shrinking ``DataError`` (the
+  helper's short read ends it quietly);
+- forked DataLoader workers start their own helpers and give the batches of read-ahead off.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import time
 
 import numpy as np
 import pytest
+import torch
 
 import speechpipe  # noqa: F401  (registers the pipes)
 from speechpipe.errors import DataError
@@ -320,3 +323,52 @@ def test_sharded_shuffle_over_cold_shards_gives_the_samples_of_the_switched_off_
     for (key, a, text), (_, b, _) in zip(with_helpers, without):
         assert np.array_equal(a, b) and np.array_equal(a, feats[key]) and text == key
     assert helper_threads() == 0
+
+
+def test_dataloader_workers_read_cold_shards_with_helpers_and_give_the_same_batches(
+        tmp_path, monkeypatch, small_window):
+    """Two forked DataLoader workers (speechpipe's loader), each reading its cold shards with
+    its own helpers: the batches are those of the same loader with read-ahead off."""
+    from speechpipe.loader import build_loader
+    from speechpipe.pipes.collate import PadCollate
+
+    rng = np.random.default_rng(4)
+    feats = {f"u{i:02d}": rng.standard_normal((1500 + 53 * i, 80), dtype=np.float32)
+             for i in range(32)}
+    with ShardWriter(str(tmp_path / "d-%05d.tar"), maxcount=8) as writer:
+        for key, value in feats.items():
+            writer.write({"key": key, "feats.npy": value, "txt": key})
+    assert all(os.path.getsize(p) > 2 * MIB for p in writer.paths)  # above _MIN_SIZE here
+    log = tmp_path / "helpers.log"
+    real_plan = _readahead.plan
+
+    def logging_plan(*args):  # forked workers inherit it: each appends its pid per helper
+        how = real_plan(*args)
+        if isinstance(how, _readahead.ReadAhead):
+            with open(log, "a") as f:
+                f.write(f"{os.getpid()}\n")
+        return how
+
+    monkeypatch.setattr(_readahead, "plan", logging_plan)
+
+    def batches():
+        for path in writer.paths:
+            evict(path)
+        pipe = (IterableWrapper(writer.paths).sharded_shuffle(buffer_size=6, seed=2).decode()
+                .batch(4).collate(collate_fn=PadCollate(fields=("key", "feats"))))
+        loader = build_loader(pipe, num_workers=2, seed=0, multiprocessing_context="fork")
+        return [(b["key"], b["feats"].clone(), b["feats_len"].clone()) for b in loader]
+
+    with_helpers = batches()
+    pids = log.read_text().split()
+    assert len(pids) == 4 and len(set(pids)) == 2  # a helper per shard, in both workers
+    assert str(os.getpid()) not in pids
+    monkeypatch.setenv("SPEECHPIPE_SHARD_READAHEAD", "0")
+    without = batches()
+    assert log.read_text().split() == pids  # none with read-ahead off
+    assert [k for k, _, _ in with_helpers] == [k for k, _, _ in without]
+    assert sorted(k for keys, _, _ in with_helpers for k in keys) == sorted(feats)
+    for (keys, a, la), (_, b, lb) in zip(with_helpers, without):
+        assert torch.equal(a, b) and torch.equal(la, lb)
+        for row, key in enumerate(keys):
+            assert torch.equal(a[row, :la[row]], torch.from_numpy(feats[key]))
