@@ -186,15 +186,24 @@ def test_residency_is_sampled_over_the_whole_file(tmp_path, small_window):
         assert _readahead.plan(m, f.fileno(), 0) is True
 
 
-def big_shard(tmp_path, count: int = 12, frames: int = 4000):
-    """A shard of ``count`` 1.28 MB feature matrices (about 15 MB), written and evicted."""
-    rng = np.random.default_rng(1)
-    feats = {f"utt{i:02d}": rng.standard_normal((frames, 80), dtype=np.float32)
+def feature_shards(tmp_path, *, count: int, per_shard: int, frames: tuple[int, int],
+                   seed: int, prefix: str = "u"):
+    """``count`` float32 feature matrices of ``frames[0] + frames[1] * i`` frames x 80, as
+    ``{"key", "feats.npy", "txt"}`` samples in shards of ``per_shard``: (paths, features)."""
+    rng = np.random.default_rng(seed)
+    feats = {f"{prefix}{i:02d}": rng.standard_normal((frames[0] + frames[1] * i, 80),
+                                                      dtype=np.float32)
              for i in range(count)}
-    with ShardWriter(str(tmp_path / "d-%05d.tar"), maxcount=count) as writer:
+    with ShardWriter(str(tmp_path / "d-%05d.tar"), maxcount=per_shard) as writer:
         for key, value in feats.items():
             writer.write({"key": key, "feats.npy": value, "txt": key})
-    [path] = writer.paths
+    return writer.paths, feats
+
+
+def big_shard(tmp_path):
+    """One shard of 12 feature matrices of 1.28 MB (about 15 MB), written and evicted."""
+    [path], feats = feature_shards(tmp_path, count=12, per_shard=12, frames=(4000, 0), seed=1,
+                                   prefix="utt")
     evict(path)
     return path, feats
 
@@ -298,19 +307,13 @@ def test_a_shard_cut_while_its_helper_reads_it_raises_the_shrinking_error(tmp_pa
 
 def test_sharded_shuffle_over_cold_shards_gives_the_samples_of_the_switched_off_path(
         tmp_path, monkeypatch, small_window):
-    rng = np.random.default_rng(3)
-    feats = {f"u{i:02d}": rng.standard_normal((2000 + 37 * i, 80), dtype=np.float32)
-             for i in range(30)}
-    with ShardWriter(str(tmp_path / "d-%05d.tar"), maxcount=10) as writer:
-        for key, value in feats.items():
-            writer.write({"key": key, "feats.npy": value, "txt": key})
-
+    paths, feats = feature_shards(tmp_path, count=30, per_shard=10, frames=(2000, 37), seed=3)
     helpers = capture_helpers(monkeypatch)
 
     def run():
-        for path in writer.paths:
+        for path in paths:
             evict(path)
-        pipe = IterableWrapper(writer.paths).sharded_shuffle(buffer_size=7, seed=5).decode()
+        pipe = IterableWrapper(paths).sharded_shuffle(buffer_size=7, seed=5).decode()
         return [(s["key"], s["feats"].copy(), s["text"]) for s in pipe]
 
     with_helpers = run()
@@ -332,13 +335,8 @@ def test_dataloader_workers_read_cold_shards_with_helpers_and_give_the_same_batc
     from speechpipe.loader import build_loader
     from speechpipe.pipes.collate import PadCollate
 
-    rng = np.random.default_rng(4)
-    feats = {f"u{i:02d}": rng.standard_normal((1500 + 53 * i, 80), dtype=np.float32)
-             for i in range(32)}
-    with ShardWriter(str(tmp_path / "d-%05d.tar"), maxcount=8) as writer:
-        for key, value in feats.items():
-            writer.write({"key": key, "feats.npy": value, "txt": key})
-    assert all(os.path.getsize(p) > 2 * MIB for p in writer.paths)  # above _MIN_SIZE here
+    paths, feats = feature_shards(tmp_path, count=32, per_shard=8, frames=(1500, 53), seed=4)
+    assert all(os.path.getsize(p) > 2 * MIB for p in paths)  # above _MIN_SIZE here
     log = tmp_path / "helpers.log"
     real_plan = _readahead.plan
 
@@ -352,9 +350,9 @@ def test_dataloader_workers_read_cold_shards_with_helpers_and_give_the_same_batc
     monkeypatch.setattr(_readahead, "plan", logging_plan)
 
     def batches():
-        for path in writer.paths:
+        for path in paths:
             evict(path)
-        pipe = (IterableWrapper(writer.paths).sharded_shuffle(buffer_size=6, seed=2).decode()
+        pipe = (IterableWrapper(paths).sharded_shuffle(buffer_size=6, seed=2).decode()
                 .batch(4).collate(collate_fn=PadCollate(fields=("key", "feats"))))
         loader = build_loader(pipe, num_workers=2, seed=0, multiprocessing_context="fork")
         return [(b["key"], b["feats"].clone(), b["feats_len"].clone()) for b in loader]
