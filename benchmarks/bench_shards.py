@@ -29,9 +29,11 @@ Each in the main process (workers 0) and with DataLoader workers 2, with the pag
 evicted for the data files before each run (``posix_fadvise(POSIX_FADV_DONTNEED)``: cold) and
 after a warming read (warm). torch runs one intra-op thread in the main process (as in
 DataLoader workers): the padding and the sum are small, and two OpenMP threads spin-waiting
-on a busy 2-CPU machine made identical runs differ tenfold. Reported: utterances/s and MB/s
-of the data files (medians of the runs; DataLoader start-up is inside the timing) and the
-ratios (b)/(a), (b)/(c), (b)/(d); "main busy", the main thread's CPU time over the wall time
+on a busy 2-CPU machine made identical runs differ tenfold. The readers take turns run by run
+(the order rotated each round), so that a slow spell of the machine falls on all of them.
+Reported: utterances/s and MB/s of the data files (medians of the runs; DataLoader start-up is
+inside the timing) and the ratios (b)/(a), (b)/(c), (b)/(d) with the range of the per-round
+ratios; "main busy", the main thread's CPU time over the wall time
 (``time.thread_time``, median) -- without workers the rest is the reader waiting, for the disk
 or for its read-ahead thread: where the time goes cold --; then a profile of (b), warm,
 workers 0 (where it goes warm).
@@ -52,6 +54,7 @@ import pstats
 import statistics
 import tempfile
 import time
+from typing import Any, Callable, NamedTuple
 
 import numpy as np
 import torch
@@ -223,24 +226,50 @@ def consume(dataset, workers: int, map_style: bool = False) -> int:
     return count
 
 
-def measure(name, build, files, data_bytes, workers, cold, runs, map_style=False, env=None):
-    rates, busy = [], []
-    count = 0
-    for _ in range(runs):
-        if cold:
-            evict(files)
-        else:
-            warm(files)
-        with env or contextlib.nullcontext():
-            start, cpu = time.perf_counter(), time.thread_time()
-            count = consume(build(workers), workers, map_style=map_style)
-            wall = time.perf_counter() - start
-            rates.append(wall)
-            busy.append((time.thread_time() - cpu) / wall)
-    seconds = statistics.median(rates)
-    return {"name": name, "workers": workers, "cache": "cold" if cold else "warm",
-            "items": count, "seconds": seconds, "mb_s": data_bytes / 1e6 / seconds,
-            "busy": statistics.median(busy)}
+class Reader(NamedTuple):
+    """One contender: how to build it for a number of workers, and the data files it reads."""
+
+    name: str
+    build: Callable[[int], Any]
+    files: list[str]
+    data_bytes: int
+    map_style: bool = False
+    env: Any = None  # a context manager around each run
+
+
+def one_run(reader: Reader, workers: int, cold: bool) -> tuple[int, float, float]:
+    """(items, seconds, main thread's CPU seconds) of one run, cache made cold or warm first."""
+    if cold:
+        evict(reader.files)
+    else:
+        warm(reader.files)
+    with reader.env or contextlib.nullcontext():
+        start, cpu = time.perf_counter(), time.thread_time()
+        count = consume(reader.build(workers), workers, map_style=reader.map_style)
+        return count, time.perf_counter() - start, time.thread_time() - cpu
+
+
+def measure(readers: list[Reader], workers: int, cold: bool, runs: int) -> list[dict]:
+    """Every reader ``runs`` times, taking turns run by run (the order rotated each round), so
+    that a slow spell of the machine falls on all of them; a row per reader with its per-round
+    wall times."""
+    times: dict[str, list[float]] = {r.name: [] for r in readers}
+    busy: dict[str, list[float]] = {r.name: [] for r in readers}
+    counts: dict[str, int] = {}
+    for round_ in range(runs):
+        shift = round_ % len(readers)
+        for reader in readers[shift:] + readers[:shift]:
+            counts[reader.name], wall, cpu = one_run(reader, workers, cold)
+            times[reader.name].append(wall)
+            busy[reader.name].append(cpu / wall)
+    rows = []
+    for reader in readers:
+        seconds = statistics.median(times[reader.name])
+        rows.append({"name": reader.name, "workers": workers, "cache": "cold" if cold else "warm",
+                     "items": counts[reader.name], "seconds": seconds,
+                     "rounds": times[reader.name], "mb_s": reader.data_bytes / 1e6 / seconds,
+                     "busy": statistics.median(busy[reader.name])})
+    return rows
 
 
 def run(n: int, shard_size: int, runs: int, root: str, ablation: bool = False) -> list[dict]:
@@ -259,23 +288,22 @@ def _run(n: int, shard_size: int, runs: int, root: str, ablation: bool) -> list[
     text = os.path.join(root, "text")
     print(f"corpus: {n} utterances, {len(paths)} shards, {shard_bytes / 1e9:.2f} GB of shards, "
           f"{os.path.getsize(ark) / 1e9:.2f} GB of arks")
+    readers = [
+        Reader("(a) raw sequential read", lambda w: raw_read(paths, w)[0], paths, shard_bytes),
+        Reader("(b) speechpipe sharded_shuffle", lambda w: speechpipe_reader(paths, w), paths,
+               shard_bytes),
+        Reader("(c) map-style scp reads", lambda w: ScpDataset(scp, text), [ark],
+               os.path.getsize(ark), map_style=True),
+        Reader("(d) webdataset", lambda w: webdataset_reader(paths, w), paths, shard_bytes),
+    ]
+    if ablation:
+        readers.insert(2, Reader("(b') speechpipe, read-ahead off",
+                                 lambda w: speechpipe_reader(paths, w), paths, shard_bytes,
+                                 env=_ReadAheadOff()))
     rows = []
     for cold in (True, False):
         for workers in (0, 2):
-            rows.append(measure("(a) raw sequential read", lambda w: raw_read(paths, w)[0],
-                                paths, shard_bytes, workers, cold, runs))
-            rows.append(measure("(b) speechpipe sharded_shuffle",
-                                lambda w: speechpipe_reader(paths, w), paths, shard_bytes,
-                                workers, cold, runs))
-            if ablation:
-                rows.append(measure("(b') speechpipe, read-ahead off",
-                                    lambda w: speechpipe_reader(paths, w), paths, shard_bytes,
-                                    workers, cold, runs, env=_ReadAheadOff()))
-            rows.append(measure("(c) map-style scp reads", lambda w: ScpDataset(scp, text),
-                                [ark], os.path.getsize(ark), workers, cold, runs,
-                                map_style=True))
-            rows.append(measure("(d) webdataset", lambda w: webdataset_reader(paths, w),
-                                paths, shard_bytes, workers, cold, runs))
+            rows.extend(measure(readers, workers, cold, runs))
     for row in rows:
         if row["name"].startswith("(a)"):
             row["utt_s"] = float("nan")
@@ -285,6 +313,21 @@ def _run(n: int, shard_size: int, runs: int, root: str, ablation: bool) -> list[
     return rows
 
 
+def _ratio(b: dict, other: dict, what: str) -> str:
+    """``b``'s rate over ``other``'s (medians), with the range of the per-round ratios."""
+    if what == "MB/s":
+        median = b["mb_s"] / other["mb_s"]
+    else:
+        median = b["utt_s"] / other["utt_s"]
+    # Per round: the same work, so the rate ratio is the inverse ratio of the times (scaled by
+    # the bytes read, for MB/s against a reader of other files).
+    scale = median * b["seconds"] / other["seconds"]
+    per_round = [scale * o / s for s, o in zip(b["rounds"], other["rounds"])]
+    if len(per_round) < 2:
+        return f"{median:.2f}"
+    return f"{median:.2f} [{min(per_round):.2f}-{max(per_round):.2f}]"
+
+
 def table(rows: list[dict]) -> str:
     head = f"{'reader':<32} {'cache':<5} {'wk':>2} {'utt/s':>8} {'MB/s':>8} {'main busy':>9}"
     out = [head, "-" * len(head)]
@@ -292,17 +335,17 @@ def table(rows: list[dict]) -> str:
         out.append(f"{r['name']:<32} {r['cache']:<5} {r['workers']:>2} {r['utt_s']:>8.0f} "
                    f"{r['mb_s']:>8.0f} {r['busy']:>9.2f}")
     out.append("")
+    out.append("ratios: of the medians [range of the per-round ratios]")
     for cache in ("cold", "warm"):
         for workers in (0, 2):
             get = {r["name"][:3]: r for r in rows if r["cache"] == cache and r["workers"] == workers}
             b = get["(b)"]
-            line = (
-                f"{cache} workers {workers}: (b)/(a) MB/s {b['mb_s'] / get['(a)']['mb_s']:.2f}, "
-                f"(b)/(c) utt/s {b['utt_s'] / get['(c)']['utt_s']:.2f}, "
-                f"(b)/(d) utt/s {b['utt_s'] / get['(d)']['utt_s']:.2f}")
+            line = (f"{cache} workers {workers}: (b)/(a) MB/s {_ratio(b, get['(a)'], 'MB/s')}, "
+                    f"(b)/(c) utt/s {_ratio(b, get['(c)'], 'utt/s')}, "
+                    f"(b)/(d) utt/s {_ratio(b, get['(d)'], 'utt/s')}")
             ablated = get.get("(b'")  # the name's first three characters
             if ablated is not None:
-                line += f", (b)/(b') {b['utt_s'] / ablated['utt_s']:.2f}"
+                line += f", (b)/(b') {_ratio(b, ablated, 'utt/s')}"
             out.append(line)
     return "\n".join(out)
 
