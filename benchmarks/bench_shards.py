@@ -338,7 +338,8 @@ def table(rows: list[dict]) -> str:
     out.append("ratios: of the medians [range of the per-round ratios]")
     for cache in ("cold", "warm"):
         for workers in (0, 2):
-            get = {r["name"][:3]: r for r in rows if r["cache"] == cache and r["workers"] == workers}
+            get = {r["name"][:3]: r for r in rows
+                   if r["cache"] == cache and r["workers"] == workers}
             b = get["(b)"]
             line = (f"{cache} workers {workers}: (b)/(a) MB/s {_ratio(b, get['(a)'], 'MB/s')}, "
                     f"(b)/(c) utt/s {_ratio(b, get['(c)'], 'utt/s')}, "
