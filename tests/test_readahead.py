@@ -3,8 +3,9 @@
 What is checked, on real files with their pages evicted from the page cache
 (``posix_fadvise(DONTNEED)``; skipped where the file system keeps them, as tmpfs does):
 
-- a helper starts for a cold file and not for a small one, a file already in the page cache,
-  or with ``SPEECHPIPE_SHARD_READAHEAD=0``;
+- a helper starts for a large file, not for a small one or with
+  ``SPEECHPIPE_SHARD_READAHEAD=0``; it reads (copies) a file not all in the page cache, and
+  only populates one that is (residency sampled over the whole file);
 - it brings the pages ahead of the reader into the page cache (``mincore``) and into this
   process's page table (``/proc/self/pagemap``'s present bit), no further than its window past
   the reader, and follows the reader when told where it is;
@@ -117,8 +118,8 @@ def test_a_helper_reads_and_maps_a_window_ahead_of_the_reader_then_follows_it(tm
                                                                                small_window):
     path = cold_file(tmp_path / "big.bin", 16 * MIB)
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
-        helper = _readahead.plan(m, f.fileno(), 0)
-        assert isinstance(helper, _readahead.ReadAhead)
+        helper = _readahead.start(m, f.fileno(), 0)
+        assert helper is not None and helper.copies
         wait_until(lambda: waiting(helper))
         window = 4 * MIB // PAGE
         assert helper.reached == helper.copied == helper.populated == 4 * MIB
@@ -142,7 +143,7 @@ def test_stop_ends_the_helper_and_closes_its_descriptor(tmp_path, small_window):
     before = open_fds()
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
         mapped_fds = open_fds()
-        helper = _readahead.plan(m, f.fileno(), 0)
+        helper = _readahead.start(m, f.fileno(), 0)
         assert open_fds() == mapped_fds + 1  # the helper's own descriptor
         wait_until(lambda: waiting(helper))  # it waits for a reader that never comes
         helper.stop()
@@ -152,38 +153,44 @@ def test_stop_ends_the_helper_and_closes_its_descriptor(tmp_path, small_window):
     assert open_fds() == before
 
 
-def test_no_helper_for_a_small_file_a_cached_file_or_when_switched_off(tmp_path, monkeypatch,
-                                                                     small_window):
+def test_no_helper_for_a_small_file_or_when_switched_off(tmp_path, monkeypatch, small_window):
     path = cold_file(tmp_path / "big.bin", 8 * MIB)
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
-        # False: read ahead inline (1 MiB left is under 2 MiB; switched off)
-        assert _readahead.plan(m, f.fileno(), 7 * MIB) is False
+        assert _readahead.start(m, f.fileno(), 7 * MIB) is None  # 1 MiB left: under 2 MiB
         monkeypatch.setenv("SPEECHPIPE_SHARD_READAHEAD", "0")
-        assert _readahead.plan(m, f.fileno(), 0) is False
-        monkeypatch.delenv("SPEECHPIPE_SHARD_READAHEAD")
-        helper = _readahead.plan(m, f.fileno(), 0)  # cold: a helper
-        assert isinstance(helper, _readahead.ReadAhead)
-        helper.stop()
-        f.seek(0)
+        assert _readahead.start(m, f.fileno(), 0) is None
+    assert helper_threads() == 0
+
+
+def test_a_file_in_the_page_cache_is_populated_not_read_again(tmp_path, small_window):
+    path = cold_file(tmp_path / "big.bin", 8 * MIB)
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
         while f.read(MIB):  # now every page is in the page cache
             pass
-        assert resident(m).all()
-        assert _readahead.plan(m, f.fileno(), 0) is True  # nothing to read ahead
+        assert resident(m).all() and not present(m).any()
+        helper = _readahead.start(m, f.fileno(), 0)
+        assert helper is not None and not helper.copies
+        helper.advance(8 * MIB)
+        wait_until(lambda: not helper.alive)
+        assert helper.copied == 0 and helper.populated == 8 * MIB
+        assert present(m).all()  # the reader will take no fault
 
 
 def test_residency_is_sampled_over_the_whole_file(tmp_path, small_window):
-    """A file whose beginning only was read is cold (the rest is read ahead); one read through
-    is warm."""
+    """A file whose beginning only was read is read (copied) by its helper; one read through
+    is only populated."""
     path = cold_file(tmp_path / "big.bin", 32 * MIB)
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
         f.read(4 * MIB)  # with the kernel's read-ahead, some MiB more
         assert resident(m)[:4 * MIB // PAGE].all() and not resident(m)[-MIB // PAGE:].any()
-        helper = _readahead.plan(m, f.fileno(), 0)
-        assert isinstance(helper, _readahead.ReadAhead)
+        helper = _readahead.start(m, f.fileno(), 0)
+        assert helper is not None and helper.copies
         helper.stop()
         while f.read(MIB):
             pass
-        assert _readahead.plan(m, f.fileno(), 0) is True
+        helper = _readahead.start(m, f.fileno(), 0)
+        assert helper is not None and not helper.copies
+        helper.stop()
 
 
 def feature_shards(tmp_path, *, count: int, per_shard: int, frames: tuple[int, int],
@@ -209,16 +216,16 @@ def big_shard(tmp_path):
 
 
 def capture_helpers(monkeypatch) -> list:
-    """Record the helper (or ``None``) of every ``_readahead.plan`` call."""
+    """Record the helper (or ``None``) of every ``_readahead.start`` call."""
     started = []
-    real_plan = _readahead.plan
+    real_start = _readahead.start
 
-    def recording_plan(*args):
-        how = real_plan(*args)
-        started.append(how if isinstance(how, _readahead.ReadAhead) else None)
-        return how
+    def recording_start(*args):
+        helper = real_start(*args)
+        started.append(helper)
+        return helper
 
-    monkeypatch.setattr(_readahead, "plan", recording_plan)
+    monkeypatch.setattr(_readahead, "start", recording_start)
     return started
 
 
@@ -338,16 +345,16 @@ def test_dataloader_workers_read_cold_shards_with_helpers_and_give_the_same_batc
     paths, feats = feature_shards(tmp_path, count=32, per_shard=8, frames=(1500, 53), seed=4)
     assert all(os.path.getsize(p) > 2 * MIB for p in paths)  # above _MIN_SIZE here
     log = tmp_path / "helpers.log"
-    real_plan = _readahead.plan
+    real_start = _readahead.start
 
-    def logging_plan(*args):  # forked workers inherit it: each appends its pid per helper
-        how = real_plan(*args)
-        if isinstance(how, _readahead.ReadAhead):
+    def logging_start(*args):  # forked workers inherit it: each appends its pid per helper
+        helper = real_start(*args)
+        if helper is not None:
             with open(log, "a") as f:
                 f.write(f"{os.getpid()}\n")
-        return how
+        return helper
 
-    monkeypatch.setattr(_readahead, "plan", logging_plan)
+    monkeypatch.setattr(_readahead, "start", logging_start)
 
     def batches():
         for path in paths:

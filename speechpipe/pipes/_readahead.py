@@ -6,37 +6,40 @@ the disk, both in the thread that touches it -- the training loop's own thread w
 no DataLoader workers. :class:`ReadAhead` moves that work to a helper thread that runs up to
 ``_AHEAD`` bytes ahead of the reader, one ``_CHUNK`` at a time:
 
-- ``os.preadv`` of the chunk into one small reused buffer: the kernel reads the file with its
-  sequential read-ahead and copies each page once, so every page is in the page cache *and*
-  has been touched by a CPU before the reader needs it;
+- for a file not in the page cache, ``os.preadv`` of the chunk into one small reused buffer:
+  the kernel reads the file with its sequential read-ahead and copies each page once, so every
+  page is in the page cache *and* has been touched by a CPU before the reader needs it;
 - ``madvise(MADV_POPULATE_READ)`` (Linux 5.14+) over the chunk: the pages are entered in the
   mapping's page table, so the reader takes no fault at all.
 
 Both are single calls that release the GIL (``os.preadv`` does; ``madvise`` is called through
 :mod:`ctypes`, which releases it around foreign calls -- ``mmap.madvise`` does not, and a
-helper calling it stalls the reader instead of helping it). The helper takes the GIL only
-between chunks, a few times per 64 MiB: a Python thread asking for the GIL while another runs
-Python code waits up to the switch interval (5 ms), so a helper working in small steps falls
-behind a busy reader (measured: 4 MiB steps gave 365-560 MB/s beside a busy main thread, 64 MiB
-steps 1,100-1,700).
+helper calling it stalls the reader instead of helping it: a loop in the main thread ran at
+1.7 M iterations/s beside it, against 63 M beside the ctypes call). The helper takes the GIL
+only between chunks, a few times per 64 MiB: a Python thread asking for the GIL while another
+runs Python code waits up to the switch interval (5 ms), so a helper working in small steps
+falls behind a busy reader (measured: 4 MiB steps gave 365-560 MB/s beside a busy main
+thread, 64 MiB steps 1,100-1,700).
 
-Why the copy when the pages are already being read in: on a virtual machine whose memory the
-host backs lazily (free page reporting, ballooning), the first CPU access to a page the disk
-has just filled costs the host's fault, several microseconds per page -- charged to whichever
-thread touches it first. Measured on this project's 2-core machine (1 GiB, cold): touching a
-file's pages after ``MADV_WILLNEED`` had read them in took 0.84-0.94 s of user time, after a
-``read`` of the same file 0.03 s. The helper takes that cost off the reader.
+Why the copy when the pages are being read in anyway: on a virtual machine whose memory the
+host backs lazily (free page reporting, ballooning -- this project's machine reports free
+pages), the first CPU access to a page the disk has just filled costs the host's fault,
+charged to whichever thread touches it first. Measured here (1 GiB, cold): touching a file's
+pages after ``MADV_WILLNEED`` had read them in took 0.84-0.94 s, 0.64-0.77 s of it user time;
+after a ``read`` of the same file, 0.03 s. The helper takes that cost off the reader.
 
-A shard found in the page cache when it is opened (``mincore`` at 16 places) gets no helper
-and no read-ahead at all: its pages were brought in by a read and touched then, and the
-reader's own faults (16 pages each, with the kernel's fault-around) cost less CPU in all than
-populating page by page. With two DataLoader workers on two cores, where no core is idle, a
-populating helper on warm shards cost 5 % (6 interleaved rounds, every one slower); an
-``MADV_WILLNEED`` over cached pages cost 7 % of a warm pass without workers.
+A file found in the page cache when it is opened (``mincore`` at 16 places) is only
+populated, not copied: its pages were brought in by a read and touched then. Populating
+moves the reader's minor faults (one per 16 pages, with the kernel's fault-around) to the
+helper: warm, without workers, 4,546 MB/s against 3,457 with no helper, and 5,287 against
+3,763 with ``SPEECHPIPE_SHARD_READAHEAD=0`` (8 rounds in random order, medians; the ranges do
+not overlap); with two DataLoader workers on two cores, where no core is idle, 3,607 against
+3,755 and 3,602 against 3,536 (ranges overlapping: no difference). Copying warm files too
+cost 5 % with two workers (6 rounds, every one slower), hence the check.
 
-:func:`plan` decides, per mapped file: a helper (cold, at least ``_MIN_SIZE`` to read, Linux),
-nothing (cached), or ``False`` -- files under ``_MIN_SIZE``, other systems, and every file with
-``SPEECHPIPE_SHARD_READAHEAD=0`` -- where the caller asks for ``MADV_WILLNEED`` as it reads.
+No helper (:func:`start` returns ``None``) for files under ``_MIN_SIZE``, on other systems
+than Linux, and with ``SPEECHPIPE_SHARD_READAHEAD=0``: the caller then asks the kernel for
+read-ahead (``MADV_WILLNEED``) as it reads.
 
 Measured with ``python -m benchmarks bench_shards`` (3 GB of feature shards, 2 cores): cold,
 without workers, 2,016 MB/s (0.85 of a raw sequential read) where the inline ``MADV_WILLNEED``
@@ -54,7 +57,7 @@ import sys
 import threading
 from typing import Any
 
-__all__ = ["ReadAhead", "enabled", "plan"]
+__all__ = ["ReadAhead", "enabled", "start"]
 
 _CHUNK = 64 << 20
 _AHEAD = 256 << 20
@@ -103,7 +106,7 @@ def _address(mapping: mmap.mmap) -> int:
 
 
 class ReadAhead:
-    """The helper thread of one mapped file; made by :func:`plan`.
+    """The helper thread of one mapped file; made by :func:`start`.
 
     The reader reports its position with :meth:`advance` (called when the helper waits for it)
     and, when it stops before the end of the file, ends the helper with :meth:`stop`. A reader
@@ -113,17 +116,20 @@ class ReadAhead:
     when the helper and the payload views are gone.
 
     Attributes (for tests and diagnosis):
+        copies: the file was not all in the page cache: the helper reads it (else it only
+            populates).
         copied: bytes read with ``preadv``.
         populated: bytes entered in the page table with ``MADV_POPULATE_READ``.
         reached: where the helper has got to (a byte offset).
     """
 
-    __slots__ = ("resume_at", "reader", "copied", "populated", "reached", "_stop",
+    __slots__ = ("resume_at", "reader", "copies", "copied", "populated", "reached", "_stop",
                  "_wake", "_thread")
 
     def __init__(self) -> None:
         self.resume_at = float("inf")  # the reader wakes the helper once it passes this
         self.reader = 0
+        self.copies = True
         self.copied = 0
         self.populated = 0
         self.reached = 0
@@ -150,25 +156,23 @@ class ReadAhead:
         return self._thread is not None and self._thread.is_alive()
 
 
-def plan(mapping: mmap.mmap, fd: int, start: int) -> ReadAhead | bool:
-    """How to read ``mapping`` (of the file open as ``fd``) from ``start``: a started helper;
-    ``True`` when the file is in the page cache already (nothing to read ahead); ``False`` when
-    helpers are off or the rest of the file is under ``_MIN_SIZE`` (the caller reads ahead
-    inline)."""
+def start(mapping: mmap.mmap, fd: int, start: int) -> ReadAhead | None:
+    """Start a helper for ``mapping`` (of the file open as ``fd``) from ``start``; ``None``
+    when helpers are off or the rest of the file is under ``_MIN_SIZE``."""
     size = len(mapping)
     if size - start < _MIN_SIZE or not enabled():
-        return False
+        return None
     first = start - start % mmap.PAGESIZE
     try:
         libc = _load_libc()
         address = _address(mapping)
-        if _resident(libc, address + first, size - first):
-            return True
+        copies = not _resident(libc, address + first, size - first)
         own_fd = os.dup(fd)
     except (OSError, AttributeError, ValueError):
-        return False
+        return None
     state = ReadAhead()
     state.reader = start
+    state.copies = copies
     pin = memoryview(mapping)  # released by the thread when it ends
     thread = threading.Thread(target=_run, args=(state, libc, pin, address, own_fd, first),
                               name="speechpipe-shard-readahead", daemon=True)
@@ -178,7 +182,7 @@ def plan(mapping: mmap.mmap, fd: int, start: int) -> ReadAhead | bool:
     except RuntimeError:  # no more threads (interpreter shutting down, limits)
         pin.release()
         os.close(own_fd)
-        return False
+        return None
     return state
 
 
@@ -186,7 +190,7 @@ def _resident(libc: Any, address: int, length: int) -> bool:
     """Whether the pages at ``_PROBES`` evenly spaced places of the range (``_PROBE`` bytes
     each) are all in the page cache: a sample, since ``mincore`` over a whole 200 MB shard
     takes 3 ms (8 % of the time a warm pass spends on that shard here). A file read in part
-    only comes out cold (unless every probe falls in the part read) and is read ahead."""
+    only comes out cold (unless every probe falls in the part read) and is read again."""
     probe = min(_PROBE, length)
     vector = (ctypes.c_ubyte * -(-probe // mmap.PAGESIZE))()
     last = length - probe
@@ -217,10 +221,11 @@ def _run(state: ReadAhead, libc: Any, pin: memoryview, address: int, fd: int,
                     state._wake.wait(1.0)
                 continue
             n = min(_CHUNK, size - pos)
-            got = os.preadv(fd, buffers[:-(-n // _BUFFER)], pos)
-            state.copied += got
-            if got < n:  # the file shrank: the reader says so itself
-                break
+            if state.copies:
+                got = os.preadv(fd, buffers[:-(-n // _BUFFER)], pos)
+                state.copied += got
+                if got < n:  # the file shrank: the reader says so itself
+                    break
             if _populate_works:
                 if libc.madvise(address + pos, n, _MADV_POPULATE_READ) == 0:
                     state.populated += n

@@ -33,14 +33,14 @@ the mapping -- no copy, no fresh heap allocation; the bytes stay in the page cac
 consumer (``decode``'s ``.npy`` view, then collation) copies them once into a batch -- and
 other payloads (text, JSON, labels, unknown members, small ones) are copied into ``bytes``. A
 view is bytes-like (``np.frombuffer``, ``soundfile``, ``io.BytesIO`` take it); ``bytes(view)``
-makes a copy for code that insists on ``bytes``. On Linux, a shard of 16 MiB or more that
-is not in the page cache gets a read-ahead thread (:mod:`speechpipe.pipes._readahead`): it
-reads the file sequentially up to 256 MiB ahead of the reader and enters the pages in the
-mapping, without holding the GIL, so the reader (often the training loop's thread) neither
+makes a copy for code that insists on ``bytes``. On Linux, a shard of 16 MiB or more gets a
+read-ahead thread (:mod:`speechpipe.pipes._readahead`): up to 256 MiB ahead of the reader, it
+reads the file sequentially (unless it is in the page cache already) and enters the pages in
+the mapping, without holding the GIL, so the reader (often the training loop's thread) neither
 waits for the disk nor takes page faults; a reader that finishes a shard lets its thread finish
-too (the views it handed out are still to be read), one stopped early stops it. A shard in the
-page cache needs nothing; smaller shards, other systems and ``SPEECHPIPE_SHARD_READAHEAD=0``
-ask the kernel for read-ahead (``madvise(MADV_WILLNEED)``) as the reader walks the file.
+too (the views it handed out are still to be read), one stopped early stops it. Smaller
+shards, other systems and ``SPEECHPIPE_SHARD_READAHEAD=0`` ask the kernel for read-ahead
+(``madvise(MADV_WILLNEED)``) as the reader walks the file.
 Remote (``http(s)://``) and ``pipe:`` streams, compressed file objects, ``BytesIO`` and
 anything else are read with ``read`` as before, payloads as ``bytes``. Every check is the
 same on both paths: header checksums, the end-of-archive marker, each member's extent checked
@@ -366,11 +366,10 @@ class _MappedFile:
         self.start = self.pos = start
         self.size = len(mapping)
         self.ahead = start - start % _mmap.PAGESIZE  # read-ahead asked for up to here
-        # Large files on Linux (see _readahead): a thread reads a cold file ahead of us, and
-        # a file in the page cache needs no read-ahead; for the others, madvise as we go.
-        how = _readahead.plan(mapping, file.fileno(), start)
-        self.helper = how if isinstance(how, _readahead.ReadAhead) else None
-        if how is not False:
+        # Large files on Linux: a thread reads the file ahead of us (see _readahead); for the
+        # others, madvise as we go.
+        self.helper = _readahead.start(mapping, file.fileno(), start)
+        if self.helper is not None:
             self.ahead = self.size  # no inline madvise
 
     @classmethod
