@@ -266,7 +266,8 @@ def measure(readers: list[Reader], workers: int, cold: bool, runs: int) -> list[
     for reader in readers:
         seconds = statistics.median(times[reader.name])
         rows.append({"name": reader.name, "workers": workers, "cache": "cold" if cold else "warm",
-                     "items": counts[reader.name], "seconds": seconds,
+                     "items": counts[reader.name], "bytes": reader.data_bytes,
+                     "seconds": seconds,
                      "rounds": times[reader.name], "mb_s": reader.data_bytes / 1e6 / seconds,
                      "busy": statistics.median(busy[reader.name])})
     return rows
@@ -313,16 +314,11 @@ def _run(n: int, shard_size: int, runs: int, root: str, ablation: bool) -> list[
     return rows
 
 
-def _ratio(b: dict, other: dict, what: str) -> str:
-    """``b``'s rate over ``other``'s (medians), with the range of the per-round ratios."""
-    if what == "MB/s":
-        median = b["mb_s"] / other["mb_s"]
-    else:
-        median = b["utt_s"] / other["utt_s"]
-    # Per round: the same work, so the rate ratio is the inverse ratio of the times (scaled by
-    # the bytes read, for MB/s against a reader of other files).
-    scale = median * b["seconds"] / other["seconds"]
-    per_round = [scale * o / s for s, o in zip(b["rounds"], other["rounds"])]
+def _ratio(b: dict, other: dict, unit: str) -> str:
+    """``b``'s rate over ``other``'s (of the medians), with the range of the per-round ratios."""
+    work = "bytes" if unit == "MB/s" else "items"
+    median = (b[work] / b["seconds"]) / (other[work] / other["seconds"])
+    per_round = [(b[work] / s) / (other[work] / o) for s, o in zip(b["rounds"], other["rounds"])]
     if len(per_round) < 2:
         return f"{median:.2f}"
     return f"{median:.2f} [{min(per_round):.2f}-{max(per_round):.2f}]"

@@ -57,7 +57,7 @@ import sys
 import threading
 from typing import Any
 
-__all__ = ["ReadAhead", "enabled", "start"]
+__all__ = ["ReadAhead", "enabled", "start", "switched_on"]
 
 _CHUNK = 64 << 20
 _AHEAD = 256 << 20
@@ -87,11 +87,16 @@ def _load_libc() -> Any:
     return _libc
 
 
+def switched_on(variable: str) -> bool:
+    """Whether the environment variable ``variable`` is unset or not one of 0/false/no/off."""
+    return os.environ.get(variable, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
 def enabled() -> bool:
     """Whether helpers are started (Linux, and ``SPEECHPIPE_SHARD_READAHEAD`` is not 0)."""
     if not sys.platform.startswith("linux") or not hasattr(os, "preadv"):
         return False
-    return os.environ.get(_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+    return switched_on(_ENV)
 
 
 def _address(mapping: mmap.mmap) -> int:
@@ -126,10 +131,10 @@ class ReadAhead:
     __slots__ = ("resume_at", "reader", "copies", "copied", "populated", "reached", "_stop",
                  "_wake", "_thread")
 
-    def __init__(self) -> None:
+    def __init__(self, reader: int, copies: bool) -> None:
         self.resume_at = float("inf")  # the reader wakes the helper once it passes this
-        self.reader = 0
-        self.copies = True
+        self.reader = reader
+        self.copies = copies
         self.copied = 0
         self.populated = 0
         self.reached = 0
@@ -170,9 +175,7 @@ def start(mapping: mmap.mmap, fd: int, start: int) -> ReadAhead | None:
         own_fd = os.dup(fd)
     except (OSError, AttributeError, ValueError):
         return None
-    state = ReadAhead()
-    state.reader = start
-    state.copies = copies
+    state = ReadAhead(start, copies)
     pin = memoryview(mapping)  # released by the thread when it ends
     thread = threading.Thread(target=_run, args=(state, libc, pin, address, own_fd, first),
                               name="speechpipe-shard-readahead", daemon=True)

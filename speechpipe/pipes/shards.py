@@ -345,7 +345,7 @@ def _on_network_fs(path: str) -> bool:
 
 
 def _mmap_default() -> bool:
-    return os.environ.get(_MMAP_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+    return _readahead.switched_on(_MMAP_ENV)
 
 
 class _MappedFile:
