@@ -109,7 +109,8 @@ from . import transfer
 from .diagnostics import Diagnostics
 from .errors import SpeechpipeError, mark_location
 from .pipes._base import IterDataPipe, MapDataPipe
-from .pipes.batching import BatchStats, _identity, _Resumable, _Seeded
+from .pipes._state import _identity, _Resumable, _Seeded
+from .pipes.batching import BatchStats
 from .pipes.concurrency import _LEAVES, graph_nodes, to_device
 from .pipes.mixing import propagate_epoch
 from .pipes.sharding import ShardedShufflerIterDataPipe

@@ -57,7 +57,7 @@ from ..errors import DataError, MissingDataError
 from ..sample import AUDIO, DURATION, FEATS, KEY, SAMPLE_RATE, SOURCE, Sample, len_key
 from ..seeding import derive_seed, process_position
 from ._base import IterDataPipe, functional_datapipe
-from .batching import _check_seed, _Seeded
+from ._state import _check_seed, _Seeded
 
 __all__ = [
     "CmvnApplier",

@@ -58,7 +58,7 @@ from ..diagnostics import Diagnostics, check_on_error
 from ..errors import DataError
 from ..sample import KEY, SOURCE
 from ._base import IterDataPipe, MapDataPipe, functional_datapipe
-from .batching import _held, _identity, _Resumable
+from ._state import _held, _identity, _Resumable
 
 __all__ = [
     "DeviceMover",
@@ -670,11 +670,6 @@ class _Threaded(_Resumable):
         return [] if state is None else [_held(samples, i) for i in self._needs(state)]
 
 
-def _chain(head: list, rest: Iterator) -> Iterator:
-    yield from head
-    yield from rest
-
-
 # --------------------------------------------------------------------------------------------
 # The pipes
 # --------------------------------------------------------------------------------------------
@@ -722,7 +717,7 @@ class ThreadPrefetcherIterDataPipe(_Threaded, IterDataPipe):
         lock = threading.Lock()
         self._live = (held, lock)
         try:
-            yield from prefetch_items(_chain(head, iter(self.source_datapipe)), self.buffer_size,
+            yield from prefetch_items(itertools.chain(head, iter(self.source_datapipe)), self.buffer_size,
                                       threaded=self.threads and not self._test_mode,
                                       held=held, lock=lock)
         finally:
@@ -813,7 +808,7 @@ class ThreadMapperIterDataPipe(_Threaded, IterDataPipe):
         self._live = flight
         try:
             yield from map_items_in_threads(
-                _chain(head, iter(self.source_datapipe)), self.fn,
+                itertools.chain(head, iter(self.source_datapipe)), self.fn,
                 num_threads=0 if self._test_mode else self.num_threads,
                 buffer_size=self.buffer_size or max(1, 2 * self.num_threads),
                 ordered=self.ordered, on_error=self.on_error, diagnostics=self.diagnostics,

@@ -47,7 +47,7 @@ from ..errors import DataError
 from ..sample import KEY
 from ..seeding import derive_seed
 from ._base import IterDataPipe, MapDataPipe, functional_datapipe
-from .batching import _check_seed, _Seeded
+from ._state import _check_seed, _Seeded
 
 __all__ = [
     "NamedZipperIterDataPipe",

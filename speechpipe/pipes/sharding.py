@@ -34,6 +34,7 @@ A typical chain::
 from __future__ import annotations
 
 import io
+import itertools
 import os
 import re
 import struct
@@ -50,7 +51,7 @@ from ..index import ShardEntry, ShardIndex
 from ..sample import FEATS, KEY, SOURCE, Sample
 from ..seeding import Position, derive_rng, process_position
 from ._base import IterDataPipe, functional_datapipe
-from .batching import _chain, _check_seed, _held, _ident_list, _Resumable, _rng_state, _Seeded
+from ._state import _check_seed, _held, _ident_list, _Resumable, _rng_state, _Seeded
 from .distributed import ShardSplit, assign_shards
 from .kaldi import read_scp_table
 from .shards import group_by_key, iter_tar_members
@@ -1140,7 +1141,7 @@ class ShardedShufflerIterDataPipe(_Seeded, _Resumable, IterDataPipe[Sample]):
             reader = self._read(mine, live, start=start, skip=skip, wanted=wanted.get(name),
                                 picked=picked)
             first = next(reader, _END)  # reads the skipped part, picking held samples in it
-            samples = reader if first is _END else _chain([first], reader)
+            samples = reader if first is _END else itertools.chain([first], reader)
         rest = {src: {k for k in keys if (src, k) not in picked} for src, keys in wanted.items()}
         picked.update(_pick_samples(rest, format=self.format, allow_pipes=self.allow_pipes,
                                     mmap=self.mmap))

@@ -45,9 +45,9 @@ from .batching import (
     BatchStats,
     PaddedArea,
     TwoDimensional,
-    _Resumable,
     pack_batches,
 )
+from ._state import _Resumable
 from .kaldi import read_scp_table
 
 __all__ = [

@@ -79,7 +79,7 @@ import soundfile
 
 from ..diagnostics import Diagnostics, SkippedInputWarning
 from ..errors import DataError, MissingDataError
-from ..pipes._base import IterableWrapper, IterDataPipe, functional_datapipe
+from ..pipes._base import IterableWrapper, IterDataPipe
 from ..pipes.batching import DurationFilter, DurationFilterIterDataPipe, PaddedArea  # noqa: F401
 from ..pipes.collate import PadCollate
 from ..pipes.manifests import write_manifest

@@ -1,15 +1,15 @@
-"""The ``speechpipe`` command. Each subcommand forwards to a module function."""
+"""``speechpipe demo``: the main job on the shipped demo corpus."""
 
 from __future__ import annotations
 
 import argparse
-import sys
+from typing import Any
 
-__all__ = ["main"]
+__all__ = ["add_command"]
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from .demo import DEMO_CORPUS, run_demo
+    from ..demo import DEMO_CORPUS, run_demo
 
     corpus = args.corpus or DEMO_CORPUS
     batching = (f"batch size {args.batch_size}" if args.batch_size else
@@ -23,13 +23,8 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="speechpipe",
-        description="Composable datapipes for speech training data.",
-    )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    demo = sub.add_parser(
+def add_command(subparsers: Any) -> argparse.ArgumentParser:
+    demo = subparsers.add_parser(
         "demo",
         help="read, decode, shuffle, batch and collate the shipped demo corpus",
         description="Run the main job (read -> decode -> shuffle -> length-bucketed budget "
@@ -47,32 +42,4 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--workers", type=int, default=0, help="DataLoader worker processes")
     demo.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     demo.set_defaults(func=_demo)
-
-    from .pack import add_pack_command
-    from .pipes.audio import add_cmvn_command
-    from .pipes.text import add_tokenizer_command
-    from .recipes._common import add_download_command, add_prepare_command
-    from .stats import add_stats_command
-
-    add_download_command(sub)
-    add_prepare_command(sub)
-    add_pack_command(sub)
-    add_stats_command(sub)
-    add_tokenizer_command(sub)
-    add_cmvn_command(sub)
-    return parser
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    from .errors import SpeechpipeError
-
-    try:
-        return args.func(args)
-    except SpeechpipeError as exc:
-        print(f"speechpipe {args.command}: error: {exc}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    return demo

@@ -1,0 +1,37 @@
+"""The ``speechpipe`` command: one module per subcommand, each with ``add_command(subparsers)``;
+a command parses its arguments and forwards to the library function that does the work."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from . import cmvn, demo, download, pack, prepare, stats, tokenizer
+
+__all__ = ["main"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="speechpipe",
+        description="Composable datapipes for speech training data.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for command in (demo, download, prepare, pack, stats, tokenizer, cmvn):
+        command.add_command(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from ..errors import SpeechpipeError
+
+    try:
+        return args.func(args)
+    except SpeechpipeError as exc:
+        print(f"speechpipe {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

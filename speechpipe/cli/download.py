@@ -1,0 +1,5 @@
+"""``speechpipe download`` (its code moves here from ``recipes._common``)."""
+
+from ..recipes._common import add_download_command as add_command  # noqa: F401
+
+__all__ = ["add_command"]
