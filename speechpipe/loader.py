@@ -111,8 +111,8 @@ from .errors import SpeechpipeError, mark_location
 from .pipes._base import IterDataPipe, MapDataPipe
 from .pipes._state import _identity, _Resumable, _Seeded
 from .pipes.batching import BatchStats
-from .pipes.concurrency import _LEAVES, graph_nodes, to_device
-from .pipes.mixing import propagate_epoch
+from .pipes._graph import graph_nodes, propagate_epoch
+from .pipes.concurrency import _LEAVES, to_device
 from .pipes.sharding import ShardedShufflerIterDataPipe
 from .pipes.views import ViewLoaderIterDataPipe
 from .seeding import CarriesRank, derive_seed, process_position

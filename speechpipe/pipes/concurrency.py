@@ -57,7 +57,8 @@ import torch
 from ..diagnostics import Diagnostics, check_on_error
 from ..errors import DataError
 from ..sample import KEY, SOURCE
-from ._base import IterDataPipe, MapDataPipe, functional_datapipe
+from ._base import IterDataPipe, functional_datapipe
+from ._graph import graph_nodes
 from ._state import _held, _identity, _Resumable
 
 __all__ = [
@@ -78,7 +79,6 @@ __all__ = [
 _END = object()
 _PUT_POLL = 0.05  # seconds: how often a blocked producer checks whether the consumer left
 _RUN_WAIT = 50e-6  # seconds a run may grow while the consumer waits (prefetch_items)
-_GRAPH_CONTAINER_MAX = 64  # containers longer than this are data, not a pipe graph
 
 
 class _Failure:
@@ -544,42 +544,6 @@ def _convert(obj: Any, device: torch.device | None, pin_memory: bool,
 # --------------------------------------------------------------------------------------------
 # Starting and finishing a pass
 # --------------------------------------------------------------------------------------------
-
-
-def graph_nodes(pipe: Any, stop: Callable[[Any], bool] | None = None) -> list:
-    """``pipe`` and every pipe below it, depth first, each once, in a deterministic order.
-
-    The graph is followed through the pipes' attributes: a pipe held directly, or in a list,
-    tuple or dict of at most 64 items (longer containers are data). The order depends only on
-    how the pipeline was built, so it is the same in every process. Below a node for which
-    ``stop(node)`` is true the walk does not continue (the node itself is listed).
-
-    >>> from speechpipe.pipes._base import IterableWrapper
-    >>> [type(p).__name__ for p in graph_nodes(IterableWrapper([1]).map(str))]
-    ['MapperIterDataPipe', 'IterableWrapperIterDataPipe']
-    """
-    out: list = []
-    seen: set[int] = set()
-    stack = [pipe]
-    while stack:
-        node = stack.pop()
-        if id(node) in seen:
-            continue
-        seen.add(id(node))
-        out.append(node)
-        if stop is not None and stop(node):
-            continue
-        children: list = []
-        for value in getattr(node, "__dict__", {}).values():
-            if isinstance(value, (IterDataPipe, MapDataPipe)):
-                children.append(value)
-            elif isinstance(value, (list, tuple)) and len(value) <= _GRAPH_CONTAINER_MAX:
-                children.extend(v for v in value if isinstance(v, (IterDataPipe, MapDataPipe)))
-            elif isinstance(value, dict) and len(value) <= _GRAPH_CONTAINER_MAX:
-                children.extend(v for v in value.values()
-                                if isinstance(v, (IterDataPipe, MapDataPipe)))
-        stack.extend(reversed(children))
-    return out
 
 
 class Running:

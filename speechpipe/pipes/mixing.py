@@ -47,6 +47,7 @@ from ..errors import DataError
 from ..sample import KEY
 from ..seeding import derive_seed
 from ._base import IterDataPipe, MapDataPipe, functional_datapipe
+from ._graph import propagate_epoch
 from ._state import _check_seed, _Seeded
 
 __all__ = [
@@ -68,8 +69,6 @@ STOP = ("first", "all")
 #: ``until`` values of ``zip_by_name`` besides a source's name.
 _UNTIL = ("shortest", "longest")
 
-#: Containers longer than this are data, not a pipe graph: ``propagate_epoch`` skips them.
-_GRAPH_CONTAINER_MAX = 64
 
 OnPass = Callable[[str, int], None]
 
@@ -93,47 +92,6 @@ def pass_epoch(epoch: int, pass_index: int) -> int:
     if pass_index == 0:
         return epoch
     return derive_seed(epoch, pass_index, 0, 0, "pass_epoch") >> 2
-
-
-def _is_pipe(obj: Any) -> bool:
-    return isinstance(obj, (IterDataPipe, MapDataPipe))
-
-
-def propagate_epoch(pipe: Any, epoch: int) -> int:
-    """Call ``set_epoch(epoch)`` on ``pipe`` and every pipe below it that has one.
-
-    The graph is followed through the pipes' attributes: a pipe held directly, or in a list,
-    tuple or dict of at most 64 items (longer containers are data and are not scanned). Below
-    a zipper or mixer the walk stops: it passes its epoch on itself when it starts a pass.
-    Returns how many pipes were set.
-
-    >>> from speechpipe.pipes._base import IterableWrapper
-    >>> batches = IterableWrapper([3, 1, 2]).block_batch(batch_len=4).map(len)
-    >>> propagate_epoch(batches, 7), batches.datapipe.epoch
-    (1, 7)
-    """
-    seen: set[int] = set()
-    stack = [pipe]
-    count = 0
-    while stack:
-        node = stack.pop()
-        if id(node) in seen:
-            continue
-        seen.add(id(node))
-        setter = getattr(type(node), "set_epoch", None)
-        if callable(setter):
-            setter(node, epoch)
-            count += 1
-            if getattr(node, "_owns_source_epochs", False):
-                continue
-        for value in getattr(node, "__dict__", {}).values():
-            if _is_pipe(value):
-                stack.append(value)
-            elif isinstance(value, (list, tuple)) and len(value) <= _GRAPH_CONTAINER_MAX:
-                stack.extend(v for v in value if _is_pipe(v))
-            elif isinstance(value, dict) and len(value) <= _GRAPH_CONTAINER_MAX:
-                stack.extend(v for v in value.values() if _is_pipe(v))
-    return count
 
 
 # --------------------------------------------------------------------------- statistics
@@ -522,7 +480,8 @@ def sample_with_replacement(
 class _SourceEpochs(_Seeded):
     """Epoch of a zipper or mixer, passed on to the random pipes inside its sources."""
 
-    _owns_source_epochs = True
+    owns_source_epochs = True  # propagate_epoch stops here: each pass sets its sources'
+    # epochs itself (_start_pass)
     sources: dict[str, IterDataPipe]
 
     def _start_pass(self, name: str, pass_index: int) -> None:
