@@ -92,7 +92,6 @@ that draw in sequence (``perturb_speed``, ``spec_augment``) resume with a fresh 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import multiprocessing
 import os
@@ -109,34 +108,17 @@ from . import transfer
 from .diagnostics import Diagnostics
 from .errors import SpeechpipeError, mark_location
 from .pipes._base import IterDataPipe, MapDataPipe
-from .pipes._state import _identity, _Resumable, _Seeded
+from .pipes._restore import (
+    ResumeWarning, end_pass, restore, resumable_stages, take_states, unresumable_reason,
+)
 from .pipes.batching import BatchStats
 from .pipes._graph import graph_nodes, propagate_epoch
 from .pipes.concurrency import _LEAVES, to_device
-from .pipes.sharding import ShardedShufflerIterDataPipe
-from .pipes.views import ViewLoaderIterDataPipe
 from .seeding import CarriesRank, derive_seed, process_position
 
 __all__ = ["Loader", "PipeDataset", "ResumeWarning", "SharedEpoch", "as_tensors", "build_loader"]
 
 _VERSION = 1
-
-# torch stages that hold items in their generator's locals: a state cannot include them.
-_UNSAVEABLE = {
-    "ShufflerIterDataPipe": "shuffle keeps its buffer in its generator; use sharded_shuffle",
-    "BatcherIterDataPipe": "batch keeps its open batch in its generator; use block_batch",
-    "BucketBatcherIterDataPipe": "bucketbatch keeps its buffer; use bucket_by_length",
-    "GrouperIterDataPipe": "groupby keeps its buffer in its generator",
-    "ForkerIterDataPipe": "fork keeps a buffer shared by its children",
-    "DemultiplexerIterDataPipe": "demux keeps a buffer shared by its children",
-    "MultiplexerIterDataPipe": "mux keeps its position in its generator",
-    "ConcaterIterDataPipe": "concat keeps its position in its generator",
-    "ZipperIterDataPipe": "zip keeps its position in its generator",
-}
-
-
-class ResumeWarning(UserWarning):
-    """A resumed pipeline will not repeat the uninterrupted run exactly (the message says why)."""
 
 
 class SharedEpoch:
@@ -164,12 +146,6 @@ def _check_epoch(epoch: Any) -> int:
     if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
         raise ValueError(f"epoch must be an int >= 0, got {epoch!r}")
     return epoch
-
-
-def _is_source(node: Any) -> bool:
-    """A pipe that starts the sample stream of a resumable pass (``sharded_shuffle``, which
-    can re-read held samples, or ``batch_by_view``, which holds none)."""
-    return isinstance(node, (ShardedShufflerIterDataPipe, ViewLoaderIterDataPipe))
 
 
 class PipeDataset(CarriesRank, torch.utils.data.IterableDataset):
@@ -256,12 +232,12 @@ class PipeDataset(CarriesRank, torch.utils.data.IterableDataset):
             self._live = {"epoch": epoch, "finished": True, "stages": []}
             return
         self._prepare(epoch)
-        stages = _stages(self.pipe)
+        stages = resumable_stages(self.pipe)
         try:
             if resume is not None and resume.get("started"):
-                _restore(stages, resume.get("stages", {}), self.pipe)
+                restore(stages, resume.get("stages", {}), self.pipe)
             live = self._live = {"epoch": epoch, "finished": False, "stages": stages,
-                                 "unsaveable": _unsaveable(self.pipe)}
+                                 "unsaveable": unresumable_reason(self.pipe)}
             info = torch.utils.data.get_worker_info()
             if self._transfer is not None and info is not None:
                 pool = transfer.install(info.id, *self._transfer)
@@ -278,10 +254,7 @@ class PipeDataset(CarriesRank, torch.utils.data.IterableDataset):
                 mark_location(error)  # so that the main process gets .source/.line/.key too
             raise
         finally:
-            for _, stage in stages:
-                stage._resume_state = stage._resume_samples = None
-                if hasattr(stage, "_drop_prepared"):
-                    stage._drop_prepared()
+            end_pass(stages)
 
     def __len__(self) -> int:
         return len(self.pipe)
@@ -304,12 +277,7 @@ class PipeDataset(CarriesRank, torch.utils.data.IterableDataset):
         if live["unsaveable"]:  # the DataLoader asks every step: say why, raise on load
             return {"version": _VERSION, "epoch": live["epoch"], "started": True,
                     "finished": False, "unresumable": live["unsaveable"]}
-        with contextlib.ExitStack() as paused:
-            for _, stage in stages:  # top first: a thread stage stops reading from the ones below
-                pause = getattr(stage, "_paused", None)
-                if pause is not None:
-                    paused.enter_context(pause())
-            states = {path: stage.state_dict() for path, stage in stages}
+        states = take_states(stages)
         return {"version": _VERSION, "epoch": live["epoch"], "started": True,
                 "finished": False, "stages": states}
 
@@ -378,28 +346,8 @@ def _collect_reports(folder: str, pipe: Any) -> None:
     _clear_reports(folder)
 
 
-def _stages(pipe: Any) -> list[tuple[str, Any]]:
-    """``(path, pipe)`` of every resumable pipe, in graph order; the path (position in the
-    walk and class) is the same in every process that builds the same pipeline."""
-    nodes = graph_nodes(pipe, stop=_is_source)
-    return [(f"{i}:{type(n).__name__}", n) for i, n in enumerate(nodes)
-            if isinstance(n, _Resumable)]
-
-
-def _unsaveable(pipe: Any) -> str | None:
-    """Why a state of ``pipe`` could not resume it exactly, or None."""
-    nodes = graph_nodes(pipe, stop=_is_source)
-    for node in nodes:
-        reason = _UNSAVEABLE.get(type(node).__name__)
-        if reason is not None and type(node).__module__.startswith("torch."):
-            return f"this pipeline cannot be resumed exactly: torch's {reason}"
-    if not any(_is_source(n) for n in nodes):
-        return ("this pipeline cannot be resumed exactly: its samples do not come from "
-                "sharded_shuffle or batch_by_view (the pipes that know their position)")
-    return None
-
-
 def _find_unresumable(state: Any) -> str | None:
+    """The reason a worker's state says it cannot be resumed, anywhere in the saved state."""
     if isinstance(state, Mapping):
         if state.get("unresumable"):
             return state["unresumable"]
@@ -408,59 +356,6 @@ def _find_unresumable(state: Any) -> str | None:
             if found:
                 return found
     return None
-
-
-def _restore(stages: list[tuple[str, Any]], states: Mapping[str, Any], pipe: Any) -> None:
-    paths = {path for path, _ in stages}
-    unknown = sorted(set(states) - paths)
-    if unknown:
-        raise ValueError(
-            f"the state was saved from another pipeline: it has {unknown[:3]} but this one's "
-            f"resumable pipes are {sorted(paths)}"
-        )
-    drawing = [type(n).__name__ for n in graph_nodes(pipe, stop=_is_source)
-               if isinstance(n, _Seeded) and not isinstance(n, _Resumable)]
-    if drawing:
-        warnings.warn(
-            f"resuming a pipeline with random stages that draw in sequence ({', '.join(drawing)})"
-            ": their draws restart, so batches after the resume differ from an uninterrupted "
-            "run where those draws matter", ResumeWarning, stacklevel=3)
-    for path, stage in stages:
-        if path in states:
-            stage.load_state_dict(states[path])
-    needs = {path: stage._resume_needs() for path, stage in stages}
-    readers = [stage for _, stage in stages if hasattr(stage, "_prepare_resume")]
-    for reader in readers:  # position the reader; read every held sample once
-        reader._prepare_resume([i for n in needs.values() for i in n] if len(readers) == 1
-                               else [])
-    for path, stage in stages:
-        if needs[path]:
-            stage._resume_samples = _replay(stage, needs[path])
-
-
-def _replay(stage: Any, needs: list) -> dict:
-    """Re-read ``needs`` through the pipes above ``stage``: the source is asked for exactly
-    those samples and the resumable pipes between pass them through (their own states stay
-    pending for the real pass)."""
-    below = graph_nodes(stage.source_datapipe, stop=_is_source)
-    sources = [n for n in below if isinstance(n, ShardedShufflerIterDataPipe)]
-    if len(sources) != 1:
-        raise TypeError(
-            f"{type(stage).__name__} holds samples that must be re-read on resume, but "
-            f"{'no' if not sources else len(sources)} sharded_shuffle is below it (exactly one "
-            "is needed)"
-        )
-    source = sources[0]
-    between = [n for n in below if isinstance(n, _Resumable) and n is not source]
-    for node in between:
-        node._passthrough = True
-    source._replay_request = list(needs)
-    try:
-        return {_identity(item): item for item in stage.source_datapipe}
-    finally:
-        source._replay_request = None
-        for node in between:
-            node._passthrough = False
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,16 +1,29 @@
 """The state protocol every speechpipe stage speaks: seeding and exact resume.
 
-Two mixins, declared here and nowhere else:
+Declared here and nowhere else:
 
-* :class:`_Seeded` -- a random stage: ``seed``, ``epoch``, ``set_epoch()`` and a generator
+* :class:`Seeded` -- a random stage: ``seed``, ``epoch``, ``set_epoch()`` and generators
   derived from ``(seed, epoch, rank, worker)`` (:mod:`speechpipe.seeding`).
-* :class:`_Resumable` -- a stage whose pass can be resumed exactly: ``state_dict()`` /
-  ``load_state_dict()``, plus what the restore driver (:mod:`speechpipe.pipes._restore`)
-  needs to hand back the samples the stage held, by identity ``(source, key)``.
+* :class:`Resumable` -- a stage whose pass can be resumed exactly. What the restore driver
+  (:mod:`speechpipe.pipes._restore`, used by the loader) calls is public:
+  ``state_dict()`` / ``load_state_dict()``, ``held_identities()`` (the samples a loaded state
+  holds, named by identity ``(source, key)``), ``restore_held()`` (those samples, read again),
+  ``passthrough`` (a replay pass for a stage below is running: pass items on as a plain map
+  would), ``paused()`` (a consistent moment to take a state) and ``end_pass()``.
+  What an implementation supplies is protected: ``_snapshot(live)`` (the state of the running
+  pass, from what the generator holds in ``self._live``) and ``_needs(state)`` (the identities
+  a state holds); in ``__iter__`` it takes its loaded state once with ``_take_resume()``.
+* :class:`SampleSource` -- a resumable stage a pass starts from: it knows its position, so the
+  stages above can be resumed. ``sharded_shuffle`` re-reads held samples by identity
+  (``rereads_held``); ``batch_by_view`` holds none.
+
+A stage that keeps items in its generator's locals and is none of these (torch's ``shuffle``,
+``batch``...) cannot be resumed: :func:`speechpipe.pipes._restore.unresumable_reason` names it.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 from typing import Any, Iterable, Iterator
 
@@ -18,16 +31,21 @@ from ..errors import DataError
 from ..sample import KEY, SOURCE
 from ..seeding import CarriesRank, derive_rng, process_position
 
-__all__: list[str] = []  # the protocol's names are made public in the next step
+__all__ = ["Identity", "Resumable", "SampleSource", "Seeded", "check_seed", "held_sample",
+           "identity", "identity_list", "rng_state", "until_end"]
 
-class _Seeded(CarriesRank):
+#: How a resumable state names a sample: ``(source, key)`` (``source`` may be ``""``).
+Identity = tuple[str, str]
+
+
+class Seeded(CarriesRank):
     """Seed, epoch and the per-process random generator of a random pipe (its pickle carries
     the rank into spawned DataLoader workers: :class:`~speechpipe.seeding.CarriesRank`)."""
 
     seed: int
     epoch: int
 
-    def set_epoch(self, epoch: int) -> "_Seeded":
+    def set_epoch(self, epoch: int) -> "Seeded":
         """Use ``epoch`` for the next pass's random order (returns the pipe, for chaining)."""
         if not isinstance(epoch, int) or epoch < 0:
             raise ValueError(f"epoch must be an int >= 0, got {epoch!r}")
@@ -35,25 +53,27 @@ class _Seeded(CarriesRank):
         return self
 
     def _rng(self, salt: str):
+        """A ``random.Random`` from ``(seed, epoch, rank, worker, salt)`` of this process."""
         where = process_position()
         return derive_rng(self.seed, self.epoch, where.rank, where.worker, salt)
 
 
-def _check_seed(seed: int) -> int:
+def check_seed(seed: int) -> int:
+    """``seed`` if it is an int, else a ``TypeError`` naming it."""
     if not isinstance(seed, int):
         raise TypeError(f"seed must be an int, got {seed!r}")
     return seed
 
 
-# --------------------------------------------------------------------------- resumable state
-# Exact mid-epoch resume is driven by speechpipe.loader.PipeDataset (its docstring has the
-# protocol). A pipe that holds samples between two of its yields names them in its state by
-# identity, (source, key); on restore the driver re-reads exactly those samples through the
-# stages above the pipe and hands them back in ``_resume_samples``.
+# --------------------------------------------------------------------------- identities
 
 
-def _identity(item: Any) -> tuple[str, str]:
-    """``(source, key)`` of a sample held in a resumable state."""
+def identity(item: Any) -> Identity:
+    """``(source, key)`` of a sample held in a resumable state.
+
+    >>> identity({"key": "u1", "source": "a.tar"}), identity({"key": "u2"})
+    (('a.tar', 'u1'), ('', 'u2'))
+    """
     if type(item) is dict or isinstance(item, Mapping):  # dict first: states are taken often
         key = item.get(KEY)
         if isinstance(key, str):
@@ -64,29 +84,48 @@ def _identity(item: Any) -> tuple[str, str]:
     )
 
 
-def _ident_list(items: Iterable[Any]) -> list[list[str]]:
-    return [list(_identity(item)) for item in items]
+def identity_list(items: Iterable[Any]) -> list[list[str]]:
+    """The identities of ``items`` in the form a state stores them (lists, JSON-friendly)."""
+    return [list(identity(item)) for item in items]
 
 
-def _rng_state(state: Any) -> tuple:
+def held_sample(samples: Mapping, ident: Any) -> Any:
+    """The sample named ``ident`` among ``samples`` read again, or a ``DataError`` naming it."""
+    key = tuple(ident)
+    if key not in samples:
+        raise DataError("resume: a held sample was not found when re-reading",
+                        source=key[0], key=key[1])
+    return samples[key]
+
+
+def rng_state(state: Any) -> tuple:
     """A ``random.Random`` state back from its stored form (tuples may come back as lists)."""
     version, internal, gauss = state
     return (version, tuple(internal), gauss)
 
 
-class _Resumable:
-    """``state_dict()``/``load_state_dict()`` of a pipe whose pass can be resumed exactly.
+def until_end(items: Iterable[Any], live: dict) -> Iterator[Any]:
+    """``items``, then ``live["drain"] = True``: a state taken after the source ended says so."""
+    yield from items
+    live["drain"] = True
+
+
+# --------------------------------------------------------------------------- the protocol
+
+
+class Resumable:
+    """A pipe whose pass can be resumed exactly (the protocol: see the module documentation).
 
     ``state_dict()`` describes the running pass (``{}`` outside a pass: start afresh);
     ``load_state_dict(state)`` keeps it for the next pass. Subclasses set ``self._live`` (what
-    the running generator holds) and implement ``_snapshot(live)`` and ``_needs(state)`` (the
-    identities of the samples the state holds, which the driver re-reads).
+    the running generator holds) and implement ``_snapshot(live)`` and ``_needs(state)``.
     """
 
     _live: Any = None
     _resume_state: dict | None = None
     _resume_samples: dict | None = None
-    _passthrough: bool = False  # set by the driver during a replay pass for a stage below
+    #: True while the driver replays held samples for a stage below: pass items through.
+    passthrough: bool = False
 
     def state_dict(self) -> dict:
         """The state of the running pass (a small dict of ints, identities, rng states)."""
@@ -102,29 +141,52 @@ class _Resumable:
         self._resume_state = dict(state) if state else None
         self._resume_samples = None
 
+    def held_identities(self) -> list[Identity]:
+        """The samples the loaded state holds (the driver reads them again)."""
+        return [] if self._resume_state is None else self._needs(self._resume_state)
+
+    def restore_held(self, samples: Mapping[Identity, Any]) -> None:
+        """The samples of :meth:`held_identities`, read again, for the next pass to hold."""
+        self._resume_samples = dict(samples)
+
+    def paused(self) -> contextlib.AbstractContextManager:
+        """A moment at which a state of this stage and the ones above is consistent (a thread
+        stage stops reading from the stages below); for most stages, any moment."""
+        return contextlib.nullcontext()
+
+    def end_pass(self) -> None:
+        """Drop a loaded state and samples the pass did not use (the pass ended or failed)."""
+        self._resume_state = self._resume_samples = None
+
+    # -- what implementations supply
+
     def _snapshot(self, live: Any) -> dict:
         raise NotImplementedError
 
-    def _needs(self, state: dict) -> list[tuple[str, str]]:
+    def _needs(self, state: dict) -> list[Identity]:
         return []
 
-    def _resume_needs(self) -> list[tuple[str, str]]:
-        return [] if self._resume_state is None else self._needs(self._resume_state)
-
     def _take_resume(self) -> tuple[dict | None, dict]:
+        """The loaded state and held samples, once (the pass that uses them takes them)."""
         state, samples = self._resume_state, self._resume_samples or {}
         self._resume_state = self._resume_samples = None
         return state, samples
 
 
-def _held(samples: Mapping, ident: Any) -> Any:
-    key = tuple(ident)
-    if key not in samples:
-        raise DataError("resume: a held sample was not found when re-reading",
-                        source=key[0], key=key[1])
-    return samples[key]
+class SampleSource(Resumable):
+    """A resumable stage a pass starts from: it knows its position in the epoch.
 
+    ``rereads_held``: whether it can read samples again by identity, for the stages above that
+    held them (:meth:`prepare_resume`, :meth:`request_replay`); a source that cannot (it holds
+    none, and the stages above it hold no samples) leaves it False.
+    """
 
-def _until_end(items: Iterable[Any], live: dict) -> Iterator[Any]:
-    yield from items
-    live["drain"] = True
+    rereads_held: bool = False
+
+    def prepare_resume(self, needs: list[Identity]) -> None:
+        """Position the reader where the loaded state stood; ``needs`` are the samples held by
+        the stages above, which it may read at the same time (once)."""
+
+    def request_replay(self, needs: list[Identity] | None) -> None:
+        """Make the next pass yield exactly ``needs`` (then a normal pass); ``None`` cancels."""
+        raise TypeError(f"{type(self).__name__} cannot read samples again by identity")

@@ -57,7 +57,7 @@ from ..errors import DataError, MissingDataError
 from ..sample import AUDIO, DURATION, FEATS, KEY, SAMPLE_RATE, SOURCE, Sample, len_key
 from ..seeding import derive_seed, process_position
 from ._base import IterDataPipe, functional_datapipe
-from ._state import _check_seed, _Seeded
+from ._state import Seeded, check_seed
 
 __all__ = [
     "CmvnApplier",
@@ -382,7 +382,7 @@ def _check_factors(factors: Any) -> tuple[float, ...]:
 
 
 @functional_datapipe("perturb_speed")
-class SpeedPerturberIterDataPipe(_Seeded, IterDataPipe[Sample]):
+class SpeedPerturberIterDataPipe(Seeded, IterDataPipe[Sample]):
     """Speed perturbation, a factor drawn per sample (functional name: ``perturb_speed``).
 
     Consumes samples with ``audio`` and ``sample_rate``; yields them with ``audio`` played
@@ -414,7 +414,7 @@ class SpeedPerturberIterDataPipe(_Seeded, IterDataPipe[Sample]):
         seed: int = 0,
     ) -> None:
         self.factors = _check_factors(factors)
-        self.seed = _check_seed(seed)
+        self.seed = check_seed(seed)
         self.epoch = 0
         self.source_datapipe = source_datapipe
 
@@ -444,7 +444,7 @@ SpeedPerturber = SpeedPerturberIterDataPipe
 
 
 @functional_datapipe("perturb_volume")
-class VolumePerturberIterDataPipe(_Seeded, IterDataPipe[Sample]):
+class VolumePerturberIterDataPipe(Seeded, IterDataPipe[Sample]):
     """Volume perturbation, a linear gain drawn per sample (functional name: ``perturb_volume``).
 
     Consumes samples with ``audio``; yields them with ``audio × gain`` (float32; no clipping:
@@ -481,7 +481,7 @@ class VolumePerturberIterDataPipe(_Seeded, IterDataPipe[Sample]):
         if high < low:
             raise ValueError(f"high must be >= low ({low!r}), got {high!r}")
         self.low, self.high = low, high
-        self.seed = _check_seed(seed)
+        self.seed = check_seed(seed)
         self.epoch = 0
         self.source_datapipe = source_datapipe
 
@@ -881,7 +881,7 @@ def _batch_features(
 
 
 @functional_datapipe("compute_features")
-class FeatureComputerIterDataPipe(_Seeded, IterDataPipe[Sample]):
+class FeatureComputerIterDataPipe(Seeded, IterDataPipe[Sample]):
     """Kaldi fbank / MFCC or mel spectrogram features (functional name: ``compute_features``).
 
     Consumes samples with mono ``audio`` ``(samples,)`` and ``sample_rate``; yields them with
@@ -951,7 +951,7 @@ class FeatureComputerIterDataPipe(_Seeded, IterDataPipe[Sample]):
         self.extractor = _Extractor(kind, scale, options)
         self.kind = kind
         self.dither = dither
-        self.seed = _check_seed(seed)
+        self.seed = check_seed(seed)
         self.epoch = 0
         self.batched = batched
         self.keep_audio = keep_audio
@@ -1120,7 +1120,7 @@ def _spec_augment(x: torch.Tensor, freq_masks: int, freq_width: int, time_masks:
 
 
 @functional_datapipe("spec_augment")
-class SpecAugmenterIterDataPipe(_Seeded, IterDataPipe[Sample]):
+class SpecAugmenterIterDataPipe(Seeded, IterDataPipe[Sample]):
     """SpecAugment: time warp, time and frequency masks (functional name: ``spec_augment``).
 
     Consumes samples with ``feats`` ``(frames, dim)``; yields them with augmented ``feats``
@@ -1175,7 +1175,7 @@ class SpecAugmenterIterDataPipe(_Seeded, IterDataPipe[Sample]):
                 raise ValueError(f"mask_value must be a number or 'mean', got {mask_value!r}")
             mask_value = _check_real("mask_value", mask_value)
         self.mask_value = mask_value
-        self.seed = _check_seed(seed)
+        self.seed = check_seed(seed)
         self.epoch = 0
         self.source_datapipe = source_datapipe
 

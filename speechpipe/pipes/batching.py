@@ -46,7 +46,7 @@ from ..errors import DataError
 from ..sample import KEY, SOURCE, Sample, sample_duration, sample_length
 from ._base import IterDataPipe, functional_datapipe
 from ._state import (
-    _check_seed, _held, _ident_list, _identity, _Resumable, _rng_state, _Seeded, _until_end,
+    Resumable, Seeded, check_seed, held_sample, identity, identity_list, rng_state, until_end,
 )
 
 __all__ = [
@@ -541,7 +541,7 @@ def shuffle_window(
 
 
 @functional_datapipe("bucket_by_length")
-class LengthBucketerIterDataPipe(_Seeded, _Resumable, IterDataPipe[list]):
+class LengthBucketerIterDataPipe(Seeded, Resumable, IterDataPipe[list]):
     """Group samples of similar length within a buffer (functional name: ``bucket_by_length``).
 
     Consumes samples; yields **groups**: lists of samples of similar length, each sorted by
@@ -598,7 +598,7 @@ class LengthBucketerIterDataPipe(_Seeded, _Resumable, IterDataPipe[list]):
         self.boundaries = boundaries
         self.num_buckets = num_buckets
         self.constraint = constraint or PaddedArea(budget=float("inf"))
-        self.seed = _check_seed(seed)
+        self.seed = check_seed(seed)
         self.epoch = 0
         self._estimated: list[float] | None = None
 
@@ -619,7 +619,7 @@ class LengthBucketerIterDataPipe(_Seeded, _Resumable, IterDataPipe[list]):
         return self._estimated
 
     def __iter__(self) -> Iterator[list]:
-        if self._passthrough:  # a replay pass for a stage below (speechpipe.loader)
+        if self.passthrough:  # a replay pass for a stage below (speechpipe.loader)
             yield from self.source_datapipe
             return
         state, samples = self._take_resume()
@@ -640,9 +640,9 @@ class LengthBucketerIterDataPipe(_Seeded, _Resumable, IterDataPipe[list]):
         else:  # resuming: the buckets as they were, the samples re-read by the driver
             if state.get("estimated") is not None:
                 self._estimated = [float(b) for b in state["estimated"]]
-            rng.setstate(_rng_state(state["rng"]))
+            rng.setstate(rng_state(state["rng"]))
             buckets = [[(measure(s), tie, s) for s, tie in
-                        ((_held(samples, ident), tie) for *ident, tie in bucket)]
+                        ((held_sample(samples, ident), tie) for *ident, tie in bucket)]
                        for bucket in state["buckets"]]
             live = {"rng": rng, "buckets": buckets, "drain": bool(state["drain"])}
             boundaries = None if live["drain"] else self._boundaries(head)
@@ -654,7 +654,7 @@ class LengthBucketerIterDataPipe(_Seeded, _Resumable, IterDataPipe[list]):
                     yield _sorted_group(buckets.pop())
                 return
             yield from bucket_groups(
-                _until_end(itertools.chain(head, it), live),
+                until_end(itertools.chain(head, it), live),
                 buffer_size=self.buffer_size,
                 boundaries=boundaries,
                 measure=measure,
@@ -670,7 +670,7 @@ class LengthBucketerIterDataPipe(_Seeded, _Resumable, IterDataPipe[list]):
             "estimated": self._estimated,
             "rng": live["rng"].getstate(),
             "drain": live["drain"],
-            "buckets": [[[*_identity(s), tie] for _, tie, s in bucket]
+            "buckets": [[[*identity(s), tie] for _, tie, s in bucket]
                         for bucket in live["buckets"]],
         }
 
@@ -687,7 +687,7 @@ LengthBucketer = LengthBucketerIterDataPipe
 
 
 @functional_datapipe("block_batch")
-class BlockBatcherIterDataPipe(_Seeded, _Resumable, IterDataPipe[list]):
+class BlockBatcherIterDataPipe(Seeded, Resumable, IterDataPipe[list]):
     """Pack samples into batches within a budget (functional name: ``block_batch``).
 
     Consumes samples, or groups of samples from ``bucket_by_length`` (each group is packed on
@@ -746,7 +746,7 @@ class BlockBatcherIterDataPipe(_Seeded, _Resumable, IterDataPipe[list]):
         self.constraint = constraint
         self.oversize = oversize
         self.shuffle_window = shuffle_window
-        self.seed = _check_seed(seed)
+        self.seed = check_seed(seed)
         self.epoch = 0
         self.stats = BatchStats("block_batch")
 
@@ -781,7 +781,7 @@ class BlockBatcherIterDataPipe(_Seeded, _Resumable, IterDataPipe[list]):
         live["drain"] = True
 
     def __iter__(self) -> Iterator[list]:
-        if self._passthrough:  # a replay pass for a stage below (speechpipe.loader)
+        if self.passthrough:  # a replay pass for a stage below (speechpipe.loader)
             yield from self.source_datapipe
             return
         state, samples = self._take_resume()
@@ -789,12 +789,12 @@ class BlockBatcherIterDataPipe(_Seeded, _Resumable, IterDataPipe[list]):
         rng = self._rng("block_batch")
         live = {"rng": rng, "mode": None, "pending": [], "open": [], "pool": [], "drain": False}
         if state is not None:  # resuming: the driver re-read the held samples
-            rng.setstate(_rng_state(state["rng"]))
+            rng.setstate(rng_state(state["rng"]))
             live.update(
                 mode=state["mode"], drain=bool(state["drain"]),
-                pool=[[_held(samples, i) for i in batch] for batch in state["pool"]],
-                pending=[[_held(samples, i) for i in batch] for batch in state["pending"]],
-                open=[_held(samples, i) for i in state["open"]],
+                pool=[[held_sample(samples, i) for i in batch] for batch in state["pool"]],
+                pending=[[held_sample(samples, i) for i in batch] for batch in state["pending"]],
+                open=[held_sample(samples, i) for i in state["open"]],
             )
         self._live = live
         try:
@@ -815,7 +815,7 @@ class BlockBatcherIterDataPipe(_Seeded, _Resumable, IterDataPipe[list]):
 
         def idents(batch: list) -> list[list[str]]:
             hit = cache.get(id(batch))
-            ids = hit[1] if hit is not None and hit[0] is batch else _ident_list(batch)
+            ids = hit[1] if hit is not None and hit[0] is batch else identity_list(batch)
             kept[id(batch)] = (batch, ids)
             return ids
 
@@ -826,7 +826,7 @@ class BlockBatcherIterDataPipe(_Seeded, _Resumable, IterDataPipe[list]):
             "mode": live["mode"],
             "pool": [idents(batch) for batch in live["pool"]],
             "pending": [idents(batch) for batch in live["pending"]],
-            "open": _ident_list(live["open"]),
+            "open": identity_list(live["open"]),
         }
         live["idents"] = kept
         return state

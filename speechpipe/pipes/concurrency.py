@@ -59,7 +59,7 @@ from ..errors import DataError
 from ..sample import KEY, SOURCE
 from ._base import IterDataPipe, functional_datapipe
 from ._graph import graph_nodes
-from ._state import _held, _identity, _Resumable
+from ._state import Resumable, held_sample, identity
 
 __all__ = [
     "DeviceMover",
@@ -613,7 +613,7 @@ def start(pipe: Any, *, test: bool = False) -> Running:
     return Running(pipe, test=test)
 
 
-class _Threaded(_Resumable):
+class _Threaded(Resumable):
     """Start/finish, test mode and resumable state shared by the thread stages."""
 
     _test_mode: bool = False
@@ -631,7 +631,7 @@ class _Threaded(_Resumable):
 
     def _restored(self, state: dict | None, samples: dict) -> list:
         """The held samples of a resumed pass, in the order they were read."""
-        return [] if state is None else [_held(samples, i) for i in self._needs(state)]
+        return [] if state is None else [held_sample(samples, i) for i in self._needs(state)]
 
 
 # --------------------------------------------------------------------------------------------
@@ -672,7 +672,7 @@ class ThreadPrefetcherIterDataPipe(_Threaded, IterDataPipe):
         self.threads = threads
 
     def __iter__(self) -> Iterator:
-        if self._passthrough:  # a replay pass for a stage below (speechpipe.loader)
+        if self.passthrough:  # a replay pass for a stage below (speechpipe.loader)
             yield from self.source_datapipe
             return
         state, samples = self._take_resume()
@@ -688,7 +688,7 @@ class ThreadPrefetcherIterDataPipe(_Threaded, IterDataPipe):
             self._live = None
 
     @contextlib.contextmanager
-    def _paused(self) -> Iterator[None]:
+    def paused(self) -> Iterator[None]:
         """Hold the reading thread between two items (a state of the stages above is then
         consistent with the items held here)."""
         live = self._live
@@ -699,7 +699,7 @@ class ThreadPrefetcherIterDataPipe(_Threaded, IterDataPipe):
             yield
 
     def _snapshot(self, live: tuple) -> dict:
-        return {"held": [list(_identity(item)) for item in list(live[0])]}
+        return {"held": [list(identity(item)) for item in list(live[0])]}
 
     def __len__(self) -> int:
         return len(self.source_datapipe)
@@ -761,7 +761,7 @@ class ThreadMapperIterDataPipe(_Threaded, IterDataPipe):
         self.diagnostics = Diagnostics("map_in_threads")
 
     def __iter__(self) -> Iterator:
-        if self._passthrough:  # a replay pass for a stage below: a plain map
+        if self.passthrough:  # a replay pass for a stage below: a plain map
             for item in self.source_datapipe:
                 yield self.fn(item)
             return
@@ -783,7 +783,7 @@ class ThreadMapperIterDataPipe(_Threaded, IterDataPipe):
         self.diagnostics.warn_if_skipped()
 
     def _snapshot(self, flight: collections.deque) -> dict:
-        return {"held": [list(_identity(item)) for item in list(flight)]}
+        return {"held": [list(identity(item)) for item in list(flight)]}
 
     def __len__(self) -> int:
         if self.on_error == "skip":

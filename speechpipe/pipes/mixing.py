@@ -48,7 +48,7 @@ from ..sample import KEY
 from ..seeding import derive_seed
 from ._base import IterDataPipe, MapDataPipe, functional_datapipe
 from ._graph import propagate_epoch
-from ._state import _check_seed, _Seeded
+from ._state import Seeded, check_seed
 
 __all__ = [
     "NamedZipperIterDataPipe",
@@ -477,7 +477,7 @@ def sample_with_replacement(
 # --------------------------------------------------------------------------- pipes
 
 
-class _SourceEpochs(_Seeded):
+class _SourceEpochs(Seeded):
     """Epoch of a zipper or mixer, passed on to the random pipes inside its sources."""
 
     owns_source_epochs = True  # propagate_epoch stops here: each pass sets its sources'
@@ -659,7 +659,7 @@ class WeightedMixerIterDataPipe(_SourceEpochs, IterDataPipe):
         self.endless = endless
         self.samples_per_epoch = samples_per_epoch
         self.tag_field = tag_field
-        self.seed = _check_seed(seed)
+        self.seed = check_seed(seed)
         self.epoch = 0
         self.epochs_completed = 0
         mode = ("endless" + (f", {samples_per_epoch} per epoch" if samples_per_epoch else "")
@@ -707,7 +707,7 @@ WeightedMixer = WeightedMixerIterDataPipe
 
 
 @functional_datapipe("sample_with_replacement")
-class ReplacementSamplerIterDataPipe(_Seeded, IterDataPipe):
+class ReplacementSamplerIterDataPipe(Seeded, IterDataPipe):
     """Draw items at random with replacement (functional name: ``sample_with_replacement``).
 
     Consumes a random-access source -- a ``MapDataPipe`` (indexed ``0 .. len - 1``, like
@@ -764,7 +764,7 @@ class ReplacementSamplerIterDataPipe(_Seeded, IterDataPipe):
             raise ValueError("source is empty: sample_with_replacement has nothing to draw")
         self.source = source
         self.weights = weights
-        self.seed = _check_seed(seed)
+        self.seed = check_seed(seed)
         self.epoch = 0
 
     def __iter__(self) -> Iterator[Any]:

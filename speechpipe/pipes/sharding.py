@@ -51,7 +51,7 @@ from ..index import ShardEntry, ShardIndex
 from ..sample import FEATS, KEY, SOURCE, Sample
 from ..seeding import Position, derive_rng, process_position
 from ._base import IterDataPipe, functional_datapipe
-from ._state import _check_seed, _held, _ident_list, _Resumable, _rng_state, _Seeded
+from ._state import SampleSource, Seeded, check_seed, held_sample, identity_list, rng_state
 from .distributed import ShardSplit, assign_shards
 from .kaldi import read_scp_table
 from .shards import group_by_key, iter_tar_members
@@ -837,7 +837,7 @@ def kaldi_arks(data_dir_or_feats_scp: str | os.PathLike) -> list[str]:
 
 
 @functional_datapipe("sharded_shuffle")
-class ShardedShufflerIterDataPipe(_Seeded, _Resumable, IterDataPipe[Sample]):
+class ShardedShufflerIterDataPipe(Seeded, SampleSource, IterDataPipe[Sample]):
     """Read shards in shuffled order, then shuffle samples (functional name: ``sharded_shuffle``).
 
     Consumes shard names -- paths, ``http(s)://`` URLs or (opt-in) ``pipe:`` commands, e.g.
@@ -959,7 +959,7 @@ class ShardedShufflerIterDataPipe(_Seeded, _Resumable, IterDataPipe[Sample]):
         self.source_datapipe = source_datapipe
         self.buffer_size = buffer_size
         self.format = format
-        self.seed = _check_seed(seed)
+        self.seed = check_seed(seed)
         self.epoch = 0
         self.index = index
         self.allow_pipes = bool(allow_pipes)
@@ -1033,7 +1033,7 @@ class ShardedShufflerIterDataPipe(_Seeded, _Resumable, IterDataPipe[Sample]):
         return EpochPlan(epoch, position, shards)
 
     def __iter__(self) -> Iterator[Sample]:
-        if self._replay_request is not None:  # re-read samples held below (speechpipe.loader)
+        if self._replay_request is not None:  # re-read samples held above (request_replay)
             request, self._replay_request = self._replay_request, None
             yield from self._replay(request)
             return
@@ -1069,21 +1069,28 @@ class ShardedShufflerIterDataPipe(_Seeded, _Resumable, IterDataPipe[Sample]):
         samples, draining = self._resume(state, mine, entries, live, needs)
         return samples, draining, live
 
-    # -- exact resume (driven by speechpipe.loader.PipeDataset)
+    # -- exact resume (the SampleSource protocol, driven by speechpipe.pipes._restore)
 
-    _replay_request: list | None = None  # samples held below, to read again (set by the driver)
-    _replay_cache: dict | None = None  # those samples, read once by _prepare_resume
-    _prepared: tuple | None = None  # the reader positioned by _prepare_resume
+    rereads_held = True
+    _replay_request: list | None = None  # samples held above, to read again (request_replay)
+    _replay_cache: dict | None = None  # those samples, read once by prepare_resume
+    _prepared: tuple | None = None  # the reader positioned by prepare_resume
 
-    def _prepare_resume(self, needs: list) -> None:
+    def prepare_resume(self, needs: list) -> None:
         """Position the reader where the loaded state stood and read, once, both the samples
-        of its own buffer and ``needs`` (held by the stages below; served to their replay
+        of its own buffer and ``needs`` (held by the stages above; served to their replay
         passes from a cache)."""
         state, _ = self._take_resume()
         if state is not None:
             self._prepared = self._start(state, needs)
 
-    def _drop_prepared(self) -> None:
+    def request_replay(self, needs: list | None) -> None:
+        """The next pass yields exactly the samples ``needs`` names, read again (from the
+        cache :meth:`prepare_resume` filled, else from their shards); ``None`` cancels."""
+        self._replay_request = None if needs is None else list(needs)
+
+    def end_pass(self) -> None:
+        super().end_pass()
         prepared, self._prepared, self._replay_cache = self._prepared, None, None
         if prepared is not None:
             close = getattr(prepared[0], "close", None)
@@ -1105,7 +1112,7 @@ class ShardedShufflerIterDataPipe(_Seeded, _Resumable, IterDataPipe[Sample]):
             "offset": live["offset"],
             "drain": live["drain"],
             "rng": live["rng"].getstate(),
-            "buffer": _ident_list(live["buffer"]),
+            "buffer": identity_list(live["buffer"]),
         }
 
     def _resume(self, state: dict, mine: list[str], entries: dict | None, live: dict,
@@ -1126,7 +1133,7 @@ class ShardedShufflerIterDataPipe(_Seeded, _Resumable, IterDataPipe[Sample]):
                 "split, seed, epoch or number of workers changed",
                 source=name,
             )
-        live["rng"].setstate(_rng_state(state["rng"]))
+        live["rng"].setstate(rng_state(state["rng"]))
         live["shard"], live["offset"] = start, skip
         wanted: dict[str, set[str]] = {}
         for src, key in list(state["buffer"]) + list(needs):
@@ -1145,7 +1152,7 @@ class ShardedShufflerIterDataPipe(_Seeded, _Resumable, IterDataPipe[Sample]):
         rest = {src: {k for k in keys if (src, k) not in picked} for src, keys in wanted.items()}
         picked.update(_pick_samples(rest, format=self.format, allow_pipes=self.allow_pipes,
                                     mmap=self.mmap))
-        live["buffer"][:] = [_held(picked, ident) for ident in state["buffer"]]
+        live["buffer"][:] = [held_sample(picked, ident) for ident in state["buffer"]]
         self._replay_cache = picked
         return samples, bool(state["drain"])
 
@@ -1158,7 +1165,7 @@ class ShardedShufflerIterDataPipe(_Seeded, _Resumable, IterDataPipe[Sample]):
             found = _pick_samples(wanted, format=self.format, allow_pipes=self.allow_pipes,
                                   mmap=self.mmap)
         for ident in request:
-            yield _held(found, ident)
+            yield held_sample(found, ident)
 
     def __len__(self) -> int:
         if self.index is None:

@@ -47,7 +47,7 @@ from .batching import (
     TwoDimensional,
     pack_batches,
 )
-from ._state import _Resumable
+from ._state import SampleSource
 from .kaldi import read_scp_table
 
 __all__ = [
@@ -1000,7 +1000,7 @@ class ViewSampler:
 
 
 @plain_iterator
-class ViewLoaderIterDataPipe(_Resumable, IterDataPipe[list]):
+class ViewLoaderIterDataPipe(SampleSource, IterDataPipe[list]):
     """Load the batches of a :class:`BatchView` from a map (functional name: ``batch_by_view``).
 
     Registered on ``MapDataPipe``: ``map_dp.batch_by_view(view)``. Consumes a ``MapDataPipe``
