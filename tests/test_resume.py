@@ -81,12 +81,28 @@ def view_pipe():
     return SequenceWrapper(data).batch_by_view(view).collate(collate_fn=PadCollate())
 
 
+def _with_feats(row: dict) -> dict:
+    """A deterministic one-to-one stage between the source and the buffers (as load_audio)."""
+    return {**row, "feats": np.full((row["frames"], DIM), int(row["key"][1:]), np.float32)}
+
+
+def manifest_pipe():
+    """shuffle_samples over manifest rows -> load -> bucket_by_length -> block_batch -> collate
+    (the recipes' road)."""
+    rng = np.random.default_rng(7)
+    rows = [{"key": f"m{i:03d}", "frames": int(rng.integers(3, 50))} for i in range(150)]
+    return (IterableWrapper(rows).shuffle_samples(seed=6).map(_with_feats)
+            .bucket_by_length(30, seed=2).block_batch(batch_len=250, shuffle_window=4, seed=3)
+            .collate(collate_fn=PadCollate()))
+
+
 def summary(batch: dict) -> list:
     return [list(batch["key"]), float(batch["feats"].sum()), list(batch["feats"].shape)]
 
 
 def build(case: dict):
-    pipe = view_pipe() if case["path"] == "view" else stream_pipe(case["paths"])
+    pipe = {"view": view_pipe, "manifest": manifest_pipe}.get(
+        case["path"], lambda: stream_pipe(case["paths"]))()
     # snapshot_every=1: every state comes from the workers' pipes themselves (the held-sample
     # machinery); larger values restore the last snapshot and fetch the batches since again.
     snapshot = {} if case.get("snapshot_every") == "default" else {
@@ -193,6 +209,14 @@ def test_random_access_path_resumes_exactly_in_a_new_process(tmp_path, workers):
     case = {"path": "view", "workers": workers}
     n = _epoch_len(case)
     _resume_in_new_process(tmp_path, case, [1, 3, n - 1, n + 1])
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_manifest_path_resumes_exactly_in_a_new_process(tmp_path, workers):
+    # issue 17: the recipes' road (manifest rows, shuffle_samples, buffers) resumes exactly
+    case = {"path": "manifest", "workers": workers, "snapshot_every": 3}
+    n = _epoch_len(case)
+    _resume_in_new_process(tmp_path, case, [1, 4, n - 1, n, n + 2])
 
 
 # ------------------------------------------------------------------------------ in process
