@@ -12,7 +12,7 @@ starts at the next sample, and the stages above that held samples (``bucket_by_l
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Iterator
+from typing import Iterable, Iterator
 
 from ..errors import DataError
 from ..sample import KEY, SOURCE, Sample
