@@ -8,7 +8,7 @@ __version__ = "0.1.0"
 
 from .pipes import (  # noqa: E402,F401  (registration)
     audio, batching, collate, concurrency, decode, distributed, kaldi, manifests, mixing, order,
-    sample_shuffle, sharding, shards, sources, text, views,
+    sample_lists, sharding, shards, sources, text, views,
 )
 from .epochs import set_epoch  # noqa: E402
 

@@ -16,7 +16,7 @@ import speechpipe  # noqa: F401  (registers the pipes)
 from speechpipe.errors import DataError
 from speechpipe.loader import build_loader
 from speechpipe.pipes._base import IterableWrapper
-from speechpipe.pipes.sample_shuffle import SampleShufflerIterDataPipe
+from speechpipe.pipes.sample_lists import SampleShufflerIterDataPipe
 
 ROWS = [{"key": f"u{i:02d}", "text": f"t{i}", "num_frames": i + 1} for i in range(23)]
 
@@ -93,6 +93,26 @@ def test_an_item_without_a_key_is_named():
         keys(IterableWrapper([{"key": "a"}, {"text": "b"}]).shuffle_samples())
     with pytest.raises(DataError, match="item 0 is str"):
         keys(IterableWrapper(["a"]).shuffle_samples())
+
+
+def test_split_samples_keeps_the_order_and_shares_it_between_workers():
+    assert keys(IterableWrapper(ROWS).split_samples()) == [r["key"] for r in ROWS]
+    loader = torch.utils.data.DataLoader(IterableWrapper(ROWS).split_samples(), batch_size=None,
+                                         num_workers=2)
+    out = [s["key"] for s in loader]
+    assert sorted(out) == sorted(r["key"] for r in ROWS)
+    assert out[:4] == ["u00", "u01", "u02", "u03"]  # worker 0 takes u00, worker 1 u01, ...
+
+
+def test_split_samples_resumes_at_the_next_sample():
+    pipe = IterableWrapper(ROWS).split_samples()
+    it = iter(pipe)
+    [next(it) for _ in range(5)]
+    state = pipe.state_dict()
+    it.close()
+    again = IterableWrapper(ROWS).split_samples()
+    again.load_state_dict(state)
+    assert keys(again) == [r["key"] for r in ROWS[5:]]
 
 
 def test_bad_arguments_are_named():
