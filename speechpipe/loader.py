@@ -108,7 +108,7 @@ from . import transfer
 from .diagnostics import Diagnostics
 from .errors import SpeechpipeError, mark_location
 from .pipes._base import IterDataPipe, MapDataPipe
-from .pipes._restore import (
+from .pipes._restore import (  # noqa: F401  (ResumeWarning: public here too)
     ResumeWarning, end_pass, restore, resumable_stages, take_states, unresumable_reason,
 )
 from .pipes.batching import BatchStats
@@ -416,8 +416,8 @@ class Loader:
         """The position after the last batch yielded (``StatefulDataLoader.state_dict``)."""
         state = getattr(self.dataloader, "state_dict", None)
         if state is None:
-            raise TypeError("this loader cannot save its position: install torchdata>=0.10 "
-                            "(pip install 'torchdata>=0.10') for StatefulDataLoader")
+            raise TypeError("this loader cannot save its position: it was built with "
+                            "resumable=False (or without torchdata>=0.10's StatefulDataLoader)")
         saved = state()
         reason = _find_unresumable(saved)
         if reason:
@@ -463,6 +463,7 @@ def build_loader(
     snapshot_every: int = 100,
     multiprocessing_context: str | None = None,
     reuse_shared_memory: bool = True,
+    resumable: bool = True,
 ) -> Loader:
     """Build the loader a training script iterates: workers, prefetch, pinning, device,
     uneven inputs and exact resume, in one call.
@@ -499,6 +500,10 @@ def build_loader(
             times the batches per second, then 1.4 times again). Turn off where ``/dev/shm``
             is small (up to :data:`speechpipe.transfer.MAX_BYTES` stays allocated per worker,
             and mapped in the main process too).
+        resumable: the loader can save its position (``state_dict()``) and resume exactly.
+            A pipeline with a stage that cannot be resumed (torch's ``shuffle``, ``batch``...,
+            or no source that knows its position) is then refused here, naming the stage and
+            what to use instead. ``False``: a plain ``DataLoader``, no ``state_dict()``.
 
     >>> import numpy as np, speechpipe
     >>> from speechpipe.pipes._base import SequenceWrapper
@@ -536,7 +541,13 @@ def build_loader(
             raise ValueError(f"device must name a torch device, got {device!r}") from exc
     if uneven is not None and not (isinstance(uneven, str) or callable(uneven)):
         raise TypeError(f"uneven must be a policy name or a callable, got {uneven!r}")
+    if not isinstance(resumable, bool):
+        raise TypeError(f"resumable must be a bool, got {resumable!r}")
     dataset = PipeDataset(pipe, seed=seed)
+    reason = unresumable_reason(pipe) if resumable else None
+    if reason is not None:
+        raise TypeError(f"{reason} (or build_loader(..., resumable=False) to train without "
+                        "saving the loader's position)")
     if num_workers and reuse_shared_memory:
         dataset._transfer = transfer.new_table(num_workers)
     if num_workers:
@@ -554,6 +565,8 @@ def build_loader(
     try:
         from torchdata.stateful_dataloader import StatefulDataLoader
     except ImportError:  # pragma: no cover - torchdata is a dependency
+        StatefulDataLoader = None
+    if StatefulDataLoader is None or not resumable:
         dataloader = torch.utils.data.DataLoader(dataset, **options)
     else:
         with warnings.catch_warnings():  # torchdata 0.11 calls a deprecated torch function

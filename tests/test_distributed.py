@@ -649,7 +649,8 @@ def _spawn_scenario(context: str) -> dict:
     from speechpipe.pipes._base import IterableWrapper
 
     pipe = IterableWrapper(range(48)).sharding_filter().batch(3)
-    loader = build_loader(pipe, num_workers=2, multiprocessing_context=context)
+    loader = build_loader(pipe, num_workers=2, multiprocessing_context=context,
+                          resumable=False)  # torch's sharding_filter and batch
     return {"items": sorted(int(i) for batch in loader for i in batch)}
 
 

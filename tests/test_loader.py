@@ -62,7 +62,7 @@ def test_every_sample_comes_out_once_per_epoch_with_any_number_of_workers(shards
 
 def test_torch_sharding_filter_is_applied_in_the_workers():
     pipe = IterableWrapper(list(range(60))).shuffle().sharding_filter().batch(4)
-    loader = build_loader(pipe, num_workers=2, seed=3)
+    loader = build_loader(pipe, num_workers=2, seed=3, resumable=False)  # torch's stages
     for batches in keys_per_epoch_plain(loader, [0, 1]):
         assert sorted(x for b in batches for x in b) == list(range(60))
 
@@ -231,7 +231,8 @@ def test_a_data_error_in_a_worker_keeps_its_file_line_and_reason(tmp_path, worke
     good, bad = tmp_path / "a.scp", tmp_path / "b.scp"
     good.write_text("u1 x\nu2 y\n", encoding="utf-8")
     bad.write_text("u3 z\nu4\nu5 w\n", encoding="utf-8")
-    loader = build_loader(_scp_pipe([str(good), str(bad)]), num_workers=workers, seed=0)
+    loader = build_loader(_scp_pipe([str(good), str(bad)]), num_workers=workers, seed=0,
+                          resumable=False)  # a sharding_filter pipeline
     with pytest.raises(DataError) as caught:
         list(loader)
     error = caught.value
@@ -246,7 +247,7 @@ def test_a_data_error_in_a_worker_keeps_its_file_line_and_reason(tmp_path, worke
 def test_a_missing_file_in_a_worker_is_still_a_missing_data_error_with_its_source(tmp_path):
     pipe = IterableWrapper([str(tmp_path / "nowhere.tar")]).sharding_filter().open().read_shards()
     with pytest.raises(MissingDataError) as caught:
-        list(build_loader(pipe, num_workers=1, seed=0))
+        list(build_loader(pipe, num_workers=1, seed=0, resumable=False))
     assert caught.value.source == str(tmp_path / "nowhere.tar")
     assert isinstance(caught.value, FileNotFoundError)
 

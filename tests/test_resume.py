@@ -369,10 +369,13 @@ def test_torch_shuffle_cannot_be_saved_and_says_why(corpus):
     it.close()
     with pytest.raises(TypeError, match="shuffle keeps its buffer.*sharded_shuffle"):
         PipeDataset(IterableWrapper(corpus).sharded_shuffle(4).shuffle()).load_state_dict(state)
-    loader = build_loader(IterableWrapper(corpus).sharded_shuffle(buffer_size=4).shuffle())
+    with pytest.raises(TypeError, match="shuffle keeps its buffer.*resumable=False"):
+        build_loader(IterableWrapper(corpus).sharded_shuffle(buffer_size=4).shuffle())  # issue 17
+    loader = build_loader(IterableWrapper(corpus).sharded_shuffle(buffer_size=4).shuffle(),
+                          resumable=False)
     next(iter(loader))
-    with pytest.raises(TypeError, match="shuffle keeps its buffer"):
-        loader.state_dict()  # refused when saving, in the main process
+    with pytest.raises(TypeError, match="resumable=False"):
+        loader.state_dict()  # a loader built without resume says so
 
 
 def test_a_pipeline_without_a_resumable_source_cannot_be_saved():
@@ -382,8 +385,13 @@ def test_a_pipeline_without_a_resumable_source_cannot_be_saved():
     next(it)
     state = dataset.state_dict()
     it.close()
-    with pytest.raises(TypeError, match="do not come from sharded_shuffle or batch_by_view"):
+    with pytest.raises(TypeError, match="do not come from a source that knows its position"):
         dataset.load_state_dict(state)
+    # issue 17: the loader refuses it when it is built, naming the sources to start from
+    with pytest.raises(TypeError, match="shuffle_samples or split_samples.*resumable=False"):
+        build_loader(IterableWrapper(samples).block_batch(batch_len=10))
+    resumable = IterableWrapper(samples).split_samples().block_batch(batch_len=10)
+    assert len(list(build_loader(resumable))) > 0
 
 
 def test_a_state_of_another_pipeline_is_refused(corpus):

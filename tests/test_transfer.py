@@ -29,6 +29,12 @@ def _with_stats(batch: dict) -> dict:
             "fallbacks": torch.tensor(stats.fallbacks), "created": torch.tensor(stats.created)}
 
 
+def _loader(pipe, **options):
+    """These pipelines batch with torch's ``batch``: loaders without resume (transfers are
+    what these tests are about)."""
+    return build_loader(pipe, resumable=False, **options)
+
+
 def _pipe(rows: list[dict], stats: bool = False):
     pipe = (IterableWrapper(rows, deepcopy=False).sharding_filter().batch(16)
             .collate(collate_fn=PadCollate(fields=("key", "feats"))))
@@ -51,7 +57,7 @@ def test_batches_held_by_the_main_process_are_never_overwritten():
     still holds its own numbers at the end: no slot was reused under a live batch (the pool
     runs out and falls back to fresh segments instead)."""
     rows = _rows()
-    loader = build_loader(_pipe(rows, stats=True), num_workers=2, seed=0, persistent_workers=True)
+    loader = _loader(_pipe(rows, stats=True), num_workers=2, seed=0, persistent_workers=True)
     held = []
     for epoch in range(2):
         loader.set_epoch(epoch)
@@ -67,7 +73,7 @@ def test_batches_released_late_are_intact_and_their_slots_reused(window):
     """A sliding window of held batches (a training step that keeps a few batches alive):
     every batch is intact when it leaves the window, and slots are reused."""
     rows = _rows()
-    loader = build_loader(_pipe(rows, stats=True), num_workers=2, seed=0)
+    loader = _loader(_pipe(rows, stats=True), num_workers=2, seed=0)
     window_batches: list[dict] = []
     last = None
     for batch in loader:
@@ -85,7 +91,7 @@ def test_the_same_batches_with_and_without_reuse():
     rows = _rows()
     runs = []
     for reuse in (False, True):
-        loader = build_loader(_pipe(rows), num_workers=2, seed=0, reuse_shared_memory=reuse)
+        loader = _loader(_pipe(rows), num_workers=2, seed=0, reuse_shared_memory=reuse)
         runs.append([(b["key"], b["feats"].clone(), b["feats_len"].clone()) for b in loader])
     assert len(runs[0]) == len(runs[1]) == ROWS // 16
     for (k0, f0, n0), (k1, f1, n1) in zip(*runs):
@@ -94,7 +100,7 @@ def test_the_same_batches_with_and_without_reuse():
 
 def test_spawned_workers_reuse_slots_too():
     rows = _rows(16 * 8)
-    loader = build_loader(_pipe(rows, stats=True), num_workers=1, seed=0,
+    loader = _loader(_pipe(rows, stats=True), num_workers=1, seed=0,
                           multiprocessing_context="spawn")
     batches = []
     for batch in loader:
@@ -105,12 +111,12 @@ def test_spawned_workers_reuse_slots_too():
 
 def test_without_workers_or_when_turned_off_there_is_no_pool():
     rows = _rows(32)
-    assert build_loader(_pipe(rows), num_workers=0, seed=0).dataset._transfer is None
-    off = build_loader(_pipe(rows, stats=True), num_workers=1, seed=0, reuse_shared_memory=False)
+    assert _loader(_pipe(rows), num_workers=0, seed=0).dataset._transfer is None
+    off = _loader(_pipe(rows, stats=True), num_workers=1, seed=0, reuse_shared_memory=False)
     assert off.dataset._transfer is None
     assert [int(b["reused"]) for b in off] == [0, 0]
     with pytest.raises(TypeError, match="reuse_shared_memory"):
-        build_loader(_pipe(rows), num_workers=1, reuse_shared_memory="yes")
+        _loader(_pipe(rows), num_workers=1, reuse_shared_memory="yes")
 
 
 def test_a_slot_taken_again_is_not_freed_by_an_older_batch():
@@ -151,7 +157,7 @@ def test_no_slot_is_made_when_dev_shm_is_nearly_full(monkeypatch):
     makes no slot and every batch falls back (still intact)."""
     monkeypatch.setattr(transfer, "_shm_free", lambda: 1 << 20)  # inherited by forked workers
     rows = _rows(16 * 6)
-    loader = build_loader(_pipe(rows, stats=True), num_workers=1, seed=0,
+    loader = _loader(_pipe(rows, stats=True), num_workers=1, seed=0,
                           multiprocessing_context="fork")
     batches = list(loader)
     for batch in batches:
@@ -164,7 +170,7 @@ def test_slots_flagged_by_an_earlier_worker_are_used_by_the_next_one():
     worker's tag (its batch never reached the main process) does not block the slot, whose
     memory the new worker allocates afresh; batches stay intact."""
     rows = _rows(16 * 8)
-    loader = build_loader(_pipe(rows, stats=True), num_workers=1, seed=0)
+    loader = _loader(_pipe(rows, stats=True), num_workers=1, seed=0)
     table = loader.dataset._transfer[1].numpy()
     table[0, :] = (1 << 32) | 7  # tags of a process that is not this loader's worker
     batches = list(loader)
@@ -196,7 +202,7 @@ def test_a_slot_crosses_once_and_small_tensors_travel_inline(monkeypatch):
     calls = _count_fd_transfers(monkeypatch)
     rows = _rows(16 * 12)
     count = 0
-    for batch in build_loader(_pipe(rows, stats=True), num_workers=1, seed=0):
+    for batch in _loader(_pipe(rows, stats=True), num_workers=1, seed=0):
         _check(batch, rows)  # (and let go of it: its slot is reused)
         assert batch["feats_len"].dtype == torch.int64 and batch["reused"].ndim == 0
         count += 1
@@ -212,7 +218,7 @@ def test_segments_are_sent_again_to_a_new_pass_of_fresh_workers(monkeypatch):
     rows = _rows(16 * 6)
     for persistent in (False, True):
         calls = _count_fd_transfers(monkeypatch)
-        loader = build_loader(_pipe(rows, stats=True), num_workers=1, seed=0,
+        loader = _loader(_pipe(rows, stats=True), num_workers=1, seed=0,
                               persistent_workers=persistent)
         key = loader.dataset._transfer[0]
         per_pass = []
@@ -254,7 +260,7 @@ def test_nested_and_tuple_batches_and_dtypes_numpy_lacks_arrive_intact():
     rows = _rows(16 * 4)
     pipe = _pipe(rows).map(_as_tuple)
     seen = 0
-    for feats, extra, keys in build_loader(pipe, num_workers=2, seed=0):
+    for feats, extra, keys in _loader(pipe, num_workers=2, seed=0):
         _check({"key": keys, "feats": feats, "feats_len": extra["n"]}, rows)
         assert extra["half"].dtype == torch.bfloat16
         assert torch.equal(extra["half"], extra["n"].to(torch.bfloat16))
@@ -274,7 +280,7 @@ def test_small_tensors_with_the_conjugate_or_negative_bit_travel_inline_resolved
     rows = _rows(16 * 4)
     pipe = _pipe(rows).map(_with_lazy_views)
     seen = 0
-    for batch in build_loader(pipe, num_workers=2, seed=0):
+    for batch in _loader(pipe, num_workers=2, seed=0):
         _check(batch, rows)
         n = len(batch["key"])
         assert torch.equal(batch["lengths"], batch["feats_len"].float())

@@ -32,6 +32,3 @@ def main(argv: list[str] | None = None) -> int:
         print(f"speechpipe {args.command}: error: {exc}", file=sys.stderr)
         return 2
 
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

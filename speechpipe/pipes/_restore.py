@@ -29,7 +29,8 @@ __all__ = ["ResumeWarning", "UNRESUMABLE", "end_pass", "restore", "resumable_sta
 #: torch stages that hold items in their generator's locals (a state cannot include them):
 #: class name -> what it holds and what to use instead.
 UNRESUMABLE = {
-    "ShufflerIterDataPipe": "shuffle keeps its buffer in its generator; use sharded_shuffle",
+    "ShufflerIterDataPipe": "shuffle keeps its buffer in its generator; use shuffle_samples "
+                            "(a list of samples, e.g. manifest rows) or sharded_shuffle (shards)",
     "BatcherIterDataPipe": "batch keeps its open batch in its generator; use block_batch",
     "BucketBatcherIterDataPipe": "bucketbatch keeps its buffer; use bucket_by_length",
     "GrouperIterDataPipe": "groupby keeps its buffer in its generator",
@@ -69,8 +70,9 @@ def unresumable_reason(pipe: Any) -> str | None:
         if reason is not None and type(node).__module__.startswith("torch."):
             return f"this pipeline cannot be resumed exactly: torch's {reason}"
     if not any(_is_source(n) for n in nodes):
-        return ("this pipeline cannot be resumed exactly: its samples do not come from "
-                "sharded_shuffle or batch_by_view (the pipes that know their position)")
+        return ("this pipeline cannot be resumed exactly: its samples do not come from a source "
+                "that knows its position; start it with shuffle_samples or split_samples (a "
+                "list of samples), sharded_shuffle (shards) or batch_by_view (a BatchView)")
     return None
 
 
