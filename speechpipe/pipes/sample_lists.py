@@ -22,7 +22,7 @@ from typing import Iterable, Iterator
 from ..errors import DataError
 from ..sample import KEY, SOURCE, Sample
 from ..seeding import CarriesRank, derive_rng, process_position
-from ._base import IterDataPipe, functional_datapipe, plain_iterator
+from ._base import IterDataPipe, functional_datapipe
 from ._state import SampleSource, Seeded, check_seed
 
 __all__ = ["SampleShuffler", "SampleShufflerIterDataPipe", "SampleSplitter",
@@ -47,10 +47,10 @@ def _keyed(samples: list, name: str) -> dict[str, int]:
     return where
 
 
-@plain_iterator
-class _SampleList(CarriesRank, SampleSource, IterDataPipe[Sample]):
+class _SampleList(CarriesRank, SampleSource):
     """A source yielding this process's share of an order over a sample list read whole each
-    pass; resumable at any sample (the position), held samples found again by key."""
+    pass; resumable at any sample (the position), held samples found again by key. A mixin
+    of the two pipes below (its ``__iter__`` is a plain generator, outside torch's hook)."""
 
     rereads_held = True
 
@@ -156,7 +156,7 @@ class _SampleList(CarriesRank, SampleSource, IterDataPipe[Sample]):
 
 
 @functional_datapipe("shuffle_samples")
-class SampleShufflerIterDataPipe(Seeded, _SampleList):
+class SampleShufflerIterDataPipe(Seeded, _SampleList, IterDataPipe[Sample]):
     """Shuffle all samples of a finite source at once (functional name: ``shuffle_samples``).
 
     Consumes sample dicts with unique ``key`` s, few enough to hold in memory (manifest rows,
@@ -203,9 +203,8 @@ class SampleShufflerIterDataPipe(Seeded, _SampleList):
 
 
 @functional_datapipe("split_samples")
-class SampleSplitterIterDataPipe(_SampleList):
-    """Split a finite sample list between processes, in order (functional name:
-    ``split_samples``).
+class SampleSplitterIterDataPipe(_SampleList, IterDataPipe[Sample]):
+    """Split a sample list between processes, in order (functional name: ``split_samples``).
 
     Consumes sample dicts with unique ``key`` s (manifest rows); each pass reads the whole
     source and, with ``split``, yields every ``n``-th sample for the ``n`` = ranks × DataLoader
