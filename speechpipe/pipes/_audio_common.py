@@ -22,11 +22,6 @@ from ..seeding import derive_seed, process_position
 __all__: list[str] = []
 
 
-# --------------------------------------------------------------------------------------------
-# Shared helpers
-# --------------------------------------------------------------------------------------------
-
-
 def _where(sample: Mapping[str, Any]) -> dict:
     source = sample.get(SOURCE, sample.get("audio_path"))
     return {"source": source if isinstance(source, str) else None, "key": sample.get(KEY)}

@@ -34,11 +34,6 @@ __all__ = [
 VAR_FLOOR = 1.0e-20
 
 
-# --------------------------------------------------------------------------------------------
-# CMVN
-# --------------------------------------------------------------------------------------------
-
-
 @dataclass
 class CmvnStats:
     """Streaming mean/variance statistics of features: frame count, sum and sum of squares

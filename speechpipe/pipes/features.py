@@ -52,11 +52,6 @@ KALDI_SCALE = 32768.0
 _MS = 0.001  # torchaudio.compliance.kaldi's MILLISECONDS_TO_SECONDS
 
 
-# --------------------------------------------------------------------------------------------
-# Features
-# --------------------------------------------------------------------------------------------
-
-
 def num_frames(
     num_samples: int,
     frame_length_ms: float = 25.0,

@@ -66,9 +66,6 @@ def is_cjk(char: str) -> bool:
     return any(a <= code <= b for a, b in _CJK_RANGES)
 
 
-# --------------------------------------------------------------------------- normalization
-
-
 @dataclass(frozen=True)
 class TextNormalizer:
     """Rules that normalize a transcript; call it on a ``str``. Frozen and picklable.

@@ -41,9 +41,6 @@ _SPECIALS = (BLANK, UNK, SOS_EOS)
 _FORMAT_VERSION = 1
 
 
-# --------------------------------------------------------------------------- tokenizers
-
-
 def _nonspace_len(text: str) -> int:
     return len("".join(text.split()))
 
