@@ -54,7 +54,7 @@ from ..diagnostics import Diagnostics, check_on_error
 from ..errors import DataError, MissingDataError
 from ..sample import KEY, SOURCE, TEXT, TOKENS, Sample
 from ._base import IterDataPipe, functional_datapipe
-from .text_normalization import (  # re-exported: moved from this module
+from .text_normalization import (  # public names re-exported: moved from this module
     CASES,
     REMOVE_SPACES,
     TextNormalizer,
@@ -66,7 +66,7 @@ from .text_normalization import (  # re-exported: moved from this module
     _sample_field,
     is_cjk,
 )
-from .tokenizers import (  # re-exported: moved from this module
+from .tokenizers import (  # public names re-exported: moved from this module
     BLANK,
     BaseTokenizer,
     CharTokenizer,
