@@ -75,15 +75,10 @@ from torchaudio.compliance import kaldi
 import speechpipe  # noqa: F401  (registers the functional names)
 from speechpipe.demo import DEMO_CORPUS
 from speechpipe.pipes._base import IterableWrapper
-from speechpipe.pipes.audio import (
-    KALDI_SCALE,
-    compute_cmvn_stats,
-    compute_features,
-    mel_num_frames,
-    num_frames,
-    spec_augment,
-)
+from speechpipe.pipes.augment import spec_augment
+from speechpipe.pipes.cmvn import compute_cmvn_stats
 from speechpipe.pipes.collate import PadCollate
+from speechpipe.pipes.features import KALDI_SCALE, compute_features, mel_num_frames, num_frames
 from speechpipe.recipes.librispeech import librispeech_samples
 from speechpipe.seeding import derive_rng, derive_seed
 

@@ -7,7 +7,7 @@ published percentiles), doing the same work in all three:
    ``speechpipe.pack``; lhotse: the same matrices exported to Lhotse Shar shards) -> shuffle
    -> length bucketing -> batches within a padded budget -> padded ``(B, T, 80)`` tensors;
 2. **audio**: 16 kHz FLAC (speech cut from the demo corpus) in tar shards (lhotse: Shar) ->
-   decode with soundfile -> Kaldi fbank (``speechpipe.pipes.audio.compute_features``, 80 bins,
+   decode with soundfile -> Kaldi fbank (``speechpipe.pipes.features.compute_features``, 80 bins,
    one call per utterance in all three) -> the same batching. speechpipe and lhotse batch on
    lengths known beforehand (the shard index, the cuts' durations) and decode each batch's
    utterances after batching; webdataset (WeNet's recipe) decodes before its sort buffer.
@@ -74,9 +74,9 @@ import speechpipe  # noqa: F401  (registers the pipes)
 from speechpipe.index import ShardEntry, ShardIndex
 from speechpipe.loader import PipeDataset, build_loader
 from speechpipe.pipes._base import IterableWrapper
-from speechpipe.pipes.audio import compute_features
 from speechpipe.pipes.collate import PadCollate
 from speechpipe.pipes.decode import decode_sample
+from speechpipe.pipes.features import compute_features
 from speechpipe.pipes.shards import ShardWriter
 from speechpipe.testing import sample_durations
 

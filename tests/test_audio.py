@@ -29,27 +29,23 @@ import torchaudio.transforms as taT
 from torchaudio.compliance import kaldi
 
 import speechpipe  # noqa: F401  (registers the functional names)
+from speechpipe.cli.cmvn import add_command as add_cmvn_command
 from speechpipe.demo import DEMO_CORPUS
 from speechpipe.diagnostics import SkippedInputWarning
 from speechpipe.errors import DataError, MissingDataError
 from speechpipe.pipes._base import IterableWrapper
-from speechpipe.pipes.audio import (
+from speechpipe.pipes.audio import resample_audio
+from speechpipe.pipes.augment import change_speed, spec_augment, time_warp
+from speechpipe.pipes.cmvn import CmvnStats, compute_cmvn_stats, normalize_features
+from speechpipe.pipes.collate import PadCollate
+from speechpipe.pipes.features import (
     KALDI_SCALE,
-    CmvnStats,
     FeatureComputer,
-    add_cmvn_command,
     batch_features,
-    change_speed,
-    compute_cmvn_stats,
     compute_features,
     mel_num_frames,
-    normalize_features,
     num_frames,
-    resample_audio,
-    spec_augment,
-    time_warp,
 )
-from speechpipe.pipes.collate import PadCollate
 from speechpipe.recipes.librispeech import librispeech_samples
 from speechpipe.seeding import derive_seed
 

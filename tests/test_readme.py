@@ -93,7 +93,7 @@ def test_readme_batching_examples_run_on_the_demo_corpus(monkeypatch, capsys):
 
 def test_readme_large_corpus_pipeline_runs(tmp_path, monkeypatch):
     from speechpipe.pack import pack_data
-    from speechpipe.pipes.text import SentencePieceTokenizer
+    from speechpipe.pipes.tokenizers import SentencePieceTokenizer
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "data/train").mkdir(parents=True)
@@ -133,7 +133,7 @@ def test_readme_recipe_example_runs(tmp_path, monkeypatch):
 
     import speechpipe
     from speechpipe.demo import DEMO_CORPUS
-    from speechpipe.pipes.text import SentencePieceTokenizer
+    from speechpipe.pipes.tokenizers import SentencePieceTokenizer
     from speechpipe.recipes.librispeech import prepare_librispeech
 
     monkeypatch.chdir(tmp_path)

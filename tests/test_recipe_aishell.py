@@ -22,7 +22,7 @@ from test_recipes_common import range_server
 from speechpipe.diagnostics import SkippedInputWarning
 from speechpipe.errors import DataError, MissingDataError
 from speechpipe.pipes.manifests import read_manifest
-from speechpipe.pipes.text import CharTokenizer
+from speechpipe.pipes.tokenizers import CharTokenizer
 from speechpipe.recipes._common import manifest_path, pipeline_report
 from speechpipe.recipes.aishell import (
     ARCHIVES,

@@ -29,7 +29,7 @@ import speechpipe
 from speechpipe.diagnostics import SkippedInputWarning
 from speechpipe.errors import DataError, MissingDataError
 from speechpipe.pipes.manifests import read_manifest, write_manifest
-from speechpipe.pipes.text import CharTokenizer
+from speechpipe.pipes.tokenizers import CharTokenizer
 from speechpipe.recipes import _common
 from speechpipe.recipes._common import (
     RECIPES,

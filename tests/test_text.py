@@ -20,23 +20,27 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from speechpipe.cli.tokenizer import add_command as add_tokenizer_command
 from speechpipe.diagnostics import SkippedInputWarning
 from speechpipe.errors import DataError, MissingDataError
 from speechpipe.pipes._base import IterableWrapper, registered_iter_names
 from speechpipe.pipes.text import (
-    CharTokenizer,
-    SentencePieceTokenizer,
-    TextNormalizer,
     TokenizerIterDataPipe,
     TokenStats,
-    TranscriptNormalizerIterDataPipe,
     UnknownTokenWarning,
-    WordTokenizer,
-    add_tokenizer_command,
-    build_tokenizer,
-    is_cjk,
-    load_tokenizer,
     read_transcripts,
+)
+from speechpipe.pipes.text_normalization import (
+    TextNormalizer,
+    TranscriptNormalizerIterDataPipe,
+    is_cjk,
+)
+from speechpipe.pipes.tokenizers import (
+    CharTokenizer,
+    SentencePieceTokenizer,
+    WordTokenizer,
+    build_tokenizer,
+    load_tokenizer,
 )
 
 ZH = ["我爱北京天安门", "今天天气很好", "我们在北京", "你好世界", "天安门广场很大"]

@@ -52,7 +52,7 @@ from typing import Any, Callable, Iterable, Iterator
 from ..errors import DataError, MissingDataError
 from ..pipes._base import IterDataPipe
 from ..pipes.manifests import ManifestWriter
-from ..pipes.text import TextNormalizer
+from ..pipes.text_normalization import TextNormalizer
 from ..sample import DURATION, KEY, TEXT
 from ._common import (
     AUDIO_PATH,

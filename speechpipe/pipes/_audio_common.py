@@ -1,0 +1,152 @@
+"""Helpers shared by the audio modules (:mod:`~speechpipe.pipes.audio`,
+:mod:`~speechpipe.pipes.augment`, :mod:`~speechpipe.pipes.features`,
+:mod:`~speechpipe.pipes.cmvn`): reading a sample's audio or features, numpy/torch conversions,
+argument checks, the seeded ``torch.Generator`` and the cached resampling kernel.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import numbers
+from typing import Any, Mapping
+
+import numpy as np
+import torch
+import torchaudio.transforms as taT
+
+from ..errors import DataError
+from ..sample import AUDIO, FEATS, KEY, SAMPLE_RATE, SOURCE
+from ..seeding import derive_seed, process_position
+
+__all__: list[str] = []
+
+
+def _where(sample: Mapping[str, Any]) -> dict:
+    source = sample.get(SOURCE, sample.get("audio_path"))
+    return {"source": source if isinstance(source, str) else None, "key": sample.get(KEY)}
+
+
+def _check_sample(sample: Any, stage: str) -> None:
+    if not isinstance(sample, Mapping):
+        raise TypeError(f"{stage} expects sample dicts, got {type(sample).__name__}")
+
+
+_FLOAT32 = np.dtype(np.float32)
+
+
+def _audio_of(sample: Any, stage: str, *, mono: bool = False) -> tuple[np.ndarray, int]:
+    """The sample's audio (float32, time first) and its rate; a TypeError for a sample that is
+    not a mapping, a DataError for missing or unusable audio.
+
+    A dict with a float32 array and an int rate is recognised by a few type checks and its
+    audio returned as it is; anything else goes through :func:`_checked_audio`.
+    """
+    if type(sample) is dict:
+        audio, rate = sample.get(AUDIO), sample.get(SAMPLE_RATE)
+        if (type(audio) is np.ndarray and audio.dtype is _FLOAT32 and type(rate) is int
+                and rate > 0 and (audio.ndim == 1 or (audio.ndim == 2 and not mono))):
+            return audio, rate
+    return _checked_audio(sample, stage, mono)
+
+
+def _checked_audio(sample: Any, stage: str, mono: bool) -> tuple[np.ndarray, int]:
+    _check_sample(sample, stage)
+    where = _where(sample)
+    if AUDIO not in sample:
+        raise DataError(f"{stage}: the sample has no {AUDIO!r} field", **where)
+    if SAMPLE_RATE not in sample:
+        raise DataError(f"{stage}: the sample has no {SAMPLE_RATE!r} field", **where)
+    audio, rate = sample[AUDIO], sample[SAMPLE_RATE]
+    if isinstance(audio, torch.Tensor):
+        audio = audio.detach().cpu().numpy()
+    if not isinstance(audio, np.ndarray) or audio.dtype.kind != "f":
+        raise DataError(
+            f"{stage}: {AUDIO!r} must be a floating-point numpy array, got "
+            f"{type(audio).__name__} {getattr(audio, 'dtype', '')}".rstrip(),
+            **where,
+        )
+    if audio.ndim not in (1, 2) or (mono and audio.ndim != 1):
+        want = "(samples,) mono audio" if mono else "(samples,) or (samples, channels)"
+        raise DataError(f"{stage}: expected {want}, got shape {audio.shape}", **where)
+    if isinstance(rate, (bool, np.bool_)) or not isinstance(rate, numbers.Integral) or rate <= 0:
+        raise DataError(f"{stage}: {SAMPLE_RATE!r} must be a positive int, got {rate!r}", **where)
+    return audio.astype(np.float32, copy=False), int(rate)
+
+
+def _tensor(array: np.ndarray) -> torch.Tensor:
+    """``torch.from_numpy`` (no copy), copying only read-only arrays, on which it warns."""
+    return torch.from_numpy(array if array.flags.writeable else array.copy())
+
+
+def _channels_first(audio: np.ndarray) -> torch.Tensor:
+    """``(T,)`` or ``(T, C)`` numpy to a ``(T,)`` or ``(C, T)`` contiguous tensor."""
+    return _tensor(np.ascontiguousarray(audio if audio.ndim == 1 else audio.T))
+
+
+def _time_first(waveform: torch.Tensor) -> np.ndarray:
+    out = waveform.numpy()
+    return out if out.ndim == 1 else np.ascontiguousarray(out.T)
+
+
+def _torch_generator(seed: int, epoch: int, salt: str) -> torch.Generator:
+    where = process_position()
+    return torch.Generator().manual_seed(derive_seed(seed, epoch, where.rank, where.worker, salt))
+
+
+def _check_int(name: str, value: Any, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def _check_real(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+        raise TypeError(f"{name} must be a finite number, got {value!r}")
+    return float(value)
+
+
+def _source_len(pipe: Any) -> int:
+    return len(pipe.source_datapipe)
+
+
+# The resampling kernels, cached per process: shared by resample and perturb_speed.
+@functools.lru_cache(maxsize=32)
+def _resampler(
+    orig: int,
+    new: int,
+    *,
+    lowpass_filter_width: int = 6,
+    rolloff: float = 0.99,
+    resampling_method: str = "sinc_interp_hann",
+    beta: float | None = None,
+) -> taT.Resample:
+    # dtype=float32: the kernel is then built exactly as torchaudio.functional.resample builds
+    # it for float32 audio (the transform's default builds it in float64 and rounds, which
+    # differs in the last bits).
+    return taT.Resample(orig, new, resampling_method, lowpass_filter_width, rolloff, beta,
+                        dtype=torch.float32)
+
+
+def _feats_of(sample: Any, stage: str) -> np.ndarray:
+    """The sample's features, a C-contiguous float32 ``(frames, dim)`` array; a TypeError for a
+    sample that is not a mapping, a DataError for missing or unusable features."""
+    if type(sample) is dict:
+        feats = sample.get(FEATS)
+        if (type(feats) is np.ndarray and feats.dtype is _FLOAT32 and feats.ndim == 2
+                and feats.flags.c_contiguous):
+            return feats
+    _check_sample(sample, stage)
+    where = _where(sample)
+    if FEATS not in sample:
+        raise DataError(f"{stage}: the sample has no {FEATS!r} field", **where)
+    feats = sample[FEATS]
+    if isinstance(feats, torch.Tensor):
+        feats = feats.detach().cpu().numpy()
+    if not isinstance(feats, np.ndarray) or feats.ndim != 2 or feats.dtype.kind != "f":
+        raise DataError(f"{stage}: {FEATS!r} must be a (frames, dim) float array, got "
+                        f"{type(feats).__name__} {getattr(feats, 'shape', '')}", **where)
+    return np.ascontiguousarray(feats, dtype=np.float32)
+

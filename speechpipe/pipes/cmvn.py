@@ -1,0 +1,322 @@
+"""CMVN: cepstral mean and variance normalisation of features.
+
+:class:`CmvnStats` accumulates global statistics (:func:`compute_cmvn_stats`; WeNet's JSON or
+Kaldi's stats matrix on disk), :func:`normalize_features` applies them (or an utterance's own),
+and ``apply_cmvn`` (:class:`CmvnApplierIterDataPipe`) is the stage. ``speechpipe cmvn``
+(:mod:`speechpipe.cli.cmvn`) computes the statistics file.
+"""
+
+from __future__ import annotations
+
+import json
+import numbers
+import os
+from dataclasses import dataclass
+from typing import Any, Iterable, Iterator, Mapping
+
+import numpy as np
+
+from ..errors import DataError, MissingDataError
+from ..sample import FEATS, Sample
+from ._audio_common import _feats_of, _source_len, _where
+from ._base import IterDataPipe, functional_datapipe
+
+__all__ = [
+    "CmvnApplier",
+    "CmvnApplierIterDataPipe",
+    "CmvnStats",
+    "VAR_FLOOR",
+    "compute_cmvn_stats",
+    "normalize_features",
+]
+
+#: Variance floor of CMVN, as Kaldi's ``apply-cmvn`` (and WeNet's global CMVN).
+VAR_FLOOR = 1.0e-20
+
+
+@dataclass
+class CmvnStats:
+    """Streaming mean/variance statistics of features: frame count, sum and sum of squares
+    per dimension, accumulated in float64 (Kaldi's ``compute-cmvn-stats``).
+
+    Saved as WeNet's ``global_cmvn`` JSON (``{"mean_stat": sums, "var_stat": sums of squares,
+    "frame_num": count}``), so WeNet reads speechpipe's files and the reverse; :meth:`load`
+    also reads Kaldi's stats matrix (``compute-cmvn-stats`` output, binary or text, via
+    kaldiio).
+
+    >>> s = CmvnStats.empty(2)
+    >>> s.update(np.array([[1.0, 2.0], [3.0, 6.0]], np.float32))
+    >>> s.count, s.mean.tolist(), s.variance.tolist()
+    (2, [2.0, 4.0], [1.0, 4.0])
+    """
+
+    count: int
+    sum: np.ndarray
+    sum_sq: np.ndarray
+
+    @classmethod
+    def empty(cls, dim: int) -> "CmvnStats":
+        return cls(0, np.zeros(dim, np.float64), np.zeros(dim, np.float64))
+
+    @property
+    def dim(self) -> int:
+        return int(self.sum.shape[0])
+
+    @property
+    def mean(self) -> np.ndarray:
+        return self.sum / self.count
+
+    @property
+    def variance(self) -> np.ndarray:
+        """Population variance ``E[x²] - E[x]²`` (not floored; see :data:`VAR_FLOOR`)."""
+        mean = self.mean
+        return self.sum_sq / self.count - mean * mean
+
+    def update(self, feats: np.ndarray) -> None:
+        """Add the frames of one ``(frames, dim)`` matrix."""
+        f = np.asarray(feats, dtype=np.float64)
+        self.count += int(f.shape[0])
+        self.sum += f.sum(axis=0)
+        self.sum_sq += np.einsum("ij,ij->j", f, f)
+
+    def merge(self, other: "CmvnStats") -> "CmvnStats":
+        """Statistics of both (e.g. from several workers or shards)."""
+        if other.dim != self.dim:
+            raise ValueError(f"cannot merge statistics of dim {self.dim} and {other.dim}")
+        return CmvnStats(self.count + other.count, self.sum + other.sum,
+                         self.sum_sq + other.sum_sq)
+
+    def to_json(self) -> dict:
+        return {"mean_stat": self.sum.tolist(), "var_stat": self.sum_sq.tolist(),
+                "frame_num": int(self.count)}
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write WeNet's JSON format (floats written exactly: they read back equal)."""
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(self.to_json(), f)
+            f.write("\n")
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "CmvnStats":
+        """Read WeNet JSON or a Kaldi stats matrix; errors name the file."""
+        path = os.fspath(path)
+        try:
+            with open(path, "rb") as f:
+                head = f.read(2)
+        except FileNotFoundError as exc:
+            raise MissingDataError("CMVN statistics file not found", source=path) from exc
+        if head.lstrip()[:1] == b"{":
+            return cls._load_json(path)
+        return cls._load_kaldi(path)
+
+    @classmethod
+    def _load_json(cls, path: str) -> "CmvnStats":
+        try:
+            with open(path, encoding="utf-8") as f:
+                data = json.load(f)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise DataError(f"not valid CMVN JSON: {exc}", source=path) from exc
+        missing = [k for k in ("mean_stat", "var_stat", "frame_num") if k not in data]
+        if missing:
+            raise DataError(f"CMVN JSON lacks {missing} (expected WeNet's mean_stat, var_stat, "
+                            "frame_num)", source=path)
+        try:
+            sums = np.asarray(data["mean_stat"], dtype=np.float64)
+            squares = np.asarray(data["var_stat"], dtype=np.float64)
+        except (TypeError, ValueError) as exc:
+            raise DataError(f"CMVN JSON mean_stat/var_stat must be lists of numbers: {exc}",
+                            source=path) from exc
+        return cls._checked(data["frame_num"], sums, squares, path)
+
+    @classmethod
+    def _load_kaldi(cls, path: str) -> "CmvnStats":
+        import kaldiio
+
+        try:
+            matrix = np.asarray(kaldiio.load_mat(path), dtype=np.float64)
+        except Exception as exc:  # kaldiio raises ValueError, RuntimeError, struct.error...
+            raise DataError(f"neither CMVN JSON nor a Kaldi stats matrix: {exc}",
+                            source=path) from exc
+        if matrix.ndim != 2 or matrix.shape[0] != 2 or matrix.shape[1] < 2:
+            raise DataError(f"a Kaldi CMVN stats matrix is 2 x (dim + 1), got {matrix.shape}",
+                            source=path)
+        count = matrix[0, -1]
+        if count != int(count):
+            raise DataError(f"Kaldi CMVN frame count must be a whole number, got {count}",
+                            source=path)
+        return cls._checked(int(count), matrix[0, :-1].copy(), matrix[1, :-1].copy(), path)
+
+    @classmethod
+    def _checked(cls, count: Any, sums: np.ndarray, squares: np.ndarray, path: str):
+        if isinstance(count, bool) or not isinstance(count, numbers.Integral) or count <= 0:
+            raise DataError(f"CMVN frame count must be a positive int, got {count!r}", source=path)
+        if sums.ndim != 1 or sums.shape != squares.shape or sums.shape[0] == 0:
+            raise DataError(f"CMVN sums and sums of squares must be equal-length non-empty "
+                            f"lists, got {sums.shape} and {squares.shape}", source=path)
+        return cls(int(count), sums, squares)
+
+
+def compute_cmvn_stats(
+    samples: Iterable[Any], *, progress: bool = True, desc: str = "cmvn"
+) -> CmvnStats:
+    """Accumulate :class:`CmvnStats` over samples with ``feats`` (or bare ``(frames, dim)``
+    arrays), streaming: one utterance in memory at a time, float64 sums, a tqdm bar.
+
+    Raises :class:`~speechpipe.errors.DataError` naming the key for a sample without features
+    or whose dimension differs from the first one's, and ``ValueError`` when there are no
+    frames at all.
+
+    >>> s = compute_cmvn_stats([np.ones((3, 2), np.float32)], progress=False)
+    >>> s.count, s.mean.tolist()
+    (3, [1.0, 1.0])
+    """
+    from tqdm import tqdm
+
+    stats: CmvnStats | None = None
+    for item in tqdm(samples, desc=desc, unit="utt", disable=not progress):
+        if isinstance(item, Mapping):
+            feats, where = _feats_of(item, "compute_cmvn_stats"), _where(item)
+        else:
+            feats, where = np.asarray(item), {}
+            if feats.ndim != 2:
+                raise ValueError(f"compute_cmvn_stats expects (frames, dim) arrays, got shape "
+                                 f"{feats.shape}")
+        if stats is None:
+            stats = CmvnStats.empty(feats.shape[1])
+        elif feats.shape[1] != stats.dim:
+            raise DataError(f"compute_cmvn_stats: features of dim {feats.shape[1]}, but earlier "
+                            f"ones have dim {stats.dim}", **where)
+        stats.update(feats)
+    if stats is None or stats.count == 0:
+        raise ValueError("compute_cmvn_stats: no frames to accumulate")
+    return stats
+
+
+def normalize_features(
+    feats: np.ndarray,
+    stats: CmvnStats | None = None,
+    *,
+    norm_means: bool = True,
+    norm_vars: bool = True,
+) -> np.ndarray:
+    """``(feats - mean) / sqrt(max(var, VAR_FLOOR))`` in float32, per dimension.
+
+    The statistics are ``stats`` (global CMVN) or, when ``None``, the utterance's own
+    (per-utterance CMVN, Kaldi's ``apply-cmvn`` on ``utt2spk`` = identity). Mean and scale are
+    computed in float64 and applied in float32, as WeNet's ``GlobalCMVN``.
+
+    >>> normalize_features(np.array([[1.0], [3.0]], np.float32)).tolist()
+    [[-1.0], [1.0]]
+    """
+    if stats is None:
+        stats = CmvnStats.empty(feats.shape[1])
+        stats.update(feats)
+    mean, scale = _cmvn_terms(stats, norm_means, norm_vars)
+    return np.asarray(_normalize(feats, mean, scale), dtype=np.float32)
+
+
+def _cmvn_terms(
+    stats: CmvnStats, norm_means: bool, norm_vars: bool
+) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """The float32 mean to subtract and scale to multiply by (``None``: not applied)."""
+    mean = stats.mean.astype(np.float32) if norm_means else None
+    scale = None
+    if norm_vars:
+        scale = (1.0 / np.sqrt(np.maximum(stats.variance, VAR_FLOOR))).astype(np.float32)
+    return mean, scale
+
+
+def _normalize(
+    feats: np.ndarray, mean: np.ndarray | None, scale: np.ndarray | None
+) -> np.ndarray:
+    if mean is not None:
+        feats = feats - mean
+    if scale is not None:
+        feats = feats * scale
+    return feats
+
+
+@functional_datapipe("apply_cmvn")
+class CmvnApplierIterDataPipe(IterDataPipe[Sample]):
+    """Cepstral mean and variance normalisation of ``feats`` (functional name: ``apply_cmvn``).
+
+    Consumes samples with ``feats`` ``(frames, dim)``; yields them with normalised ``feats``
+    (float32) by :func:`normalize_features`: with global statistics (``stats``: a
+    :class:`CmvnStats` or the path of a file :meth:`CmvnStats.load` reads -- read when
+    iteration starts, never in the constructor), or with each utterance's own
+    (``utterance=True``). Compute global statistics with :func:`compute_cmvn_stats` or
+    ``speechpipe cmvn``.
+
+    Args:
+        source_datapipe: samples with features.
+        stats: global statistics or their file (``None`` with ``utterance=True``).
+        norm_means: subtract the mean.
+        norm_vars: divide by the standard deviation (variance floored at :data:`VAR_FLOOR`).
+        utterance: per-utterance CMVN instead of global statistics.
+
+    Errors: a sample without features, or whose dimension differs from the statistics', raises
+    :class:`~speechpipe.errors.DataError` naming its key.
+
+    >>> from speechpipe.pipes._base import IterableWrapper
+    >>> rows = [{"key": "u1", "feats": np.array([[1.0], [3.0]], np.float32)}]
+    >>> stats = CmvnStats(count=2, sum=np.array([2.0]), sum_sq=np.array([4.0]))
+    >>> [s["feats"].tolist() for s in IterableWrapper(rows).apply_cmvn(stats)]
+    [[[0.0], [2.0]]]
+    """
+
+    def __init__(
+        self,
+        source_datapipe: IterDataPipe,
+        stats: CmvnStats | str | os.PathLike | None = None,
+        *,
+        norm_means: bool = True,
+        norm_vars: bool = True,
+        utterance: bool = False,
+    ) -> None:
+        for name, value in (("norm_means", norm_means), ("norm_vars", norm_vars),
+                            ("utterance", utterance)):
+            if not isinstance(value, bool):
+                raise TypeError(f"{name} must be a bool, got {value!r}")
+        if utterance and stats is not None:
+            raise ValueError("give stats (global CMVN) or utterance=True, not both")
+        if not utterance and stats is None:
+            raise ValueError("apply_cmvn needs stats (a CmvnStats or its file) or utterance=True")
+        if stats is not None and not isinstance(stats, (CmvnStats, str, os.PathLike)):
+            raise TypeError(f"stats must be a CmvnStats or a path, got {type(stats).__name__}")
+        self.stats = stats
+        self.norm_means = norm_means
+        self.norm_vars = norm_vars
+        self.utterance = utterance
+        self.source_datapipe = source_datapipe
+
+    def __iter__(self) -> Iterator[Sample]:
+        stats = self.stats
+        if isinstance(stats, (str, os.PathLike)):
+            stats = CmvnStats.load(stats)
+        if stats is not None:
+            dim = stats.dim
+            mean, scale = _cmvn_terms(stats, self.norm_means, self.norm_vars)
+        if stats is None:
+            norm_means, norm_vars = self.norm_means, self.norm_vars
+            for sample in self.source_datapipe:
+                feats = _feats_of(sample, "apply_cmvn")
+                out = dict(sample)
+                out[FEATS] = normalize_features(feats, norm_means=norm_means,
+                                                norm_vars=norm_vars)
+                yield out
+            return
+        for sample in self.source_datapipe:
+            feats = _feats_of(sample, "apply_cmvn")
+            if feats.shape[1] != dim:
+                raise DataError(f"apply_cmvn: features of dim {feats.shape[1]}, but the CMVN "
+                                f"statistics have dim {dim}", **_where(sample))
+            out = dict(sample)
+            out[FEATS] = _normalize(feats, mean, scale)
+            yield out
+
+    def __len__(self) -> int:
+        return _source_len(self)
+
+
+CmvnApplier = CmvnApplierIterDataPipe
+

@@ -1,0 +1,564 @@
+"""Features: Kaldi fbank / MFCC and mel spectrograms of audio, per sample or per batch.
+
+:func:`compute_features` and :func:`batch_features` compute the numbers of the reference they
+wrap (:mod:`torchaudio.compliance.kaldi`, :class:`torchaudio.transforms.MelSpectrogram`);
+:func:`num_frames` and :func:`mel_num_frames` give the frame count from the number of samples
+before computing; ``compute_features`` (:class:`FeatureComputerIterDataPipe`) is the stage.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import Any, Callable, Iterator, Mapping
+
+import numpy as np
+import torch
+import torchaudio.transforms as taT
+from torchaudio.compliance import kaldi
+
+from ..diagnostics import Diagnostics, check_on_error
+from ..errors import DataError
+from ..sample import AUDIO, FEATS, KEY, SAMPLE_RATE, Sample, len_key
+from ._audio_common import (
+    _audio_of,
+    _check_real,
+    _check_sample,
+    _source_len,
+    _tensor,
+    _torch_generator,
+    _where,
+)
+from ._base import IterDataPipe, functional_datapipe
+from ._state import Seeded, check_seed
+
+__all__ = [
+    "FEATURE_KINDS",
+    "FeatureComputer",
+    "FeatureComputerIterDataPipe",
+    "KALDI_SCALE",
+    "batch_features",
+    "compute_features",
+    "mel_num_frames",
+    "num_frames",
+]
+
+#: ``compute_features`` kinds: Kaldi filterbanks and MFCCs, torchaudio mel spectrograms.
+FEATURE_KINDS = ("fbank", "mel", "mfcc")
+#: Kaldi reads 16-bit samples as integers; soundfile gives [-1, 1]. Scaling by this makes
+#: ``fbank``/``mfcc`` (and ``dither``) match Kaldi's ``compute-*-feats`` on 16-bit audio.
+KALDI_SCALE = 32768.0
+
+_MS = 0.001  # torchaudio.compliance.kaldi's MILLISECONDS_TO_SECONDS
+
+
+def num_frames(
+    num_samples: int,
+    frame_length_ms: float = 25.0,
+    frame_shift_ms: float = 10.0,
+    sample_rate: int = 16000,
+    snip_edges: bool = True,
+) -> int:
+    """Frames Kaldi's ``fbank``/``mfcc`` give for ``num_samples`` samples (exact).
+
+    Window and shift in samples are ``int(sample_rate × ms × 0.001)`` as in
+    :mod:`torchaudio.compliance.kaldi`. With ``snip_edges`` only whole windows count:
+    ``1 + (n - window) // shift`` (0 when ``n < window``); without, ``(n + shift // 2) //
+    shift``. (Kaldi's functions refuse audio shorter than one window either way.)
+
+    >>> num_frames(16000), num_frames(16000, snip_edges=False), num_frames(399)
+    (98, 100, 0)
+    """
+    shift = int(sample_rate * frame_shift_ms * _MS)
+    size = int(sample_rate * frame_length_ms * _MS)
+    if shift <= 0 or size <= 0:
+        raise ValueError(f"frame_length_ms={frame_length_ms}, frame_shift_ms={frame_shift_ms} "
+                         f"give an empty window or shift at {sample_rate} Hz")
+    if snip_edges:
+        return 0 if num_samples < size else 1 + (num_samples - size) // shift
+    return (num_samples + shift // 2) // shift
+
+
+def mel_num_frames(
+    num_samples: int,
+    n_fft: int = 400,
+    hop_length: int | None = None,
+    *,
+    win_length: int | None = None,
+    center: bool = True,
+    pad: int = 0,
+) -> int:
+    """Frames :class:`torchaudio.transforms.MelSpectrogram` gives for ``num_samples`` (exact).
+
+    ``hop_length`` defaults to ``win_length // 2`` and ``win_length`` to ``n_fft``, as in
+    torchaudio. With ``center`` the signal is padded by ``n_fft // 2`` on both sides first.
+
+    >>> mel_num_frames(16000, n_fft=512, hop_length=160)
+    101
+    >>> mel_num_frames(16000, 400, 160, center=False)
+    98
+    """
+    if hop_length is None:
+        hop_length = (win_length if win_length is not None else n_fft) // 2
+    n = num_samples + 2 * pad + (2 * (n_fft // 2) if center else 0)
+    return 0 if n < n_fft else 1 + (n - n_fft) // hop_length
+
+
+def _parameters(fn: Callable) -> dict[str, inspect.Parameter]:
+    return dict(inspect.signature(fn).parameters)
+
+
+_KALDI_FIXED = ("waveform", "sample_frequency", "dither", "channel", "min_duration")
+_MEL_FIXED = ("self", "sample_rate", "onesided")
+_MEL_OURS = {"log": False, "log_floor": 1e-10}
+
+
+def _allowed_options(kind: str) -> dict[str, Any]:
+    """Option name -> default for a kind (torchaudio's defaults)."""
+    if kind == "mel":
+        params = _parameters(taT.MelSpectrogram.__init__)
+        allowed = {n: p.default for n, p in params.items() if n not in _MEL_FIXED}
+        return {**allowed, **_MEL_OURS}
+    fn = kaldi.fbank if kind == "fbank" else kaldi.mfcc
+    return {n: p.default for n, p in _parameters(fn).items() if n not in _KALDI_FIXED}
+
+
+def _freeze(options: Mapping[str, Any]) -> tuple:
+    return tuple(sorted((k, tuple(sorted(v.items())) if isinstance(v, dict) else v)
+                        for k, v in options.items()))
+
+
+@functools.lru_cache(maxsize=16)
+def _mel_transform(rate: int, frozen: tuple) -> taT.MelSpectrogram:
+    options = {k: dict(v) if k == "wkwargs" and v is not None else v for k, v in frozen}
+    return taT.MelSpectrogram(sample_rate=rate, **options)
+
+
+class _Extractor:
+    """One feature configuration: kind, scale and the reference function's options."""
+
+    def __init__(self, kind: str, scale: float | None, options: Mapping[str, Any]) -> None:
+        if kind not in FEATURE_KINDS:
+            raise ValueError(f"kind must be one of {FEATURE_KINDS}, got {kind!r}")
+        allowed = _allowed_options(kind)
+        for name in options:
+            if name == "dither":
+                raise TypeError("give dither= to compute_features itself (it is seeded), not "
+                                "as a torchaudio option")
+            if name in ("sample_frequency", "sample_rate"):
+                raise TypeError(f"{name} is read from each sample's 'sample_rate'; do not pass it")
+            if name == "min_duration" and kind != "mel":
+                raise TypeError("min_duration would return empty features; drop short "
+                                "utterances with torch's filter before compute_features")
+            if name not in allowed:
+                raise TypeError(f"unknown {kind} option {name!r}; {kind} takes "
+                                f"{sorted(allowed)}")
+        if kind == "mel":
+            for name in ("log",):
+                if name in options and not isinstance(options[name], bool):
+                    raise TypeError(f"{name} must be a bool, got {options[name]!r}")
+            if "log_floor" in options and not _check_real("log_floor", options["log_floor"]) > 0:
+                raise ValueError(f"log_floor must be > 0, got {options['log_floor']!r}")
+        if scale is None:
+            scale = 1.0 if kind == "mel" else KALDI_SCALE
+        if _check_real("scale", scale) <= 0:
+            raise ValueError(f"scale must be > 0, got {scale!r}")
+        self.kind = kind
+        self.scale = float(scale)
+        self.options = dict(options)
+        if kind == "mel":
+            merged = {**allowed, **self.options}
+            self.log = bool(merged.pop("log"))
+            self.log_floor = float(merged.pop("log_floor"))
+            self.mel_options = {k: v for k, v in self.options.items() if k not in _MEL_OURS}
+            self._frozen = _freeze(self.mel_options)
+            self.n_fft = int(merged["n_fft"])
+            self.win_length = merged["win_length"]
+            self.hop_length = merged["hop_length"]
+            if self.hop_length is None:
+                self.hop_length = (self.win_length or self.n_fft) // 2
+            self.center = bool(merged["center"])
+            self.pad = int(merged["pad"])
+            self.pad_mode = merged["pad_mode"]
+        else:
+            merged = {**allowed, **self.options}
+            self.frame_length = float(merged["frame_length"])
+            self.frame_shift = float(merged["frame_shift"])
+            self.snip_edges = bool(merged["snip_edges"])
+        self._kaldi = {"fbank": kaldi.fbank, "mfcc": kaldi.mfcc}.get(kind)
+        self._mels: dict[int, taT.MelSpectrogram] = {}  # by sample rate
+        self.dim = self._dry_run()
+
+    def _dry_run(self) -> int:
+        """Run the reference once on silence at 16 kHz: bad option values fail here, in the
+        constructor, rather than at the first sample; also gives the feature dimension."""
+        rate = 16000
+        n = max(rate, 4 * self.min_samples(rate), 2 * self.n_fft if self.kind == "mel" else 0)
+        try:
+            out = self(torch.zeros(n), rate)
+        except Exception as exc:  # torchaudio checks options with assert / Exception
+            raise ValueError(f"compute_features(kind={self.kind!r}) options {self.options} "
+                             f"are rejected by torchaudio: {type(exc).__name__}: {exc}") from exc
+        return int(out.shape[1])
+
+    def min_samples(self, rate: int) -> int:
+        """Fewest samples the reference accepts (shorter audio raises in torchaudio)."""
+        if self.kind == "mel":
+            if not self.center:
+                return max(1, self.n_fft - 2 * self.pad)
+            if self.pad_mode == "reflect":
+                return max(1, self.n_fft // 2 + 1 - 2 * self.pad)
+            return 1
+        return max(2, int(rate * self.frame_length * _MS))
+
+    def num_frames(self, num_samples: int, rate: int) -> int:
+        if self.kind == "mel":
+            return mel_num_frames(num_samples, self.n_fft, self.hop_length, center=self.center,
+                                  pad=self.pad)
+        return num_frames(num_samples, self.frame_length, self.frame_shift, rate, self.snip_edges)
+
+    def __call__(self, waveform: torch.Tensor, rate: int) -> torch.Tensor:
+        """``(n,)`` float32 waveform (already scaled and dithered) -> ``(frames, dim)``."""
+        if self.kind == "mel":
+            transform = self._mels.get(rate)
+            if transform is None:
+                transform = self._mels[rate] = _mel_transform(rate, self._frozen)
+            spec = transform(waveform)
+            if self.log:
+                spec = spec.clamp(min=self.log_floor).log()
+            return spec.transpose(0, 1)
+        return self._kaldi(waveform.unsqueeze(0), sample_frequency=float(rate), dither=0.0,
+                           **self.options)
+
+
+@functools.lru_cache(maxsize=16)
+def _cached_extractor(kind: str, scale: float | None, frozen: tuple) -> _Extractor:
+    options = {k: dict(v) if k == "wkwargs" and v is not None else v for k, v in frozen}
+    return _Extractor(kind, scale, options)
+
+
+def _extractor(kind: str, scale: float | None, options: Mapping[str, Any]) -> _Extractor:
+    try:
+        return _cached_extractor(kind, scale, _freeze(options))
+    except TypeError as exc:
+        if "unhashable" not in str(exc):
+            raise
+        return _Extractor(kind, scale, options)
+
+
+def _prepare(
+    audio: np.ndarray | torch.Tensor,
+    extractor: _Extractor,
+    dither: float,
+    generator: torch.Generator | None,
+) -> torch.Tensor:
+    waveform = audio if isinstance(audio, torch.Tensor) else _tensor(audio)
+    waveform = waveform * extractor.scale if extractor.scale != 1.0 else waveform
+    if dither != 0.0:
+        noise = torch.randn(waveform.shape[0], generator=generator, dtype=waveform.dtype)
+        waveform = waveform + noise * dither
+    return waveform
+
+
+def _extract_one(
+    audio: np.ndarray,
+    rate: int,
+    extractor: _Extractor,
+    dither: float,
+    generator: torch.Generator | None,
+    sample: Mapping[str, Any],
+) -> np.ndarray:
+    """Features of one waveform; errors name ``sample``'s key and source."""
+    n = audio.shape[0]
+    least = extractor.min_samples(rate)
+    if n < least:
+        raise DataError(f"compute_features: audio of {n} samples is shorter than one "
+                        f"{extractor.kind} frame ({least} samples at {rate} Hz)",
+                        **_where(sample))
+    waveform = _prepare(audio, extractor, dither, generator)
+    try:
+        feats = extractor(waveform, rate)
+    except Exception as exc:  # torchaudio validates with assert / Exception
+        raise DataError(f"compute_features: torchaudio's {extractor.kind} failed at {rate} Hz: "
+                        f"{type(exc).__name__}: {exc}", **_where(sample)) from exc
+    return np.ascontiguousarray(feats.numpy(), dtype=np.float32)
+
+
+def compute_features(
+    audio: np.ndarray,
+    sample_rate: int,
+    kind: str = "fbank",
+    *,
+    dither: float = 0.0,
+    generator: torch.Generator | None = None,
+    scale: float | None = None,
+    **options: Any,
+) -> np.ndarray:
+    """Features of one mono waveform: ``(frames, dim)`` float32.
+
+    ``kind="fbank"``/``"mfcc"`` call :func:`torchaudio.compliance.kaldi.fbank`/``mfcc`` with
+    ``options`` (their names and defaults: ``num_mel_bins``, ``frame_length``,
+    ``frame_shift``, ``energy_floor``, ``snip_edges``, ``num_ceps``...); ``kind="mel"``
+    runs :class:`torchaudio.transforms.MelSpectrogram` with ``options`` (``n_fft``,
+    ``win_length``, ``hop_length``, ``n_mels``, ``f_min``, ``center``...) plus ``log``
+    (``clamp(min=log_floor).log()``, as ESPnet's log-mel) and ``log_floor`` (1e-10), and
+    transposes to ``(frames, n_mels)``. The sample rate is passed to them from
+    ``sample_rate``.
+
+    The waveform given to the reference is ``audio × scale + dither × N(0, 1)``: ``scale``
+    defaults to :data:`KALDI_SCALE` (32768) for ``fbank``/``mfcc`` -- Kaldi's 16-bit
+    integer range, so that the features (and ``dither``, in 16-bit steps) are those of Kaldi's
+    ``compute-fbank-feats`` and WeNet; ``scale=1.0`` gives icefall/lhotse-style features,
+    which differ by ``2 ln 32768 ≈ 20.79`` in each log-mel bin -- and to 1.0 for ``mel``.
+    Dither noise is drawn per sample of the waveform from ``generator`` (seeded, not torch's
+    global generator), so overlapping frames share it; Kaldi draws it per frame. Each frame's
+    noise has the same variance; with ``dither=0`` the output is the reference's, bit for bit.
+
+    >>> feats = compute_features(np.zeros(16000, np.float32), 16000, num_mel_bins=80)
+    >>> feats.shape, feats.dtype
+    ((98, 80), dtype('float32'))
+    """
+    audio = np.ascontiguousarray(audio, dtype=np.float32)
+    if audio.ndim != 1:
+        raise ValueError(f"compute_features needs (samples,) mono audio, got shape {audio.shape}")
+    extractor = _extractor(kind, scale, options)
+    return _extract_one(audio, int(sample_rate), extractor, float(dither), generator, {})
+
+
+def _batch_rate(batch: Mapping[str, Any]) -> int:
+    if SAMPLE_RATE not in batch:
+        raise DataError(f"compute_features(batched=True): the batch has no {SAMPLE_RATE!r} "
+                        "field", **_batch_where(batch))
+    rates = batch[SAMPLE_RATE]
+    values = (rates.tolist() if isinstance(rates, (torch.Tensor, np.ndarray))
+              else list(rates) if isinstance(rates, (list, tuple)) else [rates])
+    values = values if isinstance(values, list) else [values]
+    distinct = sorted(set(int(v) for v in values))
+    if len(distinct) != 1:
+        raise DataError(f"compute_features(batched=True): the batch mixes sample rates "
+                        f"{distinct}; resample before batching", **_batch_where(batch))
+    return distinct[0]
+
+
+def _batch_where(batch: Mapping[str, Any], i: int | None = None) -> dict:
+    keys = batch.get(KEY)
+    if isinstance(keys, (list, tuple)) and keys:
+        return {"key": keys[i] if i is not None else keys[0]}
+    return {}
+
+
+def batch_features(
+    batch: Mapping[str, Any],
+    kind: str = "fbank",
+    *,
+    dither: float = 0.0,
+    generator: torch.Generator | None = None,
+    scale: float | None = None,
+    **options: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Features of a collated batch: ``(feats (B, T', D) float32, feats_len (B,) int64)``.
+
+    ``batch`` is what :class:`~speechpipe.pipes.collate.PadCollate` makes of samples with
+    audio: ``audio`` ``(B, T)``, ``audio_len`` ``(B,)`` and ``sample_rate`` (one rate).
+    ``kind``, ``dither``, ``generator``, ``scale`` and ``options`` are those of
+    :func:`compute_features`. Row ``i`` holds exactly the features of its first
+    ``audio_len[i]`` samples, then zeros up to ``T' = max(feats_len)``; ``feats_len`` is the
+    exact frame count of each length. The reference runs once per row, on the row's real
+    samples: Kaldi's functions take one utterance, and one ``MelSpectrogram`` call on the
+    whole ``(B, T)`` tensor, which torchaudio allows, measured 1.0-1.06× (rows of similar
+    length) to 1.6-1.8× (random order) slower per real second than the loop on one CPU thread
+    (``benchmarks/bench_audio.py``: it also computes the padding, and the batch's spectra
+    outgrow the cache), and would differ from the per-sample frames near each row's end (zero
+    padding instead of reflection). Dither noise is drawn row by row, as the samples would
+    draw it one by one.
+
+    >>> batch = {"audio": torch.zeros(2, 16000), "audio_len": torch.tensor([16000, 8000]),
+    ...          "sample_rate": torch.tensor([16000, 16000])}
+    >>> feats, lengths = batch_features(batch, num_mel_bins=80)
+    >>> tuple(feats.shape), lengths.tolist()
+    ((2, 98, 80), [98, 48])
+    """
+    extractor = _extractor(kind, scale, options)
+    return _batch_features(batch, extractor, float(dither), generator)
+
+
+def _batch_features(
+    batch: Mapping[str, Any],
+    extractor: _Extractor,
+    dither: float,
+    generator: torch.Generator | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    audio, lengths = batch.get(AUDIO), batch.get(len_key(AUDIO))
+    if audio is None or lengths is None:
+        raise DataError(f"compute_features(batched=True): the batch needs {AUDIO!r} and "
+                        f"{len_key(AUDIO)!r} (from PadCollate), got {sorted(batch)}",
+                        **_batch_where(batch))
+    audio = torch.as_tensor(audio)
+    if audio.ndim != 2 or not audio.is_floating_point():
+        raise DataError(f"compute_features(batched=True): {AUDIO!r} must be a float (batch, "
+                        f"samples) tensor, got {tuple(audio.shape)} {audio.dtype}",
+                        **_batch_where(batch))
+    audio = audio.to(torch.float32)
+    lengths = [int(n) for n in torch.as_tensor(lengths).tolist()]
+    rate = _batch_rate(batch)
+    least = extractor.min_samples(rate)
+    for i, n in enumerate(lengths):
+        if n > audio.shape[1]:
+            raise DataError(f"compute_features(batched=True): {len_key(AUDIO)!r} {n} exceeds "
+                            f"the {audio.shape[1]} padded samples", **_batch_where(batch, i))
+        if n < least:
+            raise DataError(f"compute_features: audio of {n} samples is shorter than one "
+                            f"{extractor.kind} frame ({least} samples at {rate} Hz)",
+                            **_batch_where(batch, i))
+    rows = [_prepare(audio[i, :n], extractor, dither, generator) for i, n in enumerate(lengths)]
+    frames = [extractor.num_frames(n, rate) for n in lengths]
+    feats = torch.zeros(len(rows), max(frames), extractor.dim)
+    for i, row in enumerate(rows):
+        try:
+            one = extractor(row, rate)
+        except Exception as exc:  # torchaudio validates with assert / Exception
+            raise DataError(f"compute_features: torchaudio's {extractor.kind} failed at {rate} "
+                            f"Hz: {type(exc).__name__}: {exc}", **_batch_where(batch, i)) from exc
+        feats[i, : one.shape[0]] = one
+    return feats, torch.tensor(frames, dtype=torch.int64)
+
+
+@functional_datapipe("compute_features")
+class FeatureComputerIterDataPipe(Seeded, IterDataPipe[Sample]):
+    """Kaldi fbank / MFCC or mel spectrogram features (functional name: ``compute_features``).
+
+    Consumes samples with mono ``audio`` ``(samples,)`` and ``sample_rate``; yields them with
+    ``feats`` ``(frames, dim)`` float32 computed by :func:`compute_features` -- exactly the
+    numbers of :func:`torchaudio.compliance.kaldi.fbank` / ``mfcc`` or
+    :class:`torchaudio.transforms.MelSpectrogram` on ``audio × scale`` (plus dither). With
+    ``batched=True`` it consumes collated batches (``PadCollate``: ``audio`` ``(B, T)``,
+    ``audio_len``, ``sample_rate``) and adds ``feats`` ``(B, T', D)`` and ``feats_len``
+    (:func:`batch_features`).
+
+    One pipe for the three kinds, not three verbs: they share input, output, dither, seeding,
+    frame counting, batching and error handling; only the reference function differs, and its
+    options are passed through unchanged (an unknown option is a ``TypeError`` naming the
+    allowed ones; bad values fail in the constructor, which runs the reference once on
+    silence).
+
+    Args:
+        source_datapipe: samples (or batches with ``batched=True``).
+        kind: ``"fbank"``, ``"mfcc"`` (Kaldi, :mod:`torchaudio.compliance.kaldi`) or ``"mel"``
+            (:class:`torchaudio.transforms.MelSpectrogram`, plus ``log``/``log_floor``).
+        dither: standard deviation of Gaussian noise added to the scaled waveform (0: none,
+            exact reference output). Seeded by ``(seed, epoch, rank, worker)`` through a
+            ``torch.Generator``, never torch's global generator; see :func:`compute_features`.
+        seed: base seed of the dither.
+        scale: waveform scale before the reference (default 32768 for ``fbank``/``mfcc``,
+            Kaldi's 16-bit range; 1.0 for ``mel``).
+        batched: consume collated batches instead of samples.
+        keep_audio: keep ``audio`` (and ``audio_len``) in the output; ``False`` drops it to
+            save memory in later buffers.
+        on_error: ``"raise"`` a :class:`~speechpipe.errors.DataError` naming the key for audio
+            shorter than one frame (or that torchaudio refuses), or ``"skip"`` the sample (the
+            whole batch with ``batched=True``), count it in :attr:`diagnostics` and warn at
+            the end of the pass.
+        **options: the reference function's options (``num_mel_bins=80``,
+            ``frame_length=25.0``, ``frame_shift=10.0``, ``energy_floor``, ``snip_edges``,
+            ``num_ceps``, ``n_fft``, ``hop_length``, ``n_mels``...).
+
+    :meth:`num_frames` gives the exact number of frames for a number of samples, so that a
+    length-aware batcher can be told frame lengths before features exist.
+
+    >>> from speechpipe.pipes._base import IterableWrapper
+    >>> rows = [{"key": "u1", "audio": np.zeros(16000, np.float32), "sample_rate": 16000}]
+    >>> pipe = IterableWrapper(rows).compute_features("fbank", num_mel_bins=80)
+    >>> [s["feats"].shape for s in pipe], pipe.num_frames(16000, 16000)
+    ([(98, 80)], 98)
+    """
+
+    def __init__(
+        self,
+        source_datapipe: IterDataPipe,
+        kind: str = "fbank",
+        *,
+        dither: float = 0.0,
+        seed: int = 0,
+        scale: float | None = None,
+        batched: bool = False,
+        keep_audio: bool = True,
+        on_error: str = "raise",
+        **options: Any,
+    ) -> None:
+        dither = _check_real("dither", dither)
+        if dither < 0:
+            raise ValueError(f"dither must be >= 0, got {dither!r}")
+        for name, value in (("batched", batched), ("keep_audio", keep_audio)):
+            if not isinstance(value, bool):
+                raise TypeError(f"{name} must be a bool, got {value!r}")
+        self.extractor = _Extractor(kind, scale, options)
+        self.kind = kind
+        self.dither = dither
+        self.seed = check_seed(seed)
+        self.epoch = 0
+        self.batched = batched
+        self.keep_audio = keep_audio
+        self.on_error = check_on_error(on_error)
+        self.diagnostics = Diagnostics("compute_features")
+        self.source_datapipe = source_datapipe
+
+    @property
+    def dim(self) -> int:
+        """Feature dimension (columns of ``feats``)."""
+        return self.extractor.dim
+
+    def num_frames(self, num_samples: int, sample_rate: int) -> int:
+        """Frames this configuration gives for ``num_samples`` samples at ``sample_rate``."""
+        return self.extractor.num_frames(int(num_samples), int(sample_rate))
+
+    def __iter__(self) -> Iterator[Sample]:
+        self.diagnostics.reset()
+        generator = (_torch_generator(self.seed, self.epoch, "compute_features")
+                     if self.dither else None)
+        for item in self.source_datapipe:
+            try:
+                out = self._batch(item, generator) if self.batched else self._one(item, generator)
+            except DataError as err:
+                self.diagnostics.handle(self.on_error, err, _skip_reason(err))
+                continue
+            yield out
+        self.diagnostics.warn_if_skipped()
+
+    def _one(self, sample: Mapping[str, Any], generator) -> Sample:
+        audio, rate = _audio_of(sample, "compute_features", mono=True)
+        feats = _extract_one(audio, rate, self.extractor, self.dither, generator, sample)
+        out = dict(sample)
+        out[FEATS] = feats
+        if not self.keep_audio:
+            del out[AUDIO]
+        return out
+
+    def _batch(self, batch: Mapping[str, Any], generator) -> dict:
+        _check_sample(batch, "compute_features")
+        feats, lengths = _batch_features(batch, self.extractor, self.dither, generator)
+        out = dict(batch)
+        if not self.keep_audio:
+            out.pop(AUDIO, None)
+            out.pop(len_key(AUDIO), None)
+        out[FEATS] = feats
+        out[len_key(FEATS)] = lengths
+        return out
+
+    def __len__(self) -> int:
+        if self.on_error != "raise":
+            raise TypeError(f"compute_features(on_error={self.on_error!r}) has no len(): "
+                            "skipped samples are known only after computing; use "
+                            "on_error='raise' for a length")
+        return _source_len(self)
+
+
+FeatureComputer = FeatureComputerIterDataPipe
+
+
+def _skip_reason(error: DataError) -> str:
+    if "shorter than one" in error.reason:
+        return "audio shorter than a frame"
+    if "torchaudio" in error.reason:
+        return "audio refused by torchaudio"
+    return "sample without usable audio"
+
