@@ -53,7 +53,7 @@ from ..seeding import Position, derive_rng, process_position
 from ._base import IterDataPipe, functional_datapipe
 from ._state import _check_seed, _held, _ident_list, _Resumable, _rng_state, _Seeded
 from .distributed import ShardSplit, assign_shards
-from .kaldi import read_scp_table
+from .kaldi_tables import read_scp_table
 from .shards import group_by_key, iter_tar_members
 from .sources import is_url, open_stream
 
