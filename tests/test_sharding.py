@@ -36,13 +36,13 @@ from speechpipe.errors import DataError, MissingDataError, UnsafeInputError
 from speechpipe.index import ShardEntry, ShardIndex
 from speechpipe.pipes import sharding
 from speechpipe.pipes._base import IterableWrapper
+from speechpipe.pipes.kaldi_ark import iter_ark
 from speechpipe.pipes.shards import ShardWriter
 from speechpipe.pipes.sharding import (
     EpochPlan,
     EpochProgress,
     PlannedShard,
     ShardedShuffler,
-    iter_ark,
     kaldi_arks,
     read_shard,
     shuffle_buffer,
