@@ -162,6 +162,37 @@ def parse_scp_lines(
         diagnostics = Diagnostics("parse_scp")
     seen: dict[str, int] = {}
     previous: str | None = None
+    readable = _readable_lines(lines, source, on_error, diagnostics)
+    try:
+        for number, stripped in readable:
+            problem = _line_problem(stripped, allow_empty)
+            if problem is not None:
+                diagnostics.handle(
+                    on_error, DataError(problem, source=source, line=number), "malformed line"
+                )
+                continue
+            parts = _SPLIT.split(stripped, maxsplit=1)
+            key = parts[0]
+            value = parts[1] if len(parts) == 2 else ""
+            refused = _refused_key(key, number, seen, previous if check_sorted else None, source)
+            if refused is not None:
+                diagnostics.handle(on_error, *refused)
+                continue
+            seen[key] = number
+            previous = key
+            yield ScpEntry(key, value, source=source, line=number)
+    finally:
+        readable.close()
+
+
+def _readable_lines(
+    lines: Iterable[str | bytes], source: str, on_error: str, diagnostics: Diagnostics
+) -> Iterator[tuple[int, str]]:
+    """``(line number, stripped text)`` of the non-blank lines that decode.
+
+    An undecodable line is raised or skipped (``on_error``); a stream that cannot be read on
+    is raised, or under ``"skip"`` ends the lines.
+    """
     numbered = iter_text_lines(lines, source=source)
     try:
         while True:
@@ -176,48 +207,32 @@ def parse_scp_lines(
                 diagnostics.handle(on_error, text, "undecodable line")
                 continue
             stripped = text.strip(_WHITESPACE)
-            if not stripped:
-                continue
-            problem = _line_problem(stripped, allow_empty)
-            if problem is not None:
-                diagnostics.handle(
-                    on_error, DataError(problem, source=source, line=number), "malformed line"
-                )
-                continue
-            parts = _SPLIT.split(stripped, maxsplit=1)
-            key = parts[0]
-            value = parts[1] if len(parts) == 2 else ""
-            if key in seen:
-                diagnostics.handle(
-                    on_error,
-                    DataError(
-                        f"duplicate key (first on line {seen[key]})",
-                        source=source,
-                        line=number,
-                        key=key,
-                    ),
-                    "duplicate key",
-                )
-                continue
-            if check_sorted and previous is not None and key < previous:
-                # str order is code point order, which is UTF-8 byte order: LC_ALL=C sort's.
-                diagnostics.handle(
-                    on_error,
-                    DataError(
-                        f"key is out of order after {previous!r}: Kaldi tables must be sorted "
-                        "with 'LC_ALL=C sort' (or pass check_sorted=False)",
-                        source=source,
-                        line=number,
-                        key=key,
-                    ),
-                    "unsorted key",
-                )
-                continue
-            seen[key] = number
-            previous = key
-            yield ScpEntry(key, value, source=source, line=number)
+            if stripped:
+                yield number, stripped
     finally:
         numbered.close()
+
+
+def _refused_key(
+    key: str, number: int, seen: dict[str, int], previous: str | None, source: str
+) -> tuple[DataError, str] | None:
+    """``(error, diagnostics reason)`` for a key already ``seen`` (key -> line) or, when a
+    ``previous`` key is given, out of ``LC_ALL=C sort`` order after it; None if the key is fine.
+    """
+    if key in seen:
+        return DataError(
+            f"duplicate key (first on line {seen[key]})", source=source, line=number, key=key
+        ), "duplicate key"
+    if previous is not None and key < previous:
+        # str order is code point order, which is UTF-8 byte order: LC_ALL=C sort's.
+        return DataError(
+            f"key is out of order after {previous!r}: Kaldi tables must be sorted "
+            "with 'LC_ALL=C sort' (or pass check_sorted=False)",
+            source=source,
+            line=number,
+            key=key,
+        ), "unsorted key"
+    return None
 
 
 def _line_problem(stripped: str, allow_empty: bool) -> str | None:
