@@ -23,6 +23,17 @@ Joining tables by key (``text`` with ``feats.scp``) is ``join_by_key``'s job. A 
 
 Shell commands in tables (``sox x.wav -t wav - |``) run only with ``allow_commands=True``, and
 nothing stored in an ark is ever unpickled (kaldiio's ``PKL`` objects are refused).
+
+The Kaldi family of modules, each lower one imported by the next (this module re-exports
+their public names):
+
+- :mod:`speechpipe.pipes.kaldi_tables`: ``parse_scp``, :class:`ScpEntry`,
+  :func:`read_scp_table`;
+- :mod:`speechpipe.pipes.kaldi_ark`: what is stored in an ark file, one header parser, and
+  :func:`~speechpipe.pipes.kaldi_ark.iter_ark` to read an ark in sequence (streaming);
+- :mod:`speechpipe.pipes.kaldi_values`: one table value to a matrix (:func:`read_matrix`) or
+  audio (:func:`read_wav_value`): paths, ark references and ``cmd |`` commands;
+- this module: the samples, ``load_scp`` and ``load_segments``.
 """
 
 from __future__ import annotations
@@ -38,7 +49,7 @@ from ..errors import DataError, MissingDataError, UnsafeInputError
 from ..sample import AUDIO, FEATS, KEY, SAMPLE_RATE, TEXT, Sample
 from ._base import IterDataPipe, functional_datapipe
 from .decode import read_audio
-from .kaldi_ark import _ARK_REF
+from .kaldi_ark import _ARK_REF, iter_ark
 from .kaldi_tables import (
     _SPLIT,
     _WHITESPACE,
@@ -74,6 +85,7 @@ __all__ = [
     "Segment",
     "SegmentLoader",
     "SegmentLoaderIterDataPipe",
+    "iter_ark",
     "load_scp_entries",
     "parse_scp_lines",
     "parse_segment",
