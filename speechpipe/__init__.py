@@ -8,8 +8,8 @@ __version__ = "0.1.0"
 
 from .pipes import (  # noqa: E402,F401  (registration)
     audio, augment, batching, cmvn, collate, concurrency, decode, distributed, features, kaldi,
-    manifests, mixing, order, sample_lists, sharding, shards, sources, text, text_normalization,
-    tokenizers, views,
+    kaldi_tables, manifests, mixing, order, sample_lists, sharding, shards, sources, text,
+    text_normalization, tokenizers, views,
 )
 from .epochs import set_epoch  # noqa: E402
 

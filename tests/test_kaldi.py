@@ -24,16 +24,12 @@ from speechpipe.diagnostics import SkippedInputWarning
 from speechpipe.errors import DataError, MissingDataError, UnsafeInputError
 from speechpipe.pipes._base import IterableWrapper
 from speechpipe.pipes.kaldi import (
-    ScpEntry,
     ScpLoader,
-    ScpParser,
     SegmentLoader,
     load_scp_entries,
-    parse_scp_lines,
-    read_matrix,
-    read_scp_table,
     slice_segments,
 )
+from speechpipe.pipes.kaldi_tables import ScpEntry, ScpParser, parse_scp_lines, read_scp_table
 
 RNG = np.random.default_rng(1234)
 

@@ -313,7 +313,7 @@ def read_transcripts(
     >>> list(read_transcripts(path))
     [('u1', 'HELLO WORLD'), ('u2', '')]
     """
-    from .kaldi import parse_scp_lines
+    from .kaldi_tables import parse_scp_lines
     from .manifests import read_manifest
 
     if isinstance(paths, (str, os.PathLike)):

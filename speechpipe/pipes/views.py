@@ -48,7 +48,7 @@ from .batching import (
     pack_batches,
 )
 from ._state import SampleSource
-from .kaldi import read_scp_table
+from .kaldi_tables import read_scp_table
 
 __all__ = [
     "BatchView",
@@ -133,7 +133,7 @@ def read_data_len(paths: PathLike | Iterable[PathLike]) -> dict[str, int | float
 
     Serves ``utt2num_frames`` (ints), ``utt2num_samples`` and ``utt2dur`` (seconds, floats).
     Several files are merged in the order given and must not overlap. Lines are parsed by
-    :func:`speechpipe.pipes.kaldi.read_scp_table`.
+    :func:`speechpipe.pipes.kaldi_tables.read_scp_table`.
 
     Args:
         paths: one file or a list of files.

@@ -863,7 +863,7 @@ def manifest_samples(manifests: ManifestsArg, *, corpus: str | None = None,
 
 def _load_feats(sample: Mapping[str, Any]) -> Sample:
     """Read the Kaldi matrix named by ``feats_path`` into ``feats``."""
-    from ..pipes.kaldi import read_matrix
+    from ..pipes.kaldi_values import read_matrix
 
     key = sample.get(KEY)
     value = sample.get(FEATS_PATH)

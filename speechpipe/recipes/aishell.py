@@ -41,7 +41,7 @@ from typing import Any, Callable, Iterable
 
 from ..errors import DataError, MissingDataError
 from ..pipes._base import IterDataPipe
-from ..pipes.kaldi import parse_scp_lines
+from ..pipes.kaldi_tables import parse_scp_lines
 from ..pipes.text_normalization import TextNormalizer
 from ..sample import DURATION, KEY, SPEAKER, TEXT
 from ._common import (

@@ -32,7 +32,9 @@ from typing import Any, Iterable
 
 from ..errors import DataError, MissingDataError
 from ..pipes._base import IterableWrapper, IterDataPipe
-from ..pipes.kaldi import ScpEntry, parse_segment, read_matrix, read_scp_table
+from ..pipes.kaldi import parse_segment
+from ..pipes.kaldi_tables import ScpEntry, read_scp_table
+from ..pipes.kaldi_values import read_matrix
 from ..sample import DURATION, KEY, SPEAKER, TEXT
 from ._common import (
     AUDIO_PATH,

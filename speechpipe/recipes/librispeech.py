@@ -34,7 +34,7 @@ from typing import Any, Iterable
 
 from ..errors import DataError, MissingDataError
 from ..pipes._base import IterableWrapper, IterDataPipe
-from ..pipes.kaldi import parse_scp_lines
+from ..pipes.kaldi_tables import parse_scp_lines
 from ..sample import DURATION, KEY, SPEAKER, TEXT
 from ._common import (
     AUDIO_PATH,
@@ -109,7 +109,7 @@ ARCHIVES = {
 def transcript_to_sample(entry) -> dict:
     """One ``*.trans.txt`` entry (from ``parse_scp``) to a sample pointing at its FLAC file.
 
-    >>> from speechpipe.pipes.kaldi import ScpEntry
+    >>> from speechpipe.pipes.kaldi_tables import ScpEntry
     >>> s = transcript_to_sample(ScpEntry("19-198-0001", "HELLO", "/c/19/198/19-198.trans.txt", 2))
     >>> s["key"], s["speaker"], s["audio_path"]
     ('19-198-0001', '19', '/c/19/198/19-198-0001.flac')
