@@ -379,19 +379,30 @@ class Loader:
         self.device = device
         self.non_blocking = non_blocking
         self.uneven = uneven
+        self._epoch_given = True  # the first pass uses the epoch the loader starts at
+        self._between_epochs = False  # the last pass ran to its end; none has started since
 
     @property
     def epoch(self) -> int:
         return self.dataset.epoch
 
     def set_epoch(self, epoch: int) -> Loader:
-        """Use ``epoch`` for the next pass, in every worker (persistent ones included)."""
+        """Use ``epoch`` for the next pass, in every worker (persistent ones included).
+
+        Without it, each pass is the next epoch: a pass that ran to its end moves the loader
+        to the next epoch (so ``loader.epoch`` and a checkpoint taken after the loop name the
+        epoch to continue with), and a pass left early is followed by the next epoch too.
+        """
         self.dataset.set_epoch(epoch)
         if callable(getattr(self.uneven, "set_epoch", None)):
             self.uneven.set_epoch(epoch)
+        self._epoch_given = True
         return self
 
     def __iter__(self) -> Iterator[Any]:
+        if not self._epoch_given:  # the last pass was left early and no epoch was set since
+            self.set_epoch(self.epoch + 1)
+        self._epoch_given = self._between_epochs = False
         batches = self.uneven if self.uneven is not None else self.dataloader
         transfer.release_now()  # slots of batches dropped since the last arrival
         if self.dataset._transfer is not None and not self.dataloader.persistent_workers:
@@ -408,16 +419,21 @@ class Loader:
             _collect_reports(reports, self.dataset.pipe)
         if self.dataset._transfer is not None and not self.dataloader.persistent_workers:
             transfer.forget_segments(self.dataset._transfer[0])  # its workers have exited
+        self.set_epoch(self.epoch + 1)  # the pass ran to its end: the next one is a new epoch
+        self._between_epochs = True
 
     def __len__(self) -> int:
         return len(self.uneven if self.uneven is not None else self.dataloader)
 
     def state_dict(self) -> dict:
-        """The position after the last batch yielded (``StatefulDataLoader.state_dict``)."""
+        """The position after the last batch yielded (``StatefulDataLoader.state_dict``); after
+        a pass that ran to its end, the start of the next epoch."""
         state = getattr(self.dataloader, "state_dict", None)
         if state is None:
             raise TypeError("this loader cannot save its position: it was built with "
                             "resumable=False (or without torchdata>=0.10's StatefulDataLoader)")
+        if self._between_epochs:
+            return {"epoch": self.epoch, "dataloader": None}
         saved = state()
         reason = _find_unresumable(saved)
         if reason:
@@ -429,7 +445,8 @@ class Loader:
         if not isinstance(state, Mapping) or "dataloader" not in state:
             raise TypeError(f"state must be a dict from Loader.state_dict(), got {state!r}")
         self.set_epoch(_check_epoch(state["epoch"]))
-        self.dataloader.load_state_dict(state["dataloader"])
+        if state["dataloader"] is not None:  # None: at the start of that epoch
+            self.dataloader.load_state_dict(state["dataloader"])
 
 
 def as_tensors(item: Any) -> Any:

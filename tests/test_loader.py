@@ -89,7 +89,38 @@ def test_set_epoch_reaches_persistent_workers(shards):
     for epoch in (1, 2):  # what fresh workers give at that epoch
         fresh = build_loader(stream(shards), num_workers=2)
         assert keys_per_epoch(fresh, [epoch])[0] == epochs[epoch]
-    assert persistent.epoch == 2
+    assert persistent.epoch == 3  # epoch 2's pass ran to its end: the next is epoch 3
+
+
+@pytest.mark.parametrize("workers, persistent", [(0, False), (2, False), (2, True)])
+def test_epochs_advance_by_themselves_without_set_epoch(shards, workers, persistent):
+    """Issue 17: a new pass over a loader is the next epoch unless the user sets one, so the
+    same order never comes twice in a row silently (webdataset#172)."""
+    expected = keys_per_epoch(build_loader(stream(shards), num_workers=workers), [0, 1, 2, 3])
+    assert len(set(map(tuple, expected))) == 4
+    loader = build_loader(stream(shards), num_workers=workers, persistent_workers=persistent)
+    passes = [[tuple(b["key"]) for b in loader] for _ in range(2)]
+    assert passes == expected[:2]
+    assert loader.epoch == 2
+    for _ in loader:  # epoch 2, left early: the next pass is epoch 3 all the same
+        break
+    assert [tuple(b["key"]) for b in loader] == expected[3]
+    loader.set_epoch(1)  # an epoch set by the user is used as it is
+    assert [tuple(b["key"]) for b in loader] == expected[1]
+
+
+def test_a_checkpoint_after_the_loop_names_the_next_epoch(shards):
+    """Issue 23: after ``for batch in loader`` has ended, the state is the start of the next
+    epoch (restoring it does not replay the epoch that ended)."""
+    loader = build_loader(stream(shards), seed=0)
+    first = [tuple(b["key"]) for b in loader]
+    state = loader.state_dict()
+    assert state["epoch"] == 1 and loader.epoch == 1
+    again = build_loader(stream(shards), seed=0)
+    again.load_state_dict(state)
+    assert again.epoch == 1
+    resumed = [tuple(b["key"]) for b in again]
+    assert resumed == [tuple(b["key"]) for b in loader] and resumed != first
 
 
 def test_shared_epoch_is_read_by_the_dataset_at_each_pass(shards):

@@ -121,7 +121,8 @@ def run_from(loader, start_epoch: int, epochs: int, fresh: bool) -> list:
 
 
 def uninterrupted_with_states(case: dict, cuts: list[int]) -> tuple[list, dict]:
-    """The whole run, saving loader.state_dict() after each step in ``cuts``."""
+    """The whole run, saving loader.state_dict() after each step in ``cuts`` and, for a cut
+    ``"end-<epoch>"``, after that epoch's loop has ended (issue 23: the commonest checkpoint)."""
     loader, out, states, step = build(case), [], {}, 0
     for epoch in range(EPOCHS):
         loader.set_epoch(epoch)
@@ -130,11 +131,18 @@ def uninterrupted_with_states(case: dict, cuts: list[int]) -> tuple[list, dict]:
             step += 1
             if step in cuts:
                 states[step] = loader.state_dict()
+        if f"end-{epoch}" in cuts:
+            states[f"end-{epoch}"] = loader.state_dict()
+            states[f"end-{epoch}"]["_at"] = step
     return out, states
 
 
 def resumed(case: dict, state: dict) -> list:
     loader = build(case)
+    state = dict(state)
+    if state.pop("_at", None) is not None:  # after a loop: the docstring's training loop
+        loader.load_state_dict(state)
+        return run_from(loader, loader.epoch, EPOCHS, fresh=True)
     loader.load_state_dict(state)
     return run_from(loader, loader.epoch, EPOCHS, fresh=False)
 
@@ -151,7 +159,7 @@ def _child(case_file: str) -> None:
 
 def _resume_in_new_process(tmp_path, case: dict, cuts: list[int]) -> None:
     full, states = uninterrupted_with_states(case, cuts)
-    assert sorted(states) == sorted(cuts), "a cut point is past the end of the run"
+    assert sorted(map(str, states)) == sorted(map(str, cuts)), "a cut point is past the end"
     if case["workers"] and case.get("snapshot_every", 1) != 1:
         # the case is there for cuts between two snapshots: the new process fetches the
         # batches since the last snapshot again; at least one cut must be such a cut
@@ -168,7 +176,8 @@ def _resume_in_new_process(tmp_path, case: dict, cuts: list[int]) -> None:
     assert out.returncode == 0, out.stderr[-4000:]
     results = json.loads(out.stdout.strip().splitlines()[-1])
     for step in cuts:
-        assert results[str(step)] == full[step:], f"resumed after step {step} differs"
+        at = states[step]["_at"] if str(step).startswith("end-") else step
+        assert results[str(step)] == full[at:], f"resumed after step {step} differs"
 
 
 def _steps_since_snapshot(state: Any) -> int:
@@ -200,15 +209,16 @@ def test_streaming_path_resumes_exactly_in_a_new_process(tmp_path, corpus, worke
             "snapshot_every": snapshot_every}
     n = _epoch_len(case)
     # 1: the shuffle and bucket buffers are full and nothing is finished; n - 1, n: the end
-    # of epoch 0; n + 2: inside epoch 1 (the state carries the epoch).
-    _resume_in_new_process(tmp_path, case, [1, 4, n - 1, n, n + 2])
+    # of epoch 0; n + 2: inside epoch 1 (the state carries the epoch); end-0, end-1: after the
+    # loop of each epoch has ended.
+    _resume_in_new_process(tmp_path, case, [1, 4, n - 1, n, n + 2, "end-0", "end-1"])
 
 
 @pytest.mark.parametrize("workers", [0, 2])
 def test_random_access_path_resumes_exactly_in_a_new_process(tmp_path, workers):
     case = {"path": "view", "workers": workers}
     n = _epoch_len(case)
-    _resume_in_new_process(tmp_path, case, [1, 3, n - 1, n + 1])
+    _resume_in_new_process(tmp_path, case, [1, 3, n - 1, n + 1, "end-0", "end-1"])
 
 
 @pytest.mark.parametrize("workers", [0, 2])
@@ -216,7 +226,7 @@ def test_manifest_path_resumes_exactly_in_a_new_process(tmp_path, workers):
     # issue 17: the recipes' road (manifest rows, shuffle_samples, buffers) resumes exactly
     case = {"path": "manifest", "workers": workers, "snapshot_every": 3}
     n = _epoch_len(case)
-    _resume_in_new_process(tmp_path, case, [1, 4, n - 1, n, n + 2])
+    _resume_in_new_process(tmp_path, case, [1, 4, n - 1, n, n + 2, "end-0", "end-1"])
 
 
 # ------------------------------------------------------------------------------ in process
