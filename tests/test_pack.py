@@ -21,10 +21,11 @@ import soundfile
 import webdataset as wds
 
 import speechpipe  # noqa: F401  (registers open, read_shards, decode)
-import speechpipe.pack as pack_module
+import speechpipe.pack.lengths as pack_module
+from speechpipe.cli.pack import add_command as add_pack_command
 from speechpipe.errors import DataError, MissingDataError, UnsafeInputError
 from speechpipe.index import INDEX_NAME, ShardIndex
-from speechpipe.pack import PackReport, add_pack_command, pack_data, parse_length_groups
+from speechpipe.pack import PackReport, pack_data, parse_length_groups
 from speechpipe.pipes import shards as shards_module
 from speechpipe.pipes._base import IterableWrapper
 from speechpipe.pipes.shards import iter_tar_members
