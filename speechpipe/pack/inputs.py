@@ -16,6 +16,7 @@ from typing import Any, NamedTuple, Sequence
 from ..errors import DataError, MissingDataError, UnsafeInputError
 from ..pipes.kaldi import ScpEntry, read_scp_table
 from ..pipes.manifests import read_manifest
+from .report import _EXAMPLES
 
 __all__ = ["KINDS", "MANIFEST_AUDIO_FIELDS", "MANIFEST_TEXT_FIELDS"]
 
@@ -217,3 +218,19 @@ def _no_commands(exc: UnsafeInputError) -> UnsafeInputError:
         f"{exc.reason.split(';')[0]}; pack does not run commands from tables: write their "
         "output to files or arks first (e.g. wav-copy, copy-feats)",
         source=exc.source, line=exc.line, key=exc.key)
+
+
+def _mismatch_error(inputs: _Inputs, no_label: list[str], no_data: list[str]) -> DataError:
+    data_what = "manifests" if inputs.mode == _MANIFEST else "data files"
+    parts = []
+    if no_label:
+        parts.append(f"{len(no_label)} key(s) of the {data_what} have no label (e.g. "
+                     f"{', '.join(map(repr, no_label[:_EXAMPLES]))})")
+    if no_data:
+        parts.append(f"{len(no_data)} label(s) have no data (e.g. "
+                     f"{', '.join(map(repr, no_data[:_EXAMPLES]))})")
+    files = ", ".join(inputs.data_files + [f for f in inputs.label_files
+                                           if f not in inputs.data_files])
+    return DataError(
+        f"keys do not match: {'; '.join(parts)}; fix the inputs, or pack only the keys present "
+        "in both with on_mismatch='skip' (CLI: --on-mismatch skip)", source=files)

@@ -6,75 +6,19 @@ import concurrent.futures
 import dataclasses
 import multiprocessing
 import os
-import re
 import time
 from typing import Any, Iterator, Sequence
 
-from ..errors import DataError, MissingDataError
+from ..errors import DataError
 from ..index import INDEX_NAME, ShardEntry, ShardIndex
-from .inputs import _MANIFEST, KINDS, _as_list, _Inputs, _read_inputs
+from .inputs import KINDS, _as_list, _mismatch_error, _read_inputs
 from .lengths import LENGTH_UNITS, _measure_chunk_args, parse_length_groups
+from .options import ON_MISMATCH, UTTS_PER_SHARD, _check_fmt, _check_positive_int
+from .plan import _old_index
 from .report import _EXAMPLES, PackReport
 from .write import AUDIO_FORMATS, _run_shard_task, _ShardTask
 
-__all__ = ["ON_MISMATCH", "UTTS_PER_SHARD", "pack_data"]
-
-#: Utterances per shard unless told otherwise (CAT's ``UTTS_PER_FILE``).
-UTTS_PER_SHARD = 2000
-#: Values of ``on_mismatch=``: keys with data but no label, or a label but no data.
-ON_MISMATCH = ("error", "skip")
-
-
-def _mismatch_error(inputs: _Inputs, no_label: list[str], no_data: list[str]) -> DataError:
-    data_what = "manifests" if inputs.mode == _MANIFEST else "data files"
-    parts = []
-    if no_label:
-        parts.append(f"{len(no_label)} key(s) of the {data_what} have no label (e.g. "
-                     f"{', '.join(map(repr, no_label[:_EXAMPLES]))})")
-    if no_data:
-        parts.append(f"{len(no_data)} label(s) have no data (e.g. "
-                     f"{', '.join(map(repr, no_data[:_EXAMPLES]))})")
-    files = ", ".join(inputs.data_files + [f for f in inputs.label_files
-                                           if f not in inputs.data_files])
-    return DataError(
-        f"keys do not match: {'; '.join(parts)}; fix the inputs, or pack only the keys present "
-        "in both with on_mismatch='skip' (CLI: --on-mismatch skip)", source=files)
-
-
-def _check_fmt(fmt: str) -> re.Pattern:
-    if not isinstance(fmt, str) or not fmt:
-        raise TypeError(f"fmt must be a %-pattern string such as 'data-%05d.tar', got {fmt!r}")
-    try:
-        numbered = fmt % 0 != fmt % 1
-    except (TypeError, ValueError):
-        numbered = False
-    if not numbered or "/" in fmt or os.sep in fmt:
-        raise ValueError(f"fmt must be a file name with one shard number such as "
-                         f"'data-%05d.tar', got {fmt!r}")
-    parts = re.split(r"%[-#0 +]*\d*[diu]", fmt.replace("%%", "\0"))
-    return re.compile(r"\d+".join(re.escape(p.replace("\0", "%")) for p in parts))
-
-
-def _check_positive_int(value: Any, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-    return value
-
-
-def _old_index(folder: str, unit: str,
-               audio_format: str | None) -> dict[str, ShardEntry] | None:
-    """Entries of an existing index in ``folder`` (empty if absent or unreadable: it is then
-    simply not used to recognise complete shards); ``None`` if it was written with another
-    length unit or audio format (then no shard of the folder is kept)."""
-    if not os.path.isfile(os.path.join(folder, INDEX_NAME)):
-        return {}
-    try:
-        index = ShardIndex.read(folder)
-    except (DataError, MissingDataError):
-        return {}
-    if index.length_unit != unit or index.audio_format != audio_format:
-        return None
-    return {entry.name: entry for entry in index.shards}
+__all__ = ["pack_data"]
 
 
 def _executor(num_workers: int) -> concurrent.futures.Executor | None:
