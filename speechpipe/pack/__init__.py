@@ -12,6 +12,8 @@ change without packing again).
   ``segments`` file, several of each, plus ``text`` label files) or JSON-lines manifests, to
   shards ``d_out[/lo_hi]/data-%05d.tar`` and one ``index.jsonl`` per folder
   (:class:`~speechpipe.index.ShardIndex`); returns a :class:`PackReport`.
+- :class:`PackOptions`: the settings of ``pack_data`` in one checked object (or pass them as
+  keyword arguments).
 - :func:`parse_length_groups`: ``["10:500", "500:800"]`` to :class:`LengthGroup` ranges.
 
 Each utterance ``<key>`` becomes two members: ``<key>.feats.npy`` (float32 ``(frames, dim)``)
@@ -24,16 +26,17 @@ read the tables and match keys; measure every utterance (feature matrix headers,
 headers; no sample is decoded where a header tells the length); assign sorted keys to length
 groups and shards; write the shards in parallel, then each folder's index. One module per
 job: :mod:`~speechpipe.pack.inputs` (reading the tables, matching keys),
-:mod:`~speechpipe.pack.lengths` (measuring, length groups), :mod:`~speechpipe.pack.write`
-(writing one shard), :mod:`~speechpipe.pack.report` and :mod:`~speechpipe.pack.run`
-(:func:`pack_data`, the steps in order).
+:mod:`~speechpipe.pack.lengths` (measuring, length groups), :mod:`~speechpipe.pack.plan`
+(groups, shards, what an earlier run left complete), :mod:`~speechpipe.pack.write` (writing
+one shard), :mod:`~speechpipe.pack.options`, :mod:`~speechpipe.pack.report` and
+:mod:`~speechpipe.pack.run` (:func:`pack_data`, the steps in order).
 """
 
 from __future__ import annotations
 
 from .inputs import KINDS, MANIFEST_AUDIO_FIELDS, MANIFEST_TEXT_FIELDS
 from .lengths import LENGTH_UNITS, LengthGroup, parse_length_groups
-from .options import ON_MISMATCH, UTTS_PER_SHARD
+from .options import ON_MISMATCH, UTTS_PER_SHARD, PackOptions
 from .report import PackReport
 from .run import pack_data
 from .write import AUDIO_FORMATS
@@ -46,6 +49,7 @@ __all__ = [
     "MANIFEST_AUDIO_FIELDS",
     "MANIFEST_TEXT_FIELDS",
     "ON_MISMATCH",
+    "PackOptions",
     "PackReport",
     "UTTS_PER_SHARD",
     "pack_data",

@@ -200,6 +200,28 @@ def _read_manifests(manifests: list[str]) -> tuple[dict[str, _Item], dict[str, S
     return data, labels
 
 
+class _InputFiles(NamedTuple):
+    """The files :func:`~speechpipe.pack.pack_data` reads, as lists of paths."""
+
+    scps: list[str]
+    labels: list[str]
+    segments: list[str]
+    manifests: list[str]
+
+
+def _input_files(f_scps, f_labels, segments, manifests) -> _InputFiles:
+    """Check the file arguments of ``pack_data``: scp and label files (with segments), or
+    manifests."""
+    files = _InputFiles(_as_list(f_scps, "f_scps"), _as_list(f_labels, "f_labels"),
+                        _as_list(segments, "segments"), _as_list(manifests, "manifests"))
+    if files.manifests and (files.scps or files.labels or files.segments):
+        raise ValueError("pass either manifests, or scp and label files (with segments), "
+                         "not both")
+    if not files.manifests and not (files.scps and files.labels):
+        raise ValueError("nothing to pack: pass scp files and label files, or manifests")
+    return files
+
+
 def _read_inputs(scps, labels, segments, manifests, kind) -> _Inputs:
     if manifests:
         data, label_table = _read_manifests(manifests)
@@ -234,3 +256,25 @@ def _mismatch_error(inputs: _Inputs, no_label: list[str], no_data: list[str]) ->
     return DataError(
         f"keys do not match: {'; '.join(parts)}; fix the inputs, or pack only the keys present "
         "in both with on_mismatch='skip' (CLI: --on-mismatch skip)", source=files)
+
+
+def _match_keys(inputs: _Inputs, on_mismatch: str) -> tuple[list[_Item], list[str], list[str]]:
+    """``(items, keys without label, labels without data)``: the items of the keys with both
+    data and a label, in sorted key order, each carrying its label.
+
+    Raises:
+        DataError: keys without a label or labels without data under ``on_mismatch="error"``
+            (counts and examples); no key with both.
+    """
+    no_label = sorted(k for k in inputs.data if k not in inputs.labels)
+    no_data = sorted(k for k in inputs.labels if k not in inputs.data)
+    if (no_label or no_data) and on_mismatch == "error":
+        raise _mismatch_error(inputs, no_label, no_data)
+    keys = sorted(k for k in inputs.data if k in inputs.labels)
+    if not keys:
+        raise DataError(
+            "nothing to pack: no key has both data and a label" if inputs.data or inputs.labels
+            else "nothing to pack: the input files hold no utterances",
+            source=", ".join(inputs.data_files + inputs.label_files))
+    items = [inputs.data[k]._replace(text=inputs.labels[k].value) for k in keys]
+    return items, no_label, no_data

@@ -1,4 +1,6 @@
-"""Running a pack: :func:`pack_data` and the steps it takes in order."""
+"""Running a pack: :func:`pack_data` and the steps it takes in order: check the arguments,
+read the inputs and match keys, measure, group by length, plan the shards, write them (in
+worker processes or here), write each folder's index."""
 
 from __future__ import annotations
 
@@ -9,61 +11,48 @@ import os
 import time
 from typing import Any, Iterator, Sequence
 
-from ..errors import DataError
-from ..index import INDEX_NAME, ShardEntry, ShardIndex
-from .inputs import KINDS, _as_list, _mismatch_error, _read_inputs
-from .lengths import LENGTH_UNITS, _measure_chunk_args, parse_length_groups
-from .options import ON_MISMATCH, UTTS_PER_SHARD, _check_fmt, _check_positive_int
-from .plan import _old_index
+from ..index import ShardIndex
+from .inputs import _input_files, _Inputs, _Item, _match_keys, _read_inputs
+from .lengths import _measure_chunk_args
+from .options import PackOptions
+from .plan import _group_by_length, _Measured, _plan_shards, _ShardPlan
 from .report import _EXAMPLES, PackReport
-from .write import AUDIO_FORMATS, _run_shard_task, _ShardTask
+from .write import _run_shard_task
 
 __all__ = ["pack_data"]
 
 
-def _executor(num_workers: int) -> concurrent.futures.Executor | None:
-    if num_workers == 1:
-        return None
-    # spawn: workers start clean (no inherited threads or locks from torch or tqdm).
-    return concurrent.futures.ProcessPoolExecutor(
-        max_workers=num_workers, mp_context=multiprocessing.get_context("spawn"))
+class _Default:
+    """A setting's default in :func:`pack_data`'s signature: shown as the value (``help()``
+    reads ``utts_per_shard: int = 2000``), and telling that the keyword was not passed."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, name: str) -> None:
+        self.value = PackOptions.__dataclass_fields__[name].default
+
+    def __repr__(self) -> str:
+        return repr(self.value)
 
 
-def _run_all(executor, fn, args: Sequence, bar) -> Iterator[tuple[int, Any]]:
-    """``(index, fn(args[index]))`` as they complete; stops everything at the first error."""
-    if executor is None:
-        for i, arg in enumerate(args):
-            result = fn(arg)
-            bar.update(1)
-            yield i, result
-        return
-    futures = {executor.submit(fn, arg): i for i, arg in enumerate(args)}
-    try:
-        for future in concurrent.futures.as_completed(futures):
-            result = future.result()
-            bar.update(1)
-            yield futures[future], result
-    finally:
-        for future in futures:
-            future.cancel()
-
-
+# long: the docstring documents every argument; the body is the steps in order (~30 lines)
 def pack_data(
     f_scps: str | os.PathLike | Sequence[str | os.PathLike] | None,
     f_labels: str | os.PathLike | Sequence[str | os.PathLike] | None,
     d_out: str | os.PathLike,
-    fmt: str = "data-%05d.tar",
-    filter_group: str | Sequence[str] | None = None,
+    fmt: str = _Default("fmt"),
+    filter_group: str | Sequence[str] | None = _Default("filter_group"),
     *,
-    utts_per_shard: int = UTTS_PER_SHARD,
-    kind: str = "auto",
+    utts_per_shard: int = _Default("utts_per_shard"),
+    kind: str = _Default("kind"),
     segments: str | os.PathLike | Sequence[str | os.PathLike] | None = None,
     manifests: str | os.PathLike | Sequence[str | os.PathLike] | None = None,
-    on_mismatch: str = "error",
-    num_workers: int = 1,
-    progress: bool = True,
-    length_unit: str | None = None,
-    audio_format: str = "lossless",
+    on_mismatch: str = _Default("on_mismatch"),
+    num_workers: int = _Default("num_workers"),
+    progress: bool = _Default("progress"),
+    length_unit: str | None = _Default("length_unit"),
+    audio_format: str = _Default("audio_format"),
+    options: PackOptions | None = None,
 ) -> PackReport:
     """Pack Kaldi tables (or manifests) and their labels into tar shards with an index.
 
@@ -95,6 +84,9 @@ def pack_data(
     end-of-archive marker present; no decoding) shows exactly the planned member names.
     Everything else is rewritten. Content is not compared: after changing the data of
     existing keys, pack into a fresh folder.
+
+    The settings (``fmt`` to ``audio_format``) are passed as keyword arguments or together as
+    ``options=PackOptions(...)`` (:class:`~speechpipe.pack.PackOptions`), not both.
 
     Args:
         f_scps: ``feats.scp`` or ``wav.scp`` file(s) (``ark:offset`` values or audio paths;
@@ -133,12 +125,16 @@ def pack_data(
             WeNet do -- a quarter of the size of float WAV; samples beyond the range are
             clipped and counted (:attr:`PackReport.clipped`). Recorded in the index: a
             rerun with another format rewrites the shards.
+        options: all the settings above (``fmt`` to ``audio_format``) in one
+            :class:`~speechpipe.pack.PackOptions`, instead of the keyword arguments.
 
     Returns:
         A :class:`PackReport` (``print(report.report())``).
 
     Raises:
         ValueError: a bad argument (overlapping groups, bad ``fmt``, both scps and manifests).
+        TypeError: an argument of the wrong type, or ``options`` together with settings passed
+            as keyword arguments (naming them).
         MissingDataError: an input file, ark or audio file that does not exist.
         UnsafeInputError: a ``cmd |`` value (pack runs no commands from tables).
         DataError: a malformed table line, a duplicate key within or across input files
@@ -162,158 +158,138 @@ def pack_data(
     >>> tmp.cleanup()
     """
     started = time.monotonic()
-    scps = _as_list(f_scps, "f_scps")
-    labels = _as_list(f_labels, "f_labels")
-    segs = _as_list(segments, "segments")
-    mans = _as_list(manifests, "manifests")
-    if mans and (scps or labels or segs):
-        raise ValueError("pass either manifests, or scp and label files (with segments), "
-                         "not both")
-    if not mans and not (scps and labels):
-        raise ValueError("nothing to pack: pass scp files and label files, or manifests")
+    files = _input_files(f_scps, f_labels, segments, manifests)
     if not isinstance(d_out, (str, os.PathLike)) or not os.fspath(d_out):
         raise TypeError(f"d_out must be a folder path, got {d_out!r}")
     out_dir = os.fspath(d_out)
-    shard_name_re = _check_fmt(fmt)
-    groups = parse_length_groups(filter_group)
-    _check_positive_int(utts_per_shard, "utts_per_shard")
-    _check_positive_int(num_workers, "num_workers")
-    if kind not in KINDS:
-        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
-    if mans and kind == "feats":
+    options = _settings(options, fmt=fmt, filter_group=filter_group,
+                        utts_per_shard=utts_per_shard, kind=kind, on_mismatch=on_mismatch,
+                        num_workers=num_workers, progress=progress, length_unit=length_unit,
+                        audio_format=audio_format)
+    if files.manifests and options.kind == "feats":
         raise ValueError("manifests name audio files: kind must be 'auto' or 'wav'")
-    if on_mismatch not in ON_MISMATCH:
-        raise ValueError(f"on_mismatch must be one of {ON_MISMATCH}, got {on_mismatch!r}")
-    if audio_format not in AUDIO_FORMATS:
-        raise ValueError(f"audio_format must be one of {AUDIO_FORMATS}, got {audio_format!r}")
-    if length_unit is not None and length_unit not in LENGTH_UNITS:
-        raise ValueError(f"length_unit must be one of {LENGTH_UNITS} or None, "
-                         f"got {length_unit!r}")
-    if not isinstance(progress, bool):
-        raise TypeError(f"progress must be a bool, got {progress!r}")
 
     # 1. Tables and keys.
-    inputs = _read_inputs(scps, labels, segs, mans, kind)
-    unit = length_unit or ("frames" if inputs.kind == "feats" else "samples")
-    if (inputs.kind == "feats") != (unit == "frames"):
-        raise ValueError(f"length_unit {unit!r} does not fit {inputs.kind}: use 'frames' for "
-                         "features, 'samples' or 'seconds' for audio")
-    no_label = sorted(k for k in inputs.data if k not in inputs.labels)
-    no_data = sorted(k for k in inputs.labels if k not in inputs.data)
-    if (no_label or no_data) and on_mismatch == "error":
-        raise _mismatch_error(inputs, no_label, no_data)
-    keys = sorted(k for k in inputs.data if k in inputs.labels)
-    if not keys:
-        raise DataError(
-            "nothing to pack: no key has both data and a label" if inputs.data or inputs.labels
-            else "nothing to pack: the input files hold no utterances",
-            source=", ".join(inputs.data_files + inputs.label_files))
-    items = [inputs.data[k]._replace(text=inputs.labels[k].value) for k in keys]
+    inputs = _read_inputs(files.scps, files.labels, files.segments, files.manifests,
+                          options.kind)
+    unit = _length_unit(options.length_unit, inputs.kind)
+    items, no_label, no_data = _match_keys(inputs, options.on_mismatch)
     report = PackReport(
         out_dir, inputs.kind, unit,
         keys_without_label=len(no_label), keys_without_label_examples=no_label[:_EXAMPLES],
         labels_without_data=len(no_data), labels_without_data_examples=no_data[:_EXAMPLES],
     )
-
-    from tqdm import tqdm
-
-    executor = _executor(num_workers)
+    executor = _executor(options.num_workers)
     try:
-        # 2. Lengths.
-        chunks = [items[i:i + utts_per_shard] for i in range(0, len(items), utts_per_shard)]
-        measured: list[list[tuple[int, int | None]]] = [[] for _ in chunks]
-        with tqdm(total=len(chunks), desc="pack: measure", unit="chunk",
-                  disable=not progress) as bar:
-            for i, result in _run_all(executor, _measure_chunk_args, [
-                    (inputs.mode, chunk) for chunk in chunks], bar):
-                measured[i] = result
-        native = [n for chunk in measured for n in chunk]
-
-        def in_unit(n: int, rate: int | None) -> int | float:
-            return n / rate if unit == "seconds" else n
-
-        # 3. Groups and shards.
-        plan: dict[str, list[int]] = {g.name: [] for g in groups} if groups else {".": []}
-        out_of_range: list[str] = []
-        for i, (n, rate) in enumerate(native):
-            length = in_unit(n, rate)
-            if not groups:
-                plan["."].append(i)
-                continue
-            group = next((g for g in groups if g.holds(length)), None)
-            if group is None:
-                if len(out_of_range) < _EXAMPLES:
-                    out_of_range.append(f"{items[i].key} (length {length:g})")
-                report.out_of_range += 1
-            else:
-                plan[group.name].append(i)
-        report.out_of_range_examples = out_of_range
-
-        tasks: list[_ShardTask] = []
-        task_folder: list[str] = []
-        entries: dict[str, dict[str, ShardEntry]] = {}
-        os.makedirs(out_dir, exist_ok=True)
-        for name, indices in plan.items():
-            folder = out_dir if name == "." else os.path.join(out_dir, name)
-            os.makedirs(folder, exist_ok=True)
-            report.groups[name] = len(indices)
-            fmt_recorded = None if inputs.kind == "feats" else audio_format
-            old = _old_index(folder, unit, fmt_recorded)
-            keep_complete = old is not None
-            old = old or {}
-            entries[folder] = {}
-            planned_names = set()
-            for number, start in enumerate(range(0, len(indices), utts_per_shard)):
-                chosen = indices[start:start + utts_per_shard]
-                shard = fmt % number
-                planned_names.add(shard)
-                entry = ShardEntry(shard, len(chosen), 0, tuple(items[i].key for i in chosen),
-                                   tuple(in_unit(*native[i]) for i in chosen))
-                path = os.path.join(folder, shard)
-                previous = old.get(shard)
-                if previous is not None and os.path.isfile(path) \
-                        and previous.keys == entry.keys \
-                        and previous.lengths == tuple(float(n) for n in entry.lengths) \
-                        and previous.bytes == os.path.getsize(path):
-                    entries[folder][shard] = dataclasses.replace(entry, bytes=previous.bytes)
-                    report.shards_skipped += 1
-                    report.bytes_total += previous.bytes
-                    continue
-                entries[folder][shard] = entry
-                tasks.append(_ShardTask(path, inputs.mode, tuple(items[i] for i in chosen),
-                                        tuple(native[i][0] for i in chosen),
-                                        keep_complete and previous is None, audio_format))
-                task_folder.append(folder)
-            report.stale_shards.extend(
-                os.path.join(folder, f) for f in sorted(os.listdir(folder))
-                if shard_name_re.fullmatch(f) and f not in planned_names)
-        # An index means a complete pack: remove stale ones before any shard changes.
-        for folder in set(task_folder):
-            if os.path.isfile(os.path.join(folder, INDEX_NAME)):
-                os.remove(os.path.join(folder, INDEX_NAME))
-
-        # 4. Shards, then indexes.
-        with tqdm(total=len(tasks) + report.shards_skipped, initial=report.shards_skipped,
-                  desc="pack: write", unit="shard", disable=not progress) as bar:
-            for i, (written, size, clipped) in _run_all(executor, _run_shard_task, tasks, bar):
-                report.clipped += clipped
-                name = os.path.basename(tasks[i].path)
-                folder = task_folder[i]
-                entries[folder][name] = dataclasses.replace(entries[folder][name], bytes=size)
-                report.bytes_total += size
-                if written:
-                    report.shards_written += 1
-                    report.bytes_written += size
-                else:
-                    report.shards_skipped += 1
+        # 2. Lengths; 3. groups and shards; 4. shards, then indexes.
+        measured = _measure(executor, inputs, items, unit, options)
+        by_group = _group_by_length(measured, options.groups, report)
+        plan = _plan_shards(by_group, measured, out_dir, inputs, unit, options, report)
+        _write_shards(executor, plan, report, options.progress)
     finally:
         if executor is not None:
             executor.shutdown(wait=True, cancel_futures=True)
-
-    for folder, by_name in entries.items():
-        # In shard-number order (the plan's), which is also sorted key order.
-        index = ShardIndex(folder, list(by_name.values()), length_unit=unit,
-                           audio_format=None if inputs.kind == "feats" else audio_format)
-        report.index_paths.append(index.write())
+    _write_indexes(plan, unit, None if inputs.kind == "feats" else options.audio_format, report)
     report.seconds = time.monotonic() - started
     return report
+
+
+def _settings(options: PackOptions | None, **keywords: Any) -> PackOptions:
+    """``options``, or the :class:`PackOptions` of the settings passed as keywords."""
+    passed = {name: value for name, value in keywords.items()
+              if not isinstance(value, _Default)}
+    if options is None:
+        return PackOptions(**passed)
+    if not isinstance(options, PackOptions):
+        raise TypeError(f"options must be a PackOptions, got {options!r}")
+    if passed:
+        raise TypeError(f"pack_data() got options and the keyword argument(s) "
+                        f"{', '.join(passed)}: pass the settings one way, not both")
+    return options
+
+
+def _length_unit(length_unit: str | None, kind: str) -> str:
+    """The unit of lengths: ``length_unit``, by default frames for features and samples for
+    audio."""
+    unit = length_unit or ("frames" if kind == "feats" else "samples")
+    if (kind == "feats") != (unit == "frames"):
+        raise ValueError(f"length_unit {unit!r} does not fit {kind}: use 'frames' for "
+                         "features, 'samples' or 'seconds' for audio")
+    return unit
+
+
+def _measure(executor: concurrent.futures.Executor | None, inputs: _Inputs,
+             items: list[_Item], unit: str, options: PackOptions) -> _Measured:
+    """Measure every item, ``utts_per_shard`` per task (in the workers, if any)."""
+    from tqdm import tqdm
+
+    per_task = options.utts_per_shard
+    chunks = [items[i:i + per_task] for i in range(0, len(items), per_task)]
+    measured: list[list[tuple[int, int | None]]] = [[] for _ in chunks]
+    with tqdm(total=len(chunks), desc="pack: measure", unit="chunk",
+              disable=not options.progress) as bar:
+        for i, result in _run_all(executor, _measure_chunk_args, [
+                (inputs.mode, chunk) for chunk in chunks], bar):
+            measured[i] = result
+    native = [n for chunk in measured for n in chunk]
+    lengths = [n / rate if unit == "seconds" else n for n, rate in native]
+    return _Measured(items, native, lengths)
+
+
+def _write_shards(executor: concurrent.futures.Executor | None, plan: _ShardPlan,
+                  report: PackReport, progress: bool) -> None:
+    """Run the plan's shard tasks (in the workers, if any); record each shard's size in its
+    index entry and count it in ``report``."""
+    from tqdm import tqdm
+
+    with tqdm(total=len(plan.tasks) + report.shards_skipped, initial=report.shards_skipped,
+              desc="pack: write", unit="shard", disable=not progress) as bar:
+        for i, (written, size, clipped) in _run_all(executor, _run_shard_task, plan.tasks, bar):
+            report.clipped += clipped
+            name = os.path.basename(plan.tasks[i].path)
+            folder = plan.folders[i]
+            plan.entries[folder][name] = dataclasses.replace(plan.entries[folder][name],
+                                                             bytes=size)
+            report.bytes_total += size
+            if written:
+                report.shards_written += 1
+                report.bytes_written += size
+            else:
+                report.shards_skipped += 1
+
+
+def _write_indexes(plan: _ShardPlan, unit: str, audio_format: str | None,
+                   report: PackReport) -> None:
+    """Write each folder's ``index.jsonl``, last: an index means a complete pack."""
+    for folder, by_name in plan.entries.items():
+        # In shard-number order (the plan's), which is also sorted key order.
+        index = ShardIndex(folder, list(by_name.values()), length_unit=unit,
+                           audio_format=audio_format)
+        report.index_paths.append(index.write())
+
+
+def _executor(num_workers: int) -> concurrent.futures.Executor | None:
+    if num_workers == 1:
+        return None
+    # spawn: workers start clean (no inherited threads or locks from torch or tqdm).
+    return concurrent.futures.ProcessPoolExecutor(
+        max_workers=num_workers, mp_context=multiprocessing.get_context("spawn"))
+
+
+def _run_all(executor, fn, args: Sequence, bar) -> Iterator[tuple[int, Any]]:
+    """``(index, fn(args[index]))`` as they complete; stops everything at the first error."""
+    if executor is None:
+        for i, arg in enumerate(args):
+            result = fn(arg)
+            bar.update(1)
+            yield i, result
+        return
+    futures = {executor.submit(fn, arg): i for i, arg in enumerate(args)}
+    try:
+        for future in concurrent.futures.as_completed(futures):
+            result = future.result()
+            bar.update(1)
+            yield futures[future], result
+    finally:
+        for future in futures:
+            future.cancel()
