@@ -21,10 +21,11 @@ import soundfile
 import webdataset as wds
 
 import speechpipe  # noqa: F401  (registers open, read_shards, decode)
-import speechpipe.pack as pack_module
+import speechpipe.pack.lengths as pack_module
+from speechpipe.cli.pack import add_command as add_pack_command
 from speechpipe.errors import DataError, MissingDataError, UnsafeInputError
 from speechpipe.index import INDEX_NAME, ShardIndex
-from speechpipe.pack import PackReport, add_pack_command, pack_data, parse_length_groups
+from speechpipe.pack import PackOptions, PackReport, pack_data, parse_length_groups
 from speechpipe.pipes import shards as shards_module
 from speechpipe.pipes._base import IterableWrapper
 from speechpipe.pipes.shards import iter_tar_members
@@ -668,6 +669,55 @@ def test_bad_arguments_raise_value_error_naming_them(feats_corpus, kwargs, messa
     with pytest.raises(ValueError, match=message):
         pack_feats(feats_corpus, **kwargs)
     assert not os.path.exists(feats_corpus["out"])
+
+
+# Invariant: PackOptions(...) holds the same settings as pack_data's keyword arguments, checked
+# with the same messages; the same settings give the same bytes either way.
+def test_options_pack_the_same_bytes_as_keyword_arguments(feats_corpus, tmp_path):
+    pack_feats(feats_corpus, tmp_path / "keywords", fmt="x-%03d.tar",
+               filter_group=["10:30", "30:100"], utts_per_shard=2)
+    options = PackOptions(fmt="x-%03d.tar", filter_group=["10:30", "30:100"], utts_per_shard=2,
+                          progress=False)
+    report = pack_data(feats_corpus["scps"], feats_corpus["labels"], tmp_path / "options",
+                       options=options)
+    assert tree_digest(tmp_path / "keywords") == tree_digest(tmp_path / "options")
+    assert report.groups == {"10_30": 3, "30_100": 4}
+
+
+def test_options_and_keyword_settings_together_are_a_type_error_naming_them(feats_corpus):
+    options = PackOptions(progress=False)
+    with pytest.raises(TypeError, match=r"options and the keyword argument\(s\) fmt, "
+                                        r"utts_per_shard: pass the settings one way"):
+        pack_data(feats_corpus["scps"], feats_corpus["labels"], feats_corpus["out"],
+                  "data-%05d.tar", utts_per_shard=2, options=options)
+    with pytest.raises(TypeError, match="options must be a PackOptions, got {'progress'"):
+        pack_data(feats_corpus["scps"], feats_corpus["labels"], feats_corpus["out"],
+                  options={"progress": False})
+    assert not os.path.exists(feats_corpus["out"])
+
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    ({"fmt": "data.tar"}, ValueError, "fmt must be a file name with one shard number"),
+    ({"filter_group": ["10:500", "400:800"]}, ValueError, "overlap"),
+    ({"utts_per_shard": 0}, ValueError, "utts_per_shard must be an int >= 1"),
+    ({"kind": "text"}, ValueError, "kind must be one of"),
+    ({"audio_format": "mp3"}, ValueError, "audio_format must be one of"),
+    ({"length_unit": "ms"}, ValueError, "length_unit must be one of"),
+    ({"progress": 1}, TypeError, "progress must be a bool, got 1"),
+])
+def test_options_are_checked_when_built(kwargs, error, message):
+    with pytest.raises(error, match=message):
+        PackOptions(**kwargs)
+
+
+def test_pack_data_signature_shows_the_defaults_of_pack_options():
+    import inspect
+
+    parameters = inspect.signature(pack_data).parameters
+    for name, default in (("fmt", "data-%05d.tar"), ("utts_per_shard", 2000),
+                          ("progress", True), ("length_unit", None)):
+        assert repr(parameters[name].default) == repr(default)
+        assert getattr(PackOptions(), name) == default
 
 
 # --------------------------------------------------------------------------------------------

@@ -12,13 +12,13 @@ import numpy as np
 import pytest
 import soundfile
 
+from speechpipe.cli.stats import add_command as add_stats_command
 from speechpipe.errors import DataError, MissingDataError
 from speechpipe.index import ShardEntry, ShardIndex
 from speechpipe.pipes.manifests import write_manifest
 from speechpipe.recipes.librispeech import prepare_librispeech
 from speechpipe.stats import (
     PERCENTILES,
-    add_stats_command,
     corpus_stats,
     length_histogram,
     padding_efficiency,

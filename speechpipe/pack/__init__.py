@@ -1,0 +1,57 @@
+"""Packing a corpus into tar shards with an index: ``pack_data`` (the ``pack`` command is
+:mod:`speechpipe.cli.pack`).
+
+For corpora larger than the page cache, reading utterances at random from ``.ark`` files
+becomes random disk access. Packing writes them, once, into tar shards of a few thousand
+utterances (webdataset naming) that a training run reads sequentially, shuffling shard order
+and within a buffer (CAT's large-dataset recipe: ``pack_data(f_scps, f_labels, d_out, fmt,
+filter_group)``, 2000 utterances per shard, labels stored as text so that the tokenizer can
+change without packing again).
+
+- :func:`pack_data`: Kaldi tables (``feats.scp`` or ``wav.scp`` with an optional
+  ``segments`` file, several of each, plus ``text`` label files) or JSON-lines manifests, to
+  shards ``d_out[/lo_hi]/data-%05d.tar`` and one ``index.jsonl`` per folder
+  (:class:`~speechpipe.index.ShardIndex`); returns a :class:`PackReport`.
+- :class:`PackOptions`: the settings of ``pack_data`` in one checked object (or pass them as
+  keyword arguments).
+- :func:`parse_length_groups`: ``["10:500", "500:800"]`` to :class:`LengthGroup` ranges.
+
+Each utterance ``<key>`` becomes two members: ``<key>.feats.npy`` (float32 ``(frames, dim)``)
+or ``<key>.flac`` / ``<key>.wav`` (audio), and ``<key>.txt`` (the label, UTF-8, unchanged:
+tokenization happens when the shards are read). Read them back with
+``IterableWrapper(paths).open().read_shards().decode()``, or with webdataset.
+
+The work happens in four steps, so that nothing is written when the inputs are inconsistent:
+read the tables and match keys; measure every utterance (feature matrix headers, audio file
+headers; no sample is decoded where a header tells the length); assign sorted keys to length
+groups and shards; write the shards in parallel, then each folder's index. One module per
+job: :mod:`~speechpipe.pack.inputs` (reading the tables, matching keys),
+:mod:`~speechpipe.pack.lengths` (measuring, length groups), :mod:`~speechpipe.pack.plan`
+(groups, shards, what an earlier run left complete), :mod:`~speechpipe.pack.write` (writing
+one shard), :mod:`~speechpipe.pack.options`, :mod:`~speechpipe.pack.report` and
+:mod:`~speechpipe.pack.run` (:func:`pack_data`, the steps in order).
+"""
+
+from __future__ import annotations
+
+from .inputs import KINDS, MANIFEST_AUDIO_FIELDS, MANIFEST_TEXT_FIELDS
+from .lengths import LENGTH_UNITS, LengthGroup, parse_length_groups
+from .options import ON_MISMATCH, UTTS_PER_SHARD, PackOptions
+from .report import PackReport
+from .run import pack_data
+from .write import AUDIO_FORMATS
+
+__all__ = [
+    "AUDIO_FORMATS",
+    "KINDS",
+    "LENGTH_UNITS",
+    "LengthGroup",
+    "MANIFEST_AUDIO_FIELDS",
+    "MANIFEST_TEXT_FIELDS",
+    "ON_MISMATCH",
+    "PackOptions",
+    "PackReport",
+    "UTTS_PER_SHARD",
+    "pack_data",
+    "parse_length_groups",
+]

@@ -1,0 +1,280 @@
+"""Reading what :func:`~speechpipe.pack.pack_data` packs: Kaldi tables (``feats.scp`` or
+``wav.scp``, ``segments``, ``text`` label files) or JSON-lines manifests, with the kind of an scp
+table told from its first value; each utterance becomes an ``_Item`` (picklable, for workers).
+
+Keys are checked here (unique across all input files, usable as tar member names), so that
+nothing is written when the inputs are inconsistent.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from typing import Any, NamedTuple, Sequence
+
+from ..errors import DataError, MissingDataError, UnsafeInputError
+from ..pipes.kaldi import ScpEntry, read_scp_table
+from ..pipes.manifests import read_manifest
+from .report import _EXAMPLES
+
+__all__ = ["KINDS", "MANIFEST_AUDIO_FIELDS", "MANIFEST_TEXT_FIELDS"]
+
+#: Values of ``kind=``: what the scp files hold (``"auto"``: look at the first value).
+KINDS = ("auto", "feats", "wav")
+#: Manifest fields holding the audio path, in the order they are looked for.
+MANIFEST_AUDIO_FIELDS = ("audio_path", "audio_filepath", "path", "wav")
+#: Manifest fields holding the transcript, in the order they are looked for.
+MANIFEST_TEXT_FIELDS = ("text", "sentence", "transcript")
+
+_ARK_REF = re.compile(r"(?P<path>.+?)(?::(?P<offset>[0-9]+))?(?:\[(?P<range>[^\[\]]*)\])?", re.S)
+_AUDIO_MAGIC = (b"RIFF", b"fLaC", b"AUDI", b"OggS", b"FORM", b"ID3")
+
+# Internal modes: what each utterance's reference points to.
+_FEATS, _WAV, _SEGMENT, _MANIFEST = "feats", "wav", "segment", "manifest"
+
+
+class _Item(NamedTuple):
+    """One utterance to pack: where its data is, and its label (picklable, for workers)."""
+
+    key: str
+    value: str  # feats/wav: the table value; segment: the segments value; manifest: a path
+    source: str | None = None
+    line: int | None = None
+    text: str = ""
+    recording: ScpEntry | None = None  # segment: the wav.scp entry of its recording
+    offset: float | None = None  # manifest: segment start, seconds
+    duration: float | None = None  # manifest: segment length, seconds
+
+
+def _as_list(value: str | os.PathLike | Sequence[str | os.PathLike] | None, name: str) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, (str, os.PathLike)):
+        value = [value]
+    out = []
+    for item in value:
+        if not isinstance(item, (str, os.PathLike)) or not os.fspath(item):
+            raise TypeError(f"{name} must be a path or a list of paths, got {item!r}")
+        out.append(os.fspath(item))
+    return out
+
+
+def _check_key(key: str, source: str | None, line: int | None) -> None:
+    base = key[key.rfind("/") + 1:]
+    if not base or "." in base or key.startswith("/"):
+        raise DataError(
+            "this key cannot name shard members: the part after the last '/' must be non-empty "
+            "and without dots (a reader splits '<key>.<field>' at the first dot) and it must "
+            "not start with '/'; rename the utterance",
+            source=source, line=line, key=key,
+        )
+
+
+def _add_unique(table: dict[str, Any], key: str, item: Any, what: str) -> None:
+    previous = table.get(key)
+    if previous is not None:
+        raise DataError(
+            f"duplicate key: {what} {key!r} is also in {previous.source}:{previous.line}; keys "
+            "must be unique across all input files",
+            source=item.source, line=item.line, key=key,
+        )
+    table[key] = item
+
+
+def _detect_kind(entry: ScpEntry) -> str:
+    """``"feats"`` or ``"wav"`` from the first value of an scp file."""
+    value = entry.value
+    where = dict(source=entry.source, line=entry.line, key=entry.key)
+    if value.endswith("|"):
+        raise DataError(
+            f"cannot tell what {value!r} produces (a shell command): pass kind='feats' or "
+            "kind='wav' (CLI: --kind)", **where)
+    match = _ARK_REF.fullmatch(value)
+    if os.path.isfile(value):
+        path, offset = value, 0
+    elif match is not None and match["offset"] and os.path.isfile(match["path"]):
+        path, offset = match["path"], int(match["offset"])
+    else:
+        raise MissingDataError(
+            f"{value!r} names no existing file, so the kind of this table cannot be told (and "
+            "its data cannot be read); check the path (relative paths are relative to the "
+            "current directory, as in Kaldi)", **where)
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            head = f.read(4)
+    except OSError as exc:
+        raise DataError(f"cannot read {path}: {exc.strerror or exc}", **where) from exc
+    if head.startswith(_AUDIO_MAGIC) or (path == value and not head.startswith(b"\0B")):
+        return "wav"
+    return "feats"
+
+
+class _Inputs(NamedTuple):
+    kind: str  # "feats" or "wav"
+    mode: str  # _FEATS, _WAV, _SEGMENT or _MANIFEST
+    data: dict[str, _Item]
+    labels: dict[str, ScpEntry]
+    data_files: list[str]
+    label_files: list[str]
+
+
+def _read_scps(scps: list[str], kind: str, segments: list[str]) -> tuple[str, str, dict]:
+    tables = [(path, read_scp_table(path)) for path in scps]
+    kinds = {}
+    for path, table in tables:
+        if kind != "auto":
+            kinds[path] = kind
+        elif table:
+            kinds[path] = _detect_kind(next(iter(table.values())))
+    found = sorted(set(kinds.values()))
+    if len(found) > 1:
+        feats = next(p for p, k in kinds.items() if k == "feats")
+        wav = next(p for p, k in kinds.items() if k == "wav")
+        raise DataError(f"the scp files mix features ({feats}) and audio ({wav}); pack them "
+                        "separately", source=wav)
+    resolved = found[0] if found else ("feats" if kind == "auto" else kind)
+    if segments and resolved != "wav":
+        raise ValueError("segments need a wav.scp (audio), but the scp files hold features "
+                         f"({', '.join(scps)}); pass kind='wav' if they hold audio")
+    entries: dict[str, ScpEntry] = {}
+    for _, table in tables:
+        for key, entry in table.items():
+            _add_unique(entries, key, entry, "recording" if segments else "key")
+    data: dict[str, _Item] = {}
+    if not segments:
+        for key, entry in entries.items():
+            _check_key(key, entry.source, entry.line)
+            data[key] = _Item(key, entry.value, entry.source, entry.line)
+        return resolved, (_FEATS if resolved == "feats" else _WAV), data
+    for path in segments:
+        for key, entry in read_scp_table(path).items():
+            _check_key(key, entry.source, entry.line)
+            item = _Item(key, entry.value, entry.source, entry.line)
+            _add_unique(data, key, item, "segment")
+            reco = entry.value.split(maxsplit=1)[0]
+            if reco not in entries:
+                raise DataError(f"unknown recording {reco!r}: not in {', '.join(scps)}",
+                                source=path, line=entry.line, key=key)
+            data[key] = item._replace(recording=entries[reco])
+    return resolved, _SEGMENT, data
+
+
+def _manifest_field(row: dict, names: Sequence[str]) -> str | None:
+    return next((n for n in names if n in row), None)
+
+
+def _read_manifests(manifests: list[str]) -> tuple[dict[str, _Item], dict[str, ScpEntry]]:
+    data: dict[str, _Item] = {}
+    labels: dict[str, ScpEntry] = {}
+    for path in manifests:
+        for row in read_manifest(path):
+            key = row["key"]
+            where = str(row.get("source", ""))  # "path:line", set by the manifest reader
+            tail = where[len(path) + 1:] if where.startswith(f"{path}:") else ""
+            source, line = path, (int(tail) if tail.isdigit() else None)
+            _check_key(key, source, line)
+            audio_field = _manifest_field(row, MANIFEST_AUDIO_FIELDS)
+            audio = row.get(audio_field) if audio_field else None
+            if not isinstance(audio, str) or not audio:
+                raise DataError(
+                    f"no audio path: expected a non-empty string in one of the fields "
+                    f"{list(MANIFEST_AUDIO_FIELDS)}", source=source, line=line, key=key)
+            offset = row.get("offset")
+            duration = row.get("duration") if offset is not None else None
+            for name, value in (("offset", offset), ("duration", duration)):
+                if value is not None and (isinstance(value, bool) or not isinstance(
+                        value, (int, float)) or not value >= 0 or not math.isfinite(value)):
+                    raise DataError(f"field {name!r} must be a number of seconds >= 0, got "
+                                    f"{value!r}", source=source, line=line, key=key)
+            item = _Item(key, audio, source, line, offset=offset, duration=duration)
+            _add_unique(data, key, item, "key")
+            text_field = _manifest_field(row, MANIFEST_TEXT_FIELDS)
+            if text_field is not None:
+                text = row[text_field]
+                if not isinstance(text, str):
+                    raise DataError(f"field {text_field!r} must be a string, got "
+                                    f"{type(text).__name__}", source=source, line=line, key=key)
+                labels[key] = ScpEntry(key, text, source, line)
+    return data, labels
+
+
+class _InputFiles(NamedTuple):
+    """The files :func:`~speechpipe.pack.pack_data` reads, as lists of paths."""
+
+    scps: list[str]
+    labels: list[str]
+    segments: list[str]
+    manifests: list[str]
+
+
+def _input_files(f_scps, f_labels, segments, manifests) -> _InputFiles:
+    """Check the file arguments of ``pack_data``: scp and label files (with segments), or
+    manifests."""
+    files = _InputFiles(_as_list(f_scps, "f_scps"), _as_list(f_labels, "f_labels"),
+                        _as_list(segments, "segments"), _as_list(manifests, "manifests"))
+    if files.manifests and (files.scps or files.labels or files.segments):
+        raise ValueError("pass either manifests, or scp and label files (with segments), "
+                         "not both")
+    if not files.manifests and not (files.scps and files.labels):
+        raise ValueError("nothing to pack: pass scp files and label files, or manifests")
+    return files
+
+
+def _read_inputs(scps, labels, segments, manifests, kind) -> _Inputs:
+    if manifests:
+        data, label_table = _read_manifests(manifests)
+        return _Inputs("wav", _MANIFEST, data, label_table, manifests, manifests)
+    resolved, mode, data = _read_scps(scps, kind, segments)
+    label_table: dict[str, ScpEntry] = {}
+    for path in labels:
+        for key, entry in read_scp_table(path, allow_empty=True).items():
+            _add_unique(label_table, key, entry, "label")
+    return _Inputs(resolved, mode, data, label_table, segments or scps, labels)
+
+
+
+def _no_commands(exc: UnsafeInputError) -> UnsafeInputError:
+    return UnsafeInputError(
+        f"{exc.reason.split(';')[0]}; pack does not run commands from tables: write their "
+        "output to files or arks first (e.g. wav-copy, copy-feats)",
+        source=exc.source, line=exc.line, key=exc.key)
+
+
+def _mismatch_error(inputs: _Inputs, no_label: list[str], no_data: list[str]) -> DataError:
+    data_what = "manifests" if inputs.mode == _MANIFEST else "data files"
+    parts = []
+    if no_label:
+        parts.append(f"{len(no_label)} key(s) of the {data_what} have no label (e.g. "
+                     f"{', '.join(map(repr, no_label[:_EXAMPLES]))})")
+    if no_data:
+        parts.append(f"{len(no_data)} label(s) have no data (e.g. "
+                     f"{', '.join(map(repr, no_data[:_EXAMPLES]))})")
+    files = ", ".join(inputs.data_files + [f for f in inputs.label_files
+                                           if f not in inputs.data_files])
+    return DataError(
+        f"keys do not match: {'; '.join(parts)}; fix the inputs, or pack only the keys present "
+        "in both with on_mismatch='skip' (CLI: --on-mismatch skip)", source=files)
+
+
+def _match_keys(inputs: _Inputs, on_mismatch: str) -> tuple[list[_Item], list[str], list[str]]:
+    """``(items, keys without label, labels without data)``: the items of the keys with both
+    data and a label, in sorted key order, each carrying its label.
+
+    Raises:
+        DataError: keys without a label or labels without data under ``on_mismatch="error"``
+            (counts and examples); no key with both.
+    """
+    no_label = sorted(k for k in inputs.data if k not in inputs.labels)
+    no_data = sorted(k for k in inputs.labels if k not in inputs.data)
+    if (no_label or no_data) and on_mismatch == "error":
+        raise _mismatch_error(inputs, no_label, no_data)
+    keys = sorted(k for k in inputs.data if k in inputs.labels)
+    if not keys:
+        raise DataError(
+            "nothing to pack: no key has both data and a label" if inputs.data or inputs.labels
+            else "nothing to pack: the input files hold no utterances",
+            source=", ".join(inputs.data_files + inputs.label_files))
+    items = [inputs.data[k]._replace(text=inputs.labels[k].value) for k in keys]
+    return items, no_label, no_data

@@ -1,0 +1,101 @@
+"""The settings of :func:`~speechpipe.pack.pack_data`: :class:`PackOptions`, checked when built."""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from .inputs import KINDS
+from .lengths import LENGTH_UNITS, LengthGroup, parse_length_groups
+from .write import AUDIO_FORMATS
+
+__all__ = ["ON_MISMATCH", "PackOptions", "UTTS_PER_SHARD"]
+
+#: Utterances per shard unless told otherwise (CAT's ``UTTS_PER_FILE``).
+UTTS_PER_SHARD = 2000
+#: Values of ``on_mismatch=``: keys with data but no label, or a label but no data.
+ON_MISMATCH = ("error", "skip")
+
+
+@dataclass(frozen=True)
+class PackOptions:
+    """How :func:`~speechpipe.pack.pack_data` packs: every setting besides the files to read and
+    the output folder, checked when built (with the errors ``pack_data`` raises for its keyword
+    arguments). Each field is the keyword argument of the same name, described there;
+    ``filter_group``, when a list, is kept as a tuple.
+
+    Pass one as ``pack_data(..., options=...)`` to reuse or vary a set of settings
+    (:func:`dataclasses.replace`).
+
+    >>> options = PackOptions(filter_group=["500:800", "10:500"], utts_per_shard=1000)
+    >>> options.filter_group, [g.name for g in options.groups]
+    (('500:800', '10:500'), ['10_500', '500_800'])
+    >>> PackOptions(utts_per_shard=0)
+    Traceback (most recent call last):
+    ...
+    ValueError: utts_per_shard must be an int >= 1, got 0
+    """
+
+    fmt: str = "data-%05d.tar"
+    filter_group: str | Sequence[str] | None = None
+    utts_per_shard: int = UTTS_PER_SHARD
+    kind: str = "auto"
+    on_mismatch: str = "error"
+    num_workers: int = 1
+    progress: bool = True
+    length_unit: str | None = None
+    audio_format: str = "lossless"
+
+    def __post_init__(self) -> None:
+        _check_fmt(self.fmt)
+        if self.filter_group is not None and not isinstance(self.filter_group, (str, tuple)):
+            object.__setattr__(self, "filter_group", tuple(self.filter_group))
+        parse_length_groups(self.filter_group)
+        _check_positive_int(self.utts_per_shard, "utts_per_shard")
+        _check_positive_int(self.num_workers, "num_workers")
+        if self.kind not in KINDS:
+            raise ValueError(f"kind must be one of {KINDS}, got {self.kind!r}")
+        if self.on_mismatch not in ON_MISMATCH:
+            raise ValueError(f"on_mismatch must be one of {ON_MISMATCH}, "
+                             f"got {self.on_mismatch!r}")
+        if self.audio_format not in AUDIO_FORMATS:
+            raise ValueError(f"audio_format must be one of {AUDIO_FORMATS}, "
+                             f"got {self.audio_format!r}")
+        if self.length_unit is not None and self.length_unit not in LENGTH_UNITS:
+            raise ValueError(f"length_unit must be one of {LENGTH_UNITS} or None, "
+                             f"got {self.length_unit!r}")
+        if not isinstance(self.progress, bool):
+            raise TypeError(f"progress must be a bool, got {self.progress!r}")
+
+    @property
+    def groups(self) -> list[LengthGroup]:
+        """The length groups of ``filter_group``, sorted (:func:`parse_length_groups`)."""
+        return parse_length_groups(self.filter_group)
+
+    @property
+    def shard_name_re(self) -> re.Pattern:
+        """Matches the file names ``fmt`` gives shards (any number)."""
+        return _check_fmt(self.fmt)
+
+
+def _check_fmt(fmt: str) -> re.Pattern:
+    """Check ``fmt`` (a shard file name with one number); return the pattern of its names."""
+    if not isinstance(fmt, str) or not fmt:
+        raise TypeError(f"fmt must be a %-pattern string such as 'data-%05d.tar', got {fmt!r}")
+    try:
+        numbered = fmt % 0 != fmt % 1
+    except (TypeError, ValueError):
+        numbered = False
+    if not numbered or "/" in fmt or os.sep in fmt:
+        raise ValueError(f"fmt must be a file name with one shard number such as "
+                         f"'data-%05d.tar', got {fmt!r}")
+    parts = re.split(r"%[-#0 +]*\d*[diu]", fmt.replace("%%", "\0"))
+    return re.compile(r"\d+".join(re.escape(p.replace("\0", "%")) for p in parts))
+
+
+def _check_positive_int(value: Any, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+    return value
