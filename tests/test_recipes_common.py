@@ -1,5 +1,6 @@
-"""speechpipe.recipes._common: download (resume, checksum, sentinel, safe extraction),
-prepare helpers, the shared pipelines and the prepare / download commands.
+"""speechpipe.recipes (_download, _prepare, _pipelines): download (resume, checksum, sentinel,
+safe extraction), prepare helpers, the shared pipelines; speechpipe.cli: the prepare / download
+commands.
 
 Downloads run against real HTTP servers on 127.0.0.1: speechpipe.testing.serve_directory
 (whose ``/__truncate__/`` path sends half a file and hangs up, and which ignores Range like
@@ -26,15 +27,15 @@ import pytest
 import soundfile
 
 import speechpipe
+from speechpipe.cli.download import add_command as add_download_command
+from speechpipe.cli.prepare import add_command as add_prepare_command
 from speechpipe.diagnostics import SkippedInputWarning
 from speechpipe.errors import DataError, MissingDataError
 from speechpipe.pipes.manifests import read_manifest, write_manifest
 from speechpipe.pipes.text import CharTokenizer
-from speechpipe.recipes import _common
-from speechpipe.recipes._common import (
+from speechpipe.recipes import _download, _pipelines, _prepare
+from speechpipe.recipes import (
     RECIPES,
-    add_download_command,
-    add_prepare_command,
     check_pairs,
     download_and_extract,
     eval_pipeline,
@@ -392,11 +393,11 @@ def test_manifest_samples_reads_files_and_memory_in_order(tmp_path):
 
 def test_measure_audio_in_parallel_equals_serial(tmp_path):
     flacs = sorted(str(p) for p in LIBRISPEECH.rglob("*.flac"))
-    serial = _common.measure_audio(flacs, progress=False)
-    assert _common.measure_audio(flacs, num_jobs=3, progress=False) == serial
+    serial = _prepare.measure_audio(flacs, progress=False)
+    assert _prepare.measure_audio(flacs, num_jobs=3, progress=False) == serial
     assert serial[0] == (soundfile.info(flacs[0]).frames, 16000)
     with pytest.raises(MissingDataError, match="nope.flac: audio file not found"):
-        _common.measure_audio([str(tmp_path / "nope.flac")], progress=False)
+        _prepare.measure_audio([str(tmp_path / "nope.flac")], progress=False)
 
 
 # --------------------------------------------------------------------------- pipelines
@@ -559,9 +560,9 @@ def test_recipe_modules_keep_sorted_complete_all_and_the_pipe_naming_rule():
     from speechpipe import stats
     from speechpipe.pipes._base import IterDataPipe
 
-    for module in [_common, stats] + [get_recipe(name) for name in RECIPES]:
+    for module in [speechpipe.recipes, _download, _prepare, _pipelines, stats] + [get_recipe(name) for name in RECIPES]:
         assert list(module.__all__) == sorted(module.__all__), module.__name__
         assert all(hasattr(module, name) for name in module.__all__), module.__name__
     fn = IterDataPipe.functions["filter_by_duration"]
-    assert fn.args[0] is _common.DurationFilterIterDataPipe
+    assert fn.args[0] is _pipelines.DurationFilterIterDataPipe
     assert re.fullmatch(r"[A-Z]\w*erIterDataPipe", fn.args[0].__name__)

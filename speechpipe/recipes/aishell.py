@@ -44,19 +44,16 @@ from ..pipes._base import IterDataPipe
 from ..pipes.kaldi import parse_scp_lines
 from ..pipes.text import TextNormalizer
 from ..sample import DURATION, KEY, SPEAKER, TEXT
-from ._common import (
+from ._download import Archive, download_and_extract, safe_extract
+from ._pipelines import eval_pipeline, train_pipeline
+from ._prepare import (
     AUDIO_PATH,
-    Archive,
     _check_prepare_args,
     check_pairs,
-    download_and_extract,
-    eval_pipeline,
     measure_audio,
     prepare_parts,
     resolve_manifests,
     resolve_parts,
-    safe_extract,
-    train_pipeline,
 )
 
 __all__ = [
@@ -140,7 +137,7 @@ def download_aishell(
         ValueError: an unknown part (the splits ``train``/``dev``/``test`` are all in
             ``"data"``).
         DataError / MissingDataError: as
-            :func:`~speechpipe.recipes._common.download_and_extract`, and a speaker archive
+            :func:`~speechpipe.recipes.download_and_extract`, and a speaker archive
             that cannot be extracted safely (naming it).
     """
     names = list(ARCHIVES) if parts == "all" else (
@@ -340,11 +337,11 @@ def aishell_train(manifests: Any, parts: Iterable[str] = ("train",), *,
 
     Args:
         manifests: the manifest folder, prepare's dict, or manifest paths (then ``parts`` is
-            ignored); see :func:`~speechpipe.recipes._common.resolve_manifests`.
+            ignored); see :func:`~speechpipe.recipes.resolve_manifests`.
         parts: the splits to train on.
         min_duration, max_duration: duration range kept, seconds.
         normalizer: applied to ``text`` before tokenizing (``None``: as stored, with spaces).
-        **options: :func:`~speechpipe.recipes._common.train_pipeline` options
+        **options: :func:`~speechpipe.recipes.train_pipeline` options
             (``tokenizer``, ``speed_perturb=(0.9, 1.0, 1.1)``, ``budget_seconds``, ``seed``...).
     """
     return train_pipeline(resolve_manifests(manifests, corpus=CORPUS, parts=list(parts)),
@@ -356,7 +353,7 @@ def aishell_valid(manifests: Any, parts: Iterable[str] = ("dev",), *,
                   normalizer: Callable[[str], str] | None = TEXT_NORMALIZER,
                   **options: Any) -> IterDataPipe[dict]:
     """Validation batches (``dev``), every utterance, fixed order, text normalized as in
-    :func:`aishell_train`; ``options`` are :func:`~speechpipe.recipes._common.eval_pipeline`'s.
+    :func:`aishell_train`; ``options`` are :func:`~speechpipe.recipes.eval_pipeline`'s.
     """
     return eval_pipeline(resolve_manifests(manifests, corpus=CORPUS, parts=list(parts)),
                          normalizer=normalizer, **options)
@@ -366,7 +363,7 @@ def aishell_test(manifests: Any, part: str = "test", *,
                  normalizer: Callable[[str], str] | None = TEXT_NORMALIZER,
                  **options: Any) -> IterDataPipe[dict]:
     """Test batches (``test``), every utterance, fixed order, text normalized as in
-    :func:`aishell_train`; ``options`` are :func:`~speechpipe.recipes._common.eval_pipeline`'s.
+    :func:`aishell_train`; ``options`` are :func:`~speechpipe.recipes.eval_pipeline`'s.
     """
     return eval_pipeline(resolve_manifests(manifests, corpus=CORPUS, parts=[part]),
                          normalizer=normalizer, **options)

@@ -34,18 +34,17 @@ from ..errors import DataError, MissingDataError
 from ..pipes._base import IterableWrapper, IterDataPipe
 from ..pipes.kaldi import ScpEntry, parse_segment, read_matrix, read_scp_table
 from ..sample import DURATION, KEY, SPEAKER, TEXT
-from ._common import (
+from ._pipelines import eval_pipeline, train_pipeline
+from ._prepare import (
     AUDIO_PATH,
     FEATS_PATH,
     OFFSET,
     _as_names,
     _check_prepare_args,
     check_pairs,
-    eval_pipeline,
     measure_audio,
     prepare_parts,
     resolve_manifests,
-    train_pipeline,
 )
 
 __all__ = [
@@ -392,14 +391,14 @@ def _sources(manifests: Any, parts: Iterable[str] | None) -> list:
 def kaldi_dir_train(manifests: Any, parts: Iterable[str] | None = None,
                     **options: Any) -> IterDataPipe[dict]:
     """Training batches of prepared Kaldi data directories
-    (:func:`~speechpipe.recipes._common.train_pipeline`; pass ``input="feats",
+    (:func:`~speechpipe.recipes.train_pipeline`; pass ``input="feats",
     features=None`` for a feature-only directory). No corpus defaults: set
     ``min_duration``/``max_duration`` as your recipe does.
 
     Args:
         manifests: the manifest folder (with ``parts``), prepare's dict, or manifest paths.
         parts: data directory names, with a manifest folder.
-        **options: :func:`~speechpipe.recipes._common.train_pipeline` options.
+        **options: :func:`~speechpipe.recipes.train_pipeline` options.
     """
     return train_pipeline(_sources(manifests, parts), **options)
 
@@ -407,6 +406,6 @@ def kaldi_dir_train(manifests: Any, parts: Iterable[str] | None = None,
 def kaldi_dir_eval(manifests: Any, parts: Iterable[str] | None = None,
                    **options: Any) -> IterDataPipe[dict]:
     """Validation / test batches in manifest order
-    (:func:`~speechpipe.recipes._common.eval_pipeline`)."""
+    (:func:`~speechpipe.recipes.eval_pipeline`)."""
     return eval_pipeline(_sources(manifests, parts), **options)
 

@@ -54,18 +54,16 @@ from ..pipes._base import IterDataPipe
 from ..pipes.manifests import ManifestWriter
 from ..pipes.text import TextNormalizer
 from ..sample import DURATION, KEY, TEXT
-from ._common import (
+from ._download import _fetch, download_and_extract
+from ._pipelines import eval_pipeline, train_pipeline
+from ._prepare import (
     AUDIO_PATH,
     OFFSET,
     _check_prepare_args,
-    _fetch,
     check_pairs,
-    download_and_extract,
-    eval_pipeline,
     manifest_path,
     resolve_manifests,
     resolve_parts,
-    train_pipeline,
 )
 
 __all__ = [
@@ -633,11 +631,11 @@ def wenetspeech_train(manifests: Any, parts: Iterable[str] = ("L",), *,
 
     Args:
         manifests: the manifest folder, prepare's dict, or manifest paths (then ``parts`` is
-            ignored); see :func:`~speechpipe.recipes._common.resolve_manifests`.
+            ignored); see :func:`~speechpipe.recipes.resolve_manifests`.
         parts: the training part (``S``, ``M`` or ``L``; they are nested, so one of them).
         min_duration, max_duration: duration range kept, seconds.
         normalizer: applied to ``text`` before tokenizing (``None``: as stored).
-        **options: :func:`~speechpipe.recipes._common.train_pipeline` options.
+        **options: :func:`~speechpipe.recipes.train_pipeline` options.
     """
     return train_pipeline(resolve_manifests(manifests, corpus=CORPUS, parts=list(parts)),
                           min_duration=min_duration, max_duration=max_duration,
@@ -649,7 +647,7 @@ def wenetspeech_valid(manifests: Any, parts: Iterable[str] = ("DEV",), *,
                       **options: Any) -> IterDataPipe[dict]:
     """Validation batches (``DEV``), every segment, fixed order, text normalized as in
     :func:`wenetspeech_train`; ``options`` are
-    :func:`~speechpipe.recipes._common.eval_pipeline`'s."""
+    :func:`~speechpipe.recipes.eval_pipeline`'s."""
     return eval_pipeline(resolve_manifests(manifests, corpus=CORPUS, parts=list(parts)),
                          normalizer=normalizer, **options)
 
@@ -659,6 +657,6 @@ def wenetspeech_test(manifests: Any, part: str = "TEST_NET", *,
                      **options: Any) -> IterDataPipe[dict]:
     """Test batches (``TEST_NET`` or ``TEST_MEETING``), every segment, fixed order, text
     normalized as in :func:`wenetspeech_train`; ``options`` are
-    :func:`~speechpipe.recipes._common.eval_pipeline`'s."""
+    :func:`~speechpipe.recipes.eval_pipeline`'s."""
     return eval_pipeline(resolve_manifests(manifests, corpus=CORPUS, parts=[part]),
                          normalizer=normalizer, **options)
