@@ -36,6 +36,7 @@ from speechpipe.pipes.text import CharTokenizer
 from speechpipe.recipes import _download, _pipelines, _prepare
 from speechpipe.recipes import (
     RECIPES,
+    FrontEnd,
     check_pairs,
     download_and_extract,
     eval_pipeline,
@@ -491,6 +492,49 @@ def test_semi_supervised_pipeline_yields_sup_and_unsup_batches():
     assert sorted(k for s in steps for k in s["sup"]["key"]) == sorted(s["key"] for s in sup)
     assert all(set(s["unsup"]["key"]) == {u["key"] for u in unsup} for s in steps)
     assert pipe.stats.restarts["unsup"] == len(steps) - 1
+
+
+def test_a_front_end_object_builds_the_same_pipeline_as_its_keywords():
+    samples = _fixture_samples("dev-clean")
+    tok = CharTokenizer.build([s["text"] for s in samples])
+    front = FrontEnd(features="mfcc", feature_options={"num_ceps": 13}, tokenizer=tok)
+    by_object = list(train_pipeline([samples], budget_seconds=4.0, front_end=front, seed=2))
+    by_keywords = list(train_pipeline([samples], budget_seconds=4.0, features="mfcc",
+                                      feature_options={"num_ceps": 13}, tokenizer=tok, seed=2))
+    assert [b["key"] for b in by_object] == [b["key"] for b in by_keywords]
+    for a, b in zip(by_object, by_keywords):
+        assert a["feats"].shape[2] == 13 and bool((a["feats"] == b["feats"]).all())
+        assert bool((a["tokens"] == b["tokens"]).all())
+    evaluated = list(eval_pipeline([samples], batch_size=3, front_end=FrontEnd(features=None)))
+    assert [k for b in evaluated for k in b["key"]] == [s["key"] for s in samples]
+    assert FrontEnd(features="mel").feature_kwargs() == {"n_mels": 80}
+
+
+def test_front_end_and_its_keywords_together_are_a_type_error():
+    with pytest.raises(TypeError, match="give front_end or features, tokenizer, not both"):
+        train_pipeline([[{"key": "u"}]], front_end=FrontEnd(), features=None, tokenizer=None)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'speed_perturb'"):
+        eval_pipeline([[{"key": "u"}]], speed_perturb=(0.9, 1.1))
+    with pytest.raises(ValueError, match="eval_pipeline perturbs nothing"):
+        eval_pipeline([[{"key": "u"}]], front_end=FrontEnd(speed_perturb=(0.9, 1.1)))
+    with pytest.raises(TypeError, match="unexpected keyword argument 'featurs'"):
+        train_pipeline([[{"key": "u"}]], featurs="fbank")
+    with pytest.raises(TypeError, match="front_end must be a FrontEnd"):
+        train_pipeline([[{"key": "u"}]], front_end={"features": "fbank"})
+    with pytest.raises(ValueError, match="features must be one of"):
+        FrontEnd(features="spectrogram")
+    with pytest.raises(TypeError, match="give front_end or tokenizer, not both"):
+        semi_supervised_pipeline([[{"key": "u"}]], [[{"key": "v"}]], front_end=FrontEnd(),
+                                 tokenizer=object())
+
+
+def test_semi_supervised_pipeline_tokenizes_only_sup_with_a_front_end():
+    sup, unsup = _fixture_samples("dev-clean"), _fixture_samples("test-clean")
+    tok = CharTokenizer.build([s["text"] for s in sup + unsup])
+    pipe = semi_supervised_pipeline([sup], [unsup], budget_seconds=2.5,
+                                    front_end=FrontEnd(features=None, tokenizer=tok))
+    step = next(iter(pipe))
+    assert "tokens" in step["sup"] and "tokens" not in step["unsup"]
 
 
 # --------------------------------------------------------------------------- registry, CLI

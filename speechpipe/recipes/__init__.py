@@ -20,7 +20,8 @@ transcript format, the defaults of its usual practice), are exported here:
   per utterance), :func:`resolve_parts`, :func:`check_pairs`, :func:`measure_audio`,
   :func:`prepare_parts`, :func:`resolve_manifests`;
 - **pipelines** (``_pipelines``): :func:`train_pipeline`, :func:`eval_pipeline`,
-  :func:`semi_supervised_pipeline` over manifests, and :func:`pipeline_report`.
+  :func:`semi_supervised_pipeline` over manifests, their :class:`FrontEnd` (speed
+  perturbation, features, tokenization), and :func:`pipeline_report`.
 
 **Adding a corpus** -- write ``speechpipe/recipes/<corpus>.py`` with the names above (see
 ``librispeech.py``: :class:`Archive` entries per part, a ``_part_samples`` function that
@@ -37,6 +38,7 @@ from types import ModuleType
 from ._download import Archive, download_and_extract, download_parts, parse_checksum, safe_extract
 from ._pipelines import (
     FEATURE_KINDS,
+    FrontEnd,
     eval_pipeline,
     manifest_samples,
     pipeline_report,
@@ -62,6 +64,7 @@ __all__ = [
     "Archive",
     "FEATS_PATH",
     "FEATURE_KINDS",
+    "FrontEnd",
     "MANIFEST_KIND",
     "OFFSET",
     "ON_MISMATCH",

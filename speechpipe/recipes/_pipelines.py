@@ -10,6 +10,7 @@ manifests (:func:`manifest_samples`); ``filter_by_duration``
 
 from __future__ import annotations
 
+from dataclasses import dataclass, fields, replace
 from typing import Any, Callable, Mapping, Sequence
 
 from ..errors import DataError
@@ -23,6 +24,7 @@ __all__ = [
     "DurationFilter",
     "DurationFilterIterDataPipe",
     "FEATURE_KINDS",
+    "FrontEnd",
     "eval_pipeline",
     "manifest_samples",
     "pipeline_report",
@@ -62,6 +64,71 @@ def manifest_samples(manifests: ManifestsArg, *, corpus: str | None = None,
     return pipes[0] if len(pipes) == 1 else pipes[0].concat(*pipes[1:])
 
 
+@dataclass(frozen=True)
+class FrontEnd:
+    """What the pipelines do to each loaded utterance before batching: speed perturbation,
+    features, tokenization (the ``front_end=`` of :func:`train_pipeline` and
+    :func:`eval_pipeline`, which also take these fields as keyword arguments).
+
+    Args:
+        features: ``"fbank"`` (80 bins), ``"mfcc"``, ``"mel"`` (80 mels) or ``None`` (batches
+            hold ``audio``).
+        feature_options: options of ``compute_features`` (``num_mel_bins``, ``n_fft``...).
+        speed_perturb: factors to draw from per utterance (e.g. ``(0.9, 1.0, 1.1)``);
+            training only.
+        tokenizer: a speechpipe tokenizer (``load_tokenizer``), or ``None``: no ``tokens``.
+        text_field: the field tokenized (``normalized_text`` for LJSpeech).
+        normalizer: a ``TextNormalizer`` applied before tokenizing.
+
+    >>> FrontEnd(features="mel").feature_kwargs()
+    {'n_mels': 80}
+    >>> FrontEnd(features="fbank", feature_options={"num_mel_bins": 40}).feature_kwargs()
+    {'num_mel_bins': 40}
+    """
+
+    features: str | None = "fbank"
+    feature_options: Mapping[str, Any] | None = None
+    speed_perturb: Sequence[float] | None = None
+    tokenizer: Any = None
+    text_field: str = TEXT
+    normalizer: Callable[[str], str] | None = None
+
+    def __post_init__(self) -> None:
+        if self.features is not None and self.features not in FEATURE_KINDS:
+            raise ValueError(f"features must be one of {FEATURE_KINDS} or None, got "
+                             f"{self.features!r}")
+
+    def feature_kwargs(self) -> dict[str, Any]:
+        """The options given to ``compute_features``: ``feature_options``, with 80 mel bins
+        for ``fbank`` and ``mel`` unless they set a number of bins."""
+        options = dict(self.feature_options or {})
+        if self.features in ("fbank", "mel") and not any(k in options for k in ("num_mel_bins",
+                                                                                   "n_mels")):
+            options["num_mel_bins" if self.features == "fbank" else "n_mels"] = 80
+        return options
+
+
+#: The keyword arguments of :func:`train_pipeline` that build its :class:`FrontEnd`.
+_FRONT_END_FIELDS = tuple(f.name for f in fields(FrontEnd))
+#: Those of :func:`eval_pipeline` (which perturbs nothing).
+_EVAL_FRONT_END_FIELDS = tuple(f for f in _FRONT_END_FIELDS if f != "speed_perturb")
+
+
+def _check_front_end(front_end: FrontEnd | None, options: Mapping[str, Any], caller: str,
+                     allowed: Sequence[str]) -> None:
+    """Check that a builder got ``front_end`` or some of its fields as keywords, not both."""
+    for name in options:
+        if name not in allowed:
+            raise TypeError(f"{caller}() got an unexpected keyword argument {name!r}")
+    if front_end is None:
+        return
+    if options:
+        raise TypeError(f"{caller}: give front_end or {', '.join(options)}, not both "
+                        "(they are fields of the FrontEnd)")
+    if not isinstance(front_end, FrontEnd):
+        raise TypeError(f"front_end must be a FrontEnd, got {front_end!r}")
+    if "speed_perturb" not in allowed and front_end.speed_perturb is not None:
+        raise ValueError(f"{caller} perturbs nothing: give a front_end without speed_perturb")
 
 
 def _load_feats(sample: Mapping[str, Any]) -> Sample:
@@ -88,26 +155,23 @@ def _loaded(pipe: IterDataPipe, input: str) -> IterDataPipe:
     return pipe.map(_load_feats)
 
 
-def _transformed(pipe: IterDataPipe, *, input: str, speed_perturb, features, feature_options,
-                 tokenizer, text_field, normalizer, seed: int) -> IterDataPipe:
-    if speed_perturb is not None:
+def _transformed(pipe: IterDataPipe, front_end: FrontEnd, *, input: str,
+                 seed: int) -> IterDataPipe:
+    if front_end.speed_perturb is not None:
         if input != "audio":
             raise ValueError("speed_perturb needs audio; these manifests give features")
-        pipe = pipe.perturb_speed(factors=tuple(speed_perturb), seed=seed)  # audio, duration
-    if features is not None:
-        if features not in FEATURE_KINDS:
-            raise ValueError(f"features must be one of {FEATURE_KINDS} or None, got {features!r}")
+        # audio resampled, duration updated
+        pipe = pipe.perturb_speed(factors=tuple(front_end.speed_perturb), seed=seed)
+    if front_end.features is not None:
         if input != "audio":
             raise ValueError("features are computed from audio; these manifests give "
                              "features already: pass features=None")
-        options = dict(feature_options or {})
-        if features in ("fbank", "mel") and not any(k in options for k in ("num_mel_bins",
-                                                                              "n_mels")):
-            options["num_mel_bins" if features == "fbank" else "n_mels"] = 80
         # -> + feats (frames, dim) float32, audio dropped
-        pipe = pipe.compute_features(features, keep_audio=False, seed=seed, **options)
-    if tokenizer is not None:
-        pipe = pipe.tokenize(tokenizer, field=text_field, normalizer=normalizer)  # + tokens
+        pipe = pipe.compute_features(front_end.features, keep_audio=False, seed=seed,
+                                     **front_end.feature_kwargs())
+    if front_end.tokenizer is not None:
+        pipe = pipe.tokenize(front_end.tokenizer, field=front_end.text_field,
+                             normalizer=front_end.normalizer)  # + tokens
     return pipe
 
 
@@ -128,12 +192,7 @@ def train_pipeline(
     manifests: ManifestsArg,
     *,
     budget_seconds: float = 200.0,
-    tokenizer: Any = None,
-    text_field: str = TEXT,
-    normalizer: Callable[[str], str] | None = None,
-    speed_perturb: Sequence[float] | None = None,
-    features: str | None = "fbank",
-    feature_options: Mapping[str, Any] | None = None,
+    front_end: FrontEnd | None = None,
     min_duration: float | None = None,
     max_duration: float | None = None,
     seed: int = 0,
@@ -141,6 +200,7 @@ def train_pipeline(
     bucket_buffer: int = 2_000,
     input: str = "audio",
     shard: bool = True,
+    **front_end_options: Any,
 ) -> IterDataPipe[dict]:
     """A training pipeline over manifests: yields padded batch dicts within a budget.
 
@@ -168,13 +228,8 @@ def train_pipeline(
     Args:
         manifests: see :func:`resolve_manifests` (paths, sample lists, prepare's dict).
         budget_seconds: padded seconds per batch (batch size × longest duration).
-        tokenizer: a speechpipe tokenizer (``load_tokenizer``), or ``None``: no ``tokens``.
-        text_field: the field tokenized (``normalized_text`` for LJSpeech).
-        normalizer: a ``TextNormalizer`` applied before tokenizing.
-        speed_perturb: factors to draw from per utterance (e.g. ``(0.9, 1.0, 1.1)``).
-        features: ``"fbank"`` (80 bins), ``"mfcc"``, ``"mel"`` (80 mels) or ``None`` (batches
-            hold ``audio``).
-        feature_options: options of ``compute_features`` (``num_mel_bins``, ``n_fft``...).
+        front_end: speed perturbation, features and tokenization (:class:`FrontEnd`; default
+            ``FrontEnd()``: 80-bin fbank, no perturbation, no tokens).
         min_duration, max_duration: duration range kept, seconds (``None``: no bound).
         seed: seed of the shuffle, speed perturbation, buckets and batch order.
         shuffle_buffer: samples in torch's shuffle buffer.
@@ -182,7 +237,11 @@ def train_pipeline(
         input: ``"audio"`` (manifests with ``audio_path``) or ``"feats"`` (``feats_path``).
         shard: insert ``sharding_filter`` so that DataLoader workers and ranks read disjoint
             shares.
+        **front_end_options: instead of ``front_end``, its fields as keywords: ``features``,
+            ``feature_options``, ``speed_perturb``, ``tokenizer``, ``text_field``,
+            ``normalizer`` (giving both is a ``TypeError``).
     """
+    _check_front_end(front_end, front_end_options, "train_pipeline", _FRONT_END_FIELDS)
     budget = _check_budget(budget_seconds, "budget_seconds")
     _check_input(input)
     constraint = PaddedArea(budget=budget, length=sample_duration)
@@ -192,9 +251,8 @@ def train_pipeline(
     if shard:
         pipe = pipe.sharding_filter()
     pipe = _loaded(pipe, input)
-    pipe = _transformed(pipe, input=input, speed_perturb=speed_perturb, features=features,
-                        feature_options=feature_options, tokenizer=tokenizer,
-                        text_field=text_field, normalizer=normalizer, seed=seed)
+    pipe = _transformed(pipe, front_end or FrontEnd(**front_end_options), input=input,
+                        seed=seed)
     pipe = pipe.bucket_by_length(bucket_buffer, constraint=constraint, seed=seed)
     pipe = pipe.block_batch(constraint=constraint, seed=seed)
     return pipe.collate(collate_fn=PadCollate())
@@ -205,14 +263,11 @@ def eval_pipeline(
     *,
     batch_size: int | None = None,
     budget_seconds: float | None = None,
-    tokenizer: Any = None,
-    text_field: str = TEXT,
-    normalizer: Callable[[str], str] | None = None,
-    features: str | None = "fbank",
-    feature_options: Mapping[str, Any] | None = None,
+    front_end: FrontEnd | None = None,
     min_duration: float | None = None,
     max_duration: float | None = None,
     input: str = "audio",
+    **front_end_options: Any,
 ) -> IterDataPipe[dict]:
     """A validation / test pipeline: every utterance once, in manifest order, padded batches.
 
@@ -226,10 +281,12 @@ def eval_pipeline(
         manifests: see :func:`resolve_manifests`.
         batch_size: utterances per batch.
         budget_seconds: padded seconds per batch, instead of ``batch_size``.
-        tokenizer, text_field, normalizer, features, feature_options, input: as in
-            :func:`train_pipeline`.
+        front_end, input: as in :func:`train_pipeline` (without ``speed_perturb``).
         min_duration, max_duration: duration range kept (``None``: keep all).
+        **front_end_options: instead of ``front_end``, its fields as keywords: ``features``,
+            ``feature_options``, ``tokenizer``, ``text_field``, ``normalizer``.
     """
+    _check_front_end(front_end, front_end_options, "eval_pipeline", _EVAL_FRONT_END_FIELDS)
     if batch_size is not None and budget_seconds is not None:
         raise ValueError("give batch_size or budget_seconds, not both")
     if batch_size is None and budget_seconds is None:
@@ -242,9 +299,7 @@ def eval_pipeline(
     if min_duration is not None or max_duration is not None:
         pipe = pipe.filter_by_duration(min_duration, max_duration)
     pipe = _loaded(pipe, input)
-    pipe = _transformed(pipe, input=input, speed_perturb=None, features=features,
-                        feature_options=feature_options, tokenizer=tokenizer,
-                        text_field=text_field, normalizer=normalizer, seed=0)
+    pipe = _transformed(pipe, front_end or FrontEnd(**front_end_options), input=input, seed=0)
     if batch_size is not None:
         pipe = pipe.batch(batch_size)
     else:
@@ -279,14 +334,22 @@ def semi_supervised_pipeline(
         tokenizer: tokenizer of the supervised text.
         until: ``"sup"``, ``"unsup"``, ``"shortest"`` or ``"longest"`` (see ``zip_by_name``).
         seed: seed of the supervised pipeline; the unsupervised one uses ``seed + 1``.
-        **options: other :func:`train_pipeline` options, given to both.
+        **options: other :func:`train_pipeline` options, given to both (with ``front_end``,
+            the unsupervised pipeline gets it without its tokenizer).
     """
-    sup = train_pipeline(sup_manifests, budget_seconds=budget_seconds, tokenizer=tokenizer,
-                         seed=seed, **options)
+    sup_options, unsup_options = dict(options), dict(options)
+    if options.get("front_end") is None:
+        sup_options["tokenizer"], unsup_options["tokenizer"] = tokenizer, None
+    elif tokenizer is not None:
+        raise TypeError("semi_supervised_pipeline: give front_end or tokenizer, not both "
+                        "(it is a field of the FrontEnd)")
+    else:
+        unsup_options["front_end"] = replace(options["front_end"], tokenizer=None)
+    sup = train_pipeline(sup_manifests, budget_seconds=budget_seconds, seed=seed, **sup_options)
     unsup = train_pipeline(
         unsup_manifests,
         budget_seconds=budget_seconds if unsup_budget_seconds is None else unsup_budget_seconds,
-        tokenizer=None, seed=seed + 1, **options,
+        seed=seed + 1, **unsup_options,
     )
     return sup.zip_by_name(unsup, names=("sup", "unsup"), until=until)
 
