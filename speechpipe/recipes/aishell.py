@@ -257,21 +257,11 @@ def prepare_aishell(
     """
     _check_prepare_args(on_mismatch, num_jobs)
     data = _data_dir(corpus_dir)
-    wav = data / "wav"
-    if not any((wav / p).is_dir() for p in PARTS) and any(wav.glob("*.tar.gz")):
-        raise MissingDataError(
-            "the per-speaker archives in wav/ are not extracted: run download_aishell (or "
-            "'cd data_aishell/wav && for f in *.tar.gz; do tar xzf $f; done')", source=str(wav))
+    wav = _extracted_wav_dir(data)
     names = resolve_parts(parts, PARTS, lambda p: (wav / p).is_dir(), corpus=CORPUS,
                           corpus_dir=data, where=lambda p: str(wav / p))
     transcript = data / "transcript" / "aishell_transcript_v0.8.txt"
-    cache: dict[str, tuple[str, str]] = {}
-
-    def transcripts() -> dict[str, tuple[str, str]]:
-        if not cache:
-            cache.update(_read_transcript(transcript))
-        return cache
-
+    transcripts = _transcripts_on_demand(transcript)
     if not transcript.is_file():
         raise MissingDataError("the AISHELL-1 transcript file is missing",
                                source=str(transcript))
@@ -281,6 +271,29 @@ def prepare_aishell(
                                    on_mismatch=on_mismatch, progress=progress),
         force=force,
     )
+
+
+def _extracted_wav_dir(data: Path) -> Path:
+    """``data/wav``, unless it holds the per-speaker archives still packed (no split folder)."""
+    wav = data / "wav"
+    if not any((wav / p).is_dir() for p in PARTS) and any(wav.glob("*.tar.gz")):
+        raise MissingDataError(
+            "the per-speaker archives in wav/ are not extracted: run download_aishell (or "
+            "'cd data_aishell/wav && for f in *.tar.gz; do tar xzf $f; done')", source=str(wav))
+    return wav
+
+
+def _transcripts_on_demand(path: Path) -> Callable[[], dict[str, tuple[str, str]]]:
+    """A function returning :func:`_read_transcript` of ``path``, read at the first call (so
+    that reusing every split's manifest reads nothing)."""
+    cache: dict[str, tuple[str, str]] = {}
+
+    def transcripts() -> dict[str, tuple[str, str]]:
+        if not cache:
+            cache.update(_read_transcript(path))
+        return cache
+
+    return transcripts
 
 
 def _read_transcript(path: Path) -> dict[str, tuple[str, str]]:
