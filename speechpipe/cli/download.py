@@ -53,7 +53,6 @@ def _run_download(args: argparse.Namespace) -> int:
     return 0
 
 
-
 def add_command(subparsers: Any) -> argparse.ArgumentParser:
     """Add ``download`` to the ``speechpipe`` command's subparsers; return its parser.
 

@@ -13,6 +13,8 @@ __all__ = ["add_command"]
 
 
 def _recipe_function(corpus: str, verb: str) -> Callable[..., Any]:
+    """The ``<verb>_<corpus>`` function of a recipe; a ValueError (with the recipe's
+    ``NO_<VERB>`` reason) if it has none."""
     module = get_recipe(corpus)
     fn = getattr(module, f"{verb}_{corpus}", None)
     if fn is None:
@@ -40,7 +42,6 @@ def _run_prepare(args: argparse.Namespace) -> int:
     for part, path in result.items():
         print(f"{args.corpus} {part}: {path}")
     return 0
-
 
 
 def add_command(subparsers: Any) -> argparse.ArgumentParser:
