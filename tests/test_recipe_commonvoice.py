@@ -20,7 +20,7 @@ from test_recipes_common import range_server
 from speechpipe.diagnostics import SkippedInputWarning
 from speechpipe.errors import DataError, MissingDataError
 from speechpipe.pipes.manifests import read_manifest
-from speechpipe.recipes._common import get_recipe, manifest_path, pipeline_report
+from speechpipe.recipes import get_recipe, manifest_path, pipeline_report
 from speechpipe.recipes.commonvoice import (
     CLIP_DURATIONS,
     commonvoice_test,

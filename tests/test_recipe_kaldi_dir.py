@@ -17,10 +17,11 @@ import numpy as np
 import pytest
 import soundfile
 
+from speechpipe.cli.prepare import add_command as add_prepare_command
 from speechpipe.diagnostics import SkippedInputWarning
 from speechpipe.errors import DataError, MissingDataError
 from speechpipe.pipes.manifests import read_manifest
-from speechpipe.recipes._common import add_prepare_command, manifest_path
+from speechpipe.recipes import manifest_path
 from speechpipe.recipes.kaldi_dir import (
     kaldi_dir_eval,
     kaldi_dir_samples,

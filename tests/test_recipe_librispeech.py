@@ -19,7 +19,7 @@ from speechpipe.diagnostics import SkippedInputWarning
 from speechpipe.errors import DataError, MissingDataError
 from speechpipe.pipes.manifests import read_manifest
 from speechpipe.pipes.tokenizers import CharTokenizer
-from speechpipe.recipes._common import manifest_path, pipeline_report
+from speechpipe.recipes import manifest_path, pipeline_report
 from speechpipe.recipes.librispeech import (
     ARCHIVES,
     PARTS,

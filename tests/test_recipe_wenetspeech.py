@@ -31,7 +31,7 @@ from speechpipe.errors import DataError, MissingDataError
 from speechpipe.pipes.manifests import read_manifest
 from speechpipe.pipes.tokenizers import CharTokenizer
 from speechpipe.recipes import wenetspeech as ws
-from speechpipe.recipes._common import get_recipe, manifest_path, pipeline_report
+from speechpipe.recipes import get_recipe, manifest_path, pipeline_report
 from speechpipe.recipes.wenetspeech import (
     PARTS,
     TEXT_NORMALIZER,

@@ -1,5 +1,6 @@
-"""speechpipe.recipes._common: download (resume, checksum, sentinel, safe extraction),
-prepare helpers, the shared pipelines and the prepare / download commands.
+"""speechpipe.recipes (_download, _prepare, _pipelines): download (resume, checksum, sentinel,
+safe extraction), prepare helpers, the shared pipelines; speechpipe.cli: the prepare / download
+commands.
 
 Downloads run against real HTTP servers on 127.0.0.1: speechpipe.testing.serve_directory
 (whose ``/__truncate__/`` path sends half a file and hangs up, and which ignores Range like
@@ -26,15 +27,16 @@ import pytest
 import soundfile
 
 import speechpipe
+from speechpipe.cli.download import add_command as add_download_command
+from speechpipe.cli.prepare import add_command as add_prepare_command
 from speechpipe.diagnostics import SkippedInputWarning
 from speechpipe.errors import DataError, MissingDataError
 from speechpipe.pipes.manifests import read_manifest, write_manifest
 from speechpipe.pipes.tokenizers import CharTokenizer
-from speechpipe.recipes import _common
-from speechpipe.recipes._common import (
+from speechpipe.recipes import _download, _pipelines, _prepare
+from speechpipe.recipes import (
     RECIPES,
-    add_download_command,
-    add_prepare_command,
+    FrontEnd,
     check_pairs,
     download_and_extract,
     eval_pipeline,
@@ -392,11 +394,11 @@ def test_manifest_samples_reads_files_and_memory_in_order(tmp_path):
 
 def test_measure_audio_in_parallel_equals_serial(tmp_path):
     flacs = sorted(str(p) for p in LIBRISPEECH.rglob("*.flac"))
-    serial = _common.measure_audio(flacs, progress=False)
-    assert _common.measure_audio(flacs, num_jobs=3, progress=False) == serial
+    serial = _prepare.measure_audio(flacs, progress=False)
+    assert _prepare.measure_audio(flacs, num_jobs=3, progress=False) == serial
     assert serial[0] == (soundfile.info(flacs[0]).frames, 16000)
     with pytest.raises(MissingDataError, match="nope.flac: audio file not found"):
-        _common.measure_audio([str(tmp_path / "nope.flac")], progress=False)
+        _prepare.measure_audio([str(tmp_path / "nope.flac")], progress=False)
 
 
 # --------------------------------------------------------------------------- pipelines
@@ -492,6 +494,49 @@ def test_semi_supervised_pipeline_yields_sup_and_unsup_batches():
     assert pipe.stats.restarts["unsup"] == len(steps) - 1
 
 
+def test_a_front_end_object_builds_the_same_pipeline_as_its_keywords():
+    samples = _fixture_samples("dev-clean")
+    tok = CharTokenizer.build([s["text"] for s in samples])
+    front = FrontEnd(features="mfcc", feature_options={"num_ceps": 13}, tokenizer=tok)
+    by_object = list(train_pipeline([samples], budget_seconds=4.0, front_end=front, seed=2))
+    by_keywords = list(train_pipeline([samples], budget_seconds=4.0, features="mfcc",
+                                      feature_options={"num_ceps": 13}, tokenizer=tok, seed=2))
+    assert [b["key"] for b in by_object] == [b["key"] for b in by_keywords]
+    for a, b in zip(by_object, by_keywords):
+        assert a["feats"].shape[2] == 13 and bool((a["feats"] == b["feats"]).all())
+        assert bool((a["tokens"] == b["tokens"]).all())
+    evaluated = list(eval_pipeline([samples], batch_size=3, front_end=FrontEnd(features=None)))
+    assert [k for b in evaluated for k in b["key"]] == [s["key"] for s in samples]
+    assert FrontEnd(features="mel").feature_kwargs() == {"n_mels": 80}
+
+
+def test_front_end_and_its_keywords_together_are_a_type_error():
+    with pytest.raises(TypeError, match="give front_end or features, tokenizer, not both"):
+        train_pipeline([[{"key": "u"}]], front_end=FrontEnd(), features=None, tokenizer=None)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'speed_perturb'"):
+        eval_pipeline([[{"key": "u"}]], speed_perturb=(0.9, 1.1))
+    with pytest.raises(ValueError, match="eval_pipeline perturbs nothing"):
+        eval_pipeline([[{"key": "u"}]], front_end=FrontEnd(speed_perturb=(0.9, 1.1)))
+    with pytest.raises(TypeError, match="unexpected keyword argument 'featurs'"):
+        train_pipeline([[{"key": "u"}]], featurs="fbank")
+    with pytest.raises(TypeError, match="front_end must be a FrontEnd"):
+        train_pipeline([[{"key": "u"}]], front_end={"features": "fbank"})
+    with pytest.raises(ValueError, match="features must be one of"):
+        FrontEnd(features="spectrogram")
+    with pytest.raises(TypeError, match="give front_end or tokenizer, not both"):
+        semi_supervised_pipeline([[{"key": "u"}]], [[{"key": "v"}]], front_end=FrontEnd(),
+                                 tokenizer=object())
+
+
+def test_semi_supervised_pipeline_tokenizes_only_sup_with_a_front_end():
+    sup, unsup = _fixture_samples("dev-clean"), _fixture_samples("test-clean")
+    tok = CharTokenizer.build([s["text"] for s in sup + unsup])
+    pipe = semi_supervised_pipeline([sup], [unsup], budget_seconds=2.5,
+                                    front_end=FrontEnd(features=None, tokenizer=tok))
+    step = next(iter(pipe))
+    assert "tokens" in step["sup"] and "tokens" not in step["unsup"]
+
+
 # --------------------------------------------------------------------------- registry, CLI
 
 
@@ -559,9 +604,9 @@ def test_recipe_modules_keep_sorted_complete_all_and_the_pipe_naming_rule():
     from speechpipe import stats
     from speechpipe.pipes._base import IterDataPipe
 
-    for module in [_common, stats] + [get_recipe(name) for name in RECIPES]:
+    for module in [speechpipe.recipes, _download, _prepare, _pipelines, stats] + [get_recipe(name) for name in RECIPES]:
         assert list(module.__all__) == sorted(module.__all__), module.__name__
         assert all(hasattr(module, name) for name in module.__all__), module.__name__
     fn = IterDataPipe.functions["filter_by_duration"]
-    assert fn.args[0] is _common.DurationFilterIterDataPipe
+    assert fn.args[0] is _pipelines.DurationFilterIterDataPipe
     assert re.fullmatch(r"[A-Z]\w*erIterDataPipe", fn.args[0].__name__)

@@ -1,5 +1,89 @@
-"""``speechpipe prepare`` (its code moves here from ``recipes._common``)."""
+"""``speechpipe prepare``: write the manifests of a corpus (forwards to ``prepare_<corpus>``)."""
 
-from ..recipes._common import add_prepare_command as add_command  # noqa: F401
+from __future__ import annotations
+
+import argparse
+import inspect
+import sys
+from typing import Any, Callable
+
+from ..recipes import ON_MISMATCH, RECIPES, get_recipe
 
 __all__ = ["add_command"]
+
+
+def _recipe_function(corpus: str, verb: str) -> Callable[..., Any]:
+    """The ``<verb>_<corpus>`` function of a recipe; a ValueError (with the recipe's
+    ``NO_<VERB>`` reason) if it has none."""
+    module = get_recipe(corpus)
+    fn = getattr(module, f"{verb}_{corpus}", None)
+    if fn is None:
+        why = getattr(module, f"NO_{verb.upper()}", "")
+        raise ValueError(f"the {corpus} recipe has no {verb}{': ' + why if why else ''}")
+    return fn
+
+
+def _run_prepare(args: argparse.Namespace) -> int:
+    prepare = _recipe_function(args.corpus, "prepare")
+    kwargs: dict[str, Any] = dict(parts=args.parts or "auto", num_jobs=args.jobs,
+                                  on_mismatch=args.on_mismatch, force=args.force,
+                                  progress=not args.no_progress)
+    if args.root is not None:
+        if "root" not in inspect.signature(prepare).parameters:
+            print(f"speechpipe prepare: error: --root is not an option of {args.corpus}",
+                  file=sys.stderr)
+            return 2
+        kwargs["root"] = args.root
+    try:
+        result = prepare(args.corpus_dir, args.out_dir, **kwargs)
+    except (ValueError, OSError) as exc:  # DataError, MissingDataError included
+        print(f"speechpipe prepare: error: {exc}", file=sys.stderr)
+        return 2
+    for part, path in result.items():
+        print(f"{args.corpus} {part}: {path}")
+    return 0
+
+
+def add_command(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``prepare`` to the ``speechpipe`` command's subparsers; return its parser.
+
+    ``speechpipe prepare <corpus> <corpus_dir> <out_dir> [--parts P ...] [--jobs N]
+    [--on-mismatch error|skip] [--force] [--root DIR]`` forwards to ``prepare_<corpus>`` and
+    prints one line per part with its manifest. ``args.func(args)`` returns the exit status.
+
+    >>> parser = argparse.ArgumentParser(prog="speechpipe")
+    >>> _ = add_command(parser.add_subparsers(dest="command"))
+    >>> args = parser.parse_args(["prepare", "librispeech", "LibriSpeech", "manifests",
+    ...                           "--parts", "dev-clean", "test-clean", "--jobs", "4"])
+    >>> args.parts, args.jobs, args.on_mismatch, args.func.__name__
+    (['dev-clean', 'test-clean'], 4, 'error', '_run_prepare')
+    """
+    parser = subparsers.add_parser(
+        "prepare",
+        help="write the manifests of a corpus (one .jsonl.gz per part)",
+        description="Validate a corpus in its official layout and write one manifest per "
+        "part, <out_dir>/{corpus}_samples_{part}.jsonl.gz: one JSON line per utterance with "
+        "key, audio_path, duration, text, speaker. Parts whose manifest exists are skipped "
+        "(--force redoes them). Audio without transcript, or the reverse, stops the run "
+        "unless --on-mismatch skip (then they are counted and reported).",
+        epilog="example: speechpipe prepare librispeech data/LibriSpeech data/manifests "
+        "--parts dev-clean test-clean --jobs 4",
+    )
+    parser.add_argument("corpus", choices=sorted(RECIPES), help="corpus recipe")
+    parser.add_argument("corpus_dir", help="the corpus folder (e.g. data/LibriSpeech)")
+    parser.add_argument("out_dir", help="folder to write the manifests to")
+    parser.add_argument("--parts", nargs="+", metavar="PART",
+                        help="parts to prepare (default: every part found)")
+    parser.add_argument("--jobs", type=int, default=1, metavar="N",
+                        help="threads reading audio headers (default 1)")
+    parser.add_argument("--on-mismatch", choices=ON_MISMATCH, default="error",
+                        help="audio without transcript or the reverse: error (default) or "
+                        "skip them, counted")
+    parser.add_argument("--force", action="store_true", help="redo parts already prepared")
+    parser.add_argument("--root", default=None, metavar="DIR",
+                        help="kaldi_dir: folder that relative paths in the tables start from "
+                        "(default: the current folder, as in Kaldi)")
+    parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    parser.set_defaults(func=_run_prepare)
+    return parser
+

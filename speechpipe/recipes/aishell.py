@@ -44,19 +44,16 @@ from ..pipes._base import IterDataPipe
 from ..pipes.kaldi_tables import parse_scp_lines
 from ..pipes.text_normalization import TextNormalizer
 from ..sample import DURATION, KEY, SPEAKER, TEXT
-from ._common import (
+from ._download import Archive, download_and_extract, safe_extract
+from ._pipelines import eval_pipeline, train_pipeline
+from ._prepare import (
     AUDIO_PATH,
-    Archive,
     _check_prepare_args,
     check_pairs,
-    download_and_extract,
-    eval_pipeline,
     measure_audio,
     prepare_parts,
     resolve_manifests,
     resolve_parts,
-    safe_extract,
-    train_pipeline,
 )
 
 __all__ = [
@@ -140,7 +137,7 @@ def download_aishell(
         ValueError: an unknown part (the splits ``train``/``dev``/``test`` are all in
             ``"data"``).
         DataError / MissingDataError: as
-            :func:`~speechpipe.recipes._common.download_and_extract`, and a speaker archive
+            :func:`~speechpipe.recipes.download_and_extract`, and a speaker archive
             that cannot be extracted safely (naming it).
     """
     names = list(ARCHIVES) if parts == "all" else (
@@ -260,21 +257,11 @@ def prepare_aishell(
     """
     _check_prepare_args(on_mismatch, num_jobs)
     data = _data_dir(corpus_dir)
-    wav = data / "wav"
-    if not any((wav / p).is_dir() for p in PARTS) and any(wav.glob("*.tar.gz")):
-        raise MissingDataError(
-            "the per-speaker archives in wav/ are not extracted: run download_aishell (or "
-            "'cd data_aishell/wav && for f in *.tar.gz; do tar xzf $f; done')", source=str(wav))
+    wav = _extracted_wav_dir(data)
     names = resolve_parts(parts, PARTS, lambda p: (wav / p).is_dir(), corpus=CORPUS,
                           corpus_dir=data, where=lambda p: str(wav / p))
     transcript = data / "transcript" / "aishell_transcript_v0.8.txt"
-    cache: dict[str, tuple[str, str]] = {}
-
-    def transcripts() -> dict[str, tuple[str, str]]:
-        if not cache:
-            cache.update(_read_transcript(transcript))
-        return cache
-
+    transcripts = _transcripts_on_demand(transcript)
     if not transcript.is_file():
         raise MissingDataError("the AISHELL-1 transcript file is missing",
                                source=str(transcript))
@@ -284,6 +271,29 @@ def prepare_aishell(
                                    on_mismatch=on_mismatch, progress=progress),
         force=force,
     )
+
+
+def _extracted_wav_dir(data: Path) -> Path:
+    """``data/wav``, unless it holds the per-speaker archives still packed (no split folder)."""
+    wav = data / "wav"
+    if not any((wav / p).is_dir() for p in PARTS) and any(wav.glob("*.tar.gz")):
+        raise MissingDataError(
+            "the per-speaker archives in wav/ are not extracted: run download_aishell (or "
+            "'cd data_aishell/wav && for f in *.tar.gz; do tar xzf $f; done')", source=str(wav))
+    return wav
+
+
+def _transcripts_on_demand(path: Path) -> Callable[[], dict[str, tuple[str, str]]]:
+    """A function returning :func:`_read_transcript` of ``path``, read at the first call (so
+    that reusing every split's manifest reads nothing)."""
+    cache: dict[str, tuple[str, str]] = {}
+
+    def transcripts() -> dict[str, tuple[str, str]]:
+        if not cache:
+            cache.update(_read_transcript(path))
+        return cache
+
+    return transcripts
 
 
 def _read_transcript(path: Path) -> dict[str, tuple[str, str]]:
@@ -340,11 +350,11 @@ def aishell_train(manifests: Any, parts: Iterable[str] = ("train",), *,
 
     Args:
         manifests: the manifest folder, prepare's dict, or manifest paths (then ``parts`` is
-            ignored); see :func:`~speechpipe.recipes._common.resolve_manifests`.
+            ignored); see :func:`~speechpipe.recipes.resolve_manifests`.
         parts: the splits to train on.
         min_duration, max_duration: duration range kept, seconds.
         normalizer: applied to ``text`` before tokenizing (``None``: as stored, with spaces).
-        **options: :func:`~speechpipe.recipes._common.train_pipeline` options
+        **options: :func:`~speechpipe.recipes.train_pipeline` options
             (``tokenizer``, ``speed_perturb=(0.9, 1.0, 1.1)``, ``budget_seconds``, ``seed``...).
     """
     return train_pipeline(resolve_manifests(manifests, corpus=CORPUS, parts=list(parts)),
@@ -356,7 +366,7 @@ def aishell_valid(manifests: Any, parts: Iterable[str] = ("dev",), *,
                   normalizer: Callable[[str], str] | None = TEXT_NORMALIZER,
                   **options: Any) -> IterDataPipe[dict]:
     """Validation batches (``dev``), every utterance, fixed order, text normalized as in
-    :func:`aishell_train`; ``options`` are :func:`~speechpipe.recipes._common.eval_pipeline`'s.
+    :func:`aishell_train`; ``options`` are :func:`~speechpipe.recipes.eval_pipeline`'s.
     """
     return eval_pipeline(resolve_manifests(manifests, corpus=CORPUS, parts=list(parts)),
                          normalizer=normalizer, **options)
@@ -366,7 +376,7 @@ def aishell_test(manifests: Any, part: str = "test", *,
                  normalizer: Callable[[str], str] | None = TEXT_NORMALIZER,
                  **options: Any) -> IterDataPipe[dict]:
     """Test batches (``test``), every utterance, fixed order, text normalized as in
-    :func:`aishell_train`; ``options`` are :func:`~speechpipe.recipes._common.eval_pipeline`'s.
+    :func:`aishell_train`; ``options`` are :func:`~speechpipe.recipes.eval_pipeline`'s.
     """
     return eval_pipeline(resolve_manifests(manifests, corpus=CORPUS, parts=[part]),
                          normalizer=normalizer, **options)

@@ -39,17 +39,16 @@ from ..errors import DataError, MissingDataError
 from ..pipes._base import IterDataPipe
 from ..pipes.sources import iter_text_lines
 from ..sample import DURATION, KEY, SPEAKER, TEXT
-from ._common import (
+from ._download import download_and_extract
+from ._pipelines import eval_pipeline, train_pipeline
+from ._prepare import (
     AUDIO_PATH,
     _check_prepare_args,
     check_pairs,
-    download_and_extract,
-    eval_pipeline,
     measure_audio,
     prepare_parts,
     resolve_manifests,
     resolve_parts,
-    train_pipeline,
 )
 
 __all__ = [
@@ -110,7 +109,7 @@ def download_commonvoice(
 
     Raises:
         ValueError: no ``url``, an archive name that is not a Common Voice release, or parts.
-        MissingDataError / DataError: as :func:`~speechpipe.recipes._common.download_and_extract`,
+        MissingDataError / DataError: as :func:`~speechpipe.recipes.download_and_extract`,
             and an archive that did not create ``<release>/<lang>/clips``.
     """
     if url is None:
@@ -377,12 +376,12 @@ def commonvoice_train(manifests: Any, parts: Iterable[str] = ("train",), *,
 
     Args:
         manifests: the manifest folder, prepare's dict, or manifest paths (then ``parts`` is
-            ignored); see :func:`~speechpipe.recipes._common.resolve_manifests`.
+            ignored); see :func:`~speechpipe.recipes.resolve_manifests`.
         parts: the parts to train on.
         language: the language folder's name (``en``...), to pick its manifests from a folder
             holding several languages' (``None``: the folder's only language).
         min_duration, max_duration: duration range kept, seconds.
-        **options: :func:`~speechpipe.recipes._common.train_pipeline` options.
+        **options: :func:`~speechpipe.recipes.train_pipeline` options.
     """
     return train_pipeline(_manifests(manifests, list(parts), language),
                           min_duration=min_duration, max_duration=max_duration, **options)
@@ -392,7 +391,7 @@ def commonvoice_valid(manifests: Any, parts: Iterable[str] = ("dev",), *,
                       language: str | None = None, **options: Any) -> IterDataPipe[dict]:
     """Validation batches (``dev``), every clip, fixed order; ``language`` as in
     :func:`commonvoice_train`, ``options`` are
-    :func:`~speechpipe.recipes._common.eval_pipeline`'s."""
+    :func:`~speechpipe.recipes.eval_pipeline`'s."""
     return eval_pipeline(_manifests(manifests, list(parts), language), **options)
 
 
@@ -400,5 +399,5 @@ def commonvoice_test(manifests: Any, part: str = "test", *, language: str | None
                      **options: Any) -> IterDataPipe[dict]:
     """Test batches (``test``), every clip, fixed order; ``language`` as in
     :func:`commonvoice_train`, ``options`` are
-    :func:`~speechpipe.recipes._common.eval_pipeline`'s."""
+    :func:`~speechpipe.recipes.eval_pipeline`'s."""
     return eval_pipeline(_manifests(manifests, [part], language), **options)

@@ -32,22 +32,21 @@ from typing import Any, Iterable
 
 from ..errors import DataError, MissingDataError
 from ..pipes._base import IterableWrapper, IterDataPipe
-from ..pipes.kaldi import parse_segment
+from ..pipes.kaldi import Segment, parse_segment
 from ..pipes.kaldi_tables import ScpEntry, read_scp_table
 from ..pipes.kaldi_values import read_matrix
 from ..sample import DURATION, KEY, SPEAKER, TEXT
-from ._common import (
+from ._pipelines import eval_pipeline, train_pipeline
+from ._prepare import (
     AUDIO_PATH,
     FEATS_PATH,
     OFFSET,
     _as_names,
     _check_prepare_args,
     check_pairs,
-    eval_pipeline,
     measure_audio,
     prepare_parts,
     resolve_manifests,
-    train_pipeline,
 )
 
 __all__ = [
@@ -235,67 +234,101 @@ def _dir_samples(data_dir: Path, root: str | None, *, num_jobs: int, on_mismatch
         raise MissingDataError("segments needs wav.scp (the recordings it cuts)",
                                source=str(data_dir / "wav.scp"))
     samples: dict[str, dict] = {}
-    origin: dict[str, str] = {}
+    origin: dict[str, str] = {}  # utterance -> the file:line it comes from
     if wav is not None:
-        recordings = sorted(wav)
-        paths = {r: _audio_file(wav[r], root) for r in recordings}
-        measured = dict(zip(recordings, measure_audio(
-            [paths[r] for r in recordings], num_jobs=num_jobs, progress=progress,
-            desc=f"kaldi_dir {data_dir.name}")))
-        if segments is None:
-            for r in recordings:
-                frames, rate = measured[r]
-                samples[r] = {KEY: r, AUDIO_PATH: paths[r], DURATION: frames / rate,
-                              "sample_rate": rate}
-                origin[r] = _where(wav[r])
-        else:
-            for utt, entry in segments.items():
-                seg = parse_segment(entry)
-                if seg.recording not in wav:
-                    raise DataError(f"unknown recording {seg.recording!r}: not in wav.scp",
-                                    source=entry.source, line=entry.line, key=utt)
-                if seg.channel is not None:
-                    raise DataError("segments with a channel field cannot go into a "
-                                    "manifest; use kaldi_dir_samples()", source=entry.source,
-                                    line=entry.line, key=utt)
-                frames, rate = measured[seg.recording]
-                length = frames / rate
-                end = length if seg.end == -1 else seg.end
-                if end > length + MAX_OVERSHOOT:
-                    raise DataError(f"segment ends at {end} s, past the end of recording "
-                                    f"{seg.recording!r} ({length:.3f} s)",
-                                    source=entry.source, line=entry.line, key=utt)
-                end = min(end, length)
-                if end <= seg.start:
-                    raise DataError(f"segment starts at {seg.start} s, at or after the end "
-                                    f"of recording {seg.recording!r} ({length:.3f} s)",
-                                    source=entry.source, line=entry.line, key=utt)
-                samples[utt] = {KEY: utt, AUDIO_PATH: paths[seg.recording], OFFSET: seg.start,
-                                DURATION: round(end - seg.start, 6), "sample_rate": rate,
-                                "recording": seg.recording}
-                origin[utt] = _where(entry)
+        samples, origin = _audio_samples(data_dir, wav, segments, root, num_jobs=num_jobs,
+                                         progress=progress)
     if feats is not None:
-        if samples and set(feats) != set(samples):
-            extra = sorted(set(feats) - set(samples))
-            lacking = sorted(set(samples) - set(feats))
-            raise DataError(
-                f"feats.scp keys differ from the utterances: {len(extra)} not an utterance "
-                f"(e.g. {extra[:3]}), {len(lacking)} utterance(s) without features "
-                f"(e.g. {lacking[:3]})", source=str(data_dir / "feats.scp"))
-        utt2dur = _table(data_dir / "utt2dur")
-        for utt, entry in feats.items():
-            value = _feats_value(entry, root)
-            frames = int(read_matrix(value, source=entry.source, line=entry.line,
-                                     key=utt).shape[0])
-            if utt in samples:
-                samples[utt].update({FEATS_PATH: value, "num_frames": frames})
-                continue
-            duration = frames * FRAME_SHIFT
-            if utt2dur is not None and utt in utt2dur:
-                duration = _seconds(utt2dur[utt])
-            samples[utt] = {KEY: utt, FEATS_PATH: value, "num_frames": frames,
-                            DURATION: duration}
-            origin[utt] = _where(entry)
+        _add_feats_samples(samples, origin, data_dir, feats, root)
+    return _labelled(samples, origin, data_dir, on_mismatch=on_mismatch)
+
+
+def _audio_samples(data_dir: Path, wav: dict[str, ScpEntry],
+                   segments: dict[str, ScpEntry] | None, root: str | None, *, num_jobs: int,
+                   progress: bool) -> tuple[dict[str, dict], dict[str, str]]:
+    """The utterances of ``wav.scp`` (whole recordings, or the ``segments`` cut from them;
+    durations from the audio headers) and the ``file:line`` each comes from."""
+    samples: dict[str, dict] = {}
+    origin: dict[str, str] = {}
+    recordings = sorted(wav)
+    paths = {r: _audio_file(wav[r], root) for r in recordings}
+    measured = dict(zip(recordings, measure_audio(
+        [paths[r] for r in recordings], num_jobs=num_jobs, progress=progress,
+        desc=f"kaldi_dir {data_dir.name}")))
+    if segments is None:
+        for r in recordings:
+            frames, rate = measured[r]
+            samples[r] = {KEY: r, AUDIO_PATH: paths[r], DURATION: frames / rate,
+                          "sample_rate": rate}
+            origin[r] = _where(wav[r])
+        return samples, origin
+    for utt, entry in segments.items():
+        seg = parse_segment(entry)
+        if seg.recording not in wav:
+            raise DataError(f"unknown recording {seg.recording!r}: not in wav.scp",
+                            source=entry.source, line=entry.line, key=utt)
+        if seg.channel is not None:
+            raise DataError("segments with a channel field cannot go into a "
+                            "manifest; use kaldi_dir_samples()", source=entry.source,
+                            line=entry.line, key=utt)
+        frames, rate = measured[seg.recording]
+        end = _segment_end(seg, frames / rate, entry, utt)
+        samples[utt] = {KEY: utt, AUDIO_PATH: paths[seg.recording], OFFSET: seg.start,
+                        DURATION: round(end - seg.start, 6), "sample_rate": rate,
+                        "recording": seg.recording}
+        origin[utt] = _where(entry)
+    return samples, origin
+
+
+def _segment_end(seg: Segment, length: float, entry: ScpEntry, utt: str) -> float:
+    """The end of segment ``seg`` (``-1``: the recording's), within the recording's
+    ``length`` seconds (a few ms past it are clipped)."""
+    end = length if seg.end == -1 else seg.end
+    if end > length + MAX_OVERSHOOT:
+        raise DataError(f"segment ends at {end} s, past the end of recording "
+                        f"{seg.recording!r} ({length:.3f} s)",
+                        source=entry.source, line=entry.line, key=utt)
+    end = min(end, length)
+    if end <= seg.start:
+        raise DataError(f"segment starts at {seg.start} s, at or after the end "
+                        f"of recording {seg.recording!r} ({length:.3f} s)",
+                        source=entry.source, line=entry.line, key=utt)
+    return end
+
+
+def _add_feats_samples(samples: dict[str, dict], origin: dict[str, str], data_dir: Path,
+                       feats: dict[str, ScpEntry], root: str | None) -> None:
+    """Add ``feats_path`` and ``num_frames`` to the utterances of ``feats.scp`` (the same keys
+    as the audio's, if any); without audio, they are the utterances (durations from
+    ``utt2dur``, or frames × the frame shift)."""
+    if samples and set(feats) != set(samples):
+        extra = sorted(set(feats) - set(samples))
+        lacking = sorted(set(samples) - set(feats))
+        raise DataError(
+            f"feats.scp keys differ from the utterances: {len(extra)} not an utterance "
+            f"(e.g. {extra[:3]}), {len(lacking)} utterance(s) without features "
+            f"(e.g. {lacking[:3]})", source=str(data_dir / "feats.scp"))
+    utt2dur = _table(data_dir / "utt2dur")
+    for utt, entry in feats.items():
+        value = _feats_value(entry, root)
+        frames = int(read_matrix(value, source=entry.source, line=entry.line,
+                                 key=utt).shape[0])
+        if utt in samples:
+            samples[utt].update({FEATS_PATH: value, "num_frames": frames})
+            continue
+        duration = frames * FRAME_SHIFT
+        if utt2dur is not None and utt in utt2dur:
+            duration = _seconds(utt2dur[utt])
+        samples[utt] = {KEY: utt, FEATS_PATH: value, "num_frames": frames,
+                        DURATION: duration}
+        origin[utt] = _where(entry)
+
+
+def _labelled(samples: dict[str, dict], origin: dict[str, str], data_dir: Path, *,
+              on_mismatch: str) -> list[dict]:
+    """The samples in key order with their ``text`` and ``speaker`` (when the folder has
+    ``text`` / ``utt2spk``); utterances without text, or text without utterance, under
+    ``on_mismatch``."""
     text = _table(data_dir / "text", allow_empty=True)
     keep = set(samples)
     if text is not None:
@@ -394,14 +427,14 @@ def _sources(manifests: Any, parts: Iterable[str] | None) -> list:
 def kaldi_dir_train(manifests: Any, parts: Iterable[str] | None = None,
                     **options: Any) -> IterDataPipe[dict]:
     """Training batches of prepared Kaldi data directories
-    (:func:`~speechpipe.recipes._common.train_pipeline`; pass ``input="feats",
+    (:func:`~speechpipe.recipes.train_pipeline`; pass ``input="feats",
     features=None`` for a feature-only directory). No corpus defaults: set
     ``min_duration``/``max_duration`` as your recipe does.
 
     Args:
         manifests: the manifest folder (with ``parts``), prepare's dict, or manifest paths.
         parts: data directory names, with a manifest folder.
-        **options: :func:`~speechpipe.recipes._common.train_pipeline` options.
+        **options: :func:`~speechpipe.recipes.train_pipeline` options.
     """
     return train_pipeline(_sources(manifests, parts), **options)
 
@@ -409,6 +442,6 @@ def kaldi_dir_train(manifests: Any, parts: Iterable[str] | None = None,
 def kaldi_dir_eval(manifests: Any, parts: Iterable[str] | None = None,
                    **options: Any) -> IterDataPipe[dict]:
     """Validation / test batches in manifest order
-    (:func:`~speechpipe.recipes._common.eval_pipeline`)."""
+    (:func:`~speechpipe.recipes.eval_pipeline`)."""
     return eval_pipeline(_sources(manifests, parts), **options)
 

@@ -36,18 +36,16 @@ from ..errors import DataError, MissingDataError
 from ..pipes._base import IterableWrapper, IterDataPipe
 from ..pipes.kaldi_tables import parse_scp_lines
 from ..sample import DURATION, KEY, SPEAKER, TEXT
-from ._common import (
+from ._download import Archive, download_parts
+from ._pipelines import eval_pipeline, train_pipeline
+from ._prepare import (
     AUDIO_PATH,
-    Archive,
     _check_prepare_args,
     check_pairs,
-    download_parts,
-    eval_pipeline,
     measure_audio,
     prepare_parts,
     resolve_manifests,
     resolve_parts,
-    train_pipeline,
 )
 
 __all__ = [
@@ -179,7 +177,7 @@ def download_librispeech(
     Each part's archive (``<part>.tar.gz``, 0.3-30 GB) is downloaded with resume, its sha256
     verified, extracted safely, and marked done by ``LibriSpeech/<part>/.completed``: parts
     already done are skipped (``force=True`` redoes them). See
-    :func:`~speechpipe.recipes._common.download_and_extract`.
+    :func:`~speechpipe.recipes.download_and_extract`.
 
     Args:
         target_dir: download folder.
@@ -326,10 +324,10 @@ def librispeech_train(manifests: Any, parts: Iterable[str] = TRAIN_PARTS, *,
 
     Args:
         manifests: the manifest folder, prepare's dict, or manifest paths (then ``parts`` is
-            ignored); see :func:`~speechpipe.recipes._common.resolve_manifests`.
+            ignored); see :func:`~speechpipe.recipes.resolve_manifests`.
         parts: the parts to train on (default: the full 960 h).
         min_duration, max_duration: duration range kept, seconds.
-        **options: :func:`~speechpipe.recipes._common.train_pipeline` options
+        **options: :func:`~speechpipe.recipes.train_pipeline` options
             (``tokenizer``, ``speed_perturb=(0.9, 1.0, 1.1)``, ``budget_seconds``, ``seed``...).
     """
     return train_pipeline(resolve_manifests(manifests, corpus=CORPUS, parts=list(parts)),
@@ -340,7 +338,7 @@ def librispeech_valid(manifests: Any, parts: Iterable[str] = VALID_PARTS,
                       **options: Any) -> IterDataPipe[dict]:
     """Validation batches (dev-clean + dev-other by default), every utterance, fixed order.
 
-    ``options`` are :func:`~speechpipe.recipes._common.eval_pipeline`'s.
+    ``options`` are :func:`~speechpipe.recipes.eval_pipeline`'s.
     """
     return eval_pipeline(resolve_manifests(manifests, corpus=CORPUS, parts=list(parts)),
                          **options)
@@ -350,6 +348,6 @@ def librispeech_test(manifests: Any, part: str = "test-clean",
                      **options: Any) -> IterDataPipe[dict]:
     """Test batches of one part (``test-clean`` or ``test-other``), every utterance, fixed order.
 
-    ``options`` are :func:`~speechpipe.recipes._common.eval_pipeline`'s.
+    ``options`` are :func:`~speechpipe.recipes.eval_pipeline`'s.
     """
     return eval_pipeline(resolve_manifests(manifests, corpus=CORPUS, parts=[part]), **options)

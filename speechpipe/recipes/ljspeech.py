@@ -34,18 +34,16 @@ from ..errors import DataError, MissingDataError
 from ..pipes._base import IterDataPipe
 from ..pipes.sources import iter_text_lines
 from ..sample import DURATION, KEY, SPEAKER, TEXT
-from ._common import (
+from ._download import Archive, download_parts
+from ._pipelines import eval_pipeline, train_pipeline
+from ._prepare import (
     AUDIO_PATH,
-    Archive,
     _check_prepare_args,
     check_pairs,
-    download_parts,
-    eval_pipeline,
     measure_audio,
     prepare_parts,
     resolve_manifests,
     resolve_parts,
-    train_pipeline,
 )
 
 __all__ = [
@@ -232,7 +230,7 @@ def ljspeech_train(manifests: Any, *, features: str | None = "mel",
         features: ``"mel"`` (default), another kind, or ``None`` for raw audio batches.
         feature_options: replaces :data:`MEL_OPTIONS`.
         text_field: the text tokenized (``normalized_text``; ``text`` for the raw one).
-        **options: :func:`~speechpipe.recipes._common.train_pipeline` options.
+        **options: :func:`~speechpipe.recipes.train_pipeline` options.
     """
     if feature_options is None and features == "mel":
         feature_options = MEL_OPTIONS
@@ -246,7 +244,7 @@ def ljspeech_eval(manifests: Any, *, features: str | None = "mel",
                   **options: Any) -> IterDataPipe[dict]:
     """Validation / test batches in manifest order, the same front end as
     :func:`ljspeech_train`; ``options`` are
-    :func:`~speechpipe.recipes._common.eval_pipeline`'s."""
+    :func:`~speechpipe.recipes.eval_pipeline`'s."""
     if feature_options is None and features == "mel":
         feature_options = MEL_OPTIONS
     return eval_pipeline(resolve_manifests(manifests, corpus=CORPUS, parts=list(PARTS)),

@@ -54,18 +54,16 @@ from ..pipes._base import IterDataPipe
 from ..pipes.manifests import ManifestWriter
 from ..pipes.text_normalization import TextNormalizer
 from ..sample import DURATION, KEY, TEXT
-from ._common import (
+from ._download import _fetch, download_and_extract
+from ._pipelines import eval_pipeline, train_pipeline
+from ._prepare import (
     AUDIO_PATH,
     OFFSET,
     _check_prepare_args,
-    _fetch,
     check_pairs,
-    download_and_extract,
-    eval_pipeline,
     manifest_path,
     resolve_manifests,
     resolve_parts,
-    train_pipeline,
 )
 
 __all__ = [
@@ -366,77 +364,20 @@ def prepare_wenetspeech(
             ``file:line`` and the ``aid``/``sid``), a repeated segment id, a mismatch under
             ``"error"``, a part without any segment.
     """
-    from tqdm import tqdm
-
     _check_prepare_args(on_mismatch, num_jobs)
     root = _corpus_root(corpus_dir)
     names = resolve_parts(parts, PARTS, lambda p: (root / "audio" / PART_FOLDERS[p]).is_dir(),
                           corpus=CORPUS, corpus_dir=root,
                           where=lambda p: str(root / "audio" / PART_FOLDERS[p]))
-    result: dict[str, Any] = {}
-    todo = []
-    for part in names:
-        path = None if output_dir is None else manifest_path(output_dir, CORPUS, part)
-        if path is not None and path.exists() and not force:
-            result[part] = path
-        else:
-            todo.append(part)
+    result = {} if output_dir is None or force else _existing_manifests(names, output_dir)
+    todo = [p for p in names if p not in result]
     if not todo:
         return result
-    if output_dir is not None:
-        Path(output_dir).mkdir(parents=True, exist_ok=True)
-    sinks: dict[str, Any] = {
-        p: [] if output_dir is None else ManifestWriter(manifest_path(output_dir, CORPUS, p))
-        for p in todo}
-    write = {p: sink.append if isinstance(sink, list) else sink.write
-             for p, sink in sinks.items()}
-    wanted = set(todo)
-    folders = {PART_FOLDERS[p] for p in todo}
+    sinks = _open_sinks(todo, output_dir)
     metadata = root / METADATA
-    listed: set[str] = set()
-    without_audio: list[str] = []
-    counts = dict.fromkeys(todo, 0)
     try:
-        with tqdm(total=metadata.stat().st_size, unit="B", unit_scale=True, desc=METADATA,
-                  disable=not progress, leave=False) as bar:
-            def advance(position: int) -> None:
-                bar.update(position - bar.n)
-
-            for line, entry in iter_audios(metadata, progress=advance):
-                aid, rel, duration, segments = _segments(entry, line, str(metadata))
-                listed.add(rel)
-                audio_path = None  # the recording's absolute path, once it is needed
-                for seg in segments:
-                    targets = wanted.intersection(seg["subsets"])
-                    if not targets:
-                        continue
-                    if audio_path is None:
-                        audio = root / rel
-                        audio_path = str(audio.resolve()) if audio.is_file() else ""
-                    if not audio_path:
-                        without_audio.append(f"{metadata}:{line} (key {seg['sid']!r}): "
-                                             f"no file {rel}")
-                        continue
-                    if seg["end_time"] > duration:
-                        without_audio.append(f"{metadata}:{line} (key {seg['sid']!r}): ends at "
-                                             f"{seg['end_time']} s, after the recording's "
-                                             f"{duration} s")
-                        continue
-                    sample = {KEY: seg["sid"], AUDIO_PATH: audio_path,
-                              OFFSET: float(seg["begin_time"]),
-                              DURATION: round(seg["end_time"] - seg["begin_time"], 6),
-                              TEXT: seg["text"], "recording": aid}
-                    if isinstance(entry.get("source"), str):
-                        sample["origin"] = entry["source"]
-                    if _number(seg.get("confidence")):
-                        sample["confidence"] = seg["confidence"]
-                    for part in targets:
-                        write[part](sample)
-                        counts[part] += 1
-        without_text = sorted(
-            str(p) for folder in sorted(folders) for p in (root / "audio" / folder).rglob("*")
-            if p.is_file() and p.suffix in (".opus", ".wav", ".flac")
-            and p.relative_to(root).as_posix() not in listed)
+        listed, without_audio, counts = _write_segments(root, sinks, progress=progress)
+        without_text = _unlisted_audio(root, {PART_FOLDERS[p] for p in todo}, listed)
         check_pairs(without_text, without_audio, on_mismatch=on_mismatch,
                     stage=f"prepare_wenetspeech {','.join(todo)}", source=metadata)
         empty = [p for p in todo if not counts[p]]
@@ -456,6 +397,91 @@ def prepare_wenetspeech(
         else:
             result[part] = sink
     return {p: result[p] for p in names}
+
+
+def _existing_manifests(names: Iterable[str], output_dir: str | os.PathLike) -> dict[str, Path]:
+    """``{part: manifest}`` of the parts of ``names`` whose manifest exists (reused)."""
+    paths = {part: manifest_path(output_dir, CORPUS, part) for part in names}
+    return {part: path for part, path in paths.items() if path.exists()}
+
+
+def _open_sinks(parts: Iterable[str], output_dir: str | os.PathLike | None) -> dict[str, Any]:
+    """``{part: ManifestWriter}`` into ``output_dir`` (created), or ``{part: []}`` without."""
+    if output_dir is None:
+        return {p: [] for p in parts}
+    Path(output_dir).mkdir(parents=True, exist_ok=True)
+    return {p: ManifestWriter(manifest_path(output_dir, CORPUS, p)) for p in parts}
+
+
+def _write_segments(root: Path, sinks: dict[str, Any], *,
+                    progress: bool) -> tuple[set[str], list[str], dict[str, int]]:
+    """One pass over ``WenetSpeech.json``: each segment of a part of ``sinks`` whose recording
+    is there is written to (or appended to) the sinks of its parts.
+
+    Returns the audio files the document lists (relative to ``root``), the segments without
+    audio (``file:line (key ...)``: no file, or ending after the recording) and the number of
+    segments written per part.
+    """
+    from tqdm import tqdm
+
+    write = {p: sink.append if isinstance(sink, list) else sink.write
+             for p, sink in sinks.items()}
+    wanted = set(sinks)
+    metadata = root / METADATA
+    listed: set[str] = set()
+    without_audio: list[str] = []
+    counts = dict.fromkeys(sinks, 0)
+    with tqdm(total=metadata.stat().st_size, unit="B", unit_scale=True, desc=METADATA,
+              disable=not progress, leave=False) as bar:
+        def advance(position: int) -> None:
+            bar.update(position - bar.n)
+
+        for line, entry in iter_audios(metadata, progress=advance):
+            aid, rel, duration, segments = _segments(entry, line, str(metadata))
+            listed.add(rel)
+            audio_path = None  # the recording's absolute path, once it is needed
+            for seg in segments:
+                targets = wanted.intersection(seg["subsets"])
+                if not targets:
+                    continue
+                if audio_path is None:
+                    audio = root / rel
+                    audio_path = str(audio.resolve()) if audio.is_file() else ""
+                if not audio_path:
+                    without_audio.append(f"{metadata}:{line} (key {seg['sid']!r}): "
+                                         f"no file {rel}")
+                    continue
+                if seg["end_time"] > duration:
+                    without_audio.append(f"{metadata}:{line} (key {seg['sid']!r}): ends at "
+                                         f"{seg['end_time']} s, after the recording's "
+                                         f"{duration} s")
+                    continue
+                sample = _segment_sample(seg, entry, aid, audio_path)
+                for part in targets:
+                    write[part](sample)
+                    counts[part] += 1
+    return listed, without_audio, counts
+
+
+def _segment_sample(seg: dict, entry: dict, aid: str, audio_path: str) -> dict[str, Any]:
+    """The manifest line of a checked segment of the recording ``entry``."""
+    sample = {KEY: seg["sid"], AUDIO_PATH: audio_path,
+              OFFSET: float(seg["begin_time"]),
+              DURATION: round(seg["end_time"] - seg["begin_time"], 6),
+              TEXT: seg["text"], "recording": aid}
+    if isinstance(entry.get("source"), str):
+        sample["origin"] = entry["source"]
+    if _number(seg.get("confidence")):
+        sample["confidence"] = seg["confidence"]
+    return sample
+
+
+def _unlisted_audio(root: Path, folders: Iterable[str], listed: set[str]) -> list[str]:
+    """The audio files under ``root/audio/<folder>/`` that the document does not list."""
+    return sorted(
+        str(p) for folder in sorted(folders) for p in (root / "audio" / folder).rglob("*")
+        if p.is_file() and p.suffix in (".opus", ".wav", ".flac")
+        and p.relative_to(root).as_posix() not in listed)
 
 
 # --------------------------------------------------------------------------- download
@@ -579,12 +605,7 @@ def download_wenetspeech(
         DataError: a transfer fails, an md5 differs, decryption fails (wrong password), an
             archive is unsafe.
     """
-    names = list(DOWNLOAD_PARTS) if parts == "all" else (
-        [parts] if isinstance(parts, str) else list(parts))
-    unknown = [p for p in names if p not in DOWNLOAD_PARTS]
-    if unknown:
-        raise ValueError(f"unknown part(s) {unknown}; known: {list(DOWNLOAD_PARTS)} (S, M and "
-                         "L are all in 'train')")
+    names = _download_part_names(parts)
     password = password if password is not None else os.environ.get("WENETSPEECH_PASSWORD")
     if not password:
         raise ValueError("the WenetSpeech release is encrypted: pass password=... (or set "
@@ -599,14 +620,7 @@ def download_wenetspeech(
     decrypt = _openssl_decrypt(password)
     target = Path(target_dir)
     corpus = target / "WenetSpeech"
-    terms = corpus / "TERMS_OF_ACCESS"
-    if force or not terms.exists():
-        corpus.mkdir(parents=True, exist_ok=True)
-        partial = terms.with_name("TERMS_OF_ACCESS.part")
-        _fetch(f"{base_url.rstrip('/')}/TERMS_OF_ACCESS", partial, resume=False,
-               progress=False, timeout=60.0)
-        os.replace(partial, terms)
-        log.warning("WenetSpeech is downloaded under its terms of access: read %s", terms)
+    _fetch_terms(corpus, base_url, force=force)
     for md5, obj in objects:
         checksum: str | None = f"md5:{md5}"
         if checksums is not None and obj in checksums:
@@ -617,6 +631,29 @@ def download_wenetspeech(
             sentinel=target / "download" / f"{obj}.completed", progress=progress,
             decrypt=decrypt, extract_dir=corpus)
     return corpus
+
+
+def _download_part_names(parts: str | Iterable[str]) -> list[str]:
+    """The parts of :data:`DOWNLOAD_PARTS` that ``parts`` names (``"all"``: every one)."""
+    names = list(DOWNLOAD_PARTS) if parts == "all" else (
+        [parts] if isinstance(parts, str) else list(parts))
+    unknown = [p for p in names if p not in DOWNLOAD_PARTS]
+    if unknown:
+        raise ValueError(f"unknown part(s) {unknown}; known: {list(DOWNLOAD_PARTS)} (S, M and "
+                         "L are all in 'train')")
+    return names
+
+
+def _fetch_terms(corpus: Path, base_url: str, *, force: bool) -> None:
+    """Fetch the release's ``TERMS_OF_ACCESS`` into ``corpus`` (unless there) and warn."""
+    terms = corpus / "TERMS_OF_ACCESS"
+    if force or not terms.exists():
+        corpus.mkdir(parents=True, exist_ok=True)
+        partial = terms.with_name("TERMS_OF_ACCESS.part")
+        _fetch(f"{base_url.rstrip('/')}/TERMS_OF_ACCESS", partial, resume=False,
+               progress=False, timeout=60.0)
+        os.replace(partial, terms)
+        log.warning("WenetSpeech is downloaded under its terms of access: read %s", terms)
 
 
 # --------------------------------------------------------------------------- pipelines
@@ -633,11 +670,11 @@ def wenetspeech_train(manifests: Any, parts: Iterable[str] = ("L",), *,
 
     Args:
         manifests: the manifest folder, prepare's dict, or manifest paths (then ``parts`` is
-            ignored); see :func:`~speechpipe.recipes._common.resolve_manifests`.
+            ignored); see :func:`~speechpipe.recipes.resolve_manifests`.
         parts: the training part (``S``, ``M`` or ``L``; they are nested, so one of them).
         min_duration, max_duration: duration range kept, seconds.
         normalizer: applied to ``text`` before tokenizing (``None``: as stored).
-        **options: :func:`~speechpipe.recipes._common.train_pipeline` options.
+        **options: :func:`~speechpipe.recipes.train_pipeline` options.
     """
     return train_pipeline(resolve_manifests(manifests, corpus=CORPUS, parts=list(parts)),
                           min_duration=min_duration, max_duration=max_duration,
@@ -649,7 +686,7 @@ def wenetspeech_valid(manifests: Any, parts: Iterable[str] = ("DEV",), *,
                       **options: Any) -> IterDataPipe[dict]:
     """Validation batches (``DEV``), every segment, fixed order, text normalized as in
     :func:`wenetspeech_train`; ``options`` are
-    :func:`~speechpipe.recipes._common.eval_pipeline`'s."""
+    :func:`~speechpipe.recipes.eval_pipeline`'s."""
     return eval_pipeline(resolve_manifests(manifests, corpus=CORPUS, parts=list(parts)),
                          normalizer=normalizer, **options)
 
@@ -659,6 +696,6 @@ def wenetspeech_test(manifests: Any, part: str = "TEST_NET", *,
                      **options: Any) -> IterDataPipe[dict]:
     """Test batches (``TEST_NET`` or ``TEST_MEETING``), every segment, fixed order, text
     normalized as in :func:`wenetspeech_train`; ``options`` are
-    :func:`~speechpipe.recipes._common.eval_pipeline`'s."""
+    :func:`~speechpipe.recipes.eval_pipeline`'s."""
     return eval_pipeline(resolve_manifests(manifests, corpus=CORPUS, parts=[part]),
                          normalizer=normalizer, **options)

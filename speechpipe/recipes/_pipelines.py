@@ -1,0 +1,396 @@
+"""Pipelines over manifests: training, evaluation and semi-supervised batches, and their report.
+
+:func:`train_pipeline` (shuffle, duration filter, speed perturbation, features, tokenization,
+length buckets, budget batches, padding), :func:`eval_pipeline` (fixed order) and
+:func:`semi_supervised_pipeline` (``{"sup": batch, "unsup": batch}`` per step) build on
+manifests (:func:`manifest_samples`); ``filter_by_duration``
+(:class:`~speechpipe.pipes.batching.DurationFilterIterDataPipe`) counts what it drops, and
+:func:`pipeline_report` prints every count of a built pipeline.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from typing import Any, Callable, Mapping, Sequence
+
+from ..errors import DataError
+from ..pipes._base import IterableWrapper, IterDataPipe
+from ..pipes.batching import DurationFilter, DurationFilterIterDataPipe, PaddedArea  # noqa: F401
+from ..pipes.collate import PadCollate
+from ..sample import DURATION, FEATS, KEY, SOURCE, TEXT, Sample, sample_duration
+from ._prepare import AUDIO_PATH, FEATS_PATH, OFFSET, ManifestsArg, resolve_manifests
+
+__all__ = [
+    "DurationFilter",
+    "DurationFilterIterDataPipe",
+    "FEATURE_KINDS",
+    "FrontEnd",
+    "eval_pipeline",
+    "manifest_samples",
+    "pipeline_report",
+    "semi_supervised_pipeline",
+    "train_pipeline",
+]
+
+#: Values of ``features`` in the pipelines (``None``: no features, batches hold audio).
+FEATURE_KINDS = ("fbank", "mfcc", "mel")
+
+
+def manifest_samples(manifests: ManifestsArg, *, corpus: str | None = None,
+                     parts: Sequence[str] | None = None) -> IterDataPipe[Sample]:
+    """The samples of manifests, in file order, as a pipe (no audio read yet).
+
+    Files are opened when iteration starts (``open_files`` + ``parse_manifest``); in-memory
+    sample lists are streamed as they are. See :func:`resolve_manifests` for the forms of
+    ``manifests``.
+
+    >>> [s["key"] for s in manifest_samples([[{"key": "u1"}, {"key": "u2"}]])]
+    ['u1', 'u2']
+    """
+    pipes = []
+    paths: list[str] = []
+    for source in resolve_manifests(manifests, corpus=corpus, parts=parts):
+        if isinstance(source, str):
+            paths.append(source)
+            continue
+        if paths:
+            pipes.append(IterableWrapper(paths).open_files(mode="b").parse_manifest())
+            paths = []
+        pipes.append(IterableWrapper(source, deepcopy=False))
+    if paths:
+        pipes.append(IterableWrapper(paths).open_files(mode="b").parse_manifest())
+    if not pipes:
+        raise ValueError("no manifests given")
+    return pipes[0] if len(pipes) == 1 else pipes[0].concat(*pipes[1:])
+
+
+@dataclass(frozen=True)
+class FrontEnd:
+    """What the pipelines do to each loaded utterance before batching: speed perturbation,
+    features, tokenization (the ``front_end=`` of :func:`train_pipeline` and
+    :func:`eval_pipeline`, which also take these fields as keyword arguments).
+
+    Args:
+        features: ``"fbank"`` (80 bins), ``"mfcc"``, ``"mel"`` (80 mels) or ``None`` (batches
+            hold ``audio``).
+        feature_options: options of ``compute_features`` (``num_mel_bins``, ``n_fft``...).
+        speed_perturb: factors to draw from per utterance (e.g. ``(0.9, 1.0, 1.1)``);
+            training only.
+        tokenizer: a speechpipe tokenizer (``load_tokenizer``), or ``None``: no ``tokens``.
+        text_field: the field tokenized (``normalized_text`` for LJSpeech).
+        normalizer: a ``TextNormalizer`` applied before tokenizing.
+
+    >>> FrontEnd(features="mel").feature_kwargs()
+    {'n_mels': 80}
+    >>> FrontEnd(features="fbank", feature_options={"num_mel_bins": 40}).feature_kwargs()
+    {'num_mel_bins': 40}
+    """
+
+    features: str | None = "fbank"
+    feature_options: Mapping[str, Any] | None = None
+    speed_perturb: Sequence[float] | None = None
+    tokenizer: Any = None
+    text_field: str = TEXT
+    normalizer: Callable[[str], str] | None = None
+
+    def __post_init__(self) -> None:
+        if self.features is not None and self.features not in FEATURE_KINDS:
+            raise ValueError(f"features must be one of {FEATURE_KINDS} or None, got "
+                             f"{self.features!r}")
+
+    def feature_kwargs(self) -> dict[str, Any]:
+        """The options given to ``compute_features``: ``feature_options``, with 80 mel bins
+        for ``fbank`` and ``mel`` unless they set a number of bins."""
+        options = dict(self.feature_options or {})
+        if self.features in ("fbank", "mel") and not any(k in options for k in ("num_mel_bins",
+                                                                                   "n_mels")):
+            options["num_mel_bins" if self.features == "fbank" else "n_mels"] = 80
+        return options
+
+
+#: The keyword arguments of :func:`train_pipeline` that build its :class:`FrontEnd`.
+_FRONT_END_FIELDS = tuple(f.name for f in fields(FrontEnd))
+#: Those of :func:`eval_pipeline` (which perturbs nothing).
+_EVAL_FRONT_END_FIELDS = tuple(f for f in _FRONT_END_FIELDS if f != "speed_perturb")
+
+
+def _check_front_end(front_end: FrontEnd | None, options: Mapping[str, Any], caller: str,
+                     allowed: Sequence[str]) -> None:
+    """Check that a builder got ``front_end`` or some of its fields as keywords, not both."""
+    for name in options:
+        if name not in allowed:
+            raise TypeError(f"{caller}() got an unexpected keyword argument {name!r}")
+    if front_end is None:
+        return
+    if options:
+        raise TypeError(f"{caller}: give front_end or {', '.join(options)}, not both "
+                        "(they are fields of the FrontEnd)")
+    if not isinstance(front_end, FrontEnd):
+        raise TypeError(f"front_end must be a FrontEnd, got {front_end!r}")
+    if "speed_perturb" not in allowed and front_end.speed_perturb is not None:
+        raise ValueError(f"{caller} perturbs nothing: give a front_end without speed_perturb")
+
+
+def _load_feats(sample: Mapping[str, Any]) -> Sample:
+    """Read the Kaldi matrix named by ``feats_path`` into ``feats``."""
+    from ..pipes.kaldi import read_matrix
+
+    key = sample.get(KEY)
+    value = sample.get(FEATS_PATH)
+    if not isinstance(value, str):
+        raise DataError(f"sample has no {FEATS_PATH!r} (a feats.scp value) to read",
+                        source=sample.get(SOURCE), key=key)
+    out = dict(sample)
+    out[FEATS] = read_matrix(value, source=sample.get(SOURCE), key=key)
+    return out
+
+
+def _loaded(pipe: IterDataPipe, input: str) -> IterDataPipe:
+    if input == "audio":
+        # -> + audio (T,) float32, sample_rate: [offset, offset + duration) of a segment, the
+        # whole file otherwise (duration then set to the decoded length)
+        return pipe.load_audio(field=AUDIO_PATH, offset_field=OFFSET, duration_field=DURATION,
+                               whole_without_offset=True)
+    # -> + feats (frames, dim) float32
+    return pipe.map(_load_feats)
+
+
+def _transformed(pipe: IterDataPipe, front_end: FrontEnd, *, input: str,
+                 seed: int) -> IterDataPipe:
+    if front_end.speed_perturb is not None:
+        if input != "audio":
+            raise ValueError("speed_perturb needs audio; these manifests give features")
+        # audio resampled, duration updated
+        pipe = pipe.perturb_speed(factors=tuple(front_end.speed_perturb), seed=seed)
+    if front_end.features is not None:
+        if input != "audio":
+            raise ValueError("features are computed from audio; these manifests give "
+                             "features already: pass features=None")
+        # -> + feats (frames, dim) float32, audio dropped
+        pipe = pipe.compute_features(front_end.features, keep_audio=False, seed=seed,
+                                     **front_end.feature_kwargs())
+    if front_end.tokenizer is not None:
+        pipe = pipe.tokenize(front_end.tokenizer, field=front_end.text_field,
+                             normalizer=front_end.normalizer)  # + tokens
+    return pipe
+
+
+def _check_input(input: str) -> str:
+    if input not in ("audio", "feats"):
+        raise ValueError(f"input must be 'audio' (audio_path) or 'feats' (feats_path), got "
+                         f"{input!r}")
+    return input
+
+
+def _check_budget(value: Any, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(f"{name} must be seconds > 0, got {value!r}")
+    return float(value)
+
+
+def train_pipeline(
+    manifests: ManifestsArg,
+    *,
+    budget_seconds: float = 200.0,
+    front_end: FrontEnd | None = None,
+    min_duration: float | None = None,
+    max_duration: float | None = None,
+    seed: int = 0,
+    shuffle_buffer: int = 10_000,
+    bucket_buffer: int = 2_000,
+    input: str = "audio",
+    shard: bool = True,
+    **front_end_options: Any,
+) -> IterDataPipe[dict]:
+    """A training pipeline over manifests: yields padded batch dicts within a budget.
+
+    Stages and element shapes::
+
+        manifest_samples      -> {key, audio_path, duration, text, speaker, ...}
+        filter_by_duration    -> the same, only [min_duration, max_duration] (drops counted)
+        shuffle(seeded)       -> the same, in a random order (buffer of shuffle_buffer)
+        sharding_filter       -> this worker's / rank's share (when shard)
+        load_audio            -> + audio (T,) float32, sample_rate   [input="audio"]
+          (or read feats_path -> + feats (frames, dim) float32)      [input="feats"]
+        perturb_speed         -> audio resampled by a factor drawn from speed_perturb,
+                                 duration updated, + speed            [optional]
+        compute_features      -> + feats (frames, dim), audio dropped [features]
+        tokenize              -> + tokens (L,) int64 from text_field  [tokenizer]
+        bucket_by_length      -> groups of similar duration (buffer of bucket_buffer)
+        block_batch           -> lists of samples, n × longest duration <= budget_seconds
+        collate(PadCollate)   -> {feats (B, T, D), feats_len (B,), tokens (B, L) padded -1,
+                                  tokens_len, key [..], text [..], duration (B,), ...}
+
+    The order is seeded: call :func:`speechpipe.set_epoch` ``(pipe, epoch, seed=seed)`` at
+    each epoch for a new, reproducible order. :func:`pipeline_report` prints what the
+    duration filter dropped and the batches' padding efficiency.
+
+    Args:
+        manifests: see :func:`resolve_manifests` (paths, sample lists, prepare's dict).
+        budget_seconds: padded seconds per batch (batch size × longest duration).
+        front_end: speed perturbation, features and tokenization (:class:`FrontEnd`; default
+            ``FrontEnd()``: 80-bin fbank, no perturbation, no tokens).
+        min_duration, max_duration: duration range kept, seconds (``None``: no bound).
+        seed: seed of the shuffle, speed perturbation, buckets and batch order.
+        shuffle_buffer: samples in torch's shuffle buffer.
+        bucket_buffer: samples held by ``bucket_by_length`` (more: less padding).
+        input: ``"audio"`` (manifests with ``audio_path``) or ``"feats"`` (``feats_path``).
+        shard: insert ``sharding_filter`` so that DataLoader workers and ranks read disjoint
+            shares.
+        **front_end_options: instead of ``front_end``, its fields as keywords: ``features``,
+            ``feature_options``, ``speed_perturb``, ``tokenizer``, ``text_field``,
+            ``normalizer`` (giving both is a ``TypeError``).
+    """
+    _check_front_end(front_end, front_end_options, "train_pipeline", _FRONT_END_FIELDS)
+    budget = _check_budget(budget_seconds, "budget_seconds")
+    _check_input(input)
+    constraint = PaddedArea(budget=budget, length=sample_duration)
+    pipe = manifest_samples(manifests)
+    pipe = pipe.filter_by_duration(min_duration, max_duration)
+    pipe = pipe.shuffle(buffer_size=shuffle_buffer).set_seed(seed)
+    if shard:
+        pipe = pipe.sharding_filter()
+    pipe = _loaded(pipe, input)
+    pipe = _transformed(pipe, front_end or FrontEnd(**front_end_options), input=input,
+                        seed=seed)
+    pipe = pipe.bucket_by_length(bucket_buffer, constraint=constraint, seed=seed)
+    pipe = pipe.block_batch(constraint=constraint, seed=seed)
+    return pipe.collate(collate_fn=PadCollate())
+
+
+def eval_pipeline(
+    manifests: ManifestsArg,
+    *,
+    batch_size: int | None = None,
+    budget_seconds: float | None = None,
+    front_end: FrontEnd | None = None,
+    min_duration: float | None = None,
+    max_duration: float | None = None,
+    input: str = "audio",
+    **front_end_options: Any,
+) -> IterDataPipe[dict]:
+    """A validation / test pipeline: every utterance once, in manifest order, padded batches.
+
+    The same stages as :func:`train_pipeline` without shuffling, perturbation or bucketing:
+    batches are ``batch_size`` consecutive utterances, or consecutive utterances packed while
+    ``n × longest duration <= budget_seconds`` (one of the two; default 16 utterances). No
+    utterance is dropped unless a duration range is given (then counted). Run it in one
+    process (or with one DataLoader worker) to keep the order.
+
+    Args:
+        manifests: see :func:`resolve_manifests`.
+        batch_size: utterances per batch.
+        budget_seconds: padded seconds per batch, instead of ``batch_size``.
+        front_end, input: as in :func:`train_pipeline` (without ``speed_perturb``).
+        min_duration, max_duration: duration range kept (``None``: keep all).
+        **front_end_options: instead of ``front_end``, its fields as keywords: ``features``,
+            ``feature_options``, ``tokenizer``, ``text_field``, ``normalizer``.
+    """
+    _check_front_end(front_end, front_end_options, "eval_pipeline", _EVAL_FRONT_END_FIELDS)
+    if batch_size is not None and budget_seconds is not None:
+        raise ValueError("give batch_size or budget_seconds, not both")
+    if batch_size is None and budget_seconds is None:
+        batch_size = 16
+    if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(
+            batch_size, int) or batch_size < 1):
+        raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
+    _check_input(input)
+    pipe = manifest_samples(manifests)
+    if min_duration is not None or max_duration is not None:
+        pipe = pipe.filter_by_duration(min_duration, max_duration)
+    pipe = _loaded(pipe, input)
+    pipe = _transformed(pipe, front_end or FrontEnd(**front_end_options), input=input, seed=0)
+    if batch_size is not None:
+        pipe = pipe.batch(batch_size)
+    else:
+        budget = _check_budget(budget_seconds, "budget_seconds")
+        pipe = pipe.block_batch(constraint=PaddedArea(budget=budget, length=sample_duration),
+                                shuffle_window=1)
+    return pipe.collate(collate_fn=PadCollate())
+
+
+def semi_supervised_pipeline(
+    sup_manifests: ManifestsArg,
+    unsup_manifests: ManifestsArg,
+    *,
+    budget_seconds: float = 200.0,
+    unsup_budget_seconds: float | None = None,
+    tokenizer: Any = None,
+    until: str = "sup",
+    seed: int = 0,
+    **options: Any,
+) -> IterDataPipe[dict]:
+    """Two training pipelines zipped by name: yields ``{"sup": batch, "unsup": batch}``.
+
+    Each source is a :func:`train_pipeline` with its own budget (the unlabelled batches are
+    often larger); only the supervised one is tokenized. ``zip_by_name`` takes one batch of
+    each per step; with ``until="sup"`` an epoch is one pass over the supervised data and the
+    unsupervised pipeline is restarted (counted, with a new order) whenever it runs out.
+
+    Args:
+        sup_manifests, unsup_manifests: see :func:`resolve_manifests`.
+        budget_seconds: padded seconds per supervised batch.
+        unsup_budget_seconds: padded seconds per unsupervised batch (default: the same).
+        tokenizer: tokenizer of the supervised text.
+        until: ``"sup"``, ``"unsup"``, ``"shortest"`` or ``"longest"`` (see ``zip_by_name``).
+        seed: seed of the supervised pipeline; the unsupervised one uses ``seed + 1``.
+        **options: other :func:`train_pipeline` options, given to both (with ``front_end``,
+            the unsupervised pipeline gets it without its tokenizer).
+    """
+    sup_options, unsup_options = dict(options), dict(options)
+    if options.get("front_end") is None:
+        sup_options["tokenizer"], unsup_options["tokenizer"] = tokenizer, None
+    elif tokenizer is not None:
+        raise TypeError("semi_supervised_pipeline: give front_end or tokenizer, not both "
+                        "(it is a field of the FrontEnd)")
+    else:
+        unsup_options["front_end"] = replace(options["front_end"], tokenizer=None)
+    sup = train_pipeline(sup_manifests, budget_seconds=budget_seconds, seed=seed, **sup_options)
+    unsup = train_pipeline(
+        unsup_manifests,
+        budget_seconds=budget_seconds if unsup_budget_seconds is None else unsup_budget_seconds,
+        seed=seed + 1, **unsup_options,
+    )
+    return sup.zip_by_name(unsup, names=("sup", "unsup"), until=until)
+
+
+def pipeline_report(pipe: Any) -> str:
+    """The reports of every stage in ``pipe``'s graph that counts something: skipped or
+    filtered items (``diagnostics``), batch statistics and token counts (``stats``).
+
+    Call it after (or during) a pass. Stages are listed from the source to the output.
+
+    >>> from speechpipe.pipes._base import IterableWrapper
+    >>> pipe = IterableWrapper([{"key": "a", "duration": 0.2}, {"key": "b", "duration": 2.0}])
+    >>> pipe = pipe.filter_by_duration(1.0, warn=False)
+    >>> _ = list(pipe)
+    >>> print(pipeline_report(pipe))
+    filter_by_duration skipped 1 item(s):
+      shorter than 1.0 s: 1 (e.g. key 'a' (0.20 s))
+    """
+    found: list[str] = []
+    seen: set[int] = set()
+
+    def visit(node: Any, depth: int) -> None:
+        if id(node) in seen or depth > 200:
+            return
+        seen.add(id(node))
+        children = []
+        for value in vars(node).values():
+            if isinstance(value, IterDataPipe):
+                children.append(value)
+            elif isinstance(value, (list, tuple)) and len(value) <= 64:
+                children.extend(v for v in value if isinstance(v, IterDataPipe))
+            elif isinstance(value, dict) and len(value) <= 64:
+                children.extend(v for v in value.values() if isinstance(v, IterDataPipe))
+        for child in children:
+            visit(child, depth + 1)
+        for name in ("diagnostics", "stats"):
+            obj = getattr(node, name, None)
+            if obj is not None and hasattr(obj, "report") and not isinstance(obj, type):
+                if name == "diagnostics" and not getattr(obj, "counts", None):
+                    continue
+                found.append(obj.report())
+
+    visit(pipe, 0)
+    return "\n".join(found) if found else "nothing counted (no pass run yet?)"
