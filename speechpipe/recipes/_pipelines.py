@@ -10,12 +10,15 @@ manifests (:func:`manifest_samples`); ``filter_by_duration``
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields, replace
 from typing import Any, Callable, Mapping, Sequence
 
 from ..errors import DataError
 from ..pipes._base import IterableWrapper, IterDataPipe
-from ..pipes.batching import DurationFilter, DurationFilterIterDataPipe, PaddedArea  # noqa: F401
+from ..pipes.batching import (  # noqa: F401  (DurationFilter*: re-exported)
+    DurationFilter, DurationFilterIterDataPipe, PaddedArea, SumOfLengths,
+)
 from ..pipes.collate import PadCollate
 from ..sample import DURATION, FEATS, KEY, SOURCE, TEXT, Sample, sample_duration
 from ._prepare import AUDIO_PATH, FEATS_PATH, OFFSET, ManifestsArg, resolve_manifests
@@ -196,7 +199,6 @@ def train_pipeline(
     min_duration: float | None = None,
     max_duration: float | None = None,
     seed: int = 0,
-    shuffle_buffer: int = 10_000,
     bucket_buffer: int = 2_000,
     input: str = "audio",
     shard: bool = True,
@@ -208,8 +210,8 @@ def train_pipeline(
 
         manifest_samples      -> {key, audio_path, duration, text, speaker, ...}
         filter_by_duration    -> the same, only [min_duration, max_duration] (drops counted)
-        shuffle(seeded)       -> the same, in a random order (buffer of shuffle_buffer)
-        sharding_filter       -> this worker's / rank's share (when shard)
+        shuffle_samples       -> the same, in an order drawn from (seed, epoch), this
+                                 worker's / rank's share (when shard); exactly resumable
         load_audio            -> + audio (T,) float32, sample_rate   [input="audio"]
           (or read feats_path -> + feats (frames, dim) float32)      [input="feats"]
         perturb_speed         -> audio resampled by a factor drawn from speed_perturb,
@@ -221,8 +223,9 @@ def train_pipeline(
         collate(PadCollate)   -> {feats (B, T, D), feats_len (B,), tokens (B, L) padded -1,
                                   tokens_len, key [..], text [..], duration (B,), ...}
 
-    The order is seeded: call :func:`speechpipe.set_epoch` ``(pipe, epoch, seed=seed)`` at
-    each epoch for a new, reproducible order. :func:`pipeline_report` prints what the
+    The order is seeded: under :func:`speechpipe.build_loader` each pass is the next epoch
+    (and a checkpoint resumes exactly); iterated directly, call :func:`speechpipe.set_epoch`
+    ``(pipe, epoch)`` at each epoch for a new, reproducible order. :func:`pipeline_report` prints what the
     duration filter dropped and the batches' padding efficiency.
 
     Args:
@@ -232,11 +235,9 @@ def train_pipeline(
             ``FrontEnd()``: 80-bin fbank, no perturbation, no tokens).
         min_duration, max_duration: duration range kept, seconds (``None``: no bound).
         seed: seed of the shuffle, speed perturbation, buckets and batch order.
-        shuffle_buffer: samples in torch's shuffle buffer.
         bucket_buffer: samples held by ``bucket_by_length`` (more: less padding).
         input: ``"audio"`` (manifests with ``audio_path``) or ``"feats"`` (``feats_path``).
-        shard: insert ``sharding_filter`` so that DataLoader workers and ranks read disjoint
-            shares.
+        shard: DataLoader workers and ranks read disjoint shares (``False``: each reads all).
         **front_end_options: instead of ``front_end``, its fields as keywords: ``features``,
             ``feature_options``, ``speed_perturb``, ``tokenizer``, ``text_field``,
             ``normalizer`` (giving both is a ``TypeError``).
@@ -247,9 +248,7 @@ def train_pipeline(
     constraint = PaddedArea(budget=budget, length=sample_duration)
     pipe = manifest_samples(manifests)
     pipe = pipe.filter_by_duration(min_duration, max_duration)
-    pipe = pipe.shuffle(buffer_size=shuffle_buffer).set_seed(seed)
-    if shard:
-        pipe = pipe.sharding_filter()
+    pipe = pipe.shuffle_samples(seed=seed, split=shard)
     pipe = _loaded(pipe, input)
     pipe = _transformed(pipe, front_end or FrontEnd(**front_end_options), input=input,
                         seed=seed)
@@ -267,6 +266,7 @@ def eval_pipeline(
     min_duration: float | None = None,
     max_duration: float | None = None,
     input: str = "audio",
+    shard: bool = True,
     **front_end_options: Any,
 ) -> IterDataPipe[dict]:
     """A validation / test pipeline: every utterance once, in manifest order, padded batches.
@@ -274,8 +274,10 @@ def eval_pipeline(
     The same stages as :func:`train_pipeline` without shuffling, perturbation or bucketing:
     batches are ``batch_size`` consecutive utterances, or consecutive utterances packed while
     ``n × longest duration <= budget_seconds`` (one of the two; default 16 utterances). No
-    utterance is dropped unless a duration range is given (then counted). Run it in one
-    process (or with one DataLoader worker) to keep the order.
+    utterance is dropped unless a duration range is given (then counted). With ``shard``,
+    DataLoader workers and ranks each take every ``n``-th utterance (``split_samples``), so
+    each utterance is evaluated once over all processes; run it in one process to keep the
+    manifest order. Exactly resumable, like :func:`train_pipeline`.
 
     Args:
         manifests: see :func:`resolve_manifests`.
@@ -283,6 +285,7 @@ def eval_pipeline(
         budget_seconds: padded seconds per batch, instead of ``batch_size``.
         front_end, input: as in :func:`train_pipeline` (without ``speed_perturb``).
         min_duration, max_duration: duration range kept (``None``: keep all).
+        shard: share the utterances between workers and ranks (``False``: each reads all).
         **front_end_options: instead of ``front_end``, its fields as keywords: ``features``,
             ``feature_options``, ``tokenizer``, ``text_field``, ``normalizer``.
     """
@@ -298,14 +301,16 @@ def eval_pipeline(
     pipe = manifest_samples(manifests)
     if min_duration is not None or max_duration is not None:
         pipe = pipe.filter_by_duration(min_duration, max_duration)
+    pipe = pipe.split_samples(split=shard)
     pipe = _loaded(pipe, input)
     pipe = _transformed(pipe, front_end or FrontEnd(**front_end_options), input=input, seed=0)
-    if batch_size is not None:
-        pipe = pipe.batch(batch_size)
+    if batch_size is not None:  # consecutive utterances, batch_size of them
+        constraint = SumOfLengths(budget=math.inf, max_samples=batch_size,
+                                  length=sample_duration)
     else:
-        budget = _check_budget(budget_seconds, "budget_seconds")
-        pipe = pipe.block_batch(constraint=PaddedArea(budget=budget, length=sample_duration),
-                                shuffle_window=1)
+        constraint = PaddedArea(budget=_check_budget(budget_seconds, "budget_seconds"),
+                                length=sample_duration)
+    pipe = pipe.block_batch(constraint=constraint, shuffle_window=1)
     return pipe.collate(collate_fn=PadCollate())
 
 
