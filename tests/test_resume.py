@@ -96,12 +96,23 @@ def manifest_pipe():
             .collate(collate_fn=PadCollate()))
 
 
+def recipe_pipe(case: dict):
+    """A recipe's own builder over manifests prepare wrote from the demo corpus (real speech)."""
+    from speechpipe.recipes import librispeech
+
+    if case["builder"] == "train":
+        return librispeech.librispeech_train(case["manifests"], ["dev-clean"], seed=0,
+                                             budget_seconds=12.0, bucket_buffer=8)
+    return librispeech.librispeech_valid(case["manifests"], ["dev-clean"], batch_size=3)
+
+
 def summary(batch: dict) -> list:
     return [list(batch["key"]), float(batch["feats"].sum()), list(batch["feats"].shape)]
 
 
 def build(case: dict):
-    pipe = {"view": view_pipe, "manifest": manifest_pipe}.get(
+    pipe = {"view": view_pipe, "manifest": manifest_pipe,
+            "recipe": lambda: recipe_pipe(case)}.get(
         case["path"], lambda: stream_pipe(case["paths"]))()
     # snapshot_every=1: every state comes from the workers' pipes themselves (the held-sample
     # machinery); larger values restore the last snapshot and fetch the batches since again.
@@ -227,6 +238,28 @@ def test_manifest_path_resumes_exactly_in_a_new_process(tmp_path, workers):
     case = {"path": "manifest", "workers": workers, "snapshot_every": 3}
     n = _epoch_len(case)
     _resume_in_new_process(tmp_path, case, [1, 4, n - 1, n, n + 2, "end-0", "end-1"])
+
+
+@pytest.fixture(scope="module")
+def demo_manifests(tmp_path_factory):
+    from speechpipe.demo import DEMO_CORPUS
+    from speechpipe.recipes.librispeech import prepare_librispeech
+
+    out = tmp_path_factory.mktemp("manifests")
+    prepare_librispeech(DEMO_CORPUS, out, parts=["dev-clean"], progress=False)
+    return str(out)
+
+
+@pytest.mark.parametrize("builder, workers", [("train", 0), ("train", 2), ("valid", 2)])
+def test_a_recipes_loader_resumes_exactly_in_a_new_process(tmp_path, demo_manifests, builder,
+                                                           workers):
+    # issue 17: build_loader(librispeech_train(...), num_workers=2) raised at its first
+    # checkpoint (torch's shuffle); every builder of a recipe resumes exactly now
+    case = {"path": "recipe", "builder": builder, "manifests": demo_manifests,
+            "workers": workers, "snapshot_every": 2}
+    n = _epoch_len(case)
+    assert n >= 4
+    _resume_in_new_process(tmp_path, case, [1, n // 2, n - 1, "end-0"])
 
 
 # ------------------------------------------------------------------------------ in process
