@@ -760,7 +760,7 @@ def test_held_samples_map_no_more_shards_than_the_descriptor_budget(tmp_path, mo
     """Every sample is held (as a buffer would), each keeping its shard's mapping -- and on
     Python < 3.13 a file descriptor -- alive: with a budget of 3, the first shards are mapped
     and the rest read (copied), and the samples are the same as with mapping off."""
-    from speechpipe.pipes import shards as shards_module
+    from speechpipe.pipes import _mmap as mmap_module
 
     rng = np.random.default_rng(0)
     samples = [{"key": f"utt{i:02d}", "feats.npy": rng.standard_normal((300, 80),
@@ -770,12 +770,12 @@ def test_held_samples_map_no_more_shards_than_the_descriptor_budget(tmp_path, mo
         for sample in samples:
             writer.write(sample)
     assert len(writer.paths) == 10
-    monkeypatch.setattr(shards_module, "_fd_budget", lambda: 3)
-    base = shards_module._live_mappings
+    monkeypatch.setattr(mmap_module, "_fd_budget", lambda: 3)
+    base = mmap_module._live_mappings
     held, most = [], 0
     for sample in IterableWrapper(writer.paths).open().read_shards().decode():
         held.append(sample)
-        most = max(most, shards_module._live_mappings - base)
+        most = max(most, mmap_module._live_mappings - base)
     assert most == 3  # mapped up to the budget, never past it
     assert [_in_a_mapping(s["feats"]) for s in held] == [True] * 6 + [False] * 14
     monkeypatch.setenv("SPEECHPIPE_SHARD_MMAP", "0")
@@ -785,7 +785,7 @@ def test_held_samples_map_no_more_shards_than_the_descriptor_budget(tmp_path, mo
         assert np.array_equal(got["feats"], want["feats.npy"])
     del held, sample
     gc.collect()
-    assert shards_module._live_mappings == base  # each mapping is uncounted when it goes
+    assert mmap_module._live_mappings == base  # each mapping is uncounted when it goes
 
 
 def test_the_stream_ends_where_the_reading_path_leaves_it(tmp_path):
@@ -979,30 +979,30 @@ def test_mapped_text_and_unknown_members_stay_bytes_whatever_their_size(tmp_path
 
 def test_shards_on_a_network_file_system_are_read_unless_mapping_is_asked_for(
         tmp_path, monkeypatch):
-    from speechpipe.pipes import shards as shards_mod
+    from speechpipe.pipes import _mmap as mmap_module
 
     path = str(tmp_path / "d-00000.tar")
     write_shard(path, [{"key": "u1", "feats.npy": np.zeros((300, 80), np.float32)}])
     real = os.path.realpath(str(tmp_path))
     for fstype, mapped in (("nfs4", False), ("fuse.sshfs", False), ("lustre", False),
                            ("ext4", True)):
-        monkeypatch.setattr(shards_mod, "_mount_table", [(real, fstype), ("/", "ext4")])
+        monkeypatch.setattr(mmap_module, "_mount_table", [(real, fstype), ("/", "ext4")])
         with open(path, "rb") as f:
             [(_, payload)] = iter_tar_members(f, source=path)
         assert isinstance(payload, memoryview) is mapped, fstype
         with open(path, "rb") as f:  # asked for: mapped wherever the file is
             [(_, payload)] = iter_tar_members(f, source=path, mmap=True)
         assert isinstance(payload, memoryview), fstype
-    assert shards_mod._on_network_fs(os.path.join(real, "sub", "x.tar")) is False  # ext4 last
-    monkeypatch.setattr(shards_mod, "_mount_table", [(real + "/sub", "nfs"), ("/", "ext4")])
-    assert shards_mod._on_network_fs(os.path.join(real, "sub", "x.tar"))
-    assert not shards_mod._on_network_fs(os.path.join(real, "subway", "x.tar"))
+    assert mmap_module._on_network_fs(os.path.join(real, "sub", "x.tar")) is False  # ext4 last
+    monkeypatch.setattr(mmap_module, "_mount_table", [(real + "/sub", "nfs"), ("/", "ext4")])
+    assert mmap_module._on_network_fs(os.path.join(real, "sub", "x.tar"))
+    assert not mmap_module._on_network_fs(os.path.join(real, "subway", "x.tar"))
 
 
 def test_the_mount_table_is_read_from_proc():
-    from speechpipe.pipes import shards as shards_mod
+    from speechpipe.pipes import _mmap as mmap_module
 
-    table = shards_mod._mounts()
+    table = mmap_module._mounts()
     if not os.path.exists("/proc/self/mounts"):
         assert table == []
         return
