@@ -1,13 +1,32 @@
-"""Mapping local shard files: which streams are mapped, and the mapping read like a stream.
+"""Mapping local shard files: which streams are mapped, and a mapping read like a stream.
 
-Used by :func:`speechpipe.pipes.shards.iter_tar_members` (its module docs, "Memory-mapped
-shards", say what a reader sees).
+:func:`speechpipe.pipes.shards.iter_tar_members` reads a shard through :class:`MappedFile`
+when :meth:`MappedFile.open` maps it (that module's docs, "Memory-mapped shards", say what a
+reader sees). Mapped are local regular files read as they are (a ``FileIO``, a plain
+``BufferedReader`` over one, or either in torch's ``StreamWrapper``), from the stream's
+position to the file's size when it is opened; not mapped (``open`` returns ``None``) are
+other streams, files on a network or FUSE file system when asked to check
+(:data:`NETWORK_FILE_SYSTEMS`, from ``/proc/self/mounts``), and any file once this process
+holds as many mappings with a descriptor as it may (below).
+
+Reading ahead: a mapped file of 16 MiB or more on Linux gets a read-ahead thread
+(:mod:`speechpipe.pipes._readahead`) unless it is turned off; otherwise the kernel is asked
+(``madvise(MADV_WILLNEED)``) to read up to ``_READ_AHEAD`` bytes ahead of the reader, half a
+window at a time.
+
+Descriptors: before Python 3.13 a mapping holds a duplicate of its file's descriptor until it
+is unmapped, which happens with its last payload view. Samples held in buffers keep their
+shard's mapping alive, so with small shards and large buffers a process can hold dozens;
+there, a shard is mapped only while the live mappings stay under a quarter of the soft limit
+of open files (``RLIMIT_NOFILE``), and read (payloads copied) past it.
+
+Measurements: benchmarks/README.md, "Shard reading".
 """
 
 from __future__ import annotations
 
 import io
-import mmap as _mmap
+import mmap
 import os
 import stat
 import sys
@@ -17,18 +36,16 @@ from typing import Any
 
 from . import _readahead
 
-__all__ = ["NETWORK_FILE_SYSTEMS"]
+__all__ = ["MappedFile", "NETWORK_FILE_SYSTEMS"]
 
+# Where no read-ahead thread runs, the kernel is asked to have the next _READ_AHEAD bytes read
+# (Measurements: benchmarks/README.md, "Shard reading", for the window's size).
 _READ_AHEAD = 1 << 23
-_MMAP_ENV = "SPEECHPIPE_SHARD_MMAP"
 # Python 3.13+ can map without keeping a duplicate of the file descriptor; before, each
 # mapping holds one until it is unmapped.
 _MMAP_KWARGS: dict = {"trackfd": False} if sys.version_info >= (3, 13) else {}
-# Samples held in buffers keep their shard's mapping alive; with small shards and large
-# buffers a process can hold dozens (the 6,000-utterance benchmark corpus in 100-utterance
-# shards: 59 of 60 at once). Where a mapping holds a descriptor, a shard is mapped only
-# while the live mappings stay under a quarter of the soft limit of open files
-# (RLIMIT_NOFILE, often 1024); past it, shards are read (payloads copied) instead.
+# Where a mapping holds a descriptor, at most this share of the soft limit of open files
+# (RLIMIT_NOFILE, often 1024) is held by live mappings (see the module docs).
 _FD_SHARE = 4
 _live_mappings = 0
 _live_lock = threading.Lock()
@@ -51,7 +68,7 @@ def _may_map() -> bool:
     return bool(_MMAP_KWARGS) or _live_mappings < _fd_budget()
 
 
-def _count_mapping(mapping: _mmap.mmap) -> None:
+def _count_mapping(mapping: mmap.mmap) -> None:
     """Count ``mapping`` among the live ones until it is unmapped or collected."""
     global _live_mappings
     if _MMAP_KWARGS:  # it holds no descriptor
@@ -121,11 +138,7 @@ def _on_network_fs(path: str) -> bool:
     return False
 
 
-def _mmap_default() -> bool:
-    return _readahead.switched_on(_MMAP_ENV)
-
-
-class _MappedFile:
+class MappedFile:
     """A read-only mapping of a shard file, read from ``start`` like a stream.
 
     ``read`` copies (headers); ``view`` hands out zero-copy slices of the mapping (payloads).
@@ -136,23 +149,25 @@ class _MappedFile:
 
     __slots__ = ("map", "file", "buffer", "start", "pos", "size", "ahead", "helper")
 
-    def __init__(self, mapping: _mmap.mmap, start: int, file: Any) -> None:
+    def __init__(self, mapping: mmap.mmap, start: int, file: Any, readahead: bool = True) -> None:
         self.map = mapping
         self.file = file
         self.buffer = memoryview(mapping)
         self.start = self.pos = start
         self.size = len(mapping)
-        self.ahead = start - start % _mmap.PAGESIZE  # read-ahead asked for up to here
+        self.ahead = start - start % mmap.PAGESIZE  # read-ahead asked for up to here
         # Large files on Linux: a thread reads the file ahead of us (see _readahead); for the
         # others, madvise as we go.
-        self.helper = _readahead.start(mapping, file.fileno(), start)
+        self.helper = _readahead.start(mapping, file.fileno(), start, readahead)
         if self.helper is not None:
             self.ahead = self.size  # no inline madvise
 
     @classmethod
-    def open(cls, stream: Any, *, check_fs: bool = False) -> _MappedFile | None:
+    def open(cls, stream: Any, *, check_fs: bool = False,
+             readahead: bool = True) -> MappedFile | None:
         """Map the local file behind ``stream`` from its current position, or ``None``
-        (also, with ``check_fs``, for a file on a network or FUSE file system)."""
+        (also, with ``check_fs``, for a file on a network or FUSE file system); with
+        ``readahead``, a large file is read ahead by a thread (see the module docs)."""
         file = _local_file(stream)
         if file is None:
             return None
@@ -166,14 +181,14 @@ class _MappedFile:
             if not stat.S_ISREG(os.fstat(fd).st_mode):
                 return None
             start = file.tell()
-            mapping = _mmap.mmap(fd, 0, access=_mmap.ACCESS_READ, **_MMAP_KWARGS)
+            mapping = mmap.mmap(fd, 0, access=mmap.ACCESS_READ, **_MMAP_KWARGS)
         except (OSError, ValueError):  # empty file, no mmap on this file system, ...
             return None
         if start >= len(mapping):
             mapping.close()
             return None
         _count_mapping(mapping)
-        return cls(mapping, start, file)
+        return cls(mapping, start, file, readahead)
 
     def _read_ahead(self, end: int) -> None:
         # Keep the kernel reading up to a window ahead of the reader (asked for half a window
@@ -185,9 +200,9 @@ class _MappedFile:
                 helper.advance(end)
             return
         stop = max(end, self.ahead) + _READ_AHEAD
-        stop = self.size if stop >= self.size else stop - stop % _mmap.PAGESIZE
+        stop = self.size if stop >= self.size else stop - stop % mmap.PAGESIZE
         try:
-            self.map.madvise(_mmap.MADV_WILLNEED, self.ahead, stop - self.ahead)
+            self.map.madvise(mmap.MADV_WILLNEED, self.ahead, stop - self.ahead)
         except (AttributeError, OSError, ValueError):  # no madvise here: reads still work
             pass
         self.ahead = stop

@@ -57,7 +57,7 @@ import sys
 import threading
 from typing import Any
 
-__all__ = ["ReadAhead", "enabled", "start", "switched_on"]
+__all__ = ["ReadAhead", "start", "supported"]
 
 _CHUNK = 64 << 20
 _AHEAD = 256 << 20
@@ -69,7 +69,6 @@ _BUFFER = 256 << 10
 _PROBES = 16
 _PROBE = 256 << 10
 _MADV_POPULATE_READ = 22  # Linux 5.14+; not in Python's mmap module before 3.14
-_ENV = "SPEECHPIPE_SHARD_READAHEAD"
 
 _libc: Any = None
 _populate_works = True  # False once the kernel has said EINVAL (older than 5.14)
@@ -87,16 +86,9 @@ def _load_libc() -> Any:
     return _libc
 
 
-def switched_on(variable: str) -> bool:
-    """Whether the environment variable ``variable`` is unset or not one of 0/false/no/off."""
-    return os.environ.get(variable, "1").strip().lower() not in ("0", "false", "no", "off")
-
-
-def enabled() -> bool:
-    """Whether helpers are started (Linux, and ``SPEECHPIPE_SHARD_READAHEAD`` is not 0)."""
-    if not sys.platform.startswith("linux") or not hasattr(os, "preadv"):
-        return False
-    return switched_on(_ENV)
+def supported() -> bool:
+    """Whether helpers can run here (Linux, with ``os.preadv``)."""
+    return sys.platform.startswith("linux") and hasattr(os, "preadv")
 
 
 def _address(mapping: mmap.mmap) -> int:
@@ -161,11 +153,11 @@ class ReadAhead:
         return self._thread is not None and self._thread.is_alive()
 
 
-def start(mapping: mmap.mmap, fd: int, start: int) -> ReadAhead | None:
+def start(mapping: mmap.mmap, fd: int, start: int, wanted: bool = True) -> ReadAhead | None:
     """Start a helper for ``mapping`` (of the file open as ``fd``) from ``start``; ``None``
-    when helpers are off or the rest of the file is under ``_MIN_SIZE``."""
+    when not ``wanted``, not :func:`supported` or the rest of the file is under ``_MIN_SIZE``."""
     size = len(mapping)
-    if size - start < _MIN_SIZE or not enabled():
+    if not wanted or size - start < _MIN_SIZE or not supported():
         return None
     first = start - start % mmap.PAGESIZE
     try:

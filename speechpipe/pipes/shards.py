@@ -27,19 +27,20 @@ Memory-mapped shards
 
 When the stream given to :func:`iter_tar_members` reads a local regular file as it is (a file
 from ``open(path, "rb")``, speechpipe's ``open``/``open_stream``, or torch's ``open_files``),
-the file is mapped read-only instead of read: each array or audio payload (``.npy``, ``.flac``,
-``.wav``, ``.mp3``, ``.ogg``, ``.opus``) of at least 64 KiB is a read-only ``memoryview`` of
-the mapping -- no copy, no fresh heap allocation; the bytes stay in the page cache until a
-consumer (``decode``'s ``.npy`` view, then collation) copies them once into a batch -- and
-other payloads (text, JSON, labels, unknown members, small ones) are copied into ``bytes``. A
-view is bytes-like (``np.frombuffer``, ``soundfile``, ``io.BytesIO`` take it); ``bytes(view)``
-makes a copy for code that insists on ``bytes``. On Linux, a shard of 16 MiB or more gets a
-read-ahead thread (:mod:`speechpipe.pipes._readahead`): up to 256 MiB ahead of the reader, it
-reads the file sequentially (unless it is in the page cache already) and enters the pages in
-the mapping, without holding the GIL, so the reader (often the training loop's thread) neither
-waits for the disk nor takes page faults; a reader that finishes a shard lets its thread finish
-too (the views it handed out are still to be read), one stopped early stops it. Smaller
-shards, other systems and ``SPEECHPIPE_SHARD_READAHEAD=0`` ask the kernel for read-ahead
+the file is mapped read-only instead of read (:mod:`speechpipe.pipes._mmap`): each array or
+audio payload (``.npy``, ``.flac``, ``.wav``, ``.mp3``, ``.ogg``, ``.opus``) of at least 64 KiB
+is a read-only ``memoryview`` of the mapping -- no copy, no fresh heap allocation; the bytes
+stay in the page cache until a consumer (``decode``'s ``.npy`` view, then collation) copies
+them once into a batch -- and other payloads (text, JSON, labels, unknown members, small ones)
+are copied into ``bytes``. A view is bytes-like (``np.frombuffer``, ``soundfile``,
+``io.BytesIO`` take it); ``bytes(view)`` makes a copy for code that insists on ``bytes``. On
+Linux, a shard of 16 MiB or more gets a read-ahead thread (:mod:`speechpipe.pipes._readahead`):
+up to 256 MiB ahead of the reader, it reads the file sequentially (unless it is in the page
+cache already) and enters the pages in the mapping, without holding the GIL, so the reader
+(often the training loop's thread) neither waits for the disk nor takes page faults; a reader
+that finishes a shard lets its thread finish too (the views it handed out are still to be
+read), one stopped early stops it. Smaller shards, other systems and
+``ShardReadOptions(readahead=False)`` ask the kernel for read-ahead
 (``madvise(MADV_WILLNEED)``) as the reader walks the file.
 Remote (``http(s)://``) and ``pipe:`` streams, compressed file objects, ``BytesIO`` and
 anything else are read with ``read`` as before, payloads as ``bytes``. Every check is the
@@ -62,9 +63,13 @@ where ``read`` would raise. Replace shards by writing a new file and renaming it
 :class:`ShardWriter` and :func:`speechpipe.pack.pack_data` do), never in place. Shards on a
 network or FUSE file system (NFS, CIFS, Lustre, Ceph, sshfs...: :data:`NETWORK_FILE_SYSTEMS`,
 read from ``/proc/self/mounts``) are read, not mapped, unless mapping is asked for; on other
-storage that reports read errors turn mapping off with ``mmap=False``
-(``iter_tar_members``, ``read_shards``) or the environment variable
-``SPEECHPIPE_SHARD_MMAP=0`` (every reader, including ``sharded_shuffle``).
+storage that reports read errors turn mapping off with ``ShardReadOptions(mmap=False)``
+(the ``read_options`` of ``iter_tar_members``, ``read_shards`` and ``sharded_shuffle``).
+
+Both settings are :class:`ShardReadOptions`; their defaults can be overridden for a whole
+process (DataLoader workers included) by the environment variables ``SPEECHPIPE_SHARD_MMAP=0``
+(mapping off) and ``SPEECHPIPE_SHARD_READAHEAD=0`` (read-ahead thread off). Measurements:
+benchmarks/README.md, "Shard reading".
 """
 
 from __future__ import annotations
@@ -72,17 +77,19 @@ from __future__ import annotations
 import io
 import os
 import tarfile
+from dataclasses import dataclass
 from typing import Any, BinaryIO, Callable, Iterable, Iterator, Mapping
 
 from ..diagnostics import Diagnostics, check_on_error
 from ..errors import DataError
 from ..sample import KEY, SAMPLE_RATE, SOURCE, Sample
 from ._base import IterDataPipe, functional_datapipe
-from ._mmap import NETWORK_FILE_SYSTEMS, _MappedFile, _mmap_default
+from ._mmap import NETWORK_FILE_SYSTEMS, MappedFile
 from .decode import AUDIO_EXTENSIONS, NPY_EXTENSIONS, encode_field
 
 __all__ = [
     "NETWORK_FILE_SYSTEMS",
+    "ShardReadOptions",
     "ShardReaderIterDataPipe",
     "ShardWriter",
     "group_by_key",
@@ -99,11 +106,7 @@ _CHUNK = 1 << 26
 # After the end-of-archive marker, at most this much is read to reach the end of the stream.
 _TRAILER = 1 << 20
 # Mapped shards: payloads of at least _VIEW_MIN bytes are zero-copy views of the mapping,
-# smaller ones are copied into bytes. Where no read-ahead thread runs (see _readahead), the
-# kernel is asked (MADV_WILLNEED) to have the next _READ_AHEAD bytes read, half a window at a
-# time: on the 3000-utterance benchmark, cold, an 8 MiB window beat 2, 4, 16 and 32 MiB
-# (larger ones stalled on major faults).
-# SPEECHPIPE_SHARD_MMAP=0 turns mapping off by default.
+# smaller ones are copied into bytes.
 _VIEW_MIN = 1 << 16
 # Only arrays and audio are views (what ``decode`` turns into arrays; bytes-like consumers --
 # numpy, soundfile, io.BytesIO -- take them); text, JSON and unknown members stay ``bytes``,
@@ -115,6 +118,7 @@ _GNU_LONGNAME = b"L"
 _GNU_LONGLINK = b"K"
 _PAX_HEADER = b"x"
 _PAX_GLOBAL = b"g"
+_EXTENDED = (_GNU_LONGNAME, _GNU_LONGLINK, _PAX_HEADER, _PAX_GLOBAL)
 _TYPE_NAMES = {
     b"1": "hard link",
     b"2": "symbolic link",
@@ -131,6 +135,78 @@ _COMPRESSED = (b"\x1f\x8b", b"BZh", b"\xfd7zXZ\x00", b"\x28\xb5\x2f\xfd")
 
 _TRUNCATED = "truncated shard"
 _RESERVED_FIELDS = (KEY, SOURCE)
+
+
+# --------------------------------------------------------------------------------------------
+# Reading options
+# --------------------------------------------------------------------------------------------
+
+_MMAP_ENV = "SPEECHPIPE_SHARD_MMAP"
+_READAHEAD_ENV = "SPEECHPIPE_SHARD_READAHEAD"
+
+
+@dataclass(frozen=True)
+class ShardReadOptions:
+    """How local tar shards are read: by :func:`iter_tar_members`, ``read_shards`` and
+    ``sharded_shuffle`` (their ``read_options``; the module docs, "Memory-mapped shards", say
+    what mapping and reading ahead do).
+
+    Args:
+        read_options: mapping and read-ahead (:class:`ShardReadOptions`; ``None``: its
+            defaults).
+        readahead: a thread reading a mapped shard of 16 MiB or more ahead of its reader
+            (Linux). ``None`` (default): yes, unless the environment variable
+            ``SPEECHPIPE_SHARD_READAHEAD`` is ``0``; ``True``: yes; ``False``: no, the kernel
+            is asked for read-ahead (``madvise``) as the reader goes.
+
+    The environment variables (``0``, ``false``, ``no`` or ``off``) only change the ``None``
+    defaults; they are read when a shard is opened, so DataLoader workers see their parent's.
+
+    >>> ShardReadOptions(mmap=False)
+    ShardReadOptions(mmap=False, readahead=None)
+    >>> ShardReadOptions(readahead="no")
+    Traceback (most recent call last):
+    ...
+    TypeError: readahead must be True, False or None, got 'no'
+    """
+
+    mmap: bool | None = None
+    readahead: bool | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("mmap", "readahead"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, bool):
+                raise TypeError(f"{name} must be True, False or None, got {value!r}")
+
+
+_DEFAULT_OPTIONS = ShardReadOptions()
+
+
+def _check_read_options(read_options: Any) -> ShardReadOptions:
+    """``read_options``, or the defaults for ``None``; ``TypeError`` for anything else."""
+    if read_options is None:
+        return _DEFAULT_OPTIONS
+    if not isinstance(read_options, ShardReadOptions):
+        raise TypeError(f"read_options must be a ShardReadOptions or None, got {read_options!r}")
+    return read_options
+
+
+def _switched_on(variable: str) -> bool:
+    """Whether the environment variable ``variable`` is unset or not one of 0/false/no/off."""
+    return os.environ.get(variable, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def _open_mapped(stream: Any, options: ShardReadOptions) -> MappedFile | None:
+    """The mapping of the local file behind ``stream`` when ``options`` (or, for their
+    defaults, the environment) say to map it and it can be; else ``None``."""
+    mmap = options.mmap
+    if mmap is False or (mmap is None and not _switched_on(_MMAP_ENV)):
+        return None
+    readahead = options.readahead
+    if readahead is None:
+        readahead = _switched_on(_READAHEAD_ENV)
+    return MappedFile.open(stream, check_fs=mmap is None, readahead=readahead)
 
 
 # --------------------------------------------------------------------------------------------
@@ -239,7 +315,7 @@ def _check_not_compressed(header: bytes, offset: int, source: str | None) -> Non
 
 
 def iter_tar_members(
-    stream: BinaryIO, *, source: str | None = None, mmap: bool | None = None
+    stream: BinaryIO, *, source: str | None = None, read_options: ShardReadOptions | None = None
 ) -> Iterator[tuple[str, bytes | memoryview]]:
     """Yield ``(member name, payload)`` for each regular file of a tar stream, in order.
 
@@ -263,10 +339,8 @@ def iter_tar_members(
         stream: a binary stream positioned at the start of the archive (anything with
             ``read(n)``; it is not closed).
         source: the shard's path or URL, named in error messages.
-        mmap: ``None`` (default): map local files unless the environment variable
-            ``SPEECHPIPE_SHARD_MMAP`` is ``0`` or the file is on a network or FUSE file system
-            (:data:`NETWORK_FILE_SYSTEMS`, from ``/proc/self/mounts``); ``True``: map local
-            files wherever they are; ``False``: always read, every payload ``bytes``.
+        read_options: mapping and read-ahead (:class:`ShardReadOptions`; ``None``: its
+            defaults).
 
     Raises:
         DataError: the stream ends before the end-of-archive marker (a zero block) --
@@ -288,17 +362,13 @@ def iter_tar_members(
     ...
     speechpipe.errors.DataError: mem.tar: truncated shard: it ends after member 'utt1.txt' ...
     """
-    if mmap is None:
-        mmap, auto = _mmap_default(), True
-    else:
-        auto = False
-    mapped = _MappedFile.open(stream, check_fs=auto) if mmap else None
+    mapped = _open_mapped(stream, _check_read_options(read_options))
     if mapped is None:
-        yield from _iter_members(stream.read, None, source)
+        yield from _iter_members(_StreamReader(stream.read, source))
         return
     finished = False
     try:
-        yield from _iter_members(None, mapped, source)
+        yield from _iter_members(_MappedReader(mapped, source))
         finished = True
         # Leave the stream where the reading path leaves it (after the trailer it reads).
         if not mapped.file.closed:
@@ -307,159 +377,217 @@ def iter_tar_members(
         mapped.release(finished)
 
 
+def _after(last: str | None) -> str:
+    """Where a walk is, for error messages: after its last complete member."""
+    return f"after member {last!r}" if last is not None else "before any member"
+
+
+class _StreamReader:
+    """The tar walk's reads from a stream; every payload is ``bytes``."""
+
+    __slots__ = ("_read", "source", "last")
+
+    def __init__(self, read: Callable[[int], bytes], source: str | None) -> None:
+        self._read = read
+        self.source = source
+        self.last: str | None = None  # the last complete member, named in errors
+
+    def read(self, n: int) -> bytes:
+        """``n`` bytes, fewer only at the end of the stream; a failed read as a DataError."""
+        try:
+            return _read_exact(self._read, n)
+        except DataError:
+            raise
+        except OSError as exc:
+            raise DataError(f"cannot read shard ({_after(self.last)}): {exc}",
+                            source=self.source) from exc
+
+    def payload(self, n: int, name: str = "") -> bytes:
+        return self.read(n)
+
+    def check_unchanged(self) -> None:
+        """A stream cannot shrink under its reader."""
+
+    def read_trailer(self) -> None:
+        self.read(_TRAILER)
+
+
+class _MappedReader:
+    """The tar walk's reads from a mapped file: array and audio payloads of ``_VIEW_MIN``
+    bytes or more are views of the mapping, the rest ``bytes``."""
+
+    __slots__ = ("mapped", "source", "last")
+
+    def __init__(self, mapped: MappedFile, source: str | None) -> None:
+        self.mapped = mapped
+        self.source = source
+        self.last: str | None = None  # the last complete member, named in errors
+
+    def read(self, n: int) -> bytes:
+        return self.mapped.read(n)
+
+    def payload(self, n: int, name: str = "") -> bytes | memoryview:
+        if n >= _VIEW_MIN and name.rpartition(".")[2].lower() in _VIEW_EXTENSIONS:
+            return self.mapped.view(n)
+        return self.mapped.read(n)
+
+    def check_unchanged(self) -> None:
+        """Raise if the file has become shorter than its mapping (touching the cut part of
+        the mapping would be a SIGBUS)."""
+        now = self.mapped.shrunk()
+        if now is not None:
+            raise DataError(
+                f"the shard file shrank from {self.mapped.size} to {now} bytes while it was "
+                f"being read ({_after(self.last)}): it was modified in place",
+                source=self.source,
+            )
+
+    def read_trailer(self) -> None:
+        self.mapped.skip(_TRAILER)
+
+
 def _iter_members(
-    read: Callable[[int], bytes] | None, mapped: _MappedFile | None, source: str | None
+    reader: _StreamReader | _MappedReader,
 ) -> Iterator[tuple[str, bytes | memoryview]]:
-    """The tar walk of :func:`iter_tar_members`, over ``read`` or a mapped file."""
+    """The tar walk of :func:`iter_tar_members`: header by header, extended headers
+    (GNU long names, pax) gathered for the member that follows them."""
+    source = reader.source
     offset = 0  # byte offset of the next header
     pad = 0  # padding of the previous payload, read together with the next header
-    last: str | None = None  # last complete member
     long_name: str | None = None
     pax: dict[str, str] = {}
-
-    def after() -> str:
-        return f"after member {last!r}" if last is not None else "before any member"
-
-    if mapped is None:
-        def read_or_wrap(n: int) -> bytes:
-            try:
-                return _read_exact(read, n)
-            except DataError:
-                raise
-            except OSError as exc:
-                raise DataError(f"cannot read shard ({after()}): {exc}",
-                                source=source) from exc
-
-        payload_or_wrap = read_or_wrap
-    else:
-        read_or_wrap = mapped.read
-
-        def payload_or_wrap(n: int, name: str = "") -> bytes | memoryview:
-            if n >= _VIEW_MIN and name.rpartition(".")[2].lower() in _VIEW_EXTENSIONS:
-                return mapped.view(n)
-            return mapped.read(n)
-
     while True:
-        if mapped is not None:
-            now = mapped.shrunk()
-            if now is not None:
-                raise DataError(
-                    f"the shard file shrank from {mapped.size} to {now} bytes while it was "
-                    f"being read ({after()}): it was modified in place",
-                    source=source,
-                )
-        block = read_or_wrap(pad + BLOCK)
-        header = block[pad:] if pad else block
+        reader.check_unchanged()
+        header = _next_header(reader, pad, offset + pad)
         offset += pad
-        if len(header) < BLOCK:
-            _check_not_compressed(header, offset, source)
-            if not header:
-                raise DataError(
-                    f"{_TRUNCATED}: it ends {after()} without the end-of-archive marker "
-                    f"(at byte offset {offset})",
-                    source=source,
-                )
-            raise DataError(
-                f"{_TRUNCATED}: partial header ({len(header)} of {BLOCK} bytes) at byte "
-                f"offset {offset}, {after()}",
-                source=source,
-            )
-        if header == _ZERO_BLOCK:
+        if header is None:  # the end-of-archive marker
             if long_name is not None or pax:
                 raise DataError(
                     f"extended header at the end of the archive is not followed by a member "
-                    f"({after()})",
+                    f"({_after(reader.last)})",
                     source=source,
                 )
             # Read the rest (the record padding after the marker), so that an opener sees the
             # end of its stream and can check it (HTTP length, a command's exit status).
-            if mapped is None:
-                read_or_wrap(_TRAILER)
-            else:
-                mapped.skip(_TRAILER)
+            reader.read_trailer()
             return
-        ok = _checksum_ok(header)
-        if not ok:
-            _check_not_compressed(header, offset, source)
-            what = "bad header checksum" if ok is False else "bad header checksum (not a number)"
-            raise DataError(
-                f"{what} at byte offset {offset} ({after()}): not a tar header, or a "
-                "corrupt shard",
-                source=source,
-            )
         typeflag = header[156:157]
         size = _parse_number(header[124:136])
         if size is None:
             raise DataError(
                 f"invalid size field {header[124:136]!r} in the header at byte offset "
-                f"{offset} ({after()})",
+                f"{offset} ({_after(reader.last)})",
                 source=source,
             )
         data_offset = offset + BLOCK
-
-        if typeflag in (_GNU_LONGNAME, _GNU_LONGLINK, _PAX_HEADER, _PAX_GLOBAL):
-            payload = read_or_wrap(size)
+        if typeflag in _EXTENDED:
+            payload = reader.read(size)
             if len(payload) < size:
                 raise DataError(
                     f"{_TRUNCATED}: extended header at byte offset {offset} has "
-                    f"{len(payload)} of {size} bytes ({after()})",
+                    f"{len(payload)} of {size} bytes ({_after(reader.last)})",
                     source=source,
                 )
             if typeflag == _GNU_LONGNAME:
                 long_name = _decode_name(_nts(payload))
             elif typeflag == _PAX_HEADER:
                 pax.update(_parse_pax(payload, source=source, offset=data_offset))
-            offset = data_offset + size
-            pad = -size % BLOCK
-            continue
-
-        if "path" in pax and pax["path"]:
-            name = pax["path"]
-        elif long_name is not None:
-            name = long_name
         else:
-            name = _decode_name(_nts(header[:100]))
-            if header[257:263] == _POSIX_MAGIC:
-                prefix = _nts(header[345:500])
-                if prefix:
-                    name = _decode_name(prefix) + "/" + name
-        if pax.get("size"):
-            if not (pax["size"].isascii() and pax["size"].isdigit()):
-                raise DataError(f"invalid pax size {pax['size']!r}", source=source, member=name)
-            size = int(pax["size"])
-        if any(k.startswith("GNU.sparse.") for k in pax):
-            raise DataError("unsupported member type GNU sparse file (pax)", source=source,
-                            member=name)
-        long_name = None
-        pax = {}
+            name, size = _member_name(header, size, long_name, pax, source)
+            long_name, pax = None, {}
+            data = _member_payload(reader, typeflag, name, size)
+            reader.last = name
+            if data is not None:
+                yield name, data
+        offset = data_offset + size
+        pad = -size % BLOCK
 
-        if typeflag in _REGULAR and not (typeflag == b"\0" and name.endswith("/")):
-            # one read into a new bytes object (one copy), or a view of the mapped file
-            data = payload_or_wrap(size, name) if mapped is not None else payload_or_wrap(size)
-            if len(data) < size:
-                raise DataError(
-                    f"{_TRUNCATED}: member payload has {len(data)} of {size} bytes",
-                    source=source,
-                    member=name,
-                )
-            last = name
-            yield name, data
-        elif typeflag == _DIRECTORY or typeflag == b"\0":
-            skipped = payload_or_wrap(size) if size else b""
-            if len(skipped) < size:
-                raise DataError(f"{_TRUNCATED}: directory entry payload is cut short",
-                                source=source, member=name)
-            last = name
-        else:
-            kind = _TYPE_NAMES.get(typeflag, f"typeflag {typeflag!r}")
+
+def _next_header(reader: _StreamReader | _MappedReader, pad: int, offset: int) -> bytes | None:
+    """The header at byte ``offset`` (read after ``pad`` bytes of the previous payload's
+    padding), its checksum verified; ``None`` for the end-of-archive marker (a zero block)."""
+    source = reader.source
+    block = reader.read(pad + BLOCK)
+    header = block[pad:] if pad else block
+    if len(header) < BLOCK:
+        _check_not_compressed(header, offset, source)
+        if not header:
             raise DataError(
-                f"unsupported member type: {kind}; shards may hold only regular files "
-                "(and directories, which are skipped)",
+                f"{_TRUNCATED}: it ends {_after(reader.last)} without the end-of-archive "
+                f"marker (at byte offset {offset})",
+                source=source,
+            )
+        raise DataError(
+            f"{_TRUNCATED}: partial header ({len(header)} of {BLOCK} bytes) at byte "
+            f"offset {offset}, {_after(reader.last)}",
+            source=source,
+        )
+    if header == _ZERO_BLOCK:
+        return None
+    ok = _checksum_ok(header)
+    if not ok:
+        _check_not_compressed(header, offset, source)
+        what = "bad header checksum" if ok is False else "bad header checksum (not a number)"
+        raise DataError(
+            f"{what} at byte offset {offset} ({_after(reader.last)}): not a tar header, or a "
+            "corrupt shard",
+            source=source,
+        )
+    return header
+
+
+def _member_name(header: bytes, size: int, long_name: str | None, pax: dict[str, str],
+                 source: str | None) -> tuple[str, int]:
+    """A member's name and payload size: a pax ``path`` before a GNU long name before the
+    ustar ``prefix/name``; a pax ``size`` before the header's."""
+    if "path" in pax and pax["path"]:
+        name = pax["path"]
+    elif long_name is not None:
+        name = long_name
+    else:
+        name = _decode_name(_nts(header[:100]))
+        if header[257:263] == _POSIX_MAGIC:
+            prefix = _nts(header[345:500])
+            if prefix:
+                name = _decode_name(prefix) + "/" + name
+    if pax.get("size"):
+        if not (pax["size"].isascii() and pax["size"].isdigit()):
+            raise DataError(f"invalid pax size {pax['size']!r}", source=source, member=name)
+        size = int(pax["size"])
+    if any(k.startswith("GNU.sparse.") for k in pax):
+        raise DataError("unsupported member type GNU sparse file (pax)", source=source,
+                        member=name)
+    return name, size
+
+
+def _member_payload(reader: _StreamReader | _MappedReader, typeflag: bytes, name: str,
+                    size: int) -> bytes | memoryview | None:
+    """A regular file's payload; ``None`` for a directory (its payload, if any, skipped).
+    Other member types raise."""
+    source = reader.source
+    if typeflag in _REGULAR and not (typeflag == b"\0" and name.endswith("/")):
+        # one read into a new bytes object (one copy), or a view of the mapped file
+        data = reader.payload(size, name)
+        if len(data) < size:
+            raise DataError(
+                f"{_TRUNCATED}: member payload has {len(data)} of {size} bytes",
                 source=source,
                 member=name,
             )
-        offset = data_offset + size
-        pad = -size % BLOCK
+        return data
+    if typeflag == _DIRECTORY or typeflag == b"\0":
+        skipped = reader.payload(size) if size else b""
+        if len(skipped) < size:
+            raise DataError(f"{_TRUNCATED}: directory entry payload is cut short",
+                            source=source, member=name)
+        return None
+    kind = _TYPE_NAMES.get(typeflag, f"typeflag {typeflag!r}")
+    raise DataError(
+        f"unsupported member type: {kind}; shards may hold only regular files "
+        "(and directories, which are skipped)",
+        source=source,
+        member=name,
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -592,8 +720,9 @@ class ShardReaderIterDataPipe(IterDataPipe[Sample]):
             :attr:`diagnostics` under ``"truncated shard"`` or ``"corrupt shard"``, continues
             with the next shard and warns at the end of the pass. Counts cover the current
             (or last) pass.
-        mmap: map local files (``None``: unless ``SPEECHPIPE_SHARD_MMAP=0``; see
-            :func:`iter_tar_members`); ``False`` reads them, every field ``bytes``.
+        read_options: mapping and read-ahead of local files (:class:`ShardReadOptions`;
+            ``None``: its defaults); ``ShardReadOptions(mmap=False)`` reads them, every field
+            ``bytes``.
 
     >>> import os, tempfile
     >>> from speechpipe.pipes._base import IterableWrapper
@@ -607,13 +736,15 @@ class ShardReaderIterDataPipe(IterDataPipe[Sample]):
     """
 
     def __init__(
-        self, source_datapipe: IterDataPipe, *, on_error: str = "raise", mmap: bool | None = None
+        self,
+        source_datapipe: IterDataPipe,
+        *,
+        on_error: str = "raise",
+        read_options: ShardReadOptions | None = None,
     ) -> None:
-        if mmap is not None and not isinstance(mmap, bool):
-            raise TypeError(f"mmap must be True, False or None, got {mmap!r}")
         self.source_datapipe = source_datapipe
         self.on_error = check_on_error(on_error)
-        self.mmap = mmap
+        self.read_options = _check_read_options(read_options)
         self.diagnostics = Diagnostics("read_shards")
 
     def __iter__(self) -> Iterator[Sample]:
@@ -629,8 +760,8 @@ class ShardReaderIterDataPipe(IterDataPipe[Sample]):
             name, stream = item
             source = os.fspath(name) if isinstance(name, os.PathLike) else str(name)
             try:
-                yield from group_by_key(iter_tar_members(stream, source=source, mmap=self.mmap),
-                                        source=source)
+                members = iter_tar_members(stream, source=source, read_options=self.read_options)
+                yield from group_by_key(members, source=source)
             except DataError as err:
                 self.diagnostics.handle(self.on_error, err, _skip_reason(err))
             finally:
