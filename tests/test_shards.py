@@ -682,7 +682,7 @@ def test_valid_property_fixtures_read_cleanly():
 # memory-mapped local files: the same members and errors as the reading path, payloads as views
 # --------------------------------------------------------------------------------------------
 
-BIG = 1 << 16  # payloads from this size on are views of the mapping (shards._VIEW_MIN)
+BIG = 1 << 16  # payloads from this size on are views of the mapping (_tar._VIEW_MIN)
 MAPPED = ShardReadOptions(mmap=True)
 READ = ShardReadOptions(mmap=False)
 

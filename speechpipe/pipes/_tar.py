@@ -1,7 +1,8 @@
 """The tar format, read: header by header, checked, into ``(member name, payload)`` pairs.
 
-:func:`speechpipe.pipes.shards.iter_tar_members` walks a shard with :func:`_iter_members` over
-a stream (:class:`_StreamReader`) or a mapped file (:class:`_MappedReader`).
+:func:`speechpipe.pipes.shards.iter_tar_members` (whose docstring says which formats and
+errors) walks a shard with :func:`iter_members` over a stream (:class:`StreamReader`) or a
+mapped file (:class:`MappedReader`).
 """
 
 from __future__ import annotations
@@ -10,9 +11,8 @@ from typing import Callable, Iterator
 
 from ..errors import DataError
 from ._mmap import MappedFile
-from .decode import AUDIO_EXTENSIONS, NPY_EXTENSIONS
 
-__all__: list[str] = []
+__all__ = ["BLOCK", "MappedReader", "StreamReader", "TRUNCATED", "iter_members"]
 
 BLOCK = 512
 _ZERO_BLOCK = bytes(BLOCK)
@@ -24,10 +24,6 @@ _TRAILER = 1 << 20
 # Mapped shards: payloads of at least _VIEW_MIN bytes are zero-copy views of the mapping,
 # smaller ones are copied into bytes.
 _VIEW_MIN = 1 << 16
-# Only arrays and audio are views (what ``decode`` turns into arrays; bytes-like consumers --
-# numpy, soundfile, io.BytesIO -- take them); text, JSON and unknown members stay ``bytes``,
-# whatever their size, so that ``payload.decode()`` keeps working on them.
-_VIEW_EXTENSIONS = frozenset(AUDIO_EXTENSIONS + NPY_EXTENSIONS)
 _REGULAR = (b"0", b"\0", b"7")  # '7' (contiguous file) is a regular file for every reader
 _DIRECTORY = b"5"
 _GNU_LONGNAME = b"L"
@@ -49,7 +45,7 @@ _TYPE_NAMES = {
 _POSIX_MAGIC = b"ustar\x00"
 _COMPRESSED = (b"\x1f\x8b", b"BZh", b"\xfd7zXZ\x00", b"\x28\xb5\x2f\xfd")
 
-_TRUNCATED = "truncated shard"
+TRUNCATED = "truncated shard"
 
 
 def _read_exact(read: Callable[[int], bytes], n: int) -> bytes:
@@ -157,7 +153,7 @@ def _after(last: str | None) -> str:
     return f"after member {last!r}" if last is not None else "before any member"
 
 
-class _StreamReader:
+class StreamReader:
     """The tar walk's reads from a stream; every payload is ``bytes``."""
 
     __slots__ = ("_read", "source", "last")
@@ -187,22 +183,25 @@ class _StreamReader:
         self.read(_TRAILER)
 
 
-class _MappedReader:
-    """The tar walk's reads from a mapped file: array and audio payloads of ``_VIEW_MIN``
-    bytes or more are views of the mapping, the rest ``bytes``."""
+class MappedReader:
+    """The tar walk's reads from a mapped file: payloads of ``_VIEW_MIN`` bytes or more whose
+    member name ends with one of ``view_extensions`` (lower case, without the dot) are views of
+    the mapping, the rest ``bytes``."""
 
-    __slots__ = ("mapped", "source", "last")
+    __slots__ = ("mapped", "source", "view_extensions", "last")
 
-    def __init__(self, mapped: MappedFile, source: str | None) -> None:
+    def __init__(self, mapped: MappedFile, source: str | None,
+                 view_extensions: frozenset[str]) -> None:
         self.mapped = mapped
         self.source = source
+        self.view_extensions = view_extensions
         self.last: str | None = None  # the last complete member, named in errors
 
     def read(self, n: int) -> bytes:
         return self.mapped.read(n)
 
     def payload(self, n: int, name: str = "") -> bytes | memoryview:
-        if n >= _VIEW_MIN and name.rpartition(".")[2].lower() in _VIEW_EXTENSIONS:
+        if n >= _VIEW_MIN and name.rpartition(".")[2].lower() in self.view_extensions:
             return self.mapped.view(n)
         return self.mapped.read(n)
 
@@ -221,8 +220,8 @@ class _MappedReader:
         self.mapped.skip(_TRAILER)
 
 
-def _iter_members(
-    reader: _StreamReader | _MappedReader,
+def iter_members(
+    reader: StreamReader | MappedReader,
 ) -> Iterator[tuple[str, bytes | memoryview]]:
     """The tar walk of :func:`iter_tar_members`: header by header, extended headers
     (GNU long names, pax) gathered for the member that follows them."""
@@ -259,7 +258,7 @@ def _iter_members(
             payload = reader.read(size)
             if len(payload) < size:
                 raise DataError(
-                    f"{_TRUNCATED}: extended header at byte offset {offset} has "
+                    f"{TRUNCATED}: extended header at byte offset {offset} has "
                     f"{len(payload)} of {size} bytes ({_after(reader.last)})",
                     source=source,
                 )
@@ -278,7 +277,7 @@ def _iter_members(
         pad = -size % BLOCK
 
 
-def _next_header(reader: _StreamReader | _MappedReader, pad: int, offset: int) -> bytes | None:
+def _next_header(reader: StreamReader | MappedReader, pad: int, offset: int) -> bytes | None:
     """The header at byte ``offset`` (read after ``pad`` bytes of the previous payload's
     padding), its checksum verified; ``None`` for the end-of-archive marker (a zero block)."""
     source = reader.source
@@ -288,12 +287,12 @@ def _next_header(reader: _StreamReader | _MappedReader, pad: int, offset: int) -
         _check_not_compressed(header, offset, source)
         if not header:
             raise DataError(
-                f"{_TRUNCATED}: it ends {_after(reader.last)} without the end-of-archive "
+                f"{TRUNCATED}: it ends {_after(reader.last)} without the end-of-archive "
                 f"marker (at byte offset {offset})",
                 source=source,
             )
         raise DataError(
-            f"{_TRUNCATED}: partial header ({len(header)} of {BLOCK} bytes) at byte "
+            f"{TRUNCATED}: partial header ({len(header)} of {BLOCK} bytes) at byte "
             f"offset {offset}, {_after(reader.last)}",
             source=source,
         )
@@ -335,7 +334,7 @@ def _member_name(header: bytes, size: int, long_name: str | None, pax: dict[str,
     return name, size
 
 
-def _member_payload(reader: _StreamReader | _MappedReader, typeflag: bytes, name: str,
+def _member_payload(reader: StreamReader | MappedReader, typeflag: bytes, name: str,
                     size: int) -> bytes | memoryview | None:
     """A regular file's payload; ``None`` for a directory (its payload, if any, skipped).
     Other member types raise."""
@@ -345,7 +344,7 @@ def _member_payload(reader: _StreamReader | _MappedReader, typeflag: bytes, name
         data = reader.payload(size, name)
         if len(data) < size:
             raise DataError(
-                f"{_TRUNCATED}: member payload has {len(data)} of {size} bytes",
+                f"{TRUNCATED}: member payload has {len(data)} of {size} bytes",
                 source=source,
                 member=name,
             )
@@ -353,7 +352,7 @@ def _member_payload(reader: _StreamReader | _MappedReader, typeflag: bytes, name
     if typeflag == _DIRECTORY or typeflag == b"\0":
         skipped = reader.payload(size) if size else b""
         if len(skipped) < size:
-            raise DataError(f"{_TRUNCATED}: directory entry payload is cut short",
+            raise DataError(f"{TRUNCATED}: directory entry payload is cut short",
                             source=source, member=name)
         return None
     kind = _TYPE_NAMES.get(typeflag, f"typeflag {typeflag!r}")

@@ -85,8 +85,8 @@ from ..errors import DataError
 from ..sample import KEY, SAMPLE_RATE, SOURCE, Sample
 from ._base import IterDataPipe, functional_datapipe
 from ._mmap import NETWORK_FILE_SYSTEMS, MappedFile
-from ._tar import BLOCK, _iter_members, _MappedReader, _StreamReader, _TRUNCATED
-from .decode import encode_field
+from ._tar import BLOCK, TRUNCATED, MappedReader, StreamReader, iter_members
+from .decode import AUDIO_EXTENSIONS, NPY_EXTENSIONS, encode_field
 
 __all__ = [
     "NETWORK_FILE_SYSTEMS",
@@ -99,6 +99,10 @@ __all__ = [
     "write_shard",
 ]
 
+# Mapped shards: only arrays and audio are views (what ``decode`` turns into arrays;
+# bytes-like consumers -- numpy, soundfile, io.BytesIO -- take them); text, JSON and unknown
+# members stay ``bytes``, whatever their size, so that ``payload.decode()`` keeps working.
+_VIEW_EXTENSIONS = frozenset(AUDIO_EXTENSIONS + NPY_EXTENSIONS)
 _RESERVED_FIELDS = (KEY, SOURCE)
 
 
@@ -229,11 +233,11 @@ def iter_tar_members(
     """
     mapped = _open_mapped(stream, _check_read_options(read_options))
     if mapped is None:
-        yield from _iter_members(_StreamReader(stream.read, source))
+        yield from iter_members(StreamReader(stream.read, source))
         return
     finished = False
     try:
-        yield from _iter_members(_MappedReader(mapped, source))
+        yield from iter_members(MappedReader(mapped, source, _VIEW_EXTENSIONS))
         finished = True
         # Leave the stream where the reading path leaves it (after the trailer it reads).
         if not mapped.file.closed:
@@ -339,7 +343,7 @@ def group_by_key(
 
 
 def _skip_reason(error: DataError) -> str:
-    kind = _TRUNCATED if getattr(error, "reason", "").startswith(_TRUNCATED) else "corrupt shard"
+    kind = TRUNCATED if getattr(error, "reason", "").startswith(TRUNCATED) else "corrupt shard"
     return f"{kind} (rest of the shard skipped)"
 
 
