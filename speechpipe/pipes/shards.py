@@ -12,7 +12,9 @@ Verbs and functions:
   names, pax headers) that *detects* truncation and corruption -- ``tarfile``'s stream mode
   ends silently on a truncated header -- and yields ``(member name, payload)``. A local file
   is memory-mapped and its large payloads are zero-copy read-only ``memoryview`` s of the
-  mapping (see "Memory-mapped shards" below); other streams are read.
+  mapping (see "Memory-mapped shards" below); other streams are read. The format itself is
+  read by the private :mod:`speechpipe.pipes._tar`.
+- :class:`ShardReadOptions`: whether local shards are mapped and read ahead.
 - :func:`group_by_key`: members to raw samples ``{"key", "source", "<field>": bytes, ...}``.
 - ``read_shards`` (:class:`ShardReaderIterDataPipe`): ``(path or URL, binary stream)`` pairs,
   as yielded by ``open`` or torch's ``open_files(mode="b")``, to raw samples; follow it with
@@ -121,8 +123,10 @@ class ShardReadOptions:
     what mapping and reading ahead do).
 
     Args:
-        read_options: mapping and read-ahead (:class:`ShardReadOptions`; ``None``: its
-            defaults).
+        mmap: ``None`` (default): map local files unless the environment variable
+            ``SPEECHPIPE_SHARD_MMAP`` is ``0`` or the file is on a network or FUSE file system
+            (:data:`NETWORK_FILE_SYSTEMS`, from ``/proc/self/mounts``); ``True``: map local
+            files wherever they are; ``False``: always read, every payload ``bytes``.
         readahead: a thread reading a mapped shard of 16 MiB or more ahead of its reader
             (Linux). ``None`` (default): yes, unless the environment variable
             ``SPEECHPIPE_SHARD_READAHEAD`` is ``0``; ``True``: yes; ``False``: no, the kernel
@@ -179,7 +183,7 @@ def _open_mapped(stream: Any, options: ShardReadOptions) -> MappedFile | None:
 
 
 # --------------------------------------------------------------------------------------------
-# Reading the tar format
+# Reading tar members (the format itself: _tar)
 # --------------------------------------------------------------------------------------------
 
 
@@ -201,8 +205,8 @@ def iter_tar_members(
     A stream reading a local regular file is memory-mapped instead (see the module's
     "Memory-mapped shards"): array and audio payloads of 64 KiB or more are then read-only
     ``memoryview`` s of the mapping, which stay valid after the stream is closed, and the
-    others ``bytes``; the
-    members, the errors and the stream's final position are those of the reading path.
+    others ``bytes``; the members, the errors and the stream's final position are those of the
+    reading path.
 
     Args:
         stream: a binary stream positioned at the start of the archive (anything with
