@@ -44,8 +44,8 @@ _READ_AHEAD = 1 << 23
 # Python 3.13+ can map without keeping a duplicate of the file descriptor; before, each
 # mapping holds one until it is unmapped.
 _MMAP_KWARGS: dict = {"trackfd": False} if sys.version_info >= (3, 13) else {}
-# Where a mapping holds a descriptor, at most this share of the soft limit of open files
-# (RLIMIT_NOFILE, often 1024) is held by live mappings (see the module docs).
+# Where a mapping holds a descriptor, live mappings hold at most 1/_FD_SHARE of the soft limit
+# of open files (RLIMIT_NOFILE, often 1024; see the module docs).
 _FD_SHARE = 4
 _live_mappings = 0
 _live_lock = threading.Lock()
@@ -102,7 +102,7 @@ def _local_file(stream: Any) -> Any | None:
 
 
 #: File systems whose read errors would reach a mapped page as SIGBUS: shards there are read,
-#: not mapped, unless ``mmap=True`` is asked for (``fuse.*`` covers sshfs, gcsfuse, s3fs...).
+#: not mapped, unless ``ShardReadOptions(mmap=True)`` asks for it (``fuse.*``: sshfs, s3fs...).
 NETWORK_FILE_SYSTEMS = frozenset({
     "9p", "afs", "beegfs", "ceph", "cifs", "glusterfs", "gpfs", "lustre", "ncpfs", "nfs", "nfs4",
     "smb3", "smbfs", "virtiofs",
