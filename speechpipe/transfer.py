@@ -3,9 +3,8 @@
 A batch collated in a DataLoader worker is sent to the main process in shared memory. torch
 makes a fresh shared segment for every batch: the worker creates it and faults in every page
 as the rows are copied in (zero-filled by the kernel), the main process maps it and faults in
-every page again, and both free it. For an 8 MB padded batch that is about 4 ms of the
-worker's 5 ms (collating into private memory takes 1 ms), and with two workers on two cores
-it bounds the loader (``benchmarks/bench_shards.py``).
+every page again, and both free it: for a batch of megabytes, most of the worker's time per
+batch, enough to bound a loader whose workers fill the cores.
 
 With :func:`speechpipe.loader.build_loader` (``reuse_shared_memory=True``, the default with
 workers), each worker keeps a small pool of shared segments (*slots*) and collates into them
@@ -21,8 +20,8 @@ of the batch that used it:
   main process's storage is registered (:func:`_rebuild`);
 - a slot's segment crosses to the main process once: torch passes every shared storage as a
   file descriptor, which costs a connection to the sending worker (its resource-sharer
-  thread, with an authentication handshake: about 1 ms a tensor on a busy 2-CPU machine,
-  and the worker's interpreter must answer). The main process keeps each slot's segment
+  thread, with an authentication handshake, which the worker's interpreter must answer).
+  The main process keeps each slot's segment
   mapped and records its generation in a second shared table; while it matches, the worker
   sends only where the tensor lies in the slot (:class:`_SlotRef`), and the main process
   gives the batch a view of the mapping with a storage of its own, whose death frees the
@@ -46,6 +45,8 @@ rarely made and batches go as torch sends them; ``reuse_shared_memory=False`` tu
 off); only tensors of :data:`MIN_BYTES` or more use slots; a collated tensor the worker drops
 instead of yielding, or a batch the main process discards (a pass left early with persistent
 workers), keeps its slot until the worker exits.
+
+Measurements: benchmarks/README.md, "Worker transfer".
 """
 
 from __future__ import annotations

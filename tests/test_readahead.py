@@ -3,8 +3,9 @@
 What is checked, on real files with their pages evicted from the page cache
 (``posix_fadvise(DONTNEED)``; skipped where the file system keeps them, as tmpfs does):
 
-- a helper starts for a large file, not for a small one or with
-  ``SPEECHPIPE_SHARD_READAHEAD=0``; it reads (copies) a file not all in the page cache, and
+- a helper starts for a large file, not for a small one or when not wanted
+  (``ShardReadOptions(readahead=False)``, or ``SPEECHPIPE_SHARD_READAHEAD=0`` for the
+  default); it reads (copies) a file not all in the page cache, and
   only populates one that is (residency sampled over the whole file);
 - it brings the pages ahead of the reader into the page cache (``mincore``) and into this
   process's page table (``/proc/self/pagemap``'s present bit), no further than its window past
@@ -36,13 +37,16 @@ import speechpipe  # noqa: F401  (registers the pipes)
 from speechpipe.errors import DataError
 from speechpipe.pipes import _readahead
 from speechpipe.pipes._base import IterableWrapper
-from speechpipe.pipes.shards import ShardWriter, iter_tar_members
+from speechpipe.pipes.shards import ShardReadOptions, ShardWriter, iter_tar_members
 
 MIB = 1 << 20
 PAGE = mmap.PAGESIZE
 THREAD = "speechpipe-shard-readahead"
 
-pytestmark = pytest.mark.skipif(not _readahead.enabled(),
+MAPPED = ShardReadOptions(mmap=True)
+NO_READAHEAD = ShardReadOptions(readahead=False)
+
+pytestmark = pytest.mark.skipif(not _readahead.supported(),
                                 reason="read-ahead helpers are Linux-only")
 
 
@@ -153,12 +157,11 @@ def test_stop_ends_the_helper_and_closes_its_descriptor(tmp_path, small_window):
     assert open_fds() == before
 
 
-def test_no_helper_for_a_small_file_or_when_switched_off(tmp_path, monkeypatch, small_window):
+def test_no_helper_for_a_small_file_or_when_switched_off(tmp_path, small_window):
     path = cold_file(tmp_path / "big.bin", 8 * MIB)
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
         assert _readahead.start(m, f.fileno(), 7 * MIB) is None  # 1 MiB left: under 2 MiB
-        monkeypatch.setenv("SPEECHPIPE_SHARD_READAHEAD", "0")
-        assert _readahead.start(m, f.fileno(), 0) is None
+        assert _readahead.start(m, f.fileno(), 0, False) is None
     assert helper_threads() == 0
 
 
@@ -237,7 +240,7 @@ def test_a_cold_shard_is_read_with_a_helper_and_gives_the_members_of_the_reading
     helpers = capture_helpers(monkeypatch)
     with open(path, "rb") as f:
         mapped = []
-        for name, data in iter_tar_members(f, source=path, mmap=True):
+        for name, data in iter_tar_members(f, source=path, read_options=MAPPED):
             [helper] = helpers  # started with the first member
             # A reader that outruns its helper ends it before it is done: let it catch up, to
             # see that the reader tells it where it is.
@@ -248,7 +251,8 @@ def test_a_cold_shard_is_read_with_a_helper_and_gives_the_members_of_the_reading
     # helper where it was.
     assert helper.copied == helper.populated == size
     with open(path, "rb") as f:
-        read = [(name, bytes(data)) for name, data in iter_tar_members(f, mmap=False)]
+        read = [(name, bytes(data))
+                for name, data in iter_tar_members(f, read_options=ShardReadOptions(mmap=False))]
     assert mapped == read and len(read) == 24
     assert open_fds() == before
 
@@ -271,7 +275,7 @@ def test_a_reader_that_finishes_first_leaves_its_helper_to_read_the_rest(tmp_pat
 
     monkeypatch.setattr(_readahead.os, "preadv", gated_preadv)
     with open(path, "rb") as f:
-        views = dict(iter_tar_members(f, source=path, mmap=True))  # the reader is done
+        views = dict(iter_tar_members(f, source=path, read_options=MAPPED))  # the reader is done
     [helper] = helpers
     assert helper.alive and helper.copied == 0  # still in its first read
     gate.set()
@@ -289,7 +293,7 @@ def test_stopping_early_ends_the_helper(tmp_path, small_window):
     path, _ = big_shard(tmp_path)
     before = open_fds()
     with open(path, "rb") as f:
-        members = iter_tar_members(f, source=path, mmap=True)
+        members = iter_tar_members(f, source=path, read_options=MAPPED)
         next(members)
         assert helper_threads() == 1
         members.close()
@@ -297,12 +301,27 @@ def test_stopping_early_ends_the_helper(tmp_path, small_window):
     assert open_fds() == before
 
 
+def test_the_environment_variable_turns_the_default_off_not_an_explicit_request(
+        tmp_path, monkeypatch, small_window):
+    """``SPEECHPIPE_SHARD_READAHEAD=0`` overrides the default (``readahead=None``) only."""
+    path, _ = big_shard(tmp_path)
+    helpers = capture_helpers(monkeypatch)
+    monkeypatch.setenv("SPEECHPIPE_SHARD_READAHEAD", "0")
+    for options in (MAPPED, ShardReadOptions(mmap=True, readahead=True)):
+        evict(path)
+        with open(path, "rb") as f:
+            assert len(list(iter_tar_members(f, source=path, read_options=options))) == 24
+    assert helpers[0] is None and helpers[1] is not None
+    wait_until(lambda: not helpers[1].alive)
+    assert helper_threads() == 0
+
+
 def test_a_shard_cut_while_its_helper_reads_it_raises_the_shrinking_error(tmp_path,
                                                                          small_window):
     path, _ = big_shard(tmp_path)
     size = os.path.getsize(path)
     with open(path, "rb") as f:
-        members = iter_tar_members(f, source="d.tar", mmap=True)
+        members = iter_tar_members(f, source="d.tar", read_options=MAPPED)
         name, _ = next(members)
         assert name == "utt00.feats.npy"
         os.truncate(path, size // 2)  # the helper meets a short read or a failed populate
@@ -317,16 +336,16 @@ def test_sharded_shuffle_over_cold_shards_gives_the_samples_of_the_switched_off_
     paths, feats = feature_shards(tmp_path, count=30, per_shard=10, frames=(2000, 37), seed=3)
     helpers = capture_helpers(monkeypatch)
 
-    def run():
+    def run(options=None):
         for path in paths:
             evict(path)
-        pipe = IterableWrapper(paths).sharded_shuffle(buffer_size=7, seed=5).decode()
+        pipe = IterableWrapper(paths).sharded_shuffle(buffer_size=7, seed=5,
+                                                      read_options=options).decode()
         return [(s["key"], s["feats"].copy(), s["text"]) for s in pipe]
 
     with_helpers = run()
     assert [h is not None for h in helpers] == [True] * 3  # one helper per cold shard
-    monkeypatch.setenv("SPEECHPIPE_SHARD_READAHEAD", "0")
-    without = run()
+    without = run(NO_READAHEAD)
     assert helpers[3:] == [None] * 3
     assert [k for k, _, _ in with_helpers] == [k for k, _, _ in without]
     assert sorted(k for k, _, _ in with_helpers) == sorted(feats)
@@ -356,10 +375,11 @@ def test_dataloader_workers_read_cold_shards_with_helpers_and_give_the_same_batc
 
     monkeypatch.setattr(_readahead, "start", logging_start)
 
-    def batches():
+    def batches(options=None):
         for path in paths:
             evict(path)
-        pipe = (IterableWrapper(paths).sharded_shuffle(buffer_size=6, seed=2).decode()
+        pipe = (IterableWrapper(paths).sharded_shuffle(buffer_size=6, seed=2,
+                                                       read_options=options).decode()
                 .batch(4).collate(collate_fn=PadCollate(fields=("key", "feats"))))
         loader = build_loader(pipe, num_workers=2, seed=0, multiprocessing_context="fork",
                               resumable=False)  # torch's batch
@@ -369,8 +389,7 @@ def test_dataloader_workers_read_cold_shards_with_helpers_and_give_the_same_batc
     pids = log.read_text().split()
     assert len(pids) == 4 and len(set(pids)) == 2  # a helper per shard, in both workers
     assert str(os.getpid()) not in pids
-    monkeypatch.setenv("SPEECHPIPE_SHARD_READAHEAD", "0")
-    without = batches()
+    without = batches(NO_READAHEAD)
     assert log.read_text().split() == pids  # none with read-ahead off
     assert [k for k, _, _ in with_helpers] == [k for k, _, _ in without]
     assert sorted(k for keys, _, _ in with_helpers for k in keys) == sorted(feats)

@@ -133,12 +133,49 @@ def test_torch_datapipe_machinery_is_imported_in_one_module_only():
     assert offenders == []
 
 
+_CLASS_PROBE = """
+import json
+from torch.utils.data import IterDataPipe, MapDataPipe
+
+def state(cls):
+    return {k: [id(v), repr(v)] for k, v in vars(cls).items() if k != "functions"}
+
+def functions(cls):
+    return {k: [id(v), v.args[0].__module__] for k, v in cls.functions.items()}
+
+before = {c.__name__: [state(c), functions(c)] for c in (IterDataPipe, MapDataPipe)}
+import speechpipe
+after = {c.__name__: [state(c), functions(c)] for c in (IterDataPipe, MapDataPipe)}
+print(json.dumps({"before": before, "after": after}))
+"""
+
+
+def test_import_leaves_torchs_datapipe_classes_as_they_were():
+    """Importing speechpipe (in a fresh interpreter) changes nothing in the class dicts of
+    torch's ``IterDataPipe`` and ``MapDataPipe`` but the functional names it registers through
+    torch's own registry (their ``functions``): no attribute is added or replaced, so other
+    libraries' DataPipes behave as without speechpipe."""
+    out = subprocess.run([sys.executable, "-c", _CLASS_PROBE], check=True, capture_output=True,
+                         text=True)
+    probe = json.loads(out.stdout.strip().splitlines()[-1])
+    for kind in ("IterDataPipe", "MapDataPipe"):
+        (state_before, functions_before) = probe["before"][kind]
+        (state_after, functions_after) = probe["after"][kind]
+        assert state_after == state_before, kind
+        added = {k: v for k, v in functions_after.items() if k not in functions_before}
+        assert {k: functions_after[k] for k in functions_before} == functions_before, kind
+        assert added and all(module.startswith("speechpipe.") for _, module in added.values())
+
+
 def test_child_pipes_of_fork_and_demux_still_enforce_their_rules():
-    """_base sets ``_is_child_datapipe = False`` on IterDataPipe (a per-item cost of torch's
-    hook); fork's and demux's children keep True, so torch still checks them."""
+    """speechpipe's own stages have ``_is_child_datapipe = False`` (set by _base's
+    plain_iterator: a per-item cost of torch's hook); torch's IterDataPipe is left without it,
+    and fork's and demux's children keep True, so torch still checks them."""
     from speechpipe.pipes._base import IterableWrapper, IterDataPipe
 
-    assert IterDataPipe._is_child_datapipe is False
+    assert "_is_child_datapipe" not in vars(IterDataPipe)
+    classes = _speechpipe_pipe_classes()
+    assert classes and all(c._is_child_datapipe is False for c in classes)
     a, b = IterableWrapper(range(6)).fork(2)
     assert a._is_child_datapipe is True
     assert list(zip(a, b)) == [(i, i) for i in range(6)]

@@ -29,6 +29,7 @@ from speechpipe.pipes import decode as _decode  # noqa: F401  (registers decode)
 from speechpipe.pipes._base import IterableWrapper
 from speechpipe.pipes.shards import (
     ShardReaderIterDataPipe,
+    ShardReadOptions,
     ShardWriter,
     group_by_key,
     iter_tar_members,
@@ -681,7 +682,9 @@ def test_valid_property_fixtures_read_cleanly():
 # memory-mapped local files: the same members and errors as the reading path, payloads as views
 # --------------------------------------------------------------------------------------------
 
-BIG = 1 << 16  # payloads from this size on are views of the mapping (shards._VIEW_MIN)
+BIG = 1 << 16  # payloads from this size on are views of the mapping (_tar._VIEW_MIN)
+MAPPED = ShardReadOptions(mmap=True)
+READ = ShardReadOptions(mmap=False)
 
 
 def _mixed_tar() -> bytes:
@@ -696,13 +699,13 @@ def _mixed_tar() -> bytes:
 
 
 def _both_paths(path, source="s.tar"):
-    """(members or the error message, final stream position) with mmap=True and mmap=False."""
+    """(members or the error message, final stream position) mapped and read."""
     out = []
-    for mmap in (True, False):
+    for options in (MAPPED, READ):
         got = []
         with open(path, "rb") as f:
             try:
-                for name, data in iter_tar_members(f, source=source, mmap=mmap):
+                for name, data in iter_tar_members(f, source=source, read_options=options):
                     got.append((name, bytes(data)))
                 result = ("ok", got, f.tell())
             except DataError as err:
@@ -760,7 +763,7 @@ def test_held_samples_map_no_more_shards_than_the_descriptor_budget(tmp_path, mo
     """Every sample is held (as a buffer would), each keeping its shard's mapping -- and on
     Python < 3.13 a file descriptor -- alive: with a budget of 3, the first shards are mapped
     and the rest read (copied), and the samples are the same as with mapping off."""
-    from speechpipe.pipes import shards as shards_module
+    from speechpipe.pipes import _mmap as mmap_module
 
     rng = np.random.default_rng(0)
     samples = [{"key": f"utt{i:02d}", "feats.npy": rng.standard_normal((300, 80),
@@ -770,22 +773,21 @@ def test_held_samples_map_no_more_shards_than_the_descriptor_budget(tmp_path, mo
         for sample in samples:
             writer.write(sample)
     assert len(writer.paths) == 10
-    monkeypatch.setattr(shards_module, "_fd_budget", lambda: 3)
-    base = shards_module._live_mappings
+    monkeypatch.setattr(mmap_module, "_fd_budget", lambda: 3)
+    base = mmap_module._live_mappings
     held, most = [], 0
     for sample in IterableWrapper(writer.paths).open().read_shards().decode():
         held.append(sample)
-        most = max(most, shards_module._live_mappings - base)
+        most = max(most, mmap_module._live_mappings - base)
     assert most == 3  # mapped up to the budget, never past it
     assert [_in_a_mapping(s["feats"]) for s in held] == [True] * 6 + [False] * 14
-    monkeypatch.setenv("SPEECHPIPE_SHARD_MMAP", "0")
-    read = list(IterableWrapper(writer.paths).open().read_shards().decode())
+    read = list(IterableWrapper(writer.paths).open().read_shards(read_options=READ).decode())
     assert [s["key"] for s in held] == [s["key"] for s in read] == [s["key"] for s in samples]
     for got, want in zip(held, samples):
         assert np.array_equal(got["feats"], want["feats.npy"])
     del held, sample
     gc.collect()
-    assert shards_module._live_mappings == base  # each mapping is uncounted when it goes
+    assert mmap_module._live_mappings == base  # each mapping is uncounted when it goes
 
 
 def test_the_stream_ends_where_the_reading_path_leaves_it(tmp_path):
@@ -803,7 +805,7 @@ def test_mmap_reads_from_the_stream_position(tmp_path):
     path.write_bytes(b"junk" * 1000 + tar)
     with open(path, "rb") as f:
         f.read(4000)
-        got = [(n, bytes(d), type(d)) for n, d in iter_tar_members(f, mmap=True)]
+        got = [(n, bytes(d), type(d)) for n, d in iter_tar_members(f, read_options=MAPPED)]
     assert got == [("u1.npy", b"q" * (BIG + 3), memoryview), ("u1.txt", b"t", bytes)]
 
 
@@ -834,7 +836,7 @@ def test_truncated_shards_raise_the_same_data_error_on_the_mapped_path(tmp_path)
     assert checked > 30
     path.write_bytes(tar[:offsets(tar)["u2.npy"][1] + 5000])
     with open(path, "rb") as f, pytest.raises(DataError) as exc:
-        list(iter_tar_members(f, source="shards/s-00007.tar", mmap=True))
+        list(iter_tar_members(f, source="shards/s-00007.tar", read_options=MAPPED))
     assert str(exc.value).startswith("shards/s-00007.tar [member u2.npy]: truncated shard: "
                                      f"member payload has 5000 of {BIG + 100} bytes")
 
@@ -864,17 +866,17 @@ def test_views_outlive_the_closed_stream_and_the_mapping_goes_with_them(tmp_path
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no ResourceWarning on any path
         with open(path, "rb") as f:
-            members = dict(iter_tar_members(f, source="v.tar", mmap=True))
+            members = dict(iter_tar_members(f, source="v.tar", read_options=MAPPED))
         assert bytes(members["u1.npy"]) == b"x" * BIG * 2  # read after the file was closed
         own_fd = 1 if sys.version_info < (3, 13) else 0  # the mapping's descriptor (trackfd)
         assert len(os.listdir(fds)) == before + own_fd
         del members
         assert len(os.listdir(fds)) == before  # unmapped with its last view
         with open(path, "rb") as f:  # no view handed out: unmapped when the shard is done
-            assert [n for n, _ in iter_tar_members(f, mmap=True)] == ["u1.npy", "u1.txt"]
+            assert [n for n, _ in iter_tar_members(f, read_options=MAPPED)] == ["u1.npy", "u1.txt"]
         assert len(os.listdir(fds)) == before
         with open(path, "rb") as f:  # stopped early: unmapped when the generator is closed
-            it = iter_tar_members(f, mmap=True)
+            it = iter_tar_members(f, read_options=MAPPED)
             next(it)
             it.close()
         assert len(os.listdir(fds)) == before
@@ -885,7 +887,7 @@ def test_a_shard_shrinking_while_mapped_raises_instead_of_crashing(tmp_path):
     tar = make_tar([("u1.npy", b"a" * BIG), ("u2.npy", b"b" * BIG), ("u3.npy", b"c" * BIG)])
     path.write_bytes(tar)
     with open(path, "rb") as f:
-        it = iter_tar_members(f, source="shrink.tar", mmap=True)
+        it = iter_tar_members(f, source="shrink.tar", read_options=MAPPED)
         name, _ = next(it)  # u1's view is not touched after the cut below
         assert name == "u1.npy"
         os.truncate(path, offsets(tar)["u3.npy"][1] + 10)
@@ -904,9 +906,10 @@ def test_streams_that_are_not_plain_local_files_are_read(tmp_path):
     expected = [("u1.npy", b"g" * (BIG + 1)), ("u1.txt", b"t")]
     with open(path, "rb") as raw_file, gzip.GzipFile(fileobj=raw_file) as f:
         # a decompressor has a fileno() of the compressed file: it must not be mapped
-        assert list(iter_tar_members(f, mmap=True)) == expected
-    assert list(iter_tar_members(io.BufferedReader(io.BytesIO(tar)), mmap=True)) == expected
-    for _, data in iter_tar_members(io.BytesIO(tar), mmap=True):
+        assert list(iter_tar_members(f, read_options=MAPPED)) == expected
+    buffered = io.BufferedReader(io.BytesIO(tar))
+    assert list(iter_tar_members(buffered, read_options=MAPPED)) == expected
+    for _, data in iter_tar_members(io.BytesIO(tar), read_options=MAPPED):
         assert type(data) is bytes
 
 
@@ -919,33 +922,37 @@ def test_torch_open_files_streams_are_mapped(tmp_path):
 
 
 def test_mmap_can_be_turned_off_by_argument_or_environment(tmp_path, monkeypatch):
+    """``ShardReadOptions(mmap=False)`` reads; ``SPEECHPIPE_SHARD_MMAP=0`` overrides the
+    default only: an explicit ``mmap=True`` still maps."""
     path = str(tmp_path / "t.tar")
     write_shard(path, [{"key": "u1", "opus": b"w" * BIG}])
-    [s] = IterableWrapper([path]).open().read_shards(mmap=False)
+    [s] = IterableWrapper([path]).open().read_shards(read_options=READ)
     assert type(s["opus"]) is bytes
     monkeypatch.setenv("SPEECHPIPE_SHARD_MMAP", "0")
     [s] = IterableWrapper([path]).open().read_shards()
     assert type(s["opus"]) is bytes
-    [s] = IterableWrapper([path]).open().read_shards(mmap=True)
+    [s] = IterableWrapper([path]).open().read_shards(read_options=MAPPED)
     assert type(s["opus"]) is memoryview
     with pytest.raises(TypeError, match="mmap must be True, False or None"):
-        IterableWrapper([path]).open().read_shards(mmap="yes")
+        ShardReadOptions(mmap="yes")
+    with pytest.raises(TypeError, match="read_options must be a ShardReadOptions or None"):
+        IterableWrapper([path]).open().read_shards(read_options={"mmap": False})
 
 
-def test_sharded_shuffle_reads_mapped_shards_like_read_ones(tmp_path, monkeypatch):
+def test_sharded_shuffle_reads_mapped_shards_like_read_ones(tmp_path):
     rng = np.random.default_rng(2)
     feats = {f"u{i}": rng.standard_normal((300 + i, 80), dtype=np.float32) for i in range(9)}
     with ShardWriter(str(tmp_path / "d-%05d.tar"), maxcount=4) as writer:
         for key, value in feats.items():
             writer.write({"key": key, "feats.npy": value, "txt": key})
 
-    def run():
-        pipe = IterableWrapper(writer.paths).sharded_shuffle(buffer_size=5, seed=3).decode()
+    def run(options=None):
+        pipe = IterableWrapper(writer.paths).sharded_shuffle(buffer_size=5, seed=3,
+                                                             read_options=options).decode()
         return [(s["key"], s["feats"], s["text"]) for s in pipe]
 
     mapped = run()
-    monkeypatch.setenv("SPEECHPIPE_SHARD_MMAP", "0")
-    read = run()
+    read = run(READ)
     assert [k for k, _, _ in mapped] == [k for k, _, _ in read] and len(mapped) == 9
     for (key, a, text), (_, b, _) in zip(mapped, read):
         assert np.array_equal(a, b) and np.array_equal(a, feats[key]) and text == key
@@ -957,12 +964,12 @@ def test_sharded_shuffle_mmap_false_reads_payloads_as_bytes(tmp_path):
     with ShardWriter(str(tmp_path / "d-%05d.tar"), maxcount=4) as writer:
         writer.write({"key": "u1", "feats.npy": big, "txt": "u1"})
     mapped = list(IterableWrapper(writer.paths).sharded_shuffle(buffer_size=1))
-    read = list(IterableWrapper(writer.paths).sharded_shuffle(buffer_size=1, mmap=False))
+    read = list(IterableWrapper(writer.paths).sharded_shuffle(buffer_size=1, read_options=READ))
     assert isinstance(mapped[0]["feats.npy"], memoryview)
     assert isinstance(read[0]["feats.npy"], bytes)
     assert bytes(mapped[0]["feats.npy"]) == read[0]["feats.npy"]
-    with pytest.raises(TypeError, match="mmap must be None or a bool"):
-        IterableWrapper(writer.paths).sharded_shuffle(mmap="no")
+    with pytest.raises(TypeError, match="read_options must be a ShardReadOptions or None"):
+        IterableWrapper(writer.paths).sharded_shuffle(read_options="no")
 
 
 def test_mapped_text_and_unknown_members_stay_bytes_whatever_their_size(tmp_path):
@@ -979,30 +986,30 @@ def test_mapped_text_and_unknown_members_stay_bytes_whatever_their_size(tmp_path
 
 def test_shards_on_a_network_file_system_are_read_unless_mapping_is_asked_for(
         tmp_path, monkeypatch):
-    from speechpipe.pipes import shards as shards_mod
+    from speechpipe.pipes import _mmap as mmap_module
 
     path = str(tmp_path / "d-00000.tar")
     write_shard(path, [{"key": "u1", "feats.npy": np.zeros((300, 80), np.float32)}])
     real = os.path.realpath(str(tmp_path))
     for fstype, mapped in (("nfs4", False), ("fuse.sshfs", False), ("lustre", False),
                            ("ext4", True)):
-        monkeypatch.setattr(shards_mod, "_mount_table", [(real, fstype), ("/", "ext4")])
+        monkeypatch.setattr(mmap_module, "_mount_table", [(real, fstype), ("/", "ext4")])
         with open(path, "rb") as f:
             [(_, payload)] = iter_tar_members(f, source=path)
         assert isinstance(payload, memoryview) is mapped, fstype
         with open(path, "rb") as f:  # asked for: mapped wherever the file is
-            [(_, payload)] = iter_tar_members(f, source=path, mmap=True)
+            [(_, payload)] = iter_tar_members(f, source=path, read_options=MAPPED)
         assert isinstance(payload, memoryview), fstype
-    assert shards_mod._on_network_fs(os.path.join(real, "sub", "x.tar")) is False  # ext4 last
-    monkeypatch.setattr(shards_mod, "_mount_table", [(real + "/sub", "nfs"), ("/", "ext4")])
-    assert shards_mod._on_network_fs(os.path.join(real, "sub", "x.tar"))
-    assert not shards_mod._on_network_fs(os.path.join(real, "subway", "x.tar"))
+    assert mmap_module._on_network_fs(os.path.join(real, "sub", "x.tar")) is False  # ext4 last
+    monkeypatch.setattr(mmap_module, "_mount_table", [(real + "/sub", "nfs"), ("/", "ext4")])
+    assert mmap_module._on_network_fs(os.path.join(real, "sub", "x.tar"))
+    assert not mmap_module._on_network_fs(os.path.join(real, "subway", "x.tar"))
 
 
 def test_the_mount_table_is_read_from_proc():
-    from speechpipe.pipes import shards as shards_mod
+    from speechpipe.pipes import _mmap as mmap_module
 
-    table = shards_mod._mounts()
+    table = mmap_module._mounts()
     if not os.path.exists("/proc/self/mounts"):
         assert table == []
         return

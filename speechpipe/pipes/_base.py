@@ -17,14 +17,6 @@ from torch.utils.data.datapipes.datapipe import IterDataPipe, MapDataPipe
 from torch.utils.data.datapipes.iter import IterableWrapper
 from torch.utils.data.datapipes.map import SequenceWrapper
 
-# torch's iterator hook asks ``hasattr(datapipe, "_is_child_datapipe")`` on every item; on
-# a pipe without the attribute that goes through ``IterDataPipe.__getattr__``, which raises
-# and catches an AttributeError: about 1 us per item per stage, most of a stage's cost. The
-# hook only acts when the value is True (``fork``/``demux`` children set it so on their own
-# class), so False on the base class changes nothing but the cost (1.2 -> 0.24 us per item
-# per stage here).
-IterDataPipe._is_child_datapipe = False
-
 _Pipe = TypeVar("_Pipe", bound=type)
 
 
@@ -33,17 +25,26 @@ def plain_iterator(cls: _Pipe) -> _Pipe:
 
     torch's DataPipe metaclass wraps every ``__iter__`` generator in a second generator that,
     for each item, counts it, checks that the iterator is still the pipe's newest one and
-    resends it (about 0.3 us per item per stage here, 1 us or more when the stage's code is
-    not in the CPU's caches, as in a real pipeline where other stages run in between). For
-    speechpipe's own stages that bookkeeping serves nothing: their resume is their own
-    ``state_dict`` (torch's sample counts feed a fast-forward speechpipe never uses) and
-    errors already name the file and key. What the hook gave and the plain generator does
-    not: an old iterator of the *same* stage is not invalidated when a new one is made
-    (torch's own pipes in the chain, sources included, still enforce it); torch's exception
-    suffix "This exception is thrown by __iter__ of ..." is not added. When torch's profiler
-    is on, a pass runs through the hook as before, so that each stage keeps its
-    ``record_function`` entry in profiles.
+    resends it (a cost per item per stage; measurements: benchmarks/README.md, "Per-item cost
+    of torch's iterator hook"). For speechpipe's own stages that bookkeeping serves nothing:
+    their resume is their own ``state_dict`` (torch's sample counts feed a fast-forward
+    speechpipe never uses) and errors already name the file and key. What the hook gave and
+    the plain generator does not: an old iterator of the *same* stage is not invalidated when
+    a new one is made (torch's own pipes in the chain, sources included, still enforce it);
+    torch's exception suffix "This exception is thrown by __iter__ of ..." is not added. When
+    torch's profiler is on, a pass runs through the hook as before, so that each stage keeps
+    its ``record_function`` entry in profiles.
+
+    ``cls`` also gets ``_is_child_datapipe = False`` unless it has the attribute already:
+    torch's hook (which still runs under the profiler, and for a stage whose ``__iter__`` is
+    not a generator) asks ``hasattr(datapipe, "_is_child_datapipe")`` on every item, and on
+    a pipe without it that goes through ``IterDataPipe.__getattr__``, which raises and catches
+    an ``AttributeError``. The hook acts only when the value is True (``fork``/``demux``
+    children), so False changes nothing but the cost. Only speechpipe's classes get it:
+    torch's ``IterDataPipe`` and other libraries' pipes are left as they are.
     """
+    if not hasattr(cls, "_is_child_datapipe"):
+        type.__setattr__(cls, "_is_child_datapipe", False)
     hooked = cls.__dict__.get("__iter__")
     if hooked is None:
         return cls

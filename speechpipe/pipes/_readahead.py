@@ -8,43 +8,30 @@ no DataLoader workers. :class:`ReadAhead` moves that work to a helper thread tha
 
 - for a file not in the page cache, ``os.preadv`` of the chunk into one small reused buffer:
   the kernel reads the file with its sequential read-ahead and copies each page once, so every
-  page is in the page cache *and* has been touched by a CPU before the reader needs it;
+  page is in the page cache *and* has been touched by a CPU before the reader needs it (on a
+  virtual machine whose memory the host backs lazily, the first CPU access to a page the disk
+  has just filled costs the host's fault, charged to whichever thread touches it first);
 - ``madvise(MADV_POPULATE_READ)`` (Linux 5.14+) over the chunk: the pages are entered in the
   mapping's page table, so the reader takes no fault at all.
 
 Both are single calls that release the GIL (``os.preadv`` does; ``madvise`` is called through
 :mod:`ctypes`, which releases it around foreign calls -- ``mmap.madvise`` does not, and a
-helper calling it stalls the reader instead of helping it: a loop in the main thread ran at
-1.7 M iterations/s beside it, against 63 M beside the ctypes call). The helper takes the GIL
-only between chunks, a few times per 64 MiB: a Python thread asking for the GIL while another
-runs Python code waits up to the switch interval (5 ms), so a helper working in small steps
-falls behind a busy reader (measured: 4 MiB steps gave 365-560 MB/s beside a busy main
-thread, 64 MiB steps 1,100-1,700).
+helper calling it would stall the reader instead of helping it). The helper takes the GIL
+only between chunks, a few times per ``_CHUNK``: a Python thread asking for the GIL while
+another runs Python code waits up to the switch interval, so a helper working in small steps
+falls behind a busy reader.
 
-Why the copy when the pages are being read in anyway: on a virtual machine whose memory the
-host backs lazily (free page reporting, ballooning -- this project's machine reports free
-pages), the first CPU access to a page the disk has just filled costs the host's fault,
-charged to whichever thread touches it first. Measured here (1 GiB, cold): touching a file's
-pages after ``MADV_WILLNEED`` had read them in took 0.84-0.94 s, 0.64-0.77 s of it user time;
-after a ``read`` of the same file, 0.03 s. The helper takes that cost off the reader.
-
-A file found in the page cache when it is opened (``mincore`` at 16 places) is only
-populated, not copied: its pages were brought in by a read and touched then. Populating
-moves the reader's minor faults (one per 16 pages, with the kernel's fault-around) to the
-helper: warm, without workers, 4,546 MB/s against 3,457 with no helper, and 5,287 against
-3,763 with ``SPEECHPIPE_SHARD_READAHEAD=0`` (8 rounds in random order, medians; the ranges do
-not overlap); with two DataLoader workers on two cores, where no core is idle, 3,607 against
-3,755 and 3,602 against 3,536 (ranges overlapping: no difference). Copying warm files too
-cost 5 % with two workers (6 rounds, every one slower), hence the check.
+A file found in the page cache when it is opened (``mincore`` at ``_PROBES`` places) is only
+populated, not copied: its pages were brought in by a read and touched then; populating moves
+the reader's minor faults to the helper.
 
 No helper (:func:`start` returns ``None``) for files under ``_MIN_SIZE``, on other systems
-than Linux, and with ``SPEECHPIPE_SHARD_READAHEAD=0``: the caller then asks the kernel for
+than Linux, and when not wanted (``ShardReadOptions(readahead=False)``, or
+``SPEECHPIPE_SHARD_READAHEAD=0`` for its default): the caller then asks the kernel for
 read-ahead (``MADV_WILLNEED``) as it reads.
 
-Measured with ``python -m benchmarks bench_shards`` (3 GB of feature shards, 2 cores): cold,
-without workers, 2,016 MB/s (0.85 of a raw sequential read) where the inline ``MADV_WILLNEED``
-gave 1,345 earlier the same day; in randomly ordered interleaved rounds, 2,423 against 1,439
-(medians of 8).
+Measurements: benchmarks/README.md, "Shard reading" (why the copy, why large steps, and the
+throughput with and without the helper, cold and warm).
 """
 
 from __future__ import annotations
@@ -57,7 +44,7 @@ import sys
 import threading
 from typing import Any
 
-__all__ = ["ReadAhead", "enabled", "start", "switched_on"]
+__all__ = ["ReadAhead", "start", "supported"]
 
 _CHUNK = 64 << 20
 _AHEAD = 256 << 20
@@ -69,7 +56,6 @@ _BUFFER = 256 << 10
 _PROBES = 16
 _PROBE = 256 << 10
 _MADV_POPULATE_READ = 22  # Linux 5.14+; not in Python's mmap module before 3.14
-_ENV = "SPEECHPIPE_SHARD_READAHEAD"
 
 _libc: Any = None
 _populate_works = True  # False once the kernel has said EINVAL (older than 5.14)
@@ -87,16 +73,9 @@ def _load_libc() -> Any:
     return _libc
 
 
-def switched_on(variable: str) -> bool:
-    """Whether the environment variable ``variable`` is unset or not one of 0/false/no/off."""
-    return os.environ.get(variable, "1").strip().lower() not in ("0", "false", "no", "off")
-
-
-def enabled() -> bool:
-    """Whether helpers are started (Linux, and ``SPEECHPIPE_SHARD_READAHEAD`` is not 0)."""
-    if not sys.platform.startswith("linux") or not hasattr(os, "preadv"):
-        return False
-    return switched_on(_ENV)
+def supported() -> bool:
+    """Whether helpers can run here (Linux, with ``os.preadv``)."""
+    return sys.platform.startswith("linux") and hasattr(os, "preadv")
 
 
 def _address(mapping: mmap.mmap) -> int:
@@ -161,11 +140,11 @@ class ReadAhead:
         return self._thread is not None and self._thread.is_alive()
 
 
-def start(mapping: mmap.mmap, fd: int, start: int) -> ReadAhead | None:
+def start(mapping: mmap.mmap, fd: int, start: int, wanted: bool = True) -> ReadAhead | None:
     """Start a helper for ``mapping`` (of the file open as ``fd``) from ``start``; ``None``
-    when helpers are off or the rest of the file is under ``_MIN_SIZE``."""
+    when not ``wanted``, not :func:`supported` or the rest of the file is under ``_MIN_SIZE``."""
     size = len(mapping)
-    if size - start < _MIN_SIZE or not enabled():
+    if not wanted or size - start < _MIN_SIZE or not supported():
         return None
     first = start - start % mmap.PAGESIZE
     try:
@@ -191,8 +170,8 @@ def start(mapping: mmap.mmap, fd: int, start: int) -> ReadAhead | None:
 
 def _resident(libc: Any, address: int, length: int) -> bool:
     """Whether the pages at ``_PROBES`` evenly spaced places of the range (``_PROBE`` bytes
-    each) are all in the page cache: a sample, since ``mincore`` over a whole 200 MB shard
-    takes 3 ms (8 % of the time a warm pass spends on that shard here). A file read in part
+    each) are all in the page cache: a sample, since ``mincore`` over a whole shard costs a
+    noticeable part of a warm pass (benchmarks/README.md, "Shard reading"). A file read in part
     only comes out cold (unless every probe falls in the part read) and is read again."""
     probe = min(_PROBE, length)
     vector = (ctypes.c_ubyte * -(-probe // mmap.PAGESIZE))()

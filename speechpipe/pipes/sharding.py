@@ -49,7 +49,7 @@ from ._state import SampleSource, Seeded, check_seed, held_sample, identity_list
 from .distributed import ShardSplit, assign_shards
 from .kaldi_ark import _ARK_REF, iter_ark
 from .kaldi_tables import read_scp_table
-from .shards import group_by_key, iter_tar_members
+from .shards import ShardReadOptions, group_by_key, iter_tar_members
 from .sources import is_url, open_stream
 
 __all__ = [
@@ -151,14 +151,14 @@ def split_shards(
 
 def read_shard(
     name: str, *, format: str = "tar", allow_pipes: bool = False, timeout: float = 60.0,
-    mmap: bool | None = None,
+    read_options: ShardReadOptions | None = None,
 ) -> Iterator[Sample]:
     """Open one shard, yield its samples in file order, and close it.
 
     A tar shard gives raw samples ``{"key", "source", "<field>": bytes, ...}``
     (:func:`~speechpipe.pipes.shards.iter_tar_members` + :func:`~speechpipe.pipes.shards.
     group_by_key`; array and audio fields of 64 KiB or more of a local shard are read-only
-    ``memoryview`` s of the memory-mapped file unless ``mmap=False``); an ark gives ``{"key", "feats": float32 (frames, dim), "source"}``
+    ``memoryview`` s of the memory-mapped file unless ``read_options`` say otherwise); an ark gives ``{"key", "feats": float32 (frames, dim), "source"}``
     (:func:`iter_ark`). The stream comes from :func:`~speechpipe.pipes.sources.open_stream`
     (a path, an ``http(s)://`` URL, or with ``allow_pipes`` a ``pipe:`` command) and is closed
     when the shard is done or the consumer stops; closing checks the transfer (an HTTP body
@@ -182,8 +182,8 @@ def read_shard(
     stream = open_stream(name, allow_pipes=allow_pipes, timeout=timeout)
     try:
         if format == "tar":
-            yield from group_by_key(iter_tar_members(stream, source=name, mmap=mmap),
-                                    source=name)
+            yield from group_by_key(
+                iter_tar_members(stream, source=name, read_options=read_options), source=name)
         else:
             for key, feats in iter_ark(stream, source=name):
                 yield {KEY: key, FEATS: feats, SOURCE: name}
@@ -209,7 +209,7 @@ def _read_shards(
     allow_pipes: bool,
     on_error: str,
     diagnostics: Diagnostics,
-    mmap: bool | None = None,
+    read_options: ShardReadOptions | None = None,
     live: dict | None = None,
     start: int = 0,
     skip: int = 0,
@@ -233,7 +233,8 @@ def _read_shards(
                 source=name,
             )
         try:
-            for sample in read_shard(name, format=format, allow_pipes=allow_pipes, mmap=mmap):
+            for sample in read_shard(name, format=format, allow_pipes=allow_pipes,
+                                     read_options=read_options):
                 live["offset"] += 1
                 if live["offset"] <= skip:
                     if wanted and sample[KEY] in wanted:
@@ -247,7 +248,7 @@ def _read_shards(
 
 
 def _pick_samples(wanted: Mapping[str, set[str]], *, format: str, allow_pipes: bool,
-                  mmap: bool | None = None) -> dict:
+                  read_options: ShardReadOptions | None = None) -> dict:
     """``{(shard, key): sample}`` for the wanted keys of each shard, each shard read from its
     start up to the last wanted key only (resuming)."""
     found: dict = {}
@@ -255,7 +256,8 @@ def _pick_samples(wanted: Mapping[str, set[str]], *, format: str, allow_pipes: b
         left = set(keys)
         if not left:
             continue
-        shard = read_shard(name, format=format, allow_pipes=allow_pipes, mmap=mmap)
+        shard = read_shard(name, format=format, allow_pipes=allow_pipes,
+                           read_options=read_options)
         try:
             for sample in shard:
                 if sample[KEY] in left:
@@ -598,7 +600,7 @@ class ShardedShufflerIterDataPipe(Seeded, SampleSource, IterDataPipe[Sample]):
 
     - ``format="tar"``: raw samples ``{"key", "source", "<field>": bytes, ...}`` (webdataset
       naming, as ``read_shards``; array and audio fields of 64 KiB or more of local shards are
-      read-only ``memoryview`` s of the memory-mapped shard, see ``mmap``); the buffer holds
+      read-only ``memoryview`` s of the memory-mapped shard, see ``read_options``); the buffer holds
       compact encoded bytes, so follow with ``decode``;
     - ``format="ark"``: ``{"key", "feats": float32 (frames, dim), "source"}`` from Kaldi arks.
 
@@ -648,9 +650,10 @@ class ShardedShufflerIterDataPipe(Seeded, SampleSource, IterDataPipe[Sample]):
             :class:`~speechpipe.errors.DataError` (or ``MissingDataError``) naming it;
             ``"skip"``: the rest of that shard is skipped -- samples already read from it
             stay -- and counted in :attr:`diagnostics`, with a warning at the end of the pass.
-        mmap: map local tar shards instead of reading them (``None``: yes, unless the
-            environment variable ``SPEECHPIPE_SHARD_MMAP`` is ``0``; ``False`` on storage that
-            reports read errors, see :mod:`speechpipe.pipes.shards`).
+        read_options: how local tar shards are read: mapped and read ahead or not
+            (:class:`~speechpipe.pipes.shards.ShardReadOptions`; ``None``: its defaults;
+            ``ShardReadOptions(mmap=False)`` on storage that reports read errors, see
+            :mod:`speechpipe.pipes.shards`).
 
     >>> import os, tempfile
     >>> from speechpipe.pipes._base import IterableWrapper
@@ -681,7 +684,7 @@ class ShardedShufflerIterDataPipe(Seeded, SampleSource, IterDataPipe[Sample]):
         allow_pipes: bool = False,
         split: ShardSplit | None = None,
         on_error: str = "raise",
-        mmap: bool | None = None,
+        read_options: ShardReadOptions | None = None,
     ) -> None:
         if isinstance(source_datapipe, (str, bytes, os.PathLike)):
             raise TypeError(
@@ -718,9 +721,10 @@ class ShardedShufflerIterDataPipe(Seeded, SampleSource, IterDataPipe[Sample]):
         self.allow_pipes = bool(allow_pipes)
         self.split = split
         self.on_error = check_on_error(on_error)
-        if mmap is not None and not isinstance(mmap, bool):
-            raise TypeError(f"mmap must be None or a bool, got {mmap!r}")
-        self.mmap = mmap
+        if read_options is not None and not isinstance(read_options, ShardReadOptions):
+            raise TypeError(
+                f"read_options must be a ShardReadOptions or None, got {read_options!r}")
+        self.read_options = read_options
         self.diagnostics = Diagnostics("sharded_shuffle")
         self._loaded_index: ShardIndex | None = None  # index=True: read lazily, then kept
 
@@ -853,7 +857,7 @@ class ShardedShufflerIterDataPipe(Seeded, SampleSource, IterDataPipe[Sample]):
     def _read(self, mine: list[str], live: dict, **resume: Any) -> Iterator[Sample]:
         return _read_shards(mine, format=self.format, allow_pipes=self.allow_pipes,
                             on_error=self.on_error, diagnostics=self.diagnostics, live=live,
-                            mmap=self.mmap, **resume)
+                            read_options=self.read_options, **resume)
 
     def _snapshot(self, live: dict) -> dict:
         plan, shard = live["plan"], live["shard"]
@@ -904,7 +908,7 @@ class ShardedShufflerIterDataPipe(Seeded, SampleSource, IterDataPipe[Sample]):
             samples = reader if first is _END else itertools.chain([first], reader)
         rest = {src: {k for k in keys if (src, k) not in picked} for src, keys in wanted.items()}
         picked.update(_pick_samples(rest, format=self.format, allow_pipes=self.allow_pipes,
-                                    mmap=self.mmap))
+                                    read_options=self.read_options))
         live["buffer"][:] = [held_sample(picked, ident) for ident in state["buffer"]]
         self._replay_cache = picked
         return samples, bool(state["drain"])
@@ -916,7 +920,7 @@ class ShardedShufflerIterDataPipe(Seeded, SampleSource, IterDataPipe[Sample]):
             for src, key in request:
                 wanted.setdefault(src, set()).add(key)
             found = _pick_samples(wanted, format=self.format, allow_pipes=self.allow_pipes,
-                                  mmap=self.mmap)
+                                  read_options=self.read_options)
         for ident in request:
             yield held_sample(found, ident)
 

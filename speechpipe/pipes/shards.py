@@ -12,7 +12,9 @@ Verbs and functions:
   names, pax headers) that *detects* truncation and corruption -- ``tarfile``'s stream mode
   ends silently on a truncated header -- and yields ``(member name, payload)``. A local file
   is memory-mapped and its large payloads are zero-copy read-only ``memoryview`` s of the
-  mapping (see "Memory-mapped shards" below); other streams are read.
+  mapping (see "Memory-mapped shards" below); other streams are read. The format itself is
+  read by the private :mod:`speechpipe.pipes._tar`.
+- :class:`ShardReadOptions`: whether local shards are mapped and read ahead.
 - :func:`group_by_key`: members to raw samples ``{"key", "source", "<field>": bytes, ...}``.
 - ``read_shards`` (:class:`ShardReaderIterDataPipe`): ``(path or URL, binary stream)`` pairs,
   as yielded by ``open`` or torch's ``open_files(mode="b")``, to raw samples; follow it with
@@ -27,19 +29,20 @@ Memory-mapped shards
 
 When the stream given to :func:`iter_tar_members` reads a local regular file as it is (a file
 from ``open(path, "rb")``, speechpipe's ``open``/``open_stream``, or torch's ``open_files``),
-the file is mapped read-only instead of read: each array or audio payload (``.npy``, ``.flac``,
-``.wav``, ``.mp3``, ``.ogg``, ``.opus``) of at least 64 KiB is a read-only ``memoryview`` of
-the mapping -- no copy, no fresh heap allocation; the bytes stay in the page cache until a
-consumer (``decode``'s ``.npy`` view, then collation) copies them once into a batch -- and
-other payloads (text, JSON, labels, unknown members, small ones) are copied into ``bytes``. A
-view is bytes-like (``np.frombuffer``, ``soundfile``, ``io.BytesIO`` take it); ``bytes(view)``
-makes a copy for code that insists on ``bytes``. On Linux, a shard of 16 MiB or more gets a
-read-ahead thread (:mod:`speechpipe.pipes._readahead`): up to 256 MiB ahead of the reader, it
-reads the file sequentially (unless it is in the page cache already) and enters the pages in
-the mapping, without holding the GIL, so the reader (often the training loop's thread) neither
-waits for the disk nor takes page faults; a reader that finishes a shard lets its thread finish
-too (the views it handed out are still to be read), one stopped early stops it. Smaller
-shards, other systems and ``SPEECHPIPE_SHARD_READAHEAD=0`` ask the kernel for read-ahead
+the file is mapped read-only instead of read (:mod:`speechpipe.pipes._mmap`): each array or
+audio payload (``.npy``, ``.flac``, ``.wav``, ``.mp3``, ``.ogg``, ``.opus``) of at least 64 KiB
+is a read-only ``memoryview`` of the mapping -- no copy, no fresh heap allocation; the bytes
+stay in the page cache until a consumer (``decode``'s ``.npy`` view, then collation) copies
+them once into a batch -- and other payloads (text, JSON, labels, unknown members, small ones)
+are copied into ``bytes``. A view is bytes-like (``np.frombuffer``, ``soundfile``,
+``io.BytesIO`` take it); ``bytes(view)`` makes a copy for code that insists on ``bytes``. On
+Linux, a shard of 16 MiB or more gets a read-ahead thread (:mod:`speechpipe.pipes._readahead`):
+up to 256 MiB ahead of the reader, it reads the file sequentially (unless it is in the page
+cache already) and enters the pages in the mapping, without holding the GIL, so the reader
+(often the training loop's thread) neither waits for the disk nor takes page faults; a reader
+that finishes a shard lets its thread finish too (the views it handed out are still to be
+read), one stopped early stops it. Smaller shards, other systems and
+``ShardReadOptions(readahead=False)`` ask the kernel for read-ahead
 (``madvise(MADV_WILLNEED)``) as the reader walks the file.
 Remote (``http(s)://``) and ``pipe:`` streams, compressed file objects, ``BytesIO`` and
 anything else are read with ``read`` as before, payloads as ``bytes``. Every check is the
@@ -62,32 +65,34 @@ where ``read`` would raise. Replace shards by writing a new file and renaming it
 :class:`ShardWriter` and :func:`speechpipe.pack.pack_data` do), never in place. Shards on a
 network or FUSE file system (NFS, CIFS, Lustre, Ceph, sshfs...: :data:`NETWORK_FILE_SYSTEMS`,
 read from ``/proc/self/mounts``) are read, not mapped, unless mapping is asked for; on other
-storage that reports read errors turn mapping off with ``mmap=False``
-(``iter_tar_members``, ``read_shards``) or the environment variable
-``SPEECHPIPE_SHARD_MMAP=0`` (every reader, including ``sharded_shuffle``).
+storage that reports read errors turn mapping off with ``ShardReadOptions(mmap=False)``
+(the ``read_options`` of ``iter_tar_members``, ``read_shards`` and ``sharded_shuffle``).
+
+Both settings are :class:`ShardReadOptions`; their defaults can be overridden for a whole
+process (DataLoader workers included) by the environment variables ``SPEECHPIPE_SHARD_MMAP=0``
+(mapping off) and ``SPEECHPIPE_SHARD_READAHEAD=0`` (read-ahead thread off). Measurements:
+benchmarks/README.md, "Shard reading".
 """
 
 from __future__ import annotations
 
 import io
-import mmap as _mmap
 import os
-import stat
-import sys
 import tarfile
-import threading
-import weakref
-from typing import Any, BinaryIO, Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, BinaryIO, Iterable, Iterator, Mapping
 
 from ..diagnostics import Diagnostics, check_on_error
 from ..errors import DataError
 from ..sample import KEY, SAMPLE_RATE, SOURCE, Sample
-from . import _readahead
 from ._base import IterDataPipe, functional_datapipe
+from ._mmap import NETWORK_FILE_SYSTEMS, MappedFile
+from ._tar import BLOCK, TRUNCATED, MappedReader, StreamReader, iter_members
 from .decode import AUDIO_EXTENSIONS, NPY_EXTENSIONS, encode_field
 
 __all__ = [
     "NETWORK_FILE_SYSTEMS",
+    "ShardReadOptions",
     "ShardReaderIterDataPipe",
     "ShardWriter",
     "group_by_key",
@@ -96,371 +101,94 @@ __all__ = [
     "write_shard",
 ]
 
-BLOCK = 512
-_ZERO_BLOCK = bytes(BLOCK)
-# Payloads up to this size are read with one read(); larger ones in chunks of this size, so
-# that a corrupt size field never makes us allocate more than the stream actually holds.
-_CHUNK = 1 << 26
-# After the end-of-archive marker, at most this much is read to reach the end of the stream.
-_TRAILER = 1 << 20
-# Mapped shards: payloads of at least _VIEW_MIN bytes are zero-copy views of the mapping,
-# smaller ones are copied into bytes. Where no read-ahead thread runs (see _readahead), the
-# kernel is asked (MADV_WILLNEED) to have the next _READ_AHEAD bytes read, half a window at a
-# time: on the 3000-utterance benchmark, cold, an 8 MiB window beat 2, 4, 16 and 32 MiB
-# (larger ones stalled on major faults).
-# SPEECHPIPE_SHARD_MMAP=0 turns mapping off by default.
-_VIEW_MIN = 1 << 16
-# Only arrays and audio are views (what ``decode`` turns into arrays; bytes-like consumers --
-# numpy, soundfile, io.BytesIO -- take them); text, JSON and unknown members stay ``bytes``,
-# whatever their size, so that ``payload.decode()`` keeps working on them.
+# Mapped shards: only arrays and audio are views (what ``decode`` turns into arrays;
+# bytes-like consumers -- numpy, soundfile, io.BytesIO -- take them); text, JSON and unknown
+# members stay ``bytes``, whatever their size, so that ``payload.decode()`` keeps working.
 _VIEW_EXTENSIONS = frozenset(AUDIO_EXTENSIONS + NPY_EXTENSIONS)
-_READ_AHEAD = 1 << 23
-_MMAP_ENV = "SPEECHPIPE_SHARD_MMAP"
-# Python 3.13+ can map without keeping a duplicate of the file descriptor; before, each
-# mapping holds one until it is unmapped.
-_MMAP_KWARGS: dict = {"trackfd": False} if sys.version_info >= (3, 13) else {}
-# Samples held in buffers keep their shard's mapping alive; with small shards and large
-# buffers a process can hold dozens (the 6,000-utterance benchmark corpus in 100-utterance
-# shards: 59 of 60 at once). Where a mapping holds a descriptor, a shard is mapped only
-# while the live mappings stay under a quarter of the soft limit of open files
-# (RLIMIT_NOFILE, often 1024); past it, shards are read (payloads copied) instead.
-_FD_SHARE = 4
-_live_mappings = 0
-_live_lock = threading.Lock()
-
-
-def _fd_budget() -> int:
-    """How many live mappings may hold a descriptor in this process."""
-    try:
-        import resource
-
-        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    except (ImportError, OSError, ValueError):  # no resource module (Windows)
-        return 128
-    if soft == resource.RLIM_INFINITY or soft <= 0:
-        return 1 << 16
-    return max(8, soft // _FD_SHARE)
-
-
-def _may_map() -> bool:
-    return bool(_MMAP_KWARGS) or _live_mappings < _fd_budget()
-
-
-def _count_mapping(mapping: _mmap.mmap) -> None:
-    """Count ``mapping`` among the live ones until it is unmapped or collected."""
-    global _live_mappings
-    if _MMAP_KWARGS:  # it holds no descriptor
-        return
-    with _live_lock:
-        _live_mappings += 1
-    weakref.finalize(mapping, _uncount_mapping)
-
-
-def _uncount_mapping() -> None:
-    global _live_mappings
-    with _live_lock:
-        _live_mappings -= 1
-
-_REGULAR = (b"0", b"\0", b"7")  # '7' (contiguous file) is a regular file for every reader
-_DIRECTORY = b"5"
-_GNU_LONGNAME = b"L"
-_GNU_LONGLINK = b"K"
-_PAX_HEADER = b"x"
-_PAX_GLOBAL = b"g"
-_TYPE_NAMES = {
-    b"1": "hard link",
-    b"2": "symbolic link",
-    b"3": "character device",
-    b"4": "block device",
-    b"6": "FIFO",
-    b"S": "GNU sparse file",
-    b"M": "GNU multi-volume continuation",
-    b"V": "GNU volume label",
-    b"X": "Solaris extended header",
-}
-_POSIX_MAGIC = b"ustar\x00"
-_COMPRESSED = (b"\x1f\x8b", b"BZh", b"\xfd7zXZ\x00", b"\x28\xb5\x2f\xfd")
-
-_TRUNCATED = "truncated shard"
 _RESERVED_FIELDS = (KEY, SOURCE)
 
 
 # --------------------------------------------------------------------------------------------
-# Reading the tar format
+# Reading options
+# --------------------------------------------------------------------------------------------
+
+_MMAP_ENV = "SPEECHPIPE_SHARD_MMAP"
+_READAHEAD_ENV = "SPEECHPIPE_SHARD_READAHEAD"
+
+
+@dataclass(frozen=True)
+class ShardReadOptions:
+    """How local tar shards are read: by :func:`iter_tar_members`, ``read_shards`` and
+    ``sharded_shuffle`` (their ``read_options``; the module docs, "Memory-mapped shards", say
+    what mapping and reading ahead do).
+
+    Args:
+        mmap: ``None`` (default): map local files unless the environment variable
+            ``SPEECHPIPE_SHARD_MMAP`` is ``0`` or the file is on a network or FUSE file system
+            (:data:`NETWORK_FILE_SYSTEMS`, from ``/proc/self/mounts``); ``True``: map local
+            files wherever they are; ``False``: always read, every payload ``bytes``.
+        readahead: a thread reading a mapped shard of 16 MiB or more ahead of its reader
+            (Linux). ``None`` (default): yes, unless the environment variable
+            ``SPEECHPIPE_SHARD_READAHEAD`` is ``0``; ``True``: yes; ``False``: no, the kernel
+            is asked for read-ahead (``madvise``) as the reader goes.
+
+    The environment variables (``0``, ``false``, ``no`` or ``off``) only change the ``None``
+    defaults; they are read when a shard is opened, so DataLoader workers see their parent's.
+
+    >>> ShardReadOptions(mmap=False)
+    ShardReadOptions(mmap=False, readahead=None)
+    >>> ShardReadOptions(readahead="no")
+    Traceback (most recent call last):
+    ...
+    TypeError: readahead must be True, False or None, got 'no'
+    """
+
+    mmap: bool | None = None
+    readahead: bool | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("mmap", "readahead"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, bool):
+                raise TypeError(f"{name} must be True, False or None, got {value!r}")
+
+
+_DEFAULT_OPTIONS = ShardReadOptions()
+
+
+def _check_read_options(read_options: Any) -> ShardReadOptions:
+    """``read_options``, or the defaults for ``None``; ``TypeError`` for anything else."""
+    if read_options is None:
+        return _DEFAULT_OPTIONS
+    if not isinstance(read_options, ShardReadOptions):
+        raise TypeError(f"read_options must be a ShardReadOptions or None, got {read_options!r}")
+    return read_options
+
+
+def _switched_on(variable: str) -> bool:
+    """Whether the environment variable ``variable`` is unset or not one of 0/false/no/off."""
+    return os.environ.get(variable, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def _open_mapped(stream: Any, options: ShardReadOptions) -> MappedFile | None:
+    """The mapping of the local file behind ``stream`` when ``options`` (or, for their
+    defaults, the environment) say to map it and it can be; else ``None``."""
+    mmap = options.mmap
+    if mmap is False or (mmap is None and not _switched_on(_MMAP_ENV)):
+        return None
+    readahead = options.readahead
+    if readahead is None:
+        readahead = _switched_on(_READAHEAD_ENV)
+    return MappedFile.open(stream, check_fs=mmap is None, readahead=readahead)
+
+
+# --------------------------------------------------------------------------------------------
+# Reading tar members (the format itself: _tar)
 # --------------------------------------------------------------------------------------------
 
 
-def _read_exact(read: Callable[[int], bytes], n: int) -> bytes:
-    """Read ``n`` bytes, fewer only at end of stream; one ``read`` call in the usual case."""
-    if n <= _CHUNK:
-        data = read(n)
-        if data is None:
-            data = b""
-        if isinstance(data, str):
-            raise TypeError("read_shards needs binary streams; open files with mode='b'")
-        if len(data) == n or not data:
-            return data
-        parts, got = [data], len(data)
-    else:
-        parts, got = [], 0
-    while got < n:
-        chunk = read(min(n - got, _CHUNK))
-        if not chunk:
-            break
-        parts.append(chunk)
-        got += len(chunk)
-    return b"".join(parts)
-
-
-def _nts(field: bytes) -> bytes:
-    """Bytes up to the first NUL."""
-    end = field.find(b"\0")
-    return field if end < 0 else field[:end]
-
-
-def _decode_name(raw: bytes) -> str:
-    # As tarfile does on Linux: UTF-8, undecodable bytes kept as surrogates.
-    return raw.decode("utf-8", "surrogateescape")
-
-
-def _parse_number(field: bytes) -> int | None:
-    """An octal number field, or GNU base-256; ``None`` when it is not a number."""
-    if field[0] & 0x80:
-        if field[0] == 0xFF:  # negative base-256
-            return None
-        return int.from_bytes(bytes([field[0] & 0x7F]) + field[1:], "big")
-    text = _nts(field).strip(b" ")
-    if not text:
-        return 0
-    try:
-        return int(text, 8)
-    except ValueError:
-        return None
-
-
-def _checksum_ok(header: bytes) -> bool | None:
-    """Whether the stored header checksum matches; ``None`` if it is not a number."""
-    text = _nts(header[148:156]).strip(b" ")
-    try:
-        stored = int(text, 8)
-    except ValueError:
-        return None
-    unsigned = sum(header[:148]) + 8 * 0x20 + sum(header[156:])
-    if stored == unsigned:
-        return True
-    # Some old tars summed signed chars.
-    signed = unsigned - 256 * (sum(1 for b in header[:148] if b > 127)
-                               + sum(1 for b in header[156:] if b > 127))
-    return stored == signed
-
-
-def _parse_pax(payload: bytes, *, source: str | None, offset: int) -> dict[str, str]:
-    """Records ``"<len> <keyword>=<value>\\n"`` of a pax extended header."""
-    records: dict[str, str] = {}
-    pos, end = 0, len(payload)
-    while pos < end and payload[pos] != 0:
-        space = payload.find(b" ", pos, pos + 20)
-        length_text = payload[pos:space] if space > pos else b""
-        length = int(length_text) if length_text.isdigit() else 0
-        record = payload[pos:pos + length]
-        if length <= space - pos + 1 or len(record) != length or not record.endswith(b"\n"):
-            raise DataError(
-                f"malformed pax extended header record at byte offset {offset + pos}",
-                source=source,
-            )
-        keyword, eq, value = record[space - pos + 1:-1].partition(b"=")
-        if not eq:
-            raise DataError(
-                f"malformed pax extended header record at byte offset {offset + pos}: "
-                "no '='",
-                source=source,
-            )
-        records[keyword.decode("utf-8", "surrogateescape")] = _decode_name(value)
-        pos += length
-    return records
-
-
-def _check_not_compressed(header: bytes, offset: int, source: str | None) -> None:
-    """Name the problem when a shard that is not a tar starts like a compressed file."""
-    if offset == 0 and header.startswith(_COMPRESSED):
-        raise DataError(
-            "the shard is compressed (gzip, bzip2, xz or zstd); read_shards reads uncompressed "
-            "tar",
-            source=source,
-        )
-
-
-def _local_file(stream: Any) -> Any | None:
-    """The file object behind ``stream`` when it reads a local file's bytes unchanged (a
-    ``FileIO`` or a plain ``BufferedReader`` over one, possibly in torch's ``StreamWrapper``);
-    ``None`` for anything else (sockets, pipes, decompressors, ``BytesIO``, subclasses)."""
-    if type(stream).__name__ == "StreamWrapper":  # torch's open_files; not imported here
-        stream = getattr(stream, "file_obj", None)
-    if type(stream) is io.BufferedReader:
-        raw = stream.raw
-    elif type(stream) is io.FileIO:
-        raw = stream
-    else:
-        return None
-    if type(raw) is not io.FileIO or stream.closed or not stream.readable():
-        return None
-    return stream
-
-
-#: File systems whose read errors would reach a mapped page as SIGBUS: shards there are read,
-#: not mapped, unless ``mmap=True`` is asked for (``fuse.*`` covers sshfs, gcsfuse, s3fs...).
-NETWORK_FILE_SYSTEMS = frozenset({
-    "9p", "afs", "beegfs", "ceph", "cifs", "glusterfs", "gpfs", "lustre", "ncpfs", "nfs", "nfs4",
-    "smb3", "smbfs", "virtiofs",
-})
-_mount_table: list[tuple[str, str]] | None = None
-
-
-def _mounts() -> list[tuple[str, str]]:
-    """``(mount point, file system type)`` of this process's mounts, longest point first
-    (read once from ``/proc/self/mounts``; empty where there is none)."""
-    global _mount_table
-    if _mount_table is None:
-        table = []
-        try:
-            with open("/proc/self/mounts", encoding="utf-8", errors="replace") as f:
-                for line in f:
-                    fields = line.split()
-                    if len(fields) >= 3:  # spaces in mount points are written as \040
-                        table.append((fields[1].replace("\\040", " "), fields[2]))
-        except OSError:
-            pass
-        table.sort(key=lambda m: len(m[0]), reverse=True)
-        _mount_table = table
-    return _mount_table
-
-
-def _on_network_fs(path: str) -> bool:
-    """Whether ``path`` lies on a network or FUSE file system (see NETWORK_FILE_SYSTEMS)."""
-    real = os.path.realpath(path)
-    for point, fstype in _mounts():
-        if real == point or real.startswith(point.rstrip("/") + "/"):
-            return fstype in NETWORK_FILE_SYSTEMS or fstype.startswith("fuse")
-    return False
-
-
-def _mmap_default() -> bool:
-    return _readahead.switched_on(_MMAP_ENV)
-
-
-class _MappedFile:
-    """A read-only mapping of a shard file, read from ``start`` like a stream.
-
-    ``read`` copies (headers); ``view`` hands out zero-copy slices of the mapping (payloads).
-    Reads stop at the mapped size: past it they come back short, as a stream's would at its
-    end, and nothing beyond the mapping is ever touched. ``shrunk`` tells whether the file has
-    become shorter than the mapping since (touching the cut part would raise SIGBUS).
-    """
-
-    __slots__ = ("map", "file", "buffer", "start", "pos", "size", "ahead", "helper")
-
-    def __init__(self, mapping: _mmap.mmap, start: int, file: Any) -> None:
-        self.map = mapping
-        self.file = file
-        self.buffer = memoryview(mapping)
-        self.start = self.pos = start
-        self.size = len(mapping)
-        self.ahead = start - start % _mmap.PAGESIZE  # read-ahead asked for up to here
-        # Large files on Linux: a thread reads the file ahead of us (see _readahead); for the
-        # others, madvise as we go.
-        self.helper = _readahead.start(mapping, file.fileno(), start)
-        if self.helper is not None:
-            self.ahead = self.size  # no inline madvise
-
-    @classmethod
-    def open(cls, stream: Any, *, check_fs: bool = False) -> _MappedFile | None:
-        """Map the local file behind ``stream`` from its current position, or ``None``
-        (also, with ``check_fs``, for a file on a network or FUSE file system)."""
-        file = _local_file(stream)
-        if file is None:
-            return None
-        name = getattr(file, "name", None)
-        if check_fs and isinstance(name, str) and _on_network_fs(name):
-            return None
-        if not _may_map():  # as many mappings hold a descriptor as this process allows
-            return None
-        try:
-            fd = file.fileno()
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                return None
-            start = file.tell()
-            mapping = _mmap.mmap(fd, 0, access=_mmap.ACCESS_READ, **_MMAP_KWARGS)
-        except (OSError, ValueError):  # empty file, no mmap on this file system, ...
-            return None
-        if start >= len(mapping):
-            mapping.close()
-            return None
-        _count_mapping(mapping)
-        return cls(mapping, start, file)
-
-    def _read_ahead(self, end: int) -> None:
-        # Keep the kernel reading up to a window ahead of the reader (asked for half a window
-        # at a time), as it does for sequential reads; pages not asked for are read on demand.
-        # With a helper thread, only tell it where we are when it waits for us.
-        if end + _READ_AHEAD // 2 <= self.ahead or self.ahead >= self.size:
-            helper = self.helper
-            if helper is not None and end >= helper.resume_at:
-                helper.advance(end)
-            return
-        stop = max(end, self.ahead) + _READ_AHEAD
-        stop = self.size if stop >= self.size else stop - stop % _mmap.PAGESIZE
-        try:
-            self.map.madvise(_mmap.MADV_WILLNEED, self.ahead, stop - self.ahead)
-        except (AttributeError, OSError, ValueError):  # no madvise here: reads still work
-            pass
-        self.ahead = stop
-
-    def read(self, n: int) -> bytes:
-        end = min(self.pos + n, self.size)
-        self._read_ahead(end)
-        data = self.buffer[self.pos:end].tobytes()
-        self.pos = end
-        return data
-
-    def view(self, n: int) -> memoryview:
-        end = min(self.pos + n, self.size)
-        self._read_ahead(end)
-        data = self.buffer[self.pos:end]
-        self.pos = end
-        return data
-
-    def skip(self, n: int) -> None:
-        self.pos = min(self.pos + n, self.size)
-
-    def shrunk(self) -> int | None:
-        """The file's size now if it is smaller than the mapping, else ``None`` (also when
-        the stream was closed: the mapping does not need it)."""
-        if self.file.closed:
-            return None
-        try:
-            now = os.fstat(self.file.fileno()).st_size
-        except (OSError, ValueError):
-            return None
-        return now if now < self.size else None
-
-    def release(self, finished: bool = False) -> None:
-        """Unmap now unless payload views or a read-ahead thread still use the mapping (then
-        it goes with them). A reader that ``finished`` the file lets its read-ahead thread
-        finish too (the views handed out will be read); one that stopped early stops it."""
-        if self.helper is not None:
-            if finished:
-                self.helper.advance(self.size)
-            else:
-                self.helper.stop()
-        self.buffer.release()
-        try:
-            self.map.close()
-        except BufferError:
-            pass
-
-
 def iter_tar_members(
-    stream: BinaryIO, *, source: str | None = None, mmap: bool | None = None
+    stream: BinaryIO, *, source: str | None = None, read_options: ShardReadOptions | None = None
 ) -> Iterator[tuple[str, bytes | memoryview]]:
     """Yield ``(member name, payload)`` for each regular file of a tar stream, in order.
 
@@ -477,17 +205,15 @@ def iter_tar_members(
     A stream reading a local regular file is memory-mapped instead (see the module's
     "Memory-mapped shards"): array and audio payloads of 64 KiB or more are then read-only
     ``memoryview`` s of the mapping, which stay valid after the stream is closed, and the
-    others ``bytes``; the
-    members, the errors and the stream's final position are those of the reading path.
+    others ``bytes``; the members, the errors and the stream's final position are those of the
+    reading path.
 
     Args:
         stream: a binary stream positioned at the start of the archive (anything with
             ``read(n)``; it is not closed).
         source: the shard's path or URL, named in error messages.
-        mmap: ``None`` (default): map local files unless the environment variable
-            ``SPEECHPIPE_SHARD_MMAP`` is ``0`` or the file is on a network or FUSE file system
-            (:data:`NETWORK_FILE_SYSTEMS`, from ``/proc/self/mounts``); ``True``: map local
-            files wherever they are; ``False``: always read, every payload ``bytes``.
+        read_options: mapping and read-ahead (:class:`ShardReadOptions`; ``None``: its
+            defaults).
 
     Raises:
         DataError: the stream ends before the end-of-archive marker (a zero block) --
@@ -509,178 +235,19 @@ def iter_tar_members(
     ...
     speechpipe.errors.DataError: mem.tar: truncated shard: it ends after member 'utt1.txt' ...
     """
-    if mmap is None:
-        mmap, auto = _mmap_default(), True
-    else:
-        auto = False
-    mapped = _MappedFile.open(stream, check_fs=auto) if mmap else None
+    mapped = _open_mapped(stream, _check_read_options(read_options))
     if mapped is None:
-        yield from _iter_members(stream.read, None, source)
+        yield from iter_members(StreamReader(stream.read, source))
         return
     finished = False
     try:
-        yield from _iter_members(None, mapped, source)
+        yield from iter_members(MappedReader(mapped, source, _VIEW_EXTENSIONS))
         finished = True
         # Leave the stream where the reading path leaves it (after the trailer it reads).
         if not mapped.file.closed:
             mapped.file.seek(mapped.pos)
     finally:
         mapped.release(finished)
-
-
-def _iter_members(
-    read: Callable[[int], bytes] | None, mapped: _MappedFile | None, source: str | None
-) -> Iterator[tuple[str, bytes | memoryview]]:
-    """The tar walk of :func:`iter_tar_members`, over ``read`` or a mapped file."""
-    offset = 0  # byte offset of the next header
-    pad = 0  # padding of the previous payload, read together with the next header
-    last: str | None = None  # last complete member
-    long_name: str | None = None
-    pax: dict[str, str] = {}
-
-    def after() -> str:
-        return f"after member {last!r}" if last is not None else "before any member"
-
-    if mapped is None:
-        def read_or_wrap(n: int) -> bytes:
-            try:
-                return _read_exact(read, n)
-            except DataError:
-                raise
-            except OSError as exc:
-                raise DataError(f"cannot read shard ({after()}): {exc}",
-                                source=source) from exc
-
-        payload_or_wrap = read_or_wrap
-    else:
-        read_or_wrap = mapped.read
-
-        def payload_or_wrap(n: int, name: str = "") -> bytes | memoryview:
-            if n >= _VIEW_MIN and name.rpartition(".")[2].lower() in _VIEW_EXTENSIONS:
-                return mapped.view(n)
-            return mapped.read(n)
-
-    while True:
-        if mapped is not None:
-            now = mapped.shrunk()
-            if now is not None:
-                raise DataError(
-                    f"the shard file shrank from {mapped.size} to {now} bytes while it was "
-                    f"being read ({after()}): it was modified in place",
-                    source=source,
-                )
-        block = read_or_wrap(pad + BLOCK)
-        header = block[pad:] if pad else block
-        offset += pad
-        if len(header) < BLOCK:
-            _check_not_compressed(header, offset, source)
-            if not header:
-                raise DataError(
-                    f"{_TRUNCATED}: it ends {after()} without the end-of-archive marker "
-                    f"(at byte offset {offset})",
-                    source=source,
-                )
-            raise DataError(
-                f"{_TRUNCATED}: partial header ({len(header)} of {BLOCK} bytes) at byte "
-                f"offset {offset}, {after()}",
-                source=source,
-            )
-        if header == _ZERO_BLOCK:
-            if long_name is not None or pax:
-                raise DataError(
-                    f"extended header at the end of the archive is not followed by a member "
-                    f"({after()})",
-                    source=source,
-                )
-            # Read the rest (the record padding after the marker), so that an opener sees the
-            # end of its stream and can check it (HTTP length, a command's exit status).
-            if mapped is None:
-                read_or_wrap(_TRAILER)
-            else:
-                mapped.skip(_TRAILER)
-            return
-        ok = _checksum_ok(header)
-        if not ok:
-            _check_not_compressed(header, offset, source)
-            what = "bad header checksum" if ok is False else "bad header checksum (not a number)"
-            raise DataError(
-                f"{what} at byte offset {offset} ({after()}): not a tar header, or a "
-                "corrupt shard",
-                source=source,
-            )
-        typeflag = header[156:157]
-        size = _parse_number(header[124:136])
-        if size is None:
-            raise DataError(
-                f"invalid size field {header[124:136]!r} in the header at byte offset "
-                f"{offset} ({after()})",
-                source=source,
-            )
-        data_offset = offset + BLOCK
-
-        if typeflag in (_GNU_LONGNAME, _GNU_LONGLINK, _PAX_HEADER, _PAX_GLOBAL):
-            payload = read_or_wrap(size)
-            if len(payload) < size:
-                raise DataError(
-                    f"{_TRUNCATED}: extended header at byte offset {offset} has "
-                    f"{len(payload)} of {size} bytes ({after()})",
-                    source=source,
-                )
-            if typeflag == _GNU_LONGNAME:
-                long_name = _decode_name(_nts(payload))
-            elif typeflag == _PAX_HEADER:
-                pax.update(_parse_pax(payload, source=source, offset=data_offset))
-            offset = data_offset + size
-            pad = -size % BLOCK
-            continue
-
-        if "path" in pax and pax["path"]:
-            name = pax["path"]
-        elif long_name is not None:
-            name = long_name
-        else:
-            name = _decode_name(_nts(header[:100]))
-            if header[257:263] == _POSIX_MAGIC:
-                prefix = _nts(header[345:500])
-                if prefix:
-                    name = _decode_name(prefix) + "/" + name
-        if pax.get("size"):
-            if not (pax["size"].isascii() and pax["size"].isdigit()):
-                raise DataError(f"invalid pax size {pax['size']!r}", source=source, member=name)
-            size = int(pax["size"])
-        if any(k.startswith("GNU.sparse.") for k in pax):
-            raise DataError("unsupported member type GNU sparse file (pax)", source=source,
-                            member=name)
-        long_name = None
-        pax = {}
-
-        if typeflag in _REGULAR and not (typeflag == b"\0" and name.endswith("/")):
-            # one read into a new bytes object (one copy), or a view of the mapped file
-            data = payload_or_wrap(size, name) if mapped is not None else payload_or_wrap(size)
-            if len(data) < size:
-                raise DataError(
-                    f"{_TRUNCATED}: member payload has {len(data)} of {size} bytes",
-                    source=source,
-                    member=name,
-                )
-            last = name
-            yield name, data
-        elif typeflag == _DIRECTORY or typeflag == b"\0":
-            skipped = payload_or_wrap(size) if size else b""
-            if len(skipped) < size:
-                raise DataError(f"{_TRUNCATED}: directory entry payload is cut short",
-                                source=source, member=name)
-            last = name
-        else:
-            kind = _TYPE_NAMES.get(typeflag, f"typeflag {typeflag!r}")
-            raise DataError(
-                f"unsupported member type: {kind}; shards may hold only regular files "
-                "(and directories, which are skipped)",
-                source=source,
-                member=name,
-            )
-        offset = data_offset + size
-        pad = -size % BLOCK
 
 
 # --------------------------------------------------------------------------------------------
@@ -780,7 +347,7 @@ def group_by_key(
 
 
 def _skip_reason(error: DataError) -> str:
-    kind = _TRUNCATED if getattr(error, "reason", "").startswith(_TRUNCATED) else "corrupt shard"
+    kind = TRUNCATED if getattr(error, "reason", "").startswith(TRUNCATED) else "corrupt shard"
     return f"{kind} (rest of the shard skipped)"
 
 
@@ -813,8 +380,9 @@ class ShardReaderIterDataPipe(IterDataPipe[Sample]):
             :attr:`diagnostics` under ``"truncated shard"`` or ``"corrupt shard"``, continues
             with the next shard and warns at the end of the pass. Counts cover the current
             (or last) pass.
-        mmap: map local files (``None``: unless ``SPEECHPIPE_SHARD_MMAP=0``; see
-            :func:`iter_tar_members`); ``False`` reads them, every field ``bytes``.
+        read_options: mapping and read-ahead of local files (:class:`ShardReadOptions`;
+            ``None``: its defaults); ``ShardReadOptions(mmap=False)`` reads them, every field
+            ``bytes``.
 
     >>> import os, tempfile
     >>> from speechpipe.pipes._base import IterableWrapper
@@ -828,13 +396,15 @@ class ShardReaderIterDataPipe(IterDataPipe[Sample]):
     """
 
     def __init__(
-        self, source_datapipe: IterDataPipe, *, on_error: str = "raise", mmap: bool | None = None
+        self,
+        source_datapipe: IterDataPipe,
+        *,
+        on_error: str = "raise",
+        read_options: ShardReadOptions | None = None,
     ) -> None:
-        if mmap is not None and not isinstance(mmap, bool):
-            raise TypeError(f"mmap must be True, False or None, got {mmap!r}")
         self.source_datapipe = source_datapipe
         self.on_error = check_on_error(on_error)
-        self.mmap = mmap
+        self.read_options = _check_read_options(read_options)
         self.diagnostics = Diagnostics("read_shards")
 
     def __iter__(self) -> Iterator[Sample]:
@@ -850,8 +420,8 @@ class ShardReaderIterDataPipe(IterDataPipe[Sample]):
             name, stream = item
             source = os.fspath(name) if isinstance(name, os.PathLike) else str(name)
             try:
-                yield from group_by_key(iter_tar_members(stream, source=source, mmap=self.mmap),
-                                        source=source)
+                members = iter_tar_members(stream, source=source, read_options=self.read_options)
+                yield from group_by_key(members, source=source)
             except DataError as err:
                 self.diagnostics.handle(self.on_error, err, _skip_reason(err))
             finally:
