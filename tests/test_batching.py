@@ -20,15 +20,17 @@ from hypothesis import strategies as st
 import speechpipe  # noqa: F401
 from speechpipe.pipes._base import IterableWrapper, IterDataPipe
 from speechpipe.pipes.batching import (
-    BatchStats,
     BlockBatcher,
     LengthBucketer,
+    estimate_boundaries,
+    pack_batches,
+)
+from speechpipe.pipes.constraints import (
+    BatchStats,
     PaddedArea,
     Quadratic,
     SumOfLengths,
     TwoDimensional,
-    estimate_boundaries,
-    pack_batches,
 )
 
 lengths_st = st.lists(st.integers(min_value=1, max_value=3000), min_size=0, max_size=300)

@@ -9,8 +9,9 @@ list of key lists:
 
 1. sort all keys by length (descending by default; ties by key, so the view is deterministic);
 2. cut the sorted keys into batches: **block** batches within a budget (any cost model of
-   :mod:`speechpipe.pipes.batching`, packed by its :func:`~speechpipe.pipes.batching.pack_batches`),
-   **piece** batches of a fixed count, or a custom ``batches_fn`` hook;
+   :mod:`speechpipe.pipes.constraints`, packed by
+   :func:`~speechpipe.pipes.batching.pack_batches`), **piece** batches of a fixed count, or a
+   custom ``batches_fn`` hook;
 3. per epoch, shuffle the order of the batches (never their content) with
    :func:`speechpipe.seeding.derive_rng`, clip or extend to ``batches_per_epoch``, skip
    ``start_step`` batches when resuming, and split each batch between ``world_size`` ranks.
@@ -38,15 +39,9 @@ from typing import Any, Callable, Hashable, Iterable, Iterator, Union
 from ..errors import DataError
 from ..seeding import derive_rng, derive_seed, process_position
 from ._base import IterDataPipe, MapDataPipe, plain_iterator
-from .batching import (
-    OVERSIZE,
-    BatchConstraint,
-    BatchStats,
-    PaddedArea,
-    TwoDimensional,
-    pack_batches,
-)
 from ._state import SampleSource
+from .batching import pack_batches
+from .constraints import OVERSIZE, BatchConstraint, BatchStats, PaddedArea, TwoDimensional
 from .lengths import (  # the public ones re-exported: they were defined here
     SELECTION_MODES,
     _as_paths,
@@ -357,7 +352,7 @@ class BatchView:
 
     Args:
         lengths: ``{key: length}`` of every utterance (frames, samples or seconds; a pair
-            ``(input, output)`` for :class:`~speechpipe.pipes.batching.TwoDimensional`),
+            ``(input, output)`` for :class:`~speechpipe.pipes.constraints.TwoDimensional`),
             e.g. from :func:`~speechpipe.pipes.lengths.read_data_len` or
             :func:`~speechpipe.pipes.lengths.compute_lengths`. Copied.
         constraint: block batches within this cost model's budget (``PaddedArea``,
@@ -386,7 +381,7 @@ class BatchView:
         world_size: number of ranks sharing each batch (SpeeChain's ``ngpu``).
 
     Attributes:
-        stats: a :class:`~speechpipe.pipes.batching.BatchStats` over the view (padding
+        stats: a :class:`~speechpipe.pipes.constraints.BatchStats` over the view (padding
             efficiency, batch sizes, oversize samples, plus ``repeated``);
             ``print(view.stats.report())``.
 
