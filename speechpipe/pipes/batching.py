@@ -44,6 +44,7 @@ from .constraints import (  # the public ones re-exported: they were defined her
     SumOfLengths,
     TwoDimensional,
     _primary,
+    batch_constraint,
 )
 
 __all__ = [
@@ -303,7 +304,9 @@ class LengthBucketerIterDataPipe(Seeded, Resumable, IterDataPipe[list]):
         self.buffer_size = buffer_size
         self.boundaries = boundaries
         self.num_buckets = num_buckets
-        self.constraint = constraint or PaddedArea(budget=float("inf"))
+        constraint = batch_constraint(constraint)
+        # only its measure is used: the default one measures as an unbounded PaddedArea would
+        self.constraint = PaddedArea(budget=float("inf")) if constraint is None else constraint
         self.seed = check_seed(seed)
         self.epoch = 0
         self._estimated: list[float] | None = None
@@ -398,31 +401,36 @@ class BlockBatcherIterDataPipe(Seeded, Resumable, IterDataPipe[list]):
 
     Consumes samples, or groups of samples from ``bucket_by_length`` (each group is packed on
     its own, so no batch mixes two groups); yields batches (lists of samples) that never
-    exceed the budget, in a seeded random order within ``shuffle_window`` batches. Follow it
-    with torch's ``collate`` to pad.
+    exceed the budget of ``constraint``, in a seeded random order within ``shuffle_window``
+    batches. Follow it with torch's ``collate`` to pad.
 
     Args:
         source_datapipe: samples or groups.
-        batch_len: budget of the default cost model, :class:`PaddedArea` (``n × max_len``,
-            in frames or samples). Give ``constraint`` instead for another model.
-        constraint: a :class:`BatchConstraint` (``PaddedArea``, ``SumOfLengths``,
-            ``Quadratic``, ``TwoDimensional``).
-        max_samples: cap on samples per batch (with ``batch_len``).
+        constraint: the cost model and its budget, a
+            :class:`~speechpipe.pipes.constraints.BatchConstraint` (``PaddedArea``,
+            ``SumOfLengths``, ``Quadratic``, ``TwoDimensional``, ``SampleCount``).
+        batch_len: shorthand for ``constraint=PaddedArea(budget=batch_len,
+            max_samples=max_samples)``: the padded area ``n × max_len``, in frames or samples.
+            Give it or ``constraint`` (see :func:`~speechpipe.pipes.constraints.batch_constraint`).
+        max_samples: cap on samples per batch, with ``batch_len`` (a constraint has its own).
         oversize: ``"emit"`` a sample whose cost alone exceeds the budget as a batch of one,
             or ``"drop"`` it; counted either way in ``self.stats``.
         shuffle_window: batches held and emitted in random order (1 keeps packing order).
         seed: base seed; the order uses ``(seed, epoch, rank, worker)``.
 
-    ``self.stats`` (a :class:`BatchStats`) describes the last pass: padding efficiency,
-    batch sizes, oversize samples; ``print(pipe.stats.report())``.
+    ``self.stats`` (a :class:`~speechpipe.pipes.constraints.BatchStats`) describes the last
+    pass: padding efficiency, batch sizes, oversize samples; ``print(pipe.stats.report())``.
 
     >>> from speechpipe.pipes._base import IterableWrapper
     >>> pipe = IterableWrapper([1, 7, 8, 2, 3, 9]).bucket_by_length(3).block_batch(
-    ...     batch_len=16, shuffle_window=1)
+    ...     constraint=PaddedArea(budget=16), shuffle_window=1)
     >>> list(pipe)
     [[1, 7], [8], [2, 3], [9]]
     >>> pipe.stats.batches, pipe.stats.over_budget
     (4, 0)
+    >>> list(IterableWrapper([1, 7, 8, 2, 3, 9]).bucket_by_length(3).block_batch(
+    ...     batch_len=16, shuffle_window=1))  # the same, said with the shorthand
+    [[1, 7], [8], [2, 3], [9]]
     """
 
     def __init__(
@@ -436,14 +444,8 @@ class BlockBatcherIterDataPipe(Seeded, Resumable, IterDataPipe[list]):
         shuffle_window: int = 100,
         seed: int = 0,
     ) -> None:
-        if (batch_len is None) == (constraint is None):
-            raise ValueError("give exactly one of batch_len and constraint")
-        if constraint is None:
-            constraint = PaddedArea(budget=batch_len, max_samples=max_samples)
-        elif max_samples is not None:
-            raise ValueError("max_samples goes with batch_len; set it on the constraint instead")
-        if not isinstance(constraint, BatchConstraint):
-            raise TypeError(f"constraint must be a BatchConstraint, got {constraint!r}")
+        constraint = batch_constraint(constraint, batch_len=batch_len, max_samples=max_samples,
+                                      required=True)
         if oversize not in OVERSIZE:
             raise ValueError(f"oversize must be one of {OVERSIZE}, got {oversize!r}")
         if not isinstance(shuffle_window, int) or shuffle_window < 1:

@@ -1,10 +1,11 @@
 """Batch budgets: the cost models that size a batch, and the statistics of a batching pass.
 
 Speech utterances run from 1 s to 30 s. Fixed-size batches either waste the GPU on padding or
-run out of memory; speechpipe batches by a **budget** instead, measured by a cost model:
+run out of memory; speechpipe batches by a **budget** instead, measured by a cost model, a
+**constraint**:
 
 =====================  ===================================================================
-cost model             cost of a batch of ``n`` samples
+constraint             cost of a batch of ``n`` samples, kept within the budget
 =====================  ===================================================================
 :class:`PaddedArea`    ``n × max_len`` -- the padded tensor's size (SpeeChain's "rectangles
                        of similar area", lhotse's ``max_duration``); the default
@@ -12,11 +13,19 @@ cost model             cost of a batch of ``n`` samples
 :class:`Quadratic`     ``n × (max_len + max_len² / q)`` -- attention's quadratic memory
 :class:`TwoDimensional` ``n × max_in ≤ budget_in`` and ``n × max_out ≤ budget_out`` (e.g.
                        frames and tokens, both bounded)
+:class:`SampleCount`   ``n`` -- a fixed number of samples whatever their lengths
+                       (SpeeChain's piece batches)
 =====================  ===================================================================
 
-Each takes an optional ``max_samples`` cap. A batch never exceeds its budget; a single sample
-whose cost alone exceeds it is an **oversize** sample, emitted alone (``oversize="emit"``) or
-dropped (``oversize="drop"``), and counted either way in :class:`BatchStats`.
+Each budget model takes an optional ``max_samples`` cap. A batch never exceeds its budget; a
+single sample whose cost alone exceeds it is an **oversize** sample, emitted alone
+(``oversize="emit"``) or dropped (``oversize="drop"``), and counted either way in
+:class:`BatchStats`.
+
+Every batching stage is sized by ``constraint=``. Two shorthands name the common constraints:
+``batch_len=B`` (with an optional ``max_samples=N``) is ``PaddedArea(budget=B,
+max_samples=N)``, and ``batch_size=N`` (where a stage takes it) is ``SampleCount(N)``;
+:func:`batch_constraint` turns whichever was given into the constraint, for every stage.
 
 The algorithms and pipes that pack batches under a budget are in
 :mod:`speechpipe.pipes.batching` (streaming) and :mod:`speechpipe.pipes.views` (planned from
@@ -29,6 +38,7 @@ import statistics
 from abc import ABC, abstractmethod
 from collections.abc import Mapping  # isinstance on typing.Mapping costs ~1 us per sample
 from dataclasses import dataclass, field
+from numbers import Integral, Real
 from typing import Any, Callable, Sequence, Union
 
 from ..sample import sample_length
@@ -39,8 +49,10 @@ __all__ = [
     "OVERSIZE",
     "PaddedArea",
     "Quadratic",
+    "SampleCount",
     "SumOfLengths",
     "TwoDimensional",
+    "batch_constraint",
 ]
 
 Length = Union[int, float, tuple]
@@ -258,9 +270,125 @@ class TwoDimensional(BatchConstraint):
         return len(lengths) * max(x for x, _ in lengths)
 
 
+@dataclass(frozen=True)
+class SampleCount(BatchConstraint):
+    """A fixed number of samples per batch, whatever their lengths (SpeeChain's piece batches;
+    what the ``batch_size`` shorthand names).
+
+    A batch holds at most ``size`` samples, so packing fills each batch with ``size`` samples
+    (the last one fewer). Lengths never count against it: no sample is oversize. ``size`` is
+    also the batch's ``max_samples``. Its :meth:`cost` is the padded area ``n × max_len`` (the
+    input side of a pair), what :class:`BatchStats` reports as a batch's cost.
+
+    Args:
+        size: samples per batch, an int >= 1.
+        length: field name or callable measuring a sample (used only for statistics).
+
+    >>> c = SampleCount(2)
+    >>> c.fits([100, 300]), c.fits([1, 1, 1]), c.cost([100, 300]), c.max_samples
+    (True, False, 600, 2)
+    """
+
+    size: int
+    length: LengthFn = None
+
+    def __post_init__(self):
+        if not isinstance(self.size, Integral) or isinstance(self.size, bool) or self.size < 1:
+            raise ValueError(f"size must be an int >= 1, got {self.size!r}")
+        super().__post_init__()
+
+    @property
+    def max_samples(self) -> int:
+        return self.size
+
+    def empty(self):
+        return (0,)
+
+    def add(self, state, length):
+        return (state[0] + 1,)
+
+    def within(self, state):
+        return state[0] <= self.size
+
+    def cost(self, lengths):
+        return len(lengths) * max(_primary(n) for n in lengths) if lengths else 0
+
+
 def _primary(length: Length) -> float:
     """The time length used for padding statistics (the input side of a pair)."""
     return length[0] if isinstance(length, tuple) else length
+
+
+# --------------------------------------------------------------------------- the one way
+
+
+def batch_constraint(
+    constraint: BatchConstraint | None = None,
+    *,
+    batch_len: float | None = None,
+    max_samples: int | None = None,
+    batch_size: int | None = None,
+    required: bool = False,
+) -> BatchConstraint | None:
+    """The constraint that sizes a batch, from whichever way a stage was told.
+
+    ``constraint`` is the one way to say it; the others are shorthands for named constraints:
+    ``batch_len=B`` (with an optional ``max_samples=N``) is ``PaddedArea(budget=B,
+    max_samples=N)`` and ``batch_size=N`` is ``SampleCount(N)``. At most one of
+    ``constraint``, ``batch_len`` and ``batch_size`` may be given. ``block_batch``,
+    ``bucket_by_length`` and ``BatchView`` size their batches with it.
+
+    Args:
+        constraint: a :class:`BatchConstraint`.
+        batch_len: budget of a :class:`PaddedArea` (``n × max_len``), a number > 0.
+        max_samples: cap on samples per batch, with ``batch_len`` only.
+        batch_size: samples per batch (:class:`SampleCount`), an int >= 1.
+        required: one of ``constraint`` and ``batch_len`` must be given.
+
+    Returns:
+        The constraint, or None if none was given and none is required.
+
+    Raises:
+        ValueError: two ways at once, naming them (``required`` says "give exactly one of
+            batch_len and constraint", also when none is given); ``max_samples`` without
+            ``batch_len``; ``batch_size < 1`` or a budget that is not > 0.
+        TypeError: ``batch_len`` is not a number, ``batch_size`` not an int, or
+            ``constraint`` not a :class:`BatchConstraint`.
+
+    >>> batch_constraint(batch_len=6000, max_samples=32)
+    PaddedArea(budget=6000, max_samples=32, length=None)
+    >>> batch_constraint(batch_size=8)
+    SampleCount(size=8, length=None)
+    >>> batch_constraint(SumOfLengths(budget=500)) == SumOfLengths(budget=500)
+    True
+    >>> batch_constraint(PaddedArea(budget=10), batch_len=10)
+    Traceback (most recent call last):
+    ValueError: give batch_len or constraint, not both
+    """
+    if constraint is not None and batch_len is not None:
+        raise ValueError("give exactly one of batch_len and constraint" if required
+                         else "give batch_len or constraint, not both")
+    if required and constraint is None and batch_len is None:
+        raise ValueError("give exactly one of batch_len and constraint")
+    if max_samples is not None and batch_len is None:
+        raise ValueError("max_samples goes with batch_len; set it on the constraint instead")
+    if batch_len is not None:
+        if isinstance(batch_len, bool) or not isinstance(batch_len, Real):
+            raise TypeError(f"batch_len must be a number, got {batch_len!r}")
+        constraint = PaddedArea(budget=batch_len, max_samples=max_samples)
+    elif constraint is not None and not isinstance(constraint, BatchConstraint):
+        raise TypeError(f"constraint must be a BatchConstraint, got {constraint!r}")
+    if batch_size is None:
+        return constraint
+    if isinstance(batch_size, bool) or not isinstance(batch_size, Integral):
+        raise TypeError(f"batch_size must be an int, got {batch_size!r}")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size!r}")
+    if constraint is not None:
+        raise ValueError(
+            "give batch_size (piece batches) or batch_len/constraint (block batches), not both"
+        )
+    return SampleCount(int(batch_size))
 
 
 # --------------------------------------------------------------------------- statistics

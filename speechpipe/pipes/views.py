@@ -41,7 +41,16 @@ from ..seeding import derive_rng, derive_seed, process_position
 from ._base import IterDataPipe, MapDataPipe, plain_iterator
 from ._state import SampleSource
 from .batching import pack_batches
-from .constraints import OVERSIZE, BatchConstraint, BatchStats, PaddedArea, TwoDimensional
+from .constraints import (
+    OVERSIZE,
+    BatchConstraint,
+    BatchStats,
+    PaddedArea,
+    SampleCount,
+    TwoDimensional,
+    _primary,
+    batch_constraint,
+)
 from .lengths import (  # the public ones re-exported: they were defined here
     SELECTION_MODES,
     _as_paths,
@@ -74,10 +83,6 @@ _SALT = "batch_view"
 
 
 # --------------------------------------------------------------------------- algorithms
-
-
-def _primary(length: Length) -> float:
-    return length[0] if isinstance(length, tuple) else length
 
 
 def _sorted_keys(lengths: Mapping[Key, Length], descending: bool) -> list[Key]:
@@ -154,7 +159,8 @@ def form_batches(
     oversize: str = "emit",
     stats: BatchStats | None = None,
 ) -> list[list[Key]]:
-    """Cut length-sorted keys into block batches (``constraint``) or piece batches (``batch_size``).
+    """Cut length-sorted keys into block batches within a budget (``constraint``) or piece
+    batches of a fixed count (``constraint=SampleCount(n)``, or its shorthand ``batch_size=n``).
 
     Every batch holds a multiple of ``world_size`` keys. Keys are first grouped in sorted order
     into **rank groups** of ``world_size`` consecutive keys (the last group, if short, is
@@ -164,13 +170,15 @@ def form_batches(
     one group exceeds the budget. A group whose cost alone exceeds the budget (a single
     oversize sample when ``world_size=1``) is emitted alone or dropped as ``oversize`` says,
     and its samples are counted in ``stats.oversize_emitted`` / ``stats.oversize_dropped``.
-    Piece batches hold ``batch_size`` keys (the last one fewer), as SpeeChain's piece strategy.
+    Piece batches hold ``n`` keys (the last one fewer), as SpeeChain's piece strategy; they
+    need no lengths unless ``stats`` is given.
 
     Args:
         keys_sorted: keys, sorted by length.
         lengths: ``{key: length}``.
-        constraint: the cost model for block batches.
-        batch_size: keys per piece batch (a multiple of ``world_size``) if no constraint.
+        constraint: the cost model (:mod:`speechpipe.pipes.constraints`).
+        batch_size: shorthand for ``constraint=SampleCount(batch_size)`` (a multiple of
+            ``world_size``); give it or ``constraint``.
         world_size: number of ranks that will share each batch.
         oversize: ``"emit"`` or ``"drop"`` an over-budget rank group.
         stats: where batch statistics are added.
@@ -182,13 +190,14 @@ def form_batches(
     """
     if (constraint is None) == (batch_size is None):
         raise ValueError("give exactly one of constraint and batch_size")
+    constraint = batch_constraint(constraint, batch_size=batch_size)
     units = _units(list(keys_sorted), world_size, stats if isinstance(stats, _ViewStats) else None)
-    if constraint is None:
-        if batch_size % world_size:
+    if isinstance(constraint, SampleCount):  # a count needs no packing: the next rank groups
+        if constraint.size % world_size:
             raise ValueError(
-                f"batch_size must be a multiple of world_size={world_size}, got {batch_size!r}"
+                f"batch_size must be a multiple of world_size={world_size}, got {constraint.size!r}"
             )
-        step = batch_size // world_size
+        step = constraint.size // world_size
         grouped = [units[i:i + step] for i in range(0, len(units), step)]
     else:
         def unit_lengths(unit):
@@ -206,9 +215,8 @@ def form_batches(
                     stats.oversize_emitted += len(batch[0])
     batches = [[key for unit in batch for key in unit] for batch in grouped]
     if stats is not None:
-        measure = _stats_constraint(lengths, constraint)
         for batch in batches:
-            stats.add_batch([lengths[k] for k in batch], measure)
+            stats.add_batch([lengths[k] for k in batch], constraint)
     return batches
 
 
@@ -327,12 +335,65 @@ def _check_length(key: Key, value: Any) -> Length:
     return value
 
 
+def _check_lengths(lengths: Any) -> dict[Key, Length]:
+    """A copy of a view's ``lengths``, checked: a mapping of numbers, or of tuples, not both."""
+    if isinstance(lengths, (str, os.PathLike)):
+        raise TypeError(
+            f"lengths must be a mapping key -> length, got the path {lengths!r}; "
+            "read it with read_data_len()"
+        )
+    if not isinstance(lengths, Mapping):
+        raise TypeError(f"lengths must be a mapping key -> length, got {lengths!r}")
+    checked = {key: _check_length(key, value) for key, value in lengths.items()}
+    if len({isinstance(v, tuple) for v in checked.values()}) > 1:
+        raise ValueError("lengths must be all numbers or all tuples, got a mix")
+    return checked
+
+
+def _view_constraint(lengths: dict[Key, Length], constraint: BatchConstraint | None,
+                     batch_len: float | None, batch_size: int | None,
+                     batches_fn: BatchesFn | None, world_size: int) -> BatchConstraint | None:
+    """The constraint that sizes a view's batches (:func:`batch_constraint`).
+
+    Without a hook, every way of sizing goes through it. A ``batches_fn`` gets the arguments
+    as given (it may take ``batch_len`` and ``batch_size`` at once); the constraint, made from
+    ``constraint`` or ``batch_len`` only, then measures the hook's batches for ``stats``.
+    """
+    if batches_fn is None:
+        constraint = batch_constraint(constraint, batch_len=batch_len, batch_size=batch_size)
+        if isinstance(constraint, SampleCount) and constraint.size % world_size:
+            raise ValueError(
+                f"batch_size must be a multiple of world_size={world_size}, "
+                f"got {constraint.size!r}"
+            )
+    else:
+        constraint = batch_constraint(constraint, batch_len=batch_len)
+        batch_constraint(batch_size=batch_size)  # checks it; the hook gets it as given
+    if constraint is not None and lengths and not isinstance(constraint, SampleCount):
+        pairs = isinstance(constraint, TwoDimensional)  # a count takes either kind of length
+        if pairs != isinstance(next(iter(lengths.values())), tuple):
+            needed = "(input, output) pairs" if pairs else "numbers"
+            raise ValueError(f"{type(constraint).__name__} needs {needed} as lengths")
+    return constraint
+
+
+def _check_group_info(group_info: Any) -> None:
+    if group_info is None:
+        return
+    if not isinstance(group_info, Mapping):
+        raise TypeError(f"group_info must be a mapping name -> source, got {group_info!r}")
+    for name, source in group_info.items():
+        if not isinstance(source, Mapping):
+            _as_paths(source, f"group_info[{name!r}]")
+
+
 class BatchView:
     """Batches planned from lengths alone; SpeeChain's Iterator without the data.
 
     The view sorts the keys of ``lengths`` by length (``descending``; ties by key), cuts them
-    into batches -- block batches within a budget (``constraint`` or ``batch_len``), piece
-    batches of ``batch_size`` keys, or the lists returned by a ``batches_fn`` hook -- and
+    into batches as ``constraint`` says -- block batches within a budget, or piece batches of
+    a fixed count (``batch_len`` and ``batch_size`` are shorthands for both) -- or as your own
+    ``batches_fn`` does, and
     keeps that **batching view** (:attr:`batching_view`, inspectable, computed once in the
     constructor from the in-memory lengths; nothing is read). Each epoch then draws an order
     of these batches (:meth:`batches`, see :func:`epoch_batches`): shuffled per epoch with
@@ -355,18 +416,22 @@ class BatchView:
             ``(input, output)`` for :class:`~speechpipe.pipes.constraints.TwoDimensional`),
             e.g. from :func:`~speechpipe.pipes.lengths.read_data_len` or
             :func:`~speechpipe.pipes.lengths.compute_lengths`. Copied.
-        constraint: block batches within this cost model's budget (``PaddedArea``,
-            ``SumOfLengths``, ``Quadratic``, ``TwoDimensional``); its ``length`` field is
-            not used (lengths are given).
-        batch_len: block batches with the default ``PaddedArea(budget=batch_len)``
-            (SpeeChain's BlockIterator: the total padded length of a batch).
-        batch_size: piece batches of this many keys (SpeeChain's piece strategy). With none
-            of ``constraint``, ``batch_len``, ``batch_size`` and ``batches_fn``, piece batches
-            of ``world_size`` keys: one utterance per rank per step, for evaluation.
-        batches_fn: a hook ``batches_fn(keys_sorted, lengths, **conf) -> list of key lists``
-            (SpeeChain's ``batches_generate_fn``); ``conf`` holds whichever of
-            ``constraint``, ``batch_len`` and ``batch_size`` were given. Must be picklable
-            (a module-level function or a ``functools.partial`` of one) to pickle the view.
+        constraint: how batches are sized, a cost model of :mod:`speechpipe.pipes.constraints`:
+            block batches within its budget (``PaddedArea``, ``SumOfLengths``, ``Quadratic``,
+            ``TwoDimensional``), or piece batches of a fixed count (``SampleCount``); its
+            ``length`` field is not used (lengths are given).
+        batch_len: shorthand for ``constraint=PaddedArea(budget=batch_len)`` (SpeeChain's
+            BlockIterator: the total padded length of a batch).
+        batch_size: shorthand for ``constraint=SampleCount(batch_size)`` (SpeeChain's piece
+            strategy). Give at most one of ``constraint``, ``batch_len`` and ``batch_size``
+            (see :func:`~speechpipe.pipes.constraints.batch_constraint`); with none of them
+            and no ``batches_fn``, piece batches of ``world_size`` keys: one utterance per
+            rank per step, for evaluation.
+        batches_fn: your own batching function, used instead of a constraint: a hook
+            ``batches_fn(keys_sorted, lengths, **conf) -> list of key lists`` (SpeeChain's
+            ``batches_generate_fn``); ``conf`` holds whichever of ``constraint``,
+            ``batch_len`` and ``batch_size`` were given, as given. Must be picklable (a
+            module-level function or a ``functools.partial`` of one) to pickle the view.
         descending: sort longest first (True) or shortest first (False).
         shuffle: draw a new batch order each epoch (training); False keeps the view's order.
         seed: base seed of the batch order.
@@ -385,8 +450,11 @@ class BatchView:
             efficiency, batch sizes, oversize samples, plus ``repeated``);
             ``print(view.stats.report())``.
 
-    >>> view = BatchView({"a": 5, "b": 3, "c": 9, "d": 2}, batch_len=10, shuffle=False)
+    >>> view = BatchView({"a": 5, "b": 3, "c": 9, "d": 2}, constraint=PaddedArea(budget=10),
+    ...                  shuffle=False)
     >>> view.batching_view
+    [['c'], ['a', 'b'], ['d']]
+    >>> BatchView({"a": 5, "b": 3, "c": 9, "d": 2}, batch_len=10).batching_view  # shorthand
     [['c'], ['a', 'b'], ['d']]
     >>> len(view), view.batches(0, start_step=1)
     (3, [['a', 'b'], ['d']])
@@ -410,56 +478,19 @@ class BatchView:
         group_info: Mapping[str, Any] | None = None,
         world_size: int = 1,
     ) -> None:
-        if isinstance(lengths, (str, os.PathLike)):
-            raise TypeError(
-                f"lengths must be a mapping key -> length, got the path {lengths!r}; "
-                "read it with read_data_len()"
-            )
-        if not isinstance(lengths, Mapping):
-            raise TypeError(f"lengths must be a mapping key -> length, got {lengths!r}")
-        self.lengths = {key: _check_length(key, value) for key, value in lengths.items()}
-        kinds = {isinstance(v, tuple) for v in self.lengths.values()}
-        if len(kinds) > 1:
-            raise ValueError("lengths must be all numbers or all tuples, got a mix")
-        if constraint is not None and batch_len is not None:
-            raise ValueError("give batch_len or constraint, not both")
-        if batch_len is not None:
-            if isinstance(batch_len, bool) or not isinstance(batch_len, (int, float)):
-                raise TypeError(f"batch_len must be a number, got {batch_len!r}")
-            constraint = PaddedArea(budget=batch_len)  # validates batch_len > 0
-        if constraint is not None and not isinstance(constraint, BatchConstraint):
-            raise TypeError(f"constraint must be a BatchConstraint, got {constraint!r}")
-        if batch_size is not None:
-            _check_int(batch_size, "batch_size", 1)
+        self.lengths = _check_lengths(lengths)
+        self.world_size = _check_int(world_size, "world_size", 1)
         if batches_fn is not None and not callable(batches_fn):
             raise TypeError(f"batches_fn must be callable, got {batches_fn!r}")
-        if batches_fn is None and constraint is not None and batch_size is not None:
-            raise ValueError(
-                "give batch_size (piece batches) or batch_len/constraint (block batches), "
-                "not both"
-            )
-        pairs = isinstance(constraint, TwoDimensional)
-        if constraint is not None and kinds and pairs != (True in kinds):
-            needed = "(input, output) pairs" if pairs else "numbers"
-            raise ValueError(f"{type(constraint).__name__} needs {needed} as lengths")
+        if batches_fn is None and constraint is None and batch_len is None and batch_size is None:
+            batch_size = self.world_size  # one utterance per rank per step (evaluation)
+        constraint = _view_constraint(self.lengths, constraint, batch_len, batch_size,
+                                      batches_fn, self.world_size)
         if oversize not in OVERSIZE:
             raise ValueError(f"oversize must be one of {OVERSIZE}, got {oversize!r}")
         if batches_per_epoch is not None:
             _check_int(batches_per_epoch, "batches_per_epoch", 1)
-        if group_info is not None:
-            if not isinstance(group_info, Mapping):
-                raise TypeError(f"group_info must be a mapping name -> source, got {group_info!r}")
-            for name, source in group_info.items():
-                if not isinstance(source, Mapping):
-                    _as_paths(source, f"group_info[{name!r}]")
-        self.world_size = _check_int(world_size, "world_size", 1)
-        if batches_fn is None and constraint is None and batch_size is None:
-            batch_size = self.world_size
-        if batches_fn is None and constraint is None and batch_size % self.world_size:
-            raise ValueError(
-                f"batch_size must be a multiple of world_size={self.world_size}, "
-                f"got {batch_size!r}"
-            )
+        _check_group_info(group_info)
         self.constraint = constraint
         self.batch_len = batch_len
         self.batch_size = batch_size
@@ -477,10 +508,9 @@ class BatchView:
     def _form(self) -> list[list[Key]]:
         keys = _sorted_keys(self.lengths, self.descending)
         if self.batches_fn is None:
-            return form_batches(
-                keys, self.lengths, constraint=self.constraint, batch_size=self.batch_size,
-                world_size=self.world_size, oversize=self.oversize, stats=self.stats,
-            )
+            return form_batches(keys, self.lengths, constraint=self.constraint,
+                                world_size=self.world_size, oversize=self.oversize,
+                                stats=self.stats)
         conf = {name: value for name, value in (("constraint", self.constraint),
                                                 ("batch_len", self.batch_len),
                                                 ("batch_size", self.batch_size))
