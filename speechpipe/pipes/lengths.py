@@ -5,7 +5,8 @@ gets those lengths: :func:`read_data_len` reads Kaldi/SpeeChain ``data_len`` fil
 ``utt2num_frames``, ``utt2num_samples`` or ``utt2dur``; :func:`compute_lengths` measures every
 sample once, by loading it, and caches the lengths in such a file. :func:`select_keys`
 (SpeeChain's ``data_selection``) keeps a part of a corpus, by position, at random or by a
-per-utterance number (an ``idx2data`` file).
+per-utterance number (an ``idx2data`` file). The view's ``group_info`` labels (``idx2data``
+files too) and its ``lengths`` are read and checked here as well.
 """
 
 from __future__ import annotations
@@ -343,6 +344,43 @@ def _meta_values(meta: PathLike | Mapping, keys: list) -> dict:
     return values
 
 
+# --------------------------------------------------------------------------- group labels
+
+
+def _check_group_info(group_info: Any) -> None:
+    if group_info is None:
+        return
+    if not isinstance(group_info, Mapping):
+        raise TypeError(f"group_info must be a mapping name -> source, got {group_info!r}")
+    for name, source in group_info.items():
+        if not isinstance(source, Mapping):
+            _as_paths(source, f"group_info[{name!r}]")
+
+
+def _read_group_labels(sources: Mapping[str, Any], keys: Iterable[Key]
+                       ) -> dict[str, dict[Key, Any]]:
+    """``{name: {key: label}}`` for ``keys`` from a view's ``group_info`` sources (``idx2data``
+    files ``<key> <label>`` or mappings); labels for other keys are left out; a key without a
+    label is a :class:`DataError` naming the group's source and the key."""
+    keys = list(keys)
+    info = {}
+    for name, source in sources.items():
+        if isinstance(source, Mapping):
+            labels, where = dict(source), f"group_info[{name!r}]"
+        else:
+            paths = _as_paths(source, f"group_info[{name!r}]")
+            labels = {k: e.value for k, e in _read_tables(paths).items()}
+            where = ", ".join(paths)
+        missing = [key for key in keys if key not in labels]
+        if missing:
+            raise DataError(
+                f"group {name!r} has no label for {len(missing)} key(s) of the view",
+                source=where, key=missing[0],
+            )
+        info[name] = {key: labels[key] for key in keys}
+    return info
+
+
 # --------------------------------------------------------------------------- checks
 
 
@@ -353,3 +391,30 @@ def _check_int(value: Any, name: str, minimum: int | None = None) -> int:
         raise ValueError(f"{name} must be >= {minimum}, got {value!r}")
     return value
 
+
+def _check_length(key: Key, value: Any) -> Length:
+    parts = value if isinstance(value, tuple) else (value,)
+    ok = bool(parts) and all(
+        isinstance(p, (int, float)) and not isinstance(p, bool) and math.isfinite(p) and p >= 0
+        for p in parts
+    )
+    if not ok:
+        raise ValueError(
+            f"lengths[{key!r}] must be a finite number >= 0 (or a tuple of them), got {value!r}"
+        )
+    return value
+
+
+def _check_lengths(lengths: Any) -> dict[Key, Length]:
+    """A copy of a view's ``lengths``, checked: a mapping of numbers, or of tuples, not both."""
+    if isinstance(lengths, (str, os.PathLike)):
+        raise TypeError(
+            f"lengths must be a mapping key -> length, got the path {lengths!r}; "
+            "read it with read_data_len()"
+        )
+    if not isinstance(lengths, Mapping):
+        raise TypeError(f"lengths must be a mapping key -> length, got {lengths!r}")
+    checked = {key: _check_length(key, value) for key, value in lengths.items()}
+    if len({isinstance(v, tuple) for v in checked.values()}) > 1:
+        raise ValueError("lengths must be all numbers or all tuples, got a mix")
+    return checked

@@ -30,8 +30,6 @@ plain functions the view is made of.
 
 from __future__ import annotations
 
-import math
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Callable, Hashable, Iterable, Iterator, Union
@@ -53,9 +51,10 @@ from .constraints import (
 )
 from .lengths import (  # the public ones re-exported: they were defined here
     SELECTION_MODES,
-    _as_paths,
+    _check_group_info,
     _check_int,
-    _read_tables,
+    _check_lengths,
+    _read_group_labels,
     compute_lengths,
     read_data_len,
     select_keys,
@@ -322,34 +321,6 @@ def _check_bool(value: Any, name: str) -> bool:
     return value
 
 
-def _check_length(key: Key, value: Any) -> Length:
-    parts = value if isinstance(value, tuple) else (value,)
-    ok = bool(parts) and all(
-        isinstance(p, (int, float)) and not isinstance(p, bool) and math.isfinite(p) and p >= 0
-        for p in parts
-    )
-    if not ok:
-        raise ValueError(
-            f"lengths[{key!r}] must be a finite number >= 0 (or a tuple of them), got {value!r}"
-        )
-    return value
-
-
-def _check_lengths(lengths: Any) -> dict[Key, Length]:
-    """A copy of a view's ``lengths``, checked: a mapping of numbers, or of tuples, not both."""
-    if isinstance(lengths, (str, os.PathLike)):
-        raise TypeError(
-            f"lengths must be a mapping key -> length, got the path {lengths!r}; "
-            "read it with read_data_len()"
-        )
-    if not isinstance(lengths, Mapping):
-        raise TypeError(f"lengths must be a mapping key -> length, got {lengths!r}")
-    checked = {key: _check_length(key, value) for key, value in lengths.items()}
-    if len({isinstance(v, tuple) for v in checked.values()}) > 1:
-        raise ValueError("lengths must be all numbers or all tuples, got a mix")
-    return checked
-
-
 def _view_constraint(lengths: dict[Key, Length], constraint: BatchConstraint | None,
                      batch_len: float | None, batch_size: int | None,
                      batches_fn: BatchesFn | None, world_size: int) -> BatchConstraint | None:
@@ -375,16 +346,6 @@ def _view_constraint(lengths: dict[Key, Length], constraint: BatchConstraint | N
             needed = "(input, output) pairs" if pairs else "numbers"
             raise ValueError(f"{type(constraint).__name__} needs {needed} as lengths")
     return constraint
-
-
-def _check_group_info(group_info: Any) -> None:
-    if group_info is None:
-        return
-    if not isinstance(group_info, Mapping):
-        raise TypeError(f"group_info must be a mapping name -> source, got {group_info!r}")
-    for name, source in group_info.items():
-        if not isinstance(source, Mapping):
-            _as_paths(source, f"group_info[{name!r}]")
 
 
 class BatchView:
@@ -563,22 +524,7 @@ class BatchView:
         if self._group_sources is None:
             return None
         if self._group_info is None:
-            info = {}
-            for name, source in self._group_sources.items():
-                if isinstance(source, Mapping):
-                    labels, where = dict(source), f"group_info[{name!r}]"
-                else:
-                    paths = _as_paths(source, f"group_info[{name!r}]")
-                    labels = {k: e.value for k, e in _read_tables(paths).items()}
-                    where = ", ".join(paths)
-                missing = [key for key in self.lengths if key not in labels]
-                if missing:
-                    raise DataError(
-                        f"group {name!r} has no label for {len(missing)} key(s) of the view",
-                        source=where, key=missing[0],
-                    )
-                info[name] = {key: labels[key] for key in self.lengths}
-            self._group_info = info
+            self._group_info = _read_group_labels(self._group_sources, self.lengths)
         return {name: dict(labels) for name, labels in self._group_info.items()}
 
     def __len__(self) -> int:
