@@ -1,11 +1,12 @@
 """Length-aware batching: ``bucket_by_length`` and ``block_batch``, packing under a budget.
 
 Speech utterances run from 1 s to 30 s; speechpipe batches them by a **budget** measured by a
-cost model, the ``constraint=`` of every stage (:class:`~speechpipe.pipes.constraints.PaddedArea`,
-``SumOfLengths``, ``Quadratic``, ``TwoDimensional``, ``SampleCount``; in
-:mod:`speechpipe.pipes.constraints`, the first four re-exported here; ``batch_len=`` is short
-for a ``PaddedArea``). A batch never exceeds its budget; a single sample whose cost alone exceeds it is an **oversize** sample,
-emitted alone (``oversize="emit"``) or dropped (``oversize="drop"``), and counted either way in
+cost model, the ``constraint=`` of every stage
+(:class:`~speechpipe.pipes.constraints.PaddedArea`, ``SumOfLengths``, ``Quadratic``,
+``TwoDimensional``, ``SampleCount``; in :mod:`speechpipe.pipes.constraints`, the first four
+re-exported here; ``batch_len=`` is short for a ``PaddedArea``). A batch never exceeds its
+budget; a single sample whose cost alone exceeds it is an **oversize** sample, emitted alone
+(``oversize="emit"``) or dropped (``oversize="drop"``), and counted either way in
 :class:`~speechpipe.pipes.constraints.BatchStats`.
 
 The streaming road (iterable, for corpora that do not fit in memory):
