@@ -30,7 +30,7 @@ import time
 import numpy as np
 
 from speechpipe.pipes._base import IterableWrapper
-from speechpipe.pipes.batching import PaddedArea
+from speechpipe.pipes.constraints import PaddedArea
 from speechpipe.seeding import derive_rng
 from speechpipe.testing import sample_durations
 

@@ -49,7 +49,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from speechpipe.pipes.batching import PaddedArea, bucket_groups, estimate_boundaries, pack_batches
+from speechpipe.pipes.batching import bucket_groups, estimate_boundaries, pack_batches
+from speechpipe.pipes.constraints import PaddedArea
 from speechpipe.pipes.distributed import ShardSplit, assign_shards, split_balance
 from speechpipe.pipes.sharding import _SAMPLES_SALT, shuffle_buffer, shuffle_shards
 from speechpipe.seeding import derive_rng

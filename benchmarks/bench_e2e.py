@@ -65,7 +65,7 @@ import torch
 
 import speechpipe  # noqa: F401  (registers the pipes)
 from speechpipe.pipes._base import IterableWrapper
-from speechpipe.pipes.batching import PaddedArea
+from speechpipe.pipes.constraints import PaddedArea
 from speechpipe.pipes.collate import PadCollate
 from speechpipe.testing import sample_durations
 

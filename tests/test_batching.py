@@ -1,4 +1,4 @@
-"""Cost models, bucket_by_length and block_batch.
+"""pack_batches, bucket_by_length and block_batch (the cost models: test_constraints.py).
 
 Invariants (checked on random length lists with hypothesis): no batch of two or more samples
 exceeds its budget; every sample appears exactly once per epoch unless the oversize policy
@@ -20,16 +20,12 @@ from hypothesis import strategies as st
 import speechpipe  # noqa: F401
 from speechpipe.pipes._base import IterableWrapper, IterDataPipe
 from speechpipe.pipes.batching import (
-    BatchStats,
     BlockBatcher,
     LengthBucketer,
-    PaddedArea,
-    Quadratic,
-    SumOfLengths,
-    TwoDimensional,
     estimate_boundaries,
     pack_batches,
 )
+from speechpipe.pipes.constraints import BatchStats, PaddedArea, Quadratic, SumOfLengths
 
 lengths_st = st.lists(st.integers(min_value=1, max_value=3000), min_size=0, max_size=300)
 budget_st = st.integers(min_value=50, max_value=20000)
@@ -42,43 +38,6 @@ def constraints(budget, cap=None):
 
 def samples_of(lengths):
     return [{"key": f"u{i}", "num_frames": n} for i, n in enumerate(lengths)]
-
-
-# --- cost models ------------------------------------------------------------------------
-
-def test_costs_of_each_model():
-    assert PaddedArea(budget=1).cost([3, 5, 4]) == 15
-    assert SumOfLengths(budget=1).cost([3, 5, 4]) == 12
-    assert Quadratic(budget=1, q=10).cost([3, 10]) == 2 * (10 + 100 / 10)
-    assert TwoDimensional(budget_in=1, budget_out=1).cost([(3, 1), (5, 9)]) == 10
-
-
-def test_max_samples_caps_the_count():
-    c = PaddedArea(budget=10**9, max_samples=3)
-    assert [len(b) for b in pack_batches([1] * 7, c)] == [3, 3, 1]
-
-
-def test_two_dimensional_measures_frames_and_tokens():
-    c = TwoDimensional(budget_in=1000, budget_out=30)
-    sample = {"feats": np.zeros((120, 80), np.float32), "tokens": np.arange(12)}
-    assert c.measure(sample) == (120, 12)
-    batches = list(pack_batches([sample] * 5, c))
-    assert [len(b) for b in batches] == [2, 2, 1]  # 3 × 12 tokens = 36 > 30
-
-
-def test_constraint_measures_a_named_field():
-    c = PaddedArea(budget=100, length="tokens")
-    assert c.measure({"audio": np.zeros(999), "tokens": [1, 2, 3]}) == 3
-
-
-@pytest.mark.parametrize("bad", [0, -5])
-def test_constraints_reject_non_positive_budgets(bad):
-    with pytest.raises(ValueError, match="budget must be > 0"):
-        PaddedArea(budget=bad)
-    with pytest.raises(ValueError, match="max_samples must be a positive int"):
-        PaddedArea(budget=10, max_samples=bad)
-    with pytest.raises(ValueError, match="q must be > 0"):
-        Quadratic(budget=10, q=bad)
 
 
 # --- pack_batches (property based) ------------------------------------------------------

@@ -47,7 +47,7 @@ from speechpipe.errors import DataError
 from speechpipe.index import ShardEntry, ShardIndex
 from speechpipe.pipes import sharding
 from speechpipe.pipes._base import IterableWrapper
-from speechpipe.pipes.batching import PaddedArea
+from speechpipe.pipes.constraints import PaddedArea
 from speechpipe.pipes.distributed import (
     DistributedStepError,
     EqualSteps,

@@ -309,7 +309,7 @@ def _skipping(paths):
 
 def _ledgers_of(pipe):
     from speechpipe.diagnostics import Diagnostics
-    from speechpipe.pipes.batching import BatchStats
+    from speechpipe.pipes.constraints import BatchStats
     from speechpipe.pipes.concurrency import graph_nodes
 
     out = {}

@@ -24,7 +24,7 @@ import speechpipe  # noqa: F401
 from speechpipe.errors import DataError
 from speechpipe.pipes._base import IterableWrapper, SequenceWrapper, registered_iter_names
 from speechpipe.pipes._base import registered_map_names
-from speechpipe.pipes.batching import PaddedArea
+from speechpipe.pipes.constraints import PaddedArea
 from speechpipe.pipes.collate import PadCollate
 from speechpipe.pipes.mixing import (
     NamedZipper,

@@ -1,22 +1,13 @@
-"""Length-aware batching: cost models, ``bucket_by_length`` and ``block_batch``.
+"""Length-aware batching: ``bucket_by_length`` and ``block_batch``, packing under a budget.
 
-Speech utterances run from 1 s to 30 s. Fixed-size batches either waste the GPU on padding or
-run out of memory; speechpipe batches by a **budget** instead, measured by a cost model:
-
-=====================  ===================================================================
-cost model             cost of a batch of ``n`` samples
-=====================  ===================================================================
-:class:`PaddedArea`    ``n × max_len`` -- the padded tensor's size (SpeeChain's "rectangles
-                       of similar area", lhotse's ``max_duration``); the default
-:class:`SumOfLengths`  ``Σ len`` -- the real frames, ignoring padding
-:class:`Quadratic`     ``n × (max_len + max_len² / q)`` -- attention's quadratic memory
-:class:`TwoDimensional` ``n × max_in ≤ budget_in`` and ``n × max_out ≤ budget_out`` (e.g.
-                       frames and tokens, both bounded)
-=====================  ===================================================================
-
-Each takes an optional ``max_samples`` cap. A batch never exceeds its budget; a single sample
-whose cost alone exceeds it is an **oversize** sample, emitted alone (``oversize="emit"``) or
-dropped (``oversize="drop"``), and counted either way in :class:`BatchStats`.
+Speech utterances run from 1 s to 30 s; speechpipe batches them by a **budget** measured by a
+cost model, the ``constraint=`` of every stage
+(:class:`~speechpipe.pipes.constraints.PaddedArea`, ``SumOfLengths``, ``Quadratic``,
+``TwoDimensional``, ``SampleCount``; in :mod:`speechpipe.pipes.constraints`, the first four
+re-exported here; ``batch_len=`` is short for a ``PaddedArea``). A batch never exceeds its
+budget; a single sample whose cost alone exceeds it is an **oversize** sample, emitted alone
+(``oversize="emit"``) or dropped (``oversize="drop"``), and counted either way in
+:class:`~speechpipe.pipes.constraints.BatchStats`.
 
 The streaming road (iterable, for corpora that do not fit in memory):
 
@@ -35,18 +26,27 @@ from __future__ import annotations
 
 import bisect
 import itertools
-import statistics
-from abc import ABC, abstractmethod
 from collections.abc import Mapping  # isinstance on typing.Mapping costs ~1 us per sample
-from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator, Sequence, Union
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from ..diagnostics import Diagnostics
 from ..errors import DataError
-from ..sample import KEY, SOURCE, Sample, sample_duration, sample_length
+from ..sample import KEY, SOURCE, Sample, sample_duration
 from ._base import IterDataPipe, functional_datapipe
 from ._state import (
     Resumable, Seeded, check_seed, held_sample, identity, identity_list, rng_state, until_end,
+)
+from .constraints import (  # the public ones re-exported: they were defined here
+    OVERSIZE,
+    BatchConstraint,
+    BatchStats,
+    Length,
+    PaddedArea,
+    Quadratic,
+    SumOfLengths,
+    TwoDimensional,
+    _primary,
+    batch_constraint,
 )
 
 __all__ = [
@@ -65,297 +65,6 @@ __all__ = [
     "pack_batches",
     "shuffle_window",
 ]
-
-Length = Union[int, float, tuple]
-LengthFn = Union[str, Callable[[Any], Length], None]
-
-#: What to do with a sample whose cost alone exceeds the budget.
-OVERSIZE = ("emit", "drop")
-
-
-# --------------------------------------------------------------------------- cost models
-
-
-class BatchConstraint(ABC):
-    """A batch budget. Subclasses are small frozen dataclasses with ``budget`` and
-    ``max_samples``; packing keeps an immutable tuple *state* per open batch.
-
-    Subclasses implement :meth:`empty`, :meth:`add`, :meth:`within` and :meth:`cost`.
-    :meth:`measure` gives a sample's length: by default :func:`speechpipe.sample.sample_length`
-    (frames if the sample has ``feats``, else audio samples), or the field / callable given as
-    ``length``.
-    """
-
-    length: LengthFn = None
-    max_samples: int | None = None
-
-    def measure(self, sample: Any) -> Length:
-        if self.length is None:
-            if type(sample) is not dict and not isinstance(sample, Mapping):
-                return sample  # a bare length (planning from an index)
-            return sample_length(sample)
-        if isinstance(self.length, str):
-            return sample_length(sample, self.length)
-        return self.length(sample)
-
-    @abstractmethod
-    def empty(self) -> tuple:
-        """State of an empty batch."""
-
-    @abstractmethod
-    def add(self, state: tuple, length: Length) -> tuple:
-        """State after adding a sample of ``length``."""
-
-    @abstractmethod
-    def within(self, state: tuple) -> bool:
-        """True if a batch in ``state`` respects the budget (and the sample cap)."""
-
-    @abstractmethod
-    def cost(self, lengths: Sequence[Length]) -> float:
-        """The cost of a batch with these lengths, in the budget's unit."""
-
-    def fits(self, lengths: Sequence[Length]) -> bool:
-        """True if a batch of these lengths respects the budget."""
-        state = self.empty()
-        for n in lengths:
-            state = self.add(state, n)
-        return self.within(state)
-
-    def __post_init__(self) -> None:  # run by every dataclass subclass
-        self._check()
-
-    def _check(self) -> None:
-        for name in ("budget", "budget_in", "budget_out"):
-            value = getattr(self, name, None)
-            if value is not None and not value > 0:
-                raise ValueError(f"{name} must be > 0, got {value!r}")
-        if self.max_samples is not None and (
-            not isinstance(self.max_samples, int) or self.max_samples < 1
-        ):
-            raise ValueError(f"max_samples must be a positive int or None, got {self.max_samples!r}")
-        if self.length is not None and not (isinstance(self.length, str) or callable(self.length)):
-            raise TypeError(f"length must be a field name, a callable or None, got {self.length!r}")
-
-    def _count_ok(self, n: int) -> bool:
-        return self.max_samples is None or n <= self.max_samples
-
-
-@dataclass(frozen=True)
-class PaddedArea(BatchConstraint):
-    """Budget on the padded area ``n × max_len`` (the default cost model).
-
-    Args:
-        budget: largest ``n × max_len`` allowed, in the length's unit (frames, samples).
-        max_samples: optional cap on ``n``.
-        length: field name or callable measuring a sample (default: ``sample_length``).
-
-    >>> c = PaddedArea(budget=1000)
-    >>> c.cost([100, 300, 200]), c.fits([100, 300, 200]), c.fits([400, 400, 400])
-    (900, True, False)
-    """
-
-    budget: float
-    max_samples: int | None = None
-    length: LengthFn = None
-
-    def empty(self):
-        return (0, 0)
-
-    def add(self, state, length):
-        n, top = state
-        return (n + 1, length if length > top else top)
-
-    def within(self, state):
-        n, top = state
-        return n * top <= self.budget and self._count_ok(n)
-
-    def cost(self, lengths):
-        return len(lengths) * max(lengths) if lengths else 0
-
-
-@dataclass(frozen=True)
-class SumOfLengths(BatchConstraint):
-    """Budget on the sum of lengths (real frames; padding not counted).
-
-    >>> SumOfLengths(budget=500).fits([100, 300, 100]), SumOfLengths(budget=499).fits([100, 300, 100])
-    (True, False)
-    """
-
-    budget: float
-    max_samples: int | None = None
-    length: LengthFn = None
-
-    def empty(self):
-        return (0, 0)
-
-    def add(self, state, length):
-        return (state[0] + 1, state[1] + length)
-
-    def within(self, state):
-        return state[1] <= self.budget and self._count_ok(state[0])
-
-    def cost(self, lengths):
-        return sum(lengths)
-
-
-@dataclass(frozen=True)
-class Quadratic(BatchConstraint):
-    """Budget for attention: each sample counts ``len + len² / q``, then padded.
-
-    The cost is ``n × (max_len + max_len² / q)``; with a large ``q`` it tends to
-    :class:`PaddedArea`.
-
-    >>> Quadratic(budget=2000, q=100).cost([100, 50])
-    400.0
-    """
-
-    budget: float
-    q: float = 1000.0
-    max_samples: int | None = None
-    length: LengthFn = None
-
-    def __post_init__(self):
-        super().__post_init__()
-        if not self.q > 0:
-            raise ValueError(f"q must be > 0, got {self.q!r}")
-
-    def empty(self):
-        return (0, 0)
-
-    def add(self, state, length):
-        n, top = state
-        return (n + 1, length if length > top else top)
-
-    def within(self, state):
-        n, top = state
-        return n * (top + top * top / self.q) <= self.budget and self._count_ok(n)
-
-    def cost(self, lengths):
-        if not lengths:
-            return 0.0
-        top = max(lengths)
-        return len(lengths) * (top + top * top / self.q)
-
-
-@dataclass(frozen=True)
-class TwoDimensional(BatchConstraint):
-    """Two padded budgets at once: inputs (e.g. frames) and outputs (e.g. tokens).
-
-    A sample's length is a pair ``(input, output)``; by default input is
-    :func:`~speechpipe.sample.sample_length` and output is the length of ``tokens`` (or the
-    ``output`` field named).
-
-    >>> c = TwoDimensional(budget_in=1000, budget_out=40)
-    >>> c.fits([(300, 10), (200, 12)]), c.fits([(300, 10), (200, 25)])
-    (True, False)
-    """
-
-    budget_in: float
-    budget_out: float
-    max_samples: int | None = None
-    length: LengthFn = None
-    output: str = "tokens"
-
-    def measure(self, sample):
-        if not isinstance(sample, Mapping):
-            return tuple(sample)
-        if self.length is not None and not isinstance(self.length, str):
-            return self.length(sample)
-        return (sample_length(sample, self.length), sample_length(sample, self.output))
-
-    def empty(self):
-        return (0, 0, 0)
-
-    def add(self, state, length):
-        n, a, b = state
-        x, y = length
-        return (n + 1, x if x > a else a, y if y > b else b)
-
-    def within(self, state):
-        n, a, b = state
-        return n * a <= self.budget_in and n * b <= self.budget_out and self._count_ok(n)
-
-    def cost(self, lengths):
-        if not lengths:
-            return 0
-        return len(lengths) * max(x for x, _ in lengths)
-
-
-def _primary(length: Length) -> float:
-    """The time length used for padding statistics (the input side of a pair)."""
-    return length[0] if isinstance(length, tuple) else length
-
-
-# --------------------------------------------------------------------------- statistics
-
-
-@dataclass
-class BatchStats:
-    """What a batching pass produced; :meth:`report` prints it.
-
-    Padding efficiency is real ÷ padded length (frames or samples, the input side for
-    two-dimensional budgets): 1.0 means no padding at all.
-    """
-
-    stage: str = "batching"
-    batches: int = 0
-    samples: int = 0
-    real: float = 0.0
-    padded: float = 0.0
-    largest_cost: float = 0.0
-    over_budget: int = 0
-    oversize_emitted: int = 0
-    oversize_dropped: int = 0
-    sizes: list[int] = field(default_factory=list)
-
-    def add_batch(self, lengths: Sequence[Length], constraint: BatchConstraint) -> None:
-        primary = [_primary(n) for n in lengths]
-        self.batches += 1
-        self.samples += len(lengths)
-        self.real += sum(primary)
-        self.padded += len(primary) * max(primary)
-        cost = constraint.cost(list(lengths))
-        self.largest_cost = max(self.largest_cost, cost)
-        if len(lengths) > 1 and not constraint.fits(lengths):
-            self.over_budget += 1
-        self.sizes.append(len(lengths))
-
-    @property
-    def efficiency(self) -> float:
-        return self.real / self.padded if self.padded else 1.0
-
-    def reset(self) -> None:
-        self.__init__(self.stage)
-
-    def to_dict(self) -> dict:
-        """The figures as plain data (what a DataLoader worker reports)."""
-        return {name: getattr(self, name) for name in self.__dataclass_fields__
-                if name != "stage"}
-
-    def merge(self, data: dict) -> None:
-        """Add another pass's figures (:meth:`to_dict` of another worker's stats)."""
-        for name in ("batches", "samples", "real", "padded", "over_budget", "oversize_emitted",
-                     "oversize_dropped"):
-            setattr(self, name, getattr(self, name) + data[name])
-        self.largest_cost = max(self.largest_cost, data["largest_cost"])
-        self.sizes.extend(data["sizes"])
-
-    def report(self) -> str:
-        if not self.batches:
-            return f"{self.stage}: no batches"
-        sizes = sorted(self.sizes)
-        return "\n".join(
-            [
-                f"{self.stage}: {self.batches} batches, {self.samples} samples",
-                f"  padding efficiency {self.efficiency:.4f} (real / padded length)",
-                f"  batch size min {sizes[0]} / median {statistics.median(sizes):g} / "
-                f"max {sizes[-1]}",
-                f"  largest batch cost {self.largest_cost:g}; batches over budget "
-                f"{self.over_budget}",
-                f"  oversize samples: {self.oversize_emitted} emitted alone, "
-                f"{self.oversize_dropped} dropped",
-            ]
-        )
 
 
 # --------------------------------------------------------------------------- algorithms
@@ -597,7 +306,9 @@ class LengthBucketerIterDataPipe(Seeded, Resumable, IterDataPipe[list]):
         self.buffer_size = buffer_size
         self.boundaries = boundaries
         self.num_buckets = num_buckets
-        self.constraint = constraint or PaddedArea(budget=float("inf"))
+        constraint = batch_constraint(constraint)
+        # only its measure is used: the default one measures as an unbounded PaddedArea would
+        self.constraint = PaddedArea(budget=float("inf")) if constraint is None else constraint
         self.seed = check_seed(seed)
         self.epoch = 0
         self._estimated: list[float] | None = None
@@ -692,31 +403,36 @@ class BlockBatcherIterDataPipe(Seeded, Resumable, IterDataPipe[list]):
 
     Consumes samples, or groups of samples from ``bucket_by_length`` (each group is packed on
     its own, so no batch mixes two groups); yields batches (lists of samples) that never
-    exceed the budget, in a seeded random order within ``shuffle_window`` batches. Follow it
-    with torch's ``collate`` to pad.
+    exceed the budget of ``constraint``, in a seeded random order within ``shuffle_window``
+    batches. Follow it with torch's ``collate`` to pad.
 
     Args:
         source_datapipe: samples or groups.
-        batch_len: budget of the default cost model, :class:`PaddedArea` (``n × max_len``,
-            in frames or samples). Give ``constraint`` instead for another model.
-        constraint: a :class:`BatchConstraint` (``PaddedArea``, ``SumOfLengths``,
-            ``Quadratic``, ``TwoDimensional``).
-        max_samples: cap on samples per batch (with ``batch_len``).
+        constraint: the cost model and its budget, a
+            :class:`~speechpipe.pipes.constraints.BatchConstraint` (``PaddedArea``,
+            ``SumOfLengths``, ``Quadratic``, ``TwoDimensional``, ``SampleCount``).
+        batch_len: shorthand for ``constraint=PaddedArea(budget=batch_len,
+            max_samples=max_samples)``: the padded area ``n × max_len``, in frames or samples.
+            Give it or ``constraint`` (see :func:`~speechpipe.pipes.constraints.batch_constraint`).
+        max_samples: cap on samples per batch, with ``batch_len`` (a constraint has its own).
         oversize: ``"emit"`` a sample whose cost alone exceeds the budget as a batch of one,
             or ``"drop"`` it; counted either way in ``self.stats``.
         shuffle_window: batches held and emitted in random order (1 keeps packing order).
         seed: base seed; the order uses ``(seed, epoch, rank, worker)``.
 
-    ``self.stats`` (a :class:`BatchStats`) describes the last pass: padding efficiency,
-    batch sizes, oversize samples; ``print(pipe.stats.report())``.
+    ``self.stats`` (a :class:`~speechpipe.pipes.constraints.BatchStats`) describes the last
+    pass: padding efficiency, batch sizes, oversize samples; ``print(pipe.stats.report())``.
 
     >>> from speechpipe.pipes._base import IterableWrapper
     >>> pipe = IterableWrapper([1, 7, 8, 2, 3, 9]).bucket_by_length(3).block_batch(
-    ...     batch_len=16, shuffle_window=1)
+    ...     constraint=PaddedArea(budget=16), shuffle_window=1)
     >>> list(pipe)
     [[1, 7], [8], [2, 3], [9]]
     >>> pipe.stats.batches, pipe.stats.over_budget
     (4, 0)
+    >>> list(IterableWrapper([1, 7, 8, 2, 3, 9]).bucket_by_length(3).block_batch(
+    ...     batch_len=16, shuffle_window=1))  # the same, said with the shorthand
+    [[1, 7], [8], [2, 3], [9]]
     """
 
     def __init__(
@@ -730,14 +446,8 @@ class BlockBatcherIterDataPipe(Seeded, Resumable, IterDataPipe[list]):
         shuffle_window: int = 100,
         seed: int = 0,
     ) -> None:
-        if (batch_len is None) == (constraint is None):
-            raise ValueError("give exactly one of batch_len and constraint")
-        if constraint is None:
-            constraint = PaddedArea(budget=batch_len, max_samples=max_samples)
-        elif max_samples is not None:
-            raise ValueError("max_samples goes with batch_len; set it on the constraint instead")
-        if not isinstance(constraint, BatchConstraint):
-            raise TypeError(f"constraint must be a BatchConstraint, got {constraint!r}")
+        constraint = batch_constraint(constraint, batch_len=batch_len, max_samples=max_samples,
+                                      required=True)
         if oversize not in OVERSIZE:
             raise ValueError(f"oversize must be one of {OVERSIZE}, got {oversize!r}")
         if not isinstance(shuffle_window, int) or shuffle_window < 1:

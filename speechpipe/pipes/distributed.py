@@ -603,7 +603,7 @@ class StepPlanner:
       ``boundaries_fn``, ``block_batch`` and ``batch``; not of ``bucket_by_length``'s
       ``num_buckets``, estimated from the data after epoch 0), and (d) no shard is skipped
       (``on_error="raise"``).
-    - a :class:`~speechpipe.pipes.batching.BatchConstraint`: a **lower bound** for any order:
+    - a :class:`~speechpipe.pipes.constraints.BatchConstraint`: a **lower bound** for any order:
       a batch never holds more than the budget of real length, so a worker yields at least
       ``max(ceil(sum / budget), ceil(n / max_samples))`` batches plus one per oversize
       sample (``oversize="emit"``). Conservative: use it when the pipeline filters or the
@@ -650,7 +650,7 @@ class StepPlanner:
         oversize: str = "emit",
         target: str = "min",
     ) -> None:
-        from .batching import OVERSIZE, BatchConstraint
+        from .constraints import OVERSIZE, BatchConstraint
         from .sharding import ShardedShufflerIterDataPipe
 
         if not isinstance(sharded, ShardedShufflerIterDataPipe):
@@ -685,7 +685,7 @@ class StepPlanner:
     @property
     def exact(self) -> bool:
         """True if the count is exact (batch size or callable), False for a lower bound."""
-        from .batching import BatchConstraint
+        from .constraints import BatchConstraint
 
         return not isinstance(self.batching, BatchConstraint)
 
@@ -704,7 +704,7 @@ class StepPlanner:
         return epoch, entries, assignment
 
     def _worker_batches(self, epoch: int, entries, shards: list[str], rank: int, worker: int):
-        from .batching import BatchConstraint
+        from .constraints import BatchConstraint
         from .sharding import _SAMPLES_SALT, shuffle_buffer
         from ..seeding import derive_rng
 
@@ -746,7 +746,7 @@ class StepPlanner:
 
 def _lower_bound(lengths: Sequence, constraint: Any, oversize: str) -> int:
     """Fewest batches any order of ``lengths`` can be packed into under ``constraint``."""
-    from .batching import TwoDimensional
+    from .constraints import TwoDimensional
 
     if not lengths:
         return 0

@@ -3,13 +3,15 @@
 The **random-access road** (corpora whose index fits in memory), after SpeeChain's Iterator.
 A :class:`BatchView` never touches the data: it holds the length of every utterance (read from
 Kaldi/SpeeChain ``data_len`` files such as ``utt2num_frames`` or ``utt2dur`` with
-:func:`read_data_len`, or measured once and cached by :func:`compute_lengths`) and turns them
-into a **batching view**, a list of key lists:
+:func:`~speechpipe.pipes.lengths.read_data_len`, or measured once and cached by
+:func:`~speechpipe.pipes.lengths.compute_lengths`) and turns them into a **batching view**, a
+list of key lists:
 
 1. sort all keys by length (descending by default; ties by key, so the view is deterministic);
 2. cut the sorted keys into batches: **block** batches within a budget (any cost model of
-   :mod:`speechpipe.pipes.batching`, packed by its :func:`~speechpipe.pipes.batching.pack_batches`),
-   **piece** batches of a fixed count, or a custom ``batches_fn`` hook;
+   :mod:`speechpipe.pipes.constraints`, packed by
+   :func:`~speechpipe.pipes.batching.pack_batches`), **piece** batches of a fixed count, or a
+   custom ``batches_fn`` hook;
 3. per epoch, shuffle the order of the batches (never their content) with
    :func:`speechpipe.seeding.derive_rng`, clip or extend to ``batches_per_epoch``, skip
    ``start_step`` batches when resuming, and split each batch between ``world_size`` ranks.
@@ -21,34 +23,42 @@ Data is loaded only for the batches drawn, in one of two ways:
 - :meth:`BatchView.sampler` gives a ``batch_sampler`` for a map-style ``torch.utils.data``
   ``DataLoader``.
 
-Helpers: :func:`select_keys` (SpeeChain's ``data_selection``: keep a part of the corpus),
-:func:`form_batches`, :func:`epoch_batches` and :func:`shard_batch`, the plain functions the
-view is made of.
+Helpers: :func:`~speechpipe.pipes.lengths.select_keys` (SpeeChain's ``data_selection``: keep a
+part of the corpus); :func:`form_batches`, :func:`epoch_batches` and :func:`shard_batch`, the
+plain functions the view is made of.
 """
 
 from __future__ import annotations
 
-import math
-import numbers
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Callable, Hashable, Iterable, Iterator, Union
 
 from ..errors import DataError
-from ..sample import sample_length
 from ..seeding import derive_rng, derive_seed, process_position
 from ._base import IterDataPipe, MapDataPipe, plain_iterator
-from .batching import (
+from ._state import SampleSource
+from .batching import pack_batches
+from .constraints import (
     OVERSIZE,
     BatchConstraint,
     BatchStats,
     PaddedArea,
+    SampleCount,
     TwoDimensional,
-    pack_batches,
+    _primary,
+    batch_constraint,
 )
-from ._state import SampleSource
-from .kaldi_tables import read_scp_table
+from .lengths import (  # the public ones re-exported: they were defined here
+    SELECTION_MODES,
+    _check_group_info,
+    _check_int,
+    _check_lengths,
+    _read_group_labels,
+    compute_lengths,
+    read_data_len,
+    select_keys,
+)
 
 __all__ = [
     "BatchView",
@@ -66,328 +76,12 @@ __all__ = [
 
 Key = Hashable
 Length = Union[int, float, tuple]
-PathLike = Union[str, "os.PathLike[str]"]
 BatchesFn = Callable[..., Sequence[Sequence[Key]]]
-
-#: ``select_keys`` modes: by position in the corpus, at random, or by a metadata value.
-SELECTION_MODES = ("order", "rev_order", "random", "min", "max", "middle")
 
 _SALT = "batch_view"
 
 
-# --------------------------------------------------------------------------- lengths
-
-
-def _as_paths(paths: PathLike | Iterable[PathLike], name: str) -> list[str]:
-    if isinstance(paths, (str, os.PathLike)):
-        return [os.fspath(paths)]
-    try:
-        out = [os.fspath(p) for p in paths]
-    except TypeError as exc:
-        raise TypeError(f"{name} must be a path or a list of paths, got {paths!r}") from exc
-    if not out:
-        raise ValueError(f"{name} must name at least one file, got {paths!r}")
-    return out
-
-
-def _read_tables(paths: list[str]) -> dict[str, Any]:
-    """``{key: ScpEntry}`` merged over non-overlapping Kaldi tables (file order kept)."""
-    merged: dict[str, Any] = {}
-    for path in paths:
-        for key, entry in read_scp_table(path).items():
-            first = merged.get(key)
-            if first is not None:
-                raise DataError(
-                    f"key is also in {first.source}:{first.line}; these files must not overlap",
-                    source=path,
-                    line=entry.line,
-                    key=key,
-                )
-            merged[key] = entry
-    return merged
-
-
-def _parse_length(entry: Any) -> int | float:
-    text = entry.value
-    value: int | float = math.nan
-    if "_" not in text:  # Python's int() and float() accept "1_000"; a data_len file does not
-        try:
-            value = int(text)
-        except ValueError:
-            try:
-                value = float(text)
-            except ValueError:
-                pass
-    if not (math.isfinite(value) and value >= 0):
-        raise DataError(
-            f"expected '<key> <length>' with one finite number >= 0 as length, got {text!r}",
-            source=entry.source,
-            line=entry.line,
-            key=entry.key,
-        )
-    return value
-
-
-def read_data_len(paths: PathLike | Iterable[PathLike]) -> dict[str, int | float]:
-    """Read SpeeChain/Kaldi ``data_len`` files (``<key> <length>`` lines) into one dict.
-
-    Serves ``utt2num_frames`` (ints), ``utt2num_samples`` and ``utt2dur`` (seconds, floats).
-    Several files are merged in the order given and must not overlap. Lines are parsed by
-    :func:`speechpipe.pipes.kaldi_tables.read_scp_table`.
-
-    Args:
-        paths: one file or a list of files.
-
-    Returns:
-        ``{key: length}`` in file order; a length is an ``int`` if written as one, else a
-        ``float``.
-
-    Raises:
-        MissingDataError: a file does not exist.
-        DataError: a malformed line or a length that is not a finite number >= 0
-            (``file:line (key 'k')``), a key twice in one file, or a key in two files (the
-            message names both files and lines and the key).
-
-    >>> import os, tempfile
-    >>> tmp = tempfile.TemporaryDirectory()
-    >>> a, b = os.path.join(tmp.name, "a"), os.path.join(tmp.name, "b")
-    >>> for path, text in [(a, "u1 120\\nu2 98\\n"), (b, "u3 2.5\\n")]:
-    ...     with open(path, "w") as f:
-    ...         _ = f.write(text)
-    >>> read_data_len([a, b])
-    {'u1': 120, 'u2': 98, 'u3': 2.5}
-    >>> tmp.cleanup()
-    """
-    entries = _read_tables(_as_paths(paths, "paths"))
-    return {key: _parse_length(entry) for key, entry in entries.items()}
-
-
-def _check_cache_key(key: Any) -> str:
-    if not isinstance(key, str) or not key or any(c.isspace() for c in key):
-        raise ValueError(
-            f"keys written to a data_len cache must be non-empty strings without whitespace, "
-            f"got {key!r}"
-        )
-    return key
-
-
-def compute_lengths(
-    source: Any,
-    keys: Iterable[Key] | None = None,
-    *,
-    cache: PathLike | None = None,
-    length: str | Callable[[Any], Length] | None = None,
-) -> dict[Key, Length]:
-    """Measure every sample once, by loading it, and optionally cache the lengths to a file.
-
-    Use it when no ``data_len`` file exists: the first run loads ``source[key]`` for each key
-    and writes ``cache`` (a ``data_len`` file, ``<key> <length>`` per line, written to a
-    temporary name and renamed); later runs read the cache instead, loading nothing, if it
-    covers all ``keys``. If it covers only some, only the missing keys are loaded and the
-    cache is rewritten with all of them. Delete the cache when the data changes.
-
-    Args:
-        source: a ``MapDataPipe`` or any mapping ``key -> sample``.
-        keys: keys to measure; by default ``source.keys()`` (a ``MapDataPipe`` has none: give
-            them).
-        cache: the ``data_len`` file to reuse or write (keys must then be strings without
-            whitespace).
-        length: field name to measure, or a callable ``sample -> length``; by default
-            :func:`speechpipe.sample.sample_length` (frames of ``feats``, else samples of
-            ``audio``).
-
-    Returns:
-        ``{key: length}`` for ``keys``, in their order.
-
-    Raises:
-        DataError: a sample cannot be measured or is missing from ``source`` (naming the
-            key), or the cache is malformed (naming ``file:line``).
-
-    >>> import numpy as np, os, tempfile
-    >>> tmp = tempfile.TemporaryDirectory()
-    >>> cache = os.path.join(tmp.name, "utt2num_samples")
-    >>> data = {"u1": {"audio": np.zeros(160)}, "u2": {"audio": np.zeros(80)}}
-    >>> compute_lengths(data, cache=cache)
-    {'u1': 160, 'u2': 80}
-    >>> with open(cache) as f:
-    ...     print(f.read(), end="")
-    u1 160
-    u2 80
-    >>> compute_lengths({}, ["u2"], cache=cache)  # from the cache: nothing loaded
-    {'u2': 80}
-    >>> tmp.cleanup()
-    """
-    if keys is None:
-        if not callable(getattr(source, "keys", None)):
-            raise TypeError(
-                f"compute_lengths needs keys= for a source without .keys(), got {source!r}"
-            )
-        keys = source.keys()
-    wanted = list(keys)
-    if length is not None and not (isinstance(length, str) or callable(length)):
-        raise TypeError(f"length must be a field name, a callable or None, got {length!r}")
-    cached: dict[Key, Length] = {}
-    if cache is not None:
-        cache = os.fspath(cache)
-        for key in wanted:
-            _check_cache_key(key)
-        if os.path.exists(cache):
-            cached = dict(read_data_len(cache))
-    missing = [key for key in wanted if key not in cached]
-    for key in missing:
-        cached[key] = _measure(source, key, length)
-        if cache is not None and isinstance(cached[key], tuple):
-            raise ValueError(
-                f"a data_len cache holds one number per key; key {key!r} measured "
-                f"{cached[key]!r} (use no cache for pair lengths)"
-            )
-    if cache is not None and missing:
-        _write_data_len(cache, cached)
-    return {key: cached[key] for key in wanted}
-
-
-def _measure(source: Any, key: Key, length: str | Callable | None) -> Length:
-    try:
-        sample = source[key]
-    except (KeyError, IndexError) as exc:
-        raise DataError(f"key is missing from the source: {exc!r}", key=key) from exc
-    try:
-        value = length(sample) if callable(length) else sample_length(sample, length)
-    except (KeyError, ValueError, TypeError) as exc:
-        if isinstance(exc, DataError):
-            raise
-        raise DataError(f"cannot measure the sample: {exc}", key=key) from exc
-    try:  # plain Python numbers (a numpy scalar would be written as 'np.int64(5)')
-        if isinstance(value, tuple):
-            return tuple(_plain_number(v) for v in value)
-        return _plain_number(value)
-    except (TypeError, ValueError) as exc:
-        raise DataError(f"the measured length is not a number >= 0: {value!r}", key=key) from exc
-
-
-def _plain_number(value: Any) -> int | float:
-    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
-        out: int | float = int(value)
-    elif isinstance(value, numbers.Real) and not isinstance(value, bool):
-        out = float(value)
-    else:
-        raise TypeError(f"not a number: {value!r}")
-    if not (math.isfinite(out) and out >= 0):
-        raise ValueError(f"not finite and >= 0: {value!r}")
-    return out
-
-
-def _write_data_len(path: str, lengths: Mapping[Key, Length]) -> None:
-    tmp = f"{path}.tmp{os.getpid()}"
-    try:
-        with open(tmp, "w", encoding="utf-8") as out:
-            for key, value in lengths.items():
-                out.write(f"{key} {value!r}\n")
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-
-
-# --------------------------------------------------------------------------- selection
-
-
-def select_keys(
-    lengths: Mapping[Key, Length],
-    mode: str,
-    amount: int | float,
-    *,
-    meta: PathLike | Mapping[Key, float] | None = None,
-    seed: int = 0,
-) -> dict[Key, Length]:
-    """Keep a part of a corpus before building a view (SpeeChain's ``data_selection``).
-
-    Modes without metadata: ``"order"`` keeps the first keys of ``lengths`` (file order),
-    ``"rev_order"`` the last ones, ``"random"`` a random subset drawn without replacement with
-    ``derive_rng(seed)``. Modes with a number per key in ``meta`` (an ``idx2data`` file
-    ``<key> <number>`` or a mapping; e.g. a per-utterance SNR or WER): ``"min"`` keeps the keys
-    with the smallest values, ``"max"`` the largest, ``"middle"`` drops the extremes on both
-    sides. Compose modes by calling it again on the result.
-
-    Args:
-        lengths: ``{key: length}`` (what :func:`read_data_len` returns).
-        mode: one of :data:`SELECTION_MODES`.
-        amount: how many keys to keep: an ``int >= 1`` (a count) or a ``float`` in (0, 1]
-            (a ratio of the keys, rounded down, at least one).
-        meta: the numbers ranked by ``"min"``/``"max"``/``"middle"`` (keys of ``lengths``
-            missing from it are an error).
-        seed: seed of ``"random"``.
-
-    Returns:
-        The kept ``{key: length}``, in the order of ``lengths``.
-
-    >>> lengths = {"a": 5, "b": 3, "c": 9, "d": 1}
-    >>> select_keys(lengths, "order", 2), select_keys(lengths, "rev_order", 0.25)
-    ({'a': 5, 'b': 3}, {'d': 1})
-    >>> select_keys(lengths, "max", 2, meta={"a": 0.5, "b": 0.1, "c": 0.9, "d": 0.7})
-    {'c': 9, 'd': 1}
-    """
-    if mode not in SELECTION_MODES:
-        raise ValueError(f"mode must be one of {SELECTION_MODES}, got {mode!r}")
-    keys = list(lengths)
-    if isinstance(amount, bool) or not isinstance(amount, (int, float)):
-        raise TypeError(f"amount must be an int or a float, got {amount!r}")
-    if isinstance(amount, int):
-        if amount < 1:
-            raise ValueError(f"amount must be >= 1 as a count, got {amount!r}")
-        count = min(amount, len(keys))
-    else:
-        if not 0 < amount <= 1:
-            raise ValueError(f"amount must be in (0, 1] as a ratio, got {amount!r}")
-        count = min(len(keys), max(1, int(len(keys) * amount)))
-    needs_meta = mode in ("min", "max", "middle")
-    if needs_meta != (meta is not None):
-        raise ValueError(f"mode {mode!r} {'needs' if needs_meta else 'takes no'} meta=")
-    if mode == "order":
-        kept = keys[:count]
-    elif mode == "rev_order":
-        kept = keys[len(keys) - count:]
-    elif mode == "random":
-        kept = derive_rng(_check_int(seed, "seed"), 0, 0, 0, "select_keys").sample(keys, count)
-    else:
-        values = _meta_values(meta, keys)
-        ranked = sorted(keys, key=lambda k: values[k])
-        if mode == "min":
-            kept = ranked[:count]
-        elif mode == "max":
-            kept = ranked[len(ranked) - count:]
-        else:
-            start = (len(ranked) - count) // 2
-            kept = ranked[start:start + count]
-    chosen = set(kept)
-    return {key: lengths[key] for key in keys if key in chosen}
-
-
-def _meta_values(meta: PathLike | Mapping, keys: list) -> dict:
-    if isinstance(meta, Mapping):
-        values, where = dict(meta), "meta"
-    else:
-        paths = _as_paths(meta, "meta")
-        values, where = {}, ", ".join(paths)
-        for key, entry in _read_tables(paths).items():
-            try:
-                values[key] = float(entry.value)
-            except ValueError as exc:
-                raise DataError(
-                    f"expected '<key> <number>', got {entry.value!r}",
-                    source=entry.source, line=entry.line, key=key,
-                ) from exc
-    for key in keys:
-        if key not in values:
-            raise DataError("key has no value in the selection metadata", source=where, key=key)
-    return values
-
-
 # --------------------------------------------------------------------------- algorithms
-
-
-def _primary(length: Length) -> float:
-    return length[0] if isinstance(length, tuple) else length
 
 
 def _sorted_keys(lengths: Mapping[Key, Length], descending: bool) -> list[Key]:
@@ -464,7 +158,8 @@ def form_batches(
     oversize: str = "emit",
     stats: BatchStats | None = None,
 ) -> list[list[Key]]:
-    """Cut length-sorted keys into block batches (``constraint``) or piece batches (``batch_size``).
+    """Cut length-sorted keys into block batches within a budget (``constraint``) or piece
+    batches of a fixed count (``constraint=SampleCount(n)``, or its shorthand ``batch_size=n``).
 
     Every batch holds a multiple of ``world_size`` keys. Keys are first grouped in sorted order
     into **rank groups** of ``world_size`` consecutive keys (the last group, if short, is
@@ -474,13 +169,15 @@ def form_batches(
     one group exceeds the budget. A group whose cost alone exceeds the budget (a single
     oversize sample when ``world_size=1``) is emitted alone or dropped as ``oversize`` says,
     and its samples are counted in ``stats.oversize_emitted`` / ``stats.oversize_dropped``.
-    Piece batches hold ``batch_size`` keys (the last one fewer), as SpeeChain's piece strategy.
+    Piece batches hold ``n`` keys (the last one fewer), as SpeeChain's piece strategy; they
+    need no lengths unless ``stats`` is given.
 
     Args:
         keys_sorted: keys, sorted by length.
         lengths: ``{key: length}``.
-        constraint: the cost model for block batches.
-        batch_size: keys per piece batch (a multiple of ``world_size``) if no constraint.
+        constraint: the cost model (:mod:`speechpipe.pipes.constraints`).
+        batch_size: shorthand for ``constraint=SampleCount(batch_size)`` (a multiple of
+            ``world_size``); give it or ``constraint``.
         world_size: number of ranks that will share each batch.
         oversize: ``"emit"`` or ``"drop"`` an over-budget rank group.
         stats: where batch statistics are added.
@@ -492,13 +189,14 @@ def form_batches(
     """
     if (constraint is None) == (batch_size is None):
         raise ValueError("give exactly one of constraint and batch_size")
+    constraint = batch_constraint(constraint, batch_size=batch_size)
     units = _units(list(keys_sorted), world_size, stats if isinstance(stats, _ViewStats) else None)
-    if constraint is None:
-        if batch_size % world_size:
+    if isinstance(constraint, SampleCount):  # a count needs no packing: the next rank groups
+        if constraint.size % world_size:
             raise ValueError(
-                f"batch_size must be a multiple of world_size={world_size}, got {batch_size!r}"
+                f"batch_size must be a multiple of world_size={world_size}, got {constraint.size!r}"
             )
-        step = batch_size // world_size
+        step = constraint.size // world_size
         grouped = [units[i:i + step] for i in range(0, len(units), step)]
     else:
         def unit_lengths(unit):
@@ -516,9 +214,8 @@ def form_batches(
                     stats.oversize_emitted += len(batch[0])
     batches = [[key for unit in batch for key in unit] for batch in grouped]
     if stats is not None:
-        measure = _stats_constraint(lengths, constraint)
         for batch in batches:
-            stats.add_batch([lengths[k] for k in batch], measure)
+            stats.add_batch([lengths[k] for k in batch], constraint)
     return batches
 
 
@@ -618,39 +315,46 @@ def shard_batch(
 # --------------------------------------------------------------------------- the view
 
 
-def _check_int(value: Any, name: str, minimum: int | None = None) -> int:
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise TypeError(f"{name} must be an int, got {value!r}")
-    if minimum is not None and value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value!r}")
-    return value
-
-
 def _check_bool(value: Any, name: str) -> bool:
     if not isinstance(value, bool):
         raise TypeError(f"{name} must be a bool, got {value!r}")
     return value
 
 
-def _check_length(key: Key, value: Any) -> Length:
-    parts = value if isinstance(value, tuple) else (value,)
-    ok = bool(parts) and all(
-        isinstance(p, (int, float)) and not isinstance(p, bool) and math.isfinite(p) and p >= 0
-        for p in parts
-    )
-    if not ok:
-        raise ValueError(
-            f"lengths[{key!r}] must be a finite number >= 0 (or a tuple of them), got {value!r}"
-        )
-    return value
+def _view_constraint(lengths: dict[Key, Length], constraint: BatchConstraint | None,
+                     batch_len: float | None, batch_size: int | None,
+                     batches_fn: BatchesFn | None, world_size: int) -> BatchConstraint | None:
+    """The constraint that sizes a view's batches (:func:`batch_constraint`).
+
+    Without a hook, every way of sizing goes through it. A ``batches_fn`` gets the arguments
+    as given (it may take ``batch_len`` and ``batch_size`` at once); the constraint, made from
+    ``constraint`` or ``batch_len`` only, then measures the hook's batches for ``stats``.
+    """
+    if batches_fn is None:
+        constraint = batch_constraint(constraint, batch_len=batch_len, batch_size=batch_size)
+        if isinstance(constraint, SampleCount) and constraint.size % world_size:
+            raise ValueError(
+                f"batch_size must be a multiple of world_size={world_size}, "
+                f"got {constraint.size!r}"
+            )
+    else:
+        constraint = batch_constraint(constraint, batch_len=batch_len)
+        batch_constraint(batch_size=batch_size)  # checks it; the hook gets it as given
+    if constraint is not None and lengths and not isinstance(constraint, SampleCount):
+        pairs = isinstance(constraint, TwoDimensional)  # a count takes either kind of length
+        if pairs != isinstance(next(iter(lengths.values())), tuple):
+            needed = "(input, output) pairs" if pairs else "numbers"
+            raise ValueError(f"{type(constraint).__name__} needs {needed} as lengths")
+    return constraint
 
 
 class BatchView:
     """Batches planned from lengths alone; SpeeChain's Iterator without the data.
 
     The view sorts the keys of ``lengths`` by length (``descending``; ties by key), cuts them
-    into batches -- block batches within a budget (``constraint`` or ``batch_len``), piece
-    batches of ``batch_size`` keys, or the lists returned by a ``batches_fn`` hook -- and
+    into batches as ``constraint`` says -- block batches within a budget, or piece batches of
+    a fixed count (``batch_len`` and ``batch_size`` are shorthands for both) -- or as your own
+    ``batches_fn`` does, and
     keeps that **batching view** (:attr:`batching_view`, inspectable, computed once in the
     constructor from the in-memory lengths; nothing is read). Each epoch then draws an order
     of these batches (:meth:`batches`, see :func:`epoch_batches`): shuffled per epoch with
@@ -670,20 +374,25 @@ class BatchView:
 
     Args:
         lengths: ``{key: length}`` of every utterance (frames, samples or seconds; a pair
-            ``(input, output)`` for :class:`~speechpipe.pipes.batching.TwoDimensional`),
-            e.g. from :func:`read_data_len` or :func:`compute_lengths`. Copied.
-        constraint: block batches within this cost model's budget (``PaddedArea``,
-            ``SumOfLengths``, ``Quadratic``, ``TwoDimensional``); its ``length`` field is
-            not used (lengths are given).
-        batch_len: block batches with the default ``PaddedArea(budget=batch_len)``
-            (SpeeChain's BlockIterator: the total padded length of a batch).
-        batch_size: piece batches of this many keys (SpeeChain's piece strategy). With none
-            of ``constraint``, ``batch_len``, ``batch_size`` and ``batches_fn``, piece batches
-            of ``world_size`` keys: one utterance per rank per step, for evaluation.
-        batches_fn: a hook ``batches_fn(keys_sorted, lengths, **conf) -> list of key lists``
-            (SpeeChain's ``batches_generate_fn``); ``conf`` holds whichever of
-            ``constraint``, ``batch_len`` and ``batch_size`` were given. Must be picklable
-            (a module-level function or a ``functools.partial`` of one) to pickle the view.
+            ``(input, output)`` for :class:`~speechpipe.pipes.constraints.TwoDimensional`),
+            e.g. from :func:`~speechpipe.pipes.lengths.read_data_len` or
+            :func:`~speechpipe.pipes.lengths.compute_lengths`. Copied.
+        constraint: how batches are sized, a cost model of :mod:`speechpipe.pipes.constraints`:
+            block batches within its budget (``PaddedArea``, ``SumOfLengths``, ``Quadratic``,
+            ``TwoDimensional``), or piece batches of a fixed count (``SampleCount``); its
+            ``length`` field is not used (lengths are given).
+        batch_len: shorthand for ``constraint=PaddedArea(budget=batch_len)`` (SpeeChain's
+            BlockIterator: the total padded length of a batch).
+        batch_size: shorthand for ``constraint=SampleCount(batch_size)`` (SpeeChain's piece
+            strategy). Give at most one of ``constraint``, ``batch_len`` and ``batch_size``
+            (see :func:`~speechpipe.pipes.constraints.batch_constraint`); with none of them
+            and no ``batches_fn``, piece batches of ``world_size`` keys: one utterance per
+            rank per step, for evaluation.
+        batches_fn: your own batching function, used instead of a constraint: a hook
+            ``batches_fn(keys_sorted, lengths, **conf) -> list of key lists`` (SpeeChain's
+            ``batches_generate_fn``); ``conf`` holds whichever of ``constraint``,
+            ``batch_len`` and ``batch_size`` were given, as given. Must be picklable (a
+            module-level function or a ``functools.partial`` of one) to pickle the view.
         descending: sort longest first (True) or shortest first (False).
         shuffle: draw a new batch order each epoch (training); False keeps the view's order.
         seed: base seed of the batch order.
@@ -698,12 +407,15 @@ class BatchView:
         world_size: number of ranks sharing each batch (SpeeChain's ``ngpu``).
 
     Attributes:
-        stats: a :class:`~speechpipe.pipes.batching.BatchStats` over the view (padding
+        stats: a :class:`~speechpipe.pipes.constraints.BatchStats` over the view (padding
             efficiency, batch sizes, oversize samples, plus ``repeated``);
             ``print(view.stats.report())``.
 
-    >>> view = BatchView({"a": 5, "b": 3, "c": 9, "d": 2}, batch_len=10, shuffle=False)
+    >>> view = BatchView({"a": 5, "b": 3, "c": 9, "d": 2}, constraint=PaddedArea(budget=10),
+    ...                  shuffle=False)
     >>> view.batching_view
+    [['c'], ['a', 'b'], ['d']]
+    >>> BatchView({"a": 5, "b": 3, "c": 9, "d": 2}, batch_len=10).batching_view  # shorthand
     [['c'], ['a', 'b'], ['d']]
     >>> len(view), view.batches(0, start_step=1)
     (3, [['a', 'b'], ['d']])
@@ -727,56 +439,19 @@ class BatchView:
         group_info: Mapping[str, Any] | None = None,
         world_size: int = 1,
     ) -> None:
-        if isinstance(lengths, (str, os.PathLike)):
-            raise TypeError(
-                f"lengths must be a mapping key -> length, got the path {lengths!r}; "
-                "read it with read_data_len()"
-            )
-        if not isinstance(lengths, Mapping):
-            raise TypeError(f"lengths must be a mapping key -> length, got {lengths!r}")
-        self.lengths = {key: _check_length(key, value) for key, value in lengths.items()}
-        kinds = {isinstance(v, tuple) for v in self.lengths.values()}
-        if len(kinds) > 1:
-            raise ValueError("lengths must be all numbers or all tuples, got a mix")
-        if constraint is not None and batch_len is not None:
-            raise ValueError("give batch_len or constraint, not both")
-        if batch_len is not None:
-            if isinstance(batch_len, bool) or not isinstance(batch_len, (int, float)):
-                raise TypeError(f"batch_len must be a number, got {batch_len!r}")
-            constraint = PaddedArea(budget=batch_len)  # validates batch_len > 0
-        if constraint is not None and not isinstance(constraint, BatchConstraint):
-            raise TypeError(f"constraint must be a BatchConstraint, got {constraint!r}")
-        if batch_size is not None:
-            _check_int(batch_size, "batch_size", 1)
+        self.lengths = _check_lengths(lengths)
+        self.world_size = _check_int(world_size, "world_size", 1)
         if batches_fn is not None and not callable(batches_fn):
             raise TypeError(f"batches_fn must be callable, got {batches_fn!r}")
-        if batches_fn is None and constraint is not None and batch_size is not None:
-            raise ValueError(
-                "give batch_size (piece batches) or batch_len/constraint (block batches), "
-                "not both"
-            )
-        pairs = isinstance(constraint, TwoDimensional)
-        if constraint is not None and kinds and pairs != (True in kinds):
-            needed = "(input, output) pairs" if pairs else "numbers"
-            raise ValueError(f"{type(constraint).__name__} needs {needed} as lengths")
+        if batches_fn is None and constraint is None and batch_len is None and batch_size is None:
+            batch_size = self.world_size  # one utterance per rank per step (evaluation)
+        constraint = _view_constraint(self.lengths, constraint, batch_len, batch_size,
+                                      batches_fn, self.world_size)
         if oversize not in OVERSIZE:
             raise ValueError(f"oversize must be one of {OVERSIZE}, got {oversize!r}")
         if batches_per_epoch is not None:
             _check_int(batches_per_epoch, "batches_per_epoch", 1)
-        if group_info is not None:
-            if not isinstance(group_info, Mapping):
-                raise TypeError(f"group_info must be a mapping name -> source, got {group_info!r}")
-            for name, source in group_info.items():
-                if not isinstance(source, Mapping):
-                    _as_paths(source, f"group_info[{name!r}]")
-        self.world_size = _check_int(world_size, "world_size", 1)
-        if batches_fn is None and constraint is None and batch_size is None:
-            batch_size = self.world_size
-        if batches_fn is None and constraint is None and batch_size % self.world_size:
-            raise ValueError(
-                f"batch_size must be a multiple of world_size={self.world_size}, "
-                f"got {batch_size!r}"
-            )
+        _check_group_info(group_info)
         self.constraint = constraint
         self.batch_len = batch_len
         self.batch_size = batch_size
@@ -794,10 +469,9 @@ class BatchView:
     def _form(self) -> list[list[Key]]:
         keys = _sorted_keys(self.lengths, self.descending)
         if self.batches_fn is None:
-            return form_batches(
-                keys, self.lengths, constraint=self.constraint, batch_size=self.batch_size,
-                world_size=self.world_size, oversize=self.oversize, stats=self.stats,
-            )
+            return form_batches(keys, self.lengths, constraint=self.constraint,
+                                world_size=self.world_size, oversize=self.oversize,
+                                stats=self.stats)
         conf = {name: value for name, value in (("constraint", self.constraint),
                                                 ("batch_len", self.batch_len),
                                                 ("batch_size", self.batch_size))
@@ -850,22 +524,7 @@ class BatchView:
         if self._group_sources is None:
             return None
         if self._group_info is None:
-            info = {}
-            for name, source in self._group_sources.items():
-                if isinstance(source, Mapping):
-                    labels, where = dict(source), f"group_info[{name!r}]"
-                else:
-                    paths = _as_paths(source, f"group_info[{name!r}]")
-                    labels = {k: e.value for k, e in _read_tables(paths).items()}
-                    where = ", ".join(paths)
-                missing = [key for key in self.lengths if key not in labels]
-                if missing:
-                    raise DataError(
-                        f"group {name!r} has no label for {len(missing)} key(s) of the view",
-                        source=where, key=missing[0],
-                    )
-                info[name] = {key: labels[key] for key in self.lengths}
-            self._group_info = info
+            self._group_info = _read_group_labels(self._group_sources, self.lengths)
         return {name: dict(labels) for name, labels in self._group_info.items()}
 
     def __len__(self) -> int:
