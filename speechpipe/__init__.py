@@ -7,8 +7,8 @@ Importing speechpipe registers every functional name (``open``, ``list_shards``,
 __version__ = "0.1.0"
 
 from .pipes import (  # noqa: E402,F401  (registration)
-    audio, batching, collate, concurrency, decode, distributed, kaldi, manifests, mixing, order,
-    sharding, shards, sources, text, views,
+    audio, batching, collate, decode, device, distributed, kaldi, manifests, mixing, order,
+    sharding, shards, sources, text, threads, views,
 )
 from .epochs import set_epoch  # noqa: E402
 
