@@ -68,7 +68,6 @@ __all__ = [
 ]
 
 _END = object()
-_PUT_POLL = 0.05  # seconds: how often a blocked producer checks whether the consumer left
 _RUN_WAIT = 50e-6  # seconds a run may grow while the consumer waits (prefetch_items)
 
 
@@ -81,18 +80,8 @@ class _Failure:
         self.error = error
 
 
-def _put(q: queue.Queue, item: Any, stop: threading.Event) -> bool:
-    """Put ``item`` unless the consumer has left; False if it left first."""
-    while not stop.is_set():
-        try:
-            q.put(item, timeout=_PUT_POLL)
-            return True
-        except queue.Full:
-            continue
-    return False
-
-
-def _drain(q: queue.Queue | queue.SimpleQueue) -> None:
+def _drain(q: queue.SimpleQueue) -> None:
+    """Drop what ``q`` holds."""
     while True:
         try:
             q.get_nowait()
@@ -101,6 +90,7 @@ def _drain(q: queue.Queue | queue.SimpleQueue) -> None:
 
 
 def _close(it: Any) -> None:
+    """Close ``it`` if it can be closed (a generator, a file): its ``finally`` blocks run."""
     close = getattr(it, "close", None)
     if callable(close):
         close()
