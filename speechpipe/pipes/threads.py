@@ -121,9 +121,10 @@ def prefetch_items(
     waits) and the consumer takes all that is ready at once, so that locking and waking a
     thread are paid per run rather than per item; never more than ``buffer_size`` items are
     read and not yet yielded. When the consumer stops (end, ``break``, an exception,
-    ``close()``), the thread is told to stop and joined, and ``source``'s iterator is closed. An exception raised by ``source`` is re-raised in the consumer after
-    the items before it. (A thread blocked inside the source -- a slow network read -- is
-    joined when that read returns.)
+    ``close()``), the thread is told to stop and joined, and ``source``'s iterator is closed.
+    An exception raised by ``source`` is re-raised in the consumer after the items before it.
+    (A thread blocked inside the source -- a slow network read -- is joined when that read
+    returns.)
 
     Args:
         source: the items.
@@ -138,21 +139,29 @@ def prefetch_items(
     _check_count("buffer_size", buffer_size, 1)
     lock = lock or threading.Lock()
     it = iter(source)
-    if not threaded:
-        try:
-            while True:
-                with lock:
-                    item = next(it, _END)
-                    if item is _END:
-                        return
-                    if held is not None:
-                        held.append(item)
+    if threaded:
+        yield from _prefetch_threaded(it, buffer_size, held, lock)
+    else:
+        yield from _prefetch_inline(it, held, lock)
+
+
+def _prefetch_inline(it: Iterator, held: collections.deque | None,
+                     lock: threading.Lock) -> Iterator[Any]:
+    """:func:`prefetch_items` in the calling thread (test mode): one item at a time, each read
+    under ``lock`` and held in ``held`` until it is yielded."""
+    try:
+        while True:
+            with lock:
+                item = next(it, _END)
+                if item is _END:
+                    return
                 if held is not None:
-                    held.popleft()
-                yield item
-        finally:
-            _close(it)
-    yield from _prefetch_threaded(it, buffer_size, held, lock)
+                    held.append(item)
+            if held is not None:
+                held.popleft()
+            yield item
+    finally:
+        _close(it)
 
 
 class _Handoff:
@@ -161,91 +170,112 @@ class _Handoff:
 
     ``ready`` holds items the producer handed over; ``taken`` counts the items the consumer
     took at its last visit (read and perhaps not yet yielded). The producer waits while
-    ``len(ready) + taken + its own run`` would exceed ``buffer_size``, so that no more than
-    ``buffer_size`` items are ever read ahead of the consumer.
+    ``len(ready) + taken + its own run`` would exceed ``size`` (the ``buffer_size``), so that
+    no more than ``size`` items are ever read ahead of the consumer.
     """
 
-    __slots__ = ("cond", "ready", "taken", "waiting", "stop")
+    __slots__ = ("cond", "ready", "taken", "waiting", "stop", "size")
 
-    def __init__(self) -> None:
+    def __init__(self, size: int) -> None:
         self.cond = threading.Condition(threading.Lock())
         self.ready: collections.deque = collections.deque()
         self.taken = 0
         self.waiting = False  # the consumer waits for items (read without the lock)
         self.stop = False
+        self.size = size
+
+    def hand_over(self, run: list) -> bool:
+        """Producer: add ``run`` to ``ready`` and wake the consumer; False if it has left."""
+        with self.cond:
+            if self.stop:
+                return False
+            self.ready.extend(run)
+            self.cond.notify_all()
+        return True
+
+    def wait_for_room(self, run: list) -> bool:
+        """Producer: wait until one more item than ``run`` fits ahead of the consumer; False
+        if the consumer has left."""
+        with self.cond:
+            while not self.stop and len(self.ready) + self.taken + len(run) >= self.size:
+                self.cond.wait()
+            return not self.stop
+
+    def take(self) -> collections.deque:
+        """Consumer: wait for items handed over, then take them all (they count as ``taken``
+        until the next visit)."""
+        with self.cond:
+            self.taken = 0
+            while not self.ready:
+                self.waiting = True
+                self.cond.notify_all()
+                self.cond.wait()
+            self.waiting = False
+            batch = self.ready
+            self.taken = len(batch)  # before emptying ready: the count never falls short
+            self.ready = collections.deque()
+            self.cond.notify_all()
+        return batch
+
+    def close(self) -> None:
+        """Consumer: it has left; the producer stops at its next hand-over or wait."""
+        with self.cond:
+            self.stop = True
+            self.cond.notify_all()
+
+
+def _produce(it: Iterator, chan: _Handoff, held: collections.deque | None,
+             lock: threading.Lock) -> None:
+    """The thread of :func:`prefetch_items`: reads ``it`` (each item under ``lock``, held in
+    ``held``) into runs handed over through ``chan``; the last run ends with ``_END`` or the
+    source's exception as a :class:`_Failure`."""
+    buffer_size = chan.size
+    run_max = max(1, buffer_size // 4)
+    run: list = []
+    started = 0.0  # when the reading of the run's first item began
+    try:
+        while True:
+            room = buffer_size - len(chan.ready) - chan.taken - len(run)  # see _Handoff
+            # a waiting consumer gets the run once _RUN_WAIT has passed since its first
+            # item was asked for: at once after a slow item (I/O), after a few fast ones
+            # (then a run of several is worth the wait); the clock is read only while the
+            # consumer waits
+            if run and (room <= 0 or len(run) >= run_max or (
+                    chan.waiting and time.perf_counter() - started >= _RUN_WAIT)):
+                if not chan.hand_over(run):
+                    return
+                run = []
+                room = buffer_size - len(chan.ready) - chan.taken
+            if room <= 0 and not chan.wait_for_room(run):
+                return
+            if not run:
+                started = time.perf_counter()
+            with lock:
+                item = next(it, _END)
+                if item is not _END and held is not None:
+                    held.append(item)
+            if item is _END:
+                break
+            run.append(item)
+    except Exception as exc:  # handed to the consumer, raised there
+        run.append(_Failure(exc))
+    else:
+        run.append(_END)
+    chan.hand_over(run)
 
 
 def _prefetch_threaded(it: Iterator, buffer_size: int, held: collections.deque | None,
                        lock: threading.Lock) -> Iterator[Any]:
-    chan = _Handoff()
-    run_max = max(1, buffer_size // 4)
-
-    def ahead() -> int:  # read and not yet yielded, the producer's run aside (see _Handoff)
-        return len(chan.ready) + chan.taken
-
-    def hand_over(run: list) -> bool:
-        with chan.cond:
-            if chan.stop:
-                return False
-            chan.ready.extend(run)
-            chan.cond.notify_all()
-        return True
-
-    def wait_for_room(run: list) -> bool:
-        with chan.cond:
-            while not chan.stop and ahead() + len(run) >= buffer_size:
-                chan.cond.wait()
-            return not chan.stop
-
-    def produce() -> None:
-        run: list = []
-        started = 0.0  # when the reading of the run's first item began
-        try:
-            while True:
-                room = buffer_size - len(chan.ready) - chan.taken - len(run)  # see ahead()
-                # a waiting consumer gets the run once _RUN_WAIT has passed since its first
-                # item was asked for: at once after a slow item (I/O), after a few fast ones
-                # (then a run of several is worth the wait); the clock is read only while the
-                # consumer waits
-                if run and (room <= 0 or len(run) >= run_max or (
-                        chan.waiting and time.perf_counter() - started >= _RUN_WAIT)):
-                    if not hand_over(run):
-                        return
-                    run = []
-                    room = buffer_size - len(chan.ready) - chan.taken
-                if room <= 0 and not wait_for_room(run):
-                    return
-                if not run:
-                    started = time.perf_counter()
-                with lock:
-                    item = next(it, _END)
-                    if item is not _END and held is not None:
-                        held.append(item)
-                if item is _END:
-                    break
-                run.append(item)
-        except Exception as exc:  # handed to the consumer, raised there
-            run.append(_Failure(exc))
-        else:
-            run.append(_END)
-        hand_over(run)
-
-    thread = threading.Thread(target=produce, name="speechpipe-prefetch", daemon=True)
+    """:func:`prefetch_items` with its thread (:func:`_produce`): yields the runs it takes,
+    re-raises the source's exception; stops and joins the thread and closes ``it`` at the
+    end, a ``break`` or an exception."""
+    chan = _Handoff(buffer_size)
+    thread = threading.Thread(target=_produce, args=(it, chan, held, lock),
+                              name="speechpipe-prefetch", daemon=True)
     thread.start()
     try:
         while True:
-            with chan.cond:
-                chan.taken = 0
-                while not chan.ready:
-                    chan.waiting = True
-                    chan.cond.notify_all()
-                    chan.cond.wait()
-                chan.waiting = False
-                batch = chan.ready
-                chan.taken = len(batch)  # before emptying ready: ahead() never undercounts
-                chan.ready = collections.deque()
-                chan.cond.notify_all()
-            for item in batch:
+            for item in chan.take():
                 if item is _END:
                     return
                 if isinstance(item, _Failure):
@@ -254,9 +284,7 @@ def _prefetch_threaded(it: Iterator, buffer_size: int, held: collections.deque |
                     held.popleft()
                 yield item
     finally:
-        with chan.cond:
-            chan.stop = True
-            chan.cond.notify_all()
+        chan.close()
         thread.join()
         _close(it)
 
