@@ -305,6 +305,7 @@ def _failed(fn: Callable, item: Any, seq: int, exc: Exception) -> DataError:
     return error
 
 
+# long: half of it is the docstring; the delivery loop stays in this frame (per-item hot path)
 def map_items_in_threads(
     source: Iterable[Any],
     fn: Callable[[Any], Any],
@@ -354,88 +355,22 @@ def map_items_in_threads(
     diagnostics = diagnostics or Diagnostics("map_in_threads")
     flight = in_flight if in_flight is not None else collections.deque()
     it = iter(source)
-
-    def settle(seq: int, item: Any, ok: bool, value: Any):
-        if ok:
-            return value
-        error = _failed(fn, item, seq, value)
-        diagnostics.handle(on_error, error, "function raised")
-        return _END
-
     if num_threads == 0:
-        try:
-            seq = 0
-            while True:
-                item = next(it, _END)
-                if item is _END:
-                    return
-                flight.append(item)
-                try:
-                    ok, value = True, fn(item)
-                except Exception as exc:
-                    ok, value = False, exc
-                flight.popleft()
-                out = settle(seq, item, ok, value)
-                seq += 1
-                if out is not _END:
-                    yield out
-        finally:
-            _close(it)
-
-    chunk = max(1, min(buffer_size // (2 * num_threads), 64))
+        yield from _map_inline(it, fn, flight, on_error, diagnostics)
+        return
     inputs: queue.SimpleQueue = queue.SimpleQueue()  # unbounded: flight bounds both
     outputs: queue.SimpleQueue = queue.SimpleQueue()
-
-    def work() -> None:
-        while True:
-            task = inputs.get()
-            if task is None:
-                return
-            first, items = task
-            results = []
-            for item in items:
-                try:
-                    results.append((True, fn(item)))
-                except Exception as exc:
-                    results.append((False, exc))
-            outputs.put((first, results))
-
-    threads = [threading.Thread(target=work, name=f"speechpipe-map-{i}", daemon=True)
-               for i in range(num_threads)]
-    for thread in threads:
-        thread.start()
-    tasks: collections.deque = collections.deque()  # (first position, size) of tasks in flight
-    done: dict[int, list] = {}
-    next_seq = 0
-    exhausted = False
+    feeder = _Feeder(it, flight, inputs, buffer_size,
+                     chunk=max(1, min(buffer_size // (2 * num_threads), 64)))
+    workers = _start_workers(num_threads, fn, inputs, outputs)
+    tasks = feeder.tasks
+    done: dict[int, list] = {}  # first position -> results, of tasks the workers finished
     try:
         while True:
-            while not exhausted and len(flight) < buffer_size:
-                items = []
-                while len(items) < chunk and len(flight) < buffer_size:
-                    item = next(it, _END)
-                    if item is _END:
-                        exhausted = True
-                        break
-                    flight.append(item)
-                    items.append(item)
-                if items:
-                    inputs.put((next_seq, items))
-                    tasks.append((next_seq, len(items)))
-                    next_seq += len(items)
+            feeder.fill()
             if not tasks:
                 return
-            if ordered:
-                index = 0
-                while tasks[0][0] not in done:
-                    first, results = outputs.get()
-                    done[first] = results
-            else:
-                while not done:
-                    first, results = outputs.get()
-                    done[first] = results
-                ready = next(iter(done))
-                index = next(i for i, (f, _) in enumerate(tasks) if f == ready)
+            index = _next_task(tasks, done, outputs, ordered)
             first, size = tasks[index]
             del tasks[index]
             results = done.pop(first)
@@ -445,22 +380,143 @@ def map_items_in_threads(
                     item = flight.popleft()
                     if ok:
                         yield value
-                    elif (out := settle(position, item, ok, value)) is not _END:
-                        yield out
+                    else:
+                        _settle_failure(fn, item, position, value, on_error, diagnostics)
                 continue
             for position, (ok, value) in enumerate(results, start=first):
                 item = flight[offset]
                 del flight[offset]
-                out = settle(position, item, ok, value)
-                if out is not _END:
-                    yield out
+                if ok:
+                    yield value
+                else:
+                    _settle_failure(fn, item, position, value, on_error, diagnostics)
     finally:
-        _drain(inputs)
-        for _ in threads:
-            inputs.put(None)
-        for thread in threads:
-            thread.join()
+        _stop_workers(inputs, workers)
         _close(it)
+
+
+def _settle_failure(fn: Callable, item: Any, seq: int, exc: Exception, on_error: str,
+                    diagnostics: Diagnostics) -> None:
+    """``fn`` raised ``exc`` on ``item``, the ``seq``-th: raise it as a ``DataError`` naming
+    the item (``on_error="raise"``) or count the item as skipped."""
+    diagnostics.handle(on_error, _failed(fn, item, seq, exc), "function raised")
+
+
+def _map_inline(it: Iterator, fn: Callable[[Any], Any], flight: collections.deque,
+                on_error: str, diagnostics: Diagnostics) -> Iterator[Any]:
+    """:func:`map_items_in_threads` without threads (``num_threads=0``, test mode): ``fn`` in
+    the calling thread, in order, each item in ``flight`` while ``fn`` runs."""
+    try:
+        for seq, item in enumerate(it):
+            flight.append(item)
+            try:
+                ok, value = True, fn(item)
+            except Exception as exc:
+                ok, value = False, exc
+            flight.popleft()
+            if ok:
+                yield value
+            else:
+                _settle_failure(fn, item, seq, value, on_error, diagnostics)
+    finally:
+        _close(it)
+
+
+class _Feeder:
+    """The input side of :func:`map_items_in_threads`, run by the consumer: reads the source
+    into tasks of up to ``chunk`` items for the workers, ``(first position, items)`` on
+    ``inputs``, keeping at most ``buffer_size`` items in ``flight`` (read, not yet yielded).
+
+    ``tasks`` lists ``(first position, size)`` of the tasks sent and not yet delivered, oldest
+    first; ``exhausted`` tells that the source has ended.
+    """
+
+    __slots__ = ("it", "flight", "inputs", "buffer_size", "chunk", "tasks", "next_seq",
+                 "exhausted")
+
+    def __init__(self, it: Iterator, flight: collections.deque, inputs: queue.SimpleQueue,
+                 buffer_size: int, *, chunk: int) -> None:
+        self.it = it
+        self.flight = flight
+        self.inputs = inputs
+        self.buffer_size = buffer_size
+        self.chunk = chunk
+        self.tasks: collections.deque = collections.deque()
+        self.next_seq = 0
+        self.exhausted = False
+
+    def fill(self) -> None:
+        """Send tasks until ``buffer_size`` items are in flight or the source ends."""
+        it, flight, chunk, buffer_size = self.it, self.flight, self.chunk, self.buffer_size
+        while not self.exhausted and len(flight) < buffer_size:
+            items = []
+            while len(items) < chunk and len(flight) < buffer_size:
+                item = next(it, _END)
+                if item is _END:
+                    self.exhausted = True
+                    break
+                flight.append(item)
+                items.append(item)
+            if items:
+                self.inputs.put((self.next_seq, items))
+                self.tasks.append((self.next_seq, len(items)))
+                self.next_seq += len(items)
+
+
+def _work(fn: Callable[[Any], Any], inputs: queue.SimpleQueue,
+          outputs: queue.SimpleQueue) -> None:
+    """A worker thread of :func:`map_items_in_threads`: for each task ``(first, items)`` of
+    ``inputs``, puts ``(first, [(ok, fn(item) or its exception), ...])`` on ``outputs``; stops
+    at a ``None`` task."""
+    while True:
+        task = inputs.get()
+        if task is None:
+            return
+        first, items = task
+        results = []
+        for item in items:
+            try:
+                results.append((True, fn(item)))
+            except Exception as exc:
+                results.append((False, exc))
+        outputs.put((first, results))
+
+
+def _start_workers(num_threads: int, fn: Callable[[Any], Any], inputs: queue.SimpleQueue,
+                   outputs: queue.SimpleQueue) -> list[threading.Thread]:
+    """Start ``num_threads`` workers (:func:`_work`) on the two queues."""
+    threads = [threading.Thread(target=_work, args=(fn, inputs, outputs),
+                                name=f"speechpipe-map-{i}", daemon=True)
+               for i in range(num_threads)]
+    for thread in threads:
+        thread.start()
+    return threads
+
+
+def _stop_workers(inputs: queue.SimpleQueue, threads: list[threading.Thread]) -> None:
+    """Drop the tasks not yet taken, tell every worker to stop, join them."""
+    _drain(inputs)
+    for _ in threads:
+        inputs.put(None)
+    for thread in threads:
+        thread.join()
+
+
+def _next_task(tasks: collections.deque, done: dict[int, list], outputs: queue.SimpleQueue,
+               ordered: bool) -> int:
+    """The index in ``tasks`` of the task to deliver next, once its results are in ``done``
+    (taken from the workers' ``outputs`` as they come): the oldest task if ``ordered``, else
+    the first one finished."""
+    if ordered:
+        while tasks[0][0] not in done:
+            first, results = outputs.get()
+            done[first] = results
+        return 0
+    while not done:
+        first, results = outputs.get()
+        done[first] = results
+    ready = next(iter(done))
+    return next(i for i, (f, _) in enumerate(tasks) if f == ready)
 
 
 # --------------------------------------------------------------------------------------------
