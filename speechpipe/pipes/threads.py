@@ -659,9 +659,9 @@ class ThreadPrefetcherIterDataPipe(_Threaded, IterDataPipe):
         lock = threading.Lock()
         self._live = (held, lock)
         try:
-            yield from prefetch_items(itertools.chain(head, iter(self.source_datapipe)), self.buffer_size,
-                                      threaded=self.threads and not self._test_mode,
-                                      held=held, lock=lock)
+            yield from prefetch_items(
+                itertools.chain(head, iter(self.source_datapipe)), self.buffer_size,
+                threaded=self.threads and not self._test_mode, held=held, lock=lock)
         finally:
             self._live = None
 
