@@ -305,7 +305,6 @@ def _failed(fn: Callable, item: Any, seq: int, exc: Exception) -> DataError:
     return error
 
 
-# long: half of it is the docstring; the delivery loop stays in this frame (per-item hot path)
 def map_items_in_threads(
     source: Iterable[Any],
     fn: Callable[[Any], Any],
@@ -360,21 +359,11 @@ def map_items_in_threads(
         return
     inputs: queue.SimpleQueue = queue.SimpleQueue()  # unbounded: flight bounds both
     outputs: queue.SimpleQueue = queue.SimpleQueue()
-    feeder = _Feeder(it, flight, inputs, buffer_size,
-                     chunk=max(1, min(buffer_size // (2 * num_threads), 64)))
     workers = _start_workers(num_threads, fn, inputs, outputs)
-    tasks = feeder.tasks
-    done: dict[int, list] = {}  # first position -> results, of tasks the workers finished
     try:
-        while True:
-            feeder.fill()
-            if not tasks:
-                return
-            index = _next_task(tasks, done, outputs, ordered)
-            first, size = tasks[index]
-            del tasks[index]
-            results = done.pop(first)
-            offset = sum(n for _, n in itertools.islice(tasks, index))  # items before it
+        for first, results, offset in _finished_tasks(
+                it, flight, inputs, outputs, buffer_size,
+                chunk=max(1, min(buffer_size // (2 * num_threads), 64)), ordered=ordered):
             if offset == 0:  # the oldest task (always, in order): its items lead the flight
                 for position, (ok, value) in enumerate(results, start=first):
                     item = flight.popleft()
@@ -422,45 +411,52 @@ def _map_inline(it: Iterator, fn: Callable[[Any], Any], flight: collections.dequ
         _close(it)
 
 
-class _Feeder:
-    """The input side of :func:`map_items_in_threads`, run by the consumer: reads the source
-    into tasks of up to ``chunk`` items for the workers, ``(first position, items)`` on
-    ``inputs``, keeping at most ``buffer_size`` items in ``flight`` (read, not yet yielded).
+def _finished_tasks(it: Iterator, flight: collections.deque, inputs: queue.SimpleQueue,
+                    outputs: queue.SimpleQueue, buffer_size: int, *, chunk: int,
+                    ordered: bool) -> Iterator[tuple[int, list, int]]:
+    """The scheduling of :func:`map_items_in_threads`, run by the consumer between two tasks.
 
-    ``tasks`` lists ``(first position, size)`` of the tasks sent and not yet delivered, oldest
-    first; ``exhausted`` tells that the source has ended.
+    Reads ``it`` into tasks of up to ``chunk`` items, ``(first position, items)`` on
+    ``inputs``, while fewer than ``buffer_size`` items are in ``flight`` (read, not yet
+    yielded: the consumer removes them); then yields the next finished task, taken from the
+    workers' ``outputs``, as ``(first position, results, offset)``: the oldest task if
+    ``ordered``, else the first one finished, ``offset`` counting the items of older tasks
+    still in flight before its own. Ends when the source has ended and every task is yielded.
     """
-
-    __slots__ = ("it", "flight", "inputs", "buffer_size", "chunk", "tasks", "next_seq",
-                 "exhausted")
-
-    def __init__(self, it: Iterator, flight: collections.deque, inputs: queue.SimpleQueue,
-                 buffer_size: int, *, chunk: int) -> None:
-        self.it = it
-        self.flight = flight
-        self.inputs = inputs
-        self.buffer_size = buffer_size
-        self.chunk = chunk
-        self.tasks: collections.deque = collections.deque()
-        self.next_seq = 0
-        self.exhausted = False
-
-    def fill(self) -> None:
-        """Send tasks until ``buffer_size`` items are in flight or the source ends."""
-        it, flight, chunk, buffer_size = self.it, self.flight, self.chunk, self.buffer_size
-        while not self.exhausted and len(flight) < buffer_size:
+    tasks: collections.deque = collections.deque()  # (first position, size), oldest first
+    done: dict[int, list] = {}  # first position -> results, of tasks the workers finished
+    next_seq = 0
+    exhausted = False
+    while True:
+        while not exhausted and len(flight) < buffer_size:
             items = []
             while len(items) < chunk and len(flight) < buffer_size:
                 item = next(it, _END)
                 if item is _END:
-                    self.exhausted = True
+                    exhausted = True
                     break
                 flight.append(item)
                 items.append(item)
             if items:
-                self.inputs.put((self.next_seq, items))
-                self.tasks.append((self.next_seq, len(items)))
-                self.next_seq += len(items)
+                inputs.put((next_seq, items))
+                tasks.append((next_seq, len(items)))
+                next_seq += len(items)
+        if not tasks:
+            return
+        if ordered:
+            index = 0
+            while tasks[0][0] not in done:
+                first, results = outputs.get()
+                done[first] = results
+        else:
+            while not done:
+                first, results = outputs.get()
+                done[first] = results
+            ready = next(iter(done))
+            index = next(i for i, (f, _) in enumerate(tasks) if f == ready)
+        first = tasks[index][0]
+        del tasks[index]
+        yield first, done.pop(first), sum(n for _, n in itertools.islice(tasks, index))
 
 
 def _work(fn: Callable[[Any], Any], inputs: queue.SimpleQueue,
@@ -500,23 +496,6 @@ def _stop_workers(inputs: queue.SimpleQueue, threads: list[threading.Thread]) ->
         inputs.put(None)
     for thread in threads:
         thread.join()
-
-
-def _next_task(tasks: collections.deque, done: dict[int, list], outputs: queue.SimpleQueue,
-               ordered: bool) -> int:
-    """The index in ``tasks`` of the task to deliver next, once its results are in ``done``
-    (taken from the workers' ``outputs`` as they come): the oldest task if ``ordered``, else
-    the first one finished."""
-    if ordered:
-        while tasks[0][0] not in done:
-            first, results = outputs.get()
-            done[first] = results
-        return 0
-    while not done:
-        first, results = outputs.get()
-        done[first] = results
-    ready = next(iter(done))
-    return next(i for i, (f, _) in enumerate(tasks) if f == ready)
 
 
 # --------------------------------------------------------------------------------------------
