@@ -141,14 +141,9 @@ def prefetch_items(
     it = iter(source)
     if threaded:
         yield from _prefetch_threaded(it, buffer_size, held, lock)
-    else:
-        yield from _prefetch_inline(it, held, lock)
-
-
-def _prefetch_inline(it: Iterator, held: collections.deque | None,
-                     lock: threading.Lock) -> Iterator[Any]:
-    """:func:`prefetch_items` in the calling thread (test mode): one item at a time, each read
-    under ``lock`` and held in ``held`` until it is yielded."""
+        return
+    # test mode, in this generator (one delegation less per item): one item at a time, each
+    # read under ``lock`` and held in ``held`` until it is yielded
     try:
         while True:
             with lock:
