@@ -7,9 +7,9 @@ Importing speechpipe registers every functional name (``open``, ``list_shards``,
 __version__ = "0.1.0"
 
 from .pipes import (  # noqa: E402,F401  (registration)
-    audio, augment, batching, cmvn, collate, concurrency, decode, distributed, features, kaldi,
+    audio, augment, batching, cmvn, collate, decode, device, distributed, features, kaldi,
     kaldi_tables, manifests, mixing, order, sample_lists, sharding, shards, sources, text,
-    text_normalization, tokenizers, views,
+    text_normalization, threads, tokenizers, views,
 )
 from .epochs import set_epoch  # noqa: E402
 

@@ -309,8 +309,8 @@ def _skipping(paths):
 
 def _ledgers_of(pipe):
     from speechpipe.diagnostics import Diagnostics
+    from speechpipe.pipes._graph import graph_nodes
     from speechpipe.pipes.constraints import BatchStats
-    from speechpipe.pipes.concurrency import graph_nodes
 
     out = {}
     for node in graph_nodes(pipe):

@@ -24,6 +24,7 @@ import speechpipe  # noqa: F401
 from speechpipe.errors import DataError
 from speechpipe.pipes._base import IterableWrapper, SequenceWrapper, registered_iter_names
 from speechpipe.pipes._base import registered_map_names
+from speechpipe.pipes._graph import propagate_epoch
 from speechpipe.pipes.constraints import PaddedArea
 from speechpipe.pipes.collate import PadCollate
 from speechpipe.pipes.mixing import (
@@ -33,7 +34,6 @@ from speechpipe.pipes.mixing import (
     WeightedMixer,
     mix_by_weight,
     pass_epoch,
-    propagate_epoch,
     zip_by_name,
 )
 

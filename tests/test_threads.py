@@ -1,4 +1,4 @@
-"""Thread stages and the device converter (speechpipe.pipes.concurrency).
+"""Thread stages (speechpipe.pipes.threads).
 
 Invariants: a thread stage yields what its single-threaded form yields, in the same order
 (ordered by default); its queues are bounded by its arguments; its threads are joined and its
@@ -16,23 +16,19 @@ import threading
 import time
 import warnings
 
-import numpy as np
 import pytest
-import torch
 
 import speechpipe  # noqa: F401  (registers the pipes)
 from speechpipe.diagnostics import SkippedInputWarning
 from speechpipe.errors import DataError
 from speechpipe.pipes._base import IterableWrapper
-from speechpipe.pipes.concurrency import (
-    DeviceMover,
+from speechpipe.pipes._graph import graph_nodes
+from speechpipe.pipes.threads import (
     ThreadMapper,
     ThreadPrefetcher,
-    graph_nodes,
     map_items_in_threads,
     prefetch_items,
     start,
-    to_device,
 )
 from speechpipe.pipes.shards import ShardWriter
 
@@ -338,63 +334,6 @@ def test_a_test_mode_error_is_the_same_error():
             list(items)
 
 
-# ------------------------------------------------------------------------------ device
-
-
-def test_to_device_converts_arrays_in_nested_containers_and_keeps_the_rest():
-    batch = {"feats": np.arange(6, dtype=np.float32).reshape(2, 3), "key": ["a", "b"],
-             "n": (np.int64(3), np.array([1, 2], np.int64)), "text": "hi", "none": None}
-    out = to_device(batch, "cpu")
-    assert isinstance(out["feats"], torch.Tensor) and out["feats"].dtype == torch.float32
-    assert out["feats"].tolist() == [[0, 1, 2], [3, 4, 5]]
-    assert out["key"] == ["a", "b"] and out["text"] == "hi" and out["none"] is None
-    assert isinstance(out["n"], tuple) and out["n"][0].item() == 3
-    assert out["n"][1].dtype == torch.int64
-
-
-def test_to_device_shares_memory_with_writable_arrays_and_copies_read_only_ones():
-    array = np.zeros(4, np.float32)
-    assert to_device(array).data_ptr() == array.ctypes.data
-    frozen = np.frombuffer(np.ones(4, np.float32).tobytes(), np.float32)  # read-only view
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # torch warns about non-writable arrays: not here
-        tensor = to_device(frozen)
-    assert tensor.tolist() == [1, 1, 1, 1]
-
-
-def test_to_device_moves_to_the_device_with_non_blocking(monkeypatch):
-    calls = []
-    original = torch.Tensor.to
-
-    def spy(self, *args, **kwargs):
-        calls.append((args, kwargs))
-        return original(self, *args, **kwargs)
-
-    monkeypatch.setattr(torch.Tensor, "to", spy)
-    out = to_device({"feats": np.ones((2, 2), np.float32)}, "meta", non_blocking=True)
-    assert out["feats"].device.type == "meta"
-    assert calls == [((torch.device("meta"),), {"non_blocking": True})] or \
-        calls == [(("meta",), {"non_blocking": True})]
-
-
-def test_move_to_device_pipe_on_cpu():
-    data = [{"key": "u1", "feats": np.ones((3, 2), np.float32)}]
-    [out] = IterableWrapper(data).move_to_device("cpu", non_blocking=True)
-    assert out["feats"].device == torch.device("cpu") and out["key"] == "u1"
-    assert len(DeviceMover(IterableWrapper(data), None)) == 1
-
-
-def test_pin_memory_without_an_accelerator_warns_and_leaves_tensors_unpinned(monkeypatch):
-    import speechpipe.pipes.concurrency as concurrency
-
-    monkeypatch.setattr(concurrency, "_can_pin", lambda: False)
-    pipe = IterableWrapper([{"x": np.ones(2, np.float32)}]).move_to_device("cpu",
-                                                                           pin_memory=True)
-    with pytest.warns(UserWarning, match="no accelerator"):
-        [out] = list(pipe)
-    assert not out["x"].is_pinned()
-
-
 # ------------------------------------------------------------------------------ arguments
 
 
@@ -407,9 +346,6 @@ def test_pin_memory_without_an_accelerator_warns_and_leaves_tensors_unpinned(mon
     (lambda: ThreadMapper(IterableWrapper([1]), str, buffer_size=0),
      "buffer_size must be an int >= 1, got 0"),
     (lambda: ThreadMapper(IterableWrapper([1]), str, on_error="ignore"), "on_error must be"),
-    (lambda: DeviceMover(IterableWrapper([1]), "gpu7"), "device must name a torch device"),
-    (lambda: DeviceMover(IterableWrapper([1]), "cpu", pin_memory="yes"),
-     "pin_memory must be a bool"),
 ])
 def test_arguments_are_validated_in_the_constructor(make, message):
     with pytest.raises((ValueError, TypeError), match=message):
