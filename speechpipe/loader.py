@@ -164,7 +164,7 @@ class PipeDataset(CarriesRank, torch.utils.data.IterableDataset):
         epoch: the first epoch.
 
     >>> import speechpipe
-    >>> from speechpipe.pipes._base import IterableWrapper
+    >>> from speechpipe import IterableWrapper
     >>> ds = PipeDataset(IterableWrapper([3, 1, 2]).block_batch(batch_len=4, seed=0))
     >>> list(ds)
     [[3], [1, 2]]
@@ -523,7 +523,7 @@ def build_loader(
             what to use instead. ``False``: a plain ``DataLoader``, no ``state_dict()``.
 
     >>> import numpy as np, speechpipe
-    >>> from speechpipe.pipes._base import SequenceWrapper
+    >>> from speechpipe import SequenceWrapper
     >>> from speechpipe.pipes.collate import PadCollate
     >>> from speechpipe.pipes.views import BatchView
     >>> data = {f"u{i}": {"key": f"u{i}", "feats": np.ones((i + 1, 2), np.float32)}

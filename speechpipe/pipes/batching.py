@@ -278,7 +278,7 @@ class LengthBucketerIterDataPipe(Seeded, Resumable, IterDataPipe[list]):
             frames of ``feats``, else samples of ``audio``).
         seed: base seed; ties are broken with ``(seed, epoch, rank, worker)``.
 
-    >>> from speechpipe.pipes._base import IterableWrapper
+    >>> from speechpipe import IterableWrapper
     >>> groups = list(IterableWrapper([7, 1, 8, 2, 9, 3]).bucket_by_length(buffer_size=3))
     >>> groups
     [[1, 7, 8], [2, 3, 9]]
@@ -423,7 +423,7 @@ class BlockBatcherIterDataPipe(Seeded, Resumable, IterDataPipe[list]):
     ``self.stats`` (a :class:`~speechpipe.pipes.constraints.BatchStats`) describes the last
     pass: padding efficiency, batch sizes, oversize samples; ``print(pipe.stats.report())``.
 
-    >>> from speechpipe.pipes._base import IterableWrapper
+    >>> from speechpipe import IterableWrapper
     >>> pipe = IterableWrapper([1, 7, 8, 2, 3, 9]).bucket_by_length(3).block_batch(
     ...     constraint=PaddedArea(budget=16), shuffle_window=1)
     >>> list(pipe)
@@ -584,7 +584,7 @@ class DurationFilterIterDataPipe(IterDataPipe[Sample]):
     Raises:
         DataError: (when iterated) a sample without ``duration`` nor audio, naming its key.
 
-    >>> from speechpipe.pipes._base import IterableWrapper
+    >>> from speechpipe import IterableWrapper
     >>> rows = [{"key": "a", "duration": 0.5}, {"key": "b", "duration": 3.0},
     ...         {"key": "c", "duration": 25.0}]
     >>> pipe = IterableWrapper(rows).filter_by_duration(1.0, 20.0, warn=False)

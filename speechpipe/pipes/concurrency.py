@@ -601,7 +601,7 @@ def start(pipe: Any, *, test: bool = False) -> Running:
     ``map_in_threads``) runs in the calling thread for this pass: the same items, in the
     same order, without threads (MTSequence's ``start_test``).
 
-    >>> from speechpipe.pipes._base import IterableWrapper
+    >>> from speechpipe import IterableWrapper
     >>> pipe = IterableWrapper(range(4)).map_in_threads(lambda x: x + 1, num_threads=2)
     >>> with start(pipe) as items:
     ...     next(items), next(items)
@@ -658,7 +658,7 @@ class ThreadPrefetcherIterDataPipe(_Threaded, IterDataPipe):
         buffer_size: items read ahead at most (memory: that many items).
         threads: ``False`` reads in the consuming thread (test mode, as :meth:`start_test`).
 
-    >>> from speechpipe.pipes._base import IterableWrapper
+    >>> from speechpipe import IterableWrapper
     >>> list(IterableWrapper(range(5)).prefetch_in_thread(buffer_size=2))
     [0, 1, 2, 3, 4]
     """
@@ -731,7 +731,7 @@ class ThreadMapperIterDataPipe(_Threaded, IterDataPipe):
             source and key; ``"skip"``: the item is dropped and counted in
             :attr:`diagnostics`, with a warning at the end of the pass.
 
-    >>> from speechpipe.pipes._base import IterableWrapper
+    >>> from speechpipe import IterableWrapper
     >>> list(IterableWrapper(range(6)).map_in_threads(lambda x: 10 * x, num_threads=3))
     [0, 10, 20, 30, 40, 50]
     """
@@ -817,7 +817,7 @@ class DeviceMoverIterDataPipe(IterDataPipe):
             runs asynchronously on the current CUDA stream.
 
     >>> import numpy as np
-    >>> from speechpipe.pipes._base import IterableWrapper
+    >>> from speechpipe import IterableWrapper
     >>> [batch] = IterableWrapper([{"feats": np.zeros((2, 4), np.float32)}]).move_to_device("cpu")
     >>> batch["feats"].device, batch["feats"].dtype
     (device(type='cpu'), torch.float32)

@@ -414,7 +414,7 @@ class DecoderIterDataPipe(IterDataPipe[Sample]):
     in); under ``"skip"`` it raises :class:`TypeError`.
 
     >>> import io, numpy as np
-    >>> from speechpipe.pipes._base import IterableWrapper
+    >>> from speechpipe import IterableWrapper
     >>> buf = io.BytesIO(); np.save(buf, np.ones((2, 3), dtype=np.float32))
     >>> raw = {"key": "u1", "source": "a.tar", "txt": b"hello", "feats.npy": buf.getvalue()}
     >>> [s] = IterableWrapper([raw]).decode()
@@ -579,7 +579,7 @@ class AudioLoaderIterDataPipe(IterDataPipe[Sample]):
     :class:`TypeError`.
 
     >>> import os, tempfile
-    >>> from speechpipe.pipes._base import IterableWrapper
+    >>> from speechpipe import IterableWrapper
     >>> root = tempfile.mkdtemp()
     >>> soundfile.write(os.path.join(root, "u1.wav"), np.zeros(1600, np.float32), 16000)
     >>> rows = [{"key": "u1", "audio_path": "u1.wav", "start": 0.05, "dur": 0.025}]

@@ -625,7 +625,7 @@ class StepPlanner:
 
     >>> import os, tempfile
     >>> from speechpipe.index import ShardEntry, ShardIndex
-    >>> from speechpipe.pipes._base import IterableWrapper
+    >>> from speechpipe import IterableWrapper
     >>> from speechpipe.pipes.shards import ShardWriter
     >>> out = tempfile.mkdtemp()
     >>> with ShardWriter(os.path.join(out, "data-%05d.tar"), maxcount=4) as writer:
@@ -1252,7 +1252,7 @@ class StepEqualizerIterDataPipe(IterDataPipe):
 
     ``self.stats`` is the :class:`StepStats` of the last pass.
 
-    >>> from speechpipe.pipes._base import IterableWrapper
+    >>> from speechpipe import IterableWrapper
     >>> pipe = IterableWrapper([[1, 2], [3], [4]]).equalize_steps(policy="plan", steps=2)
     >>> list(pipe), pipe.stats.dropped_batches
     ([[1, 2], [3]], 1)

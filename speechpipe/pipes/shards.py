@@ -385,7 +385,7 @@ class ShardReaderIterDataPipe(IterDataPipe[Sample]):
             ``bytes``.
 
     >>> import os, tempfile
-    >>> from speechpipe.pipes._base import IterableWrapper
+    >>> from speechpipe import IterableWrapper
     >>> path = os.path.join(tempfile.mkdtemp(), "shard-00000.tar")
     >>> write_shard(path, [{"key": "utt1", "txt": "hello"}, {"key": "utt2", "txt": "world"}])
     2
