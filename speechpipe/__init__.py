@@ -32,7 +32,8 @@ from .pipes.distributed import (  # noqa: E402
     DistributedStepError, EqualSteps, ShardSplit, StepPlanner, StepStats, shard_assignment,
 )
 from .pipes.sharding import EpochProgress, kaldi_arks  # noqa: E402
-from .pipes.shards import ShardReadOptions, ShardWriter  # noqa: E402
+from .pipes.shard_writer import ShardWriter  # noqa: E402
+from .pipes.shards import ShardReadOptions  # noqa: E402
 from .pipes.text_normalization import TextNormalizer  # noqa: E402
 from .pipes.tokenizers import (  # noqa: E402
     CharTokenizer, SentencePieceTokenizer, WordTokenizer, build_tokenizer, load_tokenizer,

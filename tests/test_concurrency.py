@@ -34,7 +34,7 @@ from speechpipe.pipes.concurrency import (
     start,
     to_device,
 )
-from speechpipe.pipes.shards import ShardWriter
+from speechpipe.pipes.shard_writer import ShardWriter
 
 
 def _samples(n: int) -> list[dict]:

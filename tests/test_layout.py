@@ -23,7 +23,7 @@ FLOORS = [
               "pipes._base", "pipes._state", "pipes._graph", "pipes._restore"]),
     ("sources", ["pipes.sources", "pipes._tar", "pipes._mmap", "pipes._readahead",
                  "pipes.shards", "pipes.manifests"]),
-    ("parse/decode", ["pipes.decode", "pipes.kaldi_tables", "pipes.kaldi_ark",
+    ("parse/decode", ["pipes.decode", "pipes.shard_writer", "pipes.kaldi_tables", "pipes.kaldi_ark",
                       "pipes.kaldi_values", "pipes.kaldi"]),
     ("transform", ["pipes._audio_common", "pipes.audio", "pipes.features", "pipes.augment",
                    "pipes.cmvn", "pipes.text_normalization", "pipes.tokenizers", "pipes.text"]),

@@ -31,7 +31,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from ..diagnostics import Diagnostics
 from ..errors import DataError
-from ..sample import KEY, SOURCE, Sample, sample_duration
+from ..sample import KEY, SOURCE, Sample, estimate_boundaries, sample_duration
 from ._base import IterDataPipe, functional_datapipe
 from ._state import (
     Resumable, Seeded, check_seed, held_sample, identity, identity_list, rng_state, until_end,
@@ -146,22 +146,6 @@ def pack_batches(
         full = batch[:]
         batch.clear()
         yield full
-
-
-def estimate_boundaries(lengths: Sequence[float], num_buckets: int) -> list[float]:
-    """Bucket boundaries at equal-count quantiles of ``lengths`` (``num_buckets - 1`` cuts).
-
-    >>> estimate_boundaries(list(range(100)), 4)
-    [25, 50, 75]
-    """
-    if num_buckets < 1:
-        raise ValueError(f"num_buckets must be >= 1, got {num_buckets}")
-    ordered = sorted(lengths)
-    if not ordered or num_buckets == 1:
-        return []
-    cuts = [ordered[min(len(ordered) - 1, (i * len(ordered)) // num_buckets)]
-            for i in range(1, num_buckets)]
-    return sorted(set(cuts))
 
 
 def bucket_groups(

@@ -51,6 +51,7 @@ from ..diagnostics import Diagnostics, check_on_error
 from ..errors import DataError, MissingDataError, UnsafeInputError
 from ..sample import AUDIO, FEATS, KEY, SAMPLE_RATE, SOURCE, TEXT, Sample
 from ._base import IterDataPipe, functional_datapipe
+from .shards import AUDIO_EXTENSIONS, NPY_EXTENSIONS
 
 __all__ = [
     "AUDIO_EXTENSIONS",
@@ -70,8 +71,6 @@ __all__ = [
 
 AudioInput = Union[str, bytes, BinaryIO]
 
-AUDIO_EXTENSIONS = ("flac", "mp3", "ogg", "opus", "wav")
-NPY_EXTENSIONS = ("npy",)
 TEXT_EXTENSIONS = ("text", "transcript", "txt")
 JSON_EXTENSIONS = ("json",)
 INT_EXTENSIONS = ("cls", "id", "index")

@@ -626,7 +626,7 @@ class StepPlanner:
     >>> import os, tempfile
     >>> from speechpipe.index import ShardEntry, ShardIndex
     >>> from speechpipe import IterableWrapper
-    >>> from speechpipe.pipes.shards import ShardWriter
+    >>> from speechpipe.pipes.shard_writer import ShardWriter
     >>> out = tempfile.mkdtemp()
     >>> with ShardWriter(os.path.join(out, "data-%05d.tar"), maxcount=4) as writer:
     ...     for i in range(10):  # shards of 4, 4 and 2 utterances
