@@ -86,7 +86,7 @@ def make_audio(root: str, n: int, shard_size: int, seed: int = 1) -> tuple[list[
     where ``files`` maps key -> (path, duration)."""
     import soundfile as sf
 
-    from speechpipe.pipes.shards import ShardWriter
+    from speechpipe.pipes.shard_writer import ShardWriter
 
     files_dir = os.path.join(root, "flac")
     shards_dir = os.path.join(root, "audio_shards")

@@ -77,7 +77,7 @@ from speechpipe.pipes._base import IterableWrapper
 from speechpipe.pipes.collate import PadCollate
 from speechpipe.pipes.decode import decode_sample
 from speechpipe.pipes.features import compute_features
-from speechpipe.pipes.shards import ShardWriter
+from speechpipe.pipes.shard_writer import ShardWriter
 from speechpipe.testing import sample_durations
 
 from .bench_shards import evict, warm

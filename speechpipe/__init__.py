@@ -1,7 +1,10 @@
 """speechpipe: composable, functional datapipes for speech training data.
 
-Importing speechpipe registers every functional name (``open``, ``list_shards``,
-``parse_scp``, ``read_shards``, ``decode``, ...) on torch's ``IterDataPipe``.
+``import speechpipe as sp`` registers every functional name (``sharded_shuffle``, ``decode``,
+``bucket_by_length``, ``block_batch``, ...) on torch's ``IterDataPipe`` and reaches every name
+a pipeline needs, one dot from the package: the source wrappers, the cost models and batching
+view, the collate, the shard index and writer, the loader, the uneven-input stage, the
+tokenizers, the errors, and the recipes (``sp.recipes.librispeech``...).
 """
 
 __version__ = "0.1.0"
@@ -11,6 +14,52 @@ from .pipes import (  # noqa: E402,F401  (registration)
     kaldi_tables, manifests, mixing, order, sample_lists, sharding, shards, sources, text,
     text_normalization, threads, tokenizers, views,
 )
+from .diagnostics import Diagnostics, SkippedInputWarning  # noqa: E402
 from .epochs import set_epoch  # noqa: E402
+from .errors import DataError, MissingDataError, SpeechpipeError, UnsafeInputError  # noqa: E402
+from .index import ShardEntry, ShardIndex  # noqa: E402
+from .loader import Loader, PipeDataset, build_loader  # noqa: E402
+from .pack import PackOptions, PackReport, pack_data  # noqa: E402
+from .pipes._base import IterableWrapper, SequenceWrapper  # noqa: E402
+from .pipes._restore import ResumeWarning  # noqa: E402
+from .pipes.cmvn import CmvnStats, compute_cmvn_stats  # noqa: E402
+from .pipes.collate import PadCollate  # noqa: E402
+from .pipes.concurrency import start, to_device  # noqa: E402
+from .pipes.constraints import (  # noqa: E402
+    BatchConstraint, BatchStats, PaddedArea, Quadratic, SampleCount, SumOfLengths, TwoDimensional,
+)
+from .pipes.distributed import (  # noqa: E402
+    DistributedStepError, EqualSteps, ShardSplit, StepPlanner, StepStats, shard_assignment,
+)
+from .pipes.sharding import EpochProgress, kaldi_arks  # noqa: E402
+from .pipes.shard_writer import ShardWriter  # noqa: E402
+from .pipes.shards import ShardReadOptions  # noqa: E402
+from .pipes.text_normalization import TextNormalizer  # noqa: E402
+from .pipes.tokenizers import (  # noqa: E402
+    CharTokenizer, SentencePieceTokenizer, WordTokenizer, build_tokenizer, load_tokenizer,
+)
+from .pipes.views import BatchView, compute_lengths, read_data_len, select_keys  # noqa: E402
+from .recipes import (  # noqa: E402
+    FrontEnd, eval_pipeline, get_recipe, manifest_path, pipeline_report, train_pipeline,
+)
+from .stats import corpus_stats  # noqa: E402
+from . import recipes  # noqa: E402,F401
 
-__all__ = ["set_epoch"]
+for _corpus in recipes.RECIPES:  # sp.recipes.<corpus> without an import of its own
+    get_recipe(_corpus)
+del _corpus
+
+__all__ = [
+    "BatchConstraint", "BatchStats", "BatchView", "CharTokenizer", "CmvnStats", "DataError",
+    "Diagnostics", "DistributedStepError", "EpochProgress", "EqualSteps", "FrontEnd",
+    "IterableWrapper", "Loader", "MissingDataError", "PackOptions", "PackReport", "PadCollate",
+    "PaddedArea", "PipeDataset", "Quadratic", "ResumeWarning", "SampleCount",
+    "SentencePieceTokenizer", "SequenceWrapper", "ShardEntry", "ShardIndex",
+    "ShardReadOptions", "ShardSplit", "ShardWriter", "SkippedInputWarning", "SpeechpipeError",
+    "StepPlanner", "StepStats", "SumOfLengths", "TextNormalizer", "TwoDimensional",
+    "UnsafeInputError", "WordTokenizer", "build_loader", "build_tokenizer", "compute_cmvn_stats",
+    "compute_lengths", "corpus_stats", "eval_pipeline", "get_recipe", "kaldi_arks",
+    "load_tokenizer", "manifest_path", "pack_data", "pipeline_report", "read_data_len",
+    "recipes", "select_keys", "set_epoch", "shard_assignment", "start", "to_device",
+    "train_pipeline",
+]

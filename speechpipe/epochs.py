@@ -25,7 +25,7 @@ def set_epoch(pipe, epoch: int, *, seed: int | None = None):
     a DataLoader shares with its workers), so only speechpipe's own order is reproducible.
 
     >>> import speechpipe
-    >>> from speechpipe.pipes._base import IterableWrapper
+    >>> from speechpipe import IterableWrapper
     >>> pipe = IterableWrapper(range(8)).shuffle().block_batch(batch_len=100, max_samples=4)
     >>> runs = [list(set_epoch(pipe, e, seed=1)) for e in (0, 0, 1)]
     >>> runs[0] == runs[1], runs[0] != runs[2]

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from .errors import DataError, MissingDataError
+from .sample import estimate_boundaries
 
 __all__ = ["INDEX_NAME", "ShardEntry", "ShardIndex"]
 
@@ -93,8 +94,6 @@ class ShardIndex:
 
     def boundaries(self, num_buckets: int) -> list[float]:
         """Equal-count bucket boundaries over every length in the index."""
-        from .pipes.batching import estimate_boundaries
-
         return estimate_boundaries(self.lengths(), num_buckets)
 
     def boundaries_fn(self, num_buckets: int):

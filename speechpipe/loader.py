@@ -164,7 +164,7 @@ class PipeDataset(CarriesRank, torch.utils.data.IterableDataset):
         epoch: the first epoch.
 
     >>> import speechpipe
-    >>> from speechpipe.pipes._base import IterableWrapper
+    >>> from speechpipe import IterableWrapper
     >>> ds = PipeDataset(IterableWrapper([3, 1, 2]).block_batch(batch_len=4, seed=0))
     >>> list(ds)
     [[3], [1, 2]]
@@ -523,7 +523,7 @@ def build_loader(
             what to use instead. ``False``: a plain ``DataLoader``, no ``state_dict()``.
 
     >>> import numpy as np, speechpipe
-    >>> from speechpipe.pipes._base import SequenceWrapper
+    >>> from speechpipe import SequenceWrapper
     >>> from speechpipe.pipes.collate import PadCollate
     >>> from speechpipe.pipes.views import BatchView
     >>> data = {f"u{i}": {"key": f"u{i}", "feats": np.ones((i + 1, 2), np.float32)}
@@ -534,32 +534,9 @@ def build_loader(
     >>> [tuple(b["feats"].shape) for b in loader]
     [(1, 1, 2), (1, 4, 2), (1, 5, 2), (2, 3, 2)]
     """
-    for name, value in (("num_workers", num_workers), ("snapshot_every", snapshot_every)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < (name != "num_workers"):
-            raise ValueError(f"{name} must be an int >= {int(name != 'num_workers')}, "
-                             f"got {value!r}")
-    if prefetch_factor is not None:
-        if not isinstance(prefetch_factor, int) or isinstance(prefetch_factor, bool) \
-                or prefetch_factor < 1:
-            raise ValueError(f"prefetch_factor must be an int >= 1, got {prefetch_factor!r}")
-        if num_workers == 0:
-            raise ValueError("prefetch_factor needs num_workers > 0 (the main process does not "
-                             "prefetch)")
-    if persistent_workers and num_workers == 0:
-        raise ValueError("persistent_workers=True needs num_workers > 0")
-    for name, value in (("pin_memory", pin_memory), ("persistent_workers", persistent_workers),
-                        ("reuse_shared_memory", reuse_shared_memory)):
-        if not isinstance(value, bool):
-            raise TypeError(f"{name} must be a bool, got {value!r}")
-    if device is not None:
-        try:
-            device = torch.device(device)
-        except (RuntimeError, TypeError) as exc:
-            raise ValueError(f"device must name a torch device, got {device!r}") from exc
-    if uneven is not None and not (isinstance(uneven, str) or callable(uneven)):
-        raise TypeError(f"uneven must be a policy name or a callable, got {uneven!r}")
-    if not isinstance(resumable, bool):
-        raise TypeError(f"resumable must be a bool, got {resumable!r}")
+    device = _check_options(num_workers, prefetch_factor, pin_memory, persistent_workers,
+                            device, uneven, snapshot_every, multiprocessing_context,
+                            reuse_shared_memory, resumable)
     dataset = PipeDataset(pipe, seed=seed)
     reason = unresumable_reason(pipe) if resumable else None
     if reason is not None:
@@ -576,20 +553,8 @@ def build_loader(
     if num_workers:
         options["prefetch_factor"] = prefetch_factor or 2
     if multiprocessing_context is not None:
-        if num_workers == 0:
-            raise ValueError("multiprocessing_context needs num_workers > 0")
         options["multiprocessing_context"] = multiprocessing_context
-    try:
-        from torchdata.stateful_dataloader import StatefulDataLoader
-    except ImportError:  # pragma: no cover - torchdata is a dependency
-        StatefulDataLoader = None
-    if StatefulDataLoader is None or not resumable:
-        dataloader = torch.utils.data.DataLoader(dataset, **options)
-    else:
-        with warnings.catch_warnings():  # torchdata 0.11 calls a deprecated torch function
-            warnings.filterwarnings("ignore", message=".*set_vital.*")
-            dataloader = StatefulDataLoader(dataset, snapshot_every_n_steps=snapshot_every,
-                                            **options)
+    dataloader = _dataloader(dataset, options, snapshot_every if resumable else None)
     wrapped = None
     if isinstance(uneven, str):
         from .pipes.distributed import EqualSteps
@@ -604,3 +569,48 @@ def build_loader(
     if dataset._reports is not None:
         weakref.finalize(loader, shutil.rmtree, dataset._reports, True)
     return loader
+
+
+def _check_options(num_workers, prefetch_factor, pin_memory, persistent_workers, device, uneven,
+                   snapshot_every, multiprocessing_context, reuse_shared_memory, resumable):
+    """Validate :func:`build_loader`'s settings (errors name the argument); the device."""
+    for name, value in (("num_workers", num_workers), ("snapshot_every", snapshot_every)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < (name != "num_workers"):
+            raise ValueError(f"{name} must be an int >= {int(name != 'num_workers')}, "
+                             f"got {value!r}")
+    if prefetch_factor is not None:
+        if not isinstance(prefetch_factor, int) or isinstance(prefetch_factor, bool) \
+                or prefetch_factor < 1:
+            raise ValueError(f"prefetch_factor must be an int >= 1, got {prefetch_factor!r}")
+        if num_workers == 0:
+            raise ValueError("prefetch_factor needs num_workers > 0 (the main process does not "
+                             "prefetch)")
+    if persistent_workers and num_workers == 0:
+        raise ValueError("persistent_workers=True needs num_workers > 0")
+    if multiprocessing_context is not None and num_workers == 0:
+        raise ValueError("multiprocessing_context needs num_workers > 0")
+    for name, value in (("pin_memory", pin_memory), ("persistent_workers", persistent_workers),
+                        ("reuse_shared_memory", reuse_shared_memory), ("resumable", resumable)):
+        if not isinstance(value, bool):
+            raise TypeError(f"{name} must be a bool, got {value!r}")
+    if uneven is not None and not (isinstance(uneven, str) or callable(uneven)):
+        raise TypeError(f"uneven must be a policy name or a callable, got {uneven!r}")
+    if device is None:
+        return None
+    try:
+        return torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"device must name a torch device, got {device!r}") from exc
+
+
+def _dataloader(dataset: PipeDataset, options: dict, snapshot_every: int | None) -> Any:
+    """torchdata's ``StatefulDataLoader`` (``snapshot_every`` given), else torch's."""
+    try:
+        from torchdata.stateful_dataloader import StatefulDataLoader
+    except ImportError:  # pragma: no cover - torchdata is a dependency
+        StatefulDataLoader = None
+    if StatefulDataLoader is None or snapshot_every is None:
+        return torch.utils.data.DataLoader(dataset, **options)
+    with warnings.catch_warnings():  # torchdata 0.11 calls a deprecated torch function
+        warnings.filterwarnings("ignore", message=".*set_vital.*")
+        return StatefulDataLoader(dataset, snapshot_every_n_steps=snapshot_every, **options)

@@ -32,7 +32,7 @@ is read, ``num_frames`` stands in for it.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 __all__ = [
     "AUDIO",
@@ -47,6 +47,7 @@ __all__ = [
     "Sample",
     "TEXT",
     "TOKENS",
+    "estimate_boundaries",
     "len_key",
     "sample_duration",
     "sample_length",
@@ -129,3 +130,19 @@ def _axis0(value: Any) -> int:
             raise ValueError("a scalar has no time axis")
         return int(shape[0])
     return len(value)
+
+
+def estimate_boundaries(lengths: Sequence[float], num_buckets: int) -> list[float]:
+    """Bucket boundaries at equal-count quantiles of ``lengths`` (``num_buckets - 1`` cuts).
+
+    >>> estimate_boundaries(list(range(100)), 4)
+    [25, 50, 75]
+    """
+    if num_buckets < 1:
+        raise ValueError(f"num_buckets must be >= 1, got {num_buckets}")
+    ordered = sorted(lengths)
+    if not ordered or num_buckets == 1:
+        return []
+    cuts = [ordered[min(len(ordered) - 1, (i * len(ordered)) // num_buckets)]
+            for i in range(1, num_buckets)]
+    return sorted(set(cuts))

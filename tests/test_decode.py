@@ -30,7 +30,7 @@ from speechpipe.pipes.decode import (
     read_audio,
     read_audio_segment,
 )
-from speechpipe.pipes.shards import write_shard
+from speechpipe.pipes.shard_writer import write_shard
 
 SRC = "shards/a-00003.tar"
 

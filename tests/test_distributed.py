@@ -58,7 +58,7 @@ from speechpipe.pipes.distributed import (
     shard_assignment,
     split_balance,
 )
-from speechpipe.pipes.shards import ShardWriter
+from speechpipe.pipes.shard_writer import ShardWriter
 from speechpipe.pipes.sharding import shuffle_shards, split_shards
 from speechpipe.seeding import Position
 

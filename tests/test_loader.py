@@ -17,7 +17,7 @@ from speechpipe.errors import DataError, MissingDataError
 from speechpipe.loader import Loader, PipeDataset, SharedEpoch, build_loader
 from speechpipe.pipes._base import IterableWrapper, SequenceWrapper
 from speechpipe.pipes.collate import PadCollate
-from speechpipe.pipes.shards import ShardWriter
+from speechpipe.pipes.shard_writer import ShardWriter
 from speechpipe.pipes.views import BatchView
 
 DIM = 4

@@ -37,7 +37,8 @@ import speechpipe  # noqa: F401  (registers the pipes)
 from speechpipe.errors import DataError
 from speechpipe.pipes import _readahead
 from speechpipe.pipes._base import IterableWrapper
-from speechpipe.pipes.shards import ShardReadOptions, ShardWriter, iter_tar_members
+from speechpipe.pipes.shards import ShardReadOptions, iter_tar_members
+from speechpipe.pipes.shard_writer import ShardWriter
 
 MIB = 1 << 20
 PAGE = mmap.PAGESIZE

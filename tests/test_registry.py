@@ -237,3 +237,47 @@ def test_a_plain_stage_still_appears_in_torchs_profiler():
     names = {event.name for event in prof.events()}
     assert any("TranscriptNormalizer" in name for name in names), sorted(names)[:20]
     assert [s["key"] for s in pipe] == ["u0", "u1", "u2"]  # and plain again without it
+
+
+# ------------------------------------------------------------------------------ public face
+
+
+# Issue 17: ``import speechpipe as sp`` reaches every name a pipeline needs. The list is
+# pinned: a name added or removed is a decision, made here.
+PUBLIC = [
+    "BatchConstraint", "BatchStats", "BatchView", "CharTokenizer", "CmvnStats", "DataError",
+    "Diagnostics", "DistributedStepError", "EpochProgress", "EqualSteps", "FrontEnd",
+    "IterableWrapper", "Loader", "MissingDataError", "PackOptions", "PackReport", "PadCollate",
+    "PaddedArea", "PipeDataset", "Quadratic", "ResumeWarning", "SampleCount",
+    "SentencePieceTokenizer", "SequenceWrapper", "ShardEntry", "ShardIndex",
+    "ShardReadOptions", "ShardSplit", "ShardWriter", "SkippedInputWarning", "SpeechpipeError",
+    "StepPlanner", "StepStats", "SumOfLengths", "TextNormalizer", "TwoDimensional",
+    "UnsafeInputError", "WordTokenizer", "build_loader", "build_tokenizer", "compute_cmvn_stats",
+    "compute_lengths", "corpus_stats", "eval_pipeline", "get_recipe", "kaldi_arks",
+    "load_tokenizer", "manifest_path", "pack_data", "pipeline_report", "read_data_len",
+    "recipes", "select_keys", "set_epoch", "shard_assignment", "start", "to_device",
+    "train_pipeline",
+]
+
+
+def test_one_import_reaches_the_public_names():
+    assert speechpipe.__all__ == PUBLIC
+    for name in PUBLIC:
+        assert getattr(speechpipe, name) is not None
+    for corpus in speechpipe.recipes.RECIPES:  # sp.recipes.<corpus>, no import of its own
+        assert hasattr(getattr(speechpipe.recipes, corpus), "PARTS")
+
+
+def test_no_readme_line_or_docstring_imports_a_private_module():
+    import pathlib
+
+    private = re.compile(r"(?:from|import)\s+speechpipe(?:\.\w+)*\._\w+")
+    root = pathlib.Path(speechpipe.__file__).parent
+    readme = (root.parent / "README.md").read_text()
+    assert not private.search(readme)
+    offenders = []
+    for path in root.rglob("*.py"):
+        for line in path.read_text().splitlines():
+            if line.lstrip().startswith(">>>") and private.search(line):
+                offenders.append(f"{path.name}: {line.strip()}")
+    assert offenders == []

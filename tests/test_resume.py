@@ -29,7 +29,7 @@ from speechpipe.index import ShardEntry, ShardIndex
 from speechpipe.loader import PipeDataset, ResumeWarning, build_loader
 from speechpipe.pipes._base import IterableWrapper, SequenceWrapper
 from speechpipe.pipes.collate import PadCollate
-from speechpipe.pipes.shards import ShardWriter
+from speechpipe.pipes.shard_writer import ShardWriter
 from speechpipe.pipes.views import BatchView
 
 DIM = 4

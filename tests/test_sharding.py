@@ -33,7 +33,7 @@ from speechpipe.errors import DataError, MissingDataError, UnsafeInputError
 from speechpipe.index import ShardEntry, ShardIndex
 from speechpipe.pipes import sharding
 from speechpipe.pipes._base import IterableWrapper
-from speechpipe.pipes.shards import ShardWriter
+from speechpipe.pipes.shard_writer import ShardWriter
 from speechpipe.pipes.sharding import (
     EpochPlan,
     EpochProgress,

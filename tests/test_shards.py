@@ -27,15 +27,8 @@ from speechpipe.diagnostics import SkippedInputWarning
 from speechpipe.errors import DataError
 from speechpipe.pipes import decode as _decode  # noqa: F401  (registers decode)
 from speechpipe.pipes._base import IterableWrapper
-from speechpipe.pipes.shards import (
-    ShardReaderIterDataPipe,
-    ShardReadOptions,
-    ShardWriter,
-    group_by_key,
-    iter_tar_members,
-    split_member_name,
-    write_shard,
-)
+from speechpipe.pipes.shards import ShardReaderIterDataPipe, ShardReadOptions, group_by_key, iter_tar_members, split_member_name
+from speechpipe.pipes.shard_writer import ShardWriter, write_shard
 
 # --------------------------------------------------------------------------------------------
 # helpers: tars built with tarfile (reading side under test) and raw headers built by hand

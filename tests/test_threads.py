@@ -30,7 +30,7 @@ from speechpipe.pipes.threads import (
     prefetch_items,
     start,
 )
-from speechpipe.pipes.shards import ShardWriter
+from speechpipe.pipes.shard_writer import ShardWriter
 
 
 def _samples(n: int) -> list[dict]:

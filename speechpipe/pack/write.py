@@ -15,7 +15,8 @@ import soundfile
 from ..errors import DataError, MissingDataError, UnsafeInputError
 from ..pipes.decode import read_audio_segment
 from ..pipes.kaldi import ScpEntry, load_scp_entries, slice_segments
-from ..pipes.shards import iter_tar_members, split_member_name, write_shard
+from ..pipes.shards import iter_tar_members, split_member_name
+from ..pipes.shard_writer import write_shard
 from .inputs import _FEATS, _MANIFEST, _SEGMENT, _Item, _no_commands
 
 __all__ = ["AUDIO_FORMATS"]

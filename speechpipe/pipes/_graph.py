@@ -43,7 +43,7 @@ def graph_nodes(pipe: Any, stop: Callable[[Any], bool] | None = None) -> list:
     node for which ``stop(node)`` is true the walk does not continue (the node itself is
     listed).
 
-    >>> from speechpipe.pipes._base import IterableWrapper
+    >>> from speechpipe import IterableWrapper
     >>> [type(p).__name__ for p in graph_nodes(IterableWrapper([1]).map(str))]
     ['MapperIterDataPipe', 'IterableWrapperIterDataPipe']
     """
@@ -72,7 +72,7 @@ def propagate_epoch(pipe: Any, epoch: int) -> int:
     passes its epoch on itself when it starts a pass. Returns how many pipes were set.
 
     >>> import speechpipe
-    >>> from speechpipe.pipes._base import IterableWrapper
+    >>> from speechpipe import IterableWrapper
     >>> batches = IterableWrapper([3, 1, 2]).block_batch(batch_len=4).map(len)
     >>> propagate_epoch(batches, 7), batches.datapipe.epoch
     (1, 7)

@@ -188,7 +188,7 @@ class ResamplerIterDataPipe(IterDataPipe[Sample]):
     Errors: a sample without ``audio`` or ``sample_rate``, or with a non-float array, raises
     :class:`~speechpipe.errors.DataError` naming its key.
 
-    >>> from speechpipe.pipes._base import IterableWrapper
+    >>> from speechpipe import IterableWrapper
     >>> pipe = IterableWrapper([{"key": "u1", "audio": np.zeros(1600, np.float32),
     ...                          "sample_rate": 16000}]).resample(8000)
     >>> [(s["audio"].shape, s["sample_rate"]) for s in pipe]

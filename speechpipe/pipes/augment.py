@@ -116,7 +116,7 @@ class SpeedPerturberIterDataPipe(Seeded, IterDataPipe[Sample]):
         factors: speed factors to draw from (``1.0`` leaves the audio untouched).
         seed: base seed.
 
-    >>> from speechpipe.pipes._base import IterableWrapper
+    >>> from speechpipe import IterableWrapper
     >>> rows = [{"key": "u1", "audio": np.zeros(16000, np.float32), "sample_rate": 16000}]
     >>> [s] = IterableWrapper(rows).perturb_speed(factors=(1.25,))
     >>> s["audio"].shape, s["speed"]
@@ -177,7 +177,7 @@ class VolumePerturberIterDataPipe(Seeded, IterDataPipe[Sample]):
         high: largest gain (>= low).
         seed: base seed.
 
-    >>> from speechpipe.pipes._base import IterableWrapper
+    >>> from speechpipe import IterableWrapper
     >>> rows = [{"key": "u1", "audio": np.ones(4, np.float32), "sample_rate": 16000}]
     >>> [s] = IterableWrapper(rows).perturb_volume(low=0.5, high=0.5)
     >>> s["audio"], s["gain"]
@@ -342,7 +342,7 @@ class SpecAugmenterIterDataPipe(Seeded, IterDataPipe[Sample]):
             CMVN, where 0 is the mean).
         seed: base seed.
 
-    >>> from speechpipe.pipes._base import IterableWrapper
+    >>> from speechpipe import IterableWrapper
     >>> rows = [{"key": "u1", "feats": np.ones((100, 80), np.float32)}]
     >>> [s] = IterableWrapper(rows).spec_augment(freq_masks=1, time_masks=0, freq_width=10)
     >>> s["feats"].shape, s["feats"].dtype, int((s["feats"] == 0).all(axis=0).sum()) < 10

@@ -31,7 +31,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from ..diagnostics import Diagnostics
 from ..errors import DataError
-from ..sample import KEY, SOURCE, Sample, sample_duration
+from ..sample import KEY, SOURCE, Sample, estimate_boundaries, sample_duration
 from ._base import IterDataPipe, functional_datapipe
 from ._state import (
     Resumable, Seeded, check_seed, held_sample, identity, identity_list, rng_state, until_end,
@@ -148,22 +148,6 @@ def pack_batches(
         yield full
 
 
-def estimate_boundaries(lengths: Sequence[float], num_buckets: int) -> list[float]:
-    """Bucket boundaries at equal-count quantiles of ``lengths`` (``num_buckets - 1`` cuts).
-
-    >>> estimate_boundaries(list(range(100)), 4)
-    [25, 50, 75]
-    """
-    if num_buckets < 1:
-        raise ValueError(f"num_buckets must be >= 1, got {num_buckets}")
-    ordered = sorted(lengths)
-    if not ordered or num_buckets == 1:
-        return []
-    cuts = [ordered[min(len(ordered) - 1, (i * len(ordered)) // num_buckets)]
-            for i in range(1, num_buckets)]
-    return sorted(set(cuts))
-
-
 def bucket_groups(
     samples: Iterable[Any],
     *,
@@ -278,7 +262,7 @@ class LengthBucketerIterDataPipe(Seeded, Resumable, IterDataPipe[list]):
             frames of ``feats``, else samples of ``audio``).
         seed: base seed; ties are broken with ``(seed, epoch, rank, worker)``.
 
-    >>> from speechpipe.pipes._base import IterableWrapper
+    >>> from speechpipe import IterableWrapper
     >>> groups = list(IterableWrapper([7, 1, 8, 2, 9, 3]).bucket_by_length(buffer_size=3))
     >>> groups
     [[1, 7, 8], [2, 3, 9]]
@@ -423,7 +407,7 @@ class BlockBatcherIterDataPipe(Seeded, Resumable, IterDataPipe[list]):
     ``self.stats`` (a :class:`~speechpipe.pipes.constraints.BatchStats`) describes the last
     pass: padding efficiency, batch sizes, oversize samples; ``print(pipe.stats.report())``.
 
-    >>> from speechpipe.pipes._base import IterableWrapper
+    >>> from speechpipe import IterableWrapper
     >>> pipe = IterableWrapper([1, 7, 8, 2, 3, 9]).bucket_by_length(3).block_batch(
     ...     constraint=PaddedArea(budget=16), shuffle_window=1)
     >>> list(pipe)
@@ -584,7 +568,7 @@ class DurationFilterIterDataPipe(IterDataPipe[Sample]):
     Raises:
         DataError: (when iterated) a sample without ``duration`` nor audio, naming its key.
 
-    >>> from speechpipe.pipes._base import IterableWrapper
+    >>> from speechpipe import IterableWrapper
     >>> rows = [{"key": "a", "duration": 0.5}, {"key": "b", "duration": 3.0},
     ...         {"key": "c", "duration": 25.0}]
     >>> pipe = IterableWrapper(rows).filter_by_duration(1.0, 20.0, warn=False)

@@ -257,7 +257,7 @@ class CmvnApplierIterDataPipe(IterDataPipe[Sample]):
     Errors: a sample without features, or whose dimension differs from the statistics', raises
     :class:`~speechpipe.errors.DataError` naming its key.
 
-    >>> from speechpipe.pipes._base import IterableWrapper
+    >>> from speechpipe import IterableWrapper
     >>> rows = [{"key": "u1", "feats": np.array([[1.0], [3.0]], np.float32)}]
     >>> stats = CmvnStats(count=2, sum=np.array([2.0]), sum_sq=np.array([4.0]))
     >>> [s["feats"].tolist() for s in IterableWrapper(rows).apply_cmvn(stats)]

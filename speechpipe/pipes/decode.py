@@ -51,6 +51,7 @@ from ..diagnostics import Diagnostics, check_on_error
 from ..errors import DataError, MissingDataError, UnsafeInputError
 from ..sample import AUDIO, FEATS, KEY, SAMPLE_RATE, SOURCE, TEXT, Sample
 from ._base import IterDataPipe, functional_datapipe
+from .shards import AUDIO_EXTENSIONS, NPY_EXTENSIONS
 
 __all__ = [
     "AUDIO_EXTENSIONS",
@@ -70,8 +71,6 @@ __all__ = [
 
 AudioInput = Union[str, bytes, BinaryIO]
 
-AUDIO_EXTENSIONS = ("flac", "mp3", "ogg", "opus", "wav")
-NPY_EXTENSIONS = ("npy",)
 TEXT_EXTENSIONS = ("text", "transcript", "txt")
 JSON_EXTENSIONS = ("json",)
 INT_EXTENSIONS = ("cls", "id", "index")
@@ -414,7 +413,7 @@ class DecoderIterDataPipe(IterDataPipe[Sample]):
     in); under ``"skip"`` it raises :class:`TypeError`.
 
     >>> import io, numpy as np
-    >>> from speechpipe.pipes._base import IterableWrapper
+    >>> from speechpipe import IterableWrapper
     >>> buf = io.BytesIO(); np.save(buf, np.ones((2, 3), dtype=np.float32))
     >>> raw = {"key": "u1", "source": "a.tar", "txt": b"hello", "feats.npy": buf.getvalue()}
     >>> [s] = IterableWrapper([raw]).decode()
@@ -579,7 +578,7 @@ class AudioLoaderIterDataPipe(IterDataPipe[Sample]):
     :class:`TypeError`.
 
     >>> import os, tempfile
-    >>> from speechpipe.pipes._base import IterableWrapper
+    >>> from speechpipe import IterableWrapper
     >>> root = tempfile.mkdtemp()
     >>> soundfile.write(os.path.join(root, "u1.wav"), np.zeros(1600, np.float32), 16000)
     >>> rows = [{"key": "u1", "audio_path": "u1.wav", "start": 0.05, "dur": 0.025}]

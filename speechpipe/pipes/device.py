@@ -137,7 +137,7 @@ class DeviceMoverIterDataPipe(IterDataPipe):
             runs asynchronously on the current CUDA stream.
 
     >>> import numpy as np
-    >>> from speechpipe.pipes._base import IterableWrapper
+    >>> from speechpipe import IterableWrapper
     >>> [batch] = IterableWrapper([{"feats": np.zeros((2, 4), np.float32)}]).move_to_device("cpu")
     >>> batch["feats"].device, batch["feats"].dtype
     (device(type='cpu'), torch.float32)

@@ -625,8 +625,8 @@ class StepPlanner:
 
     >>> import os, tempfile
     >>> from speechpipe.index import ShardEntry, ShardIndex
-    >>> from speechpipe.pipes._base import IterableWrapper
-    >>> from speechpipe.pipes.shards import ShardWriter
+    >>> from speechpipe import IterableWrapper
+    >>> from speechpipe.pipes.shard_writer import ShardWriter
     >>> out = tempfile.mkdtemp()
     >>> with ShardWriter(os.path.join(out, "data-%05d.tar"), maxcount=4) as writer:
     ...     for i in range(10):  # shards of 4, 4 and 2 utterances
@@ -1252,7 +1252,7 @@ class StepEqualizerIterDataPipe(IterDataPipe):
 
     ``self.stats`` is the :class:`StepStats` of the last pass.
 
-    >>> from speechpipe.pipes._base import IterableWrapper
+    >>> from speechpipe import IterableWrapper
     >>> pipe = IterableWrapper([[1, 2], [3], [4]]).equalize_steps(policy="plan", steps=2)
     >>> list(pipe), pipe.stats.dropped_batches
     ([[1, 2], [3]], 1)

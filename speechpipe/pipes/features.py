@@ -465,7 +465,7 @@ class FeatureComputerIterDataPipe(Seeded, IterDataPipe[Sample]):
     :meth:`num_frames` gives the exact number of frames for a number of samples, so that a
     length-aware batcher can be told frame lengths before features exist.
 
-    >>> from speechpipe.pipes._base import IterableWrapper
+    >>> from speechpipe import IterableWrapper
     >>> rows = [{"key": "u1", "audio": np.zeros(16000, np.float32), "sample_rate": 16000}]
     >>> pipe = IterableWrapper(rows).compute_features("fbank", num_mel_bins=80)
     >>> [s["feats"].shape for s in pipe], pipe.num_frames(16000, 16000)

@@ -201,7 +201,7 @@ class ScpLoaderIterDataPipe(IterDataPipe[Sample]):
             in ``self.diagnostics`` (reset each pass) and warned about at the end of a pass.
 
     >>> import os, tempfile, numpy as np, kaldiio
-    >>> from speechpipe.pipes._base import IterableWrapper
+    >>> from speechpipe import IterableWrapper
     >>> tmp = tempfile.TemporaryDirectory()
     >>> feats = {"u1": np.ones((5, 3), np.float32), "u2": np.zeros((2, 3), np.float32)}
     >>> with kaldiio.WriteHelper(f"ark,scp:{tmp.name}/raw.ark,{tmp.name}/feats.scp") as w:
@@ -523,7 +523,7 @@ class SegmentLoaderIterDataPipe(IterDataPipe[Sample]):
             counted in ``self.diagnostics`` (reset each pass) and warned about at its end.
 
     >>> import os, tempfile, numpy as np, soundfile
-    >>> from speechpipe.pipes._base import IterableWrapper
+    >>> from speechpipe import IterableWrapper
     >>> tmp = tempfile.TemporaryDirectory()
     >>> soundfile.write(f"{tmp.name}/rec1.flac", np.zeros(16000, np.float32), 8000)
     >>> with open(f"{tmp.name}/wav.scp", "w") as f:

@@ -272,7 +272,7 @@ class ScpParserIterDataPipe(IterDataPipe[ScpEntry]):
             each pass) and warned about (``SkippedInputWarning``) at the end of the pass.
 
     >>> import os, tempfile
-    >>> from speechpipe.pipes._base import IterableWrapper
+    >>> from speechpipe import IterableWrapper
     >>> tmp = tempfile.TemporaryDirectory()
     >>> path = os.path.join(tmp.name, "text")
     >>> with open(path, "w", encoding="utf-8") as f:

@@ -323,7 +323,7 @@ class ManifestParserIterDataPipe(IterDataPipe[Sample]):
             extension) is skipped from there on.
 
     >>> import io
-    >>> from speechpipe.pipes._base import IterableWrapper
+    >>> from speechpipe import IterableWrapper
     >>> tsv = "client_id\\tpath\\tsentence\\nc1\\tcommon_voice_en_1.mp3\\tSay \\"hi\\"; go.\\n"
     >>> pairs = IterableWrapper([("train.tsv", io.StringIO(tsv))], deepcopy=False)
     >>> [(s["key"], s["sentence"]) for s in pairs.parse_manifest()]

@@ -518,7 +518,7 @@ class NamedZipperIterDataPipe(_SourceEpochs, IterDataPipe[dict]):
     with ``set_epoch`` inside the sources at the start of their passes. ``len()`` is exact when
     the sources have one: the shortest's, the longest's or the named source's length.
 
-    >>> from speechpipe.pipes._base import IterableWrapper
+    >>> from speechpipe import IterableWrapper
     >>> sup = IterableWrapper(["s1", "s2", "s3"])
     >>> unsup = IterableWrapper(["u1", "u2"])
     >>> pipe = NamedZipper({"sup": sup, "unsup": unsup}, until="sup")
@@ -609,7 +609,7 @@ class WeightedMixerIterDataPipe(_SourceEpochs, IterDataPipe):
     reached their end. ``len()``: ``samples_per_epoch``, or with ``stop="all"`` the sum of the
     sources' lengths; otherwise ``TypeError``.
 
-    >>> from speechpipe.pipes._base import IterableWrapper
+    >>> from speechpipe import IterableWrapper
     >>> books = IterableWrapper([{"key": f"b{i}"} for i in range(4)])
     >>> news = IterableWrapper([{"key": f"n{i}"} for i in range(2)])
     >>> pipe = WeightedMixer({"books": books, "news": news}, weights={"books": 2, "news": 1},
@@ -727,7 +727,7 @@ class ReplacementSamplerIterDataPipe(Seeded, IterDataPipe):
             worker draws its own ``num_samples`` (add ``sharding_filter`` after this pipe to
             draw ``num_samples`` in all).
 
-    >>> from speechpipe.pipes._base import SequenceWrapper
+    >>> from speechpipe import SequenceWrapper
     >>> pipe = SequenceWrapper(["a", "b", "c"]).sample_with_replacement(5, seed=1)
     >>> list(pipe), len(pipe)
     (['b', 'b', 'a', 'a', 'c'], 5)

@@ -140,7 +140,7 @@ class KeyJoinerIterDataPipe(IterDataPipe[dict]):
         on_missing: ``"raise"`` (default) or ``"skip"``, see :func:`join_by_key`; skipped
             keys are counted in ``self.diagnostics`` and warned about at the end of a pass.
 
-    >>> from speechpipe.pipes._base import IterableWrapper
+    >>> from speechpipe import IterableWrapper
     >>> audio = IterableWrapper([{"key": "u1", "audio": [0.1]}, {"key": "u2", "audio": [0.2]}])
     >>> text = IterableWrapper([{"key": "u1", "text": "HELLO"}])
     >>> list(audio.join_by_key(text, on_missing="skip"))

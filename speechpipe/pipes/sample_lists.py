@@ -177,7 +177,7 @@ class SampleShufflerIterDataPipe(Seeded, _SampleList, IterDataPipe[Sample]):
             all samples, e.g. for evaluation on each rank).
 
     >>> import speechpipe
-    >>> from speechpipe.pipes._base import IterableWrapper
+    >>> from speechpipe import IterableWrapper
     >>> rows = [{"key": f"u{i}"} for i in range(6)]
     >>> pipe = IterableWrapper(rows).shuffle_samples(seed=0)
     >>> first = [s["key"] for s in pipe]
@@ -216,7 +216,7 @@ class SampleSplitterIterDataPipe(_SampleList, IterDataPipe[Sample]):
         split: split between ranks and workers (``False``: every process yields all samples).
 
     >>> import speechpipe
-    >>> from speechpipe.pipes._base import IterableWrapper
+    >>> from speechpipe import IterableWrapper
     >>> [s["key"] for s in IterableWrapper([{"key": "a"}, {"key": "b"}]).split_samples()]
     ['a', 'b']
     """

@@ -170,7 +170,7 @@ def read_shard(
         UnsafeInputError: ``pipe:`` without ``allow_pipes``; a pickled object in an ark.
 
     >>> import os, tempfile
-    >>> from speechpipe.pipes.shards import write_shard
+    >>> from speechpipe.pipes.shard_writer import write_shard
     >>> path = os.path.join(tempfile.mkdtemp(), "data-00000.tar")
     >>> write_shard(path, [{"key": "u1", "txt": "hi"}, {"key": "u2", "txt": "yo"}])
     2
@@ -656,8 +656,8 @@ class ShardedShufflerIterDataPipe(Seeded, SampleSource, IterDataPipe[Sample]):
             :mod:`speechpipe.pipes.shards`).
 
     >>> import os, tempfile
-    >>> from speechpipe.pipes._base import IterableWrapper
-    >>> from speechpipe.pipes.shards import ShardWriter
+    >>> from speechpipe import IterableWrapper
+    >>> from speechpipe.pipes.shard_writer import ShardWriter
     >>> out = tempfile.mkdtemp()
     >>> with ShardWriter(os.path.join(out, "data-%05d.tar"), maxcount=3) as writer:
     ...     for i in range(9):

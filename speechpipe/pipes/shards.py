@@ -1,4 +1,4 @@
-"""Tar shards in webdataset naming: reading them into samples and writing them.
+"""Tar shards in webdataset naming: reading them into samples (writing: :mod:`shard_writer`).
 
 A shard is a tar file whose members are grouped into samples by **key**: the member path up
 to the first dot of its basename is the key, the rest is the **field**
@@ -19,10 +19,9 @@ Verbs and functions:
 - ``read_shards`` (:class:`ShardReaderIterDataPipe`): ``(path or URL, binary stream)`` pairs,
   as yielded by ``open`` or torch's ``open_files(mode="b")``, to raw samples; follow it with
   ``decode`` (:mod:`speechpipe.pipes.decode`).
-- :func:`write_shard` and :class:`ShardWriter`: samples to shards with deterministic headers,
-  values encoded by field extension with the allow-listed encoders of
-  :func:`speechpipe.pipes.decode.encode_field`; written under ``<path>.tmp`` and renamed when
-  complete, so an interrupted writer never leaves a partial shard under the final name.
+- :func:`~speechpipe.pipes.shard_writer.write_shard` and
+  :class:`~speechpipe.pipes.shard_writer.ShardWriter` (in :mod:`speechpipe.pipes.shard_writer`,
+  a floor above, since they encode with ``decode``'s encoders): samples to shards.
 
 Memory-mapped shards
 --------------------
@@ -76,34 +75,34 @@ benchmarks/README.md, "Shard reading".
 
 from __future__ import annotations
 
-import io
 import os
-import tarfile
 from dataclasses import dataclass
-from typing import Any, BinaryIO, Iterable, Iterator, Mapping
+from typing import Any, BinaryIO, Iterable, Iterator
 
 from ..diagnostics import Diagnostics, check_on_error
 from ..errors import DataError
-from ..sample import KEY, SAMPLE_RATE, SOURCE, Sample
+from ..sample import KEY, SOURCE, Sample
 from ._base import IterDataPipe, functional_datapipe
 from ._mmap import NETWORK_FILE_SYSTEMS, MappedFile
-from ._tar import BLOCK, TRUNCATED, MappedReader, StreamReader, iter_members
-from .decode import AUDIO_EXTENSIONS, NPY_EXTENSIONS, encode_field
+from ._tar import TRUNCATED, MappedReader, StreamReader, iter_members
 
 __all__ = [
+    "AUDIO_EXTENSIONS",
     "NETWORK_FILE_SYSTEMS",
+    "NPY_EXTENSIONS",
     "ShardReadOptions",
     "ShardReaderIterDataPipe",
-    "ShardWriter",
     "group_by_key",
     "iter_tar_members",
     "split_member_name",
-    "write_shard",
 ]
 
 # Mapped shards: only arrays and audio are views (what ``decode`` turns into arrays;
 # bytes-like consumers -- numpy, soundfile, io.BytesIO -- take them); text, JSON and unknown
 # members stay ``bytes``, whatever their size, so that ``payload.decode()`` keeps working.
+#: Member extensions of audio and arrays: decoded by ``decode``, mapped as views here.
+AUDIO_EXTENSIONS = ("flac", "mp3", "ogg", "opus", "wav")
+NPY_EXTENSIONS = ("npy",)
 _VIEW_EXTENSIONS = frozenset(AUDIO_EXTENSIONS + NPY_EXTENSIONS)
 _RESERVED_FIELDS = (KEY, SOURCE)
 
@@ -385,7 +384,7 @@ class ShardReaderIterDataPipe(IterDataPipe[Sample]):
             ``bytes``.
 
     >>> import os, tempfile
-    >>> from speechpipe.pipes._base import IterableWrapper
+    >>> from speechpipe import IterableWrapper
     >>> path = os.path.join(tempfile.mkdtemp(), "shard-00000.tar")
     >>> write_shard(path, [{"key": "utt1", "txt": "hello"}, {"key": "utt2", "txt": "world"}])
     2
@@ -436,223 +435,3 @@ class ShardReaderIterDataPipe(IterDataPipe[Sample]):
 
 
 ShardReader = ShardReaderIterDataPipe
-
-
-# --------------------------------------------------------------------------------------------
-# Writing
-# --------------------------------------------------------------------------------------------
-
-# Sample keys that are not written as members: the key names them, the source is where a
-# sample came from (set again when read), and sample_rate is used to encode audio arrays.
-_NOT_MEMBERS = (KEY, SOURCE, SAMPLE_RATE)
-
-
-def _encode_sample(sample: Mapping[str, Any]) -> tuple[str, list[tuple[str, bytes]]]:
-    """Validate a sample for writing and encode its fields: ``(key, [(member, bytes)])``."""
-    if not isinstance(sample, Mapping):
-        raise TypeError(f"a sample to write must be a dict, got {type(sample).__name__}")
-    key = sample.get(KEY)
-    if not isinstance(key, str) or not key:
-        raise ValueError(f"a sample to write needs a non-empty str 'key', got {key!r}")
-    base = key[key.rfind("/") + 1:]
-    if not base or "." in base or key.startswith("/"):
-        raise ValueError(
-            f"key {key!r} cannot be written: its basename must be non-empty and without dots "
-            "(the first dot separates key and field when the shard is read), and it must be "
-            "a relative path"
-        )
-    rate = sample.get(SAMPLE_RATE)
-    members = []
-    for field in sorted(sample):
-        if field in _NOT_MEMBERS:
-            continue
-        if not isinstance(field, str) or not field or "/" in field or field.startswith("."):
-            raise ValueError(f"sample {key!r}: invalid field name {field!r}")
-        data = encode_field(field, sample[field], sample_rate=rate, key=key)
-        members.append((f"{key}.{field}", data))
-    if not members:
-        raise ValueError(f"sample {key!r} has no field to write")
-    return key, members
-
-
-class ShardWriter:
-    """Write samples to tar shards, rolling over to a new shard every ``maxcount`` samples.
-
-    Each sample is a dict with ``key`` and fields named by extension (``flac``, ``txt``,
-    ``feats.npy``, ``json``...); each field becomes the member ``<key>.<field>``, encoded by
-    :func:`speechpipe.pipes.decode.encode_field` (bytes as they are; ``.npy`` arrays with
-    ``np.save``; ``txt`` str as UTF-8; ``json`` objects as JSON; audio arrays under
-    ``flac``/``wav`` at the sample's ``sample_rate``, which is not written itself; ``source``
-    is not written either). Members are written in sorted field order with deterministic
-    headers (mtime 0, uid/gid 0, empty user and group names, mode 0o444, pax format), so the
-    same samples give the same bytes.
-
-    Each shard is written to ``<name>.tmp`` and renamed to its name when it is complete. If
-    the ``with`` block raises, the shard being written is deleted (shards already completed
-    stay); a killed process leaves at most a ``.tmp`` file, never a partial shard under its
-    final name. A shard is opened at the first sample it receives.
-
-    Args:
-        pattern: the shard's path, or with ``maxcount``/``maxsize`` a ``%``-pattern such as
-            ``"out/data-%05d.tar"`` filled with the shard number.
-        maxcount: start a new shard after this many samples.
-        maxsize: start a new shard once this many bytes (headers and payloads) were written.
-        start_shard: the number of the first shard.
-
-    Attributes:
-        paths: the completed shards, in order.
-        total: samples written so far.
-
-    >>> import os, tempfile
-    >>> out = tempfile.mkdtemp()
-    >>> with ShardWriter(os.path.join(out, "data-%05d.tar"), maxcount=2) as writer:
-    ...     for i in range(3):
-    ...         writer.write({"key": f"utt{i}", "txt": f"text {i}"})
-    >>> [os.path.basename(p) for p in writer.paths], writer.total
-    (['data-00000.tar', 'data-00001.tar'], 3)
-    """
-
-    def __init__(
-        self,
-        pattern: str | os.PathLike,
-        *,
-        maxcount: int | None = None,
-        maxsize: int | None = None,
-        start_shard: int = 0,
-    ) -> None:
-        pattern = os.fspath(pattern)
-        if not isinstance(pattern, str) or not pattern:
-            raise TypeError(f"pattern must be a non-empty path string, got {pattern!r}")
-        if maxcount is not None and (not isinstance(maxcount, int) or maxcount <= 0):
-            raise ValueError(f"maxcount must be a positive int or None, got {maxcount!r}")
-        if maxsize is not None and (not isinstance(maxsize, int) or maxsize <= 0):
-            raise ValueError(f"maxsize must be a positive int (bytes) or None, got {maxsize!r}")
-        if not isinstance(start_shard, int) or start_shard < 0:
-            raise ValueError(f"start_shard must be an int >= 0, got {start_shard!r}")
-        try:
-            numbered = pattern % 0 != pattern % 1
-        except (TypeError, ValueError):
-            numbered = False
-        if (maxcount is not None or maxsize is not None) and not numbered:
-            raise ValueError(
-                f"pattern {pattern!r} needs a shard number such as '%05d' to roll over at "
-                "maxcount/maxsize"
-            )
-        self.pattern = pattern
-        self.maxcount = maxcount
-        self.maxsize = maxsize
-        self.numbered = numbered
-        self.paths: list[str] = []
-        self.total = 0
-        self._shard = start_shard
-        self._path: str | None = None
-        self._file: BinaryIO | None = None
-        self._tar: tarfile.TarFile | None = None
-        self._count = 0
-        self._size = 0
-        self._last_key: str | None = None
-
-    # -- shard lifecycle
-
-    def _open_next(self) -> None:
-        path = self.pattern % self._shard if self.numbered else self.pattern
-        self._shard += 1
-        self._file = open(path + ".tmp", "wb")
-        try:
-            self._tar = tarfile.open(fileobj=self._file, mode="w", format=tarfile.PAX_FORMAT)
-        except BaseException:
-            self._file.close()
-            os.remove(path + ".tmp")
-            raise
-        self._path = path
-        self._count = 0
-        self._size = 0
-        self._last_key = None
-
-    def _finish(self) -> None:
-        if self._tar is None:
-            return
-        tar, file, path = self._tar, self._file, self._path
-        self._tar = self._file = self._path = None
-        try:
-            tar.close()
-        finally:
-            file.close()
-        os.replace(path + ".tmp", path)
-        self.paths.append(path)
-
-    def abort(self) -> None:
-        """Delete the shard being written (its ``.tmp`` file); completed shards stay."""
-        if self._tar is None:
-            return
-        file, path = self._file, self._path
-        self._tar = self._file = self._path = None
-        file.close()
-        if os.path.exists(path + ".tmp"):
-            os.remove(path + ".tmp")
-
-    # -- public API
-
-    def write(self, sample: Mapping[str, Any]) -> None:
-        """Encode and append one sample (see the class docstring for field encodings)."""
-        key, members = _encode_sample(sample)
-        if self._tar is not None and (
-            (self.maxcount is not None and self._count >= self.maxcount)
-            or (self.maxsize is not None and self._size >= self.maxsize)
-        ):
-            self._finish()
-        if self._tar is None:
-            self._open_next()
-        if key == self._last_key:
-            raise ValueError(
-                f"sample key {key!r} repeats the previous sample's key: readers would merge "
-                "the two samples"
-            )
-        for name, data in members:
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            info.mtime = 0
-            info.mode = 0o444
-            info.uid = info.gid = 0
-            info.uname = info.gname = ""
-            self._tar.addfile(info, io.BytesIO(data))
-            self._size += BLOCK + len(data) + (-len(data) % BLOCK)
-        self._last_key = key
-        self._count += 1
-        self.total += 1
-
-    def close(self) -> None:
-        """Complete the current shard: end-of-archive marker, then rename from ``.tmp``."""
-        self._finish()
-
-    def __enter__(self) -> ShardWriter:
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is None:
-            self.close()
-        else:
-            self.abort()
-
-
-def write_shard(path: str | os.PathLike, samples: Iterable[Mapping[str, Any]]) -> int:
-    """Write ``samples`` to one tar shard at ``path`` and return how many were written.
-
-    The shard is written as ``<path>.tmp`` and renamed when complete; an error while writing
-    leaves no file under ``path``. With no samples, an empty (valid) archive is written.
-    Encodings and headers are those of :class:`ShardWriter`.
-
-    >>> import os, tempfile
-    >>> path = os.path.join(tempfile.mkdtemp(), "one.tar")
-    >>> write_shard(path, [{"key": "a", "txt": "x"}])
-    1
-    """
-    writer = ShardWriter(path)
-    if writer.numbered:
-        raise ValueError(f"write_shard writes one shard; got a pattern {os.fspath(path)!r}")
-    with writer:
-        for sample in samples:
-            writer.write(sample)
-        if writer.total == 0:
-            writer._open_next()
-    return writer.total

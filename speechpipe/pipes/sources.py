@@ -303,7 +303,7 @@ class StreamOpenerIterDataPipe(IterDataPipe[tuple[str, BinaryIO]]):
         buffer_size: read buffer in bytes.
 
     >>> import tempfile, os
-    >>> from speechpipe.pipes._base import IterableWrapper
+    >>> from speechpipe import IterableWrapper
     >>> path = os.path.join(tempfile.mkdtemp(), "x.bin")
     >>> with open(path, "wb") as f:
     ...     _ = f.write(b"abc")

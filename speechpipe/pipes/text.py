@@ -220,7 +220,7 @@ class TokenizerIterDataPipe(IterDataPipe[Sample]):
             key when ``field`` is absent or not a ``str``, or ``"skip"`` the sample and
             count it in ``self.diagnostics``.
 
-    >>> from speechpipe.pipes._base import IterableWrapper
+    >>> from speechpipe import IterableWrapper
     >>> tok = CharTokenizer.build(["我爱北京"])
     >>> pipe = IterableWrapper([{"key": "u1", "text": "我 爱"}]).tokenize(
     ...     tok, normalizer=TextNormalizer(remove_spaces="cjk"))

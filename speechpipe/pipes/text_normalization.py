@@ -252,7 +252,7 @@ class TranscriptNormalizerIterDataPipe(IterDataPipe[Sample]):
         **options: :class:`TextNormalizer` arguments (``case="upper"``,
             ``remove_spaces="cjk"``, ...), when no ``normalizer`` is given.
 
-    >>> from speechpipe.pipes._base import IterableWrapper
+    >>> from speechpipe import IterableWrapper
     >>> samples = IterableWrapper([{"key": "u1", "text": "我 爱 NLP ，和 speech"}])
     >>> [s["text"] for s in samples.normalize_text(remove_spaces="cjk", remove_punctuation=True)]
     ['我爱NLP和speech']

@@ -553,7 +553,7 @@ def start(pipe: Any, *, test: bool = False) -> Running:
     ``map_in_threads``) runs in the calling thread for this pass: the same items, in the
     same order, without threads (MTSequence's ``start_test``).
 
-    >>> from speechpipe.pipes._base import IterableWrapper
+    >>> from speechpipe import IterableWrapper
     >>> pipe = IterableWrapper(range(4)).map_in_threads(lambda x: x + 1, num_threads=2)
     >>> with start(pipe) as items:
     ...     next(items), next(items)
@@ -610,7 +610,7 @@ class ThreadPrefetcherIterDataPipe(_Threaded, IterDataPipe):
         buffer_size: items read ahead at most (memory: that many items).
         threads: ``False`` reads in the consuming thread (test mode, as :meth:`start_test`).
 
-    >>> from speechpipe.pipes._base import IterableWrapper
+    >>> from speechpipe import IterableWrapper
     >>> list(IterableWrapper(range(5)).prefetch_in_thread(buffer_size=2))
     [0, 1, 2, 3, 4]
     """
@@ -683,7 +683,7 @@ class ThreadMapperIterDataPipe(_Threaded, IterDataPipe):
             source and key; ``"skip"``: the item is dropped and counted in
             :attr:`diagnostics`, with a warning at the end of the pass.
 
-    >>> from speechpipe.pipes._base import IterableWrapper
+    >>> from speechpipe import IterableWrapper
     >>> list(IterableWrapper(range(6)).map_in_threads(lambda x: 10 * x, num_threads=3))
     [0, 10, 20, 30, 40, 50]
     """

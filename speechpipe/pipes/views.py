@@ -687,7 +687,7 @@ class ViewLoaderIterDataPipe(SampleSource, IterDataPipe[list]):
     ``len(pipe)`` is the number of batches of the next pass: ``len(view) - start_step``.
 
     >>> import numpy as np
-    >>> from speechpipe.pipes._base import SequenceWrapper
+    >>> from speechpipe import SequenceWrapper
     >>> data = {k: {"key": k, "audio": np.zeros(n, np.float32)}
     ...         for k, n in [("a", 5), ("b", 3), ("c", 9), ("d", 2)]}
     >>> view = BatchView({k: len(s["audio"]) for k, s in data.items()}, batch_len=10,

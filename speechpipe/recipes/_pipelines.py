@@ -365,7 +365,7 @@ def pipeline_report(pipe: Any) -> str:
 
     Call it after (or during) a pass. Stages are listed from the source to the output.
 
-    >>> from speechpipe.pipes._base import IterableWrapper
+    >>> from speechpipe import IterableWrapper
     >>> pipe = IterableWrapper([{"key": "a", "duration": 0.2}, {"key": "b", "duration": 2.0}])
     >>> pipe = pipe.filter_by_duration(1.0, warn=False)
     >>> _ = list(pipe)
