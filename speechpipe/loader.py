@@ -74,20 +74,20 @@ never the epoch so far. ``batch_by_view`` holds nothing: it restarts at its next
 loads nothing it skips (under the loader, its position comes from the state: the
 ``start_step`` of its constructor is reset by each pass's ``set_epoch``).
 
-A state costs about 2.3 ms in a worker for buffers of 1000 + 2000 samples (taken and
-pickled: ~76 kB), plus the DataLoader's comparison with the previous one. The DataLoader takes
-one on every step that may end near a snapshot boundary -- ``workers × (prefetch_factor + 1)``
-steps out of each ``snapshot_every`` -- so with ``snapshot_every=1`` (or any value below that
-window) it is taken after every batch: 2 workers of a 6000-utterance feature corpus deliver
-2,870 utterances/s that way against 6,440 with the default ``snapshot_every=100`` (the same as
-without workers). A state asked for between two snapshots (``loader.state_dict()`` at any
-step) is restored by fetching again the (at most ``snapshot_every - 1``) batches since the
-last snapshot -- still exact, at the cost of re-reading those batches once, in the new process.
+A state is small (positions, generator states and identities: tens of kB for buffers of a few
+thousand samples) but not free, and the DataLoader takes one on every step that may end near a
+snapshot boundary -- ``workers × (prefetch_factor + 1)`` steps out of each ``snapshot_every``
+-- so with ``snapshot_every=1`` (or any value below that window) it is taken after every batch,
+at a cost in throughput (measurements: ``benchmarks/README.md``, "Loader state snapshots"). A
+state asked for between two snapshots (``loader.state_dict()`` at any step) is restored by
+fetching again the (at most ``snapshot_every - 1``) batches since the last snapshot -- still
+exact, at the cost of re-reading those batches once, in the new process.
 Set it to your checkpoint interval to make that zero. Stages between resumable ones must map one sample to one sample
 deterministically (decode, feature extraction without dither, tokenization); random stages
 that draw in sequence (``perturb_speed``, ``spec_augment``) resume with a fresh draw sequence
-(a warning says so); torch's ``shuffle``, ``batch`` and other buffering stages cannot be saved
-(``state_dict()`` raises, naming them).
+(a warning says so); torch's ``shuffle``, ``batch`` and other buffering stages cannot be saved:
+:func:`build_loader` refuses them when it is built, naming them (``resumable=False`` builds a
+loader without a position to save).
 """
 
 from __future__ import annotations
@@ -505,7 +505,7 @@ def build_loader(
             (``StatefulDataLoader``'s ``snapshot_every_n_steps``). A checkpoint between two
             snapshots is exact too: the new process fetches the batches since the last snapshot
             again (at most ``snapshot_every - 1``). Small values cost throughput (see the module
-            documentation: at 1, half the batches per second with two workers).
+            documentation and ``benchmarks/README.md``, "Loader state snapshots").
         multiprocessing_context: how workers start, ``"fork"``, ``"spawn"`` or
             ``"forkserver"`` (default: the platform's); spawned workers get their rank from
             :class:`PipeDataset` (see :func:`speechpipe.seeding.pin_rank`).
@@ -513,8 +513,8 @@ def build_loader(
             segments it reuses once the main process has let go of their batches, instead of
             a fresh segment per batch; each segment reaches the main process once and stays
             mapped there, and small tensors travel inline, so a batch costs no connection to
-            the worker (:mod:`speechpipe.transfer`; where transfers bound the loader, 1.6
-            times the batches per second, then 1.4 times again). Turn off where ``/dev/shm``
+            the worker (:mod:`speechpipe.transfer`; measurements: ``benchmarks/README.md``,
+            "Worker transfer"). Turn off where ``/dev/shm``
             is small (up to :data:`speechpipe.transfer.MAX_BYTES` stays allocated per worker,
             and mapped in the main process too).
         resumable: the loader can save its position (``state_dict()``) and resume exactly.
