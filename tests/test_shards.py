@@ -318,11 +318,26 @@ def test_split_member_name_at_first_dot_of_basename():
 
 
 def test_consecutive_members_with_the_same_key_form_one_sample():
-    members = [("d/u1.flac", b"1"), ("d/u1.txt", b"2"), ("d/u2.txt", b"3"), ("d/u1.txt", b"4")]
+    members = [("d/u1.flac", b"1"), ("d/u1.txt", b"2"), ("d/u2.txt", b"3"), ("e/u1.txt", b"4")]
     got = list(group_by_key(members, source="s.tar"))
     assert got == [{"key": "d/u1", "source": "s.tar", "flac": b"1", "txt": b"2"},
                    {"key": "d/u2", "source": "s.tar", "txt": b"3"},
-                   {"key": "d/u1", "source": "s.tar", "txt": b"4"}]
+                   {"key": "e/u1", "source": "s.tar", "txt": b"4"}]
+
+
+def test_a_key_whose_members_are_not_adjacent_is_named_never_two_halves(tmp_path):
+    # issue 23: u0.txt, u1.txt, u0.json gave two partial samples with the same key
+    path = tmp_path / "scattered.tar"
+    path.write_bytes(make_tar([("u0.txt", b"a"), ("u1.txt", b"b"), ("u0.json", b"{}")]))
+    pipe = IterableWrapper([str(path)]).open_files(mode="b").read_shards()
+    with pytest.raises(DataError, match="not adjacent") as exc:
+        list(pipe)
+    assert (exc.value.source, exc.value.key, exc.value.member) == (str(path), "u0", "u0.json")
+    got = []
+    skipping = IterableWrapper([str(path)]).open_files(mode="b").read_shards(on_error="skip")
+    with pytest.warns(SkippedInputWarning):
+        got = [s["key"] for s in skipping]
+    assert got == ["u0", "u1"] and skipping.diagnostics.total == 1  # counted, not halved
 
 
 def test_duplicate_field_names_shard_key_and_member(tmp_path):

@@ -303,14 +303,15 @@ def group_by_key(
 
     Raises:
         DataError: a member has no field extension or no key, a field is named ``key`` or
-            ``source`` (reserved), or a field repeats within one key group (naming the shard,
-            the key and the member).
+            ``source`` (reserved), a field repeats within one key group, or a key's members are
+            not adjacent (naming the shard, the key and the member).
 
     >>> list(group_by_key([("a.txt", b"x"), ("a.npy", b"y"), ("b.txt", b"z")], source="s.tar"))
     [{'key': 'a', 'source': 's.tar', 'txt': b'x', 'npy': b'y'}, \
 {'key': 'b', 'source': 's.tar', 'txt': b'z'}]
     """
     current: dict[str, Any] | None = None
+    finished: set[str] = set()  # keys whose group has ended
     members = iter(members)
     while True:
         try:
@@ -328,6 +329,13 @@ def group_by_key(
         if current is None or key != current[KEY]:
             if current is not None:
                 yield current
+                finished.add(current[KEY])
+            if key in finished:  # never two halves of one sample (issue 23)
+                raise DataError(
+                    "the members of this key are not adjacent in the shard (another key's "
+                    "members came between them): the shard was not written by a grouping "
+                    "writer; repack it (speechpipe pack, ShardWriter or webdataset's TarWriter "
+                    "write each sample's members together)", source=source, member=name, key=key)
             current = {KEY: key, SOURCE: source}
         if field in _RESERVED_FIELDS:
             raise DataError(f"field name {field!r} is reserved for the sample's {field}",
@@ -385,6 +393,7 @@ class ShardReaderIterDataPipe(IterDataPipe[Sample]):
 
     >>> import os, tempfile
     >>> from speechpipe import IterableWrapper
+    >>> from speechpipe.pipes.shard_writer import write_shard
     >>> path = os.path.join(tempfile.mkdtemp(), "shard-00000.tar")
     >>> write_shard(path, [{"key": "utt1", "txt": "hello"}, {"key": "utt2", "txt": "world"}])
     2
