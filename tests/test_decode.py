@@ -571,3 +571,43 @@ def test_decode_after_read_shards_of_a_mapped_shard(tmp_path):
     [s] = IterableWrapper([path]).open().read_shards().decode(unknown="keep")
     assert np.array_equal(s["feats"], feats) and not s["feats"].flags.writeable
     assert s["text"] == "hi" and type(s["blob"]) is bytes and s["blob"] == b"b" * 70000
+
+
+def _wav_bytes(n: int = 16000) -> bytes:
+    buf = io.BytesIO()
+    soundfile.write(buf, np.full(n, 0.1, np.float32), 16000, format="WAV", subtype="PCM_16")
+    return buf.getvalue()
+
+
+def test_a_wav_shorter_than_its_header_says_is_named(tmp_path):
+    # issue 23: a header of 16,000 samples with 4,000 present was read as (4000,), silently
+    cut = _wav_bytes()[:44 + 4000 * 2]
+    with pytest.raises(DataError, match="truncated WAV: its header promises 32000 bytes of "
+                                        "audio but the file holds 8000") as exc:
+        read_audio(cut, source="cut.wav", key="u1")
+    assert (exc.value.source, exc.value.key) == ("cut.wav", "u1")
+    path = tmp_path / "cut.wav"
+    path.write_bytes(cut)
+    with pytest.raises(DataError, match="truncated WAV"):
+        read_audio(str(path))
+    with pytest.raises(DataError, match="truncated WAV"):  # as a tar member too
+        decode_field("wav", cut)
+
+
+def test_a_wav_from_a_streaming_writer_promises_no_length():
+    """A writer that could not seek back (a pipe) leaves the size as 0xFFFFFFFF: not short."""
+    import struct
+
+    data = bytearray(_wav_bytes())
+    i = data.find(b"data")
+    data[i + 4:i + 8] = struct.pack("<I", 0xFFFFFFFF)
+    data[4:8] = struct.pack("<I", 0xFFFFFFFF)
+    assert read_audio(bytes(data))[0].shape == (16000,)
+
+
+def test_read_audio_keeps_soundfiles_start_and_stop_rules():
+    data = _wav_bytes(1000)
+    assert read_audio(data, start=-100)[0].shape == (100,)
+    assert read_audio(data, start=10, stop=5)[0].shape == (0,)
+    with pytest.raises(DataError, match="ends before the requested samples"):
+        read_audio(data, start=900, stop=1200)

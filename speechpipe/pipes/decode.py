@@ -121,15 +121,24 @@ def read_audio(
     where = source if source is not None else (data if isinstance(data, str) else None)
     fileobj = io.BytesIO(data) if isinstance(data, (bytes, bytearray, memoryview)) else data
     try:
-        audio, rate = soundfile.read(
-            fileobj, start=start, stop=stop, dtype="float32", always_2d=False
-        )
+        with soundfile.SoundFile(fileobj) as f:  # soundfile.read, plus the header's promise
+            short = _short_wav(f)
+            if start != 0 and not f.seekable():
+                raise ValueError("start is only allowed for seekable files")
+            begin, end, _ = slice(start, stop).indices(f.frames)
+            if f.seekable():
+                f.seek(begin)
+            audio = f.read(max(end, begin) - begin, dtype="float32", always_2d=False)
+            rate = f.samplerate
     except FileNotFoundError as exc:
         raise MissingDataError("audio file not found", source=where, key=key) from exc
     except (soundfile.LibsndfileError, RuntimeError, TypeError, ValueError) as exc:
         if isinstance(data, str) and not _exists(data):
             raise MissingDataError("audio file not found", source=where, key=key) from exc
         raise DataError(f"cannot decode audio: {exc}", source=where, key=key) from exc
+    if short is not None:
+        raise DataError(f"truncated WAV: its header promises {short[0]} bytes of audio but the "
+                        f"file holds {short[1]}", source=where, key=key)
     if stop is not None and audio.shape[0] < stop - start:
         raise DataError(
             f"audio ends before the requested samples [{start}, {stop}): it has "
@@ -138,6 +147,26 @@ def read_audio(
             key=key,
         )
     return audio, int(rate)
+
+
+_WAV_FORMATS = ("WAV", "WAVEX", "RF64", "W64")
+_DATA_CHUNK = re.compile(r"^data\s*:\s*(\d+)\s*\(should be (\d+)\)", re.M)
+_STREAMED_SIZE = 0x7FFF0000  # a writer that could not seek back (a pipe) puts ~2**31 or 2**32
+
+
+def _short_wav(f: soundfile.SoundFile) -> tuple[int, int] | None:
+    """``(bytes promised, bytes present)`` of a WAV whose data chunk is shorter than its header
+    says (libsndfile reads what is there without an error), else None. A header written by a
+    streaming writer (size 0 or ~2**31/2**32: unknown length) promises nothing."""
+    if f.format not in _WAV_FORMATS:
+        return None
+    found = _DATA_CHUNK.search(f.extra_info)
+    if found is None:
+        return None
+    promised, present = int(found.group(1)), int(found.group(2))
+    if 0 < present < promised < _STREAMED_SIZE:
+        return promised, present
+    return None
 
 
 def _exists(path: str) -> bool:
