@@ -164,7 +164,7 @@ def test_groups_stay_within_given_boundaries():
         assert len({(n >= 25) + (n >= 60) for n in g}) == 1
 
 
-def test_boundaries_are_estimated_lazily_once():
+def test_boundaries_are_estimated_lazily_from_each_pass():
     class Counting(IterDataPipe):
         def __init__(self, values):
             self.values, self.iterated = values, 0
@@ -181,8 +181,12 @@ def test_boundaries_are_estimated_lazily_once():
     bounds = pipe.estimated_boundaries
     assert bounds is not None and len(bounds) == 3
     assert sorted(n for g in first for n in g) == sorted(values)
-    list(pipe)
-    assert pipe.estimated_boundaries == bounds  # kept for later epochs
+    assert src.iterated == 1
+    list(pipe)  # the same data: the same estimate; each pass estimates from its own head
+    assert pipe.estimated_boundaries == bounds and src.iterated == 2
+    src.values = [n * 10 for n in values]  # (issue 23: epoch 0's estimate made a resumed
+    list(pipe)                             # epoch differ; each pass now depends on itself)
+    assert pipe.estimated_boundaries == [b * 10 for b in bounds]
 
 
 def test_boundaries_from_a_callable_are_read_at_first_iteration():

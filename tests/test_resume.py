@@ -57,13 +57,13 @@ def write_corpus(root: str, n: int = 200, per_shard: int = 20, seed: int = 0) ->
     return writer.paths
 
 
-def stream_pipe(paths: list[str], *, threads: bool = False):
+def stream_pipe(paths: list[str], *, threads: bool = False, num_buckets: int | None = None):
     """sharded_shuffle -> decode -> bucket_by_length -> block_batch -> collate."""
     samples = IterableWrapper(paths).sharded_shuffle(buffer_size=30, seed=1, index=True)
     samples = samples.decode()
     if threads:
         samples = samples.prefetch_in_thread(5).map_in_threads(lambda s: s, num_threads=2)
-    return (samples.bucket_by_length(40, seed=2)
+    return (samples.bucket_by_length(40, seed=2, num_buckets=num_buckets)
             .block_batch(batch_len=300, shuffle_window=4, seed=3)
             .collate(collate_fn=PadCollate()))
 
@@ -113,7 +113,7 @@ def summary(batch: dict) -> list:
 def build(case: dict):
     pipe = {"view": view_pipe, "manifest": manifest_pipe,
             "recipe": lambda: recipe_pipe(case)}.get(
-        case["path"], lambda: stream_pipe(case["paths"]))()
+        case["path"], lambda: stream_pipe(case["paths"], num_buckets=case.get("buckets")))()
     # snapshot_every=1: every state comes from the workers' pipes themselves (the held-sample
     # machinery); larger values restore the last snapshot and fetch the batches since again.
     snapshot = {} if case.get("snapshot_every") == "default" else {
@@ -223,6 +223,16 @@ def test_streaming_path_resumes_exactly_in_a_new_process(tmp_path, corpus, worke
     # of epoch 0; n + 2: inside epoch 1 (the state carries the epoch); end-0, end-1: after the
     # loop of each epoch has ended.
     _resume_in_new_process(tmp_path, case, [1, 4, n - 1, n, n + 2, "end-0", "end-1"])
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_estimated_bucket_boundaries_resume_exactly_in_a_new_process(tmp_path, corpus, workers):
+    # issue 23: boundaries estimated in epoch 0 were not in the state: cuts near the end of
+    # epoch 0 (0 workers) and inside epoch 1 (2 persistent workers) gave a different epoch 1
+    case = {"path": "stream", "workers": workers, "paths": corpus, "buckets": 3,
+            "snapshot_every": 1}
+    n = _epoch_len(case)
+    _resume_in_new_process(tmp_path, case, [n - 3, n - 2, n - 1, n, n + 2, n + 5, "end-0"])
 
 
 @pytest.mark.parametrize("workers", [0, 2])

@@ -243,9 +243,10 @@ class LengthBucketerIterDataPipe(Seeded, Resumable, IterDataPipe[list]):
 
     Bucket boundaries are, in order of preference: the ``boundaries`` given; a callable
     returning them (called once, at the start of the first pass -- e.g. reading a shard index);
-    or, with ``num_buckets``, equal-count quantiles of the first ``buffer_size`` lengths,
-    estimated lazily when iteration starts (never in the constructor) and kept for later
-    epochs. With none of these, one bucket: each group is the buffer sorted by length.
+    or, with ``num_buckets``, equal-count quantiles of the first ``buffer_size`` lengths of
+    each pass, estimated when the pass starts (never in the constructor), so that a pass
+    depends on nothing but its epoch and a resumed run repeats the uninterrupted one. With
+    none of these, one bucket: each group is the buffer sorted by length.
 
     Args:
         source_datapipe: samples (dicts, or bare lengths for planning).
@@ -306,7 +307,7 @@ class LengthBucketerIterDataPipe(Seeded, Resumable, IterDataPipe[list]):
             return self.boundaries
         if self.num_buckets is None:
             return None
-        if self._estimated is None:
+        if head or self._estimated is None:  # each pass estimates from its own head
             measure = self.constraint.measure
             self._estimated = estimate_boundaries(
                 [_primary(measure(s)) for s in head], self.num_buckets
@@ -323,8 +324,7 @@ class LengthBucketerIterDataPipe(Seeded, Resumable, IterDataPipe[list]):
         head: list = []
         if state is None:
             it = iter(self.source_datapipe)
-            needs_head = self.num_buckets is not None and self.boundaries is None
-            if needs_head and self._estimated is None:
+            if self.num_buckets is not None and self.boundaries is None:
                 for sample in it:
                     head.append(sample)
                     if len(head) >= self.buffer_size:
@@ -374,7 +374,7 @@ class LengthBucketerIterDataPipe(Seeded, Resumable, IterDataPipe[list]):
 
     @property
     def estimated_boundaries(self) -> list[float] | None:
-        """Boundaries in use after the first pass started (None before, or if given)."""
+        """Boundaries of the current (or last) pass (None before the first, or if given)."""
         return self._estimated
 
 
