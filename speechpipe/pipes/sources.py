@@ -403,6 +403,17 @@ def _bypass_text_layer(stream: Any) -> Any:
     return inner
 
 
+def _utf8_line(raw: bytes | bytearray, number: int, source: str) -> str | DataError:
+    """A line's text, or the ``DataError`` naming it when it is not UTF-8."""
+    try:
+        return bytes(raw).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        error = DataError(f"not valid UTF-8 ({exc.reason} at byte {exc.start + 1} of the line)",
+                          source=source, line=number)
+        error.__cause__ = exc
+        return error
+
+
 def iter_text_lines(
     lines: Iterable[str | bytes], *, source: str, gzipped: bool = False
 ) -> Iterator[tuple[int, str | DataError]]:
@@ -469,16 +480,7 @@ def iter_text_lines(
             if isinstance(raw, str):
                 yield number, raw
             elif isinstance(raw, (bytes, bytearray)):
-                try:
-                    text: str | DataError = bytes(raw).decode("utf-8")
-                except UnicodeDecodeError as exc:
-                    text = DataError(
-                        f"not valid UTF-8 ({exc.reason} at byte {exc.start + 1} of the line)",
-                        source=source,
-                        line=number,
-                    )
-                    text.__cause__ = exc
-                yield number, text
+                yield number, _utf8_line(raw, number, source)
             else:
                 raise TypeError(f"{source}:{number}: lines must be str or bytes, got {raw!r}")
     finally:
