@@ -52,7 +52,9 @@ from ..sample import FEATS, KEY, SOURCE, Sample
 from ..seeding import Position, derive_rng, process_position
 from ._base import IterDataPipe, functional_datapipe
 from ._state import SampleSource, Seeded, check_seed, held_sample, identity_list, rng_state
-from .distributed import ShardSplit, assign_shards
+from .assignment import (
+    ShardAssignment, ShardSplit, _check_count, assign_shards, shuffle_shards, split_shards,
+)
 from .kaldi import read_scp_table
 from .shards import group_by_key, iter_tar_members
 from .sources import is_url, open_stream
@@ -67,6 +69,7 @@ __all__ = [
     "iter_ark",
     "kaldi_arks",
     "read_shard",
+    "shard_assignment",
     "shuffle_buffer",
     "shuffle_shards",
     "split_shards",
@@ -75,9 +78,8 @@ __all__ = [
 #: Shard formats ``sharded_shuffle`` reads: webdataset tar, Kaldi binary/text ark.
 FORMATS = ("tar", "ark")
 
-# Salts of the two random streams (part of the public determinism contract: changing them
-# changes every epoch's order).
-_SHARDS_SALT = "shards"
+# Salt of the sample buffer's random stream (part of the public determinism contract: changing
+# it changes every epoch's order; the shard order's is in speechpipe.pipes.assignment).
 _SAMPLES_SALT = "samples"
 
 # Ark reading: payloads are read in chunks of this size, so that a corrupt size field never
@@ -93,73 +95,6 @@ _COMPRESSED_TYPES = ("CM", "CM2", "CM3")
 # <path>:<offset>[<range>] as in feats.scp (the same grammar as speechpipe.pipes.kaldi).
 _ARK_REF = re.compile(r"(?P<path>.+?)(?::(?P<offset>[0-9]+))?(?:\[(?P<range>[^\[\]]*)\])?", re.S)
 
-
-# --------------------------------------------------------------------------------------------
-# Level 1: the shard list
-# --------------------------------------------------------------------------------------------
-
-
-def shuffle_shards(names: Iterable[str], seed: int, epoch: int) -> list[str]:
-    """The epoch's shard order: ``names`` shuffled with ``derive_rng(seed, epoch, 0, 0,
-    "shards")``.
-
-    Rank and worker are deliberately left out, so every process computes the *same* order and
-    :func:`split_shards` can hand each one a disjoint part of it.
-
-    >>> names = [f"data-{i}.tar" for i in range(6)]
-    >>> shuffle_shards(names, 0, 1) == shuffle_shards(names, 0, 1)
-    True
-    >>> sorted(shuffle_shards(names, 0, 1)) == names
-    True
-    """
-    order = list(names)
-    derive_rng(seed, epoch, 0, 0, _SHARDS_SALT).shuffle(order)
-    return order
-
-
-def split_shards(
-    names: Sequence[str],
-    position: Position,
-    *,
-    weights: Mapping[str, float] | None = None,
-    split: ShardSplit | None = None,
-) -> list[str]:
-    """The shards this process reads: its part of :func:`~speechpipe.pipes.distributed.
-    assign_shards` for ``position``.
-
-    The epoch's order is split first between the ``world_size`` ranks, then each rank's part
-    between its ``num_workers`` DataLoader workers -- balanced by total length when
-    ``weights`` (total length per shard, from the index) are given, else round robin by count
-    (rank ``r`` gets ``names[r::world_size]``, its worker ``w`` every ``num_workers``-th of
-    those). Given the same ``names`` everywhere (:func:`shuffle_shards`), the processes read
-    disjoint parts whose union is every shard once (unless ``split`` equalises counts by
-    repeating or dropping shards). A rank's shards do not depend on the number of workers.
-    This is the one place that decides who reads what.
-
-    Args:
-        names: the epoch's shard order, identical on every process.
-        position: this process (:func:`speechpipe.seeding.process_position`).
-        weights: ``{name: total length}`` to balance by length.
-        split: a :class:`~speechpipe.pipes.distributed.ShardSplit` (balance, equal counts).
-
-    >>> from speechpipe.seeding import Position
-    >>> names = ["a", "b", "c", "d", "e"]
-    >>> split_shards(names, Position(rank=0, world_size=1, worker=1, num_workers=2))
-    ['b', 'd']
-    >>> split_shards(names, Position(rank=1, world_size=2, worker=0, num_workers=2))
-    ['b']
-    >>> split_shards(names, Position(rank=1, world_size=2),
-    ...              weights={"a": 5, "b": 1, "c": 1, "d": 1, "e": 1})
-    ['b', 'c', 'd', 'e']
-    """
-    slots = position.world_size * position.num_workers
-    slot = position.rank * position.num_workers + position.worker
-    if not (0 <= position.rank < position.world_size and 0 <= position.worker
-            < position.num_workers) or not 0 <= slot < slots:
-        raise ValueError(f"position {position} is outside its own world and worker counts")
-    assignment = assign_shards(names, world_size=position.world_size,
-                               num_workers=position.num_workers, weights=weights, split=split)
-    return assignment.shards(position.rank, position.worker)
 
 
 # --------------------------------------------------------------------------------------------
@@ -1177,6 +1112,40 @@ class ShardedShufflerIterDataPipe(Seeded, SampleSource, IterDataPipe[Sample]):
         return self.epoch_plan().total_count
 
 
+def shard_assignment(
+    sharded: Any,
+    epoch: int | None = None,
+    *,
+    world_size: int | None = None,
+    num_workers: int = 1,
+) -> ShardAssignment:
+    """The assignment a ``sharded_shuffle`` pipe makes in ``epoch`` (default: its current
+    one), for every rank: lists the shards and reads the index (if the pipe has one), reads no
+    shard. ``print(shard_assignment(pipe).report())`` shows the per-rank balance and the
+    repeated or dropped shards.
+
+    Args:
+        sharded: a ``sharded_shuffle`` pipe (:class:`~speechpipe.pipes.sharding.ShardedShuffler`).
+        epoch: the epoch (default: the pipe's current epoch).
+        world_size: ranks (default: ``torch.distributed``'s, else 1).
+        num_workers: DataLoader workers per rank (1 without workers).
+    """
+    if not isinstance(sharded, ShardedShufflerIterDataPipe):
+        raise TypeError(f"sharded must be a sharded_shuffle pipe, got {sharded!r}")
+    epoch = sharded.epoch if epoch is None else _check_count(epoch, "epoch", 0)
+    names = sharded._names()
+    entries = sharded._entries(names)
+    weights = None if entries is None else {n: e.total_length for n, e in entries.items()}
+    unit = _index_unit(sharded)
+    return assign_shards(shuffle_shards(names, sharded.seed, epoch), world_size=world_size,
+                         num_workers=num_workers, weights=weights, split=sharded.split,
+                         unit=unit)
+
+
+def _index_unit(sharded: Any) -> str:
+    index = sharded.index if not isinstance(sharded.index, bool) else sharded._loaded_index
+    return getattr(index, "length_unit", "frames")
+
 def _weights(entries: dict[str, ShardEntry] | None) -> dict[str, float] | None:
     """Total length per shard name (what the split balances), or None without an index."""
     if entries is None:
@@ -1187,3 +1156,4 @@ def _weights(entries: dict[str, ShardEntry] | None) -> dict[str, float] | None:
 _END = object()
 
 ShardedShuffler = ShardedShufflerIterDataPipe
+
