@@ -10,14 +10,14 @@ Verbs so far:
 
 from __future__ import annotations
 
-from typing import Iterable, Iterator, Mapping
+from typing import Any, Iterable, Iterator, Mapping
 
 from ..diagnostics import Diagnostics, check_on_error
 from ..errors import DataError
 from ..sample import KEY, SOURCE
 from ._base import IterDataPipe, functional_datapipe
 
-__all__ = ["KeyJoinerIterDataPipe", "join_by_key"]
+__all__ = ["KeyJoinerIterDataPipe", "join_by_key", "shuffle_buffer", "shuffle_window"]
 
 _EXAMPLES = 5
 
@@ -123,6 +123,79 @@ def _same(a, b) -> bool:
         return bool(a == b)
     except (ValueError, TypeError):  # arrays: ambiguous truth value
         return a is b
+
+
+# --------------------------------------------------------------------------- shuffling
+
+
+def shuffle_window(
+    items: Iterable[Any], window: int, rng, pool: list | None = None
+) -> Iterator[Any]:
+    """Emit ``items`` in a random order within a sliding window of ``window`` items.
+
+    ``window=1`` keeps the order. ``pool`` (for resuming) is the window to start from; it is
+    updated in place, and after the end of ``items`` it holds the rest, last first.
+
+    >>> import random
+    >>> sorted(shuffle_window(range(10), 4, random.Random(0))) == list(range(10))
+    True
+    """
+    if window <= 1:
+        yield from items
+        return
+    if pool is None:
+        pool = []
+    for item in items:
+        pool.append(item)
+        if len(pool) >= window:
+            i = rng.randrange(len(pool))
+            pool[i], pool[-1] = pool[-1], pool[i]
+            yield pool.pop()
+    rng.shuffle(pool)
+    pool.reverse()
+    while pool:
+        yield pool.pop()
+
+
+def shuffle_buffer(
+    samples: Iterable[Any], buffer_size: int, rng, buffer: list | None = None
+) -> Iterator[Any]:
+    """Shuffle a stream in a buffer of ``buffer_size`` items.
+
+    Each item read goes into the buffer; once it holds ``buffer_size`` items, a uniformly
+    chosen one is yielded before the next is read; at the end the rest comes out in random
+    order. So at most ``buffer_size`` items are held, and the items read are never more than
+    ``buffer_size`` ahead of those yielded. ``buffer_size=1`` keeps the order. An item can move
+    forward any distance but back by less than ``buffer_size`` places.
+
+    Args:
+        samples: the stream.
+        buffer_size: items held, ``>= 1``.
+        rng: a ``random.Random``.
+        buffer: the buffer to start from (resuming); updated in place.
+
+    >>> import random
+    >>> list(shuffle_buffer(range(5), 1, random.Random(0)))
+    [0, 1, 2, 3, 4]
+    >>> sorted(shuffle_buffer(range(5), 3, random.Random(0)))
+    [0, 1, 2, 3, 4]
+    """
+    if not isinstance(buffer_size, int) or buffer_size < 1:
+        raise ValueError(f"buffer_size must be an int >= 1, got {buffer_size!r}")
+    if buffer is None:
+        buffer = []
+    for item in samples:
+        buffer.append(item)
+        if len(buffer) >= buffer_size:
+            i = rng.randrange(len(buffer))
+            buffer[i], buffer[-1] = buffer[-1], buffer[i]
+            yield buffer.pop()
+    rng.shuffle(buffer)
+    while buffer:
+        yield buffer.pop()
+
+
+# --------------------------------------------------------------------------- pipes
 
 
 @functional_datapipe("join_by_key")

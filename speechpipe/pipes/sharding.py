@@ -56,6 +56,7 @@ from .assignment import (
     ShardAssignment, ShardSplit, _check_count, assign_shards, shuffle_shards, split_shards,
 )
 from .kaldi import read_scp_table
+from .order import shuffle_buffer
 from .shards import group_by_key, iter_tar_members
 from .sources import is_url, open_stream
 
@@ -451,49 +452,6 @@ def _pick_samples(wanted: Mapping[str, set[str]], *, format: str, allow_pipes: b
             raise DataError(f"resume: {len(left)} held sample(s) are not in the shard any more",
                             source=name, key=sorted(left)[0])
     return found
-
-
-# --------------------------------------------------------------------------------------------
-# Level 2: the samples
-# --------------------------------------------------------------------------------------------
-
-
-def shuffle_buffer(
-    samples: Iterable[Any], buffer_size: int, rng, buffer: list | None = None
-) -> Iterator[Any]:
-    """Shuffle a stream in a buffer of ``buffer_size`` items.
-
-    Each item read goes into the buffer; once it holds ``buffer_size`` items, a uniformly
-    chosen one is yielded before the next is read; at the end the rest comes out in random
-    order. So at most ``buffer_size`` items are held, and the items read are never more than
-    ``buffer_size`` ahead of those yielded. ``buffer_size=1`` keeps the order. An item can move
-    forward any distance but back by less than ``buffer_size`` places.
-
-    Args:
-        samples: the stream.
-        buffer_size: items held, ``>= 1``.
-        rng: a ``random.Random``.
-        buffer: the buffer to start from (resuming); updated in place.
-
-    >>> import random
-    >>> list(shuffle_buffer(range(5), 1, random.Random(0)))
-    [0, 1, 2, 3, 4]
-    >>> sorted(shuffle_buffer(range(5), 3, random.Random(0)))
-    [0, 1, 2, 3, 4]
-    """
-    if not isinstance(buffer_size, int) or buffer_size < 1:
-        raise ValueError(f"buffer_size must be an int >= 1, got {buffer_size!r}")
-    if buffer is None:
-        buffer = []
-    for item in samples:
-        buffer.append(item)
-        if len(buffer) >= buffer_size:
-            i = rng.randrange(len(buffer))
-            buffer[i], buffer[-1] = buffer[-1], buffer[i]
-            yield buffer.pop()
-    rng.shuffle(buffer)
-    while buffer:
-        yield buffer.pop()
 
 
 # --------------------------------------------------------------------------------------------
