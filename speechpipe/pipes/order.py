@@ -1,7 +1,8 @@
-"""Combining and ordering samples from several sources.
+"""Combining and ordering samples: joins by key, and the one sliding-window shuffle.
 
-Verbs so far:
-
+- :func:`shuffle_window` (also as :func:`shuffle_buffer`): emit a stream in a random order
+  within a sliding window -- ``sharded_shuffle``'s sample buffer and ``block_batch``'s batch
+  window, resumable from the window's contents.
 - ``join_by_key`` (:class:`KeyJoinerIterDataPipe`): add the fields of one or more keyed
   tables (transcripts, speakers, durations) to a stream of samples, matching by ``key`` --
   the way Kaldi's ``feats.scp`` and ``text`` or a manifest and its audio are put together.
@@ -133,12 +134,22 @@ def shuffle_window(
 ) -> Iterator[Any]:
     """Emit ``items`` in a random order within a sliding window of ``window`` items.
 
-    ``window=1`` keeps the order. ``pool`` (for resuming) is the window to start from; it is
-    updated in place, and after the end of ``items`` it holds the rest, last first.
+    Each item read goes into the window (``pool``); once it holds ``window`` items, a uniformly
+    chosen one is emitted before the next is read; at the end the rest comes out in random
+    order. So at most ``window`` items are held, and the items read are never more than
+    ``window`` ahead of those emitted; an item can move forward any distance but back by less
+    than ``window`` places. ``window=1`` keeps the order (and draws nothing from ``rng``).
+    This is the one sliding-window shuffle: ``sharded_shuffle``'s sample buffer
+    (:func:`shuffle_buffer`) and ``block_batch``'s batch window.
+
+    ``pool`` (for resuming) is the window to start from; it is updated in place, and after the
+    end of ``items`` it holds the rest, last first (``pool.pop()`` gives the next).
 
     >>> import random
     >>> sorted(shuffle_window(range(10), 4, random.Random(0))) == list(range(10))
     True
+    >>> list(shuffle_window(range(5), 1, random.Random(0)))
+    [0, 1, 2, 3, 4]
     """
     if window <= 1:
         yield from items
@@ -160,17 +171,12 @@ def shuffle_window(
 def shuffle_buffer(
     samples: Iterable[Any], buffer_size: int, rng, buffer: list | None = None
 ) -> Iterator[Any]:
-    """Shuffle a stream in a buffer of ``buffer_size`` items.
-
-    Each item read goes into the buffer; once it holds ``buffer_size`` items, a uniformly
-    chosen one is yielded before the next is read; at the end the rest comes out in random
-    order. So at most ``buffer_size`` items are held, and the items read are never more than
-    ``buffer_size`` ahead of those yielded. ``buffer_size=1`` keeps the order. An item can move
-    forward any distance but back by less than ``buffer_size`` places.
+    """Shuffle a stream in a buffer of ``buffer_size`` items: :func:`shuffle_window` (the
+    sample level of ``sharded_shuffle``), with ``buffer_size`` checked to be an int >= 1.
 
     Args:
         samples: the stream.
-        buffer_size: items held, ``>= 1``.
+        buffer_size: items held, ``>= 1``; ``1`` keeps the order.
         rng: a ``random.Random``.
         buffer: the buffer to start from (resuming); updated in place.
 
@@ -182,17 +188,7 @@ def shuffle_buffer(
     """
     if not isinstance(buffer_size, int) or buffer_size < 1:
         raise ValueError(f"buffer_size must be an int >= 1, got {buffer_size!r}")
-    if buffer is None:
-        buffer = []
-    for item in samples:
-        buffer.append(item)
-        if len(buffer) >= buffer_size:
-            i = rng.randrange(len(buffer))
-            buffer[i], buffer[-1] = buffer[-1], buffer[i]
-            yield buffer.pop()
-    rng.shuffle(buffer)
-    while buffer:
-        yield buffer.pop()
+    yield from shuffle_window(samples, buffer_size, rng, pool=buffer)
 
 
 # --------------------------------------------------------------------------- pipes
