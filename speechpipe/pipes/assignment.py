@@ -29,7 +29,7 @@ import heapq
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any, Iterable, NamedTuple
 
 from ..seeding import Position, derive_rng
 
@@ -118,14 +118,20 @@ def split_shards(
     ...              weights={"a": 5, "b": 1, "c": 1, "d": 1, "e": 1})
     ['b', 'c', 'd', 'e']
     """
+    _check_position(position)
+    assignment = assign_shards(names, world_size=position.world_size,
+                               num_workers=position.num_workers, weights=weights, split=split)
+    return assignment.shards(position.rank, position.worker)
+
+
+def _check_position(position: Position) -> Position:
     slots = position.world_size * position.num_workers
     slot = position.rank * position.num_workers + position.worker
     if not (0 <= position.rank < position.world_size and 0 <= position.worker
             < position.num_workers) or not 0 <= slot < slots:
         raise ValueError(f"position {position} is outside its own world and worker counts")
-    assignment = assign_shards(names, world_size=position.world_size,
-                               num_workers=position.num_workers, weights=weights, split=split)
-    return assignment.shards(position.rank, position.worker)
+    return position
+
 
 # --------------------------------------------------------------------------------------------
 # Splitting shards between ranks and workers
@@ -463,53 +469,82 @@ def assign_shards(
         raise TypeError(f"split must be a ShardSplit, got {split!r}")
     by_length = weights is not None and split.balance == "length"
     if by_length:
-        w_of = []
-        for name in names:
-            try:
-                w = float(weights[name])
-            except KeyError:
-                raise ValueError(f"shard {name!r} has no weight") from None
-            if not w >= 0:
-                raise ValueError(f"shard {name!r} has weight {w!r}; weights must be >= 0")
-            w_of.append(w)
+        w_of = _shard_weights(names, weights)
     else:
         w_of = [1.0] * len(names)
         unit = "shards"
-    n = len(names)
-    repeated: list[str] = []
-    dropped: list[str] = []
-    cap = None
-    if split.equalize == "drop" and n % world_size:
-        if n < world_size:
-            raise ValueError(
-                f"equalize='drop' with {n} shard(s) for {world_size} ranks would drop every "
-                "shard; use equalize='repeat' or fewer ranks"
-            )
-        keep = n - n % world_size
-        dropped = names[keep:]
-        dropped_w = sum(w_of[keep:])
-        names, w_of = names[:keep], w_of[:keep]
-    elif split.equalize == "repeat" and n % world_size and n:
-        extra = world_size - n % world_size
-        copies = [i % n for i in range(extra)]
-        repeated = [names[i] for i in copies]
-        repeated_w = sum(w_of[i] for i in copies)
-        names, w_of = names + repeated, w_of + [w_of[i] for i in copies]
-    if split.equalize is not None:
-        cap = len(names) // world_size
-    rank_items = _greedy(range(len(names)), w_of, world_size, cap=cap,
-                         names=names if repeated else None)
-    if by_length:
-        _refine(rank_items, w_of, swaps_only=cap is not None,
-                names=names if repeated else None, rounds=4 * world_size)
+    equal = _equalize(names, w_of, world_size, split.equalize)
+    names, w_of = equal.names, equal.weights
+    cap = len(names) // world_size if split.equalize is not None else None
+    rank_items = _split_ranks(names, w_of, world_size, cap=cap,
+                              avoid_repeats=bool(equal.repeated), refine=by_length)
     parts = []
     for items in rank_items:
         by_worker = _greedy(items, w_of, num_workers)
         parts.append(tuple(tuple(names[i] for i in worker) for worker in by_worker))
     totals = tuple(float(sum(w_of[i] for i in items)) for items in rank_items)
     return ShardAssignment(
-        tuple(parts), totals, unit, tuple(repeated), tuple(dropped),
-        repeated_weight=float(repeated_w) if repeated else 0.0,
-        dropped_weight=float(dropped_w) if dropped else 0.0,
+        tuple(parts), totals, unit, tuple(equal.repeated), tuple(equal.dropped),
+        repeated_weight=equal.repeated_weight, dropped_weight=equal.dropped_weight,
     )
+
+
+def _shard_weights(names: Sequence[str], weights: Mapping[str, float]) -> list[float]:
+    """The weight of each name, checked: every name has one, and none is negative (or NaN)."""
+    w_of = []
+    for name in names:
+        try:
+            w = float(weights[name])
+        except KeyError:
+            raise ValueError(f"shard {name!r} has no weight") from None
+        if not w >= 0:
+            raise ValueError(f"shard {name!r} has weight {w!r}; weights must be >= 0")
+        w_of.append(w)
+    return w_of
+
+
+class _Equalized(NamedTuple):
+    names: list[str]
+    weights: list[float]
+    repeated: list[str]
+    dropped: list[str]
+    repeated_weight: float = 0.0
+    dropped_weight: float = 0.0
+
+
+def _equalize(names: list[str], w_of: list[float], world_size: int,
+              equalize: str | None) -> _Equalized:
+    """The shards after making their count a multiple of ``world_size`` (step 1 of
+    :func:`assign_shards`): ``"drop"`` leaves out the last ``n mod world_size``, ``"repeat"``
+    appends copies of the first ones; with the names and total weight repeated or dropped."""
+    n = len(names)
+    if equalize == "drop" and n % world_size:
+        if n < world_size:
+            raise ValueError(
+                f"equalize='drop' with {n} shard(s) for {world_size} ranks would drop every "
+                "shard; use equalize='repeat' or fewer ranks"
+            )
+        keep = n - n % world_size
+        return _Equalized(names[:keep], w_of[:keep], [], names[keep:],
+                          dropped_weight=float(sum(w_of[keep:])))
+    if equalize == "repeat" and n % world_size and n:
+        extra = world_size - n % world_size
+        copies = [i % n for i in range(extra)]
+        repeated = [names[i] for i in copies]
+        return _Equalized(names + repeated, w_of + [w_of[i] for i in copies], repeated, [],
+                          repeated_weight=float(sum(w_of[i] for i in copies)))
+    return _Equalized(names, w_of, [], [])
+
+
+def _split_ranks(names: list[str], w_of: list[float], world_size: int, *, cap: int | None,
+                 avoid_repeats: bool, refine: bool) -> list[list[int]]:
+    """Each rank's shard positions (step 2 of :func:`assign_shards`): greedy by weight class,
+    at most ``cap`` per rank, a repeat kept off the rank of its original when
+    ``avoid_repeats``; then, when ``refine`` (balancing by length), max/min refinement --
+    swaps only under a cap, so that counts stay equal."""
+    avoid = names if avoid_repeats else None
+    rank_items = _greedy(range(len(names)), w_of, world_size, cap=cap, names=avoid)
+    if refine:
+        _refine(rank_items, w_of, swaps_only=cap is not None, names=avoid, rounds=4 * world_size)
+    return rank_items
 

@@ -14,7 +14,7 @@ Plain data and arithmetic: nothing here reads a shard.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 from ..seeding import Position
@@ -24,12 +24,13 @@ __all__ = ["EpochPlan", "EpochProgress", "PlannedShard"]
 
 @dataclass(frozen=True)
 class PlannedShard:
-    """One shard of an epoch plan: its name, and its utterances and bytes from the index
-    (``None`` without an index)."""
+    """One shard of an epoch plan: its name, and its utterances, bytes and utterance lengths
+    (in the index's order and unit) from the index (``None`` without an index)."""
 
     name: str
     count: int | None = None
     bytes: int | None = None
+    lengths: tuple[float, ...] | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True)

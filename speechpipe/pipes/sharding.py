@@ -52,7 +52,8 @@ from ..seeding import Position, derive_rng, process_position
 from ._base import IterDataPipe, functional_datapipe
 from ._state import SampleSource, Seeded, check_seed, held_sample, identity_list, rng_state
 from .assignment import (
-    ShardAssignment, ShardSplit, _check_count, assign_shards, shuffle_shards, split_shards,
+    ShardAssignment, ShardSplit, _check_count, _check_position, assign_shards, shuffle_shards,
+    split_shards,
 )
 from .kaldi import read_scp_table
 from .order import shuffle_buffer
@@ -761,15 +762,71 @@ class ShardedShufflerIterDataPipe(Seeded, SampleSource, IterDataPipe[Sample]):
         if not isinstance(position, Position):
             raise TypeError(f"position must be a speechpipe.seeding.Position, got {position!r}")
         names = self._names()
+        return self._plan(names, self._entries(names), epoch, position)
+
+    def epoch_plans(
+        self, epoch: int | None = None, *, world_size: int | None = None, num_workers: int = 1
+    ) -> tuple[tuple[EpochPlan, ...], ...]:
+        """Every process's :meth:`epoch_plan` in an epoch, ``plans[rank][worker]``, from one
+        split of the shards (what a planner of all ranks needs: the work of one plan, not of
+        ``world_size * num_workers``).
+
+        Args:
+            epoch: the epoch to plan (default: the current one).
+            world_size: ranks (default: ``torch.distributed``'s world size, else 1).
+            num_workers: DataLoader workers per rank (1 without workers).
+        """
+        epoch = self.epoch if epoch is None else _check_count(epoch, "epoch", 0)
+        names = self._names()
         entries = self._entries(names)
-        mine = split_shards(shuffle_shards(names, self.seed, epoch), position,
-                            weights=_weights(entries), split=self.split)
-        shards = tuple(
-            PlannedShard(n) if entries is None
-            else PlannedShard(n, entries[n].count, entries[n].bytes)
-            for n in mine
+        split = self._assignment(names, entries, epoch, world_size=world_size,
+                                 num_workers=num_workers)
+        return tuple(
+            tuple(_planned(epoch, Position(rank, split.world_size, worker, split.num_workers),
+                           split.shards(rank, worker), entries)
+                  for worker in range(split.num_workers))
+            for rank in range(split.world_size)
         )
-        return EpochPlan(epoch, position, shards)
+
+    def sample_order(self, plan: EpochPlan, items: Iterable[Any]) -> Iterator[Any]:
+        """``items`` -- one per sample of ``plan``, in reading order (e.g. the index's lengths
+        of its shards) -- in the order this pipe yields those samples: the same buffer shuffle,
+        seeded with ``(seed, plan.epoch, rank, worker)`` of the plan. Exact unless a shard is
+        skipped (``on_error="skip"``).
+
+        >>> from speechpipe.seeding import Position
+        >>> pipe = ShardedShufflerIterDataPipe(["a.tar"], buffer_size=1)
+        >>> list(pipe.sample_order(EpochPlan(0, Position(), ()), [3, 1, 2]))
+        [3, 1, 2]
+        """
+        rng = self._sample_rng(plan.epoch, plan.position)
+        return shuffle_buffer(items, self.buffer_size, rng)
+
+    # -- the epoch's split: computed here only
+
+    def _assignment(self, names: list[str], entries: dict[str, ShardEntry] | None, epoch: int,
+                    *, world_size: int | None, num_workers: int) -> ShardAssignment:
+        """The split of the epoch's shard order between every rank and worker -- the one place
+        it is computed, for reading, :meth:`epoch_plan`, :meth:`epoch_plans` and
+        :func:`shard_assignment`."""
+        return assign_shards(shuffle_shards(names, self.seed, epoch), world_size=world_size,
+                             num_workers=num_workers, weights=_weights(entries),
+                             split=self.split, unit=self._length_unit())
+
+    def _plan(self, names: list[str], entries: dict[str, ShardEntry] | None, epoch: int,
+              position: Position) -> EpochPlan:
+        """One process's part of :meth:`_assignment`."""
+        _check_position(position)
+        split = self._assignment(names, entries, epoch, world_size=position.world_size,
+                                 num_workers=position.num_workers)
+        return _planned(epoch, position, split.shards(position.rank, position.worker), entries)
+
+    def _sample_rng(self, epoch: int, position: Position):
+        return derive_rng(self.seed, epoch, position.rank, position.worker, _SAMPLES_SALT)
+
+    def _length_unit(self) -> str:
+        index = self.index if not isinstance(self.index, bool) else self._loaded_index
+        return getattr(index, "length_unit", "frames")
 
     def __iter__(self) -> Iterator[Sample]:
         if self._replay_request is not None:  # re-read samples held above (request_replay)
@@ -798,10 +855,9 @@ class ShardedShufflerIterDataPipe(Seeded, SampleSource, IterDataPipe[Sample]):
         position = process_position()
         names = self._names()
         entries = self._entries(names)  # read the index (once) before any shard is opened
-        mine = split_shards(shuffle_shards(names, self.seed, self.epoch), position,
-                            weights=_weights(entries), split=self.split)
+        mine = self._plan(names, entries, self.epoch, position).names
         self.diagnostics.reset()
-        rng = derive_rng(self.seed, self.epoch, position.rank, position.worker, _SAMPLES_SALT)
+        rng = self._sample_rng(self.epoch, position)
         live = {"rng": rng, "buffer": [], "shard": 0, "offset": 0, "drain": False, "plan": mine}
         if state is None:
             return self._read(mine, live), False, live
@@ -938,17 +994,20 @@ def shard_assignment(
         raise TypeError(f"sharded must be a sharded_shuffle pipe, got {sharded!r}")
     epoch = sharded.epoch if epoch is None else _check_count(epoch, "epoch", 0)
     names = sharded._names()
-    entries = sharded._entries(names)
-    weights = None if entries is None else {n: e.total_length for n, e in entries.items()}
-    unit = _index_unit(sharded)
-    return assign_shards(shuffle_shards(names, sharded.seed, epoch), world_size=world_size,
-                         num_workers=num_workers, weights=weights, split=sharded.split,
-                         unit=unit)
+    return sharded._assignment(names, sharded._entries(names), epoch, world_size=world_size,
+                               num_workers=num_workers)
 
+def _planned(epoch: int, position: Position, names: list[str],
+             entries: dict[str, ShardEntry] | None) -> EpochPlan:
+    """The plan of a process reading ``names``, with counts, bytes and lengths from the index
+    (``None`` without one)."""
+    shards = tuple(
+        PlannedShard(n) if entries is None
+        else PlannedShard(n, entries[n].count, entries[n].bytes, entries[n].lengths)
+        for n in names
+    )
+    return EpochPlan(epoch, position, shards)
 
-def _index_unit(sharded: Any) -> str:
-    index = sharded.index if not isinstance(sharded.index, bool) else sharded._loaded_index
-    return getattr(index, "length_unit", "frames")
 
 def _weights(entries: dict[str, ShardEntry] | None) -> dict[str, float] | None:
     """Total length per shard name (what the split balances), or None without an index."""

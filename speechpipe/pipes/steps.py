@@ -18,7 +18,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
-from .assignment import _check_count, _dist_world, assign_shards
+from .assignment import _check_count, _dist_world
+from .batching import OVERSIZE, BatchConstraint, TwoDimensional
+from .plans import EpochPlan
+from .sharding import ShardedShufflerIterDataPipe
 
 __all__ = [
     "StepPlan",
@@ -152,9 +155,6 @@ class StepPlanner:
         oversize: str = "emit",
         target: str = "min",
     ) -> None:
-        from .batching import OVERSIZE, BatchConstraint
-        from .sharding import ShardedShufflerIterDataPipe
-
         if not isinstance(sharded, ShardedShufflerIterDataPipe):
             raise TypeError(f"sharded must be a sharded_shuffle pipe, got {sharded!r}")
         if sharded.index is None:
@@ -187,59 +187,39 @@ class StepPlanner:
     @property
     def exact(self) -> bool:
         """True if the count is exact (batch size or callable), False for a lower bound."""
-        from .batching import BatchConstraint
-
         return not isinstance(self.batching, BatchConstraint)
 
-    def _setup(self, epoch: int | None):
-        from .sharding import shuffle_shards
-
+    def _plans(self, epoch: int | None) -> tuple[tuple[EpochPlan, ...], ...]:
+        """Every worker's epoch plan, ``plans[rank][worker]``, from the pipe (one split)."""
         sharded = self.sharded
         epoch = sharded.epoch if epoch is None else _check_count(epoch, "epoch", 0)
-        names = sharded._names()
-        entries = sharded._entries(names)
         world = self.world_size if self.world_size is not None else _dist_world()[1]
-        workers = max(1, self.num_workers)
-        weights = {n: e.total_length for n, e in entries.items()}
-        assignment = assign_shards(shuffle_shards(names, sharded.seed, epoch), world_size=world,
-                                   num_workers=workers, weights=weights, split=sharded.split)
-        return epoch, entries, assignment
+        return sharded.epoch_plans(epoch, world_size=world, num_workers=max(1, self.num_workers))
 
-    def _worker_batches(self, epoch: int, entries, shards: list[str], rank: int, worker: int):
-        from .batching import BatchConstraint
-        from .sharding import _SAMPLES_SALT, shuffle_buffer
-        from ..seeding import derive_rng
-
-        lengths = [n for name in shards for n in entries[name].lengths]
+    def _worker_batches(self, plan: EpochPlan) -> int:
+        lengths = [n for shard in plan.shards for n in shard.lengths]
         if isinstance(self.batching, int):
             return -(-len(lengths) // self.batching)
         if isinstance(self.batching, BatchConstraint):
             return _lower_bound(lengths, self.batching, self.oversize)
-        sharded = self.sharded
-        rng = derive_rng(sharded.seed, epoch, rank, worker, _SAMPLES_SALT)
-        ordered = list(shuffle_buffer(lengths, sharded.buffer_size, rng))
+        ordered = list(self.sharded.sample_order(plan, lengths))
         return sum(1 for _ in self.batching(ordered))
 
     def rank_batches(self, epoch: int | None = None, rank: int | None = None) -> int:
         """Batches ``rank`` (default: this process's) yields in ``epoch`` (default: the pipe's
         current epoch), over its workers."""
-        epoch, entries, assignment = self._setup(epoch)
+        plans = self._plans(epoch)
         rank = _dist_world()[0] if rank is None else rank
-        if not 0 <= rank < assignment.world_size:
-            raise ValueError(f"rank must be in [0, {assignment.world_size}), got {rank!r}")
-        return sum(self._worker_batches(epoch, entries, assignment.shards(rank, w), rank, w)
-                   for w in range(assignment.num_workers))
+        if not 0 <= rank < len(plans):
+            raise ValueError(f"rank must be in [0, {len(plans)}), got {rank!r}")
+        return sum(self._worker_batches(plan) for plan in plans[rank])
 
     def plan(self, epoch: int | None = None) -> StepPlan:
         """Batches of every rank in ``epoch`` (computes all ranks: ``world_size`` times the
         work of :meth:`rank_batches`)."""
-        epoch, entries, assignment = self._setup(epoch)
-        per_rank = tuple(
-            sum(self._worker_batches(epoch, entries, assignment.shards(r, w), r, w)
-                for w in range(assignment.num_workers))
-            for r in range(assignment.world_size)
-        )
-        return StepPlan(epoch, per_rank, self.exact, self.target)
+        plans = self._plans(epoch)
+        per_rank = tuple(sum(self._worker_batches(plan) for plan in rank) for rank in plans)
+        return StepPlan(plans[0][0].epoch, per_rank, self.exact, self.target)
 
     def steps(self, epoch: int | None = None) -> int:
         """Steps every rank takes in ``epoch`` (:attr:`StepPlan.steps` of :meth:`plan`)."""
@@ -248,8 +228,6 @@ class StepPlanner:
 
 def _lower_bound(lengths: Sequence, constraint: Any, oversize: str) -> int:
     """Fewest batches any order of ``lengths`` can be packed into under ``constraint``."""
-    from .batching import TwoDimensional
-
     if not lengths:
         return 0
     empty = constraint.empty()
