@@ -39,6 +39,7 @@ import os
 import re
 import struct
 import urllib.parse
+from dataclasses import dataclass
 from typing import Any, BinaryIO, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
@@ -386,52 +387,65 @@ def _skip_reason(error: Exception) -> str:
     return "corrupt shard (rest of the shard skipped)"
 
 
-def _read_shards(
-    names: Iterable[str],
-    *,
-    format: str,
-    allow_pipes: bool,
-    on_error: str,
-    diagnostics: Diagnostics,
-    mmap: bool | None = None,
-    live: dict | None = None,
-    start: int = 0,
-    skip: int = 0,
-    wanted: set[str] | None = None,
-    picked: dict | None = None,
-) -> Iterator[Sample]:
+@dataclass(frozen=True)
+class _Reading:
+    """How a ``sharded_shuffle`` pipe reads its shards: the format and opening options of
+    :func:`read_shard`, and what a bad shard does (``on_error``, counted in ``diagnostics``)."""
+
+    format: str
+    allow_pipes: bool
+    mmap: bool | None
+    on_error: str
+    diagnostics: Diagnostics
+
+    def open(self, name: str) -> Iterator[Sample]:
+        return read_shard(name, format=self.format, allow_pipes=self.allow_pipes, mmap=self.mmap)
+
+
+@dataclass(frozen=True)
+class _SkipTo:
+    """Where a resumed reader starts: at ``shard`` (its place in the plan), whose first
+    ``offset`` samples are read but not yielded; those with a key in ``wanted`` go to
+    ``picked`` (``{(shard name, key): sample}``)."""
+
+    shard: int
+    offset: int
+    wanted: set[str] | None
+    picked: dict
+
+
+def _read_shards(names: Sequence[str], reading: _Reading, live: dict,
+                 skip_to: _SkipTo | None = None) -> Iterator[Sample]:
     """Samples of each shard in turn; under ``"skip"`` a bad shard is counted and left.
 
-    For resuming: reading starts at ``names[start]``, whose first ``skip`` samples are read but
-    not yielded (those with a key in ``wanted`` go to ``picked``); ``live`` records the
-    position (``"shard"``, ``"offset"``: samples read from it) and ``"drain"`` at the end.
+    ``live`` records the position (``"shard"``, ``"offset"``: samples read from it) and
+    ``"drain"`` at the end; ``skip_to`` starts later (resuming).
     """
     names = list(names)
-    live = {} if live is None else live
+    start, skip = (0, 0) if skip_to is None else (skip_to.shard, skip_to.offset)
     for i in range(start, len(names)):
         name = names[i]
         live["shard"], live["offset"] = i, 0
-        if name.startswith("pipe:") and not allow_pipes:  # a setup error: never skipped
+        if name.startswith("pipe:") and not reading.allow_pipes:  # a setup error: never skipped
             raise UnsafeInputError(
                 "refusing to run a shell command; pass allow_pipes=True to read 'pipe:' shards",
                 source=name,
             )
         try:
-            for sample in read_shard(name, format=format, allow_pipes=allow_pipes, mmap=mmap):
+            for sample in reading.open(name):
                 live["offset"] += 1
                 if live["offset"] <= skip:
-                    if wanted and sample[KEY] in wanted:
-                        picked[(name, sample[KEY])] = sample
+                    if skip_to.wanted and sample[KEY] in skip_to.wanted:
+                        skip_to.picked[(name, sample[KEY])] = sample
                     continue
                 yield sample
         except (DataError, MissingDataError) as err:
-            diagnostics.handle(on_error, err, _skip_reason(err))
+            reading.diagnostics.handle(reading.on_error, err, _skip_reason(err))
         skip = 0
     live["drain"] = True
 
 
-def _pick_samples(wanted: Mapping[str, set[str]], *, format: str, allow_pipes: bool,
-                  mmap: bool | None = None) -> dict:
+def _pick_samples(wanted: Mapping[str, set[str]], reading: _Reading) -> dict:
     """``{(shard, key): sample}`` for the wanted keys of each shard, each shard read from its
     start up to the last wanted key only (resuming)."""
     found: dict = {}
@@ -439,7 +453,7 @@ def _pick_samples(wanted: Mapping[str, set[str]], *, format: str, allow_pipes: b
         left = set(keys)
         if not left:
             continue
-        shard = read_shard(name, format=format, allow_pipes=allow_pipes, mmap=mmap)
+        shard = reading.open(name)
         try:
             for sample in shard:
                 if sample[KEY] in left:
@@ -892,10 +906,12 @@ class ShardedShufflerIterDataPipe(Seeded, SampleSource, IterDataPipe[Sample]):
             if close is not None:
                 close()
 
-    def _read(self, mine: list[str], live: dict, **resume: Any) -> Iterator[Sample]:
-        return _read_shards(mine, format=self.format, allow_pipes=self.allow_pipes,
-                            on_error=self.on_error, diagnostics=self.diagnostics, live=live,
-                            mmap=self.mmap, **resume)
+    def _reading(self) -> _Reading:
+        return _Reading(self.format, self.allow_pipes, self.mmap, self.on_error, self.diagnostics)
+
+    def _read(self, mine: list[str], live: dict, skip_to: _SkipTo | None = None
+              ) -> Iterator[Sample]:
+        return _read_shards(mine, self._reading(), live, skip_to)
 
     def _snapshot(self, live: dict) -> dict:
         plan, shard = live["plan"], live["shard"]
@@ -940,13 +956,11 @@ class ShardedShufflerIterDataPipe(Seeded, SampleSource, IterDataPipe[Sample]):
         else:
             if name is not None and entries is not None and skip >= entries[name].count:
                 start, skip = start + 1, 0  # finished: not opened again
-            reader = self._read(mine, live, start=start, skip=skip, wanted=wanted.get(name),
-                                picked=picked)
+            reader = self._read(mine, live, _SkipTo(start, skip, wanted.get(name), picked))
             first = next(reader, _END)  # reads the skipped part, picking held samples in it
             samples = reader if first is _END else itertools.chain([first], reader)
         rest = {src: {k for k in keys if (src, k) not in picked} for src, keys in wanted.items()}
-        picked.update(_pick_samples(rest, format=self.format, allow_pipes=self.allow_pipes,
-                                    mmap=self.mmap))
+        picked.update(_pick_samples(rest, self._reading()))
         live["buffer"][:] = [held_sample(picked, ident) for ident in state["buffer"]]
         self._replay_cache = picked
         return samples, bool(state["drain"])
@@ -957,8 +971,7 @@ class ShardedShufflerIterDataPipe(Seeded, SampleSource, IterDataPipe[Sample]):
             wanted: dict[str, set[str]] = {}
             for src, key in request:
                 wanted.setdefault(src, set()).add(key)
-            found = _pick_samples(wanted, format=self.format, allow_pipes=self.allow_pipes,
-                                  mmap=self.mmap)
+            found = _pick_samples(wanted, self._reading())
         for ident in request:
             yield held_sample(found, ident)
 
