@@ -37,18 +37,10 @@ from speechpipe.index import ShardEntry, ShardIndex
 from speechpipe.pipes import sharding
 from speechpipe.pipes._base import IterableWrapper
 from speechpipe.pipes.shards import ShardWriter
-from speechpipe.pipes.sharding import (
-    EpochPlan,
-    EpochProgress,
-    PlannedShard,
-    ShardedShuffler,
-    iter_ark,
-    kaldi_arks,
-    read_shard,
-    shuffle_buffer,
-    shuffle_shards,
-    split_shards,
-)
+from speechpipe.pipes.assignment import shuffle_shards, split_shards
+from speechpipe.pipes.order import shuffle_buffer
+from speechpipe.pipes.plans import EpochPlan, EpochProgress, PlannedShard
+from speechpipe.pipes.sharding import ShardedShuffler, iter_ark, kaldi_arks, read_shard
 from speechpipe.seeding import Position
 from speechpipe.testing import serve_directory
 

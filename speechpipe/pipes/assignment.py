@@ -90,8 +90,7 @@ def split_shards(
     weights: Mapping[str, float] | None = None,
     split: ShardSplit | None = None,
 ) -> list[str]:
-    """The shards this process reads: its part of :func:`~speechpipe.pipes.distributed.
-    assign_shards` for ``position``.
+    """The shards this process reads: its part of :func:`assign_shards` for ``position``.
 
     The epoch's order is split first between the ``world_size`` ranks, then each rank's part
     between its ``num_workers`` DataLoader workers -- balanced by total length when
@@ -106,7 +105,7 @@ def split_shards(
         names: the epoch's shard order, identical on every process.
         position: this process (:func:`speechpipe.seeding.process_position`).
         weights: ``{name: total length}`` to balance by length.
-        split: a :class:`~speechpipe.pipes.distributed.ShardSplit` (balance, equal counts).
+        split: a :class:`ShardSplit` (balance, equal counts).
 
     >>> from speechpipe.seeding import Position
     >>> names = ["a", "b", "c", "d", "e"]
@@ -413,9 +412,8 @@ def assign_shards(
 ) -> ShardAssignment:
     """Split the epoch's shard order between ``world_size`` ranks and their workers.
 
-    The same ``names`` (the epoch's order from
-    :func:`~speechpipe.pipes.sharding.shuffle_shards`, identical everywhere) give the same
-    assignment on every process, with no communication.
+    The same ``names`` (the epoch's order from :func:`shuffle_shards`, identical everywhere)
+    give the same assignment on every process, with no communication.
 
     1. **Equalise** (``split.equalize``): ``"drop"`` leaves out the last ``n mod world_size``
        shards of the order; ``"repeat"`` appends copies of the first shards of the order until

@@ -1,4 +1,4 @@
-"""Distribution: who reads which shard, and how every rank takes the same number of steps.
+"""Distribution: how every rank takes the same number of steps.
 
 Data-parallel training (DDP) runs one process per GPU (a **rank**), each with its own
 DataLoader (and its **workers**), and all-reduces gradients at every step. Two things must
@@ -6,21 +6,14 @@ hold: the ranks read disjoint parts of the data, and they take **the same number
 a rank that runs out of batches while the others wait in an all-reduce hangs the job (the most
 common way speech training dies at the end of an epoch).
 
-**Splitting** (used by ``sharded_shuffle``, :mod:`speechpipe.pipes.sharding`):
-
-- :func:`assign_shards`: the epoch's shard order (shuffled with ``(seed, epoch)``, identical on
-  every rank and worker) split between ranks, then between each rank's workers, **balanced by
-  total length** from the shard index (greedy longest-first over weight classes, then
-  max/min refinement; see :func:`assign_shards`), or by count without an index. Optionally
-  **equal shard counts** per rank: repeat shards (as webdataset) or drop the remainder (as
-  CAT), counted.
-- :class:`ShardSplit`: those choices, given to ``sharded_shuffle(split=...)``.
-- :class:`ShardAssignment` / :class:`SplitBalance` / :func:`split_balance` /
-  :func:`shard_assignment`: the result and its balance (max/min total frames per rank).
-
-**All ranks share the epoch seed.** The shard order is drawn from ``(seed, epoch)`` alone, so
-every process computes the same order and the same assignment without talking to the others;
-only the sample buffer is seeded per ``(rank, worker)``.
+**Splitting** happens in the reader, ``sharded_shuffle``, with the pure functions of
+:mod:`speechpipe.pipes.assignment`: :func:`~speechpipe.pipes.assignment.assign_shards`
+balances the epoch's shard order (shuffled with ``(seed, epoch)``, identical on every rank and
+worker) between ranks by total length and can equalise shard counts
+(:class:`~speechpipe.pipes.assignment.ShardSplit`);
+:func:`~speechpipe.pipes.sharding.shard_assignment` shows what a pipe assigns. These names
+(and ``ShardAssignment``, ``SplitBalance``, ``split_balance``, ``BALANCE``, ``EQUALIZE``) stay
+importable from here.
 
 **Uneven inputs** (in the main process, after the DataLoader):
 
@@ -31,10 +24,12 @@ only the sample buffer is seeded per ``(rank, worker)``.
   before the epoch; no collective per step). Per-step policies cost one all-reduce of two
   int64 per batch on a gloo group with a timeout, so a rank that fails, stalls or dies gives
   the others a :class:`DistributedStepError` naming it instead of a hang.
-- :class:`StepPlanner` / :class:`StepPlan`: the epoch's batch count per rank, from the
-  index, the split and the batching run on lengths alone; the plan takes the min, mean or
-  max over ranks (its ``target``).
-- :class:`StepStats`: what a pass dropped and repeated, per epoch; ``print(stats.report())``.
+- :class:`~speechpipe.pipes.steps.StepPlanner` / :class:`~speechpipe.pipes.steps.StepPlan`
+  (:mod:`speechpipe.pipes.steps`, also importable from here): the epoch's batch count per
+  rank, from the index, the split and the batching run on lengths alone; the plan takes the
+  min, mean or max over ranks (its ``target``).
+- :class:`~speechpipe.pipes.steps.StepStats`: what a pass dropped and repeated, per epoch;
+  ``print(stats.report())``.
 
 **Map-style road**: :class:`~speechpipe.pipes.views.BatchView` with ``world_size=W`` already
 gives every rank the same number of samples at every step and the same number of steps

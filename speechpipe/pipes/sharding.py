@@ -7,9 +7,10 @@ epoch reads every shard sequentially and gets its randomness from two shuffles (
 recipe, used by CAT and WeNet for corpora of 10,000 hours):
 
 1. the **shard list** is shuffled with ``(seed, epoch)`` -- the same order on every rank and
-   DataLoader worker -- and split between them (:func:`split_shards`);
+   DataLoader worker -- and split between them (:mod:`speechpipe.pipes.assignment`);
 2. each process reads its shards one after the other and shuffles the **samples** in a buffer
-   of ``buffer_size`` (:func:`shuffle_buffer`), seeded with ``(seed, epoch, rank, worker)``.
+   of ``buffer_size`` (:func:`~speechpipe.pipes.order.shuffle_buffer`), seeded with
+   ``(seed, epoch, rank, worker)``.
 
 Verbs and functions:
 
@@ -17,13 +18,18 @@ Verbs and functions:
   ``http(s)://`` URLs, e.g. from ``list_shards``) to samples, in the two-level random order.
   Tar shards give raw samples (fields still encoded bytes; follow with ``decode``), Kaldi arks
   give ``{"key", "feats", "source"}``. With a shard index (:mod:`speechpipe.index`) it has an
-  exact ``len()`` and an :meth:`~ShardedShufflerIterDataPipe.epoch_plan`.
-- :func:`shuffle_shards`, :func:`split_shards`, :func:`read_shard`, :func:`iter_ark`,
-  :func:`shuffle_buffer`: the steps above as plain functions.
+  exact ``len()`` and an :meth:`~ShardedShufflerIterDataPipe.epoch_plan` (an
+  :class:`~speechpipe.pipes.plans.EpochPlan`; every process's: ``epoch_plans``).
+- :func:`read_shard`, :func:`iter_ark`: reading one shard as a plain function; the other steps
+  are :func:`~speechpipe.pipes.assignment.shuffle_shards`,
+  :func:`~speechpipe.pipes.assignment.split_shards` and
+  :func:`~speechpipe.pipes.order.shuffle_buffer` (all three importable from here too).
+- :func:`shard_assignment`: every rank's and worker's shards in an epoch, and their balance.
 - :func:`kaldi_arks`: the ark files of a ``feats.scp``, so that a Kaldi data directory is
   streamed as shards with no packing.
-- :class:`EpochPlan` / :class:`PlannedShard`: the shards one process reads in one epoch, with
-  counts and bytes from the index; :class:`EpochProgress`: the epoch's ETA from it.
+
+``EpochPlan``, ``PlannedShard`` and ``EpochProgress`` (:mod:`speechpipe.pipes.plans`) are
+importable from here too.
 
 A typical chain::
 
@@ -606,28 +612,31 @@ class ShardedShufflerIterDataPipe(Seeded, SampleSource, IterDataPipe[Sample]):
     Each pass (epoch):
 
     1. the shard names are read from the source and shuffled with ``(seed, epoch)`` -- the
-       same order on every rank and worker (:func:`shuffle_shards`);
-    2. this process keeps its part (:func:`split_shards`): the order is split between the
-       ranks (rank and world size from ``torch.distributed`` when it is initialised), then
-       between each rank's DataLoader workers -- with an index, balanced by total length,
-       else round robin by count; ``split`` can also make shard counts per rank equal
-       (:class:`~speechpipe.pipes.distributed.ShardSplit`). Do not add ``sharding_filter``:
-       the split is done here, at the shard level;
+       same order on every rank and worker (:func:`~speechpipe.pipes.assignment.shuffle_shards`);
+    2. this process keeps its part (:func:`~speechpipe.pipes.assignment.split_shards`): the
+       order is split between the ranks (rank and world size from ``torch.distributed`` when
+       it is initialised), then between each rank's DataLoader workers -- with an index,
+       balanced by total length, else round robin by count; ``split`` can also make shard
+       counts per rank equal (:class:`~speechpipe.pipes.assignment.ShardSplit`). Do not add
+       ``sharding_filter``: the split is done here, at the shard level;
     3. its shards are opened and read sequentially, one at a time (:func:`read_shard`);
-    4. samples are shuffled in a buffer of ``buffer_size`` (:func:`shuffle_buffer`) seeded
-       with ``(seed, epoch, rank, worker)``.
+    4. samples are shuffled in a buffer of ``buffer_size``
+       (:func:`~speechpipe.pipes.order.shuffle_buffer`) seeded with ``(seed, epoch, rank,
+       worker)``.
 
     ``set_epoch(e)`` (or ``speechpipe.set_epoch``) changes both orders; the same seed and
     epoch give the same output. Every sample of every shard comes out once per epoch (over
     all ranks and workers; ``ShardSplit(equalize=...)`` repeats or drops whole shards,
-    counted in :func:`~speechpipe.pipes.distributed.shard_assignment`).
+    counted in :func:`shard_assignment`).
 
     **Length.** With ``index``, ``len()`` is exact: the sum of the index counts of the shards
     this process reads in the current epoch -- every shard in the main process; inside a
     DataLoader worker, that worker's shards. (``len(DataLoader)`` calls it in the main process,
     so it is the total over the workers.) Without ``index``, ``len()`` raises ``TypeError``.
     :meth:`epoch_plan` returns the shards, counts and bytes of an epoch, for
-    :class:`EpochProgress`, resuming and balancing ranks.
+    :class:`~speechpipe.pipes.plans.EpochProgress`, resuming and balancing ranks
+    (:meth:`epoch_plans`: every process's, for
+    :class:`~speechpipe.pipes.steps.StepPlanner`).
 
     Args:
         source_datapipe: shard names (an ``IterDataPipe`` or a list); listed again each pass.
@@ -643,7 +652,7 @@ class ShardedShufflerIterDataPipe(Seeded, SampleSource, IterDataPipe[Sample]):
             the longest tail of path components).
         allow_pipes: allow ``pipe:`` names (shell commands whose stdout is the shard).
         split: how shards are split between ranks and workers
-            (:class:`~speechpipe.pipes.distributed.ShardSplit`; default: balanced by length
+            (:class:`~speechpipe.pipes.assignment.ShardSplit`; default: balanced by length
             with an index, by count without, shard counts per rank not equalised).
         on_error: ``"raise"`` (default): a missing, truncated or corrupt shard raises a
             :class:`~speechpipe.errors.DataError` (or ``MissingDataError``) naming it;

@@ -270,7 +270,7 @@ def batch_samples(batch: Any) -> int:
 
 @dataclass
 class StepStats:
-    """What one pass of :class:`EqualSteps` did on this rank.
+    """What one pass of :class:`~speechpipe.pipes.distributed.EqualSteps` did on this rank.
 
     Attributes:
         policy, rank, world_size, epoch: the pass.
