@@ -711,6 +711,24 @@ def test_epoch_plan_lists_this_process_shards_with_counts_and_bytes(uneven_shard
     assert no_index.names == plan.names and no_index.total_count is None
 
 
+def test_epoch_plans_give_every_process_plan_and_sample_order_its_reading_order(
+        uneven_shards, monkeypatch):
+    write_index(uneven_shards)
+    pipe = IterableWrapper(uneven_shards).sharded_shuffle(buffer_size=4, index=True, seed=2)
+    plans = pipe.set_epoch(1).epoch_plans(world_size=2, num_workers=2)
+    assert [[p.position for p in rank] for rank in plans] == [
+        [Position(rank=r, world_size=2, worker=w, num_workers=2) for w in range(2)]
+        for r in range(2)]
+    assert sorted(n for rank in plans for p in rank for n in p.names) == sorted(uneven_shards)
+    for rank in plans:
+        for plan in rank:
+            assert plan == pipe.epoch_plan(position=plan.position)
+            assert [len(s.lengths) for s in plan.shards] == [s.count for s in plan.shards]
+            keys = [s["key"] for name in plan.names for s in read_shard(name)]
+            monkeypatch.setattr(sharding, "process_position", lambda p=plan.position: p)
+            assert list(pipe.sample_order(plan, keys)) == keys_of(pipe)
+
+
 # --------------------------------------------------------------------------------------------
 # EpochProgress
 # --------------------------------------------------------------------------------------------
