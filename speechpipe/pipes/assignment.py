@@ -99,7 +99,7 @@ def split_shards(
     those). Given the same ``names`` everywhere (:func:`shuffle_shards`), the processes read
     disjoint parts whose union is every shard once (unless ``split`` equalises counts by
     repeating or dropping shards). A rank's shards do not depend on the number of workers.
-    This is the one place that decides who reads what.
+    :func:`assign_shards` is the one place that decides who reads what.
 
     Args:
         names: the epoch's shard order, identical on every process.

@@ -918,8 +918,8 @@ class ShardedShufflerIterDataPipe(Seeded, SampleSource, IterDataPipe[Sample]):
     def _reading(self) -> _Reading:
         return _Reading(self.format, self.allow_pipes, self.mmap, self.on_error, self.diagnostics)
 
-    def _read(self, mine: list[str], live: dict, skip_to: _SkipTo | None = None
-              ) -> Iterator[Sample]:
+    def _read(self, mine: list[str], live: dict,
+              skip_to: _SkipTo | None = None) -> Iterator[Sample]:
         return _read_shards(mine, self._reading(), live, skip_to)
 
     def _snapshot(self, live: dict) -> dict:
