@@ -87,11 +87,11 @@ class StepPlan:
 class StepPlanner:
     """The number of batches each rank yields in an epoch, computed from the shard index.
 
-    Re-does on metadata what the ranks' pipelines will do on data: the shard order of
-    ``sharded`` (its seed and epoch), the same split (:func:`assign_shards`, with the pipe's
-    ``split`` and ``num_workers`` workers per rank), each worker's sample order through the
-    same seeded shuffle buffer (``derive_rng(seed, epoch, rank, worker, "samples")``), and
-    then ``batching`` on the **lengths** of the index.
+    Re-does on metadata what the ranks' pipelines will do on data, through the reader's own
+    plan: the shards every worker of every rank reads (``sharded.epoch_plans``: the pipe's
+    shard order, seed, epoch and ``split``, with ``num_workers`` workers per rank), each
+    worker's sample order through the same seeded shuffle buffer (``sharded.sample_order``),
+    and then ``batching`` on the **lengths** of the index.
 
     ``batching`` is one of:
 
