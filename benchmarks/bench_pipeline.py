@@ -608,7 +608,7 @@ def _from_numpy(sample):
 
 def stage_overheads(n: int, repeats: int) -> list[tuple[str, float]]:
     """Extra us per sample of each stage: pipeline with it minus pipeline without it."""
-    from speechpipe.pipes.sharding import shuffle_buffer
+    from speechpipe.pipes.order import shuffle_buffer
 
     torch.set_num_threads(1)
     rng = np.random.default_rng(0)

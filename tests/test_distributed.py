@@ -47,19 +47,18 @@ from speechpipe.errors import DataError
 from speechpipe.index import ShardEntry, ShardIndex
 from speechpipe.pipes import sharding
 from speechpipe.pipes._base import IterableWrapper
-from speechpipe.pipes.constraints import PaddedArea
-from speechpipe.pipes.distributed import (
-    DistributedStepError,
-    EqualSteps,
+from speechpipe.pipes.assignment import (
     ShardSplit,
-    StepPlanner,
     assign_shards,
-    batch_samples,
-    shard_assignment,
+    shuffle_shards,
     split_balance,
+    split_shards,
 )
+from speechpipe.pipes.constraints import PaddedArea
+from speechpipe.pipes.distributed import DistributedStepError, EqualSteps
 from speechpipe.pipes.shard_writer import ShardWriter
-from speechpipe.pipes.sharding import shuffle_shards, split_shards
+from speechpipe.pipes.sharding import shard_assignment
+from speechpipe.pipes.steps import StepPlanner, batch_samples
 from speechpipe.seeding import Position
 
 # (count, shortest, longest) frames per shard: uneven counts, skewed lengths.
@@ -335,7 +334,7 @@ def test_step_planner_with_a_batch_size_counts_ceil_per_worker(corpus):
 
 
 def test_step_plan_targets_take_the_min_mean_or_max_and_count_drops_and_repeats():
-    from speechpipe.pipes.distributed import StepPlan
+    from speechpipe.pipes.steps import StepPlan
 
     plans = {t: StepPlan(0, (10, 13, 20), True, t) for t in ("min", "mean", "max")}
     assert {t: p.steps for t, p in plans.items()} == {"min": 10, "mean": 14, "max": 20}

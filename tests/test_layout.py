@@ -28,7 +28,7 @@ FLOORS = [
     ("transform", ["pipes._audio_common", "pipes.audio", "pipes.features", "pipes.augment",
                    "pipes.cmvn", "pipes.text_normalization", "pipes.tokenizers", "pipes.text"]),
     ("order/batch", ["pipes.constraints", "pipes.lengths", "pipes.batching",
-                     "pipes.sample_lists", "pipes.assignment", "pipes.sharding", "pipes.order",
+                     "pipes.sample_lists", "pipes.assignment", "pipes.plans", "pipes.sharding", "pipes.order",
                      "pipes.mixing", "pipes.views", "pipes.threads", "pipes.device",
                      "pipes.concurrency"]),
     ("collate", ["pipes.collate"]),

@@ -33,18 +33,11 @@ from speechpipe.errors import DataError, MissingDataError, UnsafeInputError
 from speechpipe.index import ShardEntry, ShardIndex
 from speechpipe.pipes import sharding
 from speechpipe.pipes._base import IterableWrapper
+from speechpipe.pipes.assignment import shuffle_shards, split_shards
+from speechpipe.pipes.order import shuffle_buffer
+from speechpipe.pipes.plans import EpochPlan, EpochProgress, PlannedShard
 from speechpipe.pipes.shard_writer import ShardWriter
-from speechpipe.pipes.sharding import (
-    EpochPlan,
-    EpochProgress,
-    PlannedShard,
-    ShardedShuffler,
-    kaldi_arks,
-    read_shard,
-    shuffle_buffer,
-    shuffle_shards,
-    split_shards,
-)
+from speechpipe.pipes.sharding import ShardedShuffler, kaldi_arks, read_shard
 from speechpipe.seeding import Position
 from speechpipe.testing import serve_directory
 
@@ -669,6 +662,24 @@ def test_epoch_plan_lists_this_process_shards_with_counts_and_bytes(uneven_shard
     assert other.total_count in (10, 11)  # with an index the ranks are balanced by length
     no_index = IterableWrapper(uneven_shards).sharded_shuffle(seed=3).set_epoch(1).epoch_plan()
     assert no_index.names == plan.names and no_index.total_count is None
+
+
+def test_epoch_plans_give_every_process_plan_and_sample_order_its_reading_order(
+        uneven_shards, monkeypatch):
+    write_index(uneven_shards)
+    pipe = IterableWrapper(uneven_shards).sharded_shuffle(buffer_size=4, index=True, seed=2)
+    plans = pipe.set_epoch(1).epoch_plans(world_size=2, num_workers=2)
+    assert [[p.position for p in rank] for rank in plans] == [
+        [Position(rank=r, world_size=2, worker=w, num_workers=2) for w in range(2)]
+        for r in range(2)]
+    assert sorted(n for rank in plans for p in rank for n in p.names) == sorted(uneven_shards)
+    for rank in plans:
+        for plan in rank:
+            assert plan == pipe.epoch_plan(position=plan.position)
+            assert [len(s.lengths) for s in plan.shards] == [s.count for s in plan.shards]
+            keys = [s["key"] for name in plan.names for s in read_shard(name)]
+            monkeypatch.setattr(sharding, "process_position", lambda p=plan.position: p)
+            assert list(pipe.sample_order(plan, keys)) == keys_of(pipe)
 
 
 # --------------------------------------------------------------------------------------------

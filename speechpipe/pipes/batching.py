@@ -48,6 +48,7 @@ from .constraints import (  # the public ones re-exported: they were defined her
     _primary,
     batch_constraint,
 )
+from .order import shuffle_window
 
 __all__ = [
     "BatchConstraint",
@@ -199,35 +200,6 @@ def bucket_groups(
 def _sorted_group(group: list) -> list:
     group.sort(key=lambda item: (_primary(item[0]), item[1]))
     return [sample for _, _, sample in group]
-
-
-def shuffle_window(
-    items: Iterable[Any], window: int, rng, pool: list | None = None
-) -> Iterator[Any]:
-    """Emit ``items`` in a random order within a sliding window of ``window`` items.
-
-    ``window=1`` keeps the order. ``pool`` (for resuming) is the window to start from; it is
-    updated in place, and after the end of ``items`` it holds the rest, last first.
-
-    >>> import random
-    >>> sorted(shuffle_window(range(10), 4, random.Random(0))) == list(range(10))
-    True
-    """
-    if window <= 1:
-        yield from items
-        return
-    if pool is None:
-        pool = []
-    for item in items:
-        pool.append(item)
-        if len(pool) >= window:
-            i = rng.randrange(len(pool))
-            pool[i], pool[-1] = pool[-1], pool[i]
-            yield pool.pop()
-    rng.shuffle(pool)
-    pool.reverse()
-    while pool:
-        yield pool.pop()
 
 
 # --------------------------------------------------------------------------- pipes

@@ -1,7 +1,8 @@
-"""Combining and ordering samples from several sources.
+"""Combining and ordering samples: joins by key, and the one sliding-window shuffle.
 
-Verbs so far:
-
+- :func:`shuffle_window` (also as :func:`shuffle_buffer`): emit a stream in a random order
+  within a sliding window -- ``sharded_shuffle``'s sample buffer and ``block_batch``'s batch
+  window, resumable from the window's contents.
 - ``join_by_key`` (:class:`KeyJoinerIterDataPipe`): add the fields of one or more keyed
   tables (transcripts, speakers, durations) to a stream of samples, matching by ``key`` --
   the way Kaldi's ``feats.scp`` and ``text`` or a manifest and its audio are put together.
@@ -10,14 +11,14 @@ Verbs so far:
 
 from __future__ import annotations
 
-from typing import Iterable, Iterator, Mapping
+from typing import Any, Iterable, Iterator, Mapping
 
 from ..diagnostics import Diagnostics, check_on_error
 from ..errors import DataError
 from ..sample import KEY, SOURCE
 from ._base import IterDataPipe, functional_datapipe
 
-__all__ = ["KeyJoinerIterDataPipe", "join_by_key"]
+__all__ = ["KeyJoinerIterDataPipe", "join_by_key", "shuffle_buffer", "shuffle_window"]
 
 _EXAMPLES = 5
 
@@ -123,6 +124,74 @@ def _same(a, b) -> bool:
         return bool(a == b)
     except (ValueError, TypeError):  # arrays: ambiguous truth value
         return a is b
+
+
+# --------------------------------------------------------------------------- shuffling
+
+
+def shuffle_window(
+    items: Iterable[Any], window: int, rng, pool: list | None = None
+) -> Iterator[Any]:
+    """Emit ``items`` in a random order within a sliding window of ``window`` items.
+
+    Each item read goes into the window (``pool``); once it holds ``window`` items, a uniformly
+    chosen one is emitted before the next is read; at the end the rest comes out in random
+    order. So at most ``window`` items are held, and the items read are never more than
+    ``window`` ahead of those emitted; an item can move forward any distance but back by less
+    than ``window`` places. ``window=1`` keeps the order (and draws nothing from ``rng``).
+    This is the one sliding-window shuffle: ``sharded_shuffle``'s sample buffer
+    (:func:`shuffle_buffer`) and ``block_batch``'s batch window.
+
+    ``pool`` (for resuming) is the window to start from; it is updated in place, and after the
+    end of ``items`` it holds the rest, last first (``pool.pop()`` gives the next).
+
+    >>> import random
+    >>> sorted(shuffle_window(range(10), 4, random.Random(0))) == list(range(10))
+    True
+    >>> list(shuffle_window(range(5), 1, random.Random(0)))
+    [0, 1, 2, 3, 4]
+    """
+    if window <= 1:
+        yield from items
+        return
+    if pool is None:
+        pool = []
+    for item in items:
+        pool.append(item)
+        if len(pool) >= window:
+            i = rng.randrange(len(pool))
+            pool[i], pool[-1] = pool[-1], pool[i]
+            yield pool.pop()
+    rng.shuffle(pool)
+    pool.reverse()
+    while pool:
+        yield pool.pop()
+
+
+def shuffle_buffer(
+    samples: Iterable[Any], buffer_size: int, rng, buffer: list | None = None
+) -> Iterator[Any]:
+    """Shuffle a stream in a buffer of ``buffer_size`` items: :func:`shuffle_window` (the
+    sample level of ``sharded_shuffle``), with ``buffer_size`` checked to be an int >= 1.
+
+    Args:
+        samples: the stream.
+        buffer_size: items held, ``>= 1``; ``1`` keeps the order.
+        rng: a ``random.Random``.
+        buffer: the buffer to start from (resuming); updated in place.
+
+    >>> import random
+    >>> list(shuffle_buffer(range(5), 1, random.Random(0)))
+    [0, 1, 2, 3, 4]
+    >>> sorted(shuffle_buffer(range(5), 3, random.Random(0)))
+    [0, 1, 2, 3, 4]
+    """
+    if not isinstance(buffer_size, int) or buffer_size < 1:
+        raise ValueError(f"buffer_size must be an int >= 1, got {buffer_size!r}")
+    yield from shuffle_window(samples, buffer_size, rng, pool=buffer)
+
+
+# --------------------------------------------------------------------------- pipes
 
 
 @functional_datapipe("join_by_key")

@@ -7,9 +7,10 @@ epoch reads every shard sequentially and gets its randomness from two shuffles (
 recipe, used by CAT and WeNet for corpora of 10,000 hours):
 
 1. the **shard list** is shuffled with ``(seed, epoch)`` -- the same order on every rank and
-   DataLoader worker -- and split between them (:func:`split_shards`);
+   DataLoader worker -- and split between them (:mod:`speechpipe.pipes.assignment`);
 2. each process reads its shards one after the other and shuffles the **samples** in a buffer
-   of ``buffer_size`` (:func:`shuffle_buffer`), seeded with ``(seed, epoch, rank, worker)``.
+   of ``buffer_size`` (:func:`~speechpipe.pipes.order.shuffle_buffer`), seeded with
+   ``(seed, epoch, rank, worker)``.
 
 Verbs and functions:
 
@@ -17,13 +18,18 @@ Verbs and functions:
   ``http(s)://`` URLs, e.g. from ``list_shards``) to samples, in the two-level random order.
   Tar shards give raw samples (fields still encoded bytes; follow with ``decode``), Kaldi arks
   give ``{"key", "feats", "source"}``. With a shard index (:mod:`speechpipe.index`) it has an
-  exact ``len()`` and an :meth:`~ShardedShufflerIterDataPipe.epoch_plan`.
-- :func:`shuffle_shards`, :func:`split_shards`, :func:`read_shard`, :func:`iter_ark`,
-  :func:`shuffle_buffer`: the steps above as plain functions.
+  exact ``len()`` and an :meth:`~ShardedShufflerIterDataPipe.epoch_plan` (an
+  :class:`~speechpipe.pipes.plans.EpochPlan`; every process's: ``epoch_plans``).
+- :func:`read_shard`, :func:`iter_ark`: reading one shard as a plain function; the other steps
+  are :func:`~speechpipe.pipes.assignment.shuffle_shards`,
+  :func:`~speechpipe.pipes.assignment.split_shards` and
+  :func:`~speechpipe.pipes.order.shuffle_buffer` (all three importable from here too).
+- :func:`shard_assignment`: every rank's and worker's shards in an epoch, and their balance.
 - :func:`kaldi_arks`: the ark files of a ``feats.scp``, so that a Kaldi data directory is
   streamed as shards with no packing.
-- :class:`EpochPlan` / :class:`PlannedShard`: the shards one process reads in one epoch, with
-  counts and bytes from the index; :class:`EpochProgress`: the epoch's ETA from it.
+
+``EpochPlan``, ``PlannedShard`` and ``EpochProgress`` (:mod:`speechpipe.pipes.plans`) are
+importable from here too.
 
 A typical chain::
 
@@ -46,9 +52,14 @@ from ..sample import FEATS, KEY, SOURCE, Sample
 from ..seeding import Position, derive_rng, process_position
 from ._base import IterDataPipe, functional_datapipe
 from ._state import SampleSource, Seeded, check_seed, held_sample, identity_list, rng_state
-from .distributed import ShardSplit, assign_shards
+from .assignment import (
+    ShardAssignment, ShardSplit, _check_count, _check_position, assign_shards, shuffle_shards,
+    split_shards,
+)
 from .kaldi_ark import _ARK_REF, iter_ark
 from .kaldi_tables import read_scp_table
+from .order import shuffle_buffer
+from .plans import EpochPlan, EpochProgress, PlannedShard
 from .shards import ShardReadOptions, group_by_key, iter_tar_members
 from .sources import is_url, open_stream
 
@@ -62,6 +73,7 @@ __all__ = [
     "iter_ark",
     "kaldi_arks",
     "read_shard",
+    "shard_assignment",
     "shuffle_buffer",
     "shuffle_shards",
     "split_shards",
@@ -70,78 +82,10 @@ __all__ = [
 #: Shard formats ``sharded_shuffle`` reads: webdataset tar, Kaldi binary/text ark.
 FORMATS = ("tar", "ark")
 
-# Salts of the two random streams (part of the public determinism contract: changing them
-# changes every epoch's order).
-_SHARDS_SALT = "shards"
+# Salt of the sample buffer's random stream (part of the public determinism contract: changing
+# it changes every epoch's order; the shard order's is in speechpipe.pipes.assignment).
 _SAMPLES_SALT = "samples"
 
-
-# --------------------------------------------------------------------------------------------
-# Level 1: the shard list
-# --------------------------------------------------------------------------------------------
-
-
-def shuffle_shards(names: Iterable[str], seed: int, epoch: int) -> list[str]:
-    """The epoch's shard order: ``names`` shuffled with ``derive_rng(seed, epoch, 0, 0,
-    "shards")``.
-
-    Rank and worker are deliberately left out, so every process computes the *same* order and
-    :func:`split_shards` can hand each one a disjoint part of it.
-
-    >>> names = [f"data-{i}.tar" for i in range(6)]
-    >>> shuffle_shards(names, 0, 1) == shuffle_shards(names, 0, 1)
-    True
-    >>> sorted(shuffle_shards(names, 0, 1)) == names
-    True
-    """
-    order = list(names)
-    derive_rng(seed, epoch, 0, 0, _SHARDS_SALT).shuffle(order)
-    return order
-
-
-def split_shards(
-    names: Sequence[str],
-    position: Position,
-    *,
-    weights: Mapping[str, float] | None = None,
-    split: ShardSplit | None = None,
-) -> list[str]:
-    """The shards this process reads: its part of :func:`~speechpipe.pipes.distributed.
-    assign_shards` for ``position``.
-
-    The epoch's order is split first between the ``world_size`` ranks, then each rank's part
-    between its ``num_workers`` DataLoader workers -- balanced by total length when
-    ``weights`` (total length per shard, from the index) are given, else round robin by count
-    (rank ``r`` gets ``names[r::world_size]``, its worker ``w`` every ``num_workers``-th of
-    those). Given the same ``names`` everywhere (:func:`shuffle_shards`), the processes read
-    disjoint parts whose union is every shard once (unless ``split`` equalises counts by
-    repeating or dropping shards). A rank's shards do not depend on the number of workers.
-    This is the one place that decides who reads what.
-
-    Args:
-        names: the epoch's shard order, identical on every process.
-        position: this process (:func:`speechpipe.seeding.process_position`).
-        weights: ``{name: total length}`` to balance by length.
-        split: a :class:`~speechpipe.pipes.distributed.ShardSplit` (balance, equal counts).
-
-    >>> from speechpipe.seeding import Position
-    >>> names = ["a", "b", "c", "d", "e"]
-    >>> split_shards(names, Position(rank=0, world_size=1, worker=1, num_workers=2))
-    ['b', 'd']
-    >>> split_shards(names, Position(rank=1, world_size=2, worker=0, num_workers=2))
-    ['b']
-    >>> split_shards(names, Position(rank=1, world_size=2),
-    ...              weights={"a": 5, "b": 1, "c": 1, "d": 1, "e": 1})
-    ['b', 'c', 'd', 'e']
-    """
-    slots = position.world_size * position.num_workers
-    slot = position.rank * position.num_workers + position.worker
-    if not (0 <= position.rank < position.world_size and 0 <= position.worker
-            < position.num_workers) or not 0 <= slot < slots:
-        raise ValueError(f"position {position} is outside its own world and worker counts")
-    assignment = assign_shards(names, world_size=position.world_size,
-                               num_workers=position.num_workers, weights=weights, split=split)
-    return assignment.shards(position.rank, position.worker)
 
 
 # --------------------------------------------------------------------------------------------
@@ -202,53 +146,66 @@ def _skip_reason(error: Exception) -> str:
     return "corrupt shard (rest of the shard skipped)"
 
 
-def _read_shards(
-    names: Iterable[str],
-    *,
-    format: str,
-    allow_pipes: bool,
-    on_error: str,
-    diagnostics: Diagnostics,
-    read_options: ShardReadOptions | None = None,
-    live: dict | None = None,
-    start: int = 0,
-    skip: int = 0,
-    wanted: set[str] | None = None,
-    picked: dict | None = None,
-) -> Iterator[Sample]:
+@dataclass(frozen=True)
+class _Reading:
+    """How a ``sharded_shuffle`` pipe reads its shards: the format and opening options of
+    :func:`read_shard`, and what a bad shard does (``on_error``, counted in ``diagnostics``)."""
+
+    format: str
+    allow_pipes: bool
+    read_options: ShardReadOptions | None
+    on_error: str
+    diagnostics: Diagnostics
+
+    def open(self, name: str) -> Iterator[Sample]:
+        return read_shard(name, format=self.format, allow_pipes=self.allow_pipes,
+                          read_options=self.read_options)
+
+
+@dataclass(frozen=True)
+class _SkipTo:
+    """Where a resumed reader starts: at ``shard`` (its place in the plan), whose first
+    ``offset`` samples are read but not yielded; those with a key in ``wanted`` go to
+    ``picked`` (``{(shard name, key): sample}``)."""
+
+    shard: int
+    offset: int
+    wanted: set[str] | None
+    picked: dict
+
+
+def _read_shards(names: Sequence[str], reading: _Reading, live: dict,
+                 skip_to: _SkipTo | None = None) -> Iterator[Sample]:
     """Samples of each shard in turn; under ``"skip"`` a bad shard is counted and left.
 
-    For resuming: reading starts at ``names[start]``, whose first ``skip`` samples are read but
-    not yielded (those with a key in ``wanted`` go to ``picked``); ``live`` records the
-    position (``"shard"``, ``"offset"``: samples read from it) and ``"drain"`` at the end.
+    ``live`` records the position (``"shard"``, ``"offset"``: samples read from it) and
+    ``"drain"`` at the end; ``skip_to`` starts later (resuming).
     """
     names = list(names)
-    live = {} if live is None else live
+    start, skip = (0, 0) if skip_to is None else (skip_to.shard, skip_to.offset)
     for i in range(start, len(names)):
         name = names[i]
         live["shard"], live["offset"] = i, 0
-        if name.startswith("pipe:") and not allow_pipes:  # a setup error: never skipped
+        if name.startswith("pipe:") and not reading.allow_pipes:  # a setup error: never skipped
             raise UnsafeInputError(
                 "refusing to run a shell command; pass allow_pipes=True to read 'pipe:' shards",
                 source=name,
             )
         try:
-            for sample in read_shard(name, format=format, allow_pipes=allow_pipes,
-                                     read_options=read_options):
+            for sample in reading.open(name):
                 live["offset"] += 1
                 if live["offset"] <= skip:
-                    if wanted and sample[KEY] in wanted:
-                        picked[(name, sample[KEY])] = sample
+                    if skip_to.wanted and sample[KEY] in skip_to.wanted:
+                        skip_to.picked[(name, sample[KEY])] = sample
                     continue
                 yield sample
         except (DataError, MissingDataError) as err:
-            diagnostics.handle(on_error, err, _skip_reason(err))
+            reading.diagnostics.handle(reading.on_error, err, _skip_reason(err))
         skip = 0
     live["drain"] = True
 
 
-def _pick_samples(wanted: Mapping[str, set[str]], *, format: str, allow_pipes: bool,
-                  read_options: ShardReadOptions | None = None) -> dict:
+def _pick_samples(wanted: Mapping[str, set[str]], reading: _Reading) -> dict:
     """``{(shard, key): sample}`` for the wanted keys of each shard, each shard read from its
     start up to the last wanted key only (resuming)."""
     found: dict = {}
@@ -256,8 +213,7 @@ def _pick_samples(wanted: Mapping[str, set[str]], *, format: str, allow_pipes: b
         left = set(keys)
         if not left:
             continue
-        shard = read_shard(name, format=format, allow_pipes=allow_pipes,
-                           read_options=read_options)
+        shard = reading.open(name)
         try:
             for sample in shard:
                 if sample[KEY] in left:
@@ -274,205 +230,8 @@ def _pick_samples(wanted: Mapping[str, set[str]], *, format: str, allow_pipes: b
 
 
 # --------------------------------------------------------------------------------------------
-# Level 2: the samples
+# Matching shard names to the index
 # --------------------------------------------------------------------------------------------
-
-
-def shuffle_buffer(
-    samples: Iterable[Any], buffer_size: int, rng, buffer: list | None = None
-) -> Iterator[Any]:
-    """Shuffle a stream in a buffer of ``buffer_size`` items.
-
-    Each item read goes into the buffer; once it holds ``buffer_size`` items, a uniformly
-    chosen one is yielded before the next is read; at the end the rest comes out in random
-    order. So at most ``buffer_size`` items are held, and the items read are never more than
-    ``buffer_size`` ahead of those yielded. ``buffer_size=1`` keeps the order. An item can move
-    forward any distance but back by less than ``buffer_size`` places.
-
-    Args:
-        samples: the stream.
-        buffer_size: items held, ``>= 1``.
-        rng: a ``random.Random``.
-        buffer: the buffer to start from (resuming); updated in place.
-
-    >>> import random
-    >>> list(shuffle_buffer(range(5), 1, random.Random(0)))
-    [0, 1, 2, 3, 4]
-    >>> sorted(shuffle_buffer(range(5), 3, random.Random(0)))
-    [0, 1, 2, 3, 4]
-    """
-    if not isinstance(buffer_size, int) or buffer_size < 1:
-        raise ValueError(f"buffer_size must be an int >= 1, got {buffer_size!r}")
-    if buffer is None:
-        buffer = []
-    for item in samples:
-        buffer.append(item)
-        if len(buffer) >= buffer_size:
-            i = rng.randrange(len(buffer))
-            buffer[i], buffer[-1] = buffer[-1], buffer[i]
-            yield buffer.pop()
-    rng.shuffle(buffer)
-    while buffer:
-        yield buffer.pop()
-
-
-# --------------------------------------------------------------------------------------------
-# Planning an epoch from the index
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class PlannedShard:
-    """One shard of an epoch plan: its name, and its utterances and bytes from the index
-    (``None`` without an index)."""
-
-    name: str
-    count: int | None = None
-    bytes: int | None = None
-
-
-@dataclass(frozen=True)
-class EpochPlan:
-    """The shards one process reads in one epoch, in reading order.
-
-    Attributes:
-        epoch: the epoch planned.
-        position: the process (rank, worker) it is planned for.
-        shards: the :class:`PlannedShard` entries, in the order they are read.
-    """
-
-    epoch: int
-    position: Position
-    shards: tuple[PlannedShard, ...]
-
-    @property
-    def names(self) -> list[str]:
-        return [s.name for s in self.shards]
-
-    @property
-    def total_count(self) -> int | None:
-        """Utterances in the plan, or ``None`` if a count is unknown (no index)."""
-        if any(s.count is None for s in self.shards):
-            return None
-        return sum(s.count for s in self.shards)
-
-    @property
-    def total_bytes(self) -> int | None:
-        """Bytes of the plan's shards, or ``None`` if a size is unknown (no index)."""
-        if any(s.bytes is None for s in self.shards):
-            return None
-        return sum(s.bytes for s in self.shards)
-
-
-class EpochProgress:
-    """Progress and ETA of one process's epoch, from its :class:`EpochPlan`.
-
-    The count is exact: the plan holds every utterance this process will yield (unless a
-    shard is skipped under ``on_error="skip"``). Time is extrapolated from the rate so far:
-    by bytes when ``consumed_bytes`` is given and the plan knows its shards' sizes (better
-    when shards hold utterances of different lengths), else by samples.
-
-    **The buffer bound.** Samples come out of a shuffle buffer of ``buffer_size`` B, so the
-    reader is ahead of the samples yielded by at most B: after ``n`` samples have been
-    yielded, between ``n`` and ``n + B`` have been read. :meth:`remaining_shards` therefore
-    gives a range: the shards not yet finished if the reader stood at ``n + B`` (fewest) and
-    at ``n`` (most); the reader's true position is within B samples of ``n``.
-
-    Args:
-        plan: the epoch plan (from ``sharded_shuffle(..., index=...).epoch_plan()``), or its
-            shards; every count must be known.
-        buffer_size: the shuffle buffer of the pipe that yields the samples.
-
-    >>> from speechpipe.seeding import Position
-    >>> plan = EpochPlan(0, Position(), (PlannedShard("a", 100, 1000),
-    ...                                  PlannedShard("b", 100, 3000)))
-    >>> progress = EpochProgress(plan, buffer_size=10)
-    >>> progress.remaining_samples(150), progress.remaining_shards(150)
-    (50, (1, 1))
-    >>> progress.remaining_shards(95)
-    (1, 2)
-    >>> progress.remaining_seconds(50, elapsed=10.0)  # 50 samples in 10 s, 150 to go
-    30.0
-    >>> progress.remaining_seconds(50, elapsed=10.0, consumed_bytes=500)  # 3500 bytes to go
-    70.0
-    """
-
-    def __init__(self, plan: EpochPlan | Sequence[PlannedShard], *, buffer_size: int = 0):
-        shards = tuple(plan.shards if isinstance(plan, EpochPlan) else plan)
-        for s in shards:
-            if not isinstance(s, PlannedShard):
-                raise TypeError(f"plan must hold PlannedShard entries, got {s!r}")
-            if s.count is None:
-                raise ValueError(
-                    f"shard {s.name!r} has no count: plan with an index "
-                    "(sharded_shuffle(..., index=True))"
-                )
-        if not isinstance(buffer_size, int) or buffer_size < 0:
-            raise ValueError(f"buffer_size must be an int >= 0, got {buffer_size!r}")
-        self.shards = shards
-        self.buffer_size = buffer_size
-        self.total_samples = sum(s.count for s in shards)
-        self.total_bytes = (None if any(s.bytes is None for s in shards)
-                            else sum(s.bytes for s in shards))
-        self._ends = []  # cumulative counts: shard i is fully read once _ends[i] samples are
-        total = 0
-        for s in shards:
-            total += s.count
-            self._ends.append(total)
-
-    def _check(self, consumed: int) -> int:
-        if not isinstance(consumed, int) or consumed < 0:
-            raise ValueError(f"consumed must be an int >= 0, got {consumed!r}")
-        if consumed > self.total_samples:
-            raise ValueError(
-                f"consumed {consumed} samples but the plan holds {self.total_samples}"
-            )
-        return consumed
-
-    def remaining_samples(self, consumed: int) -> int:
-        """Samples still to come after ``consumed`` (exact)."""
-        return self.total_samples - self._check(consumed)
-
-    def fraction_done(self, consumed: int) -> float:
-        """``consumed / total`` (1.0 for an empty plan)."""
-        self._check(consumed)
-        return consumed / self.total_samples if self.total_samples else 1.0
-
-    def _unfinished(self, read: int) -> int:
-        return sum(1 for end in self._ends if end > read)
-
-    def remaining_shards(self, consumed: int) -> tuple[int, int]:
-        """``(fewest, most)`` shards the reader has not finished after ``consumed`` samples
-        were yielded: the reader stands between ``consumed`` and ``consumed + buffer_size``."""
-        self._check(consumed)
-        ahead = min(consumed + self.buffer_size, self.total_samples)
-        return self._unfinished(ahead), self._unfinished(consumed)
-
-    def remaining_seconds(
-        self, consumed: int, elapsed: float, consumed_bytes: int | None = None
-    ) -> float | None:
-        """Seconds left at the rate so far; ``None`` before anything was consumed.
-
-        Args:
-            consumed: samples yielded so far this epoch.
-            elapsed: seconds since the epoch started.
-            consumed_bytes: bytes of those samples (e.g. the sum of their raw fields'
-                sizes); with the plan's bytes, the rate is measured in bytes.
-        """
-        remaining = self.remaining_samples(consumed)
-        if elapsed < 0:
-            raise ValueError(f"elapsed must be >= 0 seconds, got {elapsed!r}")
-        if remaining == 0:
-            return 0.0
-        if consumed_bytes is not None and self.total_bytes is not None:
-            if not isinstance(consumed_bytes, int) or consumed_bytes < 0:
-                raise ValueError(f"consumed_bytes must be an int >= 0, got {consumed_bytes!r}")
-            if consumed_bytes == 0:
-                return None
-            return elapsed * max(self.total_bytes - consumed_bytes, 0) / consumed_bytes
-        if consumed == 0:
-            return None
-        return elapsed * remaining / consumed
 
 
 def _path_parts(name: str) -> list[str]:
@@ -607,28 +366,31 @@ class ShardedShufflerIterDataPipe(Seeded, SampleSource, IterDataPipe[Sample]):
     Each pass (epoch):
 
     1. the shard names are read from the source and shuffled with ``(seed, epoch)`` -- the
-       same order on every rank and worker (:func:`shuffle_shards`);
-    2. this process keeps its part (:func:`split_shards`): the order is split between the
-       ranks (rank and world size from ``torch.distributed`` when it is initialised), then
-       between each rank's DataLoader workers -- with an index, balanced by total length,
-       else round robin by count; ``split`` can also make shard counts per rank equal
-       (:class:`~speechpipe.pipes.distributed.ShardSplit`). Do not add ``sharding_filter``:
-       the split is done here, at the shard level;
+       same order on every rank and worker (:func:`~speechpipe.pipes.assignment.shuffle_shards`);
+    2. this process keeps its part (:func:`~speechpipe.pipes.assignment.split_shards`): the
+       order is split between the ranks (rank and world size from ``torch.distributed`` when
+       it is initialised), then between each rank's DataLoader workers -- with an index,
+       balanced by total length, else round robin by count; ``split`` can also make shard
+       counts per rank equal (:class:`~speechpipe.pipes.assignment.ShardSplit`). Do not add
+       ``sharding_filter``: the split is done here, at the shard level;
     3. its shards are opened and read sequentially, one at a time (:func:`read_shard`);
-    4. samples are shuffled in a buffer of ``buffer_size`` (:func:`shuffle_buffer`) seeded
-       with ``(seed, epoch, rank, worker)``.
+    4. samples are shuffled in a buffer of ``buffer_size``
+       (:func:`~speechpipe.pipes.order.shuffle_buffer`) seeded with ``(seed, epoch, rank,
+       worker)``.
 
     ``set_epoch(e)`` (or ``speechpipe.set_epoch``) changes both orders; the same seed and
     epoch give the same output. Every sample of every shard comes out once per epoch (over
     all ranks and workers; ``ShardSplit(equalize=...)`` repeats or drops whole shards,
-    counted in :func:`~speechpipe.pipes.distributed.shard_assignment`).
+    counted in :func:`shard_assignment`).
 
     **Length.** With ``index``, ``len()`` is exact: the sum of the index counts of the shards
     this process reads in the current epoch -- every shard in the main process; inside a
     DataLoader worker, that worker's shards. (``len(DataLoader)`` calls it in the main process,
     so it is the total over the workers.) Without ``index``, ``len()`` raises ``TypeError``.
     :meth:`epoch_plan` returns the shards, counts and bytes of an epoch, for
-    :class:`EpochProgress`, resuming and balancing ranks.
+    :class:`~speechpipe.pipes.plans.EpochProgress`, resuming and balancing ranks
+    (:meth:`epoch_plans`: every process's, for
+    :class:`~speechpipe.pipes.steps.StepPlanner`).
 
     Args:
         source_datapipe: shard names (an ``IterDataPipe`` or a list); listed again each pass.
@@ -644,7 +406,7 @@ class ShardedShufflerIterDataPipe(Seeded, SampleSource, IterDataPipe[Sample]):
             the longest tail of path components).
         allow_pipes: allow ``pipe:`` names (shell commands whose stdout is the shard).
         split: how shards are split between ranks and workers
-            (:class:`~speechpipe.pipes.distributed.ShardSplit`; default: balanced by length
+            (:class:`~speechpipe.pipes.assignment.ShardSplit`; default: balanced by length
             with an index, by count without, shard counts per rank not equalised).
         on_error: ``"raise"`` (default): a missing, truncated or corrupt shard raises a
             :class:`~speechpipe.errors.DataError` (or ``MissingDataError``) naming it;
@@ -779,15 +541,71 @@ class ShardedShufflerIterDataPipe(Seeded, SampleSource, IterDataPipe[Sample]):
         if not isinstance(position, Position):
             raise TypeError(f"position must be a speechpipe.seeding.Position, got {position!r}")
         names = self._names()
+        return self._plan(names, self._entries(names), epoch, position)
+
+    def epoch_plans(
+        self, epoch: int | None = None, *, world_size: int | None = None, num_workers: int = 1
+    ) -> tuple[tuple[EpochPlan, ...], ...]:
+        """Every process's :meth:`epoch_plan` in an epoch, ``plans[rank][worker]``, from one
+        split of the shards (what a planner of all ranks needs: the work of one plan, not of
+        ``world_size * num_workers``).
+
+        Args:
+            epoch: the epoch to plan (default: the current one).
+            world_size: ranks (default: ``torch.distributed``'s world size, else 1).
+            num_workers: DataLoader workers per rank (1 without workers).
+        """
+        epoch = self.epoch if epoch is None else _check_count(epoch, "epoch", 0)
+        names = self._names()
         entries = self._entries(names)
-        mine = split_shards(shuffle_shards(names, self.seed, epoch), position,
-                            weights=_weights(entries), split=self.split)
-        shards = tuple(
-            PlannedShard(n) if entries is None
-            else PlannedShard(n, entries[n].count, entries[n].bytes)
-            for n in mine
+        split = self._assignment(names, entries, epoch, world_size=world_size,
+                                 num_workers=num_workers)
+        return tuple(
+            tuple(_planned(epoch, Position(rank, split.world_size, worker, split.num_workers),
+                           split.shards(rank, worker), entries)
+                  for worker in range(split.num_workers))
+            for rank in range(split.world_size)
         )
-        return EpochPlan(epoch, position, shards)
+
+    def sample_order(self, plan: EpochPlan, items: Iterable[Any]) -> Iterator[Any]:
+        """``items`` -- one per sample of ``plan``, in reading order (e.g. the index's lengths
+        of its shards) -- in the order this pipe yields those samples: the same buffer shuffle,
+        seeded with ``(seed, plan.epoch, rank, worker)`` of the plan. Exact unless a shard is
+        skipped (``on_error="skip"``).
+
+        >>> from speechpipe.seeding import Position
+        >>> pipe = ShardedShufflerIterDataPipe(["a.tar"], buffer_size=1)
+        >>> list(pipe.sample_order(EpochPlan(0, Position(), ()), [3, 1, 2]))
+        [3, 1, 2]
+        """
+        rng = self._sample_rng(plan.epoch, plan.position)
+        return shuffle_buffer(items, self.buffer_size, rng)
+
+    # -- the epoch's split: computed here only
+
+    def _assignment(self, names: list[str], entries: dict[str, ShardEntry] | None, epoch: int,
+                    *, world_size: int | None, num_workers: int) -> ShardAssignment:
+        """The split of the epoch's shard order between every rank and worker -- the one place
+        it is computed, for reading, :meth:`epoch_plan`, :meth:`epoch_plans` and
+        :func:`shard_assignment`."""
+        return assign_shards(shuffle_shards(names, self.seed, epoch), world_size=world_size,
+                             num_workers=num_workers, weights=_weights(entries),
+                             split=self.split, unit=self._length_unit())
+
+    def _plan(self, names: list[str], entries: dict[str, ShardEntry] | None, epoch: int,
+              position: Position) -> EpochPlan:
+        """One process's part of :meth:`_assignment`."""
+        _check_position(position)
+        split = self._assignment(names, entries, epoch, world_size=position.world_size,
+                                 num_workers=position.num_workers)
+        return _planned(epoch, position, split.shards(position.rank, position.worker), entries)
+
+    def _sample_rng(self, epoch: int, position: Position):
+        return derive_rng(self.seed, epoch, position.rank, position.worker, _SAMPLES_SALT)
+
+    def _length_unit(self) -> str:
+        index = self.index if not isinstance(self.index, bool) else self._loaded_index
+        return getattr(index, "length_unit", "frames")
 
     def __iter__(self) -> Iterator[Sample]:
         if self._replay_request is not None:  # re-read samples held above (request_replay)
@@ -816,10 +634,9 @@ class ShardedShufflerIterDataPipe(Seeded, SampleSource, IterDataPipe[Sample]):
         position = process_position()
         names = self._names()
         entries = self._entries(names)  # read the index (once) before any shard is opened
-        mine = split_shards(shuffle_shards(names, self.seed, self.epoch), position,
-                            weights=_weights(entries), split=self.split)
+        mine = self._plan(names, entries, self.epoch, position).names
         self.diagnostics.reset()
-        rng = derive_rng(self.seed, self.epoch, position.rank, position.worker, _SAMPLES_SALT)
+        rng = self._sample_rng(self.epoch, position)
         live = {"rng": rng, "buffer": [], "shard": 0, "offset": 0, "drain": False, "plan": mine}
         if state is None:
             return self._read(mine, live), False, live
@@ -854,10 +671,13 @@ class ShardedShufflerIterDataPipe(Seeded, SampleSource, IterDataPipe[Sample]):
             if close is not None:
                 close()
 
-    def _read(self, mine: list[str], live: dict, **resume: Any) -> Iterator[Sample]:
-        return _read_shards(mine, format=self.format, allow_pipes=self.allow_pipes,
-                            on_error=self.on_error, diagnostics=self.diagnostics, live=live,
-                            read_options=self.read_options, **resume)
+    def _reading(self) -> _Reading:
+        return _Reading(self.format, self.allow_pipes, self.read_options, self.on_error,
+                        self.diagnostics)
+
+    def _read(self, mine: list[str], live: dict,
+              skip_to: _SkipTo | None = None) -> Iterator[Sample]:
+        return _read_shards(mine, self._reading(), live, skip_to)
 
     def _snapshot(self, live: dict) -> dict:
         plan, shard = live["plan"], live["shard"]
@@ -902,13 +722,11 @@ class ShardedShufflerIterDataPipe(Seeded, SampleSource, IterDataPipe[Sample]):
         else:
             if name is not None and entries is not None and skip >= entries[name].count:
                 start, skip = start + 1, 0  # finished: not opened again
-            reader = self._read(mine, live, start=start, skip=skip, wanted=wanted.get(name),
-                                picked=picked)
+            reader = self._read(mine, live, _SkipTo(start, skip, wanted.get(name), picked))
             first = next(reader, _END)  # reads the skipped part, picking held samples in it
             samples = reader if first is _END else itertools.chain([first], reader)
         rest = {src: {k for k in keys if (src, k) not in picked} for src, keys in wanted.items()}
-        picked.update(_pick_samples(rest, format=self.format, allow_pipes=self.allow_pipes,
-                                    read_options=self.read_options))
+        picked.update(_pick_samples(rest, self._reading()))
         live["buffer"][:] = [held_sample(picked, ident) for ident in state["buffer"]]
         self._replay_cache = picked
         return samples, bool(state["drain"])
@@ -919,8 +737,7 @@ class ShardedShufflerIterDataPipe(Seeded, SampleSource, IterDataPipe[Sample]):
             wanted: dict[str, set[str]] = {}
             for src, key in request:
                 wanted.setdefault(src, set()).add(key)
-            found = _pick_samples(wanted, format=self.format, allow_pipes=self.allow_pipes,
-                                  read_options=self.read_options)
+            found = _pick_samples(wanted, self._reading())
         for ident in request:
             yield held_sample(found, ident)
 
@@ -934,6 +751,43 @@ class ShardedShufflerIterDataPipe(Seeded, SampleSource, IterDataPipe[Sample]):
         return self.epoch_plan().total_count
 
 
+def shard_assignment(
+    sharded: Any,
+    epoch: int | None = None,
+    *,
+    world_size: int | None = None,
+    num_workers: int = 1,
+) -> ShardAssignment:
+    """The assignment a ``sharded_shuffle`` pipe makes in ``epoch`` (default: its current
+    one), for every rank: lists the shards and reads the index (if the pipe has one), reads no
+    shard. ``print(shard_assignment(pipe).report())`` shows the per-rank balance and the
+    repeated or dropped shards.
+
+    Args:
+        sharded: a ``sharded_shuffle`` pipe (:class:`~speechpipe.pipes.sharding.ShardedShuffler`).
+        epoch: the epoch (default: the pipe's current epoch).
+        world_size: ranks (default: ``torch.distributed``'s, else 1).
+        num_workers: DataLoader workers per rank (1 without workers).
+    """
+    if not isinstance(sharded, ShardedShufflerIterDataPipe):
+        raise TypeError(f"sharded must be a sharded_shuffle pipe, got {sharded!r}")
+    epoch = sharded.epoch if epoch is None else _check_count(epoch, "epoch", 0)
+    names = sharded._names()
+    return sharded._assignment(names, sharded._entries(names), epoch, world_size=world_size,
+                               num_workers=num_workers)
+
+def _planned(epoch: int, position: Position, names: list[str],
+             entries: dict[str, ShardEntry] | None) -> EpochPlan:
+    """The plan of a process reading ``names``, with counts, bytes and lengths from the index
+    (``None`` without one)."""
+    shards = tuple(
+        PlannedShard(n) if entries is None
+        else PlannedShard(n, entries[n].count, entries[n].bytes, entries[n].lengths)
+        for n in names
+    )
+    return EpochPlan(epoch, position, shards)
+
+
 def _weights(entries: dict[str, ShardEntry] | None) -> dict[str, float] | None:
     """Total length per shard name (what the split balances), or None without an index."""
     if entries is None:
@@ -944,3 +798,4 @@ def _weights(entries: dict[str, ShardEntry] | None) -> dict[str, float] | None:
 _END = object()
 
 ShardedShuffler = ShardedShufflerIterDataPipe
+
