@@ -637,6 +637,20 @@ def test_commands_in_tables_are_refused(tmp_path):
                   progress=False)
 
 
+def test_a_pickled_object_in_an_ark_is_refused_for_what_it_is(tmp_path):
+    # issue 23: pack said "pack does not run commands from tables" for a PKL object
+    import pickle
+
+    ark = tmp_path / "feats.ark"
+    ark.write_bytes(b"u1 PKL" + pickle.dumps({"not": "a matrix"}))
+    (tmp_path / "feats.scp").write_text(f"u1 {ark}:3\n")
+    text = write_text(tmp_path / "text", {"u1": "x"})
+    with pytest.raises(UnsafeInputError, match="pickled object; speechpipe never unpickles") \
+            as info:
+        pack_data(str(tmp_path / "feats.scp"), text, tmp_path / "out", progress=False)
+    assert "commands" not in str(info.value)
+
+
 def test_errors_raised_in_worker_processes_keep_file_line_and_key(tmp_path):
     scp, _ = write_wavs(str(tmp_path), {f"u{i}": 100 for i in range(4)})
     os.remove(tmp_path / "u3.wav")
