@@ -513,5 +513,35 @@ def test_resuming_with_random_stages_drawing_in_sequence_warns(tmp_path):
         next(iter(again), None)
 
 
+@pytest.mark.parametrize("dither", [0.0, 1.0])
+def test_features_warn_on_resume_only_when_they_dither(tmp_path, dither):
+    """compute_features draws only for dither: without it a resume repeats the run and says
+    nothing (every recipe's resume warned before)."""
+    import warnings
+
+    with ShardWriter(str(tmp_path / "data-%05d.tar"), maxcount=5) as writer:
+        for i in range(10):
+            writer.write({"key": f"a{i}", "sample_rate": 8000,
+                          "flac": np.zeros(800 * (i + 1), np.float32)})
+
+    def make():
+        return (IterableWrapper(writer.paths).sharded_shuffle(buffer_size=4).decode()
+                .compute_features("fbank", dither=dither, num_mel_bins=10)
+                .block_batch(batch_len=10**6, max_samples=2))
+
+    dataset = PipeDataset(make())
+    it = iter(dataset)
+    next(it)
+    state = dataset.state_dict()
+    it.close()
+    again = PipeDataset(make())
+    again.load_state_dict(state)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        next(iter(again), None)
+    said = [w for w in caught if issubclass(w.category, ResumeWarning)]
+    assert bool(said) == bool(dither)
+
+
 if __name__ == "__main__":
     _child(sys.argv[1])

@@ -94,7 +94,7 @@ def restore(stages: list[tuple[str, Resumable]], states: Mapping[str, Any], pipe
             f"resumable pipes are {sorted(paths)}"
         )
     drawing = [type(n).__name__ for n in _walk(pipe)
-               if isinstance(n, Seeded) and not isinstance(n, Resumable)]
+               if isinstance(n, Seeded) and not isinstance(n, Resumable) and n.draws_in_sequence]
     if drawing:
         warnings.warn(
             f"resuming a pipeline with random stages that draw in sequence ({', '.join(drawing)})"

@@ -44,6 +44,9 @@ class Seeded(CarriesRank):
 
     seed: int
     epoch: int
+    #: Its draws follow one another within a pass, so a resumed pass cannot repeat them (the
+    #: restore warns); a stage whose configuration draws nothing says False.
+    draws_in_sequence: bool = True
 
     def set_epoch(self, epoch: int) -> "Seeded":
         """Use ``epoch`` for the next pass's random order (returns the pipe, for chaining)."""

@@ -503,6 +503,11 @@ class FeatureComputerIterDataPipe(Seeded, IterDataPipe[Sample]):
         self.source_datapipe = source_datapipe
 
     @property
+    def draws_in_sequence(self) -> bool:  # type: ignore[override]
+        """Only dither draws (the features of a sample are otherwise a function of it)."""
+        return bool(self.dither)
+
+    @property
     def dim(self) -> int:
         """Feature dimension (columns of ``feats``)."""
         return self.extractor.dim
