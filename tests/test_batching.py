@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import pickle
+import warnings
 
 import numpy as np
 import pytest
@@ -25,7 +26,9 @@ from speechpipe.pipes.batching import (
     estimate_boundaries,
     pack_batches,
 )
-from speechpipe.pipes.constraints import BatchStats, PaddedArea, Quadratic, SumOfLengths
+from speechpipe.pipes.constraints import (
+    BatchStats, BudgetWarning, PaddedArea, Quadratic, SumOfLengths,
+)
 
 lengths_st = st.lists(st.integers(min_value=1, max_value=3000), min_size=0, max_size=300)
 budget_st = st.integers(min_value=50, max_value=20000)
@@ -75,6 +78,7 @@ def streaming(lengths, *, budget, buffer=64, seed=0, epoch=0, window=8, **kw):
     return pipe
 
 
+@pytest.mark.filterwarnings("ignore::speechpipe.pipes.constraints.BudgetWarning")  # tiny budgets
 @settings(max_examples=60, deadline=None)
 @given(lengths=lengths_st, budget=budget_st, buffer=st.integers(1, 80),
        buckets=st.one_of(st.none(), st.integers(1, 8)))
@@ -284,3 +288,38 @@ def test_block_batch_states_taken_every_step_equal_states_taken_once():
 
 def _n(sample: dict) -> int:
     return sample["n"]
+
+
+# ------------------------------------------------------------------------------ units (issue 17)
+
+
+def _utterances(seconds):
+    return [{"key": f"u{i}", "audio": np.zeros(int(s * 16000), np.float32), "sample_rate": 16000}
+            for i, s in enumerate(seconds)]
+
+
+def test_max_duration_is_a_budget_in_seconds():
+    rows = _utterances([1.0, 2.0, 1.5, 3.0, 2.5, 0.5])
+    batches = list(IterableWrapper(rows).block_batch(max_duration=4.0, shuffle_window=1))
+    for batch in batches:
+        longest = max(len(s["audio"]) / 16000 for s in batch)
+        assert len(batch) * longest <= 4.0
+    assert sum(len(b) for b in batches) == 6 and max(len(b) for b in batches) > 1
+    with pytest.raises(ValueError, match="one of max_duration, batch_len and constraint"):
+        IterableWrapper(rows).block_batch(batch_len=10, max_duration=4.0)
+    with pytest.raises(TypeError, match="max_duration must be seconds"):
+        IterableWrapper(rows).block_batch(max_duration="4")
+
+
+def test_a_budget_that_makes_most_batches_one_sample_warns_with_the_figures():
+    # issue 17: batch_len=60_000 on 16 kHz audio read as samples: 89 oversize utterances came
+    # out alone, silently
+    rows = _utterances([4.0, 5.0, 6.0, 4.5, 5.5, 3.0])
+    pipe = IterableWrapper(rows).block_batch(batch_len=60_000, shuffle_window=1)
+    with pytest.warns(BudgetWarning, match=r"5 of 6 batches are one sample .*batch_len counts "
+                                           r"frames of feats, else audio samples"):
+        list(pipe)
+    assert pipe.stats.oversize_emitted == 5  # the 3 s one fits: 48,000 samples
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a budget that fits: no warning
+        list(IterableWrapper(rows).block_batch(max_duration=20.0, shuffle_window=1))

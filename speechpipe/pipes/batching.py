@@ -4,10 +4,12 @@ Speech utterances run from 1 s to 30 s; speechpipe batches them by a **budget** 
 cost model, the ``constraint=`` of every stage
 (:class:`~speechpipe.pipes.constraints.PaddedArea`, ``SumOfLengths``, ``Quadratic``,
 ``TwoDimensional``, ``SampleCount``; in :mod:`speechpipe.pipes.constraints`, the first four
-re-exported here; ``batch_len=`` is short for a ``PaddedArea``). A batch never exceeds its
-budget; a single sample whose cost alone exceeds it is an **oversize** sample, emitted alone
-(``oversize="emit"``) or dropped (``oversize="drop"``), and counted either way in
-:class:`~speechpipe.pipes.constraints.BatchStats`.
+re-exported here; ``max_duration=`` (seconds) and ``batch_len=`` (frames or audio samples)
+are short for a ``PaddedArea``). A batch of two or more samples never exceeds its budget; a
+single sample whose cost alone exceeds it is an **oversize** sample, emitted alone -- the one
+batch over the budget -- (``oversize="emit"``) or dropped (``oversize="drop"``), counted
+either way in :class:`~speechpipe.pipes.constraints.BatchStats`, and a pass where most batches
+are oversize samples warns with the figures.
 
 The streaming road (iterable, for corpora that do not fit in memory):
 
@@ -358,9 +360,10 @@ class BlockBatcherIterDataPipe(Seeded, Resumable, IterDataPipe[list]):
     """Pack samples into batches within a budget (functional name: ``block_batch``).
 
     Consumes samples, or groups of samples from ``bucket_by_length`` (each group is packed on
-    its own, so no batch mixes two groups); yields batches (lists of samples) that never
-    exceed the budget of ``constraint``, in a seeded random order within ``shuffle_window``
-    batches. Follow it with torch's ``collate`` to pad.
+    its own, so no batch mixes two groups); yields batches (lists of samples) within the
+    budget of ``constraint`` -- except a single sample longer than the budget on its own (see
+    ``oversize``) -- in a seeded random order within ``shuffle_window`` batches. Follow it
+    with torch's ``collate`` to pad.
 
     Args:
         source_datapipe: samples or groups.
@@ -368,11 +371,18 @@ class BlockBatcherIterDataPipe(Seeded, Resumable, IterDataPipe[list]):
             :class:`~speechpipe.pipes.constraints.BatchConstraint` (``PaddedArea``,
             ``SumOfLengths``, ``Quadratic``, ``TwoDimensional``, ``SampleCount``).
         batch_len: shorthand for ``constraint=PaddedArea(budget=batch_len,
-            max_samples=max_samples)``: the padded area ``n × max_len``, in frames or samples.
-            Give it or ``constraint`` (see :func:`~speechpipe.pipes.constraints.batch_constraint`).
-        max_samples: cap on samples per batch, with ``batch_len`` (a constraint has its own).
-        oversize: ``"emit"`` a sample whose cost alone exceeds the budget as a batch of one,
-            or ``"drop"`` it; counted either way in ``self.stats``.
+            max_samples=max_samples)``: the padded area ``n × max_len`` in the samples' own
+            length unit -- frames of ``feats``, else audio samples.
+        max_samples: cap on samples per batch, with ``batch_len`` or ``max_duration`` (a
+            constraint has its own).
+        oversize: ``"emit"`` a sample whose cost alone exceeds the budget as a batch of one
+            (the only batch over the budget), or ``"drop"`` it; counted either way in
+            ``self.stats``, and a pass where most batches are such samples warns
+            (:class:`~speechpipe.pipes.constraints.BudgetWarning`).
+        max_duration: shorthand for a padded-area budget in seconds (``n ×`` the longest
+            duration): ``PaddedArea(budget=max_duration, length=sample_duration)``. Give one
+            of ``constraint``, ``max_duration`` and ``batch_len`` (see
+            :func:`~speechpipe.pipes.constraints.batch_constraint`).
         shuffle_window: batches held and emitted in random order (1 keeps packing order).
         seed: base seed; the order uses ``(seed, epoch, rank, worker)``.
 
@@ -401,9 +411,10 @@ class BlockBatcherIterDataPipe(Seeded, Resumable, IterDataPipe[list]):
         oversize: str = "emit",
         shuffle_window: int = 100,
         seed: int = 0,
+        max_duration: float | None = None,
     ) -> None:
         constraint = batch_constraint(constraint, batch_len=batch_len, max_samples=max_samples,
-                                      required=True)
+                                      max_duration=max_duration, required=True)
         if oversize not in OVERSIZE:
             raise ValueError(f"oversize must be one of {OVERSIZE}, got {oversize!r}")
         if not isinstance(shuffle_window, int) or shuffle_window < 1:
@@ -473,6 +484,7 @@ class BlockBatcherIterDataPipe(Seeded, Resumable, IterDataPipe[list]):
                                       pool=live["pool"])
         finally:
             self._live = None
+        self.stats.warn_if_budget_too_small(self.constraint)
 
     def _snapshot(self, live: dict) -> dict:
         # A held batch never changes once packed: its identities are computed once and kept

@@ -17,10 +17,10 @@ constraint             cost of a batch of ``n`` samples, kept within the budget
                        (SpeeChain's piece batches)
 =====================  ===================================================================
 
-Each budget model takes an optional ``max_samples`` cap. A batch never exceeds its budget; a
-single sample whose cost alone exceeds it is an **oversize** sample, emitted alone
-(``oversize="emit"``) or dropped (``oversize="drop"``), and counted either way in
-:class:`BatchStats`.
+Each budget model takes an optional ``max_samples`` cap. A batch of two or more samples never
+exceeds its budget; a single sample whose cost alone exceeds it is an **oversize** sample,
+emitted alone (``oversize="emit"``) or dropped (``oversize="drop"``), and counted either way
+in :class:`BatchStats`.
 
 Every batching stage is sized by ``constraint=``. Two shorthands name the common constraints:
 ``batch_len=B`` (with an optional ``max_samples=N``) is ``PaddedArea(budget=B,
@@ -35,17 +35,19 @@ lengths).
 from __future__ import annotations
 
 import statistics
+import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Mapping  # isinstance on typing.Mapping costs ~1 us per sample
 from dataclasses import dataclass, field
 from numbers import Integral, Real
 from typing import Any, Callable, Sequence, Union
 
-from ..sample import sample_length
+from ..sample import sample_duration, sample_length
 
 __all__ = [
     "BatchConstraint",
     "BatchStats",
+    "BudgetWarning",
     "OVERSIZE",
     "PaddedArea",
     "Quadratic",
@@ -329,19 +331,24 @@ def batch_constraint(
     max_samples: int | None = None,
     batch_size: int | None = None,
     required: bool = False,
+    max_duration: float | None = None,
 ) -> BatchConstraint | None:
     """The constraint that sizes a batch, from whichever way a stage was told.
 
     ``constraint`` is the one way to say it; the others are shorthands for named constraints:
-    ``batch_len=B`` (with an optional ``max_samples=N``) is ``PaddedArea(budget=B,
-    max_samples=N)`` and ``batch_size=N`` is ``SampleCount(N)``. At most one of
-    ``constraint``, ``batch_len`` and ``batch_size`` may be given. ``block_batch``,
-    ``bucket_by_length`` and ``BatchView`` size their batches with it.
+    ``max_duration=S`` (seconds, lhotse's spelling; with an optional ``max_samples=N``) is
+    ``PaddedArea(budget=S, max_samples=N, length=sample_duration)`` -- ``n ×`` the longest
+    duration -- ``batch_len=B`` is the same in the sample's own length unit (frames of
+    ``feats``, else audio samples) and ``batch_size=N`` is ``SampleCount(N)``. At most one of
+    ``constraint``, ``max_duration``, ``batch_len`` and ``batch_size`` may be given.
+    ``block_batch``, ``bucket_by_length`` and ``BatchView`` size their batches with it.
 
     Args:
         constraint: a :class:`BatchConstraint`.
-        batch_len: budget of a :class:`PaddedArea` (``n × max_len``), a number > 0.
-        max_samples: cap on samples per batch, with ``batch_len`` only.
+        batch_len: budget of a :class:`PaddedArea` (``n × max_len``), a number > 0, in frames
+            (samples with ``feats``) or audio samples.
+        max_samples: cap on samples per batch, with ``batch_len`` or ``max_duration`` only.
+        max_duration: budget of a :class:`PaddedArea` over durations, in seconds.
         batch_size: samples per batch (:class:`SampleCount`), an int >= 1.
         required: one of ``constraint`` and ``batch_len`` must be given.
 
@@ -357,6 +364,8 @@ def batch_constraint(
 
     >>> batch_constraint(batch_len=6000, max_samples=32)
     PaddedArea(budget=6000, max_samples=32, length=None)
+    >>> batch_constraint(max_duration=200.0).length.__name__
+    'sample_duration'
     >>> batch_constraint(batch_size=8)
     SampleCount(size=8, length=None)
     >>> batch_constraint(SumOfLengths(budget=500)) == SumOfLengths(budget=500)
@@ -365,13 +374,22 @@ def batch_constraint(
     Traceback (most recent call last):
     ValueError: give batch_len or constraint, not both
     """
+    if max_duration is not None:
+        if batch_len is not None or constraint is not None:
+            raise ValueError("give one of max_duration, batch_len and constraint")
+        if isinstance(max_duration, bool) or not isinstance(max_duration, Real):
+            raise TypeError(f"max_duration must be seconds (a number), got {max_duration!r}")
+        constraint = PaddedArea(budget=max_duration, max_samples=max_samples,
+                                length=sample_duration)
+        max_samples = None
     if constraint is not None and batch_len is not None:
         raise ValueError("give exactly one of batch_len and constraint" if required
                          else "give batch_len or constraint, not both")
     if required and constraint is None and batch_len is None:
         raise ValueError("give exactly one of batch_len and constraint")
     if max_samples is not None and batch_len is None:
-        raise ValueError("max_samples goes with batch_len; set it on the constraint instead")
+        raise ValueError("max_samples goes with batch_len or max_duration; set it on the "
+                         "constraint instead")
     if batch_len is not None:
         if isinstance(batch_len, bool) or not isinstance(batch_len, Real):
             raise TypeError(f"batch_len must be a number, got {batch_len!r}")
@@ -392,6 +410,10 @@ def batch_constraint(
 
 
 # --------------------------------------------------------------------------- statistics
+
+
+class BudgetWarning(UserWarning):
+    """Most batches of a pass were a single sample longer than the budget."""
 
 
 @dataclass
@@ -444,6 +466,18 @@ class BatchStats:
             setattr(self, name, getattr(self, name) + data[name])
         self.largest_cost = max(self.largest_cost, data["largest_cost"])
         self.sizes.extend(data["sizes"])
+
+    def warn_if_budget_too_small(self, constraint: BatchConstraint) -> None:
+        """Warn (:class:`BudgetWarning`, with the figures) when most batches of the pass were
+        one sample too long for the budget on its own: the budget is then in the wrong unit
+        or too small, and batching does nothing."""
+        if self.batches >= 4 and self.oversize_emitted * 2 > self.batches:
+            warnings.warn(
+                f"{self.stage}: {self.oversize_emitted} of {self.batches} batches are one "
+                f"sample whose cost alone exceeds the budget ({constraint!r}; the largest cost "
+                f"was {self.largest_cost:g}); the budget is too small or in another unit than "
+                "the samples' lengths -- batch_len counts frames of feats, else audio samples; "
+                "max_duration counts seconds", BudgetWarning, stacklevel=3)
 
     def report(self) -> str:
         if not self.batches:
