@@ -59,6 +59,7 @@ def readme_run():
     assert result.returncode == 0, (
         f"the README's python blocks failed (exit {result.returncode}):\n{result.stderr}")
     print(f"README run: {seconds:.1f} s")  # shown with pytest -s
+    assert "Warning" not in result.stderr, result.stderr  # a reader would see it
     return result.stdout.splitlines()
 
 
