@@ -10,6 +10,7 @@ is what came out: they read the files the blocks wrote and the lines they printe
 
 from __future__ import annotations
 
+import ast
 import gzip
 import json
 import pathlib
@@ -123,7 +124,7 @@ def test_kaldi_dir_block_writes_a_kaldi_dir_and_reads_it_back(readme_run):
         .compute_features("fbank", num_mel_bins=80)))
     np.testing.assert_array_equal(np.asarray(sample["feats"]), feats[key])
     shapes = _line(readme_run, r"\[\((\d+), \d+, 80\)")  # the streamed batches
-    batches = eval(shapes.string)  # a printed list of shape tuples
+    batches = ast.literal_eval(shapes.string)  # a printed list of shape tuples
     assert sum(b[0] for b in batches) == 36 and all(b[0] <= 8 for b in batches)
 
 
