@@ -26,7 +26,8 @@ from .pipes.cmvn import CmvnStats, compute_cmvn_stats  # noqa: E402
 from .pipes.collate import PadCollate  # noqa: E402
 from .pipes.concurrency import start, to_device  # noqa: E402
 from .pipes.constraints import (  # noqa: E402
-    BatchConstraint, BatchStats, PaddedArea, Quadratic, SampleCount, SumOfLengths, TwoDimensional,
+    BatchConstraint, BatchStats, BudgetWarning, PaddedArea, Quadratic, SampleCount, SumOfLengths,
+    TwoDimensional,
 )
 from .pipes.distributed import (  # noqa: E402
     DistributedStepError, EqualSteps, ShardSplit, StepPlanner, StepStats, shard_assignment,
@@ -50,7 +51,7 @@ for _corpus in recipes.RECIPES:  # sp.recipes.<corpus> without an import of its 
 del _corpus
 
 __all__ = [
-    "BatchConstraint", "BatchStats", "BatchView", "CharTokenizer", "CmvnStats", "DataError",
+    "BatchConstraint", "BatchStats", "BatchView", "BudgetWarning", "CharTokenizer", "CmvnStats", "DataError",
     "Diagnostics", "DistributedStepError", "EpochProgress", "EqualSteps", "FrontEnd",
     "IterableWrapper", "Loader", "MissingDataError", "PackOptions", "PackReport", "PadCollate",
     "PaddedArea", "PipeDataset", "Quadratic", "ResumeWarning", "SampleCount",

@@ -41,8 +41,9 @@ sets it on its copy (``speechpipe.set_epoch``). Call ``set_epoch`` before iterat
 
 **Skip counts come back from the workers.** Each worker runs its own copy of the pipeline,
 so what its pipes count -- ``diagnostics`` (samples skipped under ``on_error="skip"``, filtered
-by ``filter_by_duration``, ...) and ``block_batch``'s ``stats`` (batches, padding, oversize
-samples emitted or dropped) -- would stay in the worker. At the end of its pass each worker
+by ``filter_by_duration``, ...), ``block_batch``'s ``stats`` (batches, padding, oversize
+samples emitted or dropped) and ``tokenize``'s (tokens, ``<unk>`` tokens) -- would stay in the
+worker. At the end of its pass each worker
 writes its counts to a private folder of the loader, and when a pass over the loader has run to
 its end, the main process's pipes hold the sum over the workers: ``pipe.diagnostics`` and
 ``pipe.stats`` read after the epoch describe the whole epoch, as they do without workers. A
@@ -112,6 +113,7 @@ from .pipes._restore import (  # noqa: F401  (ResumeWarning: public here too)
     ResumeWarning, end_pass, restore, resumable_stages, take_states, unresumable_reason,
 )
 from .pipes.batching import BatchStats
+from .pipes.text import TokenStats
 from .pipes._graph import graph_nodes, propagate_epoch
 from .pipes.concurrency import _LEAVES, to_device
 from .seeding import CarriesRank, derive_seed, process_position
@@ -298,14 +300,15 @@ class PipeDataset(CarriesRank, torch.utils.data.IterableDataset):
 
 
 def _ledgers(pipe: Any) -> list[tuple[str, Any]]:
-    """``(path, ledger)`` of every skip count (:class:`~speechpipe.diagnostics.Diagnostics`)
-    and batching record (:class:`~speechpipe.pipes.batching.BatchStats`) in the graph; the
-    path is the same in every process that holds a copy of the pipeline."""
+    """``(path, ledger)`` of every skip count (:class:`~speechpipe.diagnostics.Diagnostics`),
+    batching record (:class:`~speechpipe.pipes.batching.BatchStats`) and token count
+    (:class:`~speechpipe.pipes.text.TokenStats`) in the graph; the path is the same in every
+    process that holds a copy of the pipeline."""
     out = []
     for i, node in enumerate(graph_nodes(pipe)):
         for attr in ("diagnostics", "stats"):
             ledger = getattr(node, attr, None)
-            if isinstance(ledger, (Diagnostics, BatchStats)):
+            if isinstance(ledger, (Diagnostics, BatchStats, TokenStats)):
                 out.append((f"{i}:{type(node).__name__}.{attr}", ledger))
     return out
 

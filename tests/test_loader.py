@@ -360,6 +360,40 @@ def test_a_pass_left_early_reports_nothing_and_the_next_full_pass_counts_alone(s
     assert counts == expected
 
 
+def test_token_counts_of_the_workers_reach_the_main_process_tokenize(tmp_path):
+    """tokenize's stats (what pipeline_report prints) are summed over the workers too, as
+    the README's recipe block shows: not zero in the main process after a pass."""
+    from speechpipe.pipes.tokenizers import CharTokenizer
+
+    texts = ["ab ba", "abc", "a", "bca b", "cab", "b a c", "ab", "zz"]
+    tok = CharTokenizer.build(texts[:-1])  # "z" is unknown: <unk> counted
+    rows = [{"key": f"u{i}", "text": t, "feats": np.zeros((i + 1, DIM), np.float32)}
+            for i, t in enumerate(texts)]
+
+    def pipe():
+        return (IterableWrapper(rows).shuffle_samples(seed=0)
+                .tokenize(tok, max_unk_rate=None)
+                .block_batch(batch_len=8, seed=0).collate(collate_fn=PadCollate()))
+
+    def token_stats(p):
+        node = p
+        while type(node).__name__ != "TokenizerIterDataPipe":
+            node = node.source_datapipe if hasattr(node, "source_datapipe") else node.datapipe
+        return node.stats
+
+    alone = pipe()
+    list(build_loader(alone, num_workers=0))
+    expected = token_stats(alone)
+    assert (expected.samples, expected.unk_tokens) == (8, 2)
+    workers = pipe()
+    list(build_loader(workers, num_workers=2))
+    got = token_stats(workers)
+    assert (got.samples, got.tokens, got.unk_tokens, got.samples_with_unk, got.unknown) == (
+        expected.samples, expected.tokens, expected.unk_tokens, expected.samples_with_unk,
+        expected.unknown)
+    assert got.examples == ["u7"]
+
+
 def test_the_reports_folder_goes_with_the_loader(shards):
     import gc
     import os

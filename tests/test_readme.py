@@ -1,27 +1,76 @@
-"""The README's pipeline examples run as written, on real files made here."""
+"""The README runs as written: every ```python block, in order, in one fresh interpreter.
+
+:func:`readme_run` runs the blocks exactly as printed -- concatenated in order, no text
+rewritten, nothing prepared beforehand -- in a subprocess (``sys.executable``, the repository
+root as working directory, as a reader runs them after ``make demo``), with ``out/`` (the
+README's git-ignored output folder) removed first so that the run starts from a fresh clone's
+state. The tests below then check that the run succeeded and that what each block promises
+is what came out: they read the files the blocks wrote and the lines they printed.
+"""
 
 from __future__ import annotations
 
+import ast
+import gzip
+import json
 import pathlib
 import re
+import shutil
+import subprocess
+import sys
+import time
 
 import kaldiio
 import numpy as np
-import soundfile
+import pytest
 import torch
-import webdataset
 
-README = pathlib.Path(__file__).resolve().parent.parent / "README.md"
+import speechpipe as sp
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+OUT = ROOT / "out"
+CORPUS = ROOT / "speechpipe" / "demo_data" / "LibriSpeech"
+TIMEOUT = 300  # seconds; the run takes well under a minute on an idle 2-core machine
 
 
-def _blocks():
-    return re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
+def python_blocks() -> list[str]:
+    """The README's ```python blocks (fences at the start of a line), in order."""
+    return re.findall(r"^```python\n(.*?)^```$", README.read_text(encoding="utf-8"), re.S | re.M)
 
 
-def _block(marker: str) -> str:
-    """The README python block containing ``marker``."""
-    (block,) = [b for b in _blocks() if marker in b]
-    return block
+def demo_transcripts() -> dict[str, str]:
+    out = {}
+    for path in sorted(CORPUS.rglob("*.trans.txt")):
+        for line in path.read_text(encoding="utf-8").splitlines():
+            key, text = line.split(" ", 1)
+            out[key] = text
+    return out
+
+
+@pytest.fixture(scope="module")
+def readme_run():
+    """Run every python block of README.md, in order, as one script; its stdout lines."""
+    shutil.rmtree(OUT, ignore_errors=True)
+    script = "".join(python_blocks())
+    started = time.monotonic()
+    result = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
+                            text=True, timeout=TIMEOUT)
+    seconds = time.monotonic() - started
+    assert result.returncode == 0, (
+        f"the README's python blocks failed (exit {result.returncode}):\n{result.stderr}")
+    print(f"README run: {seconds:.1f} s")  # shown with pytest -s
+    assert "Warning" not in result.stderr, result.stderr  # a reader would see it
+    return result.stdout.splitlines()
+
+
+def _line(lines: list[str], pattern: str) -> re.Match:
+    """The first printed line matching ``pattern`` (a regex, matched at the start)."""
+    for line in lines:
+        found = re.match(pattern, line)
+        if found:
+            return found
+    raise AssertionError(f"no printed line matches {pattern!r}; printed:\n" + "\n".join(lines))
 
 
 def test_readme_shows_the_two_commands_first():
@@ -32,150 +81,117 @@ def test_readme_shows_the_two_commands_first():
     assert text.index("make demo") < text.index("```python")
 
 
-def test_readme_kaldi_pipeline_runs(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "data/train").mkdir(parents=True)
-    rng = np.random.default_rng(0)
-    mats = {f"utt{i}": rng.standard_normal((50 + 7 * i, 80)).astype(np.float32) for i in range(20)}
-    with kaldiio.WriteHelper("ark,scp:data/train/raw.1.ark,data/train/feats.scp") as w:
-        for key, mat in mats.items():
-            w(key, mat)
-    (tmp_path / "data/train/text").write_text("".join(f"{k} TEXT {k}\n" for k in mats))
-    namespace: dict = {}
-    exec(compile(_blocks()[0], "README.md", "exec"), namespace)
-    batches = list(namespace["pipe"])
-    assert sum(len(b["key"]) for b in batches) == 20
-    for b in batches:
-        assert b["feats"].shape[-1] == 80 and b["feats_len"].dtype == torch.int64
-        for key, text, n, padded in zip(b["key"], b["text"], b["feats_len"], b["feats"]):
-            assert text == f"TEXT {key}"
-            assert torch.equal(padded[: int(n)], torch.from_numpy(mats[key]))
+def test_readme_uses_the_public_face_only():
+    """Blocks import speechpipe as sp (and nothing private of it), and every sp.<name> they
+    use is public: in speechpipe.__all__ (or sp.recipes.<corpus>.<public name>)."""
+    code = "".join(python_blocks())
+    assert re.findall(r"^[ \t]*(?:import|from)[ \t]+speechpipe\S*.*$", code, re.M) == [
+        "import speechpipe as sp", "import speechpipe as sp"]  # the first block and the DDP one
+    assert "speechpipe." not in code.replace("speechpipe/demo_data", "")
+    for name in set(re.findall(r"\bsp\.(\w+)", code)):
+        assert name in sp.__all__, name
+    for corpus in set(re.findall(r"\bsp\.recipes\.(\w+)", code)):
+        assert corpus in sp.recipes.RECIPES, corpus
+    for name in set(re.findall(r"\blibrispeech\.(\w+)", code)):
+        assert name in sp.recipes.librispeech.__all__, name
 
 
-def test_readme_shard_pipeline_runs(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    rng = np.random.default_rng(1)
-    expected = {}
-    for group in ("10_1000", "1000_2000"):
-        (tmp_path / "shards" / group).mkdir(parents=True)
-        with webdataset.TarWriter(f"shards/{group}/data-00000.tar") as sink:
-            for i in range(5):
-                key = f"{group}-u{i}"
-                audio = (rng.standard_normal(800 + 100 * i) * 0.1).astype(np.float32)
-                path = tmp_path / "x.flac"
-                soundfile.write(path, audio, 16000, subtype="PCM_16")
-                sink.write({"__key__": key, "flac": path.read_bytes(), "txt": key.upper()})
-                expected[key] = soundfile.read(path, dtype="float32")[0]
-    namespace: dict = {}
-    first = _blocks()[0].splitlines()  # the second example reuses the first one's imports
-    exec("\n".join(line for line in first if line.startswith(("import ", "from "))), namespace)
-    exec(compile(_blocks()[1], "README.md", "exec"), namespace)
-    got = {}
-    for b in namespace["pipe"]:
-        for key, text, n, audio in zip(b["key"], b["text"], b["audio_len"], b["audio"]):
-            assert text == key.upper()
-            got[key] = audio[: int(n)].numpy()
-    assert sorted(got) == sorted(expected)
-    for key in expected:
-        assert np.array_equal(got[key], expected[key])
+def test_readme_runs_as_written(readme_run):
+    assert readme_run, "the blocks printed nothing"
 
 
-def test_readme_batching_examples_run_on_the_demo_corpus(monkeypatch, capsys):
-    monkeypatch.chdir(README.parent)
-    namespace: dict = {}
-    exec(compile(_blocks()[2], "README.md", "exec"), namespace)
-    exec(compile(_blocks()[3], "README.md", "exec"), namespace)
-    out = capsys.readouterr().out
-    assert "block_batch:" in out and "padding efficiency" in out
-    assert out.strip().endswith("2 True")
-    assert namespace["pipe"].datapipe.stats.over_budget == 0
+def test_ten_line_pipeline_gives_padded_fbank_batches(readme_run):
+    shape = _line(readme_run, r"torch\.Size\(\[(\d+), (\d+), (\d+)\]\) \[([\d, ]+)\]")
+    n, longest, dim = map(int, shape.groups()[:3])
+    lengths = [int(x) for x in shape.group(4).split(",")]
+    assert (n, dim) == (8, 80) and len(lengths) == 8 and max(lengths) == longest
 
 
-def test_readme_large_corpus_pipeline_runs(tmp_path, monkeypatch):
-    from speechpipe.pack import pack_data
-    from speechpipe.pipes.tokenizers import SentencePieceTokenizer
-
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "data/train").mkdir(parents=True)
-    rng = np.random.default_rng(2)
-    mats = {f"utt{i:02d}": rng.standard_normal((int(n), 80)).astype(np.float32)
-            for i, n in enumerate(rng.integers(50, 1800, size=30))}
-    with kaldiio.WriteHelper("ark,scp:data/train/raw.1.ark,data/train/feats.scp") as w:
-        for key, mat in mats.items():
-            w(key, mat)
-    words = ["speech", "pipe", "shard", "batch", "token", "audio"]
-    texts = {k: " ".join(words[(i + j) % 6] for j in range(4)) for i, k in enumerate(mats)}
-    (tmp_path / "data/train/text").write_text("".join(f"{k} {t}\n" for k, t in texts.items()))
-    pack_data(["data/train/feats.scp"], ["data/train/text"], "shards",
-              filter_group=["10:1000", "1000:2000"], utts_per_shard=8, progress=False)
-    tok = SentencePieceTokenizer.build([t.upper() for t in texts.values()], model_type="char")
-    tok.save("bpe500.model")
-    namespace: dict = {}
-    first = _blocks()[0].splitlines()
-    exec("\n".join(line for line in first if line.startswith(("import ", "from "))), namespace)
-    exec(compile(_block("index=True"), "README.md", "exec"), namespace)
-    pipe = namespace["pipe"]
-    seen = {}
-    for batch in pipe:
-        for key, n, feats, m, tokens in zip(batch["key"], batch["feats_len"], batch["feats"],
-                                            batch["tokens_len"], batch["tokens"]):
-            assert torch.equal(feats[: int(n)], torch.from_numpy(mats[key]))
-            seen[key] = tok.decode(tokens[: int(m)].tolist())
-    assert seen == {k: t.upper() for k, t in texts.items()}
-    sharded = pipe.datapipe
-    while type(sharded).__name__ != "ShardedShufflerIterDataPipe":
-        sharded = sharded.source_datapipe
-    assert len(sharded) == 30  # exact, from the index
+def test_kaldi_dir_block_writes_a_kaldi_dir_and_reads_it_back(readme_run):
+    data = OUT / "data" / "train"
+    transcripts = demo_transcripts()
+    feats = kaldiio.load_scp(str(data / "feats.scp"))
+    assert list(feats) == sorted(transcripts)  # sorted, as Kaldi wants
+    text = dict(line.split(" ", 1) for line in (data / "text").read_text().splitlines())
+    assert text == transcripts
+    frames = sp.read_data_len(data / "utt2num_frames")
+    assert frames == {k: feats[k].shape[0] for k in feats}
+    assert all(feats[k].shape[1] == 80 and feats[k].dtype == np.float32 for k in feats)
+    # The features are speechpipe's fbank of the demo audio.
+    key = "1001-100101-0000"
+    sample = next(iter(sp.IterableWrapper([{"key": key, "path": str(
+        CORPUS / "dev-clean/1001/100101" / f"{key}.flac")}]).load_audio(field="path")
+        .compute_features("fbank", num_mel_bins=80)))
+    np.testing.assert_array_equal(np.asarray(sample["feats"]), feats[key])
+    shapes = _line(readme_run, r"\[\((\d+), \d+, 80\)")  # the streamed batches
+    batches = ast.literal_eval(shapes.string)  # a printed list of shape tuples
+    assert sum(b[0] for b in batches) == 36 and all(b[0] <= 8 for b in batches)
 
 
-def test_readme_recipe_example_runs(tmp_path, monkeypatch):
-    import shutil
-
-    import speechpipe
-    from speechpipe.demo import DEMO_CORPUS
-    from speechpipe.pipes.tokenizers import SentencePieceTokenizer
-    from speechpipe.recipes.librispeech import prepare_librispeech
-
-    monkeypatch.chdir(tmp_path)
-    shutil.copytree(f"{DEMO_CORPUS}/dev-clean", "LibriSpeech/train-clean-100")
-    prepare_librispeech("LibriSpeech", "OUT", parts=["train-clean-100"])
-    texts = [line.split(" ", 1)[1] for p in pathlib.Path("LibriSpeech").rglob("*.trans.txt")
-             for line in p.read_text().splitlines()]
-    SentencePieceTokenizer.build(texts, model_type="char").save("bpe500.model")
-    code = _block("librispeech_train").replace("range(30)", "range(2)")  # two epochs suffice
-    code = code.replace("        ...", "        batches.append(batch)")
-    namespace: dict = {"speechpipe": speechpipe, "batches": []}
-    exec(compile(code, "README.md", "exec"), namespace)
-    batches = namespace["batches"]
-    assert batches and all(b["feats"].shape[-1] == 80 for b in batches)
-    # The demo utterances all last 1-20 s: every one is kept, once per epoch.
-    assert sum(len(b["key"]) for b in batches) == 2 * len(texts)
-    assert all("tokens" in b and b["tokens_len"].min() > 0 for b in batches)
+def test_length_aware_batching_keeps_the_budget(readme_run):
+    assert _line(readme_run, r"block_batch: (\d+) batches, 36 samples")
+    assert _line(readme_run, r"  largest batch cost (\d+); batches over budget 0")
+    cost = int(_line(readme_run, r"  largest batch cost (\d+);").group(1))
+    assert cost <= 3000
 
 
-def test_readme_build_loader_example_runs_and_resumes(tmp_path, monkeypatch):
-    """The build_loader block runs on the README's shard pipeline, and its checkpoint resumes:
-    a new loader given the saved state yields the batches that followed step 1 of epoch 2."""
-    from speechpipe.loader import build_loader
+def test_batch_view_resumes_without_reading_skipped_batches(readme_run):
+    assert "2 True" in readme_run
 
-    monkeypatch.chdir(tmp_path)
-    rng = np.random.default_rng(3)
-    with webdataset.ShardWriter(str(tmp_path / "data-%03d.tar"), maxcount=10) as writer:
-        for i in range(40):
-            writer.write({"__key__": f"u{i:02d}",
-                          "feats.npy": rng.standard_normal((int(rng.integers(20, 200)), 8))
-                          .astype(np.float32)})
-    namespace: dict = {}
-    first = _blocks()[0].splitlines()
-    exec("\n".join(line for line in first if line.startswith(("import ", "from "))), namespace)
-    exec("pipe = (IterableWrapper(sorted(__import__('glob').glob('data-*.tar')))"
-         ".sharded_shuffle(buffer_size=16).decode().bucket_by_length(16)"
-         ".block_batch(batch_len=1500).collate(collate_fn=PadCollate()))", namespace)
-    exec(compile(_block("build_loader("), "README.md", "exec"), namespace)
-    loader = namespace["loader"]
-    state = torch.load("checkpoint.pt")["loader"]
+
+def test_recipe_block_trains_checkpoints_and_resumes(readme_run):
+    manifest = OUT / "manifests" / "librispeech_samples_dev-clean.jsonl.gz"
+    with gzip.open(manifest, "rt", encoding="utf-8") as f:
+        rows = [json.loads(line) for line in f]
+    assert [r["key"] for r in rows] == sorted(demo_transcripts())
+    assert round(sum(r["duration"] for r in rows)) == 174  # the README's "174 s"
+    tokenizer = sp.load_tokenizer(OUT / "bpe60.model")
+    text = rows[0]["text"]
+    assert tokenizer.decode(tokenizer.encode(text)) == text
+    assert "2" in readme_run  # loader.epoch after two passes, printed alone
+    report = _line(readme_run, r"tokenize: (\d+) sample\(s\), (\d+) token\(s\)")
+    assert int(report.group(1)) == 36 and int(report.group(2)) > 36  # summed over the workers
+    state = torch.load(OUT / "checkpoint.pt")["loader"]
+    assert state["epoch"] == 2 and state["dataloader"] is not None  # mid-epoch 2
+    assert "True" in readme_run  # the resumed loader gave the batches that followed
+    # The recipe's batches: fbank 80, tokens, within 30 padded seconds; and the checkpoint
+    # resumes epoch 2 after its second batch, on a loader built as the README builds it.
+    train = sp.recipes.librispeech.librispeech_train(
+        {"dev-clean": str(manifest)}, ["dev-clean"], budget_seconds=30, seed=0,
+        tokenizer=tokenizer)
+    loader = sp.build_loader(train, num_workers=2, seed=0)
     loader.set_epoch(2)
-    expected = [b["key"] for b in loader][2:]
-    again = build_loader(namespace["pipe"], num_workers=2, seed=0)
-    again.load_state_dict(state)
-    assert [b["key"] for b in again] == expected and expected
+    batches = list(loader)
+    assert sum(len(b["key"]) for b in batches) == 36
+    for b in batches:
+        assert b["feats"].shape[-1] == 80 and b["tokens_len"].min() > 0
+        assert len(b["key"]) * float(b["duration"].max()) <= 30
+    resumed = sp.build_loader(train, num_workers=2, seed=0)
+    resumed.load_state_dict(torch.load(OUT / "checkpoint.pt")["loader"])
+    rest = [b["key"] for b in resumed]
+    assert len(batches) > 4 and rest == [b["key"] for b in batches][2:]
+
+
+def test_shard_block_packs_every_utterance_and_reads_them_back(readme_run):
+    assert _line(readme_run, r"pack: 36 utterances \(feats, lengths in frames\) in 5 shard")
+    assert "36 36" in readme_run  # len() from the index, and every utterance through the loader
+    groups = {p.parent.name: [json.loads(line) for line in p.read_text().splitlines()]
+              for p in (OUT / "shards").glob("*/index.jsonl")}
+    assert sorted(groups) == ["100_800", "800_2000"]
+    feats = kaldiio.load_scp(str(OUT / "data/train/feats.scp"))
+    transcripts = demo_transcripts()
+    shards = sorted(str(p) for p in (OUT / "shards").glob("*/data-*.tar"))
+    seen = {}
+    for sample in sp.IterableWrapper(shards).sharded_shuffle(buffer_size=1).decode():
+        np.testing.assert_array_equal(sample["feats"], feats[sample["key"]])
+        seen[sample["key"]] = sample["text"]
+    assert seen == transcripts
+
+
+def test_ddp_block_takes_the_planned_steps(readme_run):
+    reports = [line for line in readme_run if line.startswith("equalize_steps (plan)")]
+    assert len(reports) == 2  # one per epoch, world size 1
+    for report in reports:
+        steps, batches = map(int, re.search(r"(\d+) steps, (\d+) batches", report).groups())
+        assert steps == batches > 0
+    assert _line(readme_run, r"  planned steps: \d+")

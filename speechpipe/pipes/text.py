@@ -158,6 +158,28 @@ class TokenStats:
             self.unknown.update(symbols)
             self.unknown_chars += sum(_nonspace_len(s) for s in symbols)
 
+    def to_dict(self) -> dict:
+        """The counts as plain data (what a DataLoader worker of ``build_loader`` reports)."""
+        return {"samples": self.samples, "tokens": self.tokens, "unk_tokens": self.unk_tokens,
+                "samples_with_unk": self.samples_with_unk, "chars": self.chars,
+                "unknown_chars": self.unknown_chars, "unknown": dict(self.unknown),
+                "examples": list(self.examples)}
+
+    def merge(self, data: dict) -> None:
+        """Add the counts of :meth:`to_dict` output (another worker's pass).
+
+        >>> a, b = TokenStats(), TokenStats()
+        >>> tok = CharTokenizer.build(["ab"])
+        >>> a.add("u1", "ab", tok.encode("ab"), tok); b.add("u2", "ac", tok.encode("ac"), tok)
+        >>> a.merge(b.to_dict()); a.samples, a.tokens, a.unk_tokens, a.examples
+        (2, 4, 1, ['u2'])
+        """
+        for name in ("samples", "tokens", "unk_tokens", "samples_with_unk", "chars",
+                     "unknown_chars"):
+            setattr(self, name, getattr(self, name) + int(data[name]))
+        self.unknown.update(data["unknown"])
+        self.examples.extend(data["examples"][:self.max_examples - len(self.examples)])
+
     @property
     def unk_rate(self) -> float:
         """``<unk>`` tokens / tokens (0 when there were no tokens)."""

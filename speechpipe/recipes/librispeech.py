@@ -19,10 +19,10 @@ From a downloaded corpus to a training loop::
 
     download_librispeech("data", parts=["train-clean-100", "dev-clean"])
     manifests = prepare_librispeech("data/LibriSpeech", "data/manifests", num_jobs=4)
-    train = librispeech_train("data/manifests", parts=["train-clean-100"], tokenizer=tok)
+    train = librispeech_train(manifests, parts=["train-clean-100"], tokenizer=tok)
+    loader = speechpipe.build_loader(train, num_workers=4)
     for epoch in range(10):
-        speechpipe.set_epoch(train, epoch, seed=0)
-        for batch in torch.utils.data.DataLoader(train, batch_size=None, num_workers=4):
+        for batch in loader:  # each pass over the loader is the next epoch
             ...  # batch["feats"] (B, T, 80), batch["feats_len"], batch["tokens"] ...
 """
 
