@@ -227,7 +227,7 @@ def test_mel_transforms_are_per_sample_rate(few):
 def test_feature_frames_are_known_before_computing(corpus):
     for kind, opts in [("fbank", {}), ("mel", {"hop_length": 160, "n_fft": 512, "n_mels": 80}),
                        ("fbank", {"snip_edges": False, "frame_shift": 12.5})]:
-        pipe = _pipe(corpus[:8]).compute_features(kind, **opts)
+        pipe = _pipe(corpus[:8]).compute_features(kind, keep_audio=True, **opts)
         for got in pipe:
             assert got["feats"].shape[0] == pipe.num_frames(len(got["audio"]), 16000)
 
@@ -239,8 +239,8 @@ def test_dither_is_seeded_noise_on_the_scaled_waveform(few):
     for sample, got in zip(few[:2], out):
         noisy = _wave(sample) * KALDI_SCALE
         noisy = noisy + torch.randn(noisy.shape[0], generator=g) * 1.0
-        expected = kaldi.fbank(noisy.unsqueeze(0), sample_frequency=16000)
-        assert torch.equal(torch.from_numpy(got["feats"]), expected)
+        expected = kaldi.fbank(noisy.unsqueeze(0), sample_frequency=16000, num_mel_bins=80)
+        assert torch.equal(torch.from_numpy(got["feats"]), expected)  # 80 bins: the default
     clean = next(iter(_pipe(few[:1]).compute_features("fbank")))["feats"]
     assert not np.array_equal(out[0]["feats"], clean)
 
@@ -799,3 +799,33 @@ def test_every_pipe_is_exported_under_its_alias():
                  "SpecAugmenter", "CmvnApplier"):
         assert getattr(audio, name) is getattr(audio, f"{name}IterDataPipe")
     assert FeatureComputer(_pipe([]), "mel", n_mels=40).dim == 40
+
+
+# ------------------------------------------------------------------------------ speech defaults
+
+
+def test_features_default_to_80_bins_and_drop_the_waveform(few):
+    # issue 17: fbank defaulted to torchaudio's 23 bins and batches kept the raw audio
+    got = next(iter(_pipe(few[:1]).compute_features("fbank")))
+    assert got["feats"].shape[1] == 80 and "audio" not in got
+    assert next(iter(_pipe(few[:1]).compute_features("mel")))["feats"].shape[1] == 80
+    assert next(iter(_pipe(few[:1]).compute_features("mfcc")))["feats"].shape[1] == 13  # Kaldi's
+    kept = next(iter(_pipe(few[:1]).compute_features("fbank", keep_audio=True,
+                                                     num_mel_bins=23)))
+    assert kept["feats"].shape[1] == 23 and "audio" in kept
+
+
+def test_spec_augment_masks_scale_with_the_feature_size():
+    # issue 17: the default 27-bin mask on 23-bin features zeroed ~76 % of each utterance
+    g = torch.Generator().manual_seed(0)
+    widest = 0
+    for _ in range(200):
+        out = spec_augment(torch.ones(50, 23), freq_masks=1, time_masks=0, generator=g)
+        widest = max(widest, int((out == 0).all(dim=0).sum()))
+    assert 0 < widest <= 7  # W = round(27 * 23 / 80) = 8: widths 0..7
+    with pytest.raises(ValueError, match="freq_width 27 is wider than the features \\(23 bins\\)"):
+        spec_augment(torch.ones(50, 23), freq_width=27)
+    rows = [{"key": "u", "feats": np.ones((50, 23), np.float32)}]
+    with pytest.raises(ValueError, match="leave freq_width unset"):
+        list(IterableWrapper(rows).spec_augment(freq_width=30))
+

@@ -94,6 +94,7 @@ def test_streaming_every_sample_once_and_within_budget(lengths, budget, buffer, 
     assert pipe.stats.oversize_emitted == sum(1 for n in lengths if n > budget)
 
 
+@pytest.mark.filterwarnings("ignore::speechpipe.pipes.constraints.BudgetWarning")  # tiny budgets
 @settings(max_examples=30, deadline=None)
 @given(lengths=st.lists(st.integers(1, 3000), min_size=1, max_size=200), budget=budget_st)
 def test_same_seed_same_batches(lengths, budget):

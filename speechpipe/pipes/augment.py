@@ -33,6 +33,8 @@ from ._state import Seeded, check_seed
 
 __all__ = [
     "GAIN",
+    "PAPER_BINS",
+    "PAPER_FREQ_WIDTH",
     "SPEED",
     "SpecAugmenter",
     "SpecAugmenterIterDataPipe",
@@ -275,7 +277,7 @@ def spec_augment(
     feats: torch.Tensor,
     *,
     freq_masks: int = 2,
-    freq_width: int = 27,
+    freq_width: int | None = None,
     time_masks: int = 2,
     time_width: int | float = 0.05,
     time_warp_window: int = 0,
@@ -291,8 +293,10 @@ def spec_augment(
     ``floor(u × W)`` (so ``0 ≤ width < W``, uniform over ``{0, …, W-1}``) and its start
     ``floor(u' × (size - u × W))``. ``time_width`` is ``W`` for time masks, in frames (int) or
     as a fraction of the utterance's frames (float: ``W = int(frames × time_width)``, as
-    torchaudio's ``p``). Masked cells get ``mask_value``, or the mean of the features (after
-    warping) with ``"mean"``.
+    torchaudio's ``p``). ``freq_width`` is ``W`` for frequency masks, in bins: by default the
+    paper's 27 for 80 bins, scaled to the features' size (``round(27 × dim / 80)``: 8 for 23
+    bins); a ``W`` wider than the features is a ``ValueError``. Masked cells get
+    ``mask_value``, or the mean of the features (after warping) with ``"mean"``.
 
     >>> g = torch.Generator().manual_seed(0)
     >>> out = spec_augment(torch.ones(100, 80), generator=g)
@@ -307,6 +311,15 @@ def _spec_augment(x: torch.Tensor, freq_masks: int, freq_width: int, time_masks:
                   time_width: int | float, time_warp_window: int, mask_value: float | str,
                   generator: torch.Generator | None) -> torch.Tensor:
     """:func:`spec_augment`, its arguments by position (the stage calls it per sample)."""
+    dim = x.shape[1]
+    if freq_width is None:
+        freq_width = round(PAPER_FREQ_WIDTH * dim / PAPER_BINS)
+    elif freq_width > dim:
+        raise ValueError(
+            f"spec_augment: freq_width {freq_width} is wider than the features ({dim} bins); "
+            f"the paper's {PAPER_FREQ_WIDTH} is for {PAPER_BINS} bins: leave freq_width unset "
+            f"to scale it ({round(PAPER_FREQ_WIDTH * dim / PAPER_BINS)} here) or give one <= "
+            f"{dim}")
     if time_warp_window:
         x = time_warp(x, time_warp_window, generator)
     value = x.mean() if mask_value == "mean" else float(mask_value)
@@ -318,6 +331,10 @@ def _spec_augment(x: torch.Tensor, freq_masks: int, freq_width: int, time_masks:
     for _ in range(freq_masks):
         _mask(x, 1, freq_width, value, generator)
     return x
+
+
+#: SpecAugment's LibriSpeech policy: frequency masks up to 27 bins wide on 80-bin features.
+PAPER_FREQ_WIDTH, PAPER_BINS = 27, 80
 
 
 @functional_datapipe("spec_augment")
@@ -333,7 +350,8 @@ class SpecAugmenterIterDataPipe(Seeded, IterDataPipe[Sample]):
     Args:
         source_datapipe: samples with features.
         freq_masks: number of frequency masks.
-        freq_width: ``W`` of frequency masks, in bins (27 in the paper's LibriSpeech policy).
+        freq_width: ``W`` of frequency masks, in bins (default: the paper's 27 on 80 bins,
+            scaled to the features' size; one wider than the features is refused).
         time_masks: number of time masks.
         time_width: ``W`` of time masks: frames (int) or a fraction of each utterance's frames
             (float in ``[0, 1]``; 0.05 as the paper's ``p``).
@@ -353,7 +371,7 @@ class SpecAugmenterIterDataPipe(Seeded, IterDataPipe[Sample]):
         self,
         source_datapipe: IterDataPipe,
         freq_masks: int = 2,
-        freq_width: int = 27,
+        freq_width: int | None = None,
         time_masks: int = 2,
         time_width: int | float = 0.05,
         *,
@@ -362,7 +380,7 @@ class SpecAugmenterIterDataPipe(Seeded, IterDataPipe[Sample]):
         seed: int = 0,
     ) -> None:
         self.freq_masks = _check_int("freq_masks", freq_masks, 0)
-        self.freq_width = _check_int("freq_width", freq_width, 0)
+        self.freq_width = None if freq_width is None else _check_int("freq_width", freq_width, 0)
         self.time_masks = _check_int("time_masks", time_masks, 0)
         if isinstance(time_width, float):
             if not 0.0 <= time_width <= 1.0:

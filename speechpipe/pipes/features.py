@@ -37,6 +37,7 @@ __all__ = [
     "FeatureComputer",
     "FeatureComputerIterDataPipe",
     "KALDI_SCALE",
+    "SPEECH_DEFAULTS",
     "batch_features",
     "compute_features",
     "mel_num_frames",
@@ -134,6 +135,12 @@ def _mel_transform(rate: int, frozen: tuple) -> taT.MelSpectrogram:
     return taT.MelSpectrogram(sample_rate=rate, **options)
 
 
+#: Speech defaults where the reference's are not (torchaudio: 23 fbank bins, 128 mels):
+#: 80 bins, what ASR recipes (Kaldi's fbank configs, ESPnet, WeNet, icefall) train on. MFCC
+#: keeps Kaldi's own (13 cepstra from 23 bins).
+SPEECH_DEFAULTS = {"fbank": {"num_mel_bins": 80}, "mel": {"n_mels": 80}}
+
+
 class _Extractor:
     """One feature configuration: kind, scale and the reference function's options."""
 
@@ -141,6 +148,7 @@ class _Extractor:
         if kind not in FEATURE_KINDS:
             raise ValueError(f"kind must be one of {FEATURE_KINDS}, got {kind!r}")
         allowed = _allowed_options(kind)
+        options = {**SPEECH_DEFAULTS.get(kind, {}), **options}
         for name in options:
             if name == "dither":
                 raise TypeError("give dither= to compute_features itself (it is seeded), not "
@@ -452,14 +460,14 @@ class FeatureComputerIterDataPipe(Seeded, IterDataPipe[Sample]):
         scale: waveform scale before the reference (default 32768 for ``fbank``/``mfcc``,
             Kaldi's 16-bit range; 1.0 for ``mel``).
         batched: consume collated batches instead of samples.
-        keep_audio: keep ``audio`` (and ``audio_len``) in the output; ``False`` drops it to
-            save memory in later buffers.
+        keep_audio: keep ``audio`` (and ``audio_len``) in the output; by default it is
+            dropped (batches carry ``feats`` only, and later buffers hold less).
         on_error: ``"raise"`` a :class:`~speechpipe.errors.DataError` naming the key for audio
             shorter than one frame (or that torchaudio refuses), or ``"skip"`` the sample (the
             whole batch with ``batched=True``), count it in :attr:`diagnostics` and warn at
             the end of the pass.
-        **options: the reference function's options (``num_mel_bins=80``,
-            ``frame_length=25.0``, ``frame_shift=10.0``, ``energy_floor``, ``snip_edges``,
+        **options: the reference function's options (default 80 bins for ``fbank`` and
+            ``mel``: :data:`SPEECH_DEFAULTS`; ``num_mel_bins``, ``frame_length=25.0``, ``frame_shift=10.0``, ``energy_floor``, ``snip_edges``,
             ``num_ceps``, ``n_fft``, ``hop_length``, ``n_mels``...).
 
     :meth:`num_frames` gives the exact number of frames for a number of samples, so that a
@@ -481,7 +489,7 @@ class FeatureComputerIterDataPipe(Seeded, IterDataPipe[Sample]):
         seed: int = 0,
         scale: float | None = None,
         batched: bool = False,
-        keep_audio: bool = True,
+        keep_audio: bool = False,
         on_error: str = "raise",
         **options: Any,
     ) -> None:
