@@ -210,7 +210,9 @@ def consume(dataset, workers: int, map_style: bool = False) -> int:
     elif workers == 0:
         iterable = dataset
     elif isinstance(dataset, SpeechpipeBatches):  # speechpipe's own loader (as in the README)
-        iterable = build_loader(dataset.pipe, num_workers=workers, seed=0)
+        # batched with torch's batch(16) as every contender here: a loader with no position
+        # to save (build_loader refuses torch's batch in a resumable one)
+        iterable = build_loader(dataset.pipe, num_workers=workers, seed=0, resumable=False)
     else:  # the dataset yields whole batches
         iterable = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=workers)
     count = 0

@@ -238,6 +238,7 @@ class PipeDataset(CarriesRank, torch.utils.data.IterableDataset):
         try:
             if resume is not None and resume.get("started"):
                 restore(stages, resume.get("stages", {}), self.pipe)
+                propagate_epoch(self.pipe, epoch)  # the replays were passes of their own
             live = self._live = {"epoch": epoch, "finished": False, "stages": stages,
                                  "unsaveable": unresumable_reason(self.pipe)}
             info = torch.utils.data.get_worker_info()

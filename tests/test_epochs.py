@@ -38,3 +38,48 @@ def test_epoch_reaches_speechpipe_pipes_below_torch_stages():
 def test_negative_epoch_is_rejected():
     with pytest.raises(ValueError, match="epoch must be an int >= 0"):
         speechpipe.set_epoch(build_demo_pipe(), -1)
+
+
+# ------------------------------------------------------------------------------ issue 17
+
+
+ROWS = [{"key": f"u{i:02d}", "num_frames": 5 + (7 * i) % 23} for i in range(40)]
+
+
+def _pipeline(seed: int = 0):
+    return (speechpipe.IterableWrapper(ROWS).shuffle_samples(seed=seed)
+            .bucket_by_length(16, seed=seed).block_batch(batch_len=60, seed=seed))
+
+
+def _keys(pipe) -> list:
+    return [[s["key"] for s in batch] for batch in pipe]
+
+
+def test_a_new_pass_over_a_pipeline_is_the_next_epoch():
+    """Forgetting set_epoch repeated the same order every epoch, silently (webdataset#172)."""
+    pipe = _pipeline()
+    passes = [_keys(pipe) for _ in range(3)]
+    expected = [_keys(speechpipe.set_epoch(_pipeline(), e)) for e in range(3)]
+    assert passes == expected and passes[0] != passes[1] != passes[2]
+    assert _keys(speechpipe.set_epoch(pipe, 1)) == expected[1]  # a set epoch is used as it is
+    assert _keys(pipe) == expected[2]  # and the next pass follows it
+
+
+def test_a_worker_copy_that_cannot_know_its_epoch_says_so(tmp_path):
+    """torch's DataLoader without build_loader gives workers a fresh copy every epoch: the
+    order repeats; the copy warns instead of staying silent."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "bare.py"
+    script.write_text(
+        "import torch, speechpipe\n"
+        "rows = [{'key': f'u{i}', 'num_frames': 3 + i} for i in range(8)]\n"
+        "pipe = speechpipe.IterableWrapper(rows).shuffle_samples(seed=0)\n"
+        "loader = torch.utils.data.DataLoader(pipe, batch_size=None, num_workers=1)\n"
+        "print([s['key'] for s in loader] == [s['key'] for s in loader])\n")
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "True"  # the repeat torch's DataLoader gives...
+    assert "EpochWarning" in out.stderr and "build_loader" in out.stderr  # ...is said

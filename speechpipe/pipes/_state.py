@@ -24,6 +24,7 @@ A stage that keeps items in its generator's locals and is none of these (torch's
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Mapping
 from typing import Any, Iterable, Iterator
 
@@ -31,8 +32,8 @@ from ..errors import DataError
 from ..sample import KEY, SOURCE
 from ..seeding import CarriesRank, derive_rng, process_position
 
-__all__ = ["Identity", "Resumable", "SampleSource", "Seeded", "check_seed", "held_sample",
-           "identity", "identity_list", "rng_state", "until_end"]
+__all__ = ["EpochWarning", "Identity", "Resumable", "SampleSource", "Seeded", "check_seed",
+           "held_sample", "identity", "identity_list", "rng_state", "until_end"]
 
 #: How a resumable state names a sample: ``(source, key)`` (``source`` may be ``""``).
 Identity = tuple[str, str]
@@ -49,16 +50,55 @@ class Seeded(CarriesRank):
     draws_in_sequence: bool = True
 
     def set_epoch(self, epoch: int) -> "Seeded":
-        """Use ``epoch`` for the next pass's random order (returns the pipe, for chaining)."""
+        """Use ``epoch`` for the next pass's random order (returns the pipe, for chaining).
+
+        Without it, each pass after the first is the next epoch (so the same order never
+        comes twice in a row silently)."""
         if not isinstance(epoch, int) or epoch < 0:
             raise ValueError(f"epoch must be an int >= 0, got {epoch!r}")
         self.epoch = epoch
+        self._epoch_given = True
         return self
+
+    def _begin_pass(self) -> None:
+        """Called by each random stage when a pass starts: a pass not preceded by
+        ``set_epoch`` is the next epoch. A copy of the stage in a DataLoader worker that was
+        never given an epoch (a fresh copy each epoch: torch's DataLoader without
+        ``speechpipe.build_loader``) cannot know its epoch: it warns, once per process."""
+        passes = self.__dict__.get("_passes", 0)
+        given = self.__dict__.get("_epoch_given", False)
+        if passes and not given:
+            self.epoch += 1
+        elif not passes and not given and not _warned_in_worker:
+            _warn_if_worker_without_epoch(type(self).__name__)
+        self._passes = passes + 1
+        self._epoch_given = False
 
     def _rng(self, salt: str):
         """A ``random.Random`` from ``(seed, epoch, rank, worker, salt)`` of this process."""
         where = process_position()
         return derive_rng(self.seed, self.epoch, where.rank, where.worker, salt)
+
+
+class EpochWarning(UserWarning):
+    """A random stage cannot know its epoch: its order will repeat every epoch."""
+
+
+_warned_in_worker = False
+
+
+def _warn_if_worker_without_epoch(stage: str) -> None:
+    global _warned_in_worker
+    import torch.utils.data
+
+    if torch.utils.data.get_worker_info() is None:
+        return
+    _warned_in_worker = True
+    warnings.warn(
+        f"{stage} runs in a DataLoader worker but no epoch was set on it: a worker that is not "
+        "persistent starts from a fresh copy every epoch, so every epoch repeats this order. "
+        "Build the loader with speechpipe.build_loader (epochs reach its workers), or call "
+        "speechpipe.set_epoch(pipe, epoch) before each epoch", EpochWarning, stacklevel=4)
 
 
 def check_seed(seed: int) -> int:

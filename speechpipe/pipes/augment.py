@@ -138,6 +138,7 @@ class SpeedPerturberIterDataPipe(Seeded, IterDataPipe[Sample]):
         self.source_datapipe = source_datapipe
 
     def __iter__(self) -> Iterator[Sample]:
+        self._begin_pass()
         choice, factors = self._rng("perturb_speed").choice, self.factors
         kernels: dict[tuple[int, float], taT.Resample | None] = {}  # by (rate, factor)
         for sample in self.source_datapipe:
@@ -205,6 +206,7 @@ class VolumePerturberIterDataPipe(Seeded, IterDataPipe[Sample]):
         self.source_datapipe = source_datapipe
 
     def __iter__(self) -> Iterator[Sample]:
+        self._begin_pass()
         draw = self._rng("perturb_volume").random
         low, span, float32 = self.low, self.high - self.low, np.float32
         for sample in self.source_datapipe:
@@ -399,6 +401,7 @@ class SpecAugmenterIterDataPipe(Seeded, IterDataPipe[Sample]):
         self.source_datapipe = source_datapipe
 
     def __iter__(self) -> Iterator[Sample]:
+        self._begin_pass()
         options = (self.freq_masks, self.freq_width, self.time_masks, self.time_width,
                    self.time_warp, self.mask_value,
                    _torch_generator(self.seed, self.epoch, "spec_augment"))

@@ -292,6 +292,7 @@ class LengthBucketerIterDataPipe(Seeded, Resumable, IterDataPipe[list]):
         if self.passthrough:  # a replay pass for a stage below (speechpipe.loader)
             yield from self.source_datapipe
             return
+        self._begin_pass()
         state, samples = self._take_resume()
         rng = self._rng("bucket_by_length")
         measure = self.constraint.measure
@@ -461,6 +462,7 @@ class BlockBatcherIterDataPipe(Seeded, Resumable, IterDataPipe[list]):
         if self.passthrough:  # a replay pass for a stage below (speechpipe.loader)
             yield from self.source_datapipe
             return
+        self._begin_pass()
         state, samples = self._take_resume()
         self.stats.reset()
         rng = self._rng("block_batch")

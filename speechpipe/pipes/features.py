@@ -525,6 +525,7 @@ class FeatureComputerIterDataPipe(Seeded, IterDataPipe[Sample]):
         return self.extractor.num_frames(int(num_samples), int(sample_rate))
 
     def __iter__(self) -> Iterator[Sample]:
+        self._begin_pass()
         self.diagnostics.reset()
         generator = (_torch_generator(self.seed, self.epoch, "compute_features")
                      if self.dither else None)

@@ -544,6 +544,7 @@ class NamedZipperIterDataPipe(_SourceEpochs, IterDataPipe[dict]):
         )
 
     def __iter__(self) -> Iterator[dict]:
+        self._begin_pass()
         self.stats.reset()
         yield from zip_by_name(
             self.sources, until=self.until, stats=self.stats, on_pass=self._start_pass
@@ -668,6 +669,7 @@ class WeightedMixerIterDataPipe(_SourceEpochs, IterDataPipe):
                                  weights=dict(self.weights))
 
     def __iter__(self) -> Iterator[Any]:
+        self._begin_pass()
         self.stats.reset()
         rng = self._rng("mix_by_weight")
         yield from mix_by_weight(
@@ -768,6 +770,7 @@ class ReplacementSamplerIterDataPipe(Seeded, IterDataPipe):
         self.epoch = 0
 
     def __iter__(self) -> Iterator[Any]:
+        self._begin_pass()
         rng = self._rng("sample_with_replacement")
         items = self.source
         if isinstance(items, IterDataPipe):

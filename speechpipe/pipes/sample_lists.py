@@ -96,6 +96,8 @@ class _SampleList(CarriesRank, SampleSource):
             request, self._replay_request = self._replay_request, None
             yield from self._replay(request)
             return
+        if isinstance(self, Seeded):
+            self._begin_pass()
         prepared, self._prepared = self._prepared, None
         state, _ = self._take_resume()
         samples, _ = prepared if prepared is not None else self._read()
@@ -181,9 +183,9 @@ class SampleShufflerIterDataPipe(Seeded, _SampleList, IterDataPipe[Sample]):
     >>> rows = [{"key": f"u{i}"} for i in range(6)]
     >>> pipe = IterableWrapper(rows).shuffle_samples(seed=0)
     >>> first = [s["key"] for s in pipe]
-    >>> sorted(first) == [f"u{i}" for i in range(6)], first == [s["key"] for s in pipe]
+    >>> sorted(first) == [f"u{i}" for i in range(6)], first != [s["key"] for s in pipe]
     (True, True)
-    >>> first != [s["key"] for s in pipe.set_epoch(1)]
+    >>> first == [s["key"] for s in pipe.set_epoch(0)]  # a new pass is the next epoch
     True
     """
 

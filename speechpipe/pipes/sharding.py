@@ -431,7 +431,8 @@ class ShardedShufflerIterDataPipe(Seeded, SampleSource, IterDataPipe[Sample]):
     ['utt6', 'utt7', 'utt8', 'utt0', 'utt1', 'utt2', 'utt3', 'utt4', 'utt5']
     >>> pipe = IterableWrapper(writer.paths).sharded_shuffle(buffer_size=4, seed=0)
     >>> keys = [s["key"] for s in pipe]
-    >>> sorted(keys) == [f"utt{i}" for i in range(9)], keys == [s["key"] for s in pipe]
+    >>> again = [s["key"] for s in pipe.set_epoch(0)]  # without set_epoch: the next epoch
+    >>> sorted(keys) == [f"utt{i}" for i in range(9)], keys == again
     (True, True)
     """
 
@@ -612,6 +613,7 @@ class ShardedShufflerIterDataPipe(Seeded, SampleSource, IterDataPipe[Sample]):
             request, self._replay_request = self._replay_request, None
             yield from self._replay(request)
             return
+        self._begin_pass()
         prepared, self._prepared = self._prepared, None
         if prepared is None:
             prepared = self._start(self._take_resume()[0], [])
