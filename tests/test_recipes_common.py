@@ -610,3 +610,35 @@ def test_recipe_modules_keep_sorted_complete_all_and_the_pipe_naming_rule():
     fn = IterDataPipe.functions["filter_by_duration"]
     assert fn.args[0] is _pipelines.DurationFilterIterDataPipe
     assert re.fullmatch(r"[A-Z]\w*erIterDataPipe", fn.args[0].__name__)
+
+
+# ------------------------------------------------------------------------------ issue 17
+
+
+def _every_builder():
+    import importlib
+
+    from speechpipe.recipes import RECIPES
+
+    for corpus, module_name in sorted(RECIPES.items()):
+        module = importlib.import_module(module_name)
+        for name in sorted(module.__all__):
+            if name.startswith(corpus) and name.rsplit("_", 1)[-1] in ("train", "valid",
+                                                                        "eval", "test"):
+                yield corpus, name, getattr(module, name)
+
+
+@pytest.mark.parametrize("corpus, name, builder", list(_every_builder()),
+                         ids=[name for _, name, _ in _every_builder()])
+def test_every_recipe_builder_gives_a_pipeline_the_loader_can_resume(corpus, name, builder):
+    """build_loader refuses a pipeline it could not resume when it is built: every train,
+    valid, eval and test builder of every recipe passes (new-process resume of the shared
+    builders: tests/test_resume.py::test_a_recipes_loader_resumes_exactly_in_a_new_process)."""
+    from speechpipe.loader import build_loader
+    from speechpipe.pipes._restore import unresumable_reason
+
+    rows = [[{"key": "u1", "audio_path": "u1.flac", "duration": 1.0, "text": "a",
+              "normalized_text": "a"}]]
+    pipe = builder(rows)  # an in-memory manifest: nothing is read until iteration
+    assert unresumable_reason(pipe) is None  # torch's shuffle and batch were here
+    assert build_loader(pipe, num_workers=2) is not None
