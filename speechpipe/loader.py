@@ -82,9 +82,9 @@ snapshot boundary -- ``workers × (prefetch_factor + 1)`` steps out of each ``sn
 at a cost in throughput (measurements: ``benchmarks/README.md``, "Loader state snapshots"). A
 state asked for between two snapshots (``loader.state_dict()`` at any step) is restored by
 fetching again the (at most ``snapshot_every - 1``) batches since the last snapshot -- still
-exact, at the cost of re-reading those batches once, in the new process.
-Set it to your checkpoint interval to make that zero. Stages between resumable ones must map one sample to one sample
-deterministically (decode, feature extraction without dither, tokenization); random stages
+exact, at the cost of re-reading those batches once, in the new process. Set it to your
+checkpoint interval to make that zero. Stages between resumable ones must map one sample to one
+sample deterministically (decode, feature extraction without dither, tokenization); random stages
 that draw in sequence (``perturb_speed``, ``spec_augment``) resume with a fresh draw sequence
 (a warning says so); torch's ``shuffle``, ``batch`` and other buffering stages cannot be saved:
 :func:`build_loader` refuses them when it is built, naming them (``resumable=False`` builds a
