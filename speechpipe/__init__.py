@@ -22,6 +22,7 @@ from .loader import Loader, PipeDataset, build_loader  # noqa: E402
 from .pack import PackOptions, PackReport, pack_data  # noqa: E402
 from .pipes._base import IterableWrapper, SequenceWrapper  # noqa: E402
 from .pipes._restore import ResumeWarning  # noqa: E402
+from .pipes._state import EpochWarning  # noqa: E402
 from .pipes.cmvn import CmvnStats, compute_cmvn_stats  # noqa: E402
 from .pipes.collate import PadCollate  # noqa: E402
 from .pipes.concurrency import start, to_device  # noqa: E402
@@ -52,14 +53,15 @@ del _corpus
 
 __all__ = [
     "BatchConstraint", "BatchStats", "BatchView", "BudgetWarning", "CharTokenizer", "CmvnStats",
-    "DataError", "Diagnostics", "DistributedStepError", "EpochProgress", "EqualSteps",
-    "FrontEnd", "IterableWrapper", "Loader", "MissingDataError", "PackOptions", "PackReport",
-    "PadCollate", "PaddedArea", "PipeDataset", "Quadratic", "ResumeWarning", "SampleCount",
-    "SentencePieceTokenizer", "SequenceWrapper", "ShardEntry", "ShardIndex", "ShardReadOptions",
-    "ShardSplit", "ShardWriter", "SkippedInputWarning", "SpeechpipeError", "StepPlanner",
-    "StepStats", "SumOfLengths", "TextNormalizer", "TwoDimensional", "UnsafeInputError",
-    "WordTokenizer", "build_loader", "build_tokenizer", "compute_cmvn_stats", "compute_lengths",
-    "corpus_stats", "eval_pipeline", "get_recipe", "kaldi_arks", "load_tokenizer",
-    "manifest_path", "pack_data", "pipeline_report", "read_data_len", "recipes", "select_keys",
-    "set_epoch", "shard_assignment", "start", "to_device", "train_pipeline",
+    "DataError", "Diagnostics", "DistributedStepError", "EpochProgress", "EpochWarning",
+    "EqualSteps", "FrontEnd", "IterableWrapper", "Loader", "MissingDataError", "PackOptions",
+    "PackReport", "PadCollate", "PaddedArea", "PipeDataset", "Quadratic", "ResumeWarning",
+    "SampleCount", "SentencePieceTokenizer", "SequenceWrapper", "ShardEntry", "ShardIndex",
+    "ShardReadOptions", "ShardSplit", "ShardWriter", "SkippedInputWarning", "SpeechpipeError",
+    "StepPlanner", "StepStats", "SumOfLengths", "TextNormalizer", "TwoDimensional",
+    "UnsafeInputError", "WordTokenizer", "build_loader", "build_tokenizer",
+    "compute_cmvn_stats", "compute_lengths", "corpus_stats", "eval_pipeline", "get_recipe",
+    "kaldi_arks", "load_tokenizer", "manifest_path", "pack_data", "pipeline_report",
+    "read_data_len", "recipes", "select_keys", "set_epoch", "shard_assignment", "start",
+    "to_device", "train_pipeline",
 ]
