@@ -602,8 +602,25 @@ def _die_scenario(ctx, rank, world, write):
     return record
 
 
+def _empty_rank_scenario(ctx, target: str) -> dict:
+    """One shard for two ranks: one rank has no batch. policy='plan' (with a planner's
+    target, or an int) must stop every rank, naming it -- not leave the others waiting in the
+    training loop's all-reduce (issue 23)."""
+    sharded, pipe = build(ctx["paths"])
+    steps = 5 if target == "int" else StepPlanner(sharded, plan_batching, target=target)
+    record = {"start": time.time()}
+    try:
+        _ddp_loop(EqualSteps(pipe, "plan", steps=steps, timeout=20), record)
+        record["error"] = None
+    except DistributedStepError as exc:
+        record.update(error=type(exc).__name__, message=str(exc), at=time.time())
+    return record
+
+
 def _scenario(name: str, ctx: dict, rank: int, world: int, write):
     kind, _, arg = name.partition(":")
+    if kind == "emptyrank":
+        return _empty_rank_scenario(ctx, arg)
     if kind in ("stop", "pad", "plan"):
         return _policy_scenario(ctx, kind, int(arg))
     if kind == "again":  # the same as stop:2, a second run
@@ -997,3 +1014,18 @@ def test_a_rank_that_dies_makes_the_others_fail_fast_not_at_the_timeout(group2):
 
 if __name__ == "__main__":
     _rank_main(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5])
+
+
+@pytest.mark.timeout(150)
+def test_plan_with_a_rank_that_has_no_shard_stops_every_rank_naming_it(tmp_path, corpus):
+    """Issue 23: one shard, two ranks, StepPlanner(target="max"/"mean") or an int: the empty
+    rank raised while the other waited in its all-reduce, past EqualSteps' timeout."""
+    names = ["emptyrank:max", "emptyrank:mean", "emptyrank:int"]
+    results = run_group(str(tmp_path), 2, {"paths": corpus[:1], "scenarios": names})
+    for name in names:
+        records = [r[name] for r in results]
+        messages = {r["message"] for r in records}
+        assert all(r["error"] == "DistributedStepError" for r in records), records
+        assert len(messages) == 1 and "yielded nothing but the plan has" in messages.pop()
+        assert max(r["at"] - r["start"] for r in records) < 15  # at the epoch's start
+

@@ -38,6 +38,7 @@ gives every rank the same number of samples at every step and the same number of
 
 from __future__ import annotations
 
+import itertools
 import time
 import traceback
 import warnings
@@ -161,10 +162,12 @@ class _Signals:
         worst, best = self._all_reduce([key, best_key], what)
         return divmod(worst, w), (_HAVE - best // w, best % w)
 
-    def agree(self, value: int, what: str) -> tuple[int, int]:
-        """``(min, max)`` of ``value`` over the ranks."""
-        low, neg_high = self._all_reduce([value, -value], what)
-        return low, -neg_high
+    def agree(self, value: int, what: str, have: bool = True) -> tuple[int, int, int | None]:
+        """``(min, max)`` of ``value`` over the ranks, and the lowest rank whose ``have`` is
+        False (None if every rank has), in one all-reduce."""
+        presence = self.world + self.rank if have else self.rank
+        low, neg_high, first = self._all_reduce([value, -value, presence], what)
+        return low, -neg_high, (first if first < self.world else None)
 
     def total(self, value: int, what: str) -> int:
         """The sum of ``value`` over the ranks."""
@@ -408,19 +411,26 @@ class EqualSteps:
         finally:
             it = None  # DataLoader workers shut down now, not when a traceback is freed
 
-    def _planned_steps(self, signals: _Signals, stats: StepStats) -> int:
+    def _planned_steps(self, signals: _Signals, stats: StepStats, have: bool) -> int:
+        """The epoch's steps, agreed by every rank in the one exchange of the epoch, which also
+        tells every rank whether some rank has no batch at all (it cannot follow a plan: with
+        no collective per step, the others would wait for it in the training loop's
+        all-reduce; so every rank stops here, naming it)."""
         epoch = self.epoch
+        what = "agreeing on the planned steps"
         if isinstance(self.steps, StepPlanner):
             planner = self.steps
             local = planner.rank_batches(epoch, signals.rank if signals.active else 0)
-            low, high = signals.agree(local, "agreeing on the planned steps")
-            total = (signals.total(local, "agreeing on the planned steps")
-                     if planner.target == "mean" else 0)
-            return _target_steps(planner.target, low, high, total, signals.world)
+            low, high, empty = signals.agree(local, what, have)
+            total = signals.total(local, what) if planner.target == "mean" else 0
+            steps = _target_steps(planner.target, low, high, total, signals.world)
+            self._refuse_empty_rank(empty, steps)
+            return steps
         local = self.steps if isinstance(self.steps, int) else self.steps(epoch)
         if isinstance(local, bool) or not isinstance(local, int) or local < 0:
             raise ValueError(f"steps({epoch!r}) must return an int >= 0, got {local!r}")
-        low, high = signals.agree(local, "agreeing on the planned steps")
+        low, high, empty = signals.agree(local, what, have)
+        self._refuse_empty_rank(empty, low)
         if low != high:
             raise DistributedStepError(
                 f"equalize_steps(policy='plan'): the ranks were given different step counts "
@@ -429,16 +439,27 @@ class EqualSteps:
             )
         return low
 
+    def _refuse_empty_rank(self, rank: int | None, steps: int) -> None:
+        if rank is not None and steps > 0:
+            raise DistributedStepError(
+                f"equalize_steps(policy='plan'): rank {rank}'s loader yielded nothing but the "
+                f"plan has {steps} steps (epoch {self.epoch}), so no rank can follow it; give "
+                "every rank data (more or smaller shards: pack --shard-size; "
+                "ShardSplit(equalize='repeat'); fewer ranks) or use policy='stop'")
+
     def _planned(self, signals: _Signals, stats: StepStats) -> Iterator[Any]:
-        steps = self._planned_steps(signals, stats)
-        stats.planned = steps
         end = object()
         it = iter(self.loader)
         cache: list = []
         exhausted = False
         try:
-            for _ in range(steps):
-                batch = end if exhausted else next(it, end)
+            first = next(it, end)
+            steps = self._planned_steps(signals, stats, have=first is not end)
+            stats.planned = steps
+            if not steps and first is not end:  # a plan of no steps: the batch read is dropped
+                it = itertools.chain([first], it)
+            for step in range(steps):
+                batch = first if step == 0 else end if exhausted else next(it, end)
                 if batch is end:
                     exhausted = True
                     if not cache:
