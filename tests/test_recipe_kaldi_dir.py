@@ -244,3 +244,11 @@ def test_prepare_command_forwards_root(recipe, tmp_path, capsys):
     assert capsys.readouterr().out.splitlines() == [
         f"kaldi_dir dev: {manifest_path(tmp_path / 'm', 'kaldi_dir', 'dev')}",
         f"kaldi_dir train: {manifest_path(tmp_path / 'm', 'kaldi_dir', 'train')}"]
+
+
+def test_a_data_dir_given_as_dot_is_named_after_its_folder(recipe, tmp_path, monkeypatch):
+    # issue 18: prepare kaldi_dir . named the part "" (kaldi_dir_samples_.jsonl.gz)
+    monkeypatch.chdir(recipe / "data" / "dev")
+    out = prepare_kaldi_dir(".", tmp_path / "m", root=recipe, progress=False)
+    assert list(out) == ["dev"]
+    assert out["dev"] == manifest_path(tmp_path / "m", "kaldi_dir", "dev")

@@ -23,6 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; its errors, a closed output pipe and Ctrl-C end it in one line."""
     args = build_parser().parse_args(argv)
     from ..errors import SpeechpipeError
 
@@ -31,4 +32,22 @@ def main(argv: list[str] | None = None) -> int:
     except SpeechpipeError as exc:
         print(f"speechpipe {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"speechpipe {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # the reader left (``speechpipe stats ... | head``): not an error
+        _quiet_stdout()
+        return 0
+
+
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null, so that flushing it at exit raises nothing (the Python
+    documentation's recipe for SIGPIPE)."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # no real stdout (an embedding): nothing to quiet
+        pass
 

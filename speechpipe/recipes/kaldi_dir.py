@@ -81,9 +81,10 @@ def _is_data_dir(path: Path) -> bool:
 def _data_dirs(root: Path, parts: str | Iterable[str]) -> dict[str, Path]:
     if not root.is_dir():
         raise MissingDataError("Kaldi data folder not found", source=str(root))
+    own_name = root.resolve().name  # "." has no name of its own (issue 18)
     if parts == "auto":
         if _is_data_dir(root):
-            return {root.name: root}
+            return {own_name: root}
         found = {d.name: d for d in sorted(root.iterdir()) if d.is_dir() and _is_data_dir(d)}
         if not found:
             raise MissingDataError(
@@ -92,7 +93,7 @@ def _data_dirs(root: Path, parts: str | Iterable[str]) -> dict[str, Path]:
         return found
     out = {}
     for name in _as_names(parts, "parts"):
-        path = root if (name == root.name and _is_data_dir(root)) else root / name
+        path = root if (name == own_name and _is_data_dir(root)) else root / name
         if not path.is_dir():
             raise MissingDataError("Kaldi data directory not found", source=str(path))
         if not _is_data_dir(path):
