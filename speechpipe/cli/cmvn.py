@@ -7,7 +7,7 @@ import argparse
 import os
 from typing import Any, Iterable, Iterator
 
-from ..pipes._audio_common import _audio_of
+from ..pipes._audio_common import audio_of
 from ..pipes.cmvn import compute_cmvn_stats
 from ..pipes.features import FEATURE_KINDS, _extract_one, _Extractor
 from ..sample import FEATS, KEY, Sample
@@ -84,7 +84,7 @@ def _cmvn_command(args: argparse.Namespace) -> int:
             if FEATS in sample:
                 yield sample
                 continue
-            audio, rate = _audio_of(sample, "cmvn", mono=True)
+            audio, rate = audio_of(sample, "cmvn", mono=True)
             yield {KEY: sample.get(KEY),
                    FEATS: _extract_one(audio, rate, extractor, 0.0, None, sample)}
 

@@ -19,40 +19,42 @@ from ..errors import DataError
 from ..sample import AUDIO, FEATS, KEY, SAMPLE_RATE, SOURCE
 from ..seeding import derive_seed, process_position
 
-__all__: list[str] = []
+__all__ = ["FLOAT32", "audio_of", "channels_first", "check_int", "check_real", "check_sample",
+           "checked_audio", "feats_of", "resampler", "sample_where", "source_len", "time_first",
+           "to_tensor", "torch_generator"]
 
 
-def _where(sample: Mapping[str, Any]) -> dict:
+def sample_where(sample: Mapping[str, Any]) -> dict:
     source = sample.get(SOURCE, sample.get("audio_path"))
     return {"source": source if isinstance(source, str) else None, "key": sample.get(KEY)}
 
 
-def _check_sample(sample: Any, stage: str) -> None:
+def check_sample(sample: Any, stage: str) -> None:
     if not isinstance(sample, Mapping):
         raise TypeError(f"{stage} expects sample dicts, got {type(sample).__name__}")
 
 
-_FLOAT32 = np.dtype(np.float32)
+FLOAT32 = np.dtype(np.float32)
 
 
-def _audio_of(sample: Any, stage: str, *, mono: bool = False) -> tuple[np.ndarray, int]:
+def audio_of(sample: Any, stage: str, *, mono: bool = False) -> tuple[np.ndarray, int]:
     """The sample's audio (float32, time first) and its rate; a TypeError for a sample that is
     not a mapping, a DataError for missing or unusable audio.
 
     A dict with a float32 array and an int rate is recognised by a few type checks and its
-    audio returned as it is; anything else goes through :func:`_checked_audio`.
+    audio returned as it is; anything else goes through :func:`checked_audio`.
     """
     if type(sample) is dict:
         audio, rate = sample.get(AUDIO), sample.get(SAMPLE_RATE)
-        if (type(audio) is np.ndarray and audio.dtype is _FLOAT32 and type(rate) is int
+        if (type(audio) is np.ndarray and audio.dtype is FLOAT32 and type(rate) is int
                 and rate > 0 and (audio.ndim == 1 or (audio.ndim == 2 and not mono))):
             return audio, rate
-    return _checked_audio(sample, stage, mono)
+    return checked_audio(sample, stage, mono)
 
 
-def _checked_audio(sample: Any, stage: str, mono: bool) -> tuple[np.ndarray, int]:
-    _check_sample(sample, stage)
-    where = _where(sample)
+def checked_audio(sample: Any, stage: str, mono: bool) -> tuple[np.ndarray, int]:
+    check_sample(sample, stage)
+    where = sample_where(sample)
     if AUDIO not in sample:
         raise DataError(f"{stage}: the sample has no {AUDIO!r} field", **where)
     if SAMPLE_RATE not in sample:
@@ -74,27 +76,27 @@ def _checked_audio(sample: Any, stage: str, mono: bool) -> tuple[np.ndarray, int
     return audio.astype(np.float32, copy=False), int(rate)
 
 
-def _tensor(array: np.ndarray) -> torch.Tensor:
+def to_tensor(array: np.ndarray) -> torch.Tensor:
     """``torch.from_numpy`` (no copy), copying only read-only arrays, on which it warns."""
     return torch.from_numpy(array if array.flags.writeable else array.copy())
 
 
-def _channels_first(audio: np.ndarray) -> torch.Tensor:
+def channels_first(audio: np.ndarray) -> torch.Tensor:
     """``(T,)`` or ``(T, C)`` numpy to a ``(T,)`` or ``(C, T)`` contiguous tensor."""
-    return _tensor(np.ascontiguousarray(audio if audio.ndim == 1 else audio.T))
+    return to_tensor(np.ascontiguousarray(audio if audio.ndim == 1 else audio.T))
 
 
-def _time_first(waveform: torch.Tensor) -> np.ndarray:
+def time_first(waveform: torch.Tensor) -> np.ndarray:
     out = waveform.numpy()
     return out if out.ndim == 1 else np.ascontiguousarray(out.T)
 
 
-def _torch_generator(seed: int, epoch: int, salt: str) -> torch.Generator:
+def torch_generator(seed: int, epoch: int, salt: str) -> torch.Generator:
     where = process_position()
     return torch.Generator().manual_seed(derive_seed(seed, epoch, where.rank, where.worker, salt))
 
 
-def _check_int(name: str, value: Any, minimum: int) -> int:
+def check_int(name: str, value: Any, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be an int, got {value!r}")
     if value < minimum:
@@ -102,19 +104,19 @@ def _check_int(name: str, value: Any, minimum: int) -> int:
     return int(value)
 
 
-def _check_real(name: str, value: Any) -> float:
+def check_real(name: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
         raise TypeError(f"{name} must be a finite number, got {value!r}")
     return float(value)
 
 
-def _source_len(pipe: Any) -> int:
+def source_len(pipe: Any) -> int:
     return len(pipe.source_datapipe)
 
 
 # The resampling kernels, cached per process: shared by resample and perturb_speed.
 @functools.lru_cache(maxsize=32)
-def _resampler(
+def resampler(
     orig: int,
     new: int,
     *,
@@ -130,16 +132,16 @@ def _resampler(
                         dtype=torch.float32)
 
 
-def _feats_of(sample: Any, stage: str) -> np.ndarray:
+def feats_of(sample: Any, stage: str) -> np.ndarray:
     """The sample's features, a C-contiguous float32 ``(frames, dim)`` array; a TypeError for a
     sample that is not a mapping, a DataError for missing or unusable features."""
     if type(sample) is dict:
         feats = sample.get(FEATS)
-        if (type(feats) is np.ndarray and feats.dtype is _FLOAT32 and feats.ndim == 2
+        if (type(feats) is np.ndarray and feats.dtype is FLOAT32 and feats.ndim == 2
                 and feats.flags.c_contiguous):
             return feats
-    _check_sample(sample, stage)
-    where = _where(sample)
+    check_sample(sample, stage)
+    where = sample_where(sample)
     if FEATS not in sample:
         raise DataError(f"{stage}: the sample has no {FEATS!r} field", **where)
     feats = sample[FEATS]

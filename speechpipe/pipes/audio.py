@@ -49,13 +49,13 @@ import torchaudio.transforms as taT
 
 from ..sample import AUDIO, SAMPLE_RATE, Sample
 from ._audio_common import (
-    _audio_of,
-    _channels_first,
-    _check_int,
-    _check_real,
-    _resampler,
-    _source_len,
-    _time_first,
+    audio_of,
+    channels_first,
+    check_int,
+    check_real,
+    resampler,
+    source_len,
+    time_first,
 )
 from ._base import IterDataPipe, functional_datapipe
 from .augment import (  # re-exported: moved from this module
@@ -148,22 +148,22 @@ def resample_audio(
     """
     if orig_rate == new_rate:
         return audio
-    transform = _resampler(int(orig_rate), int(new_rate),
+    transform = resampler(int(orig_rate), int(new_rate),
                            lowpass_filter_width=lowpass_filter_width, rolloff=float(rolloff),
                            resampling_method=resampling_method, beta=beta)
-    return _time_first(transform(_channels_first(audio)))
+    return time_first(transform(channels_first(audio)))
 
 
 def _check_resample_options(lowpass_filter_width, rolloff, resampling_method, beta) -> None:
-    _check_int("lowpass_filter_width", lowpass_filter_width, 1)
-    rolloff = _check_real("rolloff", rolloff)
+    check_int("lowpass_filter_width", lowpass_filter_width, 1)
+    rolloff = check_real("rolloff", rolloff)
     if not 0.0 < rolloff <= 1.0:
         raise ValueError(f"rolloff must be in (0, 1], got {rolloff!r}")
     if resampling_method not in RESAMPLING_METHODS:
         raise ValueError(f"resampling_method must be one of {RESAMPLING_METHODS}, "
                          f"got {resampling_method!r}")
     if beta is not None:
-        if _check_real("beta", beta) <= 0:
+        if check_real("beta", beta) <= 0:
             raise ValueError(f"beta must be > 0 or None, got {beta!r}")
 
 
@@ -205,7 +205,7 @@ class ResamplerIterDataPipe(IterDataPipe[Sample]):
         resampling_method: str = "sinc_interp_hann",
         beta: float | None = None,
     ) -> None:
-        self.rate = _check_int("rate", rate, 1)
+        self.rate = check_int("rate", rate, 1)
         _check_resample_options(lowpass_filter_width, rolloff, resampling_method, beta)
         self.source_datapipe = source_datapipe
         self.options = {"lowpass_filter_width": int(lowpass_filter_width),
@@ -215,20 +215,20 @@ class ResamplerIterDataPipe(IterDataPipe[Sample]):
     def __iter__(self) -> Iterator[Sample]:
         kernels: dict[int, taT.Resample] = {}  # by source rate
         for sample in self.source_datapipe:
-            audio, rate = _audio_of(sample, "resample")
+            audio, rate = audio_of(sample, "resample")
             if rate == self.rate:
                 yield sample
                 continue
             kernel = kernels.get(rate)
             if kernel is None:
-                kernel = kernels[rate] = _resampler(rate, self.rate, **self.options)
+                kernel = kernels[rate] = resampler(rate, self.rate, **self.options)
             out = dict(sample)
-            out[AUDIO] = _time_first(kernel(_channels_first(audio)))
+            out[AUDIO] = time_first(kernel(channels_first(audio)))
             out[SAMPLE_RATE] = self.rate
             yield out
 
     def __len__(self) -> int:
-        return _source_len(self)
+        return source_len(self)
 
 
 Resampler = ResamplerIterDataPipe

@@ -17,16 +17,16 @@ import torchaudio.transforms as taT
 
 from ..sample import AUDIO, DURATION, FEATS, Sample
 from ._audio_common import (
-    _audio_of,
-    _channels_first,
-    _check_int,
-    _check_real,
-    _feats_of,
-    _resampler,
-    _source_len,
-    _tensor,
-    _time_first,
-    _torch_generator,
+    audio_of,
+    channels_first,
+    check_int,
+    check_real,
+    feats_of,
+    resampler,
+    source_len,
+    to_tensor,
+    time_first,
+    torch_generator,
 )
 from ._base import IterDataPipe, functional_datapipe
 from ._state import Seeded, check_seed
@@ -74,7 +74,7 @@ def change_speed(audio: np.ndarray, sample_rate: int, factor: float) -> np.ndarr
     (12800,)
     """
     kernel = _speed_kernel(int(sample_rate), factor)
-    return audio if kernel is None else _time_first(kernel(_channels_first(audio)))
+    return audio if kernel is None else time_first(kernel(channels_first(audio)))
 
 
 def _speed_kernel(sample_rate: int, factor: float) -> taT.Resample | None:
@@ -85,13 +85,13 @@ def _speed_kernel(sample_rate: int, factor: float) -> taT.Resample | None:
     if source == sample_rate:
         return None
     gcd = math.gcd(source, sample_rate)
-    return _resampler(source // gcd, sample_rate // gcd)
+    return resampler(source // gcd, sample_rate // gcd)
 
 
 def _check_factors(factors: Any) -> tuple[float, ...]:
     if isinstance(factors, (str, bytes)) or not isinstance(factors, Iterable):
         raise TypeError(f"factors must be a sequence of numbers, got {factors!r}")
-    out = tuple(_check_real("factors", f) for f in factors)
+    out = tuple(check_real("factors", f) for f in factors)
     if not out:
         raise ValueError("factors must not be empty")
     bad = [f for f in out if f <= 0]
@@ -142,14 +142,14 @@ class SpeedPerturberIterDataPipe(Seeded, IterDataPipe[Sample]):
         choice, factors = self._rng("perturb_speed").choice, self.factors
         kernels: dict[tuple[int, float], taT.Resample | None] = {}  # by (rate, factor)
         for sample in self.source_datapipe:
-            audio, rate = _audio_of(sample, "perturb_speed")
+            audio, rate = audio_of(sample, "perturb_speed")
             factor = choice(factors)
             try:
                 kernel = kernels[rate, factor]
             except KeyError:
                 kernel = kernels[rate, factor] = _speed_kernel(rate, factor)
             out = dict(sample)
-            out[AUDIO] = audio if kernel is None else _time_first(kernel(_channels_first(audio)))
+            out[AUDIO] = audio if kernel is None else time_first(kernel(channels_first(audio)))
             previous = out.get(SPEED)
             out[SPEED] = factor if previous is None else float(previous) * factor
             if DURATION in out:
@@ -157,7 +157,7 @@ class SpeedPerturberIterDataPipe(Seeded, IterDataPipe[Sample]):
             yield out
 
     def __len__(self) -> int:
-        return _source_len(self)
+        return source_len(self)
 
 
 SpeedPerturber = SpeedPerturberIterDataPipe
@@ -195,7 +195,7 @@ class VolumePerturberIterDataPipe(Seeded, IterDataPipe[Sample]):
         *,
         seed: int = 0,
     ) -> None:
-        low, high = _check_real("low", low), _check_real("high", high)
+        low, high = check_real("low", low), check_real("high", high)
         if low <= 0:
             raise ValueError(f"low must be > 0, got {low!r}")
         if high < low:
@@ -210,7 +210,7 @@ class VolumePerturberIterDataPipe(Seeded, IterDataPipe[Sample]):
         draw = self._rng("perturb_volume").random
         low, span, float32 = self.low, self.high - self.low, np.float32
         for sample in self.source_datapipe:
-            audio, _ = _audio_of(sample, "perturb_volume")
+            audio, _ = audio_of(sample, "perturb_volume")
             gain = low + span * draw()  # random.Random.uniform(low, high), inlined
             out = dict(sample)
             out[AUDIO] = audio * float32(gain)
@@ -219,7 +219,7 @@ class VolumePerturberIterDataPipe(Seeded, IterDataPipe[Sample]):
             yield out
 
     def __len__(self) -> int:
-        return _source_len(self)
+        return source_len(self)
 
 
 VolumePerturber = VolumePerturberIterDataPipe
@@ -381,20 +381,20 @@ class SpecAugmenterIterDataPipe(Seeded, IterDataPipe[Sample]):
         mask_value: float | str = 0.0,
         seed: int = 0,
     ) -> None:
-        self.freq_masks = _check_int("freq_masks", freq_masks, 0)
-        self.freq_width = None if freq_width is None else _check_int("freq_width", freq_width, 0)
-        self.time_masks = _check_int("time_masks", time_masks, 0)
+        self.freq_masks = check_int("freq_masks", freq_masks, 0)
+        self.freq_width = None if freq_width is None else check_int("freq_width", freq_width, 0)
+        self.time_masks = check_int("time_masks", time_masks, 0)
         if isinstance(time_width, float):
             if not 0.0 <= time_width <= 1.0:
                 raise ValueError(f"time_width as a fraction must be in [0, 1], got {time_width!r}")
         else:
-            time_width = _check_int("time_width", time_width, 0)
+            time_width = check_int("time_width", time_width, 0)
         self.time_width = time_width
-        self.time_warp = _check_int("time_warp", time_warp, 0)
+        self.time_warp = check_int("time_warp", time_warp, 0)
         if mask_value != "mean":
             if isinstance(mask_value, str):
                 raise ValueError(f"mask_value must be a number or 'mean', got {mask_value!r}")
-            mask_value = _check_real("mask_value", mask_value)
+            mask_value = check_real("mask_value", mask_value)
         self.mask_value = mask_value
         self.seed = check_seed(seed)
         self.epoch = 0
@@ -404,15 +404,15 @@ class SpecAugmenterIterDataPipe(Seeded, IterDataPipe[Sample]):
         self._begin_pass()
         options = (self.freq_masks, self.freq_width, self.time_masks, self.time_width,
                    self.time_warp, self.mask_value,
-                   _torch_generator(self.seed, self.epoch, "spec_augment"))
+                   torch_generator(self.seed, self.epoch, "spec_augment"))
         for sample in self.source_datapipe:
-            feats = _feats_of(sample, "spec_augment")
+            feats = feats_of(sample, "spec_augment")
             out = dict(sample)
-            out[FEATS] = _spec_augment(_tensor(feats), *options).numpy()
+            out[FEATS] = _spec_augment(to_tensor(feats), *options).numpy()
             yield out
 
     def __len__(self) -> int:
-        return _source_len(self)
+        return source_len(self)
 
 
 SpecAugmenter = SpecAugmenterIterDataPipe

@@ -18,7 +18,7 @@ import numpy as np
 
 from ..errors import DataError, MissingDataError
 from ..sample import FEATS, Sample
-from ._audio_common import _feats_of, _source_len, _where
+from ._audio_common import feats_of, source_len, sample_where
 from ._base import IterDataPipe, functional_datapipe
 
 __all__ = [
@@ -175,7 +175,7 @@ def compute_cmvn_stats(
     stats: CmvnStats | None = None
     for item in tqdm(samples, desc=desc, unit="utt", disable=not progress):
         if isinstance(item, Mapping):
-            feats, where = _feats_of(item, "compute_cmvn_stats"), _where(item)
+            feats, where = feats_of(item, "compute_cmvn_stats"), sample_where(item)
         else:
             feats, where = np.asarray(item), {}
             if feats.ndim != 2:
@@ -299,23 +299,23 @@ class CmvnApplierIterDataPipe(IterDataPipe[Sample]):
         if stats is None:
             norm_means, norm_vars = self.norm_means, self.norm_vars
             for sample in self.source_datapipe:
-                feats = _feats_of(sample, "apply_cmvn")
+                feats = feats_of(sample, "apply_cmvn")
                 out = dict(sample)
                 out[FEATS] = normalize_features(feats, norm_means=norm_means,
                                                 norm_vars=norm_vars)
                 yield out
             return
         for sample in self.source_datapipe:
-            feats = _feats_of(sample, "apply_cmvn")
+            feats = feats_of(sample, "apply_cmvn")
             if feats.shape[1] != dim:
                 raise DataError(f"apply_cmvn: features of dim {feats.shape[1]}, but the CMVN "
-                                f"statistics have dim {dim}", **_where(sample))
+                                f"statistics have dim {dim}", **sample_where(sample))
             out = dict(sample)
             out[FEATS] = _normalize(feats, mean, scale)
             yield out
 
     def __len__(self) -> int:
-        return _source_len(self)
+        return source_len(self)
 
 
 CmvnApplier = CmvnApplierIterDataPipe

@@ -21,13 +21,13 @@ from ..diagnostics import Diagnostics, check_on_error
 from ..errors import DataError
 from ..sample import AUDIO, FEATS, KEY, SAMPLE_RATE, Sample, len_key
 from ._audio_common import (
-    _audio_of,
-    _check_real,
-    _check_sample,
-    _source_len,
-    _tensor,
-    _torch_generator,
-    _where,
+    audio_of,
+    check_real,
+    check_sample,
+    source_len,
+    to_tensor,
+    torch_generator,
+    sample_where,
 )
 from ._base import IterDataPipe, functional_datapipe
 from ._state import Seeded, check_seed
@@ -165,11 +165,11 @@ class _Extractor:
             for name in ("log",):
                 if name in options and not isinstance(options[name], bool):
                     raise TypeError(f"{name} must be a bool, got {options[name]!r}")
-            if "log_floor" in options and not _check_real("log_floor", options["log_floor"]) > 0:
+            if "log_floor" in options and not check_real("log_floor", options["log_floor"]) > 0:
                 raise ValueError(f"log_floor must be > 0, got {options['log_floor']!r}")
         if scale is None:
             scale = 1.0 if kind == "mel" else KALDI_SCALE
-        if _check_real("scale", scale) <= 0:
+        if check_real("scale", scale) <= 0:
             raise ValueError(f"scale must be > 0, got {scale!r}")
         self.kind = kind
         self.scale = float(scale)
@@ -260,7 +260,7 @@ def _prepare(
     dither: float,
     generator: torch.Generator | None,
 ) -> torch.Tensor:
-    waveform = audio if isinstance(audio, torch.Tensor) else _tensor(audio)
+    waveform = audio if isinstance(audio, torch.Tensor) else to_tensor(audio)
     waveform = waveform * extractor.scale if extractor.scale != 1.0 else waveform
     if dither != 0.0:
         noise = torch.randn(waveform.shape[0], generator=generator, dtype=waveform.dtype)
@@ -282,13 +282,13 @@ def _extract_one(
     if n < least:
         raise DataError(f"compute_features: audio of {n} samples is shorter than one "
                         f"{extractor.kind} frame ({least} samples at {rate} Hz)",
-                        **_where(sample))
+                        **sample_where(sample))
     waveform = _prepare(audio, extractor, dither, generator)
     try:
         feats = extractor(waveform, rate)
     except Exception as exc:  # torchaudio validates with assert / Exception
         raise DataError(f"compute_features: torchaudio's {extractor.kind} failed at {rate} Hz: "
-                        f"{type(exc).__name__}: {exc}", **_where(sample)) from exc
+                        f"{type(exc).__name__}: {exc}", **sample_where(sample)) from exc
     return np.ascontiguousarray(feats.numpy(), dtype=np.float32)
 
 
@@ -493,7 +493,7 @@ class FeatureComputerIterDataPipe(Seeded, IterDataPipe[Sample]):
         on_error: str = "raise",
         **options: Any,
     ) -> None:
-        dither = _check_real("dither", dither)
+        dither = check_real("dither", dither)
         if dither < 0:
             raise ValueError(f"dither must be >= 0, got {dither!r}")
         for name, value in (("batched", batched), ("keep_audio", keep_audio)):
@@ -527,7 +527,7 @@ class FeatureComputerIterDataPipe(Seeded, IterDataPipe[Sample]):
     def __iter__(self) -> Iterator[Sample]:
         self._begin_pass()
         self.diagnostics.reset()
-        generator = (_torch_generator(self.seed, self.epoch, "compute_features")
+        generator = (torch_generator(self.seed, self.epoch, "compute_features")
                      if self.dither else None)
         for item in self.source_datapipe:
             try:
@@ -539,7 +539,7 @@ class FeatureComputerIterDataPipe(Seeded, IterDataPipe[Sample]):
         self.diagnostics.warn_if_skipped()
 
     def _one(self, sample: Mapping[str, Any], generator) -> Sample:
-        audio, rate = _audio_of(sample, "compute_features", mono=True)
+        audio, rate = audio_of(sample, "compute_features", mono=True)
         feats = _extract_one(audio, rate, self.extractor, self.dither, generator, sample)
         out = dict(sample)
         out[FEATS] = feats
@@ -548,7 +548,7 @@ class FeatureComputerIterDataPipe(Seeded, IterDataPipe[Sample]):
         return out
 
     def _batch(self, batch: Mapping[str, Any], generator) -> dict:
-        _check_sample(batch, "compute_features")
+        check_sample(batch, "compute_features")
         feats, lengths = _batch_features(batch, self.extractor, self.dither, generator)
         out = dict(batch)
         if not self.keep_audio:
@@ -563,7 +563,7 @@ class FeatureComputerIterDataPipe(Seeded, IterDataPipe[Sample]):
             raise TypeError(f"compute_features(on_error={self.on_error!r}) has no len(): "
                             "skipped samples are known only after computing; use "
                             "on_error='raise' for a length")
-        return _source_len(self)
+        return source_len(self)
 
 
 FeatureComputer = FeatureComputerIterDataPipe
