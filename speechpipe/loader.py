@@ -109,13 +109,13 @@ from . import transfer
 from .diagnostics import Diagnostics
 from .errors import SpeechpipeError, mark_location
 from .pipes._base import IterDataPipe, MapDataPipe
+from .pipes._graph import graph_nodes, propagate_epoch
 from .pipes._restore import (  # noqa: F401  (ResumeWarning: public here too)
     ResumeWarning, end_pass, restore, resumable_stages, take_states, unresumable_reason,
 )
-from .pipes.batching import BatchStats
-from .pipes.text import TokenStats
-from .pipes._graph import graph_nodes, propagate_epoch
 from .pipes.concurrency import _LEAVES, to_device
+from .pipes.constraints import BatchStats
+from .pipes.text import TokenStats
 from .seeding import CarriesRank, derive_seed, process_position
 
 __all__ = ["Loader", "PipeDataset", "ResumeWarning", "SharedEpoch", "as_tensors", "build_loader"]

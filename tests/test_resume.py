@@ -492,16 +492,18 @@ def test_a_held_sample_missing_from_its_shard_is_named(tmp_path):
         next(iter(again))
 
 
-def test_resuming_with_random_stages_drawing_in_sequence_warns(tmp_path):
-    with ShardWriter(str(tmp_path / "data-%05d.tar"), maxcount=5) as writer:
+def _audio_shards(folder, samples_per_step: int) -> list[str]:
+    """Ten silent FLAC utterances at 8 kHz in shards of five (utterance i has
+    ``samples_per_step × (i + 1)`` samples)."""
+    with ShardWriter(str(folder / "data-%05d.tar"), maxcount=5) as writer:
         for i in range(10):
             writer.write({"key": f"a{i}", "sample_rate": 8000,
-                          "flac": np.zeros(80 * (i + 1), np.float32)})
+                          "flac": np.zeros(samples_per_step * (i + 1), np.float32)})
+    return writer.paths
 
-    def make():
-        return (IterableWrapper(writer.paths).sharded_shuffle(buffer_size=4).decode()
-                .perturb_volume(seed=0).block_batch(batch_len=10**6, max_samples=2))
 
+def _restored_after_one_batch(make) -> PipeDataset:
+    """A new dataset of ``make()`` loaded with the state taken after its first batch."""
     dataset = PipeDataset(make())
     it = iter(dataset)
     next(it)
@@ -509,6 +511,17 @@ def test_resuming_with_random_stages_drawing_in_sequence_warns(tmp_path):
     it.close()
     again = PipeDataset(make())
     again.load_state_dict(state)
+    return again
+
+
+def test_resuming_with_random_stages_drawing_in_sequence_warns(tmp_path):
+    paths = _audio_shards(tmp_path, 80)
+
+    def make():
+        return (IterableWrapper(paths).sharded_shuffle(buffer_size=4).decode()
+                .perturb_volume(seed=0).block_batch(batch_len=10**6, max_samples=2))
+
+    again = _restored_after_one_batch(make)
     with pytest.warns(ResumeWarning, match="VolumePerturber"):
         next(iter(again), None)
 
@@ -519,23 +532,14 @@ def test_features_warn_on_resume_only_when_they_dither(tmp_path, dither):
     nothing (every recipe's resume warned before)."""
     import warnings
 
-    with ShardWriter(str(tmp_path / "data-%05d.tar"), maxcount=5) as writer:
-        for i in range(10):
-            writer.write({"key": f"a{i}", "sample_rate": 8000,
-                          "flac": np.zeros(800 * (i + 1), np.float32)})
+    paths = _audio_shards(tmp_path, 800)
 
     def make():
-        return (IterableWrapper(writer.paths).sharded_shuffle(buffer_size=4).decode()
+        return (IterableWrapper(paths).sharded_shuffle(buffer_size=4).decode()
                 .compute_features("fbank", dither=dither, num_mel_bins=10)
                 .block_batch(batch_len=10**6, max_samples=2))
 
-    dataset = PipeDataset(make())
-    it = iter(dataset)
-    next(it)
-    state = dataset.state_dict()
-    it.close()
-    again = PipeDataset(make())
-    again.load_state_dict(state)
+    again = _restored_after_one_batch(make)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         next(iter(again), None)
