@@ -276,7 +276,12 @@ def _extract_one(
     generator: torch.Generator | None,
     sample: Mapping[str, Any],
 ) -> np.ndarray:
-    """Features of one waveform; errors name ``sample``'s key and source."""
+    """Features of one waveform: ``(frames, dim)``, or ``(frames, channels, dim)`` for
+    ``(samples, channels)`` audio (each channel's own features, dither drawn channel after
+    channel); errors name ``sample``'s key and source."""
+    if audio.ndim == 2:
+        return np.stack([_extract_one(np.ascontiguousarray(audio[:, c]), rate, extractor, dither,
+                                      generator, sample) for c in range(audio.shape[1])], axis=1)
     n = audio.shape[0]
     least = extractor.min_samples(rate)
     if n < least:
@@ -302,7 +307,8 @@ def compute_features(
     scale: float | None = None,
     **options: Any,
 ) -> np.ndarray:
-    """Features of one mono waveform: ``(frames, dim)`` float32.
+    """Features of one waveform: ``(frames, dim)`` float32; ``(frames, channels, dim)`` for
+    ``(samples, channels)`` audio, each channel computed alone (time first, like the audio).
 
     ``kind="fbank"``/``"mfcc"`` call :func:`torchaudio.compliance.kaldi.fbank`/``mfcc`` with
     ``options`` (their names and defaults: ``num_mel_bins``, ``frame_length``,
@@ -327,8 +333,9 @@ def compute_features(
     ((98, 80), dtype('float32'))
     """
     audio = np.ascontiguousarray(audio, dtype=np.float32)
-    if audio.ndim != 1:
-        raise ValueError(f"compute_features needs (samples,) mono audio, got shape {audio.shape}")
+    if audio.ndim not in (1, 2):
+        raise ValueError(f"compute_features needs (samples,) or (samples, channels) audio, got "
+                         f"shape {audio.shape}")
     extractor = _extractor(kind, scale, options)
     return _extract_one(audio, int(sample_rate), extractor, float(dither), generator, {})
 
@@ -435,8 +442,9 @@ def _batch_features(
 class FeatureComputerIterDataPipe(Seeded, IterDataPipe[Sample]):
     """Kaldi fbank / MFCC or mel spectrogram features (functional name: ``compute_features``).
 
-    Consumes samples with mono ``audio`` ``(samples,)`` and ``sample_rate``; yields them with
-    ``feats`` ``(frames, dim)`` float32 computed by :func:`compute_features` -- exactly the
+    Consumes samples with ``audio`` ``(samples,)`` and ``sample_rate``; yields them with
+    ``feats`` ``(frames, dim)`` float32 computed by :func:`compute_features` (audio of several
+    channels ``(samples, channels)`` gives ``(frames, channels, dim)``) -- exactly the
     numbers of :func:`torchaudio.compliance.kaldi.fbank` / ``mfcc`` or
     :class:`torchaudio.transforms.MelSpectrogram` on ``audio × scale`` (plus dither). With
     ``batched=True`` it consumes collated batches (``PadCollate``: ``audio`` ``(B, T)``,
@@ -539,7 +547,7 @@ class FeatureComputerIterDataPipe(Seeded, IterDataPipe[Sample]):
         self.diagnostics.warn_if_skipped()
 
     def _one(self, sample: Mapping[str, Any], generator) -> Sample:
-        audio, rate = audio_of(sample, "compute_features", mono=True)
+        audio, rate = audio_of(sample, "compute_features")
         feats = _extract_one(audio, rate, self.extractor, self.dither, generator, sample)
         out = dict(sample)
         out[FEATS] = feats
