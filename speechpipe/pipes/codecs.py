@@ -162,6 +162,7 @@ def choose_channels(
     channels: Channels,
     *,
     source: str | None = None,
+    member: str | None = None,
     key: str | None = None,
 ) -> np.ndarray:
     """Keep, average or pick the channels of time-first audio.
@@ -171,8 +172,8 @@ def choose_channels(
     (index 0 of mono audio is the audio itself).
 
     Raises:
-        DataError: the index names a channel the audio does not have (naming ``source`` and
-            ``key``), or the audio is not ``(samples,)`` / ``(samples, channels)``.
+        DataError: the index names a channel the audio does not have (naming ``source``,
+            ``member`` and ``key``), or the audio is not ``(samples,)`` / ``(samples, channels)``.
 
     >>> stereo = np.stack([np.zeros(4, np.float32), np.ones(4, np.float32)], axis=1)
     >>> choose_channels(stereo, "downmix"), choose_channels(stereo, 1)
@@ -182,7 +183,7 @@ def choose_channels(
         return audio
     if audio.ndim not in (1, 2):
         raise DataError(f"expected (samples,) or (samples, channels) audio, got shape "
-                        f"{audio.shape}", source=source, key=key)
+                        f"{audio.shape}", source=source, member=member, key=key)
     count = 1 if audio.ndim == 1 else audio.shape[1]
     if channels == "downmix":
         if audio.ndim == 1:
@@ -190,5 +191,5 @@ def choose_channels(
         return audio.mean(axis=1, dtype=np.float64).astype(audio.dtype, copy=False)
     if channels >= count:
         raise DataError(f"channel {channels} does not exist: the audio has {count} channel(s)",
-                        source=source, key=key)
+                        source=source, member=member, key=key)
     return audio if audio.ndim == 1 else np.ascontiguousarray(audio[:, channels])
