@@ -4,8 +4,9 @@
   fault-injection paths for testing remote reads.
 - :func:`sample_durations`: utterance durations drawn from real corpora's published
   percentiles (``shared/data/durations.md``), for realistic tests and benchmarks.
-- :func:`demo_speech`: real speech from the demo corpus at any sample rate, and
-  :func:`snr_db` to compare a decoded copy with it (codec round trips).
+- :func:`demo_speech`: real speech from the demo corpus at any sample rate,
+  :func:`on_pcm_grid` to make it exactly representable in integer PCM, and :func:`snr_db` to
+  compare a decoded copy with it (codec round trips).
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ from typing import Iterator
 
 import numpy as np
 
-__all__ = ["DURATION_PERCENTILES", "USABLE_RANGE", "demo_speech", "sample_durations",
-           "serve_directory", "snr_db"]
+__all__ = ["DURATION_PERCENTILES", "USABLE_RANGE", "demo_speech", "on_pcm_grid",
+           "sample_durations", "serve_directory", "snr_db"]
 
 #: Published percentile points ``(quantile, seconds)`` of utterance durations. Sources:
 #: icefall's ``display_manifest_statistics.py`` per recipe (train sets measured 3x speed
@@ -171,3 +172,23 @@ def snr_db(reference: np.ndarray, decoded: np.ndarray) -> float:
     ref = np.asarray(reference[:n], dtype=np.float64)
     noise = float(np.sum((ref - np.asarray(decoded[:n], dtype=np.float64)) ** 2))
     return float("inf") if noise == 0 else float(10 * np.log10(np.sum(ref ** 2) / noise))
+
+
+def on_pcm_grid(audio: np.ndarray, subtype: str) -> tuple[np.ndarray, np.ndarray]:
+    """``(to_write, expected)`` for a bit-exact round trip of float ``audio`` through soundfile
+    subtype ``PCM_16`` or ``PCM_24``: the integers to write (int16; for 24 bits int32 whose low
+    byte is 0, as soundfile passes 24-bit PCM) and the float32 values soundfile reads back
+    for them (integer / 2**15, / 2**31). Any other subtype (``FLOAT``, lossy codecs): the audio
+    twice.
+
+    >>> ints, expected = on_pcm_grid(np.array([0.5, -1.0], np.float32), "PCM_16")
+    >>> ints, expected
+    (array([ 16384, -32767], dtype=int16), array([ 0.5      , -0.9999695], dtype=float32))
+    """
+    if subtype == "PCM_16":
+        ints = np.round(audio * 32767).astype(np.int16)
+        return ints, ints.astype(np.float32) / 2 ** 15
+    if subtype == "PCM_24":
+        ints = np.round(audio * (2 ** 23 - 1)).astype(np.int32) << 8
+        return ints, ints.astype(np.float32) / 2 ** 31
+    return audio, audio
