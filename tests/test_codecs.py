@@ -7,7 +7,7 @@ shards, ``load_scp("wav")`` on a Kaldi ``wav.scp``); named errors for what canno
 Bounds (the figures: benchmarks/README.md, "Audio codecs"):
 - integer PCM (WAV and FLAC, 16 and 24 bits) and float WAV: bit-exact;
 - lossy codecs: waveform SNR >= 12 dB and correlation >= 0.98 against the input (measured
-  16-32 dB and 0.988-0.9997 on this speech; these are perceptual codecs, so the waveform
+  16.6-34.8 dB and 0.989-0.9998 on this speech; these are perceptual codecs, so the waveform
   error is large beside what a listener hears);
 - decoded length: libsndfile removes the encoder's delay and padding (Vorbis and Opus
   pre-skip and end trimming, MP3's LAME/Xing gapless header), so every codec gives back
