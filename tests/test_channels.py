@@ -115,6 +115,20 @@ def test_select_channel_and_downmix_stages(stereo):
     assert len(IterableWrapper(rows).downmix()) == len(IterableWrapper(rows).select_channel(0)) == 2
 
 
+@pytest.mark.parametrize("stage", ["select_channel", "downmix"])
+def test_channel_stages_len_and_a_partial_epoch_then_restart(stereo, stage):
+    audio, rate = stereo
+    rows = [_sample(f"u{i}", audio[: 100 * (i + 1)], rate) for i in range(4)]
+    pipe = getattr(IterableWrapper(rows), stage)()
+    assert len(pipe) == 4
+    unsized = getattr(IterableWrapper(iter(rows)).filter(lambda s: True), stage)()
+    with pytest.raises(TypeError):
+        len(unsized)
+    it = iter(pipe)
+    next(it)
+    assert [s["key"] for s in pipe] == ["u0", "u1", "u2", "u3"]  # a new pass starts over
+
+
 def test_select_channel_beyond_mono_names_the_key(stereo):
     audio, rate = stereo
     with pytest.raises(DataError, match=r"\(key 'mo'\): channel 1 does not exist: the audio "
