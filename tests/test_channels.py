@@ -281,3 +281,16 @@ def test_a_pipeline_with_channel_stages_resumes_exactly(tmp_path, stereo):
     again = PipeDataset(make())
     again.load_state_dict(state)
     assert len(full) > 2 and head + [keys(b) for b in again] == full
+
+
+def test_batched_features_of_stereo_equal_the_samples_one_by_one(stereo):
+    audio, rate = stereo
+    samples = [_sample("a", audio, rate), _sample("b", audio[:8000], rate)]
+    one_by_one = list(IterableWrapper(samples).compute_features("fbank", dither=1.0, seed=4))
+    batch = sp.PadCollate()(samples)
+    [out] = IterableWrapper([batch]).compute_features("fbank", dither=1.0, seed=4, batched=True)
+    assert tuple(out["feats"].shape) == (2, 98, 2, 80) and out["feats_len"].tolist() == [98, 48]
+    for i, sample in enumerate(one_by_one):  # the same numbers, dither draws included
+        n = len(sample["feats"])
+        assert np.array_equal(out["feats"][i, :n].numpy(), sample["feats"])
+        assert not out["feats"][i, n:].any()
