@@ -16,7 +16,10 @@ from .pipes import (  # noqa: E402,F401  (registration)
 )
 from .diagnostics import Diagnostics, SkippedInputWarning  # noqa: E402
 from .epochs import set_epoch  # noqa: E402
-from .errors import DataError, MissingDataError, SpeechpipeError, UnsafeInputError  # noqa: E402
+from .errors import (  # noqa: E402
+    AudioFormatError, ChannelMismatchError, DataError, MissingDataError, SpeechpipeError,
+    UnsafeInputError, UnsupportedCodecError,
+)
 from .index import ShardEntry, ShardIndex  # noqa: E402
 from .loader import Loader, PipeDataset, build_loader  # noqa: E402
 from .pack import PackOptions, PackReport, pack_data  # noqa: E402
@@ -24,6 +27,7 @@ from .pipes._base import IterableWrapper, SequenceWrapper  # noqa: E402
 from .pipes._restore import ResumeWarning  # noqa: E402
 from .pipes._state import EpochWarning  # noqa: E402
 from .pipes.cmvn import CmvnStats, compute_cmvn_stats  # noqa: E402
+from .pipes.codecs import encode_audio  # noqa: E402
 from .pipes.collate import PadCollate  # noqa: E402
 from .pipes.concurrency import start, to_device  # noqa: E402
 from .pipes.constraints import (  # noqa: E402
@@ -52,15 +56,17 @@ for _corpus in recipes.RECIPES:  # sp.recipes.<corpus> without an import of its 
 del _corpus
 
 __all__ = [
-    "BatchConstraint", "BatchStats", "BatchView", "BudgetWarning", "CharTokenizer", "CmvnStats",
+    "AudioFormatError", "BatchConstraint", "BatchStats", "BatchView", "BudgetWarning",
+    "ChannelMismatchError", "CharTokenizer", "CmvnStats",
     "DataError", "Diagnostics", "DistributedStepError", "EpochProgress", "EpochWarning",
     "EqualSteps", "FrontEnd", "IterableWrapper", "Loader", "MissingDataError", "PackOptions",
     "PackReport", "PadCollate", "PaddedArea", "PipeDataset", "Quadratic", "ResumeWarning",
     "SampleCount", "SentencePieceTokenizer", "SequenceWrapper", "ShardEntry", "ShardIndex",
     "ShardReadOptions", "ShardSplit", "ShardWriter", "SkippedInputWarning", "SpeechpipeError",
     "StepPlanner", "StepStats", "SumOfLengths", "TextNormalizer", "TwoDimensional",
-    "UnsafeInputError", "WordTokenizer", "build_loader", "build_tokenizer",
-    "compute_cmvn_stats", "compute_lengths", "corpus_stats", "eval_pipeline", "get_recipe",
+    "UnsafeInputError", "UnsupportedCodecError", "WordTokenizer", "build_loader",
+    "build_tokenizer", "compute_cmvn_stats", "compute_lengths", "corpus_stats", "encode_audio",
+    "eval_pipeline", "get_recipe",
     "kaldi_arks", "load_tokenizer", "manifest_path", "pack_data", "pipeline_report",
     "read_data_len", "recipes", "select_keys", "set_epoch", "shard_assignment", "start",
     "to_device", "train_pipeline",

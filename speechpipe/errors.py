@@ -9,6 +9,12 @@ like a compiler's: ``data/wav.scp:17: expected '<key> <value>', got 'utt1'``.
 - :class:`MissingDataError` (a ``FileNotFoundError``): a file, URL or pattern match is absent.
 - :class:`UnsafeInputError` (a ``DataError``): the input asks for something speechpipe never
   does unasked (unpickling shard contents, running a shell command without opt-in).
+- :class:`AudioFormatError` (a ``DataError``): bytes soundfile cannot decode (an AAC/M4A file,
+  a corrupt or foreign payload); the message names the file or key and the format found.
+- :class:`ChannelMismatchError` (a ``DataError``): samples with different channel counts in
+  one batch (mono beside stereo) without a ``downmix`` or ``select_channel`` stage before.
+- :class:`UnsupportedCodecError` (a ``ValueError``): an encoding soundfile cannot write, such as
+  Opus at a rate other than 8, 12, 16, 24 or 48 kHz.
 """
 
 from __future__ import annotations
@@ -16,7 +22,8 @@ from __future__ import annotations
 import json
 import re
 
-__all__ = ["DataError", "MissingDataError", "SpeechpipeError", "UnsafeInputError", "locate",
+__all__ = ["AudioFormatError", "ChannelMismatchError", "DataError", "MissingDataError",
+           "SpeechpipeError", "UnsafeInputError", "UnsupportedCodecError", "locate",
            "mark_location"]
 
 
@@ -136,6 +143,22 @@ class DataError(_Located, SpeechpipeError, ValueError):
 
 class UnsafeInputError(DataError):
     """Input that would make speechpipe unpickle data or run a command it was not allowed to."""
+
+
+class AudioFormatError(DataError):
+    """Audio bytes soundfile (libsndfile) cannot decode; the message names the format found.
+
+    >>> str(AudioFormatError("cannot decode MP4/M4A (AAC) audio", source="a.m4a", key="u1"))
+    "a.m4a (key 'u1'): cannot decode MP4/M4A (AAC) audio"
+    """
+
+
+class ChannelMismatchError(DataError):
+    """Samples with different channel counts in one batch (e.g. mono beside stereo)."""
+
+
+class UnsupportedCodecError(SpeechpipeError, ValueError):
+    """An audio encoding soundfile cannot write (format, subtype and sample rate)."""
 
 
 class MissingDataError(_Located, SpeechpipeError, FileNotFoundError):

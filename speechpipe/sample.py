@@ -9,7 +9,8 @@ key                 value
 ``audio``           waveform, ``numpy.float32`` array, **time first**: ``(samples,)`` for mono
                     or ``(samples, channels)``, values in [-1, 1] (soundfile's layout)
 ``sample_rate``     ``int``, Hz, of ``audio``
-``feats``           features, ``numpy.float32`` array ``(frames, dim)`` (Kaldi's layout)
+``feats``           features, ``numpy.float32`` array ``(frames, dim)`` (Kaldi's layout);
+                    ``(frames, channels, dim)`` when computed from audio of several channels
 ``text``            transcript, ``str``
 ``tokens``          token ids, ``numpy.int64`` array ``(length,)``
 ``speaker``         speaker id, ``str``
@@ -19,7 +20,10 @@ key                 value
 ==================  ==========================================================================
 
 Every array is **time first** (axis 0), so padding always happens along axis 0 and a batch
-of any field has shape ``(batch, time, ...)``.
+of any field has shape ``(batch, time, ...)``. Channels are the axis after time, so a sample's
+length and duration do not depend on how many it has; mono audio stays ``(samples,)`` (what
+every reader has always given), and a batch cannot mix mono with several channels
+(:class:`~speechpipe.errors.ChannelMismatchError`: ``select_channel`` or ``downmix`` first).
 
 A **batch** (what :mod:`speechpipe.pipes.collate` makes) is a dict of padded tensors plus one
 ``<name>_len`` int64 tensor per padded field, and lists for strings.

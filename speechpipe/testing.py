@@ -4,6 +4,9 @@
   fault-injection paths for testing remote reads.
 - :func:`sample_durations`: utterance durations drawn from real corpora's published
   percentiles (``shared/data/durations.md``), for realistic tests and benchmarks.
+- :func:`demo_speech`: real speech from the demo corpus at any sample rate,
+  :func:`on_pcm_grid` to make it exactly representable in integer PCM, and :func:`snr_db` to
+  compare a decoded copy with it (codec round trips).
 """
 
 from __future__ import annotations
@@ -11,12 +14,14 @@ from __future__ import annotations
 import contextlib
 import functools
 import http.server
+import os
 import threading
 from typing import Iterator
 
 import numpy as np
 
-__all__ = ["DURATION_PERCENTILES", "USABLE_RANGE", "sample_durations", "serve_directory"]
+__all__ = ["DURATION_PERCENTILES", "USABLE_RANGE", "demo_speech", "on_pcm_grid",
+           "sample_durations", "serve_directory", "snr_db"]
 
 #: Published percentile points ``(quantile, seconds)`` of utterance durations. Sources:
 #: icefall's ``display_manifest_statistics.py`` per recipe (train sets measured 3x speed
@@ -122,3 +127,68 @@ def serve_directory(directory: str) -> Iterator[str]:
         server.shutdown()
         server.server_close()
         thread.join()
+
+
+_DEMO_DEV_CLEAN = os.path.join(os.path.dirname(__file__), "demo_data", "LibriSpeech", "dev-clean")
+
+
+@functools.lru_cache(maxsize=8)
+def _demo_speech(rate: int, files: int) -> np.ndarray:
+    import soundfile
+    import torch
+    import torchaudio.functional
+
+    paths = sorted(os.path.join(d, f) for d, _, names in os.walk(_DEMO_DEV_CLEAN)
+                   for f in names if f.endswith(".flac"))[:files]
+    speech = np.concatenate([soundfile.read(p, dtype="float32")[0] for p in paths])
+    if rate != 16000:
+        speech = torchaudio.functional.resample(torch.from_numpy(speech), 16000, rate).numpy()
+    speech = 0.9 * speech / max(float(np.abs(speech).max()), 1e-9)  # no clipping after codecs
+    speech.setflags(write=False)
+    return speech
+
+
+def demo_speech(rate: int = 16000, *, files: int = 2) -> np.ndarray:
+    """The first ``files`` utterances of the demo corpus (16 kHz espeak speech, LibriSpeech's
+    layout), joined, resampled to ``rate`` with :func:`torchaudio.functional.resample` and
+    scaled to a peak of 0.9: a read-only float32 ``(samples,)`` array, cached.
+
+    >>> speech = demo_speech(8000, files=1)
+    >>> speech.dtype, speech.ndim, float(np.abs(speech).max())
+    (dtype('float32'), 1, 0.8999999761581421)
+    """
+    return _demo_speech(int(rate), int(files))
+
+
+def snr_db(reference: np.ndarray, decoded: np.ndarray) -> float:
+    """Signal-to-noise ratio of ``decoded`` against ``reference`` in dB, over their common
+    length (``inf`` when they are equal).
+
+    >>> x = np.ones(100)
+    >>> snr_db(x, x), round(snr_db(x, 1.1 * x), 1)
+    (inf, 20.0)
+    """
+    n = min(len(reference), len(decoded))
+    ref = np.asarray(reference[:n], dtype=np.float64)
+    noise = float(np.sum((ref - np.asarray(decoded[:n], dtype=np.float64)) ** 2))
+    return float("inf") if noise == 0 else float(10 * np.log10(np.sum(ref ** 2) / noise))
+
+
+def on_pcm_grid(audio: np.ndarray, subtype: str) -> tuple[np.ndarray, np.ndarray]:
+    """``(to_write, expected)`` for a bit-exact round trip of float ``audio`` through soundfile
+    subtype ``PCM_16`` or ``PCM_24``: the integers to write (int16; for 24 bits int32 whose low
+    byte is 0, as soundfile passes 24-bit PCM) and the float32 values soundfile reads back
+    for them (integer / 2**15, / 2**31). Any other subtype (``FLOAT``, lossy codecs): the audio
+    twice.
+
+    >>> ints, expected = on_pcm_grid(np.array([0.5, -1.0], np.float32), "PCM_16")
+    >>> ints, expected
+    (array([ 16384, -32767], dtype=int16), array([ 0.5      , -0.9999695], dtype=float32))
+    """
+    if subtype == "PCM_16":
+        ints = np.round(audio * 32767).astype(np.int16)
+        return ints, ints.astype(np.float32) / 2 ** 15
+    if subtype == "PCM_24":
+        ints = np.round(audio * (2 ** 23 - 1)).astype(np.int32) << 8
+        return ints, ints.astype(np.float32) / 2 ** 31
+    return audio, audio

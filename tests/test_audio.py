@@ -279,9 +279,11 @@ def test_audio_shorter_than_a_frame_is_skipped_counted_and_warned(few):
         len(pipe)
 
 
-def test_multichannel_audio_for_features_names_the_key():
-    sample = {"key": "st", "audio": np.zeros((16000, 2), np.float32), "sample_rate": 16000}
-    with pytest.raises(DataError, match=r"\(key 'st'\).*mono audio, got shape \(16000, 2\)"):
+def test_audio_of_three_dims_for_features_names_the_key():
+    # Issue 21: (samples, channels) audio has per-channel features (tests/test_channels.py);
+    # anything with more axes is refused, naming the key.
+    sample = {"key": "st", "audio": np.zeros((16000, 2, 1), np.float32), "sample_rate": 16000}
+    with pytest.raises(DataError, match=r"\(key 'st'\).*got shape \(16000, 2, 1\)"):
         list(_pipe([sample]).compute_features("fbank"))
 
 

@@ -195,3 +195,7 @@ def test_ddp_block_takes_the_planned_steps(readme_run):
         steps, batches = map(int, re.search(r"(\d+) steps, (\d+) batches", report).groups())
         assert steps == batches > 0
     assert _line(readme_run, r"  planned steps: \d+")
+
+
+def test_channels_block_keeps_then_downmixes_the_stereo_shard(readme_run):
+    assert _line(readme_run, r"\(8000, 2\) \(8000,\) 0\.25$")

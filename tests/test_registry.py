@@ -245,15 +245,17 @@ def test_a_plain_stage_still_appears_in_torchs_profiler():
 # Issue 17: ``import speechpipe as sp`` reaches every name a pipeline needs. The list is
 # pinned: a name added or removed is a decision, made here.
 PUBLIC = [
-    "BatchConstraint", "BatchStats", "BatchView", "BudgetWarning", "CharTokenizer", "CmvnStats",
+    "AudioFormatError", "BatchConstraint", "BatchStats", "BatchView", "BudgetWarning",
+    "ChannelMismatchError", "CharTokenizer", "CmvnStats",
     "DataError", "Diagnostics", "DistributedStepError", "EpochProgress", "EpochWarning",
     "EqualSteps", "FrontEnd", "IterableWrapper", "Loader", "MissingDataError", "PackOptions",
     "PackReport", "PadCollate", "PaddedArea", "PipeDataset", "Quadratic", "ResumeWarning",
     "SampleCount", "SentencePieceTokenizer", "SequenceWrapper", "ShardEntry", "ShardIndex",
     "ShardReadOptions", "ShardSplit", "ShardWriter", "SkippedInputWarning", "SpeechpipeError",
     "StepPlanner", "StepStats", "SumOfLengths", "TextNormalizer", "TwoDimensional",
-    "UnsafeInputError", "WordTokenizer", "build_loader", "build_tokenizer",
-    "compute_cmvn_stats", "compute_lengths", "corpus_stats", "eval_pipeline", "get_recipe",
+    "UnsafeInputError", "UnsupportedCodecError", "WordTokenizer", "build_loader",
+    "build_tokenizer", "compute_cmvn_stats", "compute_lengths", "corpus_stats", "encode_audio",
+    "eval_pipeline", "get_recipe",
     "kaldi_arks", "load_tokenizer", "manifest_path", "pack_data", "pipeline_report",
     "read_data_len", "recipes", "select_keys", "set_epoch", "shard_assignment", "start",
     "to_device", "train_pipeline",

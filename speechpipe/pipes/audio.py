@@ -8,6 +8,10 @@ fields).
 ==========================  ==========================================================  =========
 functional name             what it does to a sample                                    random
 ==========================  ==========================================================  =========
+``select_channel``          ``audio`` ``(samples, channels)`` to one channel            no
+                            ``(samples,)``
+``downmix``                 ``audio`` ``(samples, channels)`` to their mean             no
+                            ``(samples,)``
 ``resample``                ``audio`` to another ``sample_rate``                        no
                             (:func:`torchaudio.functional.resample`, kernel cached)
 ``perturb_speed``           resample as if recorded at ``rate × factor``: tempo and     yes
@@ -32,6 +36,13 @@ features in :mod:`speechpipe.pipes.features`, speed and volume perturbation and 
 :mod:`speechpipe.pipes.augment`, CMVN in :mod:`speechpipe.pipes.cmvn` (the helpers they share
 in ``speechpipe.pipes._audio_common``).
 
+Channels: audio keeps the channel axis it was read with (time first, ``(samples, channels)``;
+mono stays ``(samples,)``), resampling and perturbation act on every channel, and
+``compute_features`` gives ``(frames, channels, dim)`` features of several channels. A batch
+mixing mono and several channels raises :class:`~speechpipe.errors.ChannelMismatchError` in
+collation: ``select_channel`` or ``downmix`` first (or the ``channels=`` option of ``decode``
+and ``load_audio``, which does the same while decoding).
+
 Order in a training pipeline: ``perturb_speed`` / ``perturb_volume`` / ``resample`` act on
 audio and come **before** length bucketing, so that the lengths the batcher sees are the true
 ones (speed perturbation changes the number of samples by ``1 / factor``); features next
@@ -47,17 +58,19 @@ from typing import Iterator
 import numpy as np
 import torchaudio.transforms as taT
 
-from ..sample import AUDIO, SAMPLE_RATE, Sample
+from ..sample import AUDIO, KEY, SAMPLE_RATE, Sample
 from ._audio_common import (
     audio_of,
     channels_first,
     check_int,
     check_real,
     resampler,
+    sample_where,
     source_len,
     time_first,
 )
 from ._base import IterDataPipe, functional_datapipe
+from .codecs import check_channels, choose_channels
 from .augment import (  # re-exported: moved from this module
     GAIN,
     SPEED,
@@ -91,9 +104,13 @@ from .features import (  # re-exported: moved from this module
 )
 
 __all__ = [
+    "ChannelPicker",
+    "ChannelPickerIterDataPipe",
     "CmvnApplier",
     "CmvnApplierIterDataPipe",
     "CmvnStats",
+    "Downmixer",
+    "DownmixerIterDataPipe",
     "FEATURE_KINDS",
     "FeatureComputer",
     "FeatureComputerIterDataPipe",
@@ -233,3 +250,84 @@ class ResamplerIterDataPipe(IterDataPipe[Sample]):
 
 Resampler = ResamplerIterDataPipe
 
+
+
+def _choose(pipe: IterDataPipe, stage: str, channels: str | int) -> Iterator[Sample]:
+    for sample in pipe:
+        audio, _ = audio_of(sample, stage)
+        out = dict(sample)
+        out[AUDIO] = choose_channels(audio, channels, source=sample_where(sample)["source"],
+                                     key=sample.get(KEY))
+        yield out
+
+
+@functional_datapipe("select_channel")
+class ChannelPickerIterDataPipe(IterDataPipe[Sample]):
+    """Keep one channel of each sample's audio (functional name: ``select_channel``).
+
+    Consumes samples with ``audio`` ``(samples, channels)`` (or mono ``(samples,)``, which
+    channel 0 leaves as it is) and yields them with ``audio`` ``(samples,)``: that channel,
+    contiguous. Lengths and durations are unchanged. Use ``downmix`` to average the channels
+    instead, or ``decode(channels=i)`` / ``load_audio(channels=i)`` to do it while decoding.
+
+    Args:
+        source_datapipe: samples.
+        channel: index of the channel to keep (0 is the first).
+
+    Errors: audio without that channel raises :class:`~speechpipe.errors.DataError` naming
+    the key and the channel count.
+
+    >>> from speechpipe import IterableWrapper
+    >>> stereo = np.stack([np.zeros(3, np.float32), np.ones(3, np.float32)], axis=1)
+    >>> [s["audio"] for s in IterableWrapper([{"key": "u1", "audio": stereo,
+    ...                                        "sample_rate": 8000}]).select_channel(1)]
+    [array([1., 1., 1.], dtype=float32)]
+    """
+
+    def __init__(self, source_datapipe: IterDataPipe, channel: int = 0) -> None:
+        if isinstance(channel, str):
+            raise TypeError(f"channel must be an int index, got {channel!r}")
+        self.channel = check_channels(channel)
+        self.source_datapipe = source_datapipe
+
+    def __iter__(self) -> Iterator[Sample]:
+        yield from _choose(self.source_datapipe, "select_channel", self.channel)
+
+    def __len__(self) -> int:
+        return source_len(self)
+
+
+ChannelPicker = ChannelPickerIterDataPipe
+
+
+@functional_datapipe("downmix")
+class DownmixerIterDataPipe(IterDataPipe[Sample]):
+    """Average the channels of each sample's audio (functional name: ``downmix``).
+
+    Consumes samples with ``audio`` ``(samples, channels)`` and yields them with ``audio``
+    ``(samples,)`` float32, the mean of the channels (computed in float64); mono audio passes
+    unchanged. Lengths and durations are unchanged. ``select_channel`` keeps one channel
+    instead; ``decode(channels="downmix")`` / ``load_audio(channels="downmix")`` downmix while
+    decoding.
+
+    Args:
+        source_datapipe: samples.
+
+    >>> from speechpipe import IterableWrapper
+    >>> stereo = np.stack([np.zeros(3, np.float32), np.ones(3, np.float32)], axis=1)
+    >>> [s["audio"] for s in IterableWrapper([{"key": "u1", "audio": stereo,
+    ...                                        "sample_rate": 8000}]).downmix()]
+    [array([0.5, 0.5, 0.5], dtype=float32)]
+    """
+
+    def __init__(self, source_datapipe: IterDataPipe) -> None:
+        self.source_datapipe = source_datapipe
+
+    def __iter__(self) -> Iterator[Sample]:
+        yield from _choose(self.source_datapipe, "downmix", "downmix")
+
+    def __len__(self) -> int:
+        return source_len(self)
+
+
+Downmixer = DownmixerIterDataPipe

@@ -32,8 +32,8 @@ from typing import Any, Iterable, Mapping, Sequence, Union
 import numpy as np
 import torch
 
-from ..errors import DataError
-from ..sample import KEY, TOKENS, len_key
+from ..errors import ChannelMismatchError, DataError
+from ..sample import AUDIO, FEATS, KEY, TOKENS, len_key
 from ..transfer import take
 
 __all__ = [
@@ -68,12 +68,13 @@ def _labels(keys: Sequence[Any] | None, indices: Sequence[int]) -> str:
     return f"[{shown}{f', ... (+{more} more)' if more > 0 else ''}]"
 
 
-def _error(message: str, keys: Sequence[Any] | None, i: int) -> DataError:
+def _error(message: str, keys: Sequence[Any] | None, i: int,
+           kind: type[DataError] = DataError) -> DataError:
     """A DataError located at the ``i``-th sample of the batch (its key, else its position)."""
     key = keys[i] if keys is not None else None
     if isinstance(key, str):
-        return DataError(message, key=key)
-    return DataError(message, source=f"batch item {i}")
+        return kind(message, key=key)
+    return kind(message, source=f"batch item {i}")
 
 
 class _SampleKeys(Sequence):
@@ -153,7 +154,13 @@ def _shape_mismatch(
         groups.setdefault(shape, []).append(i)
     listed = "; ".join(f"{shape} in {_labels(keys, idx)}" for shape, idx in groups.items())
     first_odd = list(groups.values())[1][0]
-    return _error(f"field {name!r}: {what} differ across the batch: {listed}", keys, first_odd)
+    message = f"field {name!r}: {what} differ across the batch: {listed}"
+    # audio (samples, channels) and feats (frames, channels, dim): a different channel axis
+    if name == AUDIO or (name == FEATS and len({len(shape) for shape in shapes}) > 1):
+        return _error(f"{message}: mono and multi-channel samples (or different channel "
+                      "counts) in one batch; select_channel(i) or downmix() before batching",
+                      keys, first_odd, ChannelMismatchError)
+    return _error(message, keys, first_odd)
 
 
 def _empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:

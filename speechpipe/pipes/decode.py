@@ -48,9 +48,10 @@ import numpy as np
 import soundfile
 
 from ..diagnostics import Diagnostics, check_on_error
-from ..errors import DataError, MissingDataError, UnsafeInputError
+from ..errors import AudioFormatError, DataError, MissingDataError, UnsafeInputError
 from ..sample import AUDIO, FEATS, KEY, SAMPLE_RATE, SOURCE, TEXT, Sample
 from ._base import IterDataPipe, functional_datapipe
+from .codecs import check_channels, choose_channels, sniff_format
 from .shards import AUDIO_EXTENSIONS, NPY_EXTENSIONS
 
 __all__ = [
@@ -110,6 +111,8 @@ def read_audio(
         stop: one past the last sample to read; ``None`` reads to the end.
 
     Mono audio is returned as ``(samples,)``, multi-channel as ``(samples, channels)``.
+    Bytes soundfile cannot decode raise :class:`~speechpipe.errors.AudioFormatError` naming
+    the format their first bytes show (:func:`~speechpipe.pipes.codecs.sniff_format`).
 
     >>> import tempfile, os
     >>> path = os.path.join(tempfile.mkdtemp(), "a.flac")
@@ -120,6 +123,7 @@ def read_audio(
     """
     where = source if source is not None else (data if isinstance(data, str) else None)
     fileobj = io.BytesIO(data) if isinstance(data, (bytes, bytearray, memoryview)) else data
+    position = _tell(fileobj)
     try:
         with soundfile.SoundFile(fileobj) as f:  # soundfile.read, plus the header's promise
             short = _short_wav(f)
@@ -135,7 +139,8 @@ def read_audio(
     except (soundfile.LibsndfileError, RuntimeError, TypeError, ValueError) as exc:
         if isinstance(data, str) and not _exists(data):
             raise MissingDataError("audio file not found", source=where, key=key) from exc
-        raise DataError(f"cannot decode audio: {exc}", source=where, key=key) from exc
+        raise AudioFormatError(f"cannot decode audio (format: {_format_of(fileobj, position)}): "
+                               f"{exc}", source=where, key=key) from exc
     if short is not None:
         raise DataError(f"truncated WAV: its header promises {short[0]} bytes of audio but the "
                         f"file holds {short[1]}", source=where, key=key)
@@ -167,6 +172,25 @@ def _short_wav(f: soundfile.SoundFile) -> tuple[int, int] | None:
     if 0 < present < promised < _STREAMED_SIZE:
         return promised, present
     return None
+
+
+def _tell(fileobj: Any) -> int | None:
+    try:
+        return None if isinstance(fileobj, str) else fileobj.tell()
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
+def _format_of(fileobj: Any, position: int | None) -> str:
+    """The format the first bytes of an undecodable input show (``unreadable`` if gone)."""
+    try:
+        if isinstance(fileobj, str):
+            with open(fileobj, "rb") as f:
+                return sniff_format(f.read(64))
+        fileobj.seek(position)
+        return sniff_format(fileobj.read(64))
+    except (AttributeError, OSError, TypeError, ValueError):
+        return "unreadable"
 
 
 def _exists(path: str) -> bool:
@@ -312,7 +336,7 @@ def decode_field(
         try:
             return read_audio(bytes(data), source=source, key=key)
         except DataError as exc:
-            raise DataError(exc.reason, **where) from exc
+            raise type(exc)(exc.reason, **where) from exc
     if ext in NPY_EXTENSIONS:
         return _decode_npy(data, where)
     if ext in TEXT_EXTENSIONS:
@@ -352,6 +376,7 @@ def decode_sample(
     unknown: str = "error",
     rename: Mapping[str, str] | None = None,
     on_drop: Callable[[str], None] | None = None,
+    channels: str | int = "keep",
 ) -> Sample:
     """Decode the bytes fields of one raw sample (see :class:`DecoderIterDataPipe`).
 
@@ -365,6 +390,8 @@ def decode_sample(
             ``on_drop(field)``.
         rename: output names by raw field name, overriding the default naming.
         on_drop: called with each dropped field name.
+        channels: ``"keep"`` every channel of decoded audio, ``"downmix"`` them to their mean
+            or keep one by index (:func:`~speechpipe.pipes.codecs.choose_channels`).
 
     >>> decode_sample({"key": "u1", "source": "a.tar", "txt": b"hi", "n.cls": b"3"})
     {'key': 'u1', 'source': 'a.tar', 'text': 'hi', 'n': 3}
@@ -399,6 +426,8 @@ def decode_sample(
         name = rename.get(field) or prefix or _DEFAULT_NAMES.get(ext, ext)
         if ext in AUDIO_EXTENSIONS:
             audio, rate = decoded
+            if channels != "keep":
+                audio = choose_channels(audio, channels, **_where(sample, field))
             put(name, audio, field)
             put(_rate_name(name), rate, field)
         else:
@@ -433,6 +462,9 @@ class DecoderIterDataPipe(IterDataPipe[Sample]):
             raises, ``"keep"`` keeps its bytes under its raw name, ``"drop"`` removes it and
             counts it in :attr:`diagnostics` (reason ``"unknown extension dropped"``).
         rename: output names by raw field name.
+        channels: what audio keeps of its channels: ``"keep"`` (default: mono ``(samples,)``,
+            several ``(samples, channels)``), ``"downmix"`` (their mean, ``(samples,)``) or a
+            channel index (``(samples,)``; a DataError for audio without that channel).
         on_error: ``"raise"`` (default) or ``"skip"``: drop a sample that does not decode
             (including an unsafe ``.pkl``/object-array field, which is never unpickled),
             count it in :attr:`diagnostics` and warn at the end of the pass. Counts cover the
@@ -456,6 +488,7 @@ class DecoderIterDataPipe(IterDataPipe[Sample]):
         *,
         unknown: str = "error",
         rename: Mapping[str, str] | None = None,
+        channels: str | int = "keep",
         on_error: str = "raise",
     ) -> None:
         if unknown not in _UNKNOWN:
@@ -469,6 +502,7 @@ class DecoderIterDataPipe(IterDataPipe[Sample]):
         self.source_datapipe = source_datapipe
         self.unknown = unknown
         self.rename = rename
+        self.channels = check_channels(channels)
         self.on_error = check_on_error(on_error)
         self.diagnostics = Diagnostics("decode")
 
@@ -486,9 +520,8 @@ class DecoderIterDataPipe(IterDataPipe[Sample]):
                 )
 
             try:
-                out = decode_sample(
-                    sample, unknown=self.unknown, rename=self.rename, on_drop=dropped
-                )
+                out = decode_sample(sample, unknown=self.unknown, rename=self.rename,
+                                    on_drop=dropped, channels=self.channels)
             except DataError as err:
                 reason = (
                     "unsafe field (never unpickled)"
@@ -597,6 +630,7 @@ class AudioLoaderIterDataPipe(IterDataPipe[Sample]):
             recordings with whole-file utterances.
         root: directory that relative paths are joined to (absolute paths are used as they
             are); ``None`` resolves relative paths against the working directory.
+        channels: ``"keep"`` (default), ``"downmix"`` or a channel index, as in ``decode``.
         on_error: ``"raise"`` (default): a missing file raises
             :class:`~speechpipe.errors.MissingDataError`, an unreadable one or a bad sample
             :class:`~speechpipe.errors.DataError`, naming the file and the key; ``"skip"``
@@ -626,6 +660,7 @@ class AudioLoaderIterDataPipe(IterDataPipe[Sample]):
         duration_field: str | None = None,
         whole_without_offset: bool = False,
         root: str | os.PathLike | None = None,
+        channels: str | int = "keep",
         on_error: str = "raise",
     ) -> None:
         if whole_without_offset and offset_field is None:
@@ -644,6 +679,7 @@ class AudioLoaderIterDataPipe(IterDataPipe[Sample]):
         self.duration_field = duration_field
         self.whole_without_offset = bool(whole_without_offset)
         self.root = None if root is None else os.fspath(root)
+        self.channels = check_channels(channels)
         self.on_error = check_on_error(on_error)
         self.diagnostics = Diagnostics("load_audio")
 
@@ -671,7 +707,7 @@ class AudioLoaderIterDataPipe(IterDataPipe[Sample]):
             key=key,
         )
         out = dict(sample)
-        out[AUDIO] = audio
+        out[AUDIO] = choose_channels(audio, self.channels, source=path, key=key)
         out[SAMPLE_RATE] = rate
         if whole and self.duration_field is not None and self.duration_field in out:
             out[self.duration_field] = audio.shape[0] / rate

@@ -276,7 +276,12 @@ def _extract_one(
     generator: torch.Generator | None,
     sample: Mapping[str, Any],
 ) -> np.ndarray:
-    """Features of one waveform; errors name ``sample``'s key and source."""
+    """Features of one waveform: ``(frames, dim)``, or ``(frames, channels, dim)`` for
+    ``(samples, channels)`` audio (each channel's own features, dither drawn channel after
+    channel); errors name ``sample``'s key and source."""
+    if audio.ndim == 2:
+        return np.stack([_extract_one(np.ascontiguousarray(audio[:, c]), rate, extractor, dither,
+                                      generator, sample) for c in range(audio.shape[1])], axis=1)
     n = audio.shape[0]
     least = extractor.min_samples(rate)
     if n < least:
@@ -302,7 +307,8 @@ def compute_features(
     scale: float | None = None,
     **options: Any,
 ) -> np.ndarray:
-    """Features of one mono waveform: ``(frames, dim)`` float32.
+    """Features of one waveform: ``(frames, dim)`` float32; ``(frames, channels, dim)`` for
+    ``(samples, channels)`` audio, each channel computed alone (time first, like the audio).
 
     ``kind="fbank"``/``"mfcc"`` call :func:`torchaudio.compliance.kaldi.fbank`/``mfcc`` with
     ``options`` (their names and defaults: ``num_mel_bins``, ``frame_length``,
@@ -327,8 +333,9 @@ def compute_features(
     ((98, 80), dtype('float32'))
     """
     audio = np.ascontiguousarray(audio, dtype=np.float32)
-    if audio.ndim != 1:
-        raise ValueError(f"compute_features needs (samples,) mono audio, got shape {audio.shape}")
+    if audio.ndim not in (1, 2):
+        raise ValueError(f"compute_features needs (samples,) or (samples, channels) audio, got "
+                         f"shape {audio.shape}")
     extractor = _extractor(kind, scale, options)
     return _extract_one(audio, int(sample_rate), extractor, float(dither), generator, {})
 
@@ -367,7 +374,8 @@ def batch_features(
     """Features of a collated batch: ``(feats (B, T', D) float32, feats_len (B,) int64)``.
 
     ``batch`` is what :class:`~speechpipe.pipes.collate.PadCollate` makes of samples with
-    audio: ``audio`` ``(B, T)``, ``audio_len`` ``(B,)`` and ``sample_rate`` (one rate).
+    audio: ``audio`` ``(B, T)``, ``audio_len`` ``(B,)`` and ``sample_rate`` (one rate);
+    ``audio`` ``(B, T, C)`` (several channels) gives ``feats`` ``(B, T', C, D)``.
     ``kind``, ``dither``, ``generator``, ``scale`` and ``options`` are those of
     :func:`compute_features`. Row ``i`` holds exactly the features of its first
     ``audio_len[i]`` samples, then zeros up to ``T' = max(feats_len)``; ``feats_len`` is the
@@ -402,11 +410,12 @@ def _batch_features(
                         f"{len_key(AUDIO)!r} (from PadCollate), got {sorted(batch)}",
                         **_batch_where(batch))
     audio = torch.as_tensor(audio)
-    if audio.ndim != 2 or not audio.is_floating_point():
+    if audio.ndim not in (2, 3) or not audio.is_floating_point():
         raise DataError(f"compute_features(batched=True): {AUDIO!r} must be a float (batch, "
-                        f"samples) tensor, got {tuple(audio.shape)} {audio.dtype}",
-                        **_batch_where(batch))
-    audio = audio.to(torch.float32)
+                        f"samples) or (batch, samples, channels) tensor, got "
+                        f"{tuple(audio.shape)} {audio.dtype}", **_batch_where(batch))
+    mono = audio.ndim == 2
+    audio = (audio.unsqueeze(2) if mono else audio).to(torch.float32)
     lengths = [int(n) for n in torch.as_tensor(lengths).tolist()]
     rate = _batch_rate(batch)
     least = extractor.min_samples(rate)
@@ -418,30 +427,35 @@ def _batch_features(
             raise DataError(f"compute_features: audio of {n} samples is shorter than one "
                             f"{extractor.kind} frame ({least} samples at {rate} Hz)",
                             **_batch_where(batch, i))
-    rows = [_prepare(audio[i, :n], extractor, dither, generator) for i, n in enumerate(lengths)]
+    # row by row, channel after channel: the dither draws of the samples one by one
+    rows = [[_prepare(audio[i, :n, c].contiguous(), extractor, dither, generator)
+             for c in range(audio.shape[2])] for i, n in enumerate(lengths)]
     frames = [extractor.num_frames(n, rate) for n in lengths]
-    feats = torch.zeros(len(rows), max(frames), extractor.dim)
+    feats = torch.zeros(len(rows), max(frames), audio.shape[2], extractor.dim)
     for i, row in enumerate(rows):
-        try:
-            one = extractor(row, rate)
-        except Exception as exc:  # torchaudio validates with assert / Exception
-            raise DataError(f"compute_features: torchaudio's {extractor.kind} failed at {rate} "
-                            f"Hz: {type(exc).__name__}: {exc}", **_batch_where(batch, i)) from exc
-        feats[i, : one.shape[0]] = one
-    return feats, torch.tensor(frames, dtype=torch.int64)
+        for c, waveform in enumerate(row):
+            try:
+                one = extractor(waveform, rate)
+            except Exception as exc:  # torchaudio validates with assert / Exception
+                raise DataError(f"compute_features: torchaudio's {extractor.kind} failed at "
+                                f"{rate} Hz: {type(exc).__name__}: {exc}",
+                                **_batch_where(batch, i)) from exc
+            feats[i, : one.shape[0], c] = one
+    return feats.squeeze(2) if mono else feats, torch.tensor(frames, dtype=torch.int64)
 
 
 @functional_datapipe("compute_features")
 class FeatureComputerIterDataPipe(Seeded, IterDataPipe[Sample]):
     """Kaldi fbank / MFCC or mel spectrogram features (functional name: ``compute_features``).
 
-    Consumes samples with mono ``audio`` ``(samples,)`` and ``sample_rate``; yields them with
-    ``feats`` ``(frames, dim)`` float32 computed by :func:`compute_features` -- exactly the
+    Consumes samples with ``audio`` ``(samples,)`` and ``sample_rate``; yields them with
+    ``feats`` ``(frames, dim)`` float32 computed by :func:`compute_features` (audio of several
+    channels ``(samples, channels)`` gives ``(frames, channels, dim)``) -- exactly the
     numbers of :func:`torchaudio.compliance.kaldi.fbank` / ``mfcc`` or
     :class:`torchaudio.transforms.MelSpectrogram` on ``audio × scale`` (plus dither). With
     ``batched=True`` it consumes collated batches (``PadCollate``: ``audio`` ``(B, T)``,
     ``audio_len``, ``sample_rate``) and adds ``feats`` ``(B, T', D)`` and ``feats_len``
-    (:func:`batch_features`).
+    (:func:`batch_features`; ``(B, T, C)`` audio gives ``(B, T', C, D)``).
 
     One pipe for the three kinds, not three verbs: they share input, output, dither, seeding,
     frame counting, batching and error handling; only the reference function differs, and its
@@ -539,7 +553,7 @@ class FeatureComputerIterDataPipe(Seeded, IterDataPipe[Sample]):
         self.diagnostics.warn_if_skipped()
 
     def _one(self, sample: Mapping[str, Any], generator) -> Sample:
-        audio, rate = audio_of(sample, "compute_features", mono=True)
+        audio, rate = audio_of(sample, "compute_features")
         feats = _extract_one(audio, rate, self.extractor, self.dither, generator, sample)
         out = dict(sample)
         out[FEATS] = feats
