@@ -248,15 +248,17 @@ PUBLIC = [
     "BatchConstraint", "BatchStats", "BatchView", "BudgetWarning", "CharTokenizer", "CmvnStats",
     "DataError", "Diagnostics", "DistributedStepError", "EpochProgress", "EpochWarning",
     "EqualSteps", "FrontEnd", "IterableWrapper", "Loader", "MissingDataError", "PackOptions",
-    "PackReport", "PadCollate", "PaddedArea", "PipeDataset", "Quadratic", "ResumeWarning",
+    "PackReport", "PadCollate", "PaddedArea", "PipeDataset", "PipelineNode", "Quadratic",
+    "ResumeWarning",
     "SampleCount", "SentencePieceTokenizer", "SequenceWrapper", "ShardEntry", "ShardIndex",
     "ShardReadOptions", "ShardSplit", "ShardWriter", "SkippedInputWarning", "SpeechpipeError",
     "StepPlanner", "StepStats", "SumOfLengths", "TextNormalizer", "TwoDimensional",
     "UnsafeInputError", "WordTokenizer", "build_loader", "build_tokenizer",
     "compute_cmvn_stats", "compute_lengths", "corpus_stats", "eval_pipeline", "get_recipe",
     "kaldi_arks", "load_tokenizer", "manifest_path", "pack_data", "pipeline_report",
-    "read_data_len", "recipes", "select_keys", "set_epoch", "shard_assignment", "start",
-    "to_device", "train_pipeline",
+    "read_data_len", "read_hf_dataset", "read_lhotse", "read_lhotse_shar", "recipes",
+    "select_keys", "set_epoch", "shard_assignment", "start", "to_device", "train_pipeline",
+    "write_lhotse",
 ]
 
 
