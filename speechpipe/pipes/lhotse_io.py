@@ -56,8 +56,8 @@ def _lhotse() -> Any:
 def cut_row(cut: Any, source: str, *, keep_cut: bool = True) -> Sample:
     """A lhotse cut as a speechpipe manifest row (no audio or features read).
 
-    ``offset`` is the cut's start in its recording and ``channel`` its channel(s); both are
-    left out when the cut is a whole mono recording, as in speechpipe's own manifests.
+    ``offset`` is the cut's start in its recording (left out for a whole recording, as in
+    speechpipe's own manifests) and ``channel`` its channel(s) (left out for a mono one).
     ``audio_path`` is set when the audio is one local file. Supervision ``text`` s are joined
     in time order; ``speaker``, ``language``, ``gender`` are set when the supervisions agree;
     their ``custom`` fields are copied too.
@@ -71,7 +71,7 @@ def cut_row(cut: Any, source: str, *, keep_cut: bool = True) -> Sample:
         whole = cut.start == 0 and abs(cut.duration - recording.duration) < 1e-6
         if not whole:
             row["offset"] = float(cut.start)
-        if len(recording.channel_ids) > 1 or not whole:
+        if len(recording.channel_ids) > 1:
             channel = cut.channel
             row["channel"] = list(channel) if isinstance(channel, (list, tuple)) else channel
     elif cut.start:
@@ -146,13 +146,16 @@ def iter_lhotse(paths: Sequence[str], supervisions: Sequence[str] = (), *,
             if kind == "RecordingSet":
                 base = item.to_cut()
             else:  # a Features item: a cut over its span
-                base = lhotse.MonoCut(id=f"{item.recording_id}-{item.channels}",
+                base = lhotse.MonoCut(id=f"{item.recording_id or item.storage_key}-{item.channels}",
                                       start=item.start, duration=item.duration,
                                       channel=item.channels, features=item)
             if by_recording is None:
                 yield cut_row(base, source, keep_cut=keep_cut)
                 continue
             rec_id = item.id if kind == "RecordingSet" else item.recording_id
+            if rec_id is None:
+                raise DataError("a features item without a recording_id cannot be joined "
+                                "with supervisions", source=source)
             for sup in by_recording.get(rec_id, []):
                 if kind == "FeatureSet" and sup.channel != item.channels:
                     continue
@@ -305,17 +308,26 @@ def load_cut(sample: Mapping[str, Any], what: str, field: str = LHOTSE_CUT) -> S
 
     try:
         cut = deserialize_item(dict(value))
+    except Exception as exc:
+        raise DataError(f"not a lhotse cut: {type(exc).__name__}: {exc}", source=source,
+                        key=key) from exc
+    recording = getattr(cut, "recording", None) if what == "audio" else None
+    for audio_source in getattr(recording, "sources", ()):
+        if audio_source.type == "file" and not os.path.exists(audio_source.source):
+            raise MissingDataError("no such audio file (named by the lhotse cut)",
+                                   source=audio_source.source, key=key)
+    try:
         if what == "audio":
             array = _time_first(cut.load_audio())
         else:
             array = np.asarray(cut.load_features(), dtype=np.float32)
-    except FileNotFoundError as exc:
+    except FileNotFoundError as exc:  # e.g. a features file
         raise MissingDataError(f"lhotse cannot find the {what}: {exc}", source=source,
                                key=key) from exc
     except Exception as exc:  # lhotse's own errors: a bad source, no features...
         raise DataError(f"lhotse cannot load the {what}: {type(exc).__name__}: {exc}",
                         source=source, key=key) from exc
-    out = {k: v for k, v in sample.items() if k != field}
+    out = {k: v for k, v in sample.items() if k not in (field, "channel")}
     if what == "audio":
         out[AUDIO] = array
         out[SAMPLE_RATE] = int(cut.sampling_rate)
@@ -332,7 +344,9 @@ class LhotseLoaderIterDataPipe(IterDataPipe[Sample]):
     (``float32``, ``(samples,)`` for one channel, ``(samples, channels)`` for several) and
     ``sample_rate`` -- or ``feats`` (``(frames, dim)`` ``float32``) -- read by lhotse: the
     cut's segment and channel of any audio source lhotse knows, features in any lhotse storage
-    (numpy files, lilcom chunky files...). ``lhotse_cut`` is dropped from the output.
+    (numpy files, lilcom chunky files...). ``lhotse_cut`` and ``channel`` (where the data
+    came from, present in some rows only: a corpus may mix mono and multi-channel recordings)
+    are dropped from the output, so that the rows of one corpus collate together.
 
     Args:
         source_datapipe: rows with ``lhotse_cut``.
@@ -348,8 +362,8 @@ class LhotseLoaderIterDataPipe(IterDataPipe[Sample]):
     >>> lhotse.RecordingSet.from_recordings([rec]).to_file(f"{d}/rec.jsonl")
     >>> lhotse.SupervisionSet.from_segments([sup]).to_file(f"{d}/sup.jsonl")
     >>> [s] = read_lhotse(f"{d}/rec.jsonl", supervisions=f"{d}/sup.jsonl").load_lhotse()
-    >>> s["audio"].shape, s["sample_rate"], s["channel"]
-    ((4000,), 16000, 1)
+    >>> s["audio"].shape, s["sample_rate"], s["offset"]
+    ((4000,), 16000, 0.5)
     """
 
     def __init__(self, source_datapipe: IterDataPipe, what: str = "audio") -> None:
