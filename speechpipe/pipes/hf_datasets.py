@@ -49,6 +49,13 @@ def _undecoded(dataset: Any, column: str) -> Any:
     return dataset.cast_column(column, Audio(decode=False))
 
 
+def _map_style(dataset: Any) -> bool:
+    """Whether ``dataset`` is a map-style ``datasets.Dataset`` (rows read by index)."""
+    import datasets
+
+    return isinstance(dataset, datasets.Dataset)
+
+
 def _audio_input(value: Any, source: str, key: str) -> Any:
     """What soundfile reads for one ``Audio(decode=False)`` value: its bytes, or its path."""
     if not isinstance(value, Mapping):
@@ -188,7 +195,7 @@ def read_hf_dataset(dataset: Any, *, audio_column: str = "audio", key_column: st
     >>> [(s["key"], s["text"], s["audio"].shape, s["duration"]) for s in read_hf_dataset(ds)]
     [('0', 'hi', (4000,), 0.25)]
     """
-    if not with_audio and not hasattr(dataset, "__getitem__"):
+    if not with_audio and not _map_style(dataset):
         raise ValueError("with_audio=False needs a map-style Dataset (rows read again by "
                          "index); a streaming dataset is read with its audio")
     _undecoded(dataset, audio_column)  # checks the column (reads no data)
@@ -220,7 +227,7 @@ class HfAudioLoaderIterDataPipe(IterDataPipe[Sample]):
 
     def __init__(self, source_datapipe: IterDataPipe, dataset: Any, *,
                  audio_column: str = "audio") -> None:
-        if not hasattr(dataset, "__getitem__"):
+        if not _map_style(dataset):
             raise TypeError(f"dataset must be a map-style datasets.Dataset, got "
                             f"{type(dataset).__name__}")
         self.source_datapipe = source_datapipe
