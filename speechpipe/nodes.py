@@ -84,6 +84,3 @@ class PipelineNode(BaseNode):
         if self._it is not None:
             self._it.close()  # its pass ends: the stages drop what a restore loaded
             self._it = None
-
-    def __del__(self) -> None:
-        self._close()
