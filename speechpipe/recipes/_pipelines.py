@@ -234,7 +234,8 @@ def train_pipeline(
     duration filter dropped and the batches' padding efficiency.
 
     Args:
-        manifests: see :func:`resolve_manifests` (paths, sample lists, prepare's dict).
+        manifests: see :func:`resolve_manifests` (paths, sample lists, prepare's dict), or a
+            pipe of manifest rows (``sp.read_lhotse(...)``, ``sp.read_hf_dataset(...)``).
         budget_seconds: padded seconds per batch (batch size × longest duration).
         front_end: speed perturbation, features and tokenization (:class:`FrontEnd`; default
             ``FrontEnd()``: 80-bin fbank, no perturbation, no tokens).
