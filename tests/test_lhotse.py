@@ -94,7 +94,7 @@ def test_recordings_joined_with_supervisions_give_one_row_per_supervision(corpus
     root, audio = corpus
     pipe = sp.read_lhotse(root / "rec.jsonl.gz", supervisions=root / "sup.jsonl")
     rows = list(pipe.load_lhotse())
-    assert [r["key"] for r in rows] == ["m1", "m2", "s1"]  # recording order, then time
+    assert [r["key"] for r in rows] == ["m1", "m2", "s1"]  # the supervisions' order
     np.testing.assert_array_equal(rows[2]["audio"],
                                   _expected(audio, "stereo", 0.25, 0.5, channel=1))
     assert rows[1]["text"] == "two" and rows[1]["offset"] == 0.75
@@ -151,6 +151,15 @@ def test_missing_manifest_is_named(tmp_path):
         list(sp.read_lhotse(tmp_path / "nope.jsonl.gz"))
 
 
+def test_a_supervision_of_an_unknown_recording_is_named(corpus):
+    root, _ = corpus
+    sup = lhotse.SupervisionSegment("z9", "nowhere", 0.0, 0.5)
+    lhotse.SupervisionSet.from_segments([sup]).to_file(root / "orphan.jsonl")
+    with pytest.raises(DataError, match="supervision 'z9' names recording 'nowhere'") as err:
+        list(sp.read_lhotse(root / "rec.jsonl.gz", supervisions=root / "orphan.jsonl"))
+    assert err.value.source == f"{root / 'orphan.jsonl'}:1"
+
+
 def test_a_supervision_set_given_as_manifests_is_refused(corpus):
     root, _ = corpus
     with pytest.raises(DataError, match="expected a CutSet, RecordingSet or FeatureSet"):
@@ -159,7 +168,7 @@ def test_a_supervision_set_given_as_manifests_is_refused(corpus):
 
 def test_supervisions_with_a_cutset_are_refused(corpus):
     root, _ = corpus
-    with pytest.raises(ValueError, match="is a CutSet"):
+    with pytest.raises(DataError, match="a CutSet cannot be joined with supervisions"):
         list(sp.read_lhotse(root / "cuts.jsonl.gz", supervisions=root / "sup.jsonl"))
 
 
@@ -229,6 +238,16 @@ def test_shar_field_shard_out_of_step_names_the_tar(shar):
     with pytest.raises(DataError, match="out of step") as err:
         list(sp.read_lhotse_shar(out))
     assert err.value.source == str(out / "recording.000000.tar")
+
+
+def test_a_bad_line_in_a_shar_cut_shard_names_file_and_line(shar):
+    out, _ = shar
+    with gzip.open(out / "cuts.000001.jsonl.gz", "wt") as f:
+        f.write("{broken\n")
+    rows = sp.read_lhotse_shar(out)
+    with pytest.raises(DataError, match="bad lhotse item") as err:
+        list(rows)
+    assert (err.value.source, err.value.line) == (str(out / "cuts.000001.jsonl.gz"), 1)
 
 
 def test_a_folder_without_cut_shards_is_not_shar(tmp_path):

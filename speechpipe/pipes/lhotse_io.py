@@ -125,45 +125,64 @@ def _items(manifest: Any, path: str) -> Iterator[tuple[str, Any]]:
 def iter_lhotse(paths: Sequence[str], supervisions: Sequence[str] = (), *,
                 keep_cut: bool = True) -> Iterator[Sample]:
     """The rows of lhotse manifests (see :func:`read_lhotse`), streamed."""
-    lhotse = _lhotse()
-    by_recording: dict[str, list] | None = None
+    if supervisions:
+        yield from _joined(paths, supervisions, keep_cut)
+        return
     for path in paths:
         manifest = _typed(path)
         kind = type(manifest).__name__
-        if kind == "CutSet":
-            if supervisions:
-                raise ValueError(f"{path} is a CutSet: its supervisions are in it already "
-                                 "(give supervisions= only with recordings or features)")
-            for source, cut in _items(manifest, path):
-                yield cut_row(cut, source, keep_cut=keep_cut)
-            continue
-        if kind not in ("RecordingSet", "FeatureSet"):
+        if kind not in ("CutSet", "RecordingSet", "FeatureSet"):
             raise DataError(f"expected a CutSet, RecordingSet or FeatureSet manifest, got a "
                             f"{kind}", source=path)
-        if supervisions and by_recording is None:
-            by_recording = _supervisions_by_recording(supervisions)
         for source, item in _items(manifest, path):
-            if kind == "RecordingSet":
-                base = item.to_cut()
-            else:  # a Features item: a cut over its span
-                base = lhotse.MonoCut(id=f"{item.recording_id or item.storage_key}-{item.channels}",
-                                      start=item.start, duration=item.duration,
-                                      channel=item.channels, features=item)
-            if by_recording is None:
-                yield cut_row(base, source, keep_cut=keep_cut)
-                continue
+            yield cut_row(_whole(item, kind), source, keep_cut=keep_cut)
+
+
+def _whole(item: Any, kind: str) -> Any:
+    """A cut over all of a manifest item: the cut, a recording, a feature matrix."""
+    if kind == "CutSet":
+        return item
+    if kind == "RecordingSet":
+        return item.to_cut()
+    name = item.recording_id or os.path.splitext(os.path.basename(item.storage_key))[0]
+    return _lhotse().MonoCut(id=f"{name}-{item.channels}", start=item.start,
+                             duration=item.duration, channel=item.channels, features=item)
+
+
+def _joined(paths: Sequence[str], supervisions: Sequence[str], keep_cut: bool
+            ) -> Iterator[Sample]:
+    """One row per supervision, in the supervision manifests' order, over the recordings or
+    feature matrices of ``paths`` (held by id: a corpus has far fewer recordings than
+    supervisions; the supervisions stream)."""
+    held: dict[str, list[tuple[str, Any]]] = {}
+    for path in paths:
+        manifest = _typed(path)
+        kind = type(manifest).__name__
+        if kind not in ("RecordingSet", "FeatureSet"):
+            raise DataError(f"a {kind} cannot be joined with supervisions (expected a "
+                            "RecordingSet or FeatureSet; a CutSet holds its own)", source=path)
+        for source, item in _items(manifest, path):
             rec_id = item.id if kind == "RecordingSet" else item.recording_id
             if rec_id is None:
                 raise DataError("a features item without a recording_id cannot be joined "
                                 "with supervisions", source=source)
-            for sup in by_recording.get(rec_id, []):
-                if kind == "FeatureSet" and sup.channel != item.channels:
-                    continue
-                yield cut_row(_segment(item, sup, kind), f"{source}/{sup.id}",
-                              keep_cut=keep_cut)
+            held.setdefault(rec_id, []).append((kind, item))
+    for path in supervisions:
+        manifest = _typed(path)
+        if type(manifest).__name__ != "SupervisionSet":
+            raise DataError(f"expected a SupervisionSet manifest, got a "
+                            f"{type(manifest).__name__}", source=path)
+        for source, sup in _items(manifest, path):
+            found = [(kind, item) for kind, item in held.get(sup.recording_id, ())
+                     if kind == "RecordingSet" or item.channels == sup.channel]
+            if not found:
+                raise DataError(f"supervision {sup.id!r} names recording "
+                                f"{sup.recording_id!r} (channel {sup.channel}), which is not "
+                                f"in {', '.join(paths)}", source=source)
+            yield cut_row(_segment(*found[0], sup), source, keep_cut=keep_cut)
 
 
-def _segment(item: Any, sup: Any, kind: str) -> Any:
+def _segment(kind: str, item: Any, sup: Any) -> Any:
     """The cut of one supervision over its recording (its channel(s)) or feature matrix."""
     lhotse = _lhotse()
     channel = sup.channel
@@ -173,22 +192,6 @@ def _segment(item: Any, sup: Any, kind: str) -> Any:
     source = {"recording": item} if kind == "RecordingSet" else {"features": item}
     return cls(id=sup.id, start=sup.start, duration=sup.duration, channel=channel,
                supervisions=[sup.with_offset(-sup.start)], **source)
-
-
-def _supervisions_by_recording(paths: Sequence[str]) -> dict[str, list]:
-    """The supervisions of ``paths`` grouped by recording (held while the recordings stream;
-    a supervision is a few hundred bytes, far less than the audio it describes)."""
-    out: dict[str, list] = {}
-    for path in paths:
-        manifest = _typed(path)
-        if type(manifest).__name__ != "SupervisionSet":
-            raise DataError(f"expected a SupervisionSet manifest, got a "
-                            f"{type(manifest).__name__}", source=path)
-        for _, sup in _items(manifest, path):
-            out.setdefault(sup.recording_id, []).append(sup)
-    for sups in out.values():
-        sups.sort(key=lambda s: (s.start, s.id))
-    return out
 
 
 @functional_datapipe("parse_lhotse")
@@ -248,9 +251,10 @@ def read_lhotse(manifests: Any, *, supervisions: Any = None,
 
     Each pass streams the manifests with lhotse's lazy reader: a ``CutSet`` gives one row per
     cut; a ``RecordingSet`` or ``FeatureSet`` one per recording / feature matrix or, joined
-    with ``supervisions``, one per supervision (its segment: ``offset``, ``duration``,
-    ``channel``). The supervisions are grouped by recording in memory; recordings and cuts
-    are never held. Rows::
+    with ``supervisions``, one per supervision, in their order (its segment: ``offset``,
+    ``duration``, ``channel``). For the join the recordings are held by id (a corpus has far
+    fewer of them than supervisions) while the supervisions stream; cuts are never held.
+    Rows::
 
         {key, source ("manifest:item"), duration, audio_path (one local file), offset (a
          segment), channel (a segment, or a multi-channel recording), text, speaker,
