@@ -4,6 +4,8 @@
   fault-injection paths for testing remote reads.
 - :func:`sample_durations`: utterance durations drawn from real corpora's published
   percentiles (``shared/data/durations.md``), for realistic tests and benchmarks.
+- :func:`cut_and_resume`: a loader's uninterrupted run beside a run cut after ``k`` batches
+  and resumed from its state in a new loader, to check exact resume.
 """
 
 from __future__ import annotations
@@ -12,11 +14,12 @@ import contextlib
 import functools
 import http.server
 import threading
-from typing import Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
-__all__ = ["DURATION_PERCENTILES", "USABLE_RANGE", "sample_durations", "serve_directory"]
+__all__ = ["DURATION_PERCENTILES", "USABLE_RANGE", "cut_and_resume", "sample_durations",
+           "serve_directory"]
 
 #: Published percentile points ``(quantile, seconds)`` of utterance durations. Sources:
 #: icefall's ``display_manifest_statistics.py`` per recipe (train sets measured 3x speed
@@ -122,3 +125,31 @@ def serve_directory(directory: str) -> Iterator[str]:
         server.shutdown()
         server.server_close()
         thread.join()
+
+
+def cut_and_resume(make: Callable[[], Any], k: int,
+                   summary: Callable[[Any], Any] = lambda batch: batch) -> tuple[list, list]:
+    """``(uninterrupted, resumed)``: the summaries of one pass over a fresh ``make()`` loader,
+    and of the first ``k`` batches of another followed by a third one that loaded the second's
+    ``state_dict()`` (a speechpipe :class:`~speechpipe.loader.Loader`, a
+    ``torchdata.nodes.Loader``...). Exact resume means the two lists are equal.
+
+    >>> class Counter:  # a loader whose state is its position
+    ...     def __init__(self): self.at = 0
+    ...     def __iter__(self):
+    ...         while self.at < 4:
+    ...             self.at += 1
+    ...             yield self.at
+    ...     def state_dict(self): return {"at": self.at}
+    ...     def load_state_dict(self, state): self.at = state["at"]
+    >>> cut_and_resume(Counter, 2)
+    ([1, 2, 3, 4], [1, 2, 3, 4])
+    """
+    uninterrupted = [summary(batch) for batch in make()]
+    loader = make()
+    it = iter(loader)
+    head = [summary(next(it)) for _ in range(k)]
+    state = loader.state_dict()
+    again = make()
+    again.load_state_dict(state)
+    return uninterrupted, head + [summary(batch) for batch in again]
