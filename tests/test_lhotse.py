@@ -11,6 +11,8 @@ import dataclasses
 import gzip
 import os
 import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -89,6 +91,25 @@ def test_load_lhotse_reads_each_cut_segment_and_channel_exactly(corpus):
                                   _expected(audio, "stereo", 0.25, 0.5, channel=1))
     assert loaded["s1"]["sample_rate"] == RATE
     assert "lhotse_cut" not in loaded["s1"] and "channel" not in loaded["s1"]
+
+
+def test_a_transformed_cut_is_loaded_by_lhotse_and_has_no_audio_path(corpus):
+    root, _ = corpus
+    cuts = lhotse.CutSet.from_file(root / "cuts.jsonl.gz").perturb_speed(1.1)
+    cuts.to_file(root / "fast.jsonl.gz")
+    want = {c.id: c.load_audio()[0] for c in cuts}
+    rows = list(sp.read_lhotse(root / "fast.jsonl.gz"))
+    assert all("audio_path" not in r for r in rows)  # load_audio would miss the transform
+    for row in sp.IterableWrapper(rows).load_lhotse():
+        np.testing.assert_array_equal(row["audio"], want[row["key"]])
+
+
+def test_importing_speechpipe_imports_none_of_the_optional_libraries():
+    code = ("import sys, speechpipe; print([m for m in ('lhotse', 'datasets', "
+            "'torchdata.nodes') if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=os.path.dirname(os.path.dirname(sp.__file__)))
+    assert out.stdout.strip() == "[]"
 
 
 def test_recordings_joined_with_supervisions_give_one_row_per_supervision(corpus):

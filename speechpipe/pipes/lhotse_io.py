@@ -66,8 +66,8 @@ def cut_row(cut: Any, source: str, *, keep_cut: bool = True) -> Sample:
     recording = getattr(cut, "recording", None)
     if recording is not None:
         sources = recording.sources
-        if len(sources) == 1 and sources[0].type == "file":
-            row["audio_path"] = sources[0].source
+        if len(sources) == 1 and sources[0].type == "file" and not recording.transforms:
+            row["audio_path"] = sources[0].source  # what load_audio can read as it is
         whole = cut.start == 0 and abs(cut.duration - recording.duration) < 1e-6
         if not whole:
             row["offset"] = float(cut.start)
