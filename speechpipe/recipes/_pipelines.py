@@ -219,6 +219,7 @@ def train_pipeline(
                                  worker's / rank's share (when shard); exactly resumable
         load_audio            -> + audio (T,) float32, sample_rate   [input="audio"]
           (or read feats_path -> + feats (frames, dim) float32)      [input="feats"]
+          (or input(pipe), e.g. load_lhotse: the caller's loading) [input callable]
         perturb_speed         -> audio resampled by a factor drawn from speed_perturb,
                                  duration updated, + speed            [optional]
         compute_features      -> + feats (frames, dim), audio dropped [features]
