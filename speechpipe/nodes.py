@@ -15,7 +15,7 @@ the node's.
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
+from typing import Any
 
 from torchdata.nodes import BaseNode
 
@@ -64,7 +64,7 @@ class PipelineNode(BaseNode):
         self._it: Any = None
         self._passes = 0
 
-    def reset(self, initial_state: Optional[Dict[str, Any]] = None) -> None:
+    def reset(self, initial_state: dict[str, Any] | None = None) -> None:
         super().reset(initial_state)
         self._close()
         if initial_state is not None:
@@ -77,7 +77,7 @@ class PipelineNode(BaseNode):
     def next(self) -> Any:
         return next(self._it)
 
-    def get_state(self) -> Dict[str, Any]:
+    def get_state(self) -> dict[str, Any]:
         return self.dataset.state_dict()
 
     def _close(self) -> None:

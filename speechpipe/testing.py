@@ -128,7 +128,8 @@ def serve_directory(directory: str) -> Iterator[str]:
 
 
 def cut_and_resume(make: Callable[[], Any], k: int,
-                   summary: Callable[[Any], Any] = lambda batch: batch) -> tuple[list, list]:
+                   summary: Callable[[Any], Any] = lambda batch: batch
+                   ) -> tuple[list, list]:
     """``(uninterrupted, resumed)``: the summaries of one pass over a fresh ``make()`` loader,
     and of the first ``k`` batches of another followed by a third one that loaded the second's
     ``state_dict()`` (a speechpipe :class:`~speechpipe.loader.Loader`, a

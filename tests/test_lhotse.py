@@ -27,7 +27,8 @@ from speechpipe.testing import cut_and_resume  # noqa: E402
 RATE = 16000
 
 
-def _wav(root, name: str, seconds: float, channels: int = 1, seed: int = 0) -> tuple[str, np.ndarray]:
+def _wav(root, name: str, seconds: float, channels: int = 1,
+         seed: int = 0) -> tuple[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     shape = (int(seconds * RATE),) if channels == 1 else (int(seconds * RATE), channels)
     audio = (rng.standard_normal(shape) * 0.1).astype(np.float32)
@@ -61,7 +62,7 @@ def corpus(tmp_path):
 
 
 def _expected(audio: dict, rec: str, start: float, duration: float, channel=None) -> np.ndarray:
-    a = audio[rec][int(round(start * RATE)):int(round((start + duration) * RATE))]
+    a = audio[rec][round(start * RATE):round((start + duration) * RATE)]
     return a if channel is None else a[:, channel]
 
 
@@ -69,7 +70,7 @@ def _expected(audio: dict, rec: str, start: float, duration: float, channel=None
 
 
 def test_cutset_rows_carry_segment_channel_and_supervision_fields(corpus):
-    root, audio = corpus
+    root, _ = corpus
     rows = list(sp.read_lhotse(root / "cuts.jsonl.gz"))
     by_key = {r["key"]: r for r in rows}
     assert sorted(by_key) == ["m1", "m2", "s1"]

@@ -93,7 +93,7 @@ def test_a_state_taken_at_the_end_of_a_pass_resumes_at_the_next_epoch(rows):
 
 
 def _load(row: dict) -> dict:
-    audio, rate = soundfile.read(row["audio_path"], dtype="float32")
+    audio, _ = soundfile.read(row["audio_path"], dtype="float32")
     return {"key": row["key"], "audio": torch.from_numpy(audio)}
 
 
