@@ -288,7 +288,10 @@ def test_a_folder_without_cut_shards_is_not_shar(tmp_path):
 def samples(tmp_path):
     long, _ = _wav(tmp_path, "long", 3.0, seed=5)
     short, _ = _wav(tmp_path, "short", 0.75, seed=6)
+    stereo, _ = _wav(tmp_path, "stereo", 1.0, channels=2, seed=7)
     return [
+        {"key": "right", "audio_path": stereo, "offset": 0.25, "duration": 0.5, "channel": 1,
+         "text": "e"},
         {"key": "short", "audio_path": short, "duration": 0.75, "text": "a b",
          "speaker": "s1"},
         {"key": "seg1", "audio_path": long, "offset": 0.5, "duration": 1.0, "text": "c",
@@ -300,14 +303,14 @@ def samples(tmp_path):
 @pytest.mark.parametrize("form", ["cuts", "recordings+supervisions"])
 def test_speechpipe_to_lhotse_to_speechpipe_is_equal(tmp_path, samples, form):
     if form == "cuts":
-        assert sp.write_lhotse(samples, cuts=tmp_path / "c.jsonl.gz") == 3
+        assert sp.write_lhotse(samples, cuts=tmp_path / "c.jsonl.gz") == 4
         back = sp.read_lhotse(tmp_path / "c.jsonl.gz", keep_cut=False)
-        assert len(lhotse.CutSet.from_file(tmp_path / "c.jsonl.gz")) == 3  # lhotse reads it
+        assert len(lhotse.CutSet.from_file(tmp_path / "c.jsonl.gz")) == 4  # lhotse reads it
     else:
         assert sp.write_lhotse(samples, recordings=tmp_path / "r.jsonl.gz",
-                               supervisions=tmp_path / "s.jsonl.gz") == 3
+                               supervisions=tmp_path / "s.jsonl.gz") == 4
         assert [r.id for r in lhotse.RecordingSet.from_file(tmp_path / "r.jsonl.gz")] == [
-            "short", "long"]  # one recording per file
+            "stereo", "short", "long"]  # one recording per file
         back = sp.read_lhotse(tmp_path / "r.jsonl.gz", supervisions=tmp_path / "s.jsonl.gz",
                               keep_cut=False)
     got = {r["key"]: {k: v for k, v in r.items() if k != "source"} for r in back}
@@ -321,7 +324,8 @@ def test_written_lhotse_cuts_load_the_same_audio_as_speechpipe(tmp_path, samples
                                                   duration_field="duration",
                                                   whole_without_offset=True)
     for row in rows:
-        np.testing.assert_array_equal(by_lhotse[row["key"]], row["audio"])
+        audio = row["audio"] if "channel" not in row else row["audio"][:, row["channel"]]
+        np.testing.assert_array_equal(by_lhotse[row["key"]], audio)
 
 
 def test_write_lhotse_needs_an_audio_path(tmp_path):
