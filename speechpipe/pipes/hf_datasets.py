@@ -27,7 +27,7 @@ from ._base import IterableWrapper, IterDataPipe, functional_datapipe
 from .decode import read_audio
 
 __all__ = ["HF_INDEX", "HfAudioLoader", "HfAudioLoaderIterDataPipe", "HfDatasetReader",
-           "HfDatasetReaderIterDataPipe", "read_hf_dataset"]
+           "HfDatasetReaderIterDataPipe", "iter_hf_rows", "read_hf_dataset"]
 
 #: The field naming a row of the dataset (manifest rows of :func:`read_hf_dataset`).
 HF_INDEX = "hf_index"

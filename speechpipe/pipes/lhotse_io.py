@@ -30,7 +30,8 @@ from ._base import IterableWrapper, IterDataPipe, functional_datapipe
 
 __all__ = ["LHOTSE_CUT", "LhotseLoader", "LhotseLoaderIterDataPipe", "LhotseParser",
            "LhotseParserIterDataPipe", "LhotseSharReader", "LhotseSharReaderIterDataPipe",
-           "read_lhotse", "read_lhotse_shar", "write_lhotse"]
+           "cut_row", "iter_lhotse", "iter_shar", "load_cut", "read_lhotse", "read_lhotse_shar",
+           "write_lhotse"]
 
 #: The field holding a row's lhotse cut (``cut.to_dict()``), read by ``load_lhotse``.
 LHOTSE_CUT = "lhotse_cut"
