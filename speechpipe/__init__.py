@@ -10,9 +10,9 @@ tokenizers, the errors, and the recipes (``sp.recipes.librispeech``...).
 __version__ = "0.1.0"
 
 from .pipes import (  # noqa: E402,F401  (registration)
-    audio, augment, batching, cmvn, collate, decode, device, distributed, features, kaldi,
-    kaldi_tables, manifests, mixing, order, sample_lists, sharding, shards, sources, text,
-    text_normalization, threads, tokenizers, views,
+    audio, augment, batching, cmvn, collate, decode, device, distributed, features,
+    hf_datasets, kaldi, kaldi_tables, lhotse_io, manifests, mixing, order, sample_lists,
+    sharding, shards, sources, text, text_normalization, threads, tokenizers, views,
 )
 from .diagnostics import Diagnostics, SkippedInputWarning  # noqa: E402
 from .epochs import set_epoch  # noqa: E402
@@ -34,6 +34,8 @@ from .pipes.constraints import (  # noqa: E402
     BatchConstraint, BatchStats, BudgetWarning, PaddedArea, Quadratic, SampleCount, SumOfLengths,
     TwoDimensional,
 )
+from .pipes.hf_datasets import read_hf_dataset  # noqa: E402
+from .pipes.lhotse_io import read_lhotse, read_lhotse_shar, write_lhotse  # noqa: E402
 from .pipes.distributed import (  # noqa: E402
     DistributedStepError, EqualSteps, ShardSplit, StepPlanner, StepStats, shard_assignment,
 )
@@ -60,14 +62,24 @@ __all__ = [
     "ChannelMismatchError", "CharTokenizer", "CmvnStats",
     "DataError", "Diagnostics", "DistributedStepError", "EpochProgress", "EpochWarning",
     "EqualSteps", "FrontEnd", "IterableWrapper", "Loader", "MissingDataError", "PackOptions",
-    "PackReport", "PadCollate", "PaddedArea", "PipeDataset", "Quadratic", "ResumeWarning",
-    "SampleCount", "SentencePieceTokenizer", "SequenceWrapper", "ShardEntry", "ShardIndex",
-    "ShardReadOptions", "ShardSplit", "ShardWriter", "SkippedInputWarning", "SpeechpipeError",
-    "StepPlanner", "StepStats", "SumOfLengths", "TextNormalizer", "TwoDimensional",
-    "UnsafeInputError", "UnsupportedCodecError", "WordTokenizer", "build_loader",
+    "PackReport", "PadCollate", "PaddedArea", "PipeDataset", "PipelineNode", "Quadratic",
+    "ResumeWarning", "SampleCount", "SentencePieceTokenizer", "SequenceWrapper", "ShardEntry",
+    "ShardIndex", "ShardReadOptions", "ShardSplit", "ShardWriter", "SkippedInputWarning",
+    "SpeechpipeError", "StepPlanner", "StepStats", "SumOfLengths", "TextNormalizer",
+    "TwoDimensional", "UnsafeInputError", "UnsupportedCodecError", "WordTokenizer", "build_loader",
     "build_tokenizer", "compute_cmvn_stats", "compute_lengths", "corpus_stats", "encode_audio",
     "eval_pipeline", "get_recipe",
     "kaldi_arks", "load_tokenizer", "manifest_path", "pack_data", "pipeline_report",
-    "read_data_len", "recipes", "select_keys", "set_epoch", "shard_assignment", "start",
-    "to_device", "train_pipeline",
+    "read_data_len", "read_hf_dataset", "read_lhotse", "read_lhotse_shar", "recipes",
+    "select_keys", "set_epoch", "shard_assignment", "start", "to_device", "train_pipeline",
+    "write_lhotse",
 ]
+
+
+def __getattr__(name: str):
+    """``sp.PipelineNode`` imports ``torchdata.nodes`` on first use, not with speechpipe."""
+    if name == "PipelineNode":
+        from .nodes import PipelineNode
+
+        return PipelineNode
+    raise AttributeError(f"module 'speechpipe' has no attribute {name!r}")

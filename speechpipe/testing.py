@@ -7,6 +7,8 @@
 - :func:`demo_speech`: real speech from the demo corpus at any sample rate,
   :func:`on_pcm_grid` to make it exactly representable in integer PCM, and :func:`snr_db` to
   compare a decoded copy with it (codec round trips).
+- :func:`cut_and_resume`: a loader's uninterrupted run beside a run cut after ``k`` batches
+  and resumed from its state in a new loader, to check exact resume.
 """
 
 from __future__ import annotations
@@ -16,11 +18,11 @@ import functools
 import http.server
 import os
 import threading
-from typing import Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
-__all__ = ["DURATION_PERCENTILES", "USABLE_RANGE", "demo_speech", "on_pcm_grid",
+__all__ = ["DURATION_PERCENTILES", "USABLE_RANGE", "cut_and_resume", "demo_speech", "on_pcm_grid",
            "sample_durations", "serve_directory", "snr_db"]
 
 #: Published percentile points ``(quantile, seconds)`` of utterance durations. Sources:
@@ -192,3 +194,30 @@ def on_pcm_grid(audio: np.ndarray, subtype: str) -> tuple[np.ndarray, np.ndarray
         ints = np.round(audio * (2 ** 23 - 1)).astype(np.int32) << 8
         return ints, ints.astype(np.float32) / 2 ** 31
     return audio, audio
+def cut_and_resume(make: Callable[[], Any], k: int,
+                   summary: Callable[[Any], Any] = lambda batch: batch
+                   ) -> tuple[list, list]:
+    """``(uninterrupted, resumed)``: the summaries of one pass over a fresh ``make()`` loader,
+    and of the first ``k`` batches of another followed by a third one that loaded the second's
+    ``state_dict()`` (a speechpipe :class:`~speechpipe.loader.Loader`, a
+    ``torchdata.nodes.Loader``...). Exact resume means the two lists are equal.
+
+    >>> class Counter:  # a loader whose state is its position
+    ...     def __init__(self): self.at = 0
+    ...     def __iter__(self):
+    ...         while self.at < 4:
+    ...             self.at += 1
+    ...             yield self.at
+    ...     def state_dict(self): return {"at": self.at}
+    ...     def load_state_dict(self, state): self.at = state["at"]
+    >>> cut_and_resume(Counter, 2)
+    ([1, 2, 3, 4], [1, 2, 3, 4])
+    """
+    uninterrupted = [summary(batch) for batch in make()]
+    loader = make()
+    it = iter(loader)
+    head = [summary(next(it)) for _ in range(k)]
+    state = loader.state_dict()
+    again = make()
+    again.load_state_dict(state)
+    return uninterrupted, head + [summary(batch) for batch in again]

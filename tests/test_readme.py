@@ -199,3 +199,9 @@ def test_ddp_block_takes_the_planned_steps(readme_run):
 
 def test_channels_block_keeps_then_downmixes_the_stereo_shard(readme_run):
     assert _line(readme_run, r"\(8000, 2\) \(8000,\) 0\.25$")
+def test_lhotse_and_datasets_corpora_train_and_a_nodes_loader_resumes(readme_run):
+    lhotse = pytest.importorskip("lhotse")
+    cuts = lhotse.CutSet.from_file(OUT / "lhotse" / "cuts.jsonl.gz")  # lhotse reads it
+    assert sorted(cut.id for cut in cuts) == sorted(demo_transcripts())
+    at = readme_run.index("36")  # the lhotse corpus's utterances, all in batches
+    assert readme_run[at + 1] == "True"  # the torchdata.nodes loader resumed exactly

@@ -44,12 +44,15 @@ def manifest_samples(manifests: ManifestsArg, *, corpus: str | None = None,
     """The samples of manifests, in file order, as a pipe (no audio read yet).
 
     Files are opened when iteration starts (``open_files`` + ``parse_manifest``); in-memory
-    sample lists are streamed as they are. See :func:`resolve_manifests` for the forms of
-    ``manifests``.
+    sample lists are streamed as they are, and so is a pipe of samples (e.g.
+    ``sp.read_lhotse(...)``, ``sp.read_hf_dataset(ds, with_audio=False)``). See
+    :func:`resolve_manifests` for the forms of ``manifests``.
 
     >>> [s["key"] for s in manifest_samples([[{"key": "u1"}, {"key": "u2"}]])]
     ['u1', 'u2']
     """
+    if isinstance(manifests, IterDataPipe):
+        return manifests
     pipes = []
     paths: list[str] = []
     for source in resolve_manifests(manifests, corpus=corpus, parts=parts):
@@ -148,7 +151,9 @@ def _load_feats(sample: Mapping[str, Any]) -> Sample:
     return out
 
 
-def _loaded(pipe: IterDataPipe, input: str) -> IterDataPipe:
+def _loaded(pipe: IterDataPipe, input: Any) -> IterDataPipe:
+    if callable(input):  # the caller's loading stage(s): + audio, sample_rate (or feats)
+        return input(pipe)
     if input == "audio":
         # -> + audio (T,) float32, sample_rate: [offset, offset + duration) of a segment, the
         # whole file otherwise (duration then set to the decoded length)
@@ -158,15 +163,15 @@ def _loaded(pipe: IterDataPipe, input: str) -> IterDataPipe:
     return pipe.map(_load_feats)
 
 
-def _transformed(pipe: IterDataPipe, front_end: FrontEnd, *, input: str,
+def _transformed(pipe: IterDataPipe, front_end: FrontEnd, *, input: Any,
                  seed: int) -> IterDataPipe:
     if front_end.speed_perturb is not None:
-        if input != "audio":
+        if input == "feats":
             raise ValueError("speed_perturb needs audio; these manifests give features")
         # audio resampled, duration updated
         pipe = pipe.perturb_speed(factors=tuple(front_end.speed_perturb), seed=seed)
     if front_end.features is not None:
-        if input != "audio":
+        if input == "feats":
             raise ValueError("features are computed from audio; these manifests give "
                              "features already: pass features=None")
         # -> + feats (frames, dim) float32, audio dropped
@@ -178,10 +183,10 @@ def _transformed(pipe: IterDataPipe, front_end: FrontEnd, *, input: str,
     return pipe
 
 
-def _check_input(input: str) -> str:
-    if input not in ("audio", "feats"):
-        raise ValueError(f"input must be 'audio' (audio_path) or 'feats' (feats_path), got "
-                         f"{input!r}")
+def _check_input(input: Any) -> Any:
+    if not callable(input) and input not in ("audio", "feats"):
+        raise ValueError(f"input must be 'audio' (audio_path), 'feats' (feats_path) or a "
+                         f"function pipe -> pipe that loads the audio, got {input!r}")
     return input
 
 
@@ -200,7 +205,7 @@ def train_pipeline(
     max_duration: float | None = None,
     seed: int = 0,
     bucket_buffer: int = 2_000,
-    input: str = "audio",
+    input: Any = "audio",
     shard: bool = True,
     **front_end_options: Any,
 ) -> IterDataPipe[dict]:
@@ -214,6 +219,7 @@ def train_pipeline(
                                  worker's / rank's share (when shard); exactly resumable
         load_audio            -> + audio (T,) float32, sample_rate   [input="audio"]
           (or read feats_path -> + feats (frames, dim) float32)      [input="feats"]
+          (or input(pipe), e.g. load_lhotse: the caller's loading) [input callable]
         perturb_speed         -> audio resampled by a factor drawn from speed_perturb,
                                  duration updated, + speed            [optional]
         compute_features      -> + feats (frames, dim), audio dropped [features]
@@ -229,14 +235,19 @@ def train_pipeline(
     duration filter dropped and the batches' padding efficiency.
 
     Args:
-        manifests: see :func:`resolve_manifests` (paths, sample lists, prepare's dict).
+        manifests: see :func:`resolve_manifests` (paths, sample lists, prepare's dict), or a
+            pipe of manifest rows (``sp.read_lhotse(...)``, ``sp.read_hf_dataset(...)``).
         budget_seconds: padded seconds per batch (batch size × longest duration).
         front_end: speed perturbation, features and tokenization (:class:`FrontEnd`; default
             ``FrontEnd()``: 80-bin fbank, no perturbation, no tokens).
         min_duration, max_duration: duration range kept, seconds (``None``: no bound).
         seed: seed of the shuffle, speed perturbation, buckets and batch order.
         bucket_buffer: samples held by ``bucket_by_length`` (more: less padding).
-        input: ``"audio"`` (manifests with ``audio_path``) or ``"feats"`` (``feats_path``).
+        input: ``"audio"`` (manifests with ``audio_path``), ``"feats"`` (``feats_path``), or
+            a function ``pipe -> pipe`` adding ``audio`` and ``sample_rate`` (or ``feats``,
+            then with ``features=None``) to the rows: ``lambda p: p.load_lhotse()`` for
+            ``sp.read_lhotse`` rows, ``lambda p: p.load_hf_audio(dataset)`` for
+            ``sp.read_hf_dataset(dataset, with_audio=False)`` rows.
         shard: DataLoader workers and ranks read disjoint shares (``False``: each reads all).
         **front_end_options: instead of ``front_end``, its fields as keywords: ``features``,
             ``feature_options``, ``speed_perturb``, ``tokenizer``, ``text_field``,
@@ -265,7 +276,7 @@ def eval_pipeline(
     front_end: FrontEnd | None = None,
     min_duration: float | None = None,
     max_duration: float | None = None,
-    input: str = "audio",
+    input: Any = "audio",
     shard: bool = True,
     **front_end_options: Any,
 ) -> IterDataPipe[dict]:
