@@ -11,7 +11,7 @@ __version__ = "0.1.0"
 
 from .pipes import (  # noqa: E402,F401  (registration)
     audio, augment, batching, cmvn, collate, decode, device, distributed, features, kaldi,
-    kaldi_tables, manifests, mixing, order, sample_lists, sharding, shards, sources, text,
+    kaldi_tables, manifests, mixing, noise, order, sample_lists, sharding, shards, sources, text,
     text_normalization, threads, tokenizers, views,
 )
 from .diagnostics import Diagnostics, SkippedInputWarning  # noqa: E402
