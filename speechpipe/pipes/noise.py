@@ -155,6 +155,7 @@ def convolve_rir(audio: np.ndarray, rir: np.ndarray) -> np.ndarray:
     """
     x = channels_first(audio).to(torch.float64)
     h = torch.from_numpy(np.ascontiguousarray(rir, dtype=np.float64))
+    h = h.expand(x.shape[0], -1) if x.ndim == 2 else h
     peak = int(torch.argmax(h.abs()))
     length = x.shape[-1]
     y = taF.fftconvolve(x, h)[..., peak:peak + length]
@@ -271,6 +272,8 @@ class _Pooled(Seeded, Resumable):
             return
         self._begin_pass()
         state, _ = self._take_resume()
+        if state is not None and state.get("ended"):
+            state = None  # the pass had ended: whatever comes is a new pass
         rng = self._rng(self.stage)
         epoch = self.epoch if state is None else int(state["epoch"])
         stream = _Stream(self.source.pipe, epoch, self.stage)
@@ -282,24 +285,33 @@ class _Pooled(Seeded, Resumable):
             found = stream.seek(state["stream"], set(pool_refs))
             pool = [(ref, found[ref]) for ref in pool_refs]
             history.update((tuple(i), r) for *i, r in state["history"])
-        self._live = {"epoch": epoch, "rng": rng, "stream": stream, "pool": pool,
-                             "history": history}
+        live = self._live = {"epoch": epoch, "rng": rng, "stream": stream, "pool": pool,
+                             "history": history, "ended": False}
         try:
             for sample in self.source_datapipe:
-                audio, rate = audio_of(sample, self.stage)
-                if rng.random() >= self.p:
-                    self._remember(history, sample, None)
-                    yield sample
-                    continue
-                if not pool:
-                    pool.extend(stream.next() for _ in range(self.pool_size))
-                record, slots, prepared = self._draw(rng, pool, audio.shape[0], rate)
-                for slot in slots:  # each item drawn is replaced by the source's next one
-                    pool[slot] = stream.next()
-                self._remember(history, sample, record)
-                yield self._apply(sample, audio, record, prepared)
-        finally:
+                yield self._next(sample, live)
+        except BaseException:
             self._live = None
+            raise
+        # The pass ended: its state stays readable (the stages above may still hold samples
+        # that a restore replays with the history), without the decoded items.
+        live["ended"] = True
+        pool[:] = [(ref, None) for ref, _ in pool]
+
+    def _next(self, sample: Any, live: dict) -> Sample:
+        """One sample through the stage (draws, pool refill, history), in a pass."""
+        rng, pool, stream = live["rng"], live["pool"], live["stream"]
+        audio, rate = audio_of(sample, self.stage)
+        if rng.random() >= self.p:
+            self._remember(live["history"], sample, None)
+            return _unchanged(sample)
+        if not pool:
+            pool.extend(stream.next() for _ in range(self.pool_size))
+        record, slots, prepared = self._draw(rng, pool, audio.shape[0], rate)
+        for slot in slots:  # each item drawn is replaced by the source's next one
+            pool[slot] = stream.next()
+        self._remember(live["history"], sample, record)
+        return self._apply(sample, audio, record, prepared)
 
     def _remember(self, history: collections.OrderedDict, sample: Any, record: Any) -> None:
         if not self.history or not isinstance(sample.get(KEY), str):
@@ -331,7 +343,7 @@ class _Pooled(Seeded, Resumable):
         found = stream.seek(state["stream"], wanted)
         for sample, record in zip(samples, records):
             if record is None:
-                yield sample
+                yield _unchanged(sample)
                 continue
             audio, rate = audio_of(sample, self.stage)
             prepared = [self._at_rate(found[tuple(r[:2])], rate) for r in record["refs"]]
@@ -344,6 +356,7 @@ class _Pooled(Seeded, Resumable):
             "stream": live["stream"].position(),
             "pool": [list(ref) for ref, _ in live["pool"]],
             "history": [[*ident, record] for ident, record in live["history"].items()],
+            "ended": live["ended"],
         }
 
     def _draw(self, rng, pool: list, length: int, rate: int) -> tuple[dict, list, list]:
@@ -365,6 +378,16 @@ class _Pooled(Seeded, Resumable):
 
     def __len__(self) -> int:
         return source_len(self)
+
+
+def _unchanged(sample: Any) -> Any:
+    """A sample not augmented: itself, with an empty :data:`AUGMENT` list if it has none (every
+    sample of a batch has the same fields)."""
+    if AUGMENT in sample:
+        return sample
+    out = dict(sample)
+    out[AUGMENT] = []
+    return out
 
 
 def _appended(sample: Any, entry: dict) -> list:
@@ -390,7 +413,8 @@ class NoiseAdderIterDataPipe(_Pooled, IterDataPipe[Sample]):
     U[low, high]`` dB with the sum of ``babble`` items of ``noise`` (each cropped at a random
     offset when longer than the utterance, looped from a random offset when shorter:
     :func:`noise_segment`; resampled to the utterance's rate), and ``{"kind": "noise", "keys":
-    [...], "snr_db": snr}`` appended to :data:`AUGMENT`; otherwise unchanged (the same dict).
+    [...], "snr_db": snr}`` appended to :data:`AUGMENT`; otherwise unchanged (with an empty
+    :data:`AUGMENT` list if it had none, so that every sample has the field).
     ``babble=k`` with a speech source (MUSAN's ``speech``) sums ``k`` utterances: babble noise.
     The SNR is the mixture's over the whole utterance: :func:`snr_db` of the output against
     the input gives ``snr_db`` (to float32 rounding, well under 0.01 dB). Lengths, ``duration``
@@ -484,8 +508,8 @@ class RirConvolverIterDataPipe(_Pooled, IterDataPipe[Sample]):
     reverberated by :func:`convolve_rir` (Kaldi's ``wav-reverberate``: aligned on the
     response's peak, so the speech is not delayed, and scaled back to the input's energy) with
     a response drawn from ``rirs`` (resampled to the utterance's rate), and ``{"kind":
-    "reverb", "keys": [rir key]}`` appended to :data:`AUGMENT`; otherwise unchanged. Lengths
-    are kept. Put it before ``add_noise`` for reverberant speech in additive noise (as Kaldi's
+    "reverb", "keys": [rir key]}`` appended to :data:`AUGMENT`; otherwise unchanged (the field
+    added, empty). Lengths are kept. Put it before ``add_noise`` for reverberant speech in additive noise (as Kaldi's
     and ESPnet's recipes do). See the module documentation for the pool, seeding and resume.
 
     Args:
