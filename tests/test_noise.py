@@ -324,3 +324,82 @@ def test_a_source_that_cannot_be_read_again_is_refused():
         IterableWrapper([]).reverberate(iter(rirs()))
     with pytest.raises(TypeError, match="re-iterable"):
         IterableWrapper([]).reverberate("rirs.jsonl")
+
+
+# ------------------------------------------------------------------------------ train builder
+
+
+@pytest.fixture(scope="module")
+def demo_with_noise(tmp_path_factory):
+    """The demo corpus's manifest, MUSAN's noise and RIRS_NOISES's small and medium rooms
+    (fixtures in their official layouts), prepared by their recipes."""
+    from speechpipe.demo import DEMO_CORPUS
+    from speechpipe.recipes.librispeech import prepare_librispeech
+    from speechpipe.recipes.musan import prepare_musan
+    from speechpipe.recipes.rirs_noises import prepare_rirs_noises
+    from speechpipe.testing import write_musan, write_rirs_noises
+
+    root = tmp_path_factory.mktemp("augment")
+    speech = prepare_librispeech(DEMO_CORPUS, root, parts=["dev-clean"], progress=False)
+    noise = prepare_musan(write_musan(root / "src"), root, parts="noise", progress=False)
+    rirs = prepare_rirs_noises(write_rirs_noises(root / "src"), root,
+                               parts=["smallroom", "mediumroom"], progress=False)
+    return speech, noise["noise"], rirs
+
+
+def _train(demo_with_noise, **options):
+    from speechpipe.recipes.librispeech import librispeech_train
+
+    speech, noise, rirs = demo_with_noise
+    options = {"noise_p": 0.8, "rir_p": 0.5, **options}
+    return librispeech_train(speech, ["dev-clean"], seed=0, budget_seconds=12.0,
+                             bucket_buffer=8, noise=noise, snr_db=(5.0, 15.0), rir=rirs,
+                             **options)
+
+
+def _train_summary(batch) -> tuple:
+    return (tuple(batch["key"]), float(batch["feats"].double().sum()), json.dumps(batch[AUGMENT]))
+
+
+def test_a_train_builder_with_noise_and_reverberation_resumes_exactly_on_two_workers(
+        demo_with_noise):
+    def loader():
+        return build_loader(_train(demo_with_noise), num_workers=2, persistent_workers=True,
+                            snapshot_every=2)
+
+    full, states = [], {}
+    first = loader()
+    for epoch in range(2):
+        first.set_epoch(epoch)
+        for batch in first:
+            full.append(_train_summary(batch))
+            if len(full) in (1, 3, 6):
+                states[len(full)] = first.state_dict()
+    kinds = [e["kind"] for _, _, augment in full for s in json.loads(augment) for e in s]
+    assert kinds.count("noise") > kinds.count("reverb") > 0
+    assert len(full) > 6 and set(states) == {1, 3, 6}
+    for step, state in states.items():
+        again = loader()
+        again.load_state_dict(state)
+        out, start = [], again.epoch
+        for epoch in range(start, 2):
+            if epoch > start:
+                again.set_epoch(epoch)
+            out.extend(_train_summary(b) for b in again)
+        assert out == full[step:], f"resumed after step {step} differs"
+
+
+def test_the_builder_puts_reverberation_and_noise_before_the_features(demo_with_noise):
+    from speechpipe.recipes import train_pipeline
+
+    clean = [_train_summary(b) for b in _train(demo_with_noise, noise_p=0.0, rir_p=0.0)]
+    noisy = [_train_summary(b) for b in _train(demo_with_noise, noise_p=1.0, rir_p=1.0)]
+    assert [k for k, _, _ in clean] == [k for k, _, _ in noisy]  # the same order and batches
+    assert all(a[1] != b[1] for a, b in zip(clean, noisy))  # features of changed audio
+    assert all(json.loads(a) == [[]] * len(k) for k, _, a in clean)
+    with pytest.raises(ValueError, match="perturbs nothing"):
+        from speechpipe.recipes import FrontEnd, eval_pipeline
+        eval_pipeline([[]], front_end=FrontEnd(noise=[{"key": "n"}]))
+    with pytest.raises(ValueError, match="noise and rir need audio"):
+        train_pipeline([[{"key": "u", "feats_path": "x", "duration": 1.0}]], input="feats",
+                       features=None, noise=[{"key": "n"}])
