@@ -33,7 +33,7 @@ above (``bucket_by_length``...) are mixed again identically when a restore repla
 restore reads the source again from the oldest pass it needs up to where it stood.
 
 Plain functions hold the signal processing: :func:`noise_segment`, :func:`mix_at_snr`,
-:func:`snr_db`, :func:`convolve_rir`.
+:func:`snr_db`, :func:`convolve_rir` (:func:`fast_fft_len`).
 """
 
 from __future__ import annotations
@@ -70,6 +70,7 @@ __all__ = [
     "RirConvolver",
     "RirConvolverIterDataPipe",
     "convolve_rir",
+    "fast_fft_len",
     "mix_at_snr",
     "noise_segment",
     "snr_db",
@@ -141,28 +142,47 @@ def snr_db(clean: np.ndarray, mixed: np.ndarray) -> float:
     return 10.0 * math.log10(_power(clean) / _power(mixed.astype(np.float64) - clean))
 
 
+def fast_fft_len(n: int) -> int:
+    """The smallest length >= ``n`` of the form ``m × 2^k``, ``m`` in a few small products of
+    3 and 5: an FFT of that length is fast (one of a length with a large prime factor can be
+    ten times slower: ``benchmarks/bench_augment.py``).
+
+    >>> fast_fft_len(93776), fast_fft_len(1024), fast_fft_len(1)
+    (98304, 1024, 1)
+    """
+    best = None
+    for m in (1, 3, 5, 9, 15, 25, 27, 45, 75, 81, 125):
+        length = m << max(0, (-(-n // m) - 1).bit_length())
+        best = length if best is None or length < best else best
+    return best
+
+
 def convolve_rir(audio: np.ndarray, rir: np.ndarray) -> np.ndarray:
     """Reverberate ``audio`` with the mono response ``rir``, as Kaldi's ``wav-reverberate``.
 
-    :func:`torchaudio.functional.fftconvolve` gives the full convolution; the output is its
+    :func:`torchaudio.functional.fftconvolve` gives the full convolution (the input padded
+    with zeros to a :func:`fast_fft_len`, which changes no output sample); the output is its
     ``len(audio)`` samples from the response's peak (``argmax |rir|``, the direct path: the
     speech is not delayed) and is scaled to the input's energy (Kaldi's ``normalize_output``,
-    ESPnet's power restore). A silent input gives a silent output. Float32, same shape.
+    ESPnet's power restore; energies summed in float64). A silent input gives a silent
+    output. Float32, same shape.
 
     >>> out = convolve_rir(np.ones(8, np.float32), np.array([0.0, 1.0, 0.5], np.float32))
     >>> out.shape, round(float(np.sum(out ** 2)), 4)
     ((8,), 8.0)
     """
-    x = channels_first(audio).to(torch.float64)
-    h = torch.from_numpy(np.ascontiguousarray(rir, dtype=np.float64))
-    h = h.expand(x.shape[0], -1) if x.ndim == 2 else h
+    x = channels_first(audio)
+    h = torch.from_numpy(np.ascontiguousarray(rir, dtype=np.float32))
     peak = int(torch.argmax(h.abs()))
-    length = x.shape[-1]
-    y = taF.fftconvolve(x, h)[..., peak:peak + length]
-    energy_in, energy_out = float((x * x).sum()), float((y * y).sum())
+    length, full = x.shape[-1], x.shape[-1] + h.shape[0] - 1
+    h = h.expand(x.shape[0], -1) if x.ndim == 2 else h
+    padded = torch.nn.functional.pad(x, (0, fast_fft_len(full) - full))
+    y = taF.fftconvolve(padded, h)[..., peak:peak + length]
+    energy_in = float(np.sum(np.square(audio, dtype=np.float64)))
+    energy_out = float(torch.sum(torch.square(y.to(torch.float64))))
     if energy_out > 0.0:
         y = y * math.sqrt(energy_in / energy_out)
-    return time_first(y.to(torch.float32).contiguous())
+    return time_first(y.contiguous())
 
 
 # --------------------------------------------------------------------------- the streamed pool
