@@ -195,3 +195,18 @@ def test_ddp_block_takes_the_planned_steps(readme_run):
         steps, batches = map(int, re.search(r"(\d+) steps, (\d+) batches", report).groups())
         assert steps == batches > 0
     assert _line(readme_run, r"  planned steps: \d+")
+
+
+def test_noise_block_mixes_noise_and_reverberates_in_the_train_builder(readme_run):
+    line = next(line for line in readme_run if line.startswith("[") and "'kind'" in line)
+    augment = ast.literal_eval(line)
+    assert augment and {e["kind"] for e in augment} <= {"noise", "reverb"}
+    for entry in augment:
+        if entry["kind"] == "noise":
+            assert entry["keys"][0].startswith("noise-free-sound-")
+            assert 5 <= entry["snr_db"] <= 15
+        else:
+            assert entry["keys"] == ["room"]
+    manifest = OUT / "manifests" / "musan_samples_noise.jsonl.gz"
+    with gzip.open(manifest, "rt", encoding="utf-8") as f:
+        assert len(f.readlines()) == 3
