@@ -215,20 +215,19 @@ class _Stream:
     def next(self) -> tuple[Ref, Any]:
         if self.it is None:
             self._open(self.pass_index)
-        for _ in range(2):
+        while True:
             try:
                 item = next(self.it)
+                break
             except StopIteration:
-                if self.read == 0:
+                if self.read == 0:  # a pass that yields nothing would loop forever
                     raise DataError(f"{self.stage}: the source yielded nothing (pass "
                                     f"{self.pass_index + 1}); give it at least one item",
                                     source=f"{self.stage} source") from None
                 self._open(self.pass_index + 1)
-                continue
-            ref = (self.pass_index, self.read)
-            self.read += 1
-            return ref, item
-        raise AssertionError("unreachable")
+        ref = (self.pass_index, self.read)
+        self.read += 1
+        return ref, item
 
     def seek(self, position: Sequence[int], wanted: set) -> dict:
         """Read again from the oldest pass of ``wanted`` up to ``position``; the items of
@@ -270,7 +269,7 @@ class _Pooled(Seeded, Resumable):
         if isinstance(source, (str, bytes)) or not isinstance(source, Iterable):
             raise TypeError(f"{self.stage}: the source must be a re-iterable of sample dicts "
                             f"(a pipe), got {source!r}")
-        if iter(source) is source:
+        if isinstance(source, Iterator):
             raise TypeError(f"{self.stage}: the source is an iterator; it is read again pass "
                             "after pass: give a pipe or a list")
         p = check_real("p", p)
