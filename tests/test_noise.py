@@ -223,6 +223,32 @@ def test_a_resumed_pass_draws_what_the_uninterrupted_one_drew(tmp_path, where, w
     assert len(full) > cut + 1
 
 
+def loader_run_and_resumes(loader, summary, cuts: tuple[int, ...], epochs: int = 2):
+    """The uninterrupted run of ``loader()`` over ``epochs`` (``summary`` per batch) and, for
+    each step of ``cuts``, what a new loader given the state saved after that step yields to
+    the end. Invariant: ``resumed[step] == full[step:]``."""
+    full, states = [], {}
+    first = loader()
+    for epoch in range(epochs):
+        first.set_epoch(epoch)
+        for batch in first:
+            full.append(summary(batch))
+            if len(full) in cuts:
+                states[len(full)] = first.state_dict()
+    assert set(states) == set(cuts), "a cut is past the end of the run"
+    resumed = {}
+    for step, state in states.items():
+        again = loader()
+        again.load_state_dict(state)
+        out, start = [], again.epoch
+        for epoch in range(start, epochs):
+            if epoch > start:
+                again.set_epoch(epoch)
+            out.extend(summary(b) for b in again)
+        resumed[step] = out
+    return full, resumed
+
+
 def test_a_resumed_loader_with_two_workers_repeats_the_uninterrupted_run(tmp_path):
     manifest, clean = write_noise(tmp_path), utterances(48)
 
@@ -230,23 +256,9 @@ def test_a_resumed_loader_with_two_workers_repeats_the_uninterrupted_run(tmp_pat
         return build_loader(_augmented_batches(noise_pipe(manifest), clean), num_workers=2,
                             persistent_workers=True)
 
-    full, states = [], {}
-    first = loader()
-    for epoch in range(2):
-        first.set_epoch(epoch)
-        for batch in first:
-            full.append(_summary(batch))
-            if len(full) in (2, 5, 9):
-                states[len(full)] = first.state_dict()
+    full, resumed = loader_run_and_resumes(loader, _summary, (2, 5, 9))
     assert len(full) > 9 and full[: len(full) // 2] != full[len(full) // 2:]
-    for step, state in states.items():
-        again = loader()
-        again.load_state_dict(state)
-        out, start = [], again.epoch
-        for epoch in range(start, 2):
-            if epoch > start:
-                again.set_epoch(epoch)
-            out.extend(_summary(b) for b in again)
+    for step, out in resumed.items():
         assert out == full[step:], f"resumed after step {step} differs"
 
 
@@ -367,25 +379,11 @@ def test_a_train_builder_with_noise_and_reverberation_resumes_exactly_on_two_wor
         return build_loader(_train(demo_with_noise), num_workers=2, persistent_workers=True,
                             snapshot_every=2)
 
-    full, states = [], {}
-    first = loader()
-    for epoch in range(2):
-        first.set_epoch(epoch)
-        for batch in first:
-            full.append(_train_summary(batch))
-            if len(full) in (1, 3, 6):
-                states[len(full)] = first.state_dict()
+    full, resumed = loader_run_and_resumes(loader, _train_summary, (1, 3, 6))
     kinds = [e["kind"] for _, _, augment in full for s in json.loads(augment) for e in s]
     assert kinds.count("noise") > kinds.count("reverb") > 0
-    assert len(full) > 6 and set(states) == {1, 3, 6}
-    for step, state in states.items():
-        again = loader()
-        again.load_state_dict(state)
-        out, start = [], again.epoch
-        for epoch in range(start, 2):
-            if epoch > start:
-                again.set_epoch(epoch)
-            out.extend(_train_summary(b) for b in again)
+    assert len(full) > 6
+    for step, out in resumed.items():
         assert out == full[step:], f"resumed after step {step} differs"
 
 
