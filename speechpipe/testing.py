@@ -235,4 +235,3 @@ def serve_directory(directory: str) -> Iterator[str]:
         server.shutdown()
         server.server_close()
         thread.join()
-

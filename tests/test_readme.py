@@ -210,4 +210,3 @@ def test_ddp_block_takes_the_planned_steps(readme_run):
         steps, batches = map(int, re.search(r"(\d+) steps, (\d+) batches", report).groups())
         assert steps == batches > 0
     assert _line(readme_run, r"  planned steps: \d+")
-
