@@ -11,7 +11,7 @@ __version__ = "0.1.0"
 
 from .pipes import (  # noqa: E402,F401  (registration)
     audio, augment, batching, cmvn, collate, decode, device, distributed, features, kaldi,
-    kaldi_tables, manifests, mixing, noise, order, sample_lists, sharding, shards, sources, text,
+    kaldi_tables, manifests, mixing, order, sample_lists, sharding, shards, sources, text,
     text_normalization, threads, tokenizers, views,
 )
 from .diagnostics import Diagnostics, SkippedInputWarning  # noqa: E402
@@ -41,6 +41,7 @@ from .pipes.tokenizers import (  # noqa: E402
     CharTokenizer, SentencePieceTokenizer, WordTokenizer, build_tokenizer, load_tokenizer,
 )
 from .pipes.views import BatchView, compute_lengths, read_data_len, select_keys  # noqa: E402
+from .pipes import noise  # noqa: E402,F401  (registration: add_noise, reverberate)
 from .recipes import (  # noqa: E402
     FrontEnd, eval_pipeline, get_recipe, manifest_path, pipeline_report, train_pipeline,
 )
