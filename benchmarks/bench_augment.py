@@ -118,8 +118,8 @@ def snr_histogram(samples: list[dict], noise: list[dict], epochs: int,
              f"(largest |achieved - drawn|: {max(gaps):.2e} dB):",
              "| dB | achieved | asked (uniform) |", "|---|---|---|"]
     for count, left in zip(counts, edges):
-        lines.append(f"| {left:4.0f}-{left + 1:.0f} | {count} {'#' * int(40 * count / max(counts))}"
-                     f" | {expected:.1f} |")
+        bar = "#" * int(40 * count / max(counts))
+        lines.append(f"| {left:4.0f}-{left + 1:.0f} | {count} {bar} | {expected:.1f} |")
     return "\n".join(lines)
 
 

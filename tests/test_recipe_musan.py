@@ -112,3 +112,15 @@ def test_a_prepared_part_is_a_noise_source_for_add_noise(corpus, tmp_path):
 
 def test_the_recipe_is_registered():
     assert get_recipe("musan").prepare_musan is prepare_musan
+
+
+def test_a_manifest_source_is_shuffled_at_each_pass_the_same_in_every_process(corpus):
+    from speechpipe.pipes._graph import propagate_epoch
+
+    source = augment_source(prepare_musan(corpus, parts="speech", progress=False)["speech"])
+    orders = []
+    for epoch in (0, 1, 0):
+        propagate_epoch(source, epoch)  # what add_noise does before each pass of its source
+        orders.append([s["key"] for s in source])
+    assert sorted(orders[0]) == sorted(orders[1]) and len(orders[0]) == 5
+    assert orders[0] != orders[1] and orders[0] == orders[2]

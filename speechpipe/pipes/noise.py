@@ -18,8 +18,9 @@ features).
 **The source is streamed**, never loaded whole: a pool of ``pool_size`` decoded items is filled
 from it and each item drawn from the pool is replaced by the source's next one (the source is
 read again, pass after pass, when it ends). The source is any re-iterable of sample dicts with
-``key``, ``audio`` and ``sample_rate`` (``parse_manifest`` + ``load_audio``, a Kaldi dir read
-with ``read_kaldi_dir``, shards with ``read_shards`` + ``decode``); keep it unsplit (each
+``key``, ``audio`` and ``sample_rate`` (``parse_manifest`` + ``load_audio``, a Kaldi data dir
+read by ``sp.recipes.kaldi_dir.kaldi_dir_samples``, shards by ``read_shards`` + ``decode``;
+the train builders take manifests: ``sp.recipes.augment_source``); keep it unsplit (each
 DataLoader worker reads it whole, drawing its own order). Multi-channel noise or responses are
 read from their first channel. A noise or response at another sample rate than the utterance is
 **resampled** to it (:func:`torchaudio.functional.resample`, kernels cached), not refused.
@@ -528,8 +529,9 @@ class RirConvolverIterDataPipe(_Pooled, IterDataPipe[Sample]):
     response's peak, so the speech is not delayed, and scaled back to the input's energy) with
     a response drawn from ``rirs`` (resampled to the utterance's rate), and ``{"kind":
     "reverb", "keys": [rir key]}`` appended to :data:`AUGMENT`; otherwise unchanged (the field
-    added, empty). Lengths are kept. Put it before ``add_noise`` for reverberant speech in additive noise (as Kaldi's
-    and ESPnet's recipes do). See the module documentation for the pool, seeding and resume.
+    added, empty). Lengths are kept. Put it before ``add_noise`` for reverberant speech in
+    additive noise (as Kaldi's and ESPnet's recipes do). See the module documentation for the
+    pool, seeding and resume.
 
     Args:
         source_datapipe: samples with audio.

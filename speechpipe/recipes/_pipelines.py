@@ -180,24 +180,27 @@ def _loaded(pipe: IterDataPipe, input: str) -> IterDataPipe:
     return pipe.map(_load_feats)
 
 
-def augment_source(source: Any) -> IterDataPipe[Sample]:
+def augment_source(source: Any, *, seed: int = 0) -> IterDataPipe[Sample]:
     """The source ``add_noise`` or ``reverberate`` reads: a pipe of samples with ``audio``.
 
     ``source`` is a pipe (used as it is), or manifests in any form :func:`resolve_manifests`
-    takes (``prepare_musan(...)["noise"]``, paths, a folder...), read and loaded as the
-    training road loads utterances (``load_audio``). Nothing is read here.
+    takes (``prepare_musan(...)["noise"]``, paths, a folder...): their rows are shuffled at
+    each pass (``shuffle_samples(split=False)``: the stage gives each pass of its source an
+    epoch of its own, so the noise does not come in file order, the same in every worker) and
+    loaded as the training road loads utterances (``load_audio``). Nothing is read here.
 
     >>> import numpy as np, os, soundfile, tempfile
     >>> wav = os.path.join(tempfile.mkdtemp(), "n1.wav")
     >>> soundfile.write(wav, np.ones(80, np.float32) * 0.1, 16000)
-    >>> [(s["key"], s["audio"].shape) for s in augment_source([[{"key": "n1", "audio_path": wav}]])]
+    >>> rows = [[{"key": "n1", "audio_path": wav}]]
+    >>> [(s["key"], s["audio"].shape) for s in augment_source(rows)]
     [('n1', (80,))]
     """
     if isinstance(source, IterDataPipe):
         return source
-    return manifest_samples(source).load_audio(field=AUDIO_PATH, offset_field=OFFSET,
-                                               duration_field=DURATION,
-                                               whole_without_offset=True)
+    rows = manifest_samples(source).shuffle_samples(seed=seed, split=False)
+    return rows.load_audio(field=AUDIO_PATH, offset_field=OFFSET, duration_field=DURATION,
+                           whole_without_offset=True)
 
 
 def _transformed(pipe: IterDataPipe, front_end: FrontEnd, *, input: str, seed: int,
@@ -209,12 +212,12 @@ def _transformed(pipe: IterDataPipe, front_end: FrontEnd, *, input: str, seed: i
         # audio resampled, duration updated
         pipe = pipe.perturb_speed(factors=tuple(front_end.speed_perturb), seed=seed)
     if front_end.rir is not None:  # audio reverberated, + augment [{"kind": "reverb"...}]
-        pipe = pipe.reverberate(augment_source(front_end.rir), p=front_end.rir_p, seed=seed,
-                                history=history)
+        pipe = pipe.reverberate(augment_source(front_end.rir, seed=seed), p=front_end.rir_p,
+                                seed=seed, history=history)
     if front_end.noise is not None:  # audio mixed, + augment [{"kind": "noise"...}]
-        pipe = pipe.add_noise(augment_source(front_end.noise), snr_db=front_end.snr_db,
-                              p=front_end.noise_p, babble=front_end.babble, seed=seed,
-                              history=history)
+        pipe = pipe.add_noise(augment_source(front_end.noise, seed=seed),
+                              snr_db=front_end.snr_db, p=front_end.noise_p,
+                              babble=front_end.babble, seed=seed, history=history)
     if front_end.features is not None:
         if input != "audio":
             raise ValueError("features are computed from audio; these manifests give "
