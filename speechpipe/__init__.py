@@ -47,6 +47,7 @@ from .pipes.tokenizers import (  # noqa: E402
     CharTokenizer, SentencePieceTokenizer, WordTokenizer, build_tokenizer, load_tokenizer,
 )
 from .pipes.views import BatchView, compute_lengths, read_data_len, select_keys  # noqa: E402
+from .pipes import noise  # noqa: E402,F401  (registration: add_noise, reverberate)
 from .recipes import (  # noqa: E402
     FrontEnd, eval_pipeline, get_recipe, manifest_path, pipeline_report, train_pipeline,
 )

@@ -1,5 +1,7 @@
 """Fixture factories shared by the tests, the benchmarks and users' own tests.
 
+- :func:`write_musan`, :func:`write_rirs_noises`: tiny noise and room-response corpora in
+  MUSAN's and RIRS_NOISES's official layouts (synthetic sounds), for the augmentation recipes.
 - :func:`serve_directory`: a real HTTP server on 127.0.0.1 serving a folder, with two
   fault-injection paths for testing remote reads.
 - :func:`sample_durations`: utterance durations drawn from real corpora's published
@@ -22,8 +24,9 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-__all__ = ["DURATION_PERCENTILES", "USABLE_RANGE", "cut_and_resume", "demo_speech", "on_pcm_grid",
-           "sample_durations", "serve_directory", "snr_db"]
+__all__ = ["DURATION_PERCENTILES", "MUSAN_FIXTURE", "USABLE_RANGE", "cut_and_resume",
+           "demo_speech", "on_pcm_grid", "sample_durations", "serve_directory", "snr_db",
+           "write_musan", "write_rirs_noises"]
 
 #: Published percentile points ``(quantile, seconds)`` of utterance durations. Sources:
 #: icefall's ``display_manifest_statistics.py`` per recipe (train sets measured 3x speed
@@ -53,6 +56,115 @@ DURATION_PERCENTILES: dict[str, tuple[tuple[float, float], ...]] = {
 
 #: The duration range icefall keeps for training (seconds), per corpus family.
 USABLE_RANGE = {"librispeech": (1.0, 20.0), "aishell-1": (1.0, 12.0), "wenetspeech": (1.0, 15.0)}
+
+
+def _write_wav(path: os.PathLike, audio: np.ndarray, rate: int = 16000) -> None:
+    import soundfile
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    soundfile.write(str(path), audio.astype(np.float32), rate, subtype="PCM_16")
+
+
+#: What :func:`write_musan` writes: ``{part: {source: number of files}}``.
+MUSAN_FIXTURE = {"music": {"fma": 2, "rfm": 1}, "noise": {"free-sound": 3, "sound-bible": 2},
+                 "speech": {"librivox": 3, "us-gov": 2}}
+
+
+def write_musan(root: str | os.PathLike, seed: int = 0) -> os.PathLike:
+    """A tiny MUSAN in its official layout under ``root``; returns ``<root>/musan`` (a
+    :class:`pathlib.Path`).
+
+    ``musan/<part>/<source>/{ANNOTATIONS,LICENSE,<part>-<source>-NNNN.wav}`` per
+    :data:`MUSAN_FIXTURE`: 16 kHz 16-bit WAV files of 0.3-2 s (noise: filtered white noise,
+    music: chords, speech: modulated harmonics).
+
+    >>> import tempfile
+    >>> musan = write_musan(tempfile.mkdtemp())
+    >>> sorted(p.name for p in (musan / "noise" / "free-sound").iterdir())[:2]
+    ['ANNOTATIONS', 'LICENSE']
+    """
+    from pathlib import Path
+
+    rng = np.random.default_rng(seed)
+    base = Path(root) / "musan"
+    base.mkdir(parents=True, exist_ok=True)
+    (base / "README").write_text("MUSAN: a music, speech and noise corpus (fixture)\n")
+    for part, sources in MUSAN_FIXTURE.items():
+        for source, count in sources.items():
+            folder = base / part / source
+            names = [f"{part}-{source}-{i:04d}" for i in range(count)]
+            for name in names:
+                t = np.arange(int(16000 * rng.uniform(0.3, 2.0))) / 16000
+                if part == "noise":
+                    audio = np.convolve(rng.standard_normal(t.size), np.ones(4) / 4, "same")
+                elif part == "music":
+                    audio = sum(np.sin(2 * np.pi * f * t) for f in rng.uniform(200, 800, 3))
+                else:
+                    audio = np.sin(2 * np.pi * rng.uniform(100, 250) * t) * (
+                        1 + np.sin(2 * np.pi * 4 * t))
+                _write_wav(folder / f"{name}.wav", 0.1 * audio / np.abs(audio).max())
+            (folder / "ANNOTATIONS").write_text("".join(f"{n} fixture\n" for n in names))
+            (folder / "LICENSE").write_text("fixture: synthetic sounds\n")
+    return base
+
+
+def _response(rng: np.random.Generator, length: int, delay: int, decay: float) -> np.ndarray:
+    rir = np.zeros(length)
+    rir[delay] = 1.0
+    tail = np.arange(length - delay - 1)
+    rir[delay + 1:] = rng.standard_normal(tail.size) * 0.3 * np.exp(-tail / decay)
+    return rir / np.abs(rir).max() * 0.9
+
+
+def write_rirs_noises(root: str | os.PathLike, seed: int = 0) -> os.PathLike:
+    """A tiny RIRS_NOISES in its official layout under ``root``; returns
+    ``<root>/RIRS_NOISES`` (a :class:`pathlib.Path`).
+
+    ``simulated_rirs/{smallroom,mediumroom}/RoomNNN/RoomNNN-0000K.wav`` with their
+    ``rir_list`` (2 rooms × 2 responses, 0.1-0.3 s), ``real_rirs_isotropic_noises/`` with a
+    ``rir_list`` (2 responses) and a ``noise_list`` (1 isotropic noise), and
+    ``pointsource_noises/`` with a ``noise_list`` (2 noises); list paths start with
+    ``RIRS_NOISES/`` as in the official lists.
+
+    >>> import tempfile
+    >>> rirs = write_rirs_noises(tempfile.mkdtemp())
+    >>> (rirs / "simulated_rirs" / "smallroom" / "rir_list").read_text().split()[:4]
+    ['--rir-id', 'smallroom-Room001-00001', '--room-id', 'smallroom-Room001']
+    """
+    from pathlib import Path
+
+    rng = np.random.default_rng(seed)
+    base = Path(root) / "RIRS_NOISES"
+    for size, decay in (("smallroom", 300.0), ("mediumroom", 900.0)):
+        lines = []
+        for room in ("Room001", "Room002"):
+            for k in (1, 2):
+                rel = f"simulated_rirs/{size}/{room}/{room}-{k:05d}.wav"
+                _write_wav(base / rel, _response(rng, int(rng.integers(1600, 4800)),
+                                                 int(rng.integers(5, 60)), decay))
+                lines.append(f"--rir-id {size}-{room}-{k:05d} --room-id {size}-{room} "
+                             f"RIRS_NOISES/{rel}\n")
+        (base / "simulated_rirs" / size / "rir_list").write_text("".join(lines))
+    real = base / "real_rirs_isotropic_noises"
+    lines = []
+    for name in ("air_type1_air_binaural_lecture_0_1", "RVB2014_type1_rir_largeroom1_near_angla"):
+        _write_wav(real / f"{name}.wav", _response(rng, 3200, 20, 600.0))
+        lines.append(f"--rir-id {name} --room-id {name.split('_')[0]} "
+                     f"RIRS_NOISES/real_rirs_isotropic_noises/{name}.wav\n")
+    (real / "rir_list").write_text("".join(lines))
+    _write_wav(real / "RVB2014_type1_noise_largeroom1_1.wav", rng.standard_normal(16000) * 0.05)
+    (real / "noise_list").write_text(
+        "--noise-id RVB2014_type1_noise_largeroom1_1 --noise-type isotropic --room-linkage "
+        "RVB2014_type1_rir_largeroom1_near_angla "
+        "RIRS_NOISES/real_rirs_isotropic_noises/RVB2014_type1_noise_largeroom1_1.wav\n")
+    point = base / "pointsource_noises"
+    lines = []
+    for i, kind in enumerate(("background", "foreground"), 1):
+        _write_wav(point / f"noise{i}.wav", rng.standard_normal(8000 * i) * 0.05)
+        lines.append(f"--noise-id noise{i} --noise-type point-source --bg-fg-type {kind} "
+                     f"RIRS_NOISES/pointsource_noises/noise{i}.wav\n")
+    (point / "noise_list").write_text("".join(lines))
+    return base
 
 
 def sample_durations(corpus: str, n: int, seed: int = 0, *, usable_only: bool = False) -> np.ndarray:

@@ -172,6 +172,21 @@ def test_recipe_block_trains_checkpoints_and_resumes(readme_run):
     assert len(batches) > 4 and rest == [b["key"] for b in batches][2:]
 
 
+def test_noise_block_mixes_noise_and_reverberates_in_the_train_builder(readme_run):
+    line = next(line for line in readme_run if line.startswith("[") and "'kind'" in line)
+    augment = ast.literal_eval(line)
+    assert augment and {e["kind"] for e in augment} <= {"noise", "reverb"}
+    for entry in augment:
+        if entry["kind"] == "noise":
+            assert entry["keys"][0].startswith("noise-free-sound-")
+            assert 5 <= entry["snr_db"] <= 15
+        else:
+            assert entry["keys"] == ["room"]
+    manifest = OUT / "manifests" / "musan_samples_noise.jsonl.gz"
+    with gzip.open(manifest, "rt", encoding="utf-8") as f:
+        assert len(f.readlines()) == 3
+
+
 def test_shard_block_packs_every_utterance_and_reads_them_back(readme_run):
     assert _line(readme_run, r"pack: 36 utterances \(feats, lengths in frames\) in 5 shard")
     assert "36 36" in readme_run  # len() from the index, and every utterance through the loader

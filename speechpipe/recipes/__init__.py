@@ -21,7 +21,9 @@ transcript format, the defaults of its usual practice), are exported here:
   :func:`prepare_parts`, :func:`resolve_manifests`;
 - **pipelines** (``_pipelines``): :func:`train_pipeline`, :func:`eval_pipeline`,
   :func:`semi_supervised_pipeline` over manifests, their :class:`FrontEnd` (speed
-  perturbation, features, tokenization), and :func:`pipeline_report`.
+  perturbation, reverberation and noise, features, tokenization), :func:`augment_source`
+  (a noise or response manifest as the source ``add_noise`` / ``reverberate`` read), and
+  :func:`pipeline_report`.
 
 **Adding a corpus** -- write ``speechpipe/recipes/<corpus>.py`` with the names above (see
 ``librispeech.py``: :class:`Archive` entries per part, a ``_part_samples`` function that
@@ -39,6 +41,7 @@ from ._download import Archive, download_and_extract, download_parts, parse_chec
 from ._pipelines import (
     FEATURE_KINDS,
     FrontEnd,
+    augment_source,
     eval_pipeline,
     manifest_samples,
     pipeline_report,
@@ -69,6 +72,7 @@ __all__ = [
     "OFFSET",
     "ON_MISMATCH",
     "RECIPES",
+    "augment_source",
     "check_pairs",
     "download_and_extract",
     "download_parts",
@@ -95,6 +99,8 @@ RECIPES: dict[str, str] = {
     "kaldi_dir": "speechpipe.recipes.kaldi_dir",
     "librispeech": "speechpipe.recipes.librispeech",
     "ljspeech": "speechpipe.recipes.ljspeech",
+    "musan": "speechpipe.recipes.musan",
+    "rirs_noises": "speechpipe.recipes.rirs_noises",
     "wenetspeech": "speechpipe.recipes.wenetspeech",
 }
 

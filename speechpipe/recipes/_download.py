@@ -2,7 +2,7 @@
 
 :func:`download_and_extract` fetches one archive over HTTP(S), resumes an interrupted transfer
 (``<name>.part`` + ``Range: bytes=N-``), verifies its checksum (sha256 or md5), extracts it
-(tar, tar.gz, tar.bz2) refusing members that would land outside the target folder, and writes
+(tar, tar.gz, tar.bz2, zip) refusing members that would land outside the target folder, and writes
 a ``.completed`` sentinel, so a second call does nothing (``force=True`` redoes it).
 :class:`Archive` and :func:`download_parts` do this for the parts of a corpus.
 """
@@ -16,10 +16,12 @@ import logging
 import os
 import re
 import socket
+import stat
 import tarfile
 import urllib.error
 import urllib.parse
 import urllib.request
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Mapping, Sequence
@@ -169,6 +171,36 @@ def _fetch(url: str, part: Path, *, resume: bool, progress: bool, timeout: float
                     "resume=False", source=url)
 
 
+def _extract_zip(archive: Path, root: str, progress: bool) -> int:
+    """:func:`safe_extract` for a zip (``rirs_noises.zip``): every member is checked first, as
+    a tar member would be (zip symbolic links are refused: zipfile would write them as files)."""
+    from tqdm import tqdm
+
+    try:
+        with zipfile.ZipFile(archive) as zf:
+            members = zf.infolist()
+            for info in members:
+                kind = stat.S_IFMT(info.external_attr >> 16)
+                member = tarfile.TarInfo(info.filename)
+                member.type = (tarfile.SYMTYPE if kind == stat.S_IFLNK else
+                               tarfile.DIRTYPE if info.is_dir() else tarfile.REGTYPE)
+                if member.issym():
+                    raise DataError("refusing to extract a symbolic link from a zip",
+                                    source=str(archive), member=info.filename)
+                _check_member(member, root, archive)
+            for info in tqdm(members, unit=" files", desc=f"extract {archive.name}",
+                             disable=not progress, leave=False):
+                zf.extract(info, root)
+    except DataError:
+        raise
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError) as exc:
+        raise DataError(
+            f"cannot extract ({type(exc).__name__}: {exc}); delete the archive (or pass "
+            "force=True) to download it again", source=str(archive)
+        ) from exc
+    return len(members)
+
+
 def _check_member(member: tarfile.TarInfo, root: str, archive: Path) -> None:
     """Raise if extracting ``member`` under ``root`` (a realpath) could write outside it."""
     name = member.name
@@ -197,7 +229,8 @@ def _check_member(member: tarfile.TarInfo, root: str, archive: Path) -> None:
 
 def safe_extract(archive: str | os.PathLike, target_dir: str | os.PathLike, *,
                  progress: bool = True) -> int:
-    """Extract a tar archive (plain, gz, bz2, xz) into ``target_dir``; return the member count.
+    """Extract a tar (plain, gz, bz2, xz) or zip archive into ``target_dir``; return the member
+    count.
 
     Every member is checked before it is written: absolute names, ``..`` escapes, links
     pointing outside ``target_dir`` and special files (devices, fifos) raise
@@ -230,6 +263,8 @@ def safe_extract(archive: str | os.PathLike, target_dir: str | os.PathLike, *,
             bar.update(1)
             yield member
 
+    if zipfile.is_zipfile(archive):
+        return _extract_zip(archive, root, progress)
     try:
         with tarfile.open(archive, "r|*") as tar, tqdm(
             unit=" files", desc=f"extract {archive.name}", disable=not progress, leave=False

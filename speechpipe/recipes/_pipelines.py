@@ -28,6 +28,7 @@ __all__ = [
     "DurationFilterIterDataPipe",
     "FEATURE_KINDS",
     "FrontEnd",
+    "augment_source",
     "eval_pipeline",
     "manifest_samples",
     "pipeline_report",
@@ -85,6 +86,14 @@ class FrontEnd:
         tokenizer: a speechpipe tokenizer (``load_tokenizer``), or ``None``: no ``tokens``.
         text_field: the field tokenized (``normalized_text`` for LJSpeech).
         normalizer: a ``TextNormalizer`` applied before tokenizing.
+        noise: a noise source for ``add_noise`` (:func:`augment_source`: manifest paths,
+            e.g. MUSAN's, prepare's dict, or a pipe of samples with audio); training only.
+        snr_db: the ``(low, high)`` SNR range of the noise, dB.
+        noise_p: the share of utterances mixed with noise.
+        babble: noise items summed per mixture (3-7 with MUSAN's speech: babble).
+        rir: a room impulse response source for ``reverberate`` (as ``noise``, e.g.
+            RIRS_NOISES's ``smallroom``); applied before the noise; training only.
+        rir_p: the share of utterances reverberated.
 
     >>> FrontEnd(features="mel").feature_kwargs()
     {'n_mels': 80}
@@ -98,11 +107,22 @@ class FrontEnd:
     tokenizer: Any = None
     text_field: str = TEXT
     normalizer: Callable[[str], str] | None = None
+    noise: Any = None
+    snr_db: tuple[float, float] = (0.0, 15.0)
+    noise_p: float = 1.0
+    babble: int = 1
+    rir: Any = None
+    rir_p: float = 1.0
 
     def __post_init__(self) -> None:
         if self.features is not None and self.features not in FEATURE_KINDS:
             raise ValueError(f"features must be one of {FEATURE_KINDS} or None, got "
                              f"{self.features!r}")
+
+    @property
+    def perturbs(self) -> bool:
+        """Whether it changes utterances at random (training only)."""
+        return any(v is not None for v in (self.speed_perturb, self.noise, self.rir))
 
     def feature_kwargs(self) -> dict[str, Any]:
         """The options given to ``compute_features``: ``feature_options``, with 80 mel bins
@@ -117,7 +137,8 @@ class FrontEnd:
 #: The keyword arguments of :func:`train_pipeline` that build its :class:`FrontEnd`.
 _FRONT_END_FIELDS = tuple(f.name for f in fields(FrontEnd))
 #: Those of :func:`eval_pipeline` (which perturbs nothing).
-_EVAL_FRONT_END_FIELDS = tuple(f for f in _FRONT_END_FIELDS if f != "speed_perturb")
+_PERTURBING = ("speed_perturb", "noise", "snr_db", "noise_p", "babble", "rir", "rir_p")
+_EVAL_FRONT_END_FIELDS = tuple(f for f in _FRONT_END_FIELDS if f not in _PERTURBING)
 
 
 def _check_front_end(front_end: FrontEnd | None, options: Mapping[str, Any], caller: str,
@@ -133,8 +154,9 @@ def _check_front_end(front_end: FrontEnd | None, options: Mapping[str, Any], cal
                         "(they are fields of the FrontEnd)")
     if not isinstance(front_end, FrontEnd):
         raise TypeError(f"front_end must be a FrontEnd, got {front_end!r}")
-    if "speed_perturb" not in allowed and front_end.speed_perturb is not None:
-        raise ValueError(f"{caller} perturbs nothing: give a front_end without speed_perturb")
+    if "speed_perturb" not in allowed and front_end.perturbs:
+        raise ValueError(f"{caller} perturbs nothing: give a front_end without speed_perturb, "
+                         "noise or rir")
 
 
 def _load_feats(sample: Mapping[str, Any]) -> Sample:
@@ -163,13 +185,44 @@ def _loaded(pipe: IterDataPipe, input: Any) -> IterDataPipe:
     return pipe.map(_load_feats)
 
 
-def _transformed(pipe: IterDataPipe, front_end: FrontEnd, *, input: Any,
-                 seed: int) -> IterDataPipe:
+def augment_source(source: Any, *, seed: int = 0) -> IterDataPipe[Sample]:
+    """The source ``add_noise`` or ``reverberate`` reads: a pipe of samples with ``audio``.
+
+    ``source`` is a pipe (used as it is), or manifests in any form :func:`resolve_manifests`
+    takes (``prepare_musan(...)["noise"]``, paths, a folder...): their rows are shuffled at
+    each pass (``shuffle_samples(split=False)``: the stage gives each pass of its source an
+    epoch of its own, so the noise does not come in file order, the same in every worker) and
+    loaded as the training road loads utterances (``load_audio``). Nothing is read here.
+
+    >>> import numpy as np, os, soundfile, tempfile
+    >>> wav = os.path.join(tempfile.mkdtemp(), "n1.wav")
+    >>> soundfile.write(wav, np.ones(80, np.float32) * 0.1, 16000)
+    >>> rows = [[{"key": "n1", "audio_path": wav}]]
+    >>> [(s["key"], s["audio"].shape) for s in augment_source(rows)]
+    [('n1', (80,))]
+    """
+    if isinstance(source, IterDataPipe):
+        return source
+    rows = manifest_samples(source).shuffle_samples(seed=seed, split=False)
+    return rows.load_audio(field=AUDIO_PATH, offset_field=OFFSET, duration_field=DURATION,
+                           whole_without_offset=True)
+
+
+def _transformed(pipe: IterDataPipe, front_end: FrontEnd, *, input: Any, seed: int,
+                 history: int = 4096) -> IterDataPipe:
+    if front_end.perturbs and input == "feats":
+        raise ValueError("speed_perturb, noise and rir need audio; these manifests give "
+                         "features")
     if front_end.speed_perturb is not None:
-        if input == "feats":
-            raise ValueError("speed_perturb needs audio; these manifests give features")
         # audio resampled, duration updated
         pipe = pipe.perturb_speed(factors=tuple(front_end.speed_perturb), seed=seed)
+    if front_end.rir is not None:  # audio reverberated, + augment [{"kind": "reverb"...}]
+        pipe = pipe.reverberate(augment_source(front_end.rir, seed=seed), p=front_end.rir_p,
+                                seed=seed, history=history)
+    if front_end.noise is not None:  # audio mixed, + augment [{"kind": "noise"...}]
+        pipe = pipe.add_noise(augment_source(front_end.noise, seed=seed),
+                              snr_db=front_end.snr_db, p=front_end.noise_p,
+                              babble=front_end.babble, seed=seed, history=history)
     if front_end.features is not None:
         if input == "feats":
             raise ValueError("features are computed from audio; these manifests give "
@@ -222,6 +275,8 @@ def train_pipeline(
           (or input(pipe), e.g. load_lhotse: the caller's loading) [input callable]
         perturb_speed         -> audio resampled by a factor drawn from speed_perturb,
                                  duration updated, + speed            [optional]
+        reverberate           -> audio convolved with a response of rir, + augment [rir]
+        add_noise             -> audio + noise at an SNR drawn from snr_db, + augment [noise]
         compute_features      -> + feats (frames, dim), audio dropped [features]
         tokenize              -> + tokens (L,) int64 from text_field  [tokenizer]
         bucket_by_length      -> groups of similar duration (buffer of bucket_buffer)
@@ -251,7 +306,8 @@ def train_pipeline(
         shard: DataLoader workers and ranks read disjoint shares (``False``: each reads all).
         **front_end_options: instead of ``front_end``, its fields as keywords: ``features``,
             ``feature_options``, ``speed_perturb``, ``tokenizer``, ``text_field``,
-            ``normalizer`` (giving both is a ``TypeError``).
+            ``normalizer``, ``noise``, ``snr_db``, ``noise_p``, ``babble``, ``rir``, ``rir_p``
+            (giving both is a ``TypeError``).
     """
     _check_front_end(front_end, front_end_options, "train_pipeline", _FRONT_END_FIELDS)
     budget = _check_budget(budget_seconds, "budget_seconds")
@@ -261,8 +317,10 @@ def train_pipeline(
     pipe = pipe.filter_by_duration(min_duration, max_duration)
     pipe = pipe.shuffle_samples(seed=seed, split=shard)
     pipe = _loaded(pipe, input)
+    # the draws of noise and reverberation are kept for what bucket_by_length and block_batch
+    # may hold when a checkpoint is taken (a restore mixes those samples again)
     pipe = _transformed(pipe, front_end or FrontEnd(**front_end_options), input=input,
-                        seed=seed)
+                        seed=seed, history=max(4096, 4 * bucket_buffer))
     pipe = pipe.bucket_by_length(bucket_buffer, constraint=constraint, seed=seed)
     pipe = pipe.block_batch(constraint=constraint, seed=seed)
     return pipe.collate(collate_fn=PadCollate())
