@@ -15,7 +15,9 @@ from ..index import ShardIndex
 from .inputs import _input_files, _Inputs, _Item, _match_keys, _read_inputs
 from .lengths import _measure_chunk_args
 from .options import PackOptions
-from .plan import _group_by_length, _Measured, _plan_shards, _ShardPlan
+from .plan import (
+    _group_by_length, _Measured, _other_packs, _plan_shards, _refuse_or_clean, _ShardPlan,
+)
 from .report import _EXAMPLES, PackReport
 from .write import _run_shard_task
 
@@ -52,6 +54,7 @@ def pack_data(
     progress: bool = _Default("progress"),
     length_unit: str | None = _Default("length_unit"),
     audio_format: str = _Default("audio_format"),
+    force: bool = _Default("force"),
     options: PackOptions | None = None,
 ) -> PackReport:
     """Pack Kaldi tables (or manifests) and their labels into tar shards with an index.
@@ -85,7 +88,7 @@ def pack_data(
     Everything else is rewritten. Content is not compared: after changing the data of
     existing keys, pack into a fresh folder.
 
-    The settings (``fmt`` to ``audio_format``) are passed as keyword arguments or together as
+    The settings (``fmt`` to ``force``) are passed as keyword arguments or together as
     ``options=PackOptions(...)`` (:class:`~speechpipe.pack.PackOptions`), not both.
 
     Args:
@@ -125,7 +128,7 @@ def pack_data(
             WeNet do -- a quarter of the size of float WAV; samples beyond the range are
             clipped and counted (:attr:`PackReport.clipped`). Recorded in the index: a
             rerun with another format rewrites the shards.
-        options: all the settings above (``fmt`` to ``audio_format``) in one
+        options: all the settings above (``fmt`` to ``force``) in one
             :class:`~speechpipe.pack.PackOptions`, instead of the keyword arguments.
 
     Returns:
@@ -165,7 +168,10 @@ def pack_data(
     options = _settings(options, fmt=fmt, filter_group=filter_group,
                         utts_per_shard=utts_per_shard, kind=kind, on_mismatch=on_mismatch,
                         num_workers=num_workers, progress=progress, length_unit=length_unit,
-                        audio_format=audio_format)
+                        audio_format=audio_format, force=force)
+    others = _other_packs(out_dir, options)
+    if not options.force:
+        _refuse_or_clean(others, out_dir, options)  # refuses, before anything is read
     if files.manifests and options.kind == "feats":
         raise ValueError("manifests name audio files: kind must be 'auto' or 'wav'")
 
@@ -184,6 +190,7 @@ def pack_data(
         # 2. Lengths; 3. groups and shards; 4. shards, then indexes.
         measured = _measure(executor, inputs, items, unit, options)
         by_group = _group_by_length(measured, options.groups, report)
+        report.removed.extend(_refuse_or_clean(others, out_dir, options))
         plan = _plan_shards(by_group, measured, out_dir, inputs, unit, options, report)
         _write_shards(executor, plan, report, options.progress)
     finally:
