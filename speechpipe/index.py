@@ -24,7 +24,7 @@ from typing import Sequence
 from .errors import DataError, MissingDataError
 from .sample import estimate_boundaries
 
-__all__ = ["INDEX_NAME", "ShardEntry", "ShardIndex", "index_folders"]
+__all__ = ["INDEX_NAME", "ShardEntry", "ShardIndex", "index_folders", "length_seconds"]
 
 INDEX_NAME = "index.jsonl"
 _FORMAT = "speechpipe-shard-index"
@@ -215,6 +215,20 @@ class ShardIndex:
         if len(units) > 1:
             raise DataError(f"these shard folders count lengths in different units: {units}")
         return cls("/", entries, units.pop() if units else "frames")
+
+
+def length_seconds(total: float, unit: str, *, frame_shift: float = 0.01,
+                   sample_rate: int = 16000) -> float:
+    """Lengths counted in an index's ``unit`` as seconds: frames of ``frame_shift`` seconds,
+    samples at ``sample_rate`` Hz.
+
+    >>> length_seconds(500, "frames"), length_seconds(32000, "samples")
+    (5.0, 2.0)
+    """
+    scale = {"frames": frame_shift, "samples": 1.0 / sample_rate, "seconds": 1.0}.get(unit)
+    if scale is None:
+        raise DataError(f"unknown length unit {unit!r} in the shard index")
+    return float(total) * scale
 
 
 def index_folders(folder: str | os.PathLike) -> list[str]:

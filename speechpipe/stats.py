@@ -39,6 +39,7 @@ __all__ = [
     "length_histogram",
     "padding_efficiency",
     "read_durations",
+    "shard_problems",
     "write_histogram_png",
 ]
 
@@ -72,19 +73,35 @@ def _manifest_durations(path: str, frame_shift: float) -> list[float]:
 
 
 def _index_durations(source: str, frame_shift: float, sample_rate: int) -> list[float]:
+    from .index import length_seconds
+
+    index = _shard_index(source)
+    scale = length_seconds(1.0, index.length_unit, frame_shift=frame_shift,
+                           sample_rate=sample_rate)
+    return [n * scale for n in index.lengths()]
+
+
+def _shard_index(source: str):
     from .index import ShardIndex
     from .pipes.sources import expand_patterns
 
     if os.path.isdir(source):
-        index = ShardIndex.read(source)
-    else:
-        index = ShardIndex.for_shards(expand_patterns(source))
-    scale = {"frames": frame_shift, "samples": 1.0 / sample_rate, "seconds": 1.0}.get(
-        index.length_unit)
-    if scale is None:
-        raise DataError(f"unknown length unit {index.length_unit!r} in the shard index",
-                        source=source)
-    return [n * scale for n in index.lengths()]
+        return ShardIndex.read(source)
+    return ShardIndex.for_shards(expand_patterns(source))
+
+
+def shard_problems(manifests_or_shards: Any) -> list[str]:
+    """One line per indexed shard that is missing or shorter than its index says (truncated
+    by a full disk or an interrupted copy: reading it would stop, or skip the utterances
+    after the break), for the shard sources among ``manifests_or_shards``."""
+    items = manifests_or_shards
+    if isinstance(items, (str, os.PathLike)):
+        items = [items]
+    if isinstance(items, Mapping):
+        items = list(items.values())
+    return [problem for item in items if isinstance(item, (str, os.PathLike))
+            and _is_shards(os.fspath(item))
+            for problem in _shard_index(os.fspath(item)).missing_or_short()]
 
 
 def _is_shards(source: str) -> bool:
@@ -219,6 +236,7 @@ class CorpusStats:
     buffer_size: int | None = None
     png: str | None = None
     sources: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)  # shard_problems()
 
     @property
     def hours(self) -> float:
@@ -238,6 +256,10 @@ class CorpusStats:
             lines.append(f"padding efficiency  {self.padding_efficiency:.4f} at "
                          f"{self.budget_seconds:g} padded s per batch ({self.batches} batches, "
                          f"buffer {self.buffer_size})")
+        if self.problems:
+            lines.append(f"warning: {len(self.problems)} shard(s) missing or shorter than "
+                         f"their index says (counted above, unreadable in training):")
+            lines.extend(f"  {p}" for p in self.problems[:10])
         if self.png is not None:
             lines.append(f"histogram           {self.png} ({len(self.counts)} bins, "
                          f"{self.edges[0]:.2f}-{self.edges[-1]:.2f} s)")
@@ -279,6 +301,7 @@ def corpus_stats(
     stats = CorpusStats(len(durations), float(values.sum()), percentiles, counts, edges)
     if isinstance(manifests_or_shards, (str, os.PathLike)):
         stats.sources = [os.fspath(manifests_or_shards)]
+    stats.problems = shard_problems(manifests_or_shards)
     if budget_seconds is not None:
         batched = padding_efficiency(durations, budget_seconds, buffer_size=buffer_size,
                                      seed=seed)

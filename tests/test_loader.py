@@ -8,6 +8,8 @@ over many epochs.
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -405,3 +407,29 @@ def test_the_reports_folder_goes_with_the_loader(shards):
     del loader
     gc.collect()
     assert not os.path.exists(folder)
+
+
+def test_the_end_of_epoch_report_shows_what_a_skipped_shard_lost(tmp_path):
+    # Issue 18, case 3: with workers, the loss counted in each worker reaches loader.report().
+    from speechpipe.index import ShardEntry, ShardIndex
+
+    with ShardWriter(str(tmp_path / "data-%05d.tar"), maxcount=10) as writer:
+        for i in range(40):
+            writer.write({"key": f"u{i:03d}", "txt": "x"})
+    entries = [ShardEntry(os.path.basename(p), 10, os.path.getsize(p),
+                          tuple(f"u{i:03d}" for i in range(n * 10, n * 10 + 10)), (100.0,) * 10)
+               for n, p in enumerate(writer.paths)]
+    ShardIndex(str(tmp_path), entries).write()
+    with open(writer.paths[1], "r+b") as f:
+        f.truncate(1500)  # inside the second member (100 frames: 1 s per utterance)
+    pipe = (IterableWrapper(writer.paths)
+            .sharded_shuffle(buffer_size=1, index=True, on_error="skip")
+            .map(lambda s: s["key"]))
+    loader = build_loader(pipe, num_workers=2, resumable=False)
+    assert loader.report() == "nothing skipped"
+    keys = list(loader)  # (each worker warns in its own process)
+    lost = 40 - len(keys)
+    assert 9 <= lost <= 10 and len(set(keys)) == len(keys)
+    report = loader.report()
+    assert f"skipped 1 item(s), losing {lost} utterance(s) ({lost:.1f} s)" in report
+    assert f"came out short: {40 - lost} of the 40 utterances planned (len()) came out" in report

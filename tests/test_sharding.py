@@ -362,6 +362,33 @@ def test_a_truncated_shard_is_skipped_and_counted_under_skip(shards):
     assert pipe.diagnostics.total == 1
 
 
+def test_a_skipped_truncated_shard_counts_the_utterances_and_seconds_it_loses(shards):
+    # Issue 18, case 3: "skipped 1 item" while the rest of the shard was lost, and len()
+    # still counting it. Index lengths are 10 frames (0.1 s) per utterance.
+    write_index(shards)
+    truncate(shards[2])
+    pipe = IterableWrapper(shards).sharded_shuffle(buffer_size=3, index=True, on_error="skip")
+    assert len(pipe) == 30
+    with pytest.warns(SkippedInputWarning, match=r"losing \d utterance\(s\)"):
+        keys = keys_of(pipe)
+    lost = 30 - len(keys)
+    assert 0 < lost <= 5
+    d = pipe.diagnostics
+    assert (d.total, d.lost, round(d.lost_seconds, 6), d.planned) == (1, lost, lost / 10, 30)
+    report = d.report()
+    assert f"skipped shard {shards[2]}: {lost} utterances, {lost / 10:.1f} s" in report
+    assert f"came out short: {30 - lost} of the 30 utterances planned (len())" in report
+
+
+def test_a_skipped_shard_without_an_index_says_its_loss_is_unknown(shards):
+    truncate(shards[2])
+    pipe = IterableWrapper(shards).sharded_shuffle(buffer_size=3, on_error="skip")
+    with pytest.warns(SkippedInputWarning):
+        keys_of(pipe)
+    assert pipe.diagnostics.lost == 0
+    assert "utterances lost unknown (no index)" in pipe.diagnostics.report()
+
+
 def test_a_missing_shard_raises_naming_it_and_is_counted_under_skip(shards):
     missing = shards[0].replace("data-00000", "data-99999")
     with pytest.raises(MissingDataError) as exc_info:

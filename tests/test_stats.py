@@ -161,3 +161,21 @@ def test_stats_command_has_help(capsys):
     with pytest.raises(SystemExit) as info:
         parser.parse_args(["stats", "--help"])
     assert info.value.code == 0 and "--budget" in capsys.readouterr().out
+
+
+def test_stats_notices_a_truncated_or_missing_shard(tmp_path):
+    # Issue 18, case 3: stats read the index alone and said nothing of a shard cut short.
+    entries = [ShardEntry(f"data-{i:05d}.tar", 2, 2048, (f"a{i}", f"b{i}"), (100, 250))
+               for i in range(3)]
+    ShardIndex(str(tmp_path), entries, "frames").write()
+    (tmp_path / "data-00000.tar").write_bytes(b"\0" * 2048)
+    (tmp_path / "data-00001.tar").write_bytes(b"\0" * 1000)
+    stats = corpus_stats(tmp_path)
+    assert stats.problems == [
+        f"{tmp_path / 'data-00001.tar'}: 1000 of 2048 bytes, truncated (2 utterances)",
+        f"{tmp_path / 'data-00002.tar'}: missing (2 utterances)",
+    ]
+    assert "warning: 2 shard(s) missing or shorter than their index says" in stats.report()
+    (tmp_path / "data-00001.tar").write_bytes(b"\0" * 2048)
+    (tmp_path / "data-00002.tar").write_bytes(b"\0" * 2048)
+    assert corpus_stats(tmp_path).problems == []

@@ -47,7 +47,7 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from ..diagnostics import Diagnostics, check_on_error
 from ..errors import DataError, MissingDataError, UnsafeInputError
-from ..index import ShardEntry, ShardIndex
+from ..index import ShardEntry, ShardIndex, length_seconds
 from ..sample import FEATS, KEY, SOURCE, Sample
 from ..seeding import Position, derive_rng, process_position
 from ._base import IterDataPipe, functional_datapipe
@@ -56,8 +56,7 @@ from .assignment import (
     ShardAssignment, ShardSplit, _check_count, _check_position, assign_shards, shuffle_shards,
     split_shards,
 )
-from .kaldi_ark import _ARK_REF, iter_ark
-from .kaldi_tables import read_scp_table
+from .kaldi_ark import iter_ark, kaldi_arks
 from .order import shuffle_buffer
 from .plans import EpochPlan, EpochProgress, PlannedShard
 from .shards import ShardReadOptions, group_by_key, iter_tar_members
@@ -146,6 +145,18 @@ def _skip_reason(error: Exception) -> str:
     return "corrupt shard (rest of the shard skipped)"
 
 
+def _loss(name: str, error: Exception, live: dict) -> dict:
+    """What skipping the rest of shard ``name`` loses, from the index (``live["entries"]``):
+    the utterances after the ``live["offset"]`` read, their seconds, and the report's line."""
+    entry = (live.get("entries") or {}).get(name)
+    if entry is None:
+        return {"example": f"skipped shard {name}: utterances lost unknown (no index); {error}"}
+    rest = entry.lengths[live["offset"]:]
+    seconds = length_seconds(sum(rest), live.get("unit", "frames"))
+    return {"lost": len(rest), "seconds": seconds,
+            "example": f"skipped shard {name}: {len(rest)} utterances, {seconds:.1f} s; {error}"}
+
+
 @dataclass(frozen=True)
 class _Reading:
     """How a ``sharded_shuffle`` pipe reads its shards: the format and opening options of
@@ -200,7 +211,8 @@ def _read_shards(names: Sequence[str], reading: _Reading, live: dict,
                     continue
                 yield sample
         except (DataError, MissingDataError) as err:
-            reading.diagnostics.handle(reading.on_error, err, _skip_reason(err))
+            reading.diagnostics.handle(reading.on_error, err, _skip_reason(err),
+                                       **_loss(name, err, live))
         skip = 0
     live["drain"] = True
 
@@ -280,69 +292,6 @@ def _index_entries(names: Iterable[str], index: ShardIndex) -> dict[str, ShardEn
                             source=name)
         found[name] = entry
     return found
-
-
-# --------------------------------------------------------------------------------------------
-# Kaldi data directories as shards
-# --------------------------------------------------------------------------------------------
-
-
-def kaldi_arks(data_dir_or_feats_scp: str | os.PathLike) -> list[str]:
-    """The distinct ark files a ``feats.scp`` refers to, in order of first appearance.
-
-    Streams a Kaldi data directory as shards with no packing::
-
-        IterableWrapper(kaldi_arks("data/train")).sharded_shuffle(format="ark")
-
-    Each ark is then read whole and in sequence, and the ark list is shuffled per epoch. Paths
-    are returned as written; relative ones are relative to the current directory, as in Kaldi.
-
-    **Read whole** means every utterance of each ark: if ``feats.scp`` lists only some of an
-    ark's utterances (a ``subset_data_dir.sh`` subset, filtered utterances), the stream also
-    holds the others -- keep the listed keys with ``filter`` or ``join_by_key``.
-
-    Args:
-        data_dir_or_feats_scp: a data directory (its ``feats.scp`` is read) or the file.
-
-    Raises:
-        MissingDataError: no ``feats.scp``.
-        DataError: a malformed line, or a value that cannot be streamed: a command
-            (``... |``), a Kaldi range (``raw.ark:12[0:9]``) or a path without ``:offset``;
-            the message names the file, line and key.
-
-    >>> import os, pathlib, tempfile, numpy as np, kaldiio
-    >>> d = pathlib.Path(tempfile.mkdtemp())
-    >>> for part in (2, 1):
-    ...     spec = f"ark,scp:{d}/raw.{part}.ark,{d}/feats.{part}.scp"
-    ...     with kaldiio.WriteHelper(spec) as writer:
-    ...         for i in range(2):
-    ...             writer(f"utt{part}{i}", np.zeros((3, 2), np.float32))
-    >>> _ = (d / "feats.scp").write_text((d / "feats.2.scp").read_text()
-    ...                                  + (d / "feats.1.scp").read_text())
-    >>> [os.path.basename(p) for p in kaldi_arks(d)]
-    ['raw.2.ark', 'raw.1.ark']
-    """
-    path = os.fspath(data_dir_or_feats_scp)
-    if os.path.isdir(path):
-        path = os.path.join(path, "feats.scp")
-    arks: dict[str, None] = {}
-    for entry in read_scp_table(path).values():
-        value = entry.value
-        where = {"source": entry.source, "line": entry.line, "key": entry.key}
-        if value.endswith("|"):
-            raise DataError(f"a command cannot be streamed as a shard: {value!r}", **where)
-        match = _ARK_REF.fullmatch(value)
-        if match is None or match["offset"] is None:
-            raise DataError(f"expected an ark reference '<ark>:<offset>', got {value!r}",
-                            **where)
-        if match["range"] is not None:
-            raise DataError(
-                f"a range ({value!r}) selects part of a matrix; streaming reads whole "
-                "matrices (load this table with load_scp instead)",
-                **where,
-            )
-        arks.setdefault(match["path"], None)
-    return list(arks)
 
 
 # --------------------------------------------------------------------------------------------
@@ -638,8 +587,11 @@ class ShardedShufflerIterDataPipe(Seeded, SampleSource, IterDataPipe[Sample]):
         entries = self._entries(names)  # read the index (once) before any shard is opened
         mine = self._plan(names, entries, self.epoch, position).names
         self.diagnostics.reset()
+        if entries is not None:
+            self.diagnostics.planned = sum(entries[n].count for n in mine)
         rng = self._sample_rng(self.epoch, position)
-        live = {"rng": rng, "buffer": [], "shard": 0, "offset": 0, "drain": False, "plan": mine}
+        live = {"rng": rng, "buffer": [], "shard": 0, "offset": 0, "drain": False, "plan": mine,
+                "entries": entries, "unit": self._length_unit()}
         if state is None:
             return self._read(mine, live), False, live
         samples, draining = self._resume(state, mine, entries, live, needs)
