@@ -12,6 +12,7 @@ import time
 from typing import Any, Iterator, Sequence
 
 from ..index import ShardIndex
+from ..progress import progress_bar
 from .inputs import _input_files, _Inputs, _Item, _match_keys, _read_inputs
 from .lengths import _measure_chunk_args
 from .options import PackOptions
@@ -119,7 +120,8 @@ def pack_data(
             Workers are started with ``spawn`` (clean processes, no inherited threads), so a
             script calling ``pack_data`` with ``num_workers > 1`` needs the usual
             ``if __name__ == "__main__":`` guard.
-        progress: show tqdm progress bars (measuring, then one step per shard).
+        progress: show progress (measuring, then one step per shard): tqdm bars on a
+            terminal, else a line every 30 s (:func:`~speechpipe.progress.progress_bar`).
         length_unit: ``"frames"`` (features), ``"samples"`` (audio, the default) or
             ``"seconds"`` (audio).
         audio_format: ``"lossless"`` (16-bit sources as FLAC, finer ones as float WAV) or
@@ -228,13 +230,11 @@ def _length_unit(length_unit: str | None, kind: str) -> str:
 def _measure(executor: concurrent.futures.Executor | None, inputs: _Inputs,
              items: list[_Item], unit: str, options: PackOptions) -> _Measured:
     """Measure every item, ``utts_per_shard`` per task (in the workers, if any)."""
-    from tqdm import tqdm
-
     per_task = options.utts_per_shard
     chunks = [items[i:i + per_task] for i in range(0, len(items), per_task)]
     measured: list[list[tuple[int, int | None]]] = [[] for _ in chunks]
-    with tqdm(total=len(chunks), desc="pack: measure", unit="chunk",
-              disable=not options.progress) as bar:
+    with progress_bar(total=len(chunks), desc="pack: measure", unit="chunk",
+                      disable=not options.progress) as bar:
         for i, result in _run_all(executor, _measure_chunk_args, [
                 (inputs.mode, chunk) for chunk in chunks], bar):
             measured[i] = result
@@ -247,10 +247,9 @@ def _write_shards(executor: concurrent.futures.Executor | None, plan: _ShardPlan
                   report: PackReport, progress: bool) -> None:
     """Run the plan's shard tasks (in the workers, if any); record each shard's size in its
     index entry and count it in ``report``."""
-    from tqdm import tqdm
-
-    with tqdm(total=len(plan.tasks) + report.shards_skipped, initial=report.shards_skipped,
-              desc="pack: write", unit="shard", disable=not progress) as bar:
+    with progress_bar(total=len(plan.tasks) + report.shards_skipped,
+                      initial=report.shards_skipped, desc="pack: write", unit="shard",
+                      disable=not progress) as bar:
         for i, (written, size, clipped) in _run_all(executor, _run_shard_task, plan.tasks, bar):
             report.clipped += clipped
             name = os.path.basename(plan.tasks[i].path)
