@@ -33,6 +33,7 @@ from .pipes.constraints import (  # noqa: E402
 from .pipes.distributed import (  # noqa: E402
     DistributedStepError, EqualSteps, ShardSplit, StepPlanner, StepStats, shard_assignment,
 )
+from .pipes.assignment import UnevenSplitWarning  # noqa: E402
 from .pipes.sharding import EpochProgress, kaldi_arks  # noqa: E402
 from .pipes.shard_writer import ShardWriter  # noqa: E402
 from .pipes.shards import ShardReadOptions  # noqa: E402
@@ -59,7 +60,7 @@ __all__ = [
     "SampleCount", "SentencePieceTokenizer", "SequenceWrapper", "ShardEntry", "ShardIndex",
     "ShardReadOptions", "ShardSplit", "ShardWriter", "SkippedInputWarning", "SpeechpipeError",
     "StepPlanner", "StepStats", "SumOfLengths", "TextNormalizer", "TwoDimensional",
-    "UnsafeInputError", "WordTokenizer", "build_loader", "build_tokenizer",
+    "UnevenSplitWarning", "UnsafeInputError", "WordTokenizer", "build_loader", "build_tokenizer",
     "compute_cmvn_stats", "compute_lengths", "corpus_stats", "eval_pipeline", "get_recipe",
     "kaldi_arks", "load_tokenizer", "manifest_path", "pack_data", "pipeline_report",
     "read_data_len", "recipes", "select_keys", "set_epoch", "shard_assignment", "start",

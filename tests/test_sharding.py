@@ -783,3 +783,93 @@ def test_no_skip_warning_without_skips(shards):
     with warnings.catch_warnings():
         warnings.simplefilter("error", SkippedInputWarning)
         list(IterableWrapper(shards).sharded_shuffle(on_error="skip"))
+
+
+# --------------------------------------------------------------------------------------------
+# few shards for many processes (issue 18, case 8)
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def two_shards(tmp_path):
+    """Two shards of 7 and 4 samples, with an index (lengths 10 frames each)."""
+    folder = tmp_path / "two"
+    folder.mkdir()
+    with ShardWriter(str(folder / "data-%05d.tar"), maxcount=7) as writer:
+        for i in range(11):
+            writer.write({"key": f"k{i:02d}", "txt": str(i)})
+    write_index(writer.paths)
+    return writer.paths
+
+
+def _at(monkeypatch, rank, world, worker=0, workers=1):
+    position = Position(rank=rank, world_size=world, worker=worker, num_workers=workers)
+    monkeypatch.setattr(sharding, "process_position", lambda: position)
+
+
+def test_a_whole_shard_split_that_drops_much_is_warned_at_start_with_the_figures(
+        two_shards, monkeypatch):
+    _at(monkeypatch, 0, 2, 0, 2)
+    pipe = IterableWrapper(two_shards).sharded_shuffle(buffer_size=1, index=True)
+    with pytest.warns(sharding.UnevenSplitWarning) as caught:
+        keys_of(pipe)
+    message = str(caught[0].message)
+    assert "2 shard(s) for 2 rank(s) x 2 worker(s): whole shards give the ranks" in message
+    assert "drop 3 utterances per epoch (27%)" in message
+    assert "2 of 4 workers read no shard" in message
+    assert "ShardSplit(level='sample')" in message and "--utts-per-shard" in message
+    _at(monkeypatch, 1, 2, 1, 2)  # one warning per epoch: from rank 0's first worker only
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        keys_of(IterableWrapper(two_shards).sharded_shuffle(buffer_size=1, index=True))
+
+
+def test_a_sample_level_split_gives_every_sample_once_with_exact_lengths(
+        two_shards, monkeypatch):
+    split = sharding.ShardSplit(level="sample")
+    seen, per_rank_len = {}, {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no uneven-split warning
+        for rank in range(2):
+            _at(monkeypatch, rank, 2)
+            per_rank_len[rank] = len(IterableWrapper(two_shards).sharded_shuffle(
+                index=True, split=split))
+            for worker in range(2):
+                _at(monkeypatch, rank, 2, worker, 2)
+                pipe = IterableWrapper(two_shards).sharded_shuffle(buffer_size=3, index=True,
+                                                                   split=split)
+                seen[(rank, worker)] = keys_of(pipe)
+                assert len(pipe) == len(seen[(rank, worker)])
+    everything = [k for keys in seen.values() for k in keys]
+    assert sorted(everything) == [f"k{i:02d}" for i in range(11)]  # none lost, none twice
+    assert sorted(len(keys) for keys in seen.values()) == [2, 3, 3, 3]
+    for rank in range(2):  # a rank's share does not depend on its workers
+        assert per_rank_len[rank] == len(seen[(rank, 0)]) + len(seen[(rank, 1)])
+
+
+def test_a_sample_level_split_resumes_exactly(two_shards, monkeypatch):
+    from speechpipe.loader import build_loader
+
+    _at(monkeypatch, 1, 2)
+    split = sharding.ShardSplit(level="sample")
+
+    def loader():
+        return build_loader(IterableWrapper(two_shards).sharded_shuffle(
+            buffer_size=2, index=True, split=split, seed=4).map(lambda s: s["key"]), seed=4)
+
+    full = list(loader())
+    assert len(full) == 5
+    first = loader()
+    it = iter(first)
+    head = [next(it) for _ in range(3)]
+    state = first.state_dict()
+    again = loader()
+    again.load_state_dict(state)
+    assert head + list(again) == full
+
+
+def test_a_sample_level_split_refuses_equalize():
+    with pytest.raises(ValueError, match="equalize applies to whole shards"):
+        sharding.ShardSplit(level="sample", equalize="drop")
+    with pytest.raises(ValueError, match="level must be one of"):
+        sharding.ShardSplit(level="rank")

@@ -42,6 +42,7 @@ from __future__ import annotations
 import itertools
 import os
 import urllib.parse
+import warnings
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
@@ -53,8 +54,8 @@ from ..seeding import Position, derive_rng, process_position
 from ._base import IterDataPipe, functional_datapipe
 from ._state import SampleSource, Seeded, check_seed, held_sample, identity_list, rng_state
 from .assignment import (
-    ShardAssignment, ShardSplit, _check_count, _check_position, assign_shards, shuffle_shards,
-    split_shards,
+    ShardAssignment, ShardSplit, UnevenSplitWarning, _check_count, _check_position,
+    assign_shards, shuffle_shards, split_shards, uneven_split,
 )
 from .kaldi_ark import iter_ark, kaldi_arks
 from .order import shuffle_buffer
@@ -152,6 +153,9 @@ def _loss(name: str, error: Exception, live: dict) -> dict:
     if entry is None:
         return {"example": f"skipped shard {name}: utterances lost unknown (no index); {error}"}
     rest = entry.lengths[live["offset"]:]
+    stride = live.get("stride")
+    if stride is not None:  # this process's share of them
+        rest = rest[(stride[0] - live["seen"]) % stride[1]::stride[1]]
     seconds = length_seconds(sum(rest), live.get("unit", "frames"))
     return {"lost": len(rest), "seconds": seconds,
             "example": f"skipped shard {name}: {len(rest)} utterances, {seconds:.1f} s; {error}"}
@@ -194,6 +198,8 @@ def _read_shards(names: Sequence[str], reading: _Reading, live: dict,
     """
     names = list(names)
     start, skip = (0, 0) if skip_to is None else (skip_to.shard, skip_to.offset)
+    stride = live.get("stride")
+    live.setdefault("seen", 0)
     for i in range(start, len(names)):
         name = names[i]
         live["shard"], live["offset"] = i, 0
@@ -205,10 +211,13 @@ def _read_shards(names: Sequence[str], reading: _Reading, live: dict,
         try:
             for sample in reading.open(name):
                 live["offset"] += 1
+                seen, live["seen"] = live["seen"], live["seen"] + 1
                 if live["offset"] <= skip:
                     if skip_to.wanted and sample[KEY] in skip_to.wanted:
                         skip_to.picked[(name, sample[KEY])] = sample
                     continue
+                if stride is not None and seen % stride[1] != stride[0]:
+                    continue  # another process's sample (a sample-level split)
                 yield sample
         except (DataError, MissingDataError) as err:
             reading.diagnostics.handle(reading.on_error, err, _skip_reason(err),
@@ -321,7 +330,11 @@ class ShardedShufflerIterDataPipe(Seeded, SampleSource, IterDataPipe[Sample]):
        it is initialised), then between each rank's DataLoader workers -- with an index,
        balanced by total length, else round robin by count; ``split`` can also make shard
        counts per rank equal (:class:`~speechpipe.pipes.assignment.ShardSplit`). Do not add
-       ``sharding_filter``: the split is done here, at the shard level;
+       ``sharding_filter``: the split is done here, at the shard level. When whole shards
+       share out so unevenly that ranks stepping together would drop or repeat more than 5 %
+       of the epoch (few shards for many ranks and workers), rank 0's first worker warns
+       with the figures and the fixes (:class:`~speechpipe.pipes.assignment.
+       UnevenSplitWarning`); ``split=ShardSplit(level="sample")`` splits samples instead;
     3. its shards are opened and read sequentially, one at a time (:func:`read_shard`);
     4. samples are shuffled in a buffer of ``buffer_size``
        (:func:`~speechpipe.pipes.order.shuffle_buffer`) seeded with ``(seed, epoch, rank,
@@ -512,7 +525,7 @@ class ShardedShufflerIterDataPipe(Seeded, SampleSource, IterDataPipe[Sample]):
                                  num_workers=num_workers)
         return tuple(
             tuple(_planned(epoch, Position(rank, split.world_size, worker, split.num_workers),
-                           split.shards(rank, worker), entries)
+                           split.shards(rank, worker), entries, _stride(split, rank, worker))
                   for worker in range(split.num_workers))
             for rank in range(split.world_size)
         )
@@ -548,7 +561,8 @@ class ShardedShufflerIterDataPipe(Seeded, SampleSource, IterDataPipe[Sample]):
         _check_position(position)
         split = self._assignment(names, entries, epoch, world_size=position.world_size,
                                  num_workers=position.num_workers)
-        return _planned(epoch, position, split.shards(position.rank, position.worker), entries)
+        return _planned(epoch, position, split.shards(position.rank, position.worker), entries,
+                        _stride(split, position.rank, position.worker))
 
     def _sample_rng(self, epoch: int, position: Position):
         return derive_rng(self.seed, epoch, position.rank, position.worker, _SAMPLES_SALT)
@@ -585,13 +599,24 @@ class ShardedShufflerIterDataPipe(Seeded, SampleSource, IterDataPipe[Sample]):
         position = process_position()
         names = self._names()
         entries = self._entries(names)  # read the index (once) before any shard is opened
-        mine = self._plan(names, entries, self.epoch, position).names
+        _check_position(position)
+        split = self._assignment(names, entries, self.epoch, world_size=position.world_size,
+                                 num_workers=position.num_workers)
+        plan = _planned(self.epoch, position, split.shards(position.rank, position.worker),
+                        entries, _stride(split, position.rank, position.worker))
+        if position.rank == 0 and position.worker == 0:  # once, not in every process
+            message = uneven_split(split, None if entries is None else
+                                   {n: e.count for n, e in entries.items()})
+            if message is not None:
+                warnings.warn(f"sharded_shuffle: {message}", UnevenSplitWarning, stacklevel=3)
+        mine = plan.names
         self.diagnostics.reset()
         if entries is not None:
-            self.diagnostics.planned = sum(entries[n].count for n in mine)
+            self.diagnostics.planned = plan.total_count
         rng = self._sample_rng(self.epoch, position)
         live = {"rng": rng, "buffer": [], "shard": 0, "offset": 0, "drain": False, "plan": mine,
-                "entries": entries, "unit": self._length_unit()}
+                "entries": entries, "unit": self._length_unit(), "seen": 0,
+                "stride": _stride(split, position.rank, position.worker)}
         if state is None:
             return self._read(mine, live), False, live
         samples, draining = self._resume(state, mine, entries, live, needs)
@@ -641,6 +666,7 @@ class ShardedShufflerIterDataPipe(Seeded, SampleSource, IterDataPipe[Sample]):
             "name": plan[shard] if shard < len(plan) else None,
             "shard": shard,
             "offset": live["offset"],
+            "seen": live["seen"],
             "drain": live["drain"],
             "rng": live["rng"].getstate(),
             "buffer": identity_list(live["buffer"]),
@@ -666,6 +692,7 @@ class ShardedShufflerIterDataPipe(Seeded, SampleSource, IterDataPipe[Sample]):
             )
         live["rng"].setstate(rng_state(state["rng"]))
         live["shard"], live["offset"] = start, skip
+        live["seen"] = state.get("seen", 0) - skip  # samples read before the current shard
         wanted: dict[str, set[str]] = {}
         for src, key in list(state["buffer"]) + list(needs):
             wanted.setdefault(src, set()).add(key)
@@ -676,6 +703,7 @@ class ShardedShufflerIterDataPipe(Seeded, SampleSource, IterDataPipe[Sample]):
         else:
             if name is not None and entries is not None and skip >= entries[name].count:
                 start, skip = start + 1, 0  # finished: not opened again
+                live["seen"] += entries[name].count
             reader = self._read(mine, live, _SkipTo(start, skip, wanted.get(name), picked))
             first = next(reader, _END)  # reads the skipped part, picking held samples in it
             samples = reader if first is _END else itertools.chain([first], reader)
@@ -731,15 +759,31 @@ def shard_assignment(
                                num_workers=num_workers)
 
 def _planned(epoch: int, position: Position, names: list[str],
-             entries: dict[str, ShardEntry] | None) -> EpochPlan:
+             entries: dict[str, ShardEntry] | None,
+             stride: tuple[int, int] | None = None) -> EpochPlan:
     """The plan of a process reading ``names``, with counts, bytes and lengths from the index
-    (``None`` without one)."""
-    shards = tuple(
-        PlannedShard(n) if entries is None
-        else PlannedShard(n, entries[n].count, entries[n].bytes, entries[n].lengths)
-        for n in names
-    )
-    return EpochPlan(epoch, position, shards)
+    (``None`` without one); with a sample-level ``stride`` ``(slot, slots)``, the counts and
+    lengths of the samples the process keeps (every ``slots``-th read, from ``slot`` on)."""
+    if entries is None:
+        return EpochPlan(epoch, position, tuple(PlannedShard(n) for n in names))
+    shards, seen = [], 0
+    for n in names:
+        lengths = entries[n].lengths
+        if stride is not None:
+            lengths = lengths[(stride[0] - seen) % stride[1]::stride[1]]
+            seen += entries[n].count
+        shards.append(PlannedShard(n, len(lengths), entries[n].bytes, tuple(lengths)))
+    return EpochPlan(epoch, position, tuple(shards))
+
+
+def _stride(split: ShardAssignment, rank: int, worker: int) -> tuple[int, int] | None:
+    """``(slot, slots)`` of a process under a sample-level split, else ``None``: sample ``i``
+    (in reading order) goes to rank ``i % ranks``, and within it to worker ``(i // ranks) %
+    workers`` -- so a rank's samples do not depend on its number of workers, and ``len()``
+    in the main process is the sum of its workers'."""
+    if split.level != "sample":
+        return None
+    return worker * split.world_size + rank, split.world_size * split.num_workers
 
 
 def _weights(entries: dict[str, ShardEntry] | None) -> dict[str, float] | None:
