@@ -819,6 +819,8 @@ def test_the_output_folder_of_a_grouped_pack_reads_as_every_group(feats_corpus):
     keys = [s["key"] for s in IterableWrapper([out]).list_shards().open().read_shards()]
     assert sorted(keys) == sorted(feats_corpus["arrays"])
     assert corpus_stats(out, frame_shift=0.01).utterances == 7
+    pipe = IterableWrapper([out]).sharded_shuffle(buffer_size=2, index=True)
+    assert len(pipe) == 7 and sorted(s["key"] for s in pipe) == sorted(feats_corpus["arrays"])
 
 
 def test_packing_other_groups_into_a_used_folder_is_refused_naming_them(feats_corpus):

@@ -313,7 +313,8 @@ class ShardedShufflerIterDataPipe(Seeded, SampleSource, IterDataPipe[Sample]):
     """Read shards in shuffled order, then shuffle samples (functional name: ``sharded_shuffle``).
 
     Consumes shard names -- paths, ``http(s)://`` URLs or (opt-in) ``pipe:`` commands, e.g.
-    from ``list_shards`` or :func:`kaldi_arks` -- and yields samples:
+    from ``list_shards`` or :func:`kaldi_arks`, or a folder ``pack`` wrote (its index's
+    shards, every length group's) -- and yields samples:
 
     - ``format="tar"``: raw samples ``{"key", "source", "<field>": bytes, ...}`` (webdataset
       naming, as ``read_shards``; array and audio fields of 64 KiB or more of local shards are
@@ -462,7 +463,11 @@ class ShardedShufflerIterDataPipe(Seeded, SampleSource, IterDataPipe[Sample]):
                 raise TypeError(
                     f"sharded_shuffle expects shard names (paths or URLs), got {name!r}"
                 )
-            names.append(os.fspath(name))
+            name = os.fspath(name)
+            if os.path.isdir(name):  # pack's output folder: its shards, every group's
+                names.extend(ShardIndex.read(name).paths())
+            else:
+                names.append(name)
         return names
 
     def _entries(self, names: list[str]) -> dict[str, ShardEntry] | None:
