@@ -876,3 +876,12 @@ def test_cli_pack_force_flag(feats_corpus, capsys):
     args = parser.parse_args(base + ["--group", "10:60", "--force"])
     assert args.func(args) == 0
     assert sorted(os.listdir(feats_corpus["out"])) == ["10_60"]
+
+
+def test_packing_groups_beside_a_flat_pack_is_refused(feats_corpus):
+    pack_feats(feats_corpus)
+    with pytest.raises(ValueError, match=r"holds shards of another pack .*\(\./\)"):
+        pack_feats(feats_corpus, filter_group=["10:60"])
+    report = pack_feats(feats_corpus, filter_group=["10:60"], force=True)
+    assert sorted(os.listdir(feats_corpus["out"])) == ["10_60"]
+    assert len(read_back(feats_corpus["out"])) == 7 and report.utterances == 7
