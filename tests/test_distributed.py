@@ -1080,7 +1080,7 @@ def test_few_shards_on_two_ranks_with_two_workers_sample_split_loses_nothing(tmp
     message = whole[0]["warned"][0]
     assert "2 shard(s) for 2 rank(s) x 1 worker(s)" in message  # started in the main process
     assert "give the ranks 37 / 13 utterances" in message or "13 / 37" in message
-    assert "drop 24 utterances per epoch (48%)" in message
+    assert "drop about 24 utterances (48% of the audio) per epoch" in message
     assert sorted(len(w["keys"]) for w in whole) == [13, 37]
     split = [r["few:sample"] for r in results]
     keys = split[0]["keys"] + split[1]["keys"]

@@ -815,7 +815,7 @@ def test_a_whole_shard_split_that_drops_much_is_warned_at_start_with_the_figures
         keys_of(pipe)
     message = str(caught[0].message)
     assert "2 shard(s) for 2 rank(s) x 2 worker(s): whole shards give the ranks" in message
-    assert "drop 3 utterances per epoch (27%)" in message
+    assert "drop about 3 utterances (27% of the audio) per epoch" in message
     assert "2 of 4 workers read no shard" in message
     assert "ShardSplit(level='sample')" in message and "--utts-per-shard" in message
     _at(monkeypatch, 1, 2, 1, 2)  # one warning per epoch: from rank 0's first worker only
@@ -873,3 +873,11 @@ def test_a_sample_level_split_refuses_equalize():
         sharding.ShardSplit(level="sample", equalize="drop")
     with pytest.raises(ValueError, match="level must be one of"):
         sharding.ShardSplit(level="rank")
+
+
+def test_shards_balanced_by_length_but_not_by_count_are_not_warned_about():
+    # Budget batches see audio, not utterance counts: 10 short + 1 long shard of equal length.
+    a = sharding.assign_shards(["short", "long"], world_size=2)
+    assert sharding.uneven_split(a, {"short": 10, "long": 1},
+                                 {"short": 100.0, "long": 100.0}) is None
+    assert "drop about 9 utterances (82%)" in sharding.uneven_split(a, {"short": 10, "long": 1})

@@ -311,41 +311,53 @@ class UnevenSplitWarning(UserWarning):
 
 # long: the message names every figure and fix; the arithmetic is ~20 lines
 def uneven_split(assignment: ShardAssignment, counts: Mapping[str, int] | None = None,
+                 lengths: Mapping[str, float] | None = None,
                  tolerance: float = UNEVEN_TOLERANCE) -> str | None:
     """What a whole-shard split loses, as a warning's text, or ``None`` when it is within
     ``tolerance`` of the epoch (and no worker is idle) or there is one process.
 
-    Ranks that step together stop with the rank that has the fewest samples (``stop``),
-    dropping the others' surplus, or pad up to the most (``pad``), repeating the difference.
-    ``counts`` (utterances per shard, from the index) measure it in utterances, else in shards.
+    Ranks that step together stop with the rank that has the least (``stop``), dropping the
+    others' surplus, or pad up to the most (``pad``), repeating the difference. The share is
+    measured on ``lengths`` (total length per shard, from the index: what budget batches
+    see), else on ``counts`` (utterances per shard), else on shard counts; with ``counts``,
+    it is also given in utterances.
 
     >>> a = assign_shards(["a", "b"], world_size=2, num_workers=2)
     >>> print(uneven_split(a, {"a": 185, "b": 13}))  # doctest: +ELLIPSIS
-    2 shard(s) for 2 rank(s) x 2 worker(s): whole shards give the ranks 185 / 13 ... drop 172 ...
+    2 shard(s) for 2 rank(s) x 2 worker(s): whole shards give the ranks 185 / 13 ... drop about 172 ...
     """
     slots = assignment.world_size * assignment.num_workers
     if slots == 1 or assignment.level == "sample":
         return None
-    unit = "utterances" if counts is not None else "shards"
-    per_rank = [sum(counts[n] for n in assignment.rank_shards(r)) if counts is not None
-                else len(assignment.rank_shards(r)) for r in range(assignment.world_size)]
-    total = sum(per_rank) or 1
-    dropped = sum(n - min(per_rank) for n in per_rank)
-    repeated = sum(max(per_rank) - n for n in per_rank)
+    ranks = [assignment.rank_shards(r) for r in range(assignment.world_size)]
+    weights = lengths if lengths is not None else counts
+    measure = [sum(weights[n] for n in names) if weights is not None else len(names)
+               for names in ranks]
+    total = sum(measure) or 1
+    dropped = sum(m - min(measure) for m in measure) / total
+    repeated = sum(max(measure) - m for m in measure) / total
     idle = sum(1 for rank in assignment.parts for part in rank if not part)
-    shards = len(set(n for rank in assignment.parts for part in rank for n in part))
-    if max(dropped, repeated) <= tolerance * total and not idle:
+    if max(dropped, repeated) <= tolerance and not idle:
         return None
-    size = (f"pack --utts-per-shard {max(1, total // (4 * slots))}" if counts is not None
-            else "pack with a smaller --utts-per-shard")
+    shards = len({n for names in ranks for n in names})
+    what = " of the audio" if lengths is not None else ""
+    drop, pad = f"{100 * dropped:.0f}%{what}", f"{100 * repeated:.0f}%"
+    if counts is not None:
+        utterances = sum(counts[n] for n in set(n for names in ranks for n in names))
+        per_rank = " / ".join(str(sum(counts[n] for n in names)) for names in ranks)
+        given = f"give the ranks {per_rank} utterances per epoch"
+        drop = f"about {round(dropped * utterances)} utterances ({drop})"
+        pad = f"about {round(repeated * utterances)} ({pad})"
+        size = f"pack --utts-per-shard {max(1, utterances // (4 * slots))}"
+    else:
+        given = f"give the ranks {' / '.join(str(len(n)) for n in ranks)} shards"
+        size = "pack with a smaller --utts-per-shard"
     return (
         f"{shards} shard(s) for {assignment.world_size} rank(s) x {assignment.num_workers} "
-        f"worker(s): whole shards give the ranks {' / '.join(map(str, per_rank))} {unit} per "
-        f"epoch; ranks stepping together drop {dropped} {unit} per epoch "
-        f"({100 * dropped / total:.0f}%) stopping with the shortest rank, or repeat "
-        f"{repeated} padding to the longest; {idle} of {slots} workers read no shard. Fix: "
-        f"more shards than ranks x workers ({size}: several shards per worker), or, for a "
-        "small corpus, split samples instead of shards: "
+        f"worker(s): whole shards {given}; ranks stepping together drop {drop} per epoch "
+        f"stopping with the shortest rank, or repeat {pad} padding to the longest; {idle} of "
+        f"{slots} workers read no shard. Fix: more shards than ranks x workers ({size}: "
+        "several shards per worker), or, for a small corpus, split samples instead of shards: "
         "sharded_shuffle(split=ShardSplit(level='sample'))")
 
 

@@ -610,8 +610,8 @@ class ShardedShufflerIterDataPipe(Seeded, SampleSource, IterDataPipe[Sample]):
         plan = _planned(self.epoch, position, split.shards(position.rank, position.worker),
                         entries, _stride(split, position.rank, position.worker))
         if position.rank == 0 and position.worker == 0:  # once, not in every process
-            message = uneven_split(split, None if entries is None else
-                                   {n: e.count for n, e in entries.items()})
+            message = uneven_split(split, *(None, None) if entries is None else (
+                {n: e.count for n, e in entries.items()}, _weights(entries)))
             if message is not None:
                 warnings.warn(f"sharded_shuffle: {message}", UnevenSplitWarning, stacklevel=3)
         mine = plan.names
