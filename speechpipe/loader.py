@@ -450,14 +450,6 @@ class Loader:
     def __len__(self) -> int:
         return len(self.uneven if self.uneven is not None else self.dataloader)
 
-    def report(self) -> str:
-        """The end-of-epoch report: what each pipe skipped in the last pass run to its end
-        (summed over the workers), what the skips lost -- utterances and seconds, where an
-        index tells -- and how short of ``len()`` the epoch came out; one line if nothing."""
-        parts = [ledger.report() for _, ledger in _ledgers(self.dataset.pipe)
-                 if isinstance(ledger, Diagnostics) and ledger.counts]
-        return "\n".join(parts) if parts else "nothing skipped"
-
     def state_dict(self) -> dict:
         """The position after the last batch yielded (``StatefulDataLoader.state_dict``); after
         a pass that ran to its end, the start of the next epoch."""
