@@ -1071,8 +1071,8 @@ def test_plan_with_a_rank_that_has_no_shard_stops_every_rank_naming_it(tmp_path,
 def test_few_shards_on_two_ranks_with_two_workers_sample_split_loses_nothing(tmp_path):
     """Issue 18, case 8: 2 shards on 2 ranks x 2 workers. Whole shards: rank 0 warns at the
     start with the figures (37 / 13 utterances, 24 dropped by ranks stopping together) and
-    the fixes; a rank reads 37 or 13. ShardSplit(level="sample"): every sample once over the ranks and
-    workers -- nothing dropped, nothing twice -- each rank's len() exact, no warning."""
+    the fixes; a rank reads 37 or 13. ShardSplit(level="sample"): every sample once over the
+    ranks and workers -- nothing dropped, nothing twice -- each rank's len() exact, no warning."""
     few = write_few_shards(str(tmp_path / "few"))
     results = run_group(str(tmp_path), 2, {"few": few, "scenarios": ["few:shard", "few:sample"]})
     whole = [r["few:shard"] for r in results]

@@ -97,8 +97,8 @@ class PackReport:
                          f"{', '.join(self.removed[:_EXAMPLES])}")
         if self.stale_shards:
             lines.append(f"  warning: {len(self.stale_shards)} file(s) named like shards are not "
-                         f"part of this pack (delete them before reading the folder with a glob, or "
-                         f"pack again with --force): "
+                         f"part of this pack (delete them before reading the folder with a "
+                         f"glob, or pack again with --force): "
                          f"{', '.join(self.stale_shards[:_EXAMPLES])}")
         lines.append(f"  time: {self.seconds:.1f} s")
         return "\n".join(lines)

@@ -324,7 +324,7 @@ def uneven_split(assignment: ShardAssignment, counts: Mapping[str, int] | None =
 
     >>> a = assign_shards(["a", "b"], world_size=2, num_workers=2)
     >>> print(uneven_split(a, {"a": 185, "b": 13}))  # doctest: +ELLIPSIS
-    2 shard(s) for 2 rank(s) x 2 worker(s): whole shards give the ranks 185 / 13 ... drop about 172 ...
+    2 shard(s) for 2 rank(s) x 2 worker(s): whole shards give the ranks 185 / 13 ... 172 ...
     """
     slots = assignment.world_size * assignment.num_workers
     if slots == 1 or assignment.level == "sample":
