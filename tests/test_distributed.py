@@ -293,10 +293,13 @@ def test_shard_assignment_reports_a_pipes_split_with_repeats(corpus):
 
 
 @pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize("level", ["shard", "sample"])
 def test_step_planner_is_exact_for_budget_batching_through_shuffle_buffers(corpus, monkeypatch,
-                                                                           workers):
+                                                                           workers, level):
     # Simulate every (rank, worker) in this process and count the batches it really yields.
-    sharded, _ = build(corpus)
+    # With a sample-level split (issue 18), the plans hold each process's share of samples.
+    split = ShardSplit(level=level)
+    sharded, _ = build(corpus, split=split)
     planner = StepPlanner(sharded, plan_batching, num_workers=workers, world_size=3)
     for epoch in range(3):
         actual = []
@@ -305,7 +308,7 @@ def test_step_planner_is_exact_for_budget_batching_through_shuffle_buffers(corpu
             for worker in range(workers):
                 position = Position(rank=rank, world_size=3, worker=worker, num_workers=workers)
                 monkeypatch.setattr(sharding, "process_position", lambda p=position: p)
-                shards, pipe = build(corpus)
+                shards, pipe = build(corpus, split=split)
                 speechpipe.set_epoch(pipe, epoch)
                 total += sum(1 for _ in pipe)
             actual.append(total)

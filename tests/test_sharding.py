@@ -881,3 +881,18 @@ def test_shards_balanced_by_length_but_not_by_count_are_not_warned_about():
     assert sharding.uneven_split(a, {"short": 10, "long": 1},
                                  {"short": 100.0, "long": 100.0}) is None
     assert "drop about 9 utterances (82%)" in sharding.uneven_split(a, {"short": 10, "long": 1})
+
+
+def test_under_a_sample_level_split_each_process_counts_its_share_of_a_lost_shard(
+        two_shards, monkeypatch):
+    truncate(two_shards[0])
+    yielded = lost = 0
+    for rank in range(2):
+        _at(monkeypatch, rank, 2)
+        pipe = IterableWrapper(two_shards).sharded_shuffle(
+            index=True, split=sharding.ShardSplit(level="sample"), on_error="skip")
+        with pytest.warns(SkippedInputWarning):
+            yielded += len(keys_of(pipe))
+        lost += pipe.diagnostics.lost
+        assert pipe.diagnostics.planned == len(pipe)
+    assert 0 < lost and yielded + lost == 11  # each lost utterance counted once, by its owner
