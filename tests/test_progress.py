@@ -73,3 +73,19 @@ def test_pack_writes_progress_lines_into_a_log(tmp_path, capsys):
 def test_interval_must_be_seconds():
     with pytest.raises(ValueError, match="interval must be seconds >= 0"):
         LineProgress(interval=-1)
+
+
+def test_prepare_measures_audio_with_progress_lines_in_a_log(tmp_path, capsys):
+    import numpy as np
+    import soundfile
+
+    from speechpipe.recipes._prepare import measure_audio
+
+    paths = []
+    for i in range(3):
+        paths.append(str(tmp_path / f"{i}.flac"))
+        soundfile.write(paths[-1], np.zeros(160 * (i + 1), np.float32), 16000)
+    assert measure_audio(paths, desc="measure audio") == [(160, 16000), (320, 16000),
+                                                          (480, 16000)]
+    err = capsys.readouterr().err
+    assert "\r" not in err and err.startswith("measure audio: 3/3 files (100%), ")
