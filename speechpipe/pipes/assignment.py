@@ -314,7 +314,7 @@ def uneven_split(assignment: ShardAssignment, counts: Mapping[str, int] | None =
                  lengths: Mapping[str, float] | None = None,
                  tolerance: float = UNEVEN_TOLERANCE) -> str | None:
     """What a whole-shard split loses, as a warning's text, or ``None`` when it is within
-    ``tolerance`` of the epoch (and no worker is idle) or there is one process.
+    ``tolerance`` of the epoch (so with one rank: its idle workers, if any, lose nothing).
 
     Ranks that step together stop with the rank that has the least (``stop``), dropping the
     others' surplus, or pad up to the most (``pad``), repeating the difference. The share is
@@ -327,7 +327,7 @@ def uneven_split(assignment: ShardAssignment, counts: Mapping[str, int] | None =
     2 shard(s) for 2 rank(s) x 2 worker(s): whole shards give the ranks 185 / 13 ... 172 ...
     """
     slots = assignment.world_size * assignment.num_workers
-    if slots == 1 or assignment.level == "sample":
+    if assignment.world_size == 1 or assignment.level == "sample":
         return None
     ranks = [assignment.rank_shards(r) for r in range(assignment.world_size)]
     weights = lengths if lengths is not None else counts
@@ -337,7 +337,7 @@ def uneven_split(assignment: ShardAssignment, counts: Mapping[str, int] | None =
     dropped = sum(m - min(measure) for m in measure) / total
     repeated = sum(max(measure) - m for m in measure) / total
     idle = sum(1 for rank in assignment.parts for part in rank if not part)
-    if max(dropped, repeated) <= tolerance and not idle:
+    if max(dropped, repeated) <= tolerance:  # idle workers alone lose nothing
         return None
     shards = len({n for names in ranks for n in names})
     what = " of the audio" if lengths is not None else ""
