@@ -186,8 +186,8 @@ class ShardSplit:
         if self.level not in LEVELS:
             raise ValueError(f"level must be one of {LEVELS}, got {self.level!r}")
         if self.level == "sample" and self.equalize is not None:
-            raise ValueError("equalize applies to whole shards; level='sample' gives every "
-                             "process all but at most one of an equal share already")
+            raise ValueError("equalize applies to whole shards; level='sample' already gives "
+                             "every process an equal share, within one sample")
 
 
 @dataclass(frozen=True)
