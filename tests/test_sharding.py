@@ -896,3 +896,17 @@ def test_under_a_sample_level_split_each_process_counts_its_share_of_a_lost_shar
         lost += pipe.diagnostics.lost
         assert pipe.diagnostics.planned == len(pipe)
     assert 0 < lost and yielded + lost == 11  # each lost utterance counted once, by its owner
+
+
+def test_the_eta_of_an_epoch_that_came_out_short_counts_without_the_lost(shards):
+    # Issue 18, case 3: after a skipped shard, the progress never reached its total.
+    write_index(shards)
+    truncate(shards[2])
+    pipe = IterableWrapper(shards).sharded_shuffle(buffer_size=3, index=True, on_error="skip")
+    progress = EpochProgress(pipe.epoch_plan())
+    with pytest.warns(SkippedInputWarning):
+        came = len(keys_of(pipe))
+    assert progress.remaining_samples(came) == pipe.diagnostics.lost > 0
+    progress.record_lost(pipe.diagnostics.lost)
+    assert progress.remaining_samples(came) == 0 and progress.fraction_done(came) == 1.0
+    assert progress.remaining_seconds(came, elapsed=2.0) == 0.0
