@@ -39,6 +39,7 @@ from .pipes.lhotse_io import read_lhotse, read_lhotse_shar, write_lhotse  # noqa
 from .pipes.distributed import (  # noqa: E402
     DistributedStepError, EqualSteps, ShardSplit, StepPlanner, StepStats, shard_assignment,
 )
+from .pipes.assignment import UnevenSplitWarning  # noqa: E402
 from .pipes.sharding import EpochProgress, kaldi_arks  # noqa: E402
 from .pipes.shard_writer import ShardWriter  # noqa: E402
 from .pipes.shards import ShardReadOptions  # noqa: E402
@@ -67,9 +68,9 @@ __all__ = [
     "ResumeWarning", "SampleCount", "SentencePieceTokenizer", "SequenceWrapper", "ShardEntry",
     "ShardIndex", "ShardReadOptions", "ShardSplit", "ShardWriter", "SkippedInputWarning",
     "SpeechpipeError", "StepPlanner", "StepStats", "SumOfLengths", "TextNormalizer",
-    "TwoDimensional", "UnsafeInputError", "UnsupportedCodecError", "WordTokenizer", "build_loader",
-    "build_tokenizer", "compute_cmvn_stats", "compute_lengths", "corpus_stats", "encode_audio",
-    "eval_pipeline", "get_recipe",
+    "TwoDimensional", "UnevenSplitWarning", "UnsafeInputError", "UnsupportedCodecError",
+    "WordTokenizer", "build_loader", "build_tokenizer", "compute_cmvn_stats", "compute_lengths",
+    "corpus_stats", "encode_audio", "eval_pipeline", "get_recipe",
     "kaldi_arks", "load_tokenizer", "manifest_path", "pack_data", "pipeline_report",
     "read_data_len", "read_hf_dataset", "read_lhotse", "read_lhotse_shar", "recipes",
     "select_keys", "set_epoch", "shard_assignment", "start", "to_device", "train_pipeline",

@@ -109,9 +109,9 @@ def run_demo(
         batch_size: fixed utterances per batch instead of the budget.
         seed: shuffle seed (the same seed gives the same batches).
         workers: DataLoader worker processes (0 runs in this process).
-        progress: show a tqdm progress bar.
+        progress: show progress (a tqdm bar on a terminal, else a line every 30 s).
     """
-    from tqdm import tqdm
+    from .progress import progress_bar
 
     pipe = build_demo_pipe(corpus_dir, part=part, budget_seconds=budget_seconds,
                            batch_size=batch_size, seed=seed, shard=workers > 0)
@@ -122,7 +122,7 @@ def run_demo(
     utterances = batches = 0
     samples = padded = 0.0
     start = time.perf_counter()
-    for batch in tqdm(loader, desc="demo", unit="batch", disable=not progress):
+    for batch in progress_bar(loader, desc="demo", unit="batch", disable=not progress):
         lengths = batch[len_key(AUDIO)]
         rates = batch["sample_rate"].double()
         samples += float((lengths.double() / rates).sum())

@@ -9,6 +9,11 @@ A stage that can meet bad input takes ``on_error=`` with one of :data:`ON_ERROR`
 
 The counts are per process: with DataLoader workers each worker counts its own share.
 
+A skipped item may stand for more than itself: a truncated shard loses every utterance after
+the break. A stage that knows what a skip loses (from the shard index) records it --
+``record(..., lost=49, seconds=312.4)`` -- and the report says so; with ``planned`` set (the
+count ``len()`` promised), it also says how short the pass came out.
+
 >>> d = Diagnostics("parse_scp")
 >>> d.record("malformed line", "wav.scp:3: expected '<key> <value>'")
 >>> d.total
@@ -54,31 +59,44 @@ class Diagnostics:
         self.max_examples = max_examples
         self.counts: Counter[str] = Counter()
         self.examples: dict[str, list[str]] = {}
+        self.lost = 0  # utterances lost with the skipped items (known from an index)
+        self.lost_seconds = 0.0
+        self.planned: int | None = None  # what len() promised for the pass, when known
 
     @property
     def total(self) -> int:
         return sum(self.counts.values())
 
-    def record(self, reason: str, example: str) -> None:
+    def record(self, reason: str, example: str, *, lost: int = 0,
+               seconds: float = 0.0) -> None:
+        """Count one skipped item under ``reason``; ``lost``: the utterances it stood for
+        (e.g. the rest of a truncated shard), ``seconds`` their duration."""
         self.counts[reason] += 1
+        self.lost += lost
+        self.lost_seconds += seconds
         kept = self.examples.setdefault(reason, [])
         if len(kept) < self.max_examples:
             kept.append(example)
 
-    def handle(self, on_error: str, error: DataError, reason: str | None = None) -> None:
-        """Raise ``error`` under ``"raise"``; count it under ``"skip"``."""
+    def handle(self, on_error: str, error: DataError, reason: str | None = None, *,
+               lost: int = 0, seconds: float = 0.0, example: str | None = None) -> None:
+        """Raise ``error`` under ``"raise"``; count it under ``"skip"`` (with what it lost,
+        see :meth:`record`; ``example`` replaces the error's text in the report)."""
         if on_error == "raise":
             raise error
-        self.record(reason or type(error).__name__, str(error))
+        self.record(reason or type(error).__name__, example or str(error), lost=lost,
+                    seconds=seconds)
 
     def reset(self) -> None:
         self.counts.clear()
         self.examples.clear()
+        self.lost, self.lost_seconds, self.planned = 0, 0.0, None
 
     def to_dict(self) -> dict:
         """Counts and examples as plain data (what a DataLoader worker reports)."""
         return {"counts": dict(self.counts), "examples": {k: list(v) for k, v in
-                                                          self.examples.items()}}
+                                                          self.examples.items()},
+                "lost": self.lost, "lost_seconds": self.lost_seconds, "planned": self.planned}
 
     def merge(self, data: dict) -> None:
         """Add the counts and examples of :meth:`to_dict` output (another worker's pass).
@@ -92,13 +110,34 @@ class Diagnostics:
             self.counts[reason] += int(n)
             kept = self.examples.setdefault(reason, [])
             kept.extend(data["examples"].get(reason, [])[:self.max_examples - len(kept)])
+        self.lost += int(data.get("lost", 0))
+        self.lost_seconds += float(data.get("lost_seconds", 0.0))
+        if data.get("planned") is not None:
+            self.planned = (self.planned or 0) + int(data["planned"])
 
     def report(self) -> str:
+        """The counts by reason with an example each; what the skips lost, and how short the
+        pass came out of what ``len()`` planned.
+
+        >>> d = Diagnostics("sharded_shuffle")
+        >>> d.planned = 185
+        >>> d.record("truncated shard", "skipped shard a.tar: 49 utterances, 312.4 s",
+        ...          lost=49, seconds=312.4)
+        >>> print(d.report())
+        sharded_shuffle skipped 1 item(s), losing 49 utterance(s) (312.4 s):
+          truncated shard: 1 (e.g. skipped shard a.tar: 49 utterances, 312.4 s)
+          the pass came out short: 136 of the 185 utterances planned (len()) came out
+        """
         if not self.counts:
             return f"{self.stage} skipped nothing"
-        lines = [f"{self.stage} skipped {self.total} item(s):"]
+        lost = (f", losing {self.lost} utterance(s) ({self.lost_seconds:.1f} s)"
+                if self.lost else "")
+        lines = [f"{self.stage} skipped {self.total} item(s){lost}:"]
         for reason, n in sorted(self.counts.items()):
             lines.append(f"  {reason}: {n} (e.g. {self.examples[reason][0]})")
+        if self.lost and self.planned is not None:
+            lines.append(f"  the pass came out short: {self.planned - self.lost} of the "
+                         f"{self.planned} utterances planned (len()) came out")
         return "\n".join(lines)
 
     def warn_if_skipped(self) -> None:

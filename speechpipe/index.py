@@ -6,6 +6,9 @@ one line per shard with its file name, utterance count, byte size, keys and leng
     {"format": "speechpipe-shard-index", "version": 1, "length_unit": "frames"}
     {"name": "data-00000.tar", "count": 2000, "bytes": 61440000, "keys": [...], "lengths": [...]}
 
+``pack`` with length groups writes one such folder per group (``out/10_500/``, ``out/500_800/``);
+:meth:`ShardIndex.read` of ``out`` reads them all (:func:`index_folders`).
+
 With it, a streaming epoch can be planned on metadata before any byte is read: its exact
 length, bucket boundaries (:meth:`ShardIndex.boundaries`), a duration-balanced split across
 ranks, an exact resume position.
@@ -21,7 +24,7 @@ from typing import Sequence
 from .errors import DataError, MissingDataError
 from .sample import estimate_boundaries
 
-__all__ = ["INDEX_NAME", "ShardEntry", "ShardIndex"]
+__all__ = ["INDEX_NAME", "ShardEntry", "ShardIndex", "index_folders", "length_seconds"]
 
 INDEX_NAME = "index.jsonl"
 _FORMAT = "speechpipe-shard-index"
@@ -117,16 +120,38 @@ class ShardIndex:
         os.replace(tmp, path)
         return path
 
+    def missing_or_short(self) -> list[str]:
+        """One line per local shard that is absent or smaller than the index says (truncated,
+        or being rewritten), with what it holds: ``"data-00003.tar: 1024 of 61440 bytes (49
+        utterances)"``. Reads no shard (one ``stat`` each)."""
+        problems = []
+        for path, entry in zip(self.paths(), self.shards):
+            try:
+                size = os.path.getsize(path)
+            except OSError:
+                problems.append(f"{path}: missing ({entry.count} utterances)")
+                continue
+            if size < entry.bytes:
+                problems.append(f"{path}: {size} of {entry.bytes} bytes, truncated "
+                                f"({entry.count} utterances)")
+        return problems
+
     @classmethod
     def read(cls, path: str | os.PathLike) -> "ShardIndex":
-        """Read ``index.jsonl`` (give the file or its folder).
+        """Read ``index.jsonl`` (give the file or its folder), or every index of a folder
+        ``pack`` wrote with length groups (one per group folder, :func:`index_folders`; the
+        entries are then named ``<group>/<shard>``).
 
         Raises:
             MissingDataError: no index there.
-            DataError: a malformed line, naming the file and line.
+            DataError: a malformed line, naming the file and line; group folders whose
+                indexes count lengths in different units.
         """
         path = os.fspath(path)
         if os.path.isdir(path):
+            folders = index_folders(path)
+            if len(folders) > 1 or (folders and folders[0] != path):
+                return cls._read_groups(path, folders)
             path = os.path.join(path, INDEX_NAME)
         try:
             with open(path, encoding="utf-8") as f:
@@ -150,6 +175,19 @@ class ShardIndex:
         return cls(os.path.dirname(os.path.abspath(path)), shards,
                    str(header.get("length_unit", "frames")),
                    None if audio_format is None else str(audio_format))
+
+    @classmethod
+    def _read_groups(cls, root: str, folders: list[str]) -> "ShardIndex":
+        parts = [cls.read(os.path.join(folder, INDEX_NAME)) for folder in folders]
+        units = {p.length_unit for p in parts}
+        if len(units) > 1:
+            raise DataError(f"these group folders count lengths in different units: "
+                            f"{sorted(units)}", source=root)
+        formats = {p.audio_format for p in parts}
+        entries = [ShardEntry(os.path.join(os.path.relpath(p.root, root), s.name), s.count,
+                              s.bytes, s.keys, s.lengths) for p in parts for s in p.shards]
+        return cls(os.path.abspath(root), entries, units.pop(),
+                   formats.pop() if len(formats) == 1 else None)
 
     @classmethod
     def for_shards(cls, paths: Sequence[str]) -> "ShardIndex":
@@ -177,6 +215,59 @@ class ShardIndex:
         if len(units) > 1:
             raise DataError(f"these shard folders count lengths in different units: {units}")
         return cls("/", entries, units.pop() if units else "frames")
+
+
+def length_seconds(total: float, unit: str, *, frame_shift: float = 0.01,
+                   sample_rate: int = 16000) -> float:
+    """Lengths counted in an index's ``unit`` as seconds: frames of ``frame_shift`` seconds,
+    samples at ``sample_rate`` Hz.
+
+    >>> length_seconds(500, "frames"), length_seconds(32000, "samples")
+    (5.0, 2.0)
+    """
+    scale = {"frames": frame_shift, "samples": 1.0 / sample_rate, "seconds": 1.0}.get(unit)
+    if scale is None:
+        raise DataError(f"unknown length unit {unit!r} in the shard index")
+    return float(total) * scale
+
+
+def index_folders(folder: str | os.PathLike) -> list[str]:
+    """The folders under ``folder`` whose shards make one corpus: ``[folder]`` when it holds
+    ``index.jsonl``, else its subfolders holding one (``pack``'s length groups), sorted.
+
+    Raises:
+        MissingDataError: no index in the folder nor in any subfolder.
+        DataError: both an index in the folder and indexed subfolders (two packs mixed in one
+            folder: re-pack with ``--force``).
+
+    >>> import tempfile
+    >>> d = tempfile.mkdtemp()
+    >>> for group in ("500_800", "10_500"):
+    ...     os.makedirs(os.path.join(d, group))
+    ...     _ = ShardIndex(os.path.join(d, group), []).write()
+    >>> [f[len(d) + 1:] for f in index_folders(d)]
+    ['10_500', '500_800']
+    """
+    folder = os.fspath(folder)
+    try:
+        subfolders = sorted(os.path.join(folder, name) for name in os.listdir(folder)
+                            if os.path.isfile(os.path.join(folder, name, INDEX_NAME)))
+    except FileNotFoundError as exc:
+        raise MissingDataError("no such shard folder", source=folder) from exc
+    here = os.path.isfile(os.path.join(folder, INDEX_NAME))
+    if here and subfolders:
+        raise DataError(
+            f"this folder holds shards with an index and {len(subfolders)} group folder(s) "
+            f"with their own ({', '.join(os.path.basename(s) for s in subfolders[:5])}): two "
+            "packs are mixed here; pack again with --force (PackOptions(force=True))",
+            source=folder)
+    if here:
+        return [folder]
+    if not subfolders:
+        raise MissingDataError(
+            "no shard index here (nor in a group folder); write one with 'speechpipe pack'",
+            source=os.path.join(folder, INDEX_NAME))
+    return subfolders
 
 
 def _json_line(line: str, path: str, number: int):

@@ -93,6 +93,7 @@ loader without a position to save).
 
 from __future__ import annotations
 
+import gc
 import json
 import multiprocessing
 import os
@@ -350,6 +351,15 @@ def _collect_reports(folder: str, pipe: Any) -> None:
     _clear_reports(folder)
 
 
+def _shut_down(iterator: Any, dataloader: Any) -> None:
+    """After an error, stop the workers of a DataLoader iterator now (torch leaves them to its
+    ``__del__``, which runs whenever the traceback holding it is collected -- possibly in a
+    process forked later); persistent workers are left to their loader."""
+    shutdown = getattr(iterator, "_shutdown_workers", None)
+    if shutdown is not None and not dataloader.persistent_workers:
+        shutdown()
+
+
 def _find_unresumable(state: Any) -> str | None:
     """The reason a worker's state says it cannot be resumed, anywhere in the saved state."""
     if isinstance(state, Mapping):
@@ -414,11 +424,22 @@ class Loader:
         reports = self.dataset._reports
         if reports is not None:
             _clear_reports(reports)  # left by a pass that was not run to its end
-        if self.device is None:
-            yield from batches
-        else:
-            for batch in batches:
-                yield to_device(batch, self.device, non_blocking=self.non_blocking)
+        if self.dataloader.num_workers and not self.dataloader.persistent_workers:
+            # An earlier pass's DataLoader iterator still alive (held by an exception's
+            # traceback) would be inherited by the workers about to fork and collected there:
+            # its __del__ then asks whether its workers are alive, from a process that is not
+            # their parent ("AssertionError: can only test a child process"). Collected here.
+            gc.collect()
+        iterator = iter(batches)
+        try:
+            if self.device is None:
+                yield from iterator
+            else:
+                for batch in iterator:
+                    yield to_device(batch, self.device, non_blocking=self.non_blocking)
+        except Exception:
+            _shut_down(iterator, self.dataloader)
+            raise
         if reports is not None:  # every worker has finished its pass: add up their counts
             _collect_reports(reports, self.dataset.pipe)
         if self.dataset._transfer is not None and not self.dataloader.persistent_workers:

@@ -1,11 +1,15 @@
-"""Corpus statistics: hours, utterances, length percentiles, padding efficiency, a histogram.
+"""Corpus statistics as a person reads them: a summary, percentiles, padding efficiency and a
+length histogram.
 
 ``speechpipe stats`` (:mod:`speechpipe.cli.stats`) and :func:`corpus_stats` read utterance
 durations from what a pipeline would read -- manifests (``.jsonl``/``.tsv``, optionally
 ``.gz``, with ``duration``), or tar shards written by ``speechpipe pack`` (their
-``index.jsonl`` lengths; give the folder, a shard path or a brace pattern) -- and report:
+``index.jsonl`` lengths; give the output folder, a shard path or a brace pattern) -- and report:
 
-- the utterance count and hours;
+- a ``describe``-style summary: utterances, speakers, hours, sample rates and channels (with
+  counts, from the manifest fields that record them), empty transcripts, utterances shorter
+  than ``min_seconds`` or longer than ``max_seconds`` (by default the batch budget: such an
+  utterance makes a batch of its own), mean and standard deviation;
 - duration percentiles (min, 5, 25, 50, 75, 95, 99 %, max);
 - the **padding efficiency** (real ÷ padded seconds) of budget batches at ``budget_seconds``
   padded seconds per batch, simulated on the durations alone with speechpipe's own batching
@@ -13,15 +17,16 @@ durations from what a pipeline would read -- manifests (``.jsonl``/``.tsv``, opt
   ``buffer_size`` utterances (:func:`~speechpipe.pipes.batching.bucket_groups`), greedy packing
   (:func:`~speechpipe.pipes.batching.pack_batches` with
   :class:`~speechpipe.pipes.batching.PaddedArea`);
-- a length histogram, drawn as a PNG by a small dependency-free writer
-  (:func:`write_histogram_png`: zlib + struct, bars, axes and numeric labels).
+- shards missing or shorter than their index says (:func:`shard_problems`);
+- a length histogram: as text (:func:`text_histogram`), and as a PNG with matplotlib when it
+  is installed (``pip install 'speechpipe[plot]'``; :func:`write_histogram_png`: axis titles,
+  an optional log-scaled count axis, the median, p95 and p99 and the budget marked).
 """
 
 from __future__ import annotations
 
 import os
-import struct
-import zlib
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -29,7 +34,7 @@ import numpy as np
 
 from .errors import DataError, MissingDataError
 from .pipes.batching import BatchStats, PaddedArea, bucket_groups, pack_batches
-from .sample import DURATION, KEY, NUM_FRAMES, SOURCE
+from .sample import DURATION, KEY, NUM_FRAMES, SAMPLE_RATE, SOURCE, SPEAKER, TEXT
 from .seeding import derive_rng
 
 __all__ = [
@@ -39,6 +44,8 @@ __all__ = [
     "length_histogram",
     "padding_efficiency",
     "read_durations",
+    "shard_problems",
+    "text_histogram",
     "write_histogram_png",
 ]
 
@@ -51,11 +58,42 @@ _SHARD_SUFFIXES = (".tar", ".tar.gz", ".tgz")
 # --------------------------------------------------------------------------- reading
 
 
-def _manifest_durations(path: str, frame_shift: float) -> list[float]:
+_CHANNEL_FIELDS = ("channels", "num_channels")
+
+
+@dataclass
+class _Facts:
+    """What the manifests record besides durations, gathered while reading them."""
+
+    described: int = 0  # utterances read from manifests or samples (not from a shard index)
+    speakers: set = field(default_factory=set)
+    rates: Counter = field(default_factory=Counter)
+    channels: Counter = field(default_factory=Counter)
+    texts: int = 0
+    empty_texts: int = 0
+
+    def add(self, sample: Mapping) -> None:
+        self.described += 1
+        if sample.get(SPEAKER) is not None:
+            self.speakers.add(str(sample[SPEAKER]))
+        if sample.get(SAMPLE_RATE) is not None:
+            self.rates[sample[SAMPLE_RATE]] += 1
+        channels = next((sample[f] for f in _CHANNEL_FIELDS if sample.get(f) is not None), None)
+        if channels is not None:
+            self.channels[channels] += 1
+        if TEXT in sample:
+            self.texts += 1
+            self.empty_texts += not str(sample[TEXT] or "").strip()
+
+
+def _manifest_durations(path: str, frame_shift: float, facts: _Facts | None = None
+                        ) -> list[float]:
     from .pipes.manifests import read_manifest
 
     out = []
     for sample in read_manifest(path):
+        if facts is not None:
+            facts.add(sample)
         if DURATION in sample:
             value = sample[DURATION]
         elif NUM_FRAMES in sample:
@@ -72,19 +110,35 @@ def _manifest_durations(path: str, frame_shift: float) -> list[float]:
 
 
 def _index_durations(source: str, frame_shift: float, sample_rate: int) -> list[float]:
+    from .index import length_seconds
+
+    index = _shard_index(source)
+    scale = length_seconds(1.0, index.length_unit, frame_shift=frame_shift,
+                           sample_rate=sample_rate)
+    return [n * scale for n in index.lengths()]
+
+
+def _shard_index(source: str):
     from .index import ShardIndex
     from .pipes.sources import expand_patterns
 
     if os.path.isdir(source):
-        index = ShardIndex.read(source)
-    else:
-        index = ShardIndex.for_shards(expand_patterns(source))
-    scale = {"frames": frame_shift, "samples": 1.0 / sample_rate, "seconds": 1.0}.get(
-        index.length_unit)
-    if scale is None:
-        raise DataError(f"unknown length unit {index.length_unit!r} in the shard index",
-                        source=source)
-    return [n * scale for n in index.lengths()]
+        return ShardIndex.read(source)
+    return ShardIndex.for_shards(expand_patterns(source))
+
+
+def shard_problems(manifests_or_shards: Any) -> list[str]:
+    """One line per indexed shard that is missing or shorter than its index says (truncated
+    by a full disk or an interrupted copy: reading it would stop, or skip the utterances
+    after the break), for the shard sources among ``manifests_or_shards``."""
+    items = manifests_or_shards
+    if isinstance(items, (str, os.PathLike)):
+        items = [items]
+    if isinstance(items, Mapping):
+        items = list(items.values())
+    return [problem for item in items if isinstance(item, (str, os.PathLike))
+            and _is_shards(os.fspath(item))
+            for problem in _shard_index(os.fspath(item)).missing_or_short()]
 
 
 def _is_shards(source: str) -> bool:
@@ -115,6 +169,11 @@ def read_durations(
     >>> read_durations([{"key": "a", "duration": 1.5}, {"key": "b", "num_frames": 250}])
     [1.5, 2.5]
     """
+    return _read(manifests_or_shards, frame_shift, sample_rate, None)
+
+
+def _read(manifests_or_shards: Any, frame_shift: float, sample_rate: int,
+          facts: _Facts | None) -> list[float]:
     items = manifests_or_shards
     if isinstance(items, Mapping):
         items = list(items.values())
@@ -122,11 +181,11 @@ def read_durations(
         items = [items]
     items = list(items)
     if items and all(isinstance(s, Mapping) for s in items):
-        return _sample_durations(items, frame_shift)
+        return _sample_durations(items, frame_shift, facts)
     out: list[float] = []
     for item in items:
         if isinstance(item, list):
-            out.extend(_sample_durations(item, frame_shift))
+            out.extend(_sample_durations(item, frame_shift, facts))
             continue
         source = os.fspath(item)
         if _is_shards(source):
@@ -134,13 +193,16 @@ def read_durations(
         elif not os.path.exists(source):
             raise MissingDataError("no such manifest, shard folder or shard", source=source)
         else:
-            out.extend(_manifest_durations(source, frame_shift))
+            out.extend(_manifest_durations(source, frame_shift, facts))
     return out
 
 
-def _sample_durations(samples: Iterable[Mapping], frame_shift: float) -> list[float]:
+def _sample_durations(samples: Iterable[Mapping], frame_shift: float,
+                      facts: _Facts | None = None) -> list[float]:
     out = []
     for s in samples:
+        if facts is not None:
+            facts.add(s)
         if DURATION in s:
             out.append(float(s[DURATION]))
         elif NUM_FRAMES in s:
@@ -204,9 +266,19 @@ def length_histogram(durations: Sequence[float], bins: int = 40) -> tuple[list[i
     return [int(c) for c in counts], [float(e) for e in edges]
 
 
+def _counts(counter: Mapping, unit: str = "") -> str:
+    return ", ".join(f"{k}{unit}: {n}" for k, n in sorted(counter.items(), key=lambda kv:
+                                                          (-kv[1], str(kv[0]))))
+
+
 @dataclass
 class CorpusStats:
-    """What :func:`corpus_stats` measured; :meth:`report` prints it."""
+    """What :func:`corpus_stats` measured; :meth:`report` prints it.
+
+    ``speakers``, ``sample_rates``, ``channels`` and ``empty_texts`` come from the manifest
+    fields that record them (``speaker``, ``sample_rate``, ``channels``, ``text``); they are
+    ``None`` (or empty) when no input records them, e.g. a shard index.
+    """
 
     utterances: int
     seconds: float
@@ -219,31 +291,73 @@ class CorpusStats:
     buffer_size: int | None = None
     png: str | None = None
     sources: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)  # shard_problems()
+    speakers: int | None = None
+    sample_rates: dict[int, int] = field(default_factory=dict)
+    channels: dict[int, int] = field(default_factory=dict)
+    empty_texts: int | None = None
+    min_seconds: float = 0.0
+    max_seconds: float | None = None
+    undersize: int = 0
+    oversize: int = 0
+    mean: float = 0.0
+    std: float = 0.0
+    described: int = 0  # utterances whose manifest fields were read
+    log_y: bool = False
+    note: str | None = None
 
     @property
     def hours(self) -> float:
         return self.seconds / 3600
 
-    def report(self) -> str:
+    # long: one line per fact, in the order a reader looks for them
+    def report(self, histogram: bool = True) -> str:
+        """The summary, then the text histogram (unless ``histogram=False``)."""
         p = self.percentiles
+        partly = (f" (of the {self.described} utterances from manifests)"
+                  if 0 < self.described < self.utterances else "")
+        unknown = "not recorded"
         lines = [
             f"utterances          {self.utterances}",
+            f"speakers            "
+            f"{unknown if self.speakers is None else f'{self.speakers}{partly}'}",
             f"hours               {self.hours:.4f} ({self.seconds:.1f} s)",
+            f"sample rates        "
+            f"{_counts(self.sample_rates, ' Hz') + partly if self.sample_rates else unknown}",
+            f"channels            "
+            f"{_counts(self.channels) + partly if self.channels else unknown}",
+            f"empty transcripts   "
+            f"{unknown if self.empty_texts is None else f'{self.empty_texts}{partly}'}",
+            f"undersize           {self.undersize} shorter than {self.min_seconds:g} s",
         ]
+        if self.max_seconds is not None:
+            lines.append(f"oversize            {self.oversize} longer than "
+                         f"{self.max_seconds:g} s")
         if self.utterances:
-            lines.append("duration (s)        " + " / ".join(
+            lines.append(f"duration (s)        mean {self.mean:.2f} / std {self.std:.2f}")
+            lines.append("percentiles (s)     " + " / ".join(
                 f"{'min' if q == 0 else 'max' if q == 100 else 'median' if q == 50 else f'p{q}'}"
                 f" {p[q]:.2f}" for q in PERCENTILES))
         if self.padding_efficiency is not None:
             lines.append(f"padding efficiency  {self.padding_efficiency:.4f} at "
                          f"{self.budget_seconds:g} padded s per batch ({self.batches} batches, "
                          f"buffer {self.buffer_size})")
+        if self.problems:
+            lines.append(f"warning: {len(self.problems)} shard(s) missing or shorter than "
+                         f"their index says (counted above, unreadable in training):")
+            lines.extend(f"  {p}" for p in self.problems[:10])
         if self.png is not None:
             lines.append(f"histogram           {self.png} ({len(self.counts)} bins, "
                          f"{self.edges[0]:.2f}-{self.edges[-1]:.2f} s)")
+        if self.note:
+            lines.append(self.note)
+        if histogram and self.utterances:
+            lines.append("")
+            lines.append(text_histogram(self.counts, self.edges, log_y=self.log_y))
         return "\n".join(lines)
 
 
+# long: the docstring documents every argument; the body is ~30 lines
 def corpus_stats(
     manifests_or_shards: Any,
     budget_seconds: float | None = None,
@@ -254,24 +368,32 @@ def corpus_stats(
     seed: int = 0,
     frame_shift: float = 0.01,
     sample_rate: int = 16000,
+    min_seconds: float = 0.1,
+    max_seconds: float | None = None,
+    log_y: bool = False,
 ) -> CorpusStats:
     """Statistics of the utterances of manifests or shards (see :func:`read_durations`).
 
     Args:
         manifests_or_shards: manifests, shard folders / paths / patterns, sample lists.
         budget_seconds: padded seconds per batch for the padding efficiency (``None``: skip).
-        png: write the length histogram there.
+        png: write the length histogram there (needs matplotlib; without it the report says
+            so and shows the text histogram only).
         bins: histogram bins.
         buffer_size, seed: of the batching simulation (:func:`padding_efficiency`).
         frame_shift, sample_rate: to turn frame / sample counts into seconds.
+        min_seconds: utterances shorter than this are counted as undersize.
+        max_seconds: utterances longer than this are counted as oversize (default: the
+            budget, if any: such an utterance makes a batch alone, or is dropped).
+        log_y: a log-scaled count axis in the histograms (shows the long tail).
 
     >>> s = corpus_stats([{"key": str(i), "duration": d} for i, d in enumerate([1, 2, 2, 4])],
     ...                  budget_seconds=4.0)
     >>> s.utterances, s.seconds, s.percentiles[50], round(s.padding_efficiency, 4)
     (4, 9.0, 2.0, 0.9)
     """
-    durations = read_durations(manifests_or_shards, frame_shift=frame_shift,
-                               sample_rate=sample_rate)
+    facts = _Facts()
+    durations = _read(manifests_or_shards, frame_shift, sample_rate, facts)
     values = np.asarray(durations, dtype=np.float64)
     percentiles = ({q: float(np.percentile(values, q)) for q in PERCENTILES}
                    if len(values) else {})
@@ -279,6 +401,10 @@ def corpus_stats(
     stats = CorpusStats(len(durations), float(values.sum()), percentiles, counts, edges)
     if isinstance(manifests_or_shards, (str, os.PathLike)):
         stats.sources = [os.fspath(manifests_or_shards)]
+    stats.problems = shard_problems(manifests_or_shards)
+    _describe(stats, values, facts, min_seconds,
+              budget_seconds if max_seconds is None else max_seconds)
+    stats.log_y = bool(log_y)
     if budget_seconds is not None:
         batched = padding_efficiency(durations, budget_seconds, buffer_size=buffer_size,
                                      seed=seed)
@@ -287,114 +413,124 @@ def corpus_stats(
         stats.batches = batched.batches
         stats.buffer_size = buffer_size
     if png is not None:
-        stats.png = os.fspath(write_histogram_png(png, counts, edges))
+        try:
+            stats.png = write_histogram_png(png, counts, edges, log_y=log_y,
+                                            percentiles=percentiles, budget=budget_seconds)
+        except ImportError as exc:
+            stats.note = f"histogram           no PNG: {exc}"
     return stats
 
 
-# --------------------------------------------------------------------------- PNG
-
-# 3×5 glyphs, rows top to bottom, 3 bits each (4 = left column).
-_GLYPHS = {
-    "0": (7, 5, 5, 5, 7), "1": (2, 6, 2, 2, 7), "2": (7, 1, 7, 4, 7), "3": (7, 1, 7, 1, 7),
-    "4": (5, 5, 7, 1, 1), "5": (7, 4, 7, 1, 7), "6": (7, 4, 7, 5, 7), "7": (7, 1, 2, 2, 2),
-    "8": (7, 5, 7, 5, 7), "9": (7, 5, 7, 1, 7), ".": (0, 0, 0, 0, 2), "s": (3, 4, 2, 1, 6),
-    "n": (0, 6, 5, 5, 5), "=": (0, 7, 0, 7, 0), " ": (0, 0, 0, 0, 0), "-": (0, 0, 7, 0, 0),
-}
-_WHITE, _BLACK, _BAR, _GRID = (255, 255, 255), (40, 40, 40), (66, 114, 196), (225, 225, 225)
-
-
-class _Canvas:
-    def __init__(self, width: int, height: int) -> None:
-        self.width, self.height = width, height
-        self.pixels = bytearray(bytes(_WHITE) * (width * height))
-
-    def rect(self, x0: int, y0: int, x1: int, y1: int, color: tuple[int, int, int]) -> None:
-        """Fill ``[x0, x1) × [y0, y1)`` (clipped)."""
-        x0, x1 = max(0, x0), min(self.width, x1)
-        y0, y1 = max(0, y0), min(self.height, y1)
-        if x0 >= x1:
-            return
-        row = bytes(color) * (x1 - x0)
-        for y in range(y0, y1):
-            start = (y * self.width + x0) * 3
-            self.pixels[start:start + len(row)] = row
-
-    def text(self, x: int, y: int, text: str, scale: int = 2,
-             color: tuple[int, int, int] = _BLACK) -> None:
-        for i, char in enumerate(text):
-            rows = _GLYPHS.get(char, _GLYPHS[" "])
-            for r, bits in enumerate(rows):
-                for c in range(3):
-                    if bits & (4 >> c):
-                        px, py = x + (i * 4 + c) * scale, y + r * scale
-                        self.rect(px, py, px + scale, py + scale, color)
-
-    def png(self) -> bytes:
-        stride = self.width * 3
-        raw = b"".join(b"\x00" + bytes(self.pixels[y * stride:(y + 1) * stride])
-                       for y in range(self.height))
-
-        def chunk(tag: bytes, data: bytes) -> bytes:
-            return (struct.pack(">I", len(data)) + tag + data
-                    + struct.pack(">I", zlib.crc32(tag + data) & 0xFFFFFFFF))
-
-        header = struct.pack(">IIBBBBB", self.width, self.height, 8, 2, 0, 0, 0)  # 8-bit RGB
-        return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header)
-                + chunk(b"IDAT", zlib.compress(raw, 9)) + chunk(b"IEND", b""))
+def _describe(stats: CorpusStats, values: np.ndarray, facts: _Facts, min_seconds: float,
+              max_seconds: float | None) -> None:
+    """Fill the summary fields of ``stats``."""
+    stats.described = facts.described
+    if facts.described:
+        stats.speakers = len(facts.speakers) if facts.speakers else None
+        stats.sample_rates = dict(facts.rates)
+        stats.channels = dict(facts.channels)
+        stats.empty_texts = facts.empty_texts if facts.texts else None
+    stats.min_seconds = float(min_seconds)
+    stats.undersize = int((values < min_seconds).sum())
+    if max_seconds is not None:
+        stats.max_seconds = float(max_seconds)
+        stats.oversize = int((values > max_seconds).sum())
+    if len(values):
+        stats.mean, stats.std = float(values.mean()), float(values.std())
 
 
-def _label(value: float) -> str:
-    return f"{value:.1f}" if value < 100 else f"{value:.0f}"
+# --------------------------------------------------------------------------- histograms
 
 
+def text_histogram(counts: Sequence[int], edges: Sequence[float], *, width: int = 50,
+                   log_y: bool = False, max_rows: int = 20) -> str:
+    """The histogram as text: one row per bin (adjacent bins merged down to ``max_rows``),
+    its seconds, a bar of ``#`` scaled to the largest (by log of the count with ``log_y``,
+    so that a tail of a few utterances stays visible), and the count.
+
+    >>> print(text_histogram([3, 1, 0, 6], [0, 1, 2, 3, 4], width=6))
+    duration (s) utterances
+    0.00-1.00 |###    3
+    1.00-2.00 |#      1
+    2.00-3.00 |       0
+    3.00-4.00 |###### 6
+    """
+    counts, edges = list(counts), list(edges)
+    if len(edges) != len(counts) + 1:
+        raise ValueError(f"need len(counts) + 1 edges, got {len(counts)} counts and "
+                         f"{len(edges)} edges")
+    step = max(1, -(-len(counts) // max_rows))
+    rows = [(edges[i], edges[min(i + step, len(counts))], sum(counts[i:i + step]))
+            for i in range(0, len(counts), step)]
+    peak = max((n for _, _, n in rows), default=0) or 1
+
+    def scale(n: int) -> float:
+        return np.log1p(n) / np.log1p(peak) if log_y else n / peak
+
+    digits = len(f"{edges[-1]:.2f}") if edges else 4
+    lines = [f"{'duration (s)':<{2 * digits + 2}} utterances" + (" (log scale)" if log_y
+                                                               else "")]
+    for low, high, n in rows:
+        bar = "#" * round(scale(n) * width) if n else ""
+        if n and not bar:
+            bar = "."  # fewer than one character's worth: still visible
+        lines.append(f"{low:{digits}.2f}-{high:{digits}.2f} |{bar:<{width}} {n}")
+    return "\n".join(lines)
+
+
+# long: one call per element of the figure (titles, bars, marks, labels)
 def write_histogram_png(
     path: str | os.PathLike, counts: Sequence[int], edges: Sequence[float], *,
-    width: int = 640, height: int = 320,
+    log_y: bool = False, percentiles: Mapping[int, float] | None = None,
+    budget: float | None = None, width: int = 800, height: int = 400,
 ) -> str:
-    """Draw a histogram as an RGB PNG (bars, axes, the seconds at both ends of the x axis,
-    the largest count and the total on top); return the path.
+    """Draw the length histogram as a PNG with matplotlib (the ``plot`` extra) and return the
+    path: axis titles, the count axis log-scaled with ``log_y``, the median, p95 and p99 of
+    ``percentiles`` and the ``budget`` as labelled vertical lines, an 11-point font.
 
-    Pure Python (zlib + struct): no plotting library needed.
+    Raises:
+        ImportError: matplotlib is not installed (the message has the install line).
 
     >>> import os, tempfile
-    >>> p = write_histogram_png(os.path.join(tempfile.mkdtemp(), "h.png"), [1, 3], [0, 1, 2])
+    >>> p = write_histogram_png(os.path.join(tempfile.mkdtemp(), "h.png"), [1, 3], [0, 1, 2],
+    ...                         percentiles={50: 1.2, 95: 1.8, 99: 1.9})
     >>> with open(p, "rb") as f:
-    ...     data = f.read()
-    >>> data[:8] == b"\\x89PNG\\r\\n\\x1a\\n", struct.unpack(">II", data[16:24])
-    (True, (640, 320))
+    ...     f.read(8) == b"\\x89PNG\\r\\n\\x1a\\n"
+    True
     """
     if len(edges) != len(counts) + 1:
         raise ValueError(f"need len(counts) + 1 edges, got {len(counts)} counts and "
                          f"{len(edges)} edges")
-    if width < 120 or height < 80:
-        raise ValueError(f"the image must be at least 120 × 80, got {width} × {height}")
-    canvas = _Canvas(width, height)
-    left, right, top, bottom = 40, width - 16, 24, height - 30
-    peak = max(counts) if counts and max(counts) > 0 else 1
-    for frac in (0.25, 0.5, 0.75, 1.0):
-        y = bottom - round(frac * (bottom - top))
-        canvas.rect(left, y, right, y + 1, _GRID)
-    n = max(1, len(counts))
-    span = right - left
-    for i, count in enumerate(counts):
-        x0 = left + (i * span) // n
-        x1 = left + ((i + 1) * span) // n - (1 if span // n > 2 else 0)
-        bar = round(count / peak * (bottom - top))
-        canvas.rect(x0, bottom - bar, max(x1, x0 + 1), bottom, _BAR)
-    canvas.rect(left - 1, top, left, bottom + 1, _BLACK)  # y axis
-    canvas.rect(left - 1, bottom, right, bottom + 1, _BLACK)  # x axis
-    canvas.text(4, top, str(peak))
-    canvas.text(4, bottom - 10, "0")
-    canvas.text(left, bottom + 8, _label(edges[0]) + "s" if edges else "")
-    end = _label(edges[-1]) + "s" if edges else ""
-    canvas.text(right - len(end) * 8, bottom + 8, end)
-    if edges:
-        middle = _label((edges[0] + edges[-1]) / 2) + "s"
-        canvas.text((left + right) // 2 - len(middle) * 4, bottom + 8, middle)
-    canvas.text(right - 120, 4, f"n={sum(counts)}")
+    if width < 200 or height < 150:
+        raise ValueError(f"the image must be at least 200 × 150, got {width} × {height}")
+    try:
+        from matplotlib.figure import Figure
+    except ImportError as exc:
+        raise ImportError("the histogram PNG needs matplotlib: pip install "
+                          "'speechpipe[plot]' (or matplotlib)") from exc
+    dpi = 100
+    fig = Figure(figsize=(width / dpi, height / dpi), dpi=dpi)
+    ax = fig.add_subplot()
+    edges = [float(e) for e in edges]
+    ax.stairs(list(counts), edges, fill=True, color="#4272c4", label="utterances")
+    if log_y:
+        ax.set_yscale("log")
+    marks = [(q, f"{'median' if q == 50 else f'p{q}'} {percentiles[q]:.1f} s", "#444444")
+             for q in (50, 95, 99) if percentiles and q in percentiles]
+    for i, (q, label, color) in enumerate(marks):
+        ax.axvline(percentiles[q], color=color, linestyle=("--", "-.", ":")[i], linewidth=1.2,
+                   label=label)
+    if budget is not None:
+        ax.axvline(budget, color="#c0392b", linewidth=1.5, label=f"budget {budget:g} s")
+    ax.set_xlabel("utterance duration (s)", fontsize=11)
+    ax.set_ylabel("utterances" + (" (log scale)" if log_y else ""), fontsize=11)
+    ax.set_title(f"{sum(counts)} utterances, {len(counts)} bins", fontsize=12)
+    ax.tick_params(labelsize=10)
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=10, loc="upper right")
+    fig.tight_layout()
     path = os.fspath(path)
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "wb") as f:
-        f.write(canvas.png())
+    tmp = f"{path}.tmp{os.getpid()}.png"
+    fig.savefig(tmp, dpi=dpi)
     os.replace(tmp, path)
     return path

@@ -8,6 +8,8 @@ over many epochs.
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -405,3 +407,71 @@ def test_the_reports_folder_goes_with_the_loader(shards):
     del loader
     gc.collect()
     assert not os.path.exists(folder)
+
+
+def test_the_end_of_epoch_report_shows_what_a_skipped_shard_lost(tmp_path):
+    # Issue 18, case 3: with workers, the loss counted in each worker reaches the main
+    # process's pipes, and so the end-of-epoch report (sp.pipeline_report).
+    from speechpipe.index import ShardEntry, ShardIndex
+
+    with ShardWriter(str(tmp_path / "data-%05d.tar"), maxcount=10) as writer:
+        for i in range(40):
+            writer.write({"key": f"u{i:03d}", "txt": "x"})
+    entries = [ShardEntry(os.path.basename(p), 10, os.path.getsize(p),
+                          tuple(f"u{i:03d}" for i in range(n * 10, n * 10 + 10)), (100.0,) * 10)
+               for n, p in enumerate(writer.paths)]
+    ShardIndex(str(tmp_path), entries).write()
+    with open(writer.paths[1], "r+b") as f:
+        f.truncate(1500)  # inside the second member (100 frames: 1 s per utterance)
+    pipe = (IterableWrapper(writer.paths)
+            .sharded_shuffle(buffer_size=1, index=True, on_error="skip")
+            .map(lambda s: s["key"]))
+    loader = build_loader(pipe, num_workers=2, resumable=False)
+    keys = list(loader)  # (each worker warns in its own process)
+    lost = 40 - len(keys)
+    assert 9 <= lost <= 10 and len(set(keys)) == len(keys)
+    report = speechpipe.pipeline_report(loader.dataset.pipe)  # the end-of-epoch report
+    assert f"skipped 1 item(s), losing {lost} utterance(s) ({lost:.1f} s)" in report
+    assert f"came out short: {40 - lost} of the 40 utterances planned (len()) came out" in report
+
+
+_AFTER_A_WORKER_ERROR = """
+import speechpipe as sp
+from speechpipe.pipes._base import IterableWrapper
+
+def boom(x):
+    if x == 3:
+        raise ValueError("bad item")
+    return x
+
+def main():
+    loader = sp.build_loader(IterableWrapper(list(range(8))).sharding_filter().map(boom),
+                             num_workers=2, resumable=False)
+    try:
+        list(loader)
+    except ValueError as exc:
+        print("caught:", exc)
+    again = sp.build_loader(IterableWrapper(list(range(8))).sharding_filter(), num_workers=2,
+                            resumable=False)
+    print(sorted(int(x) for x in again))
+
+main()
+"""
+
+
+def test_no_assertion_from_a_dead_loaders_del_after_an_error_in_a_worker(tmp_path):
+    # Issue 18, case 9: the failed loader's DataLoader iterator, kept alive by the exception's
+    # traceback, was inherited by the next loader's forked workers and collected there: its
+    # __del__ printed "AssertionError: can only test a child process". Its own process.
+    import subprocess
+    import sys
+
+    script = tmp_path / "after_error.py"
+    script.write_text(_AFTER_A_WORKER_ERROR)
+    env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(speechpipe.__file__))}
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "caught: " in done.stdout and "[0, 1, 2, 3, 4, 5, 6, 7]" in done.stdout
+    assert "can only test a child process" not in done.stderr
+    assert "Exception ignored" not in done.stderr

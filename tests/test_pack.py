@@ -798,3 +798,90 @@ def test_cli_help_describes_the_options(capsys):
     for option in ("--scp", "--labels", "--segments", "--manifest", "--out", "--fmt", "--group",
                    "--utts-per-shard", "--workers", "--on-mismatch", "data-%05d.tar"):
         assert option in help_text
+
+
+# --------------------------------------------------------------------------------------------
+# shard folders (issue 18, case 7): the output folder stands for all its groups; packs never mix
+# --------------------------------------------------------------------------------------------
+
+
+def test_the_output_folder_of_a_grouped_pack_reads_as_every_group(feats_corpus):
+    # Invariant: the folder's index, the shard list and stats cover each utterance once.
+    from speechpipe.stats import corpus_stats
+
+    pack_feats(feats_corpus, filter_group=["10:30", "30:60"], utts_per_shard=2)
+    out = feats_corpus["out"]
+    index = ShardIndex.read(out)
+    assert sorted(k for s in index.shards for k in s.keys) == sorted(feats_corpus["arrays"])
+    assert [s.name for s in index.shards][0] == os.path.join("10_30", "data-00000.tar")
+    listed = list(IterableWrapper([out]).list_shards())
+    assert listed == index.paths() and all(os.path.isfile(p) for p in listed)
+    keys = [s["key"] for s in IterableWrapper([out]).list_shards().open().read_shards()]
+    assert sorted(keys) == sorted(feats_corpus["arrays"])
+    assert corpus_stats(out, frame_shift=0.01).utterances == 7
+    pipe = IterableWrapper([out]).sharded_shuffle(buffer_size=2, index=True)
+    assert len(pipe) == 7 and sorted(s["key"] for s in pipe) == sorted(feats_corpus["arrays"])
+
+
+def test_packing_other_groups_into_a_used_folder_is_refused_naming_them(feats_corpus):
+    pack_feats(feats_corpus, filter_group=["10:30", "30:60"])
+    out = feats_corpus["out"]
+    before = tree_digest(out)
+    with pytest.raises(ValueError, match=r"holds shards of another pack .*\(10_30/, 30_60/\)"
+                                         r".*--force"):
+        pack_feats(feats_corpus, filter_group=["10:40", "40:60"])
+    with pytest.raises(ValueError, match=r"another pack .*\(10_30/, 30_60/\)"):
+        pack_feats(feats_corpus)  # no groups: into the top folder, beside the groups
+    assert tree_digest(out) == before  # nothing written, nothing deleted
+
+
+def test_force_deletes_the_other_groups_and_the_glob_reads_each_utterance_once(feats_corpus):
+    from speechpipe.pipes.sources import expand_patterns
+
+    pack_feats(feats_corpus, filter_group=["10:30", "30:60"])
+    out = feats_corpus["out"]
+    report = pack_feats(feats_corpus, filter_group=["10:40", "40:60"], force=True)
+    assert sorted(os.listdir(out)) == ["10_40", "40_60"]
+    assert len(report.removed) == 5 and "removed (--force): 5 file(s)" in report.report()
+    keys = [s["key"] for s in IterableWrapper(expand_patterns(f"{out}/*/data-*.tar"))
+            .open().read_shards()]
+    assert sorted(keys) == sorted(feats_corpus["arrays"])
+    report = pack_data(feats_corpus["scps"], feats_corpus["labels"], out,
+                       options=PackOptions(utts_per_shard=3, progress=False, force=True))
+    assert sorted(os.listdir(out)) == ["data-00000.tar", "data-00001.tar", "data-00002.tar",
+                                       INDEX_NAME]
+
+
+def test_a_folder_mixing_a_top_index_and_group_indexes_is_refused_by_readers(feats_corpus):
+    out = feats_corpus["out"]
+    pack_feats(feats_corpus, filter_group=["10:30", "30:60"])
+    ShardIndex(out, []).write()  # as an older pack without groups would have left
+    with pytest.raises(DataError, match="two packs are mixed here; pack again with --force"):
+        ShardIndex.read(out)
+
+
+def test_cli_pack_force_flag(feats_corpus, capsys):
+    parser = argparse.ArgumentParser(prog="speechpipe")
+    add_pack_command(parser.add_subparsers(dest="command"))
+    base = ["pack", "--out", feats_corpus["out"], "--no-progress"]
+    for f in feats_corpus["scps"]:
+        base += ["--scp", f]
+    for f in feats_corpus["labels"]:
+        base += ["--labels", f]
+    args = parser.parse_args(base + ["--group", "10:30", "--group", "30:60"])
+    assert args.func(args) == 0
+    args = parser.parse_args(base + ["--group", "10:60"])
+    assert args.func(args) == 2
+    assert "holds shards of another pack" in capsys.readouterr().err
+    args = parser.parse_args(base + ["--group", "10:60", "--force"])
+    assert args.func(args) == 0
+    assert sorted(os.listdir(feats_corpus["out"])) == ["10_60"]
+
+
+def test_packing_groups_beside_a_flat_pack_is_refused(feats_corpus):
+    pack_feats(feats_corpus)
+    with pytest.raises(ValueError, match=r"holds shards of another pack .*\(\./\)"):
+        pack_feats(feats_corpus, filter_group=["10:60"])
+    report = pack_feats(feats_corpus, filter_group=["10:60"], force=True)
+    assert sorted(os.listdir(feats_corpus["out"])) == ["10_60"]
+    assert len(read_back(feats_corpus["out"])) == 7 and report.utterances == 7

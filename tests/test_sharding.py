@@ -362,6 +362,33 @@ def test_a_truncated_shard_is_skipped_and_counted_under_skip(shards):
     assert pipe.diagnostics.total == 1
 
 
+def test_a_skipped_truncated_shard_counts_the_utterances_and_seconds_it_loses(shards):
+    # Issue 18, case 3: "skipped 1 item" while the rest of the shard was lost, and len()
+    # still counting it. Index lengths are 10 frames (0.1 s) per utterance.
+    write_index(shards)
+    truncate(shards[2])
+    pipe = IterableWrapper(shards).sharded_shuffle(buffer_size=3, index=True, on_error="skip")
+    assert len(pipe) == 30
+    with pytest.warns(SkippedInputWarning, match=r"losing \d utterance\(s\)"):
+        keys = keys_of(pipe)
+    lost = 30 - len(keys)
+    assert 0 < lost <= 5
+    d = pipe.diagnostics
+    assert (d.total, d.lost, round(d.lost_seconds, 6), d.planned) == (1, lost, lost / 10, 30)
+    report = d.report()
+    assert f"skipped shard {shards[2]}: {lost} utterances, {lost / 10:.1f} s" in report
+    assert f"came out short: {30 - lost} of the 30 utterances planned (len())" in report
+
+
+def test_a_skipped_shard_without_an_index_says_its_loss_is_unknown(shards):
+    truncate(shards[2])
+    pipe = IterableWrapper(shards).sharded_shuffle(buffer_size=3, on_error="skip")
+    with pytest.warns(SkippedInputWarning):
+        keys_of(pipe)
+    assert pipe.diagnostics.lost == 0
+    assert "utterances lost unknown (no index)" in pipe.diagnostics.report()
+
+
 def test_a_missing_shard_raises_naming_it_and_is_counted_under_skip(shards):
     missing = shards[0].replace("data-00000", "data-99999")
     with pytest.raises(MissingDataError) as exc_info:
@@ -756,3 +783,130 @@ def test_no_skip_warning_without_skips(shards):
     with warnings.catch_warnings():
         warnings.simplefilter("error", SkippedInputWarning)
         list(IterableWrapper(shards).sharded_shuffle(on_error="skip"))
+
+
+# --------------------------------------------------------------------------------------------
+# few shards for many processes (issue 18, case 8)
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def two_shards(tmp_path):
+    """Two shards of 7 and 4 samples, with an index (lengths 10 frames each)."""
+    folder = tmp_path / "two"
+    folder.mkdir()
+    with ShardWriter(str(folder / "data-%05d.tar"), maxcount=7) as writer:
+        for i in range(11):
+            writer.write({"key": f"k{i:02d}", "txt": str(i)})
+    write_index(writer.paths)
+    return writer.paths
+
+
+def _at(monkeypatch, rank, world, worker=0, workers=1):
+    position = Position(rank=rank, world_size=world, worker=worker, num_workers=workers)
+    monkeypatch.setattr(sharding, "process_position", lambda: position)
+
+
+def test_a_whole_shard_split_that_drops_much_is_warned_at_start_with_the_figures(
+        two_shards, monkeypatch):
+    _at(monkeypatch, 0, 2, 0, 2)
+    pipe = IterableWrapper(two_shards).sharded_shuffle(buffer_size=1, index=True)
+    with pytest.warns(sharding.UnevenSplitWarning) as caught:
+        keys_of(pipe)
+    message = str(caught[0].message)
+    assert "2 shard(s) for 2 rank(s) x 2 worker(s): whole shards give the ranks" in message
+    assert "drop about 3 utterances (27% of the audio) per epoch" in message
+    assert "2 of 4 workers read no shard" in message
+    assert "ShardSplit(level='sample')" in message and "--utts-per-shard" in message
+    _at(monkeypatch, 1, 2, 1, 2)  # one warning per epoch: from rank 0's first worker only
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        keys_of(IterableWrapper(two_shards).sharded_shuffle(buffer_size=1, index=True))
+
+
+def test_a_sample_level_split_gives_every_sample_once_with_exact_lengths(
+        two_shards, monkeypatch):
+    split = sharding.ShardSplit(level="sample")
+    seen, per_rank_len = {}, {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no uneven-split warning
+        for rank in range(2):
+            _at(monkeypatch, rank, 2)
+            per_rank_len[rank] = len(IterableWrapper(two_shards).sharded_shuffle(
+                index=True, split=split))
+            for worker in range(2):
+                _at(monkeypatch, rank, 2, worker, 2)
+                pipe = IterableWrapper(two_shards).sharded_shuffle(buffer_size=3, index=True,
+                                                                   split=split)
+                seen[(rank, worker)] = keys_of(pipe)
+                assert len(pipe) == len(seen[(rank, worker)])
+    everything = [k for keys in seen.values() for k in keys]
+    assert sorted(everything) == [f"k{i:02d}" for i in range(11)]  # none lost, none twice
+    assert sorted(len(keys) for keys in seen.values()) == [2, 3, 3, 3]
+    for rank in range(2):  # a rank's share does not depend on its workers
+        assert per_rank_len[rank] == len(seen[(rank, 0)]) + len(seen[(rank, 1)])
+
+
+def test_a_sample_level_split_resumes_exactly(two_shards, monkeypatch):
+    from speechpipe.loader import build_loader
+
+    _at(monkeypatch, 1, 2)
+    split = sharding.ShardSplit(level="sample")
+
+    def loader():
+        return build_loader(IterableWrapper(two_shards).sharded_shuffle(
+            buffer_size=2, index=True, split=split, seed=4).map(lambda s: s["key"]), seed=4)
+
+    full = list(loader())
+    assert len(full) == 5
+    first = loader()
+    it = iter(first)
+    head = [next(it) for _ in range(3)]
+    state = first.state_dict()
+    again = loader()
+    again.load_state_dict(state)
+    assert head + list(again) == full
+
+
+def test_a_sample_level_split_refuses_equalize():
+    with pytest.raises(ValueError, match="equalize applies to whole shards"):
+        sharding.ShardSplit(level="sample", equalize="drop")
+    with pytest.raises(ValueError, match="level must be one of"):
+        sharding.ShardSplit(level="rank")
+
+
+def test_shards_balanced_by_length_but_not_by_count_are_not_warned_about():
+    # Budget batches see audio, not utterance counts: 10 short + 1 long shard of equal length.
+    a = sharding.assign_shards(["short", "long"], world_size=2)
+    assert sharding.uneven_split(a, {"short": 10, "long": 1},
+                                 {"short": 100.0, "long": 100.0}) is None
+    assert "drop about 9 utterances (82%)" in sharding.uneven_split(a, {"short": 10, "long": 1})
+
+
+def test_under_a_sample_level_split_each_process_counts_its_share_of_a_lost_shard(
+        two_shards, monkeypatch):
+    truncate(two_shards[0])
+    yielded = lost = 0
+    for rank in range(2):
+        _at(monkeypatch, rank, 2)
+        pipe = IterableWrapper(two_shards).sharded_shuffle(
+            index=True, split=sharding.ShardSplit(level="sample"), on_error="skip")
+        with pytest.warns(SkippedInputWarning):
+            yielded += len(keys_of(pipe))
+        lost += pipe.diagnostics.lost
+        assert pipe.diagnostics.planned == len(pipe)
+    assert 0 < lost and yielded + lost == 11  # each lost utterance counted once, by its owner
+
+
+def test_the_eta_of_an_epoch_that_came_out_short_counts_without_the_lost(shards):
+    # Issue 18, case 3: after a skipped shard, the progress never reached its total.
+    write_index(shards)
+    truncate(shards[2])
+    pipe = IterableWrapper(shards).sharded_shuffle(buffer_size=3, index=True, on_error="skip")
+    progress = EpochProgress(pipe.epoch_plan())
+    with pytest.warns(SkippedInputWarning):
+        came = len(keys_of(pipe))
+    assert progress.remaining_samples(came) == pipe.diagnostics.lost > 0
+    progress.record_lost(pipe.diagnostics.lost)
+    assert progress.remaining_samples(came) == 0 and progress.fraction_done(came) == 1.0
+    assert progress.remaining_seconds(came, elapsed=2.0) == 0.0

@@ -4,8 +4,6 @@ valid PNG of the asked size, and the ``speechpipe stats`` command."""
 from __future__ import annotations
 
 import argparse
-import struct
-import zlib
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +21,7 @@ from speechpipe.stats import (
     length_histogram,
     padding_efficiency,
     read_durations,
+    text_histogram,
     write_histogram_png,
 )
 from speechpipe.testing import sample_durations
@@ -114,31 +113,77 @@ def test_histogram_counts_every_utterance():
     assert counts == [2, 0, 1, 1] and edges == [1.0, 2.0, 3.0, 4.0, 5.0]
 
 
-def _chunks(data: bytes):
-    pos = 8
-    while pos < len(data):
-        (length,) = struct.unpack(">I", data[pos:pos + 4])
-        tag, body = data[pos + 4:pos + 8], data[pos + 8:pos + 8 + length]
-        (crc,) = struct.unpack(">I", data[pos + 8 + length:pos + 12 + length])
-        assert crc == zlib.crc32(tag + body) & 0xFFFFFFFF, tag
-        yield tag, body
-        pos += 12 + length
+def test_the_histogram_png_has_titles_marks_a_log_axis_and_a_readable_font(tmp_path,
+                                                                         monkeypatch):
+    # Issue 18, case 9: three x labels, no axis titles, no marks, a linear y axis, a 3x5 font.
+    import matplotlib.figure
+
+    figures = []
+    real = matplotlib.figure.Figure.savefig
+
+    def keep(fig, *args, **kwargs):
+        figures.append(fig)
+        return real(fig, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", keep)
+    durations = sample_durations("ljspeech", 300).tolist()
+    counts, edges = length_histogram(durations, bins=30)
+    marks = {q: float(np.percentile(durations, q)) for q in PERCENTILES}
+    path = write_histogram_png(tmp_path / "h.png", counts, edges, log_y=True,
+                               percentiles=marks, budget=9.0, width=640, height=320)
+    assert Path(path).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    import matplotlib.image
+    assert matplotlib.image.imread(path).shape[:2] == (320, 640)
+    (ax,) = figures[0].axes
+    assert ax.get_xlabel() == "utterance duration (s)"
+    assert ax.get_ylabel() == "utterances (log scale)" and ax.get_yscale() == "log"
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert labels[1:] == [f"median {marks[50]:.1f} s", f"p95 {marks[95]:.1f} s",
+                          f"p99 {marks[99]:.1f} s", "budget 9 s"]
+    assert min(t.get_fontsize() for t in ax.get_xticklabels()) >= 10
+    assert len(ax.get_xticks()) >= 5
 
 
-def test_histogram_png_is_a_valid_png_of_the_asked_size_with_bars(tmp_path):
-    counts, edges = length_histogram(sample_durations("ljspeech", 300).tolist(), bins=30)
-    path = write_histogram_png(tmp_path / "h.png", counts, edges, width=400, height=200)
-    data = Path(path).read_bytes()
-    assert data[:8] == b"\x89PNG\r\n\x1a\n"
-    chunks = list(_chunks(data))
-    assert [t for t, _ in chunks][0] == b"IHDR" and chunks[-1][0] == b"IEND"
-    width, height, depth, color = struct.unpack(">IIBB", chunks[0][1][:10])
-    assert (width, height, depth, color) == (400, 200, 8, 2)
-    raw = zlib.decompress(b"".join(body for tag, body in chunks if tag == b"IDAT"))
-    assert len(raw) == height * (1 + 3 * width)
-    pixels = np.frombuffer(raw, np.uint8).reshape(height, 1 + 3 * width)[:, 1:]
-    pixels = pixels.reshape(height, width, 3)
-    assert ((pixels == (66, 114, 196)).all(axis=2)).sum() > 1000  # the bars are drawn
+def test_without_matplotlib_the_report_keeps_the_text_histogram(tmp_path, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "matplotlib.figure", None)  # as if not installed
+    stats = corpus_stats([{"key": str(i), "duration": 1.0 + i % 7} for i in range(70)],
+                         png=tmp_path / "h.png")
+    assert stats.png is None and not (tmp_path / "h.png").exists()
+    report = stats.report()
+    assert "no PNG: the histogram PNG needs matplotlib: pip install 'speechpipe[plot]'" in report
+    assert "duration (s)" in report and "|" + "#" * 50 + " 10" in report
+
+
+def test_the_text_histogram_log_scale_keeps_a_tail_of_one_visible():
+    linear = text_histogram([1000, 0, 1], [0, 1, 2, 3], width=40).splitlines()
+    logged = text_histogram([1000, 0, 1], [0, 1, 2, 3], width=40, log_y=True).splitlines()
+    assert linear[3].endswith("|." + " " * 39 + " 1")  # below one character: a dot
+    assert logged[3].count("#") == 4 and "log scale" in logged[0]
+    merged = text_histogram([1] * 40, [float(i) for i in range(41)], max_rows=20)
+    assert len(merged.splitlines()) == 21 and merged.splitlines()[1].endswith(" 2")
+
+
+def test_the_summary_counts_speakers_rates_channels_empty_and_out_of_range():
+    samples = ([{"key": f"a{i}", "duration": 2.0, "speaker": "s1", "sample_rate": 16000,
+                 "channels": 1, "text": "yes"} for i in range(5)]
+               + [{"key": "b", "duration": 0.05, "speaker": "s2", "sample_rate": 8000,
+                   "channels": 2, "text": " "},
+                  {"key": "c", "duration": 40.0, "speaker": "s2", "sample_rate": 16000,
+                   "channels": 1, "text": "long"}])
+    stats = corpus_stats(samples, budget_seconds=30.0)
+    assert (stats.speakers, stats.sample_rates, stats.channels) == (
+        2, {16000: 6, 8000: 1}, {1: 6, 2: 1})
+    assert (stats.empty_texts, stats.undersize, stats.oversize) == (1, 1, 1)
+    report = stats.report()
+    for line in ("speakers            2", "sample rates        16000 Hz: 6, 8000 Hz: 1",
+                 "channels            1: 6, 2: 1", "empty transcripts   1",
+                 "undersize           1 shorter than 0.1 s",
+                 "oversize            1 longer than 30 s", "percentiles (s)     min 0.05"):
+        assert line in report
+    from_index = corpus_stats([{"key": "x", "duration": 1.0}])
+    assert "speakers            not recorded" in from_index.report()
 
 
 def test_stats_command_prints_the_report_and_writes_the_png(manifest, tmp_path, capsys):
@@ -161,3 +206,21 @@ def test_stats_command_has_help(capsys):
     with pytest.raises(SystemExit) as info:
         parser.parse_args(["stats", "--help"])
     assert info.value.code == 0 and "--budget" in capsys.readouterr().out
+
+
+def test_stats_notices_a_truncated_or_missing_shard(tmp_path):
+    # Issue 18, case 3: stats read the index alone and said nothing of a shard cut short.
+    entries = [ShardEntry(f"data-{i:05d}.tar", 2, 2048, (f"a{i}", f"b{i}"), (100, 250))
+               for i in range(3)]
+    ShardIndex(str(tmp_path), entries, "frames").write()
+    (tmp_path / "data-00000.tar").write_bytes(b"\0" * 2048)
+    (tmp_path / "data-00001.tar").write_bytes(b"\0" * 1000)
+    stats = corpus_stats(tmp_path)
+    assert stats.problems == [
+        f"{tmp_path / 'data-00001.tar'}: 1000 of 2048 bytes, truncated (2 utterances)",
+        f"{tmp_path / 'data-00002.tar'}: missing (2 utterances)",
+    ]
+    assert "warning: 2 shard(s) missing or shorter than their index says" in stats.report()
+    (tmp_path / "data-00001.tar").write_bytes(b"\0" * 2048)
+    (tmp_path / "data-00002.tar").write_bytes(b"\0" * 2048)
+    assert corpus_stats(tmp_path).problems == []

@@ -28,7 +28,8 @@ examples:
   speechpipe pack --manifest train.jsonl --out shards/train
 
 read the result with:
-  IterableWrapper(["shards/train/10_500/data-00000.tar"]).open().read_shards().decode()
+  IterableWrapper(["shards/train"]).list_shards().open().read_shards().decode()
+  (a folder stands for every shard its index or its groups' indexes list)
 """
 
 
@@ -92,6 +93,9 @@ def add_command(subparsers: Any) -> argparse.ArgumentParser:
     run.add_argument("--workers", type=int, default=1, metavar="N",
                      help="worker processes (default: 1)")
     run.add_argument("--no-progress", action="store_true", help="hide the progress bars")
+    run.add_argument("--force", action="store_true",
+                     help="delete the shards of another pack found in --out (other length "
+                     "groups, or shards beside this pack's) instead of refusing")
     parser.set_defaults(func=run_command)
     return parser
 
@@ -105,7 +109,7 @@ def run_command(args: argparse.Namespace) -> int:
             segments=args.segments or None, manifests=args.manifest or None,
             on_mismatch=args.on_mismatch, num_workers=args.workers,
             progress=not args.no_progress, length_unit=args.length_unit,
-            audio_format=args.audio_format,
+            audio_format=args.audio_format, force=args.force,
         )
     except MissingDataError as exc:
         print(f"speechpipe pack: error: {exc}\n  check the path, then run the same command "

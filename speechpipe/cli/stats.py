@@ -1,5 +1,6 @@
-"""``speechpipe stats``: hours, utterances, length percentiles, padding efficiency and a length
-histogram of manifests or shards (:func:`~speechpipe.stats.corpus_stats`)."""
+"""``speechpipe stats``: a summary (utterances, speakers, hours, sample rates, channels, empty,
+short and long utterances), length percentiles, padding efficiency and a length histogram of
+manifests or shards (:func:`~speechpipe.stats.corpus_stats`)."""
 
 from __future__ import annotations
 
@@ -18,11 +19,12 @@ def run_command(args: argparse.Namespace) -> int:
         stats = corpus_stats(args.inputs, None if args.budget <= 0 else args.budget,
                              png=args.png, bins=args.bins, buffer_size=args.buffer,
                              seed=args.seed, frame_shift=args.frame_shift,
-                             sample_rate=args.sample_rate)
+                             sample_rate=args.sample_rate, min_seconds=args.min_seconds,
+                             max_seconds=args.max_seconds, log_y=args.log_y)
     except (ValueError, OSError) as exc:  # DataError, MissingDataError included
         print(f"speechpipe stats: error: {exc}", file=sys.stderr)
         return 2
-    print(stats.report())
+    print(stats.report(histogram=not args.no_histogram))
     return 0
 
 
@@ -30,9 +32,10 @@ def add_command(subparsers: Any) -> argparse.ArgumentParser:
     """Add ``stats`` to the ``speechpipe`` command's subparsers; return its parser.
 
     ``speechpipe stats <manifest|shard folder|shard pattern> ... [--budget 600] [--png
-    hist.png]`` prints hours, utterances, duration percentiles and the padding efficiency of
-    budget batches, and draws the length histogram. ``args.func(args)`` returns the exit
-    status.
+    hist.png] [--log-y]`` prints a summary (utterances, speakers, hours, sample rates, channels,
+    empty transcripts, undersize and oversize counts), duration percentiles, the padding
+    efficiency of budget batches and a text histogram, and draws the histogram as a PNG (with
+    matplotlib). ``args.func(args)`` returns the exit status.
 
     >>> parser = argparse.ArgumentParser(prog="speechpipe")
     >>> _ = add_command(parser.add_subparsers(dest="command"))
@@ -42,12 +45,14 @@ def add_command(subparsers: Any) -> argparse.ArgumentParser:
     """
     parser = subparsers.add_parser(
         "stats",
-        help="hours, utterances, length percentiles, padding efficiency, histogram PNG",
+        help="summary, length percentiles, padding efficiency, length histogram",
         description="Statistics of manifests (.jsonl/.tsv[.gz] with durations) or tar "
-        "shards written by 'speechpipe pack' (a folder with index.jsonl, shard paths or a "
-        "brace pattern): utterance count, hours, duration percentiles, the padding "
+        "shards written by 'speechpipe pack' (its output folder, shard paths or a brace "
+        "pattern): utterances, speakers, hours, sample rates, channels, empty transcripts, "
+        "utterances shorter or longer than given, duration percentiles, the padding "
         "efficiency (real / padded seconds) of budget batches as the training pipelines "
-        "make them, and a length histogram as a PNG.",
+        "make them, and a length histogram as text and (with matplotlib: pip install "
+        "'speechpipe[plot]') as a PNG.",
         epilog="example: speechpipe stats data/manifests/librispeech_samples_train-clean-100"
         ".jsonl.gz --budget 600 --png lengths.png",
     )
@@ -59,6 +64,16 @@ def add_command(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--png", default=None, metavar="FILE",
                         help="write the length histogram to this PNG file")
     parser.add_argument("--bins", type=int, default=40, help="histogram bins (default 40)")
+    parser.add_argument("--log-y", action="store_true",
+                        help="log-scaled utterance counts in the histograms (shows the tail)")
+    parser.add_argument("--no-histogram", action="store_true",
+                        help="leave the text histogram out of the report")
+    parser.add_argument("--min-duration", dest="min_seconds", type=float, default=0.1,
+                        metavar="SECONDS", help="count utterances shorter than this as "
+                        "undersize (default 0.1)")
+    parser.add_argument("--max-duration", dest="max_seconds", type=float, default=None,
+                        metavar="SECONDS", help="count utterances longer than this as "
+                        "oversize (default: the budget)")
     parser.add_argument("--buffer", type=int, default=2000, metavar="N",
                         help="utterances per sorted buffer in the batching simulation "
                         "(default 2000, as the training pipelines)")

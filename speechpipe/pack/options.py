@@ -47,6 +47,7 @@ class PackOptions:
     progress: bool = True
     length_unit: str | None = None
     audio_format: str = "lossless"
+    force: bool = False
 
     def __post_init__(self) -> None:
         _check_fmt(self.fmt)
@@ -66,8 +67,9 @@ class PackOptions:
         if self.length_unit is not None and self.length_unit not in LENGTH_UNITS:
             raise ValueError(f"length_unit must be one of {LENGTH_UNITS} or None, "
                              f"got {self.length_unit!r}")
-        if not isinstance(self.progress, bool):
-            raise TypeError(f"progress must be a bool, got {self.progress!r}")
+        for name in ("progress", "force"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
 
     @property
     def groups(self) -> list[LengthGroup]:

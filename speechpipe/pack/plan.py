@@ -36,6 +36,54 @@ class _ShardPlan:
     folders: list[str] = field(default_factory=list)  # the folder of each task
 
 
+def _other_packs(out_dir: str, options: PackOptions) -> list[str]:
+    """The folders of ``out_dir`` holding shards or an index that this pack will not write:
+    group folders of an earlier pack with other groups, the top folder's shards when packing
+    into groups (or group folders when not). Read with this pack (a glob, the folder), they
+    would give utterances twice."""
+    if not os.path.isdir(out_dir):
+        return []
+    planned = ({os.path.join(out_dir, g.name) for g in options.groups} if options.groups
+               else {out_dir})
+    found = []
+    for folder in [out_dir] + sorted(os.path.join(out_dir, f) for f in os.listdir(out_dir)):
+        if folder in planned or not os.path.isdir(folder):
+            continue
+        if any(_packed_file(name, options) for name in os.listdir(folder)):
+            found.append(folder)
+    return found
+
+
+def _packed_file(name: str, options: PackOptions) -> bool:
+    """Whether ``name`` is a file a pack writes: a shard, a shard being written, an index."""
+    if name in (INDEX_NAME, f"{INDEX_NAME}.tmp"):
+        return True
+    return bool(options.shard_name_re.fullmatch(name.removesuffix(".tmp")))
+
+
+def _refuse_or_clean(folders: list[str], out_dir: str, options: PackOptions) -> list[str]:
+    """Without ``force``, refuse to pack beside other packs' shards (``folders``, from
+    :func:`_other_packs`), naming them; with it, delete their shards and indexes (and the
+    folders, when nothing else is left in them). Returns the files deleted."""
+    if not folders:
+        return []
+    if not options.force:
+        named = ", ".join(f"{os.path.relpath(f, out_dir)}/" for f in folders[:_EXAMPLES])
+        raise ValueError(
+            f"{out_dir} holds shards of another pack that this one would not replace "
+            f"({named}): read together (a glob, or the folder) they would mix old and new "
+            "groups; pack into an empty folder, or pass --force (force=True) to delete them")
+    removed = []
+    for folder in folders:
+        for name in sorted(os.listdir(folder)):
+            if _packed_file(name, options) and os.path.isfile(os.path.join(folder, name)):
+                os.remove(os.path.join(folder, name))
+                removed.append(os.path.join(folder, name))
+        if folder != out_dir and not os.listdir(folder):
+            os.rmdir(folder)
+    return removed
+
+
 def _group_by_length(measured: _Measured, groups: list[LengthGroup],
                      report: PackReport) -> dict[str, list[int]]:
     """Indices of the utterances per group name (``"."`` without groups), in key order; those
@@ -105,9 +153,14 @@ def _plan_folder(plan: _ShardPlan, folder: str, indices: list[int], measured: _M
                                      tuple(measured.native[i][0] for i in chosen),
                                      keep_complete and previous is None, options.audio_format))
         plan.folders.append(folder)
-    report.stale_shards.extend(
-        os.path.join(folder, f) for f in sorted(os.listdir(folder))
-        if options.shard_name_re.fullmatch(f) and f not in planned_names)
+    stale = [os.path.join(folder, f) for f in sorted(os.listdir(folder))
+             if options.shard_name_re.fullmatch(f) and f not in planned_names]
+    if options.force:  # not part of this pack: deleted, so that a glob cannot mix them in
+        for path in stale:
+            os.remove(path)
+        report.removed.extend(stale)
+    else:
+        report.stale_shards.extend(stale)
 
 
 def _indexed_and_complete(previous: ShardEntry | None, entry: ShardEntry, path: str) -> bool:

@@ -30,6 +30,7 @@ class PackReport:
         labels_without_data_examples: a few of their keys.
         stale_shards: files in an output folder named like a shard but not part of this pack
             (left over from an earlier pack of other inputs; not deleted, not indexed).
+        removed: files of other packs deleted by ``force=True`` (their shards and indexes).
         index_paths: the ``index.jsonl`` files written.
         clipped: utterances (of the shards written by this run) with samples beyond
             ``[-1, 1)`` that ``audio_format="flac16"`` clipped to the 16-bit range.
@@ -51,6 +52,7 @@ class PackReport:
     labels_without_data: int = 0
     labels_without_data_examples: list[str] = field(default_factory=list)
     stale_shards: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
     index_paths: list[str] = field(default_factory=list)
     clipped: int = 0
     seconds: float = 0.0
@@ -90,9 +92,13 @@ class PackReport:
             f"  shards: {self.shards_written} written, {self.shards_skipped} already complete "
             f"(kept); {_size(self.bytes_total)} in all, {_size(self.bytes_written)} written"
         )
+        if self.removed:
+            lines.append(f"  removed (--force): {len(self.removed)} file(s) of another pack: "
+                         f"{', '.join(self.removed[:_EXAMPLES])}")
         if self.stale_shards:
             lines.append(f"  warning: {len(self.stale_shards)} file(s) named like shards are not "
-                         f"part of this pack (delete them before reading the folder with a glob): "
+                         f"part of this pack (delete them before reading the folder with a "
+                         f"glob, or pack again with --force): "
                          f"{', '.join(self.stale_shards[:_EXAMPLES])}")
         lines.append(f"  time: {self.seconds:.1f} s")
         return "\n".join(lines)

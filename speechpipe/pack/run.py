@@ -12,10 +12,13 @@ import time
 from typing import Any, Iterator, Sequence
 
 from ..index import ShardIndex
+from ..progress import progress_bar
 from .inputs import _input_files, _Inputs, _Item, _match_keys, _read_inputs
 from .lengths import _measure_chunk_args
 from .options import PackOptions
-from .plan import _group_by_length, _Measured, _plan_shards, _ShardPlan
+from .plan import (
+    _group_by_length, _Measured, _other_packs, _plan_shards, _refuse_or_clean, _ShardPlan,
+)
 from .report import _EXAMPLES, PackReport
 from .write import _run_shard_task
 
@@ -52,6 +55,7 @@ def pack_data(
     progress: bool = _Default("progress"),
     length_unit: str | None = _Default("length_unit"),
     audio_format: str = _Default("audio_format"),
+    force: bool = _Default("force"),
     options: PackOptions | None = None,
 ) -> PackReport:
     """Pack Kaldi tables (or manifests) and their labels into tar shards with an index.
@@ -85,7 +89,7 @@ def pack_data(
     Everything else is rewritten. Content is not compared: after changing the data of
     existing keys, pack into a fresh folder.
 
-    The settings (``fmt`` to ``audio_format``) are passed as keyword arguments or together as
+    The settings (``fmt`` to ``force``) are passed as keyword arguments or together as
     ``options=PackOptions(...)`` (:class:`~speechpipe.pack.PackOptions`), not both.
 
     Args:
@@ -116,7 +120,8 @@ def pack_data(
             Workers are started with ``spawn`` (clean processes, no inherited threads), so a
             script calling ``pack_data`` with ``num_workers > 1`` needs the usual
             ``if __name__ == "__main__":`` guard.
-        progress: show tqdm progress bars (measuring, then one step per shard).
+        progress: show progress (measuring, then one step per shard): tqdm bars on a
+            terminal, else a line every 30 s (:func:`~speechpipe.progress.progress_bar`).
         length_unit: ``"frames"`` (features), ``"samples"`` (audio, the default) or
             ``"seconds"`` (audio).
         audio_format: ``"lossless"`` (16-bit sources as FLAC, finer ones as float WAV) or
@@ -125,7 +130,7 @@ def pack_data(
             WeNet do -- a quarter of the size of float WAV; samples beyond the range are
             clipped and counted (:attr:`PackReport.clipped`). Recorded in the index: a
             rerun with another format rewrites the shards.
-        options: all the settings above (``fmt`` to ``audio_format``) in one
+        options: all the settings above (``fmt`` to ``force``) in one
             :class:`~speechpipe.pack.PackOptions`, instead of the keyword arguments.
 
     Returns:
@@ -165,7 +170,10 @@ def pack_data(
     options = _settings(options, fmt=fmt, filter_group=filter_group,
                         utts_per_shard=utts_per_shard, kind=kind, on_mismatch=on_mismatch,
                         num_workers=num_workers, progress=progress, length_unit=length_unit,
-                        audio_format=audio_format)
+                        audio_format=audio_format, force=force)
+    others = _other_packs(out_dir, options)
+    if not options.force:
+        _refuse_or_clean(others, out_dir, options)  # refuses, before anything is read
     if files.manifests and options.kind == "feats":
         raise ValueError("manifests name audio files: kind must be 'auto' or 'wav'")
 
@@ -184,6 +192,7 @@ def pack_data(
         # 2. Lengths; 3. groups and shards; 4. shards, then indexes.
         measured = _measure(executor, inputs, items, unit, options)
         by_group = _group_by_length(measured, options.groups, report)
+        report.removed.extend(_refuse_or_clean(others, out_dir, options))
         plan = _plan_shards(by_group, measured, out_dir, inputs, unit, options, report)
         _write_shards(executor, plan, report, options.progress)
     finally:
@@ -221,13 +230,11 @@ def _length_unit(length_unit: str | None, kind: str) -> str:
 def _measure(executor: concurrent.futures.Executor | None, inputs: _Inputs,
              items: list[_Item], unit: str, options: PackOptions) -> _Measured:
     """Measure every item, ``utts_per_shard`` per task (in the workers, if any)."""
-    from tqdm import tqdm
-
     per_task = options.utts_per_shard
     chunks = [items[i:i + per_task] for i in range(0, len(items), per_task)]
     measured: list[list[tuple[int, int | None]]] = [[] for _ in chunks]
-    with tqdm(total=len(chunks), desc="pack: measure", unit="chunk",
-              disable=not options.progress) as bar:
+    with progress_bar(total=len(chunks), desc="pack: measure", unit="chunk",
+                      disable=not options.progress) as bar:
         for i, result in _run_all(executor, _measure_chunk_args, [
                 (inputs.mode, chunk) for chunk in chunks], bar):
             measured[i] = result
@@ -240,10 +247,9 @@ def _write_shards(executor: concurrent.futures.Executor | None, plan: _ShardPlan
                   report: PackReport, progress: bool) -> None:
     """Run the plan's shard tasks (in the workers, if any); record each shard's size in its
     index entry and count it in ``report``."""
-    from tqdm import tqdm
-
-    with tqdm(total=len(plan.tasks) + report.shards_skipped, initial=report.shards_skipped,
-              desc="pack: write", unit="shard", disable=not progress) as bar:
+    with progress_bar(total=len(plan.tasks) + report.shards_skipped,
+                      initial=report.shards_skipped, desc="pack: write", unit="shard",
+                      disable=not progress) as bar:
         for i, (written, size, clipped) in _run_all(executor, _run_shard_task, plan.tasks, bar):
             report.clipped += clipped
             name = os.path.basename(plan.tasks[i].path)

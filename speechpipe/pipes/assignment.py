@@ -10,7 +10,10 @@ The two-level shuffle of ``sharded_shuffle`` (:mod:`speechpipe.pipes.sharding`) 
   index. Optionally **equal shard counts** per rank: repeat shards (as webdataset) or drop
   the remainder (as CAT), counted;
 - :func:`split_shards`: one process's part of it;
-- :class:`ShardSplit`: those choices, given to ``sharded_shuffle(split=...)``;
+- :class:`ShardSplit`: those choices, given to ``sharded_shuffle(split=...)``; for a small
+  corpus of few shards, ``ShardSplit(level="sample")`` splits samples instead of shards;
+- :func:`uneven_split`: what a whole-shard split drops or repeats when ranks stop together,
+  warned (:class:`UnevenSplitWarning`) when it is more than a few percent;
 - :class:`ShardAssignment` / :class:`SplitBalance` / :func:`split_balance`: the result and its
   balance (max/min total frames per rank).
 
@@ -36,19 +39,26 @@ from ..seeding import Position, derive_rng
 __all__ = [
     "BALANCE",
     "EQUALIZE",
+    "LEVELS",
     "ShardAssignment",
     "ShardSplit",
     "SplitBalance",
+    "UnevenSplitWarning",
     "assign_shards",
     "shuffle_shards",
     "split_balance",
     "split_shards",
+    "uneven_split",
 ]
 
 #: How shards are balanced between ranks: by total length from the index, or by count.
 BALANCE = ("length", "count")
 #: How shard counts are made equal per rank (``None``: they are not).
 EQUALIZE = (None, "repeat", "drop")
+#: What is split between ranks and workers: whole shards, or the samples of every shard.
+LEVELS = ("shard", "sample")
+#: The share of an epoch a whole-shard split may drop (or repeat) before it is warned about.
+UNEVEN_TOLERANCE = 0.05
 
 # Shards whose weights are within this relative tolerance are one weight class: classes are
 # assigned largest first (LPT), shards within a class in the epoch's shuffled order, so the
@@ -151,19 +161,33 @@ class ShardSplit:
             original when possible; ``"drop"``: the last ``n mod ranks`` shards of the epoch's
             order are left out this epoch (CAT's way; a different set every epoch). Both are
             counted in :class:`ShardAssignment`.
+        level: ``"shard"`` (default): each shard is read by one process. ``"sample"``: for
+            a small corpus of fewer shards than ranks × workers (or of shards too uneven to
+            share out), every process reads every shard, in the epoch's order, and keeps
+            every ``S``-th sample read from its slot on (``S`` = ranks × workers, slot =
+            worker × ranks + rank: sample ``i`` goes to rank ``i % ranks``, whatever the
+            number of workers): nothing dropped or repeated, counts within one of each other
+            (exact ``len()`` with the index), resumable, at the cost of reading the corpus
+            ``S`` times. ``equalize`` does not apply (``balance`` neither).
 
     >>> ShardSplit(equalize="repeat")
-    ShardSplit(balance='length', equalize='repeat')
+    ShardSplit(balance='length', equalize='repeat', level='shard')
     """
 
     balance: str = "length"
     equalize: str | None = None
+    level: str = "shard"
 
     def __post_init__(self) -> None:
         if self.balance not in BALANCE:
             raise ValueError(f"balance must be one of {BALANCE}, got {self.balance!r}")
         if self.equalize not in EQUALIZE:
             raise ValueError(f"equalize must be one of {EQUALIZE}, got {self.equalize!r}")
+        if self.level not in LEVELS:
+            raise ValueError(f"level must be one of {LEVELS}, got {self.level!r}")
+        if self.level == "sample" and self.equalize is not None:
+            raise ValueError("equalize applies to whole shards; level='sample' already gives "
+                             "every process an equal share, within one sample")
 
 
 @dataclass(frozen=True)
@@ -239,6 +263,7 @@ class ShardAssignment:
     dropped: tuple[str, ...] = ()
     repeated_weight: float = 0.0
     dropped_weight: float = 0.0
+    level: str = "shard"
 
     @property
     def world_size(self) -> int:
@@ -264,6 +289,9 @@ class ShardAssignment:
         return split_balance(self.rank_totals, self.unit)
 
     def report(self) -> str:
+        if self.level == "sample":
+            return (f"sample split: every process reads all {len(self.parts[0][0])} shard(s) "
+                    f"and keeps every {self.world_size * self.num_workers}-th sample")
         counts = self.shard_counts()
         lines = [f"shard split: {self.balance().report()}",
                  f"  shards per rank min {min(counts)} / max {max(counts)}"]
@@ -274,6 +302,63 @@ class ShardAssignment:
             lines.append(f"  dropped {len(self.dropped)} shard(s) ({self.dropped_weight:g} "
                          f"{self.unit}) to equalise shard counts")
         return "\n".join(lines)
+
+
+class UnevenSplitWarning(UserWarning):
+    """Warned when an epoch starts whose whole-shard split gives the ranks such different
+    shares that ranks stepping together drop (or repeat) more than a few percent of it."""
+
+
+# long: the message names every figure and fix; the arithmetic is ~20 lines
+def uneven_split(assignment: ShardAssignment, counts: Mapping[str, int] | None = None,
+                 lengths: Mapping[str, float] | None = None,
+                 tolerance: float = UNEVEN_TOLERANCE) -> str | None:
+    """What a whole-shard split loses, as a warning's text, or ``None`` when it is within
+    ``tolerance`` of the epoch (so with one rank: its idle workers, if any, lose nothing).
+
+    Ranks that step together stop with the rank that has the least (``stop``), dropping the
+    others' surplus, or pad up to the most (``pad``), repeating the difference. The share is
+    measured on ``lengths`` (total length per shard, from the index: what budget batches
+    see), else on ``counts`` (utterances per shard), else on shard counts; with ``counts``,
+    it is also given in utterances.
+
+    >>> a = assign_shards(["a", "b"], world_size=2, num_workers=2)
+    >>> print(uneven_split(a, {"a": 185, "b": 13}))  # doctest: +ELLIPSIS
+    2 shard(s) for 2 rank(s) x 2 worker(s): whole shards give the ranks 185 / 13 ... 172 ...
+    """
+    slots = assignment.world_size * assignment.num_workers
+    if assignment.world_size == 1 or assignment.level == "sample":
+        return None
+    ranks = [assignment.rank_shards(r) for r in range(assignment.world_size)]
+    weights = lengths if lengths is not None else counts
+    measure = [sum(weights[n] for n in names) if weights is not None else len(names)
+               for names in ranks]
+    total = sum(measure) or 1
+    dropped = sum(m - min(measure) for m in measure) / total
+    repeated = sum(max(measure) - m for m in measure) / total
+    idle = sum(1 for rank in assignment.parts for part in rank if not part)
+    if max(dropped, repeated) <= tolerance:  # idle workers alone lose nothing
+        return None
+    shards = len({n for names in ranks for n in names})
+    what = " of the audio" if lengths is not None else ""
+    drop, pad = f"{100 * dropped:.0f}%{what}", f"{100 * repeated:.0f}%"
+    if counts is not None:
+        utterances = sum(counts[n] for n in set(n for names in ranks for n in names))
+        per_rank = " / ".join(str(sum(counts[n] for n in names)) for names in ranks)
+        given = f"give the ranks {per_rank} utterances per epoch"
+        drop = f"about {round(dropped * utterances)} utterances ({drop})"
+        pad = f"about {round(repeated * utterances)} ({pad})"
+        size = f"pack --utts-per-shard {max(1, utterances // (4 * slots))}"
+    else:
+        given = f"give the ranks {' / '.join(str(len(n)) for n in ranks)} shards"
+        size = "pack with a smaller --utts-per-shard"
+    return (
+        f"{shards} shard(s) for {assignment.world_size} rank(s) x {assignment.num_workers} "
+        f"worker(s): whole shards {given}; ranks stepping together drop {drop} per epoch "
+        f"stopping with the shortest rank, or repeat {pad} padding to the longest; {idle} of "
+        f"{slots} workers read no shard. Fix: more shards than ranks x workers ({size}: "
+        "several shards per worker), or, for a small corpus, split samples instead of shards: "
+        "sharded_shuffle(split=ShardSplit(level='sample'))")
 
 
 def _weight_class(weight: float) -> float:
@@ -466,6 +551,12 @@ def assign_shards(
     split = ShardSplit() if split is None else split
     if not isinstance(split, ShardSplit):
         raise TypeError(f"split must be a ShardSplit, got {split!r}")
+    if split.level == "sample":  # everyone reads everything; the samples are split
+        total = float(sum(_shard_weights(names, weights))) if weights is not None else len(names)
+        every = tuple(names)
+        return ShardAssignment(tuple((every,) * num_workers for _ in range(world_size)),
+                               (total / world_size,) * world_size,
+                               unit if weights is not None else "shards", level="sample")
     by_length = weights is not None and split.balance == "length"
     if by_length:
         w_of = _shard_weights(names, weights)

@@ -160,7 +160,8 @@ def compute_cmvn_stats(
     samples: Iterable[Any], *, progress: bool = True, desc: str = "cmvn"
 ) -> CmvnStats:
     """Accumulate :class:`CmvnStats` over samples with ``feats`` (or bare ``(frames, dim)``
-    arrays), streaming: one utterance in memory at a time, float64 sums, a tqdm bar.
+    arrays), streaming: one utterance in memory at a time, float64 sums, progress (a tqdm
+    bar on a terminal, lines in a log).
 
     Raises :class:`~speechpipe.errors.DataError` naming the key for a sample without features
     or whose dimension differs from the first one's, and ``ValueError`` when there are no
@@ -170,10 +171,10 @@ def compute_cmvn_stats(
     >>> s.count, s.mean.tolist()
     (3, [1.0, 1.0])
     """
-    from tqdm import tqdm
+    from ..progress import progress_bar
 
     stats: CmvnStats | None = None
-    for item in tqdm(samples, desc=desc, unit="utt", disable=not progress):
+    for item in progress_bar(samples, desc=desc, unit="utt", disable=not progress):
         if isinstance(item, Mapping):
             feats, where = feats_of(item, "compute_cmvn_stats"), sample_where(item)
         else:

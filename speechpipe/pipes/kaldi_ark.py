@@ -12,12 +12,14 @@ size makes us allocate more than the file holds:
 - at an offset (:func:`_decode_matrix`, :func:`_audio_bytes_in_ark`), for ``load_scp``: a
   seekable file, errors naming the table line and ``ark:offset``;
 - in sequence (:func:`iter_ark`), for streaming arks as shards: a pipe or HTTP body read front
-  to back, errors naming the ark, the key and a byte offset.
+  to back, errors naming the ark, the key and a byte offset; :func:`kaldi_arks` lists the arks
+  of a ``feats.scp`` to stream them so.
 """
 
 from __future__ import annotations
 
 import io
+import os
 import re
 import struct
 from typing import Any, BinaryIO, Callable, Iterator, Protocol
@@ -26,10 +28,11 @@ import numpy as np
 from kaldiio.matio import read_kaldi
 
 from ..errors import DataError, UnsafeInputError
-from .kaldi_tables import _WHITESPACE, _error, _Where
+from .kaldi_tables import _WHITESPACE, _error, _Where, read_scp_table
 
 __all__ = [
     "iter_ark",
+    "kaldi_arks",
 ]
 
 # <path>[:<offset>][<range>]; the lazy path lets a trailing ":<digits>" be the offset.
@@ -518,3 +521,64 @@ def iter_ark(stream: BinaryIO, *, source: str | None = None) -> Iterator[tuple[s
         array = _decode_object(reader.next_object(), reader)
         reader.last = key
         yield key, array
+
+
+# --------------------------------------------------------------------------- data directories
+
+
+def kaldi_arks(data_dir_or_feats_scp: str | os.PathLike) -> list[str]:
+    """The distinct ark files a ``feats.scp`` refers to, in order of first appearance.
+
+    Streams a Kaldi data directory as shards with no packing::
+
+        IterableWrapper(kaldi_arks("data/train")).sharded_shuffle(format="ark")
+
+    Each ark is then read whole and in sequence, and the ark list is shuffled per epoch. Paths
+    are returned as written; relative ones are relative to the current directory, as in Kaldi.
+
+    **Read whole** means every utterance of each ark: if ``feats.scp`` lists only some of an
+    ark's utterances (a ``subset_data_dir.sh`` subset, filtered utterances), the stream also
+    holds the others -- keep the listed keys with ``filter`` or ``join_by_key``.
+
+    Args:
+        data_dir_or_feats_scp: a data directory (its ``feats.scp`` is read) or the file.
+
+    Raises:
+        MissingDataError: no ``feats.scp``.
+        DataError: a malformed line, or a value that cannot be streamed: a command
+            (``... |``), a Kaldi range (``raw.ark:12[0:9]``) or a path without ``:offset``;
+            the message names the file, line and key.
+
+    >>> import os, pathlib, tempfile, numpy as np, kaldiio
+    >>> d = pathlib.Path(tempfile.mkdtemp())
+    >>> for part in (2, 1):
+    ...     spec = f"ark,scp:{d}/raw.{part}.ark,{d}/feats.{part}.scp"
+    ...     with kaldiio.WriteHelper(spec) as writer:
+    ...         for i in range(2):
+    ...             writer(f"utt{part}{i}", np.zeros((3, 2), np.float32))
+    >>> _ = (d / "feats.scp").write_text((d / "feats.2.scp").read_text()
+    ...                                  + (d / "feats.1.scp").read_text())
+    >>> [os.path.basename(p) for p in kaldi_arks(d)]
+    ['raw.2.ark', 'raw.1.ark']
+    """
+    path = os.fspath(data_dir_or_feats_scp)
+    if os.path.isdir(path):
+        path = os.path.join(path, "feats.scp")
+    arks: dict[str, None] = {}
+    for entry in read_scp_table(path).values():
+        value = entry.value
+        where = {"source": entry.source, "line": entry.line, "key": entry.key}
+        if value.endswith("|"):
+            raise DataError(f"a command cannot be streamed as a shard: {value!r}", **where)
+        match = _ARK_REF.fullmatch(value)
+        if match is None or match["offset"] is None:
+            raise DataError(f"expected an ark reference '<ark>:<offset>', got {value!r}",
+                            **where)
+        if match["range"] is not None:
+            raise DataError(
+                f"a range ({value!r}) selects part of a matrix; streaming reads whole "
+                "matrices (load this table with load_scp instead)",
+                **where,
+            )
+        arks.setdefault(match["path"], None)
+    return list(arks)

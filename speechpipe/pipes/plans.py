@@ -114,6 +114,7 @@ class EpochProgress:
         self.shards = shards
         self.buffer_size = buffer_size
         self.total_samples = sum(s.count for s in shards)
+        self.lost = 0  # utterances of the plan that will not come (record_lost)
         self.total_bytes = (None if any(s.bytes is None for s in shards)
                             else sum(s.bytes for s in shards))
         self._ends = []  # cumulative counts: shard i is fully read once _ends[i] samples are
@@ -121,6 +122,25 @@ class EpochProgress:
         for s in shards:
             total += s.count
             self._ends.append(total)
+
+    def record_lost(self, utterances: int) -> None:
+        """The epoch comes out short: ``utterances`` of the plan will never come (a shard
+        skipped under ``on_error="skip"``; ``sharded_shuffle``'s ``diagnostics.lost`` counts
+        them from the index). The total, the fraction done and the sample-rate ETA count
+        without them from now on.
+
+        >>> from speechpipe.seeding import Position
+        >>> progress = EpochProgress(EpochPlan(0, Position(), (PlannedShard("a", 100),
+        ...                                                    PlannedShard("b", 100))))
+        >>> progress.record_lost(49)
+        >>> progress.total_samples, progress.remaining_samples(100), progress.fraction_done(151)
+        (151, 51, 1.0)
+        """
+        if not isinstance(utterances, int) or not 0 <= utterances <= self.total_samples:
+            raise ValueError(f"utterances must be an int from 0 to {self.total_samples}, "
+                             f"got {utterances!r}")
+        self.lost += utterances
+        self.total_samples -= utterances
 
     def _check(self, consumed: int) -> int:
         if not isinstance(consumed, int) or consumed < 0:

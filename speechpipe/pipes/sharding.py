@@ -42,22 +42,22 @@ from __future__ import annotations
 import itertools
 import os
 import urllib.parse
+import warnings
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from ..diagnostics import Diagnostics, check_on_error
 from ..errors import DataError, MissingDataError, UnsafeInputError
-from ..index import ShardEntry, ShardIndex
+from ..index import ShardEntry, ShardIndex, length_seconds
 from ..sample import FEATS, KEY, SOURCE, Sample
 from ..seeding import Position, derive_rng, process_position
 from ._base import IterDataPipe, functional_datapipe
 from ._state import SampleSource, Seeded, check_seed, held_sample, identity_list, rng_state
 from .assignment import (
-    ShardAssignment, ShardSplit, _check_count, _check_position, assign_shards, shuffle_shards,
-    split_shards,
+    ShardAssignment, ShardSplit, UnevenSplitWarning, _check_count, _check_position,
+    assign_shards, shuffle_shards, split_shards, uneven_split,
 )
-from .kaldi_ark import _ARK_REF, iter_ark
-from .kaldi_tables import read_scp_table
+from .kaldi_ark import iter_ark, kaldi_arks
 from .order import shuffle_buffer
 from .plans import EpochPlan, EpochProgress, PlannedShard
 from .shards import ShardReadOptions, group_by_key, iter_tar_members
@@ -146,6 +146,21 @@ def _skip_reason(error: Exception) -> str:
     return "corrupt shard (rest of the shard skipped)"
 
 
+def _loss(name: str, error: Exception, live: dict) -> dict:
+    """What skipping the rest of shard ``name`` loses, from the index (``live["entries"]``):
+    the utterances after the ``live["offset"]`` read, their seconds, and the report's line."""
+    entry = (live.get("entries") or {}).get(name)
+    if entry is None:
+        return {"example": f"skipped shard {name}: utterances lost unknown (no index); {error}"}
+    rest = entry.lengths[live["offset"]:]
+    stride = live.get("stride")
+    if stride is not None:  # this process's share of them
+        rest = rest[(stride[0] - live["seen"]) % stride[1]::stride[1]]
+    seconds = length_seconds(sum(rest), live.get("unit", "frames"))
+    return {"lost": len(rest), "seconds": seconds,
+            "example": f"skipped shard {name}: {len(rest)} utterances, {seconds:.1f} s; {error}"}
+
+
 @dataclass(frozen=True)
 class _Reading:
     """How a ``sharded_shuffle`` pipe reads its shards: the format and opening options of
@@ -183,6 +198,8 @@ def _read_shards(names: Sequence[str], reading: _Reading, live: dict,
     """
     names = list(names)
     start, skip = (0, 0) if skip_to is None else (skip_to.shard, skip_to.offset)
+    stride = live.get("stride")
+    live.setdefault("seen", 0)
     for i in range(start, len(names)):
         name = names[i]
         live["shard"], live["offset"] = i, 0
@@ -194,13 +211,17 @@ def _read_shards(names: Sequence[str], reading: _Reading, live: dict,
         try:
             for sample in reading.open(name):
                 live["offset"] += 1
+                seen, live["seen"] = live["seen"], live["seen"] + 1
                 if live["offset"] <= skip:
                     if skip_to.wanted and sample[KEY] in skip_to.wanted:
                         skip_to.picked[(name, sample[KEY])] = sample
                     continue
+                if stride is not None and seen % stride[1] != stride[0]:
+                    continue  # another process's sample (a sample-level split)
                 yield sample
         except (DataError, MissingDataError) as err:
-            reading.diagnostics.handle(reading.on_error, err, _skip_reason(err))
+            reading.diagnostics.handle(reading.on_error, err, _skip_reason(err),
+                                       **_loss(name, err, live))
         skip = 0
     live["drain"] = True
 
@@ -283,69 +304,6 @@ def _index_entries(names: Iterable[str], index: ShardIndex) -> dict[str, ShardEn
 
 
 # --------------------------------------------------------------------------------------------
-# Kaldi data directories as shards
-# --------------------------------------------------------------------------------------------
-
-
-def kaldi_arks(data_dir_or_feats_scp: str | os.PathLike) -> list[str]:
-    """The distinct ark files a ``feats.scp`` refers to, in order of first appearance.
-
-    Streams a Kaldi data directory as shards with no packing::
-
-        IterableWrapper(kaldi_arks("data/train")).sharded_shuffle(format="ark")
-
-    Each ark is then read whole and in sequence, and the ark list is shuffled per epoch. Paths
-    are returned as written; relative ones are relative to the current directory, as in Kaldi.
-
-    **Read whole** means every utterance of each ark: if ``feats.scp`` lists only some of an
-    ark's utterances (a ``subset_data_dir.sh`` subset, filtered utterances), the stream also
-    holds the others -- keep the listed keys with ``filter`` or ``join_by_key``.
-
-    Args:
-        data_dir_or_feats_scp: a data directory (its ``feats.scp`` is read) or the file.
-
-    Raises:
-        MissingDataError: no ``feats.scp``.
-        DataError: a malformed line, or a value that cannot be streamed: a command
-            (``... |``), a Kaldi range (``raw.ark:12[0:9]``) or a path without ``:offset``;
-            the message names the file, line and key.
-
-    >>> import os, pathlib, tempfile, numpy as np, kaldiio
-    >>> d = pathlib.Path(tempfile.mkdtemp())
-    >>> for part in (2, 1):
-    ...     spec = f"ark,scp:{d}/raw.{part}.ark,{d}/feats.{part}.scp"
-    ...     with kaldiio.WriteHelper(spec) as writer:
-    ...         for i in range(2):
-    ...             writer(f"utt{part}{i}", np.zeros((3, 2), np.float32))
-    >>> _ = (d / "feats.scp").write_text((d / "feats.2.scp").read_text()
-    ...                                  + (d / "feats.1.scp").read_text())
-    >>> [os.path.basename(p) for p in kaldi_arks(d)]
-    ['raw.2.ark', 'raw.1.ark']
-    """
-    path = os.fspath(data_dir_or_feats_scp)
-    if os.path.isdir(path):
-        path = os.path.join(path, "feats.scp")
-    arks: dict[str, None] = {}
-    for entry in read_scp_table(path).values():
-        value = entry.value
-        where = {"source": entry.source, "line": entry.line, "key": entry.key}
-        if value.endswith("|"):
-            raise DataError(f"a command cannot be streamed as a shard: {value!r}", **where)
-        match = _ARK_REF.fullmatch(value)
-        if match is None or match["offset"] is None:
-            raise DataError(f"expected an ark reference '<ark>:<offset>', got {value!r}",
-                            **where)
-        if match["range"] is not None:
-            raise DataError(
-                f"a range ({value!r}) selects part of a matrix; streaming reads whole "
-                "matrices (load this table with load_scp instead)",
-                **where,
-            )
-        arks.setdefault(match["path"], None)
-    return list(arks)
-
-
-# --------------------------------------------------------------------------------------------
 # The pipe
 # --------------------------------------------------------------------------------------------
 
@@ -355,7 +313,8 @@ class ShardedShufflerIterDataPipe(Seeded, SampleSource, IterDataPipe[Sample]):
     """Read shards in shuffled order, then shuffle samples (functional name: ``sharded_shuffle``).
 
     Consumes shard names -- paths, ``http(s)://`` URLs or (opt-in) ``pipe:`` commands, e.g.
-    from ``list_shards`` or :func:`kaldi_arks` -- and yields samples:
+    from ``list_shards`` or :func:`kaldi_arks`, or a folder ``pack`` wrote (its index's
+    shards, every length group's) -- and yields samples:
 
     - ``format="tar"``: raw samples ``{"key", "source", "<field>": bytes, ...}`` (webdataset
       naming, as ``read_shards``; array and audio fields of 64 KiB or more of local shards are
@@ -372,7 +331,11 @@ class ShardedShufflerIterDataPipe(Seeded, SampleSource, IterDataPipe[Sample]):
        it is initialised), then between each rank's DataLoader workers -- with an index,
        balanced by total length, else round robin by count; ``split`` can also make shard
        counts per rank equal (:class:`~speechpipe.pipes.assignment.ShardSplit`). Do not add
-       ``sharding_filter``: the split is done here, at the shard level;
+       ``sharding_filter``: the split is done here, at the shard level. When whole shards
+       share out so unevenly that ranks stepping together would drop or repeat more than 5 %
+       of the epoch (few shards for many ranks and workers), rank 0's first worker warns
+       with the figures and the fixes (:class:`~speechpipe.pipes.assignment.
+       UnevenSplitWarning`); ``split=ShardSplit(level="sample")`` splits samples instead;
     3. its shards are opened and read sequentially, one at a time (:func:`read_shard`);
     4. samples are shuffled in a buffer of ``buffer_size``
        (:func:`~speechpipe.pipes.order.shuffle_buffer`) seeded with ``(seed, epoch, rank,
@@ -500,7 +463,11 @@ class ShardedShufflerIterDataPipe(Seeded, SampleSource, IterDataPipe[Sample]):
                 raise TypeError(
                     f"sharded_shuffle expects shard names (paths or URLs), got {name!r}"
                 )
-            names.append(os.fspath(name))
+            name = os.fspath(name)
+            if os.path.isdir(name):  # pack's output folder: its shards, every group's
+                names.extend(ShardIndex.read(name).paths())
+            else:
+                names.append(name)
         return names
 
     def _entries(self, names: list[str]) -> dict[str, ShardEntry] | None:
@@ -563,7 +530,7 @@ class ShardedShufflerIterDataPipe(Seeded, SampleSource, IterDataPipe[Sample]):
                                  num_workers=num_workers)
         return tuple(
             tuple(_planned(epoch, Position(rank, split.world_size, worker, split.num_workers),
-                           split.shards(rank, worker), entries)
+                           split.shards(rank, worker), entries, _stride(split, rank, worker))
                   for worker in range(split.num_workers))
             for rank in range(split.world_size)
         )
@@ -599,7 +566,8 @@ class ShardedShufflerIterDataPipe(Seeded, SampleSource, IterDataPipe[Sample]):
         _check_position(position)
         split = self._assignment(names, entries, epoch, world_size=position.world_size,
                                  num_workers=position.num_workers)
-        return _planned(epoch, position, split.shards(position.rank, position.worker), entries)
+        return _planned(epoch, position, split.shards(position.rank, position.worker), entries,
+                        _stride(split, position.rank, position.worker))
 
     def _sample_rng(self, epoch: int, position: Position):
         return derive_rng(self.seed, epoch, position.rank, position.worker, _SAMPLES_SALT)
@@ -636,10 +604,24 @@ class ShardedShufflerIterDataPipe(Seeded, SampleSource, IterDataPipe[Sample]):
         position = process_position()
         names = self._names()
         entries = self._entries(names)  # read the index (once) before any shard is opened
-        mine = self._plan(names, entries, self.epoch, position).names
+        _check_position(position)
+        split = self._assignment(names, entries, self.epoch, world_size=position.world_size,
+                                 num_workers=position.num_workers)
+        plan = _planned(self.epoch, position, split.shards(position.rank, position.worker),
+                        entries, _stride(split, position.rank, position.worker))
+        if position.rank == 0 and position.worker == 0:  # once, not in every process
+            message = uneven_split(split, *(None, None) if entries is None else (
+                {n: e.count for n, e in entries.items()}, _weights(entries)))
+            if message is not None:
+                warnings.warn(f"sharded_shuffle: {message}", UnevenSplitWarning, stacklevel=3)
+        mine = plan.names
         self.diagnostics.reset()
+        if entries is not None:
+            self.diagnostics.planned = plan.total_count
         rng = self._sample_rng(self.epoch, position)
-        live = {"rng": rng, "buffer": [], "shard": 0, "offset": 0, "drain": False, "plan": mine}
+        live = {"rng": rng, "buffer": [], "shard": 0, "offset": 0, "drain": False, "plan": mine,
+                "entries": entries, "unit": self._length_unit(), "seen": 0,
+                "stride": _stride(split, position.rank, position.worker)}
         if state is None:
             return self._read(mine, live), False, live
         samples, draining = self._resume(state, mine, entries, live, needs)
@@ -689,6 +671,7 @@ class ShardedShufflerIterDataPipe(Seeded, SampleSource, IterDataPipe[Sample]):
             "name": plan[shard] if shard < len(plan) else None,
             "shard": shard,
             "offset": live["offset"],
+            "seen": live["seen"],
             "drain": live["drain"],
             "rng": live["rng"].getstate(),
             "buffer": identity_list(live["buffer"]),
@@ -714,6 +697,7 @@ class ShardedShufflerIterDataPipe(Seeded, SampleSource, IterDataPipe[Sample]):
             )
         live["rng"].setstate(rng_state(state["rng"]))
         live["shard"], live["offset"] = start, skip
+        live["seen"] = state.get("seen", 0) - skip  # samples read before the current shard
         wanted: dict[str, set[str]] = {}
         for src, key in list(state["buffer"]) + list(needs):
             wanted.setdefault(src, set()).add(key)
@@ -724,6 +708,7 @@ class ShardedShufflerIterDataPipe(Seeded, SampleSource, IterDataPipe[Sample]):
         else:
             if name is not None and entries is not None and skip >= entries[name].count:
                 start, skip = start + 1, 0  # finished: not opened again
+                live["seen"] += entries[name].count
             reader = self._read(mine, live, _SkipTo(start, skip, wanted.get(name), picked))
             first = next(reader, _END)  # reads the skipped part, picking held samples in it
             samples = reader if first is _END else itertools.chain([first], reader)
@@ -779,15 +764,31 @@ def shard_assignment(
                                num_workers=num_workers)
 
 def _planned(epoch: int, position: Position, names: list[str],
-             entries: dict[str, ShardEntry] | None) -> EpochPlan:
+             entries: dict[str, ShardEntry] | None,
+             stride: tuple[int, int] | None = None) -> EpochPlan:
     """The plan of a process reading ``names``, with counts, bytes and lengths from the index
-    (``None`` without one)."""
-    shards = tuple(
-        PlannedShard(n) if entries is None
-        else PlannedShard(n, entries[n].count, entries[n].bytes, entries[n].lengths)
-        for n in names
-    )
-    return EpochPlan(epoch, position, shards)
+    (``None`` without one); with a sample-level ``stride`` ``(slot, slots)``, the counts and
+    lengths of the samples the process keeps (every ``slots``-th read, from ``slot`` on)."""
+    if entries is None:
+        return EpochPlan(epoch, position, tuple(PlannedShard(n) for n in names))
+    shards, seen = [], 0
+    for n in names:
+        lengths = entries[n].lengths
+        if stride is not None:
+            lengths = lengths[(stride[0] - seen) % stride[1]::stride[1]]
+            seen += entries[n].count
+        shards.append(PlannedShard(n, len(lengths), entries[n].bytes, tuple(lengths)))
+    return EpochPlan(epoch, position, tuple(shards))
+
+
+def _stride(split: ShardAssignment, rank: int, worker: int) -> tuple[int, int] | None:
+    """``(slot, slots)`` of a process under a sample-level split, else ``None``: sample ``i``
+    (in reading order) goes to rank ``i % ranks``, and within it to worker ``(i // ranks) %
+    workers`` -- so a rank's samples do not depend on its number of workers, and ``len()``
+    in the main process is the sum of its workers'."""
+    if split.level != "sample":
+        return None
+    return worker * split.world_size + rank, split.world_size * split.num_workers
 
 
 def _weights(entries: dict[str, ShardEntry] | None) -> dict[str, float] | None:

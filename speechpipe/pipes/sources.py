@@ -38,6 +38,7 @@ from typing import IO, Any, BinaryIO, Iterable, Iterator
 import braceexpand
 
 from ..errors import DataError, MissingDataError, UnsafeInputError
+from ..index import ShardIndex
 from ._base import IterDataPipe, functional_datapipe
 
 __all__ = [
@@ -68,8 +69,11 @@ def expand_patterns(patterns: str | os.PathLike | Iterable[str | os.PathLike]) -
     """Expand brace and glob patterns to a sorted list of paths or URLs.
 
     Braces are expanded first (``{a,b}``, ``{0..9}``, ``{00..15}``), then each local result
-    with ``*``, ``?`` or ``[`` is globbed; a result without them must exist. URLs and
-    ``pipe:`` commands are brace-expanded only. ``~`` is expanded.
+    with ``*``, ``?`` or ``[`` is globbed; a result without them must exist. A folder written
+    by ``pack`` stands for its shards, as its index lists them -- every length group's when
+    it holds group folders (:meth:`~speechpipe.index.ShardIndex.read`), so that files left
+    beside them by another pack are never read. URLs and ``pipe:`` commands are
+    brace-expanded only. ``~`` is expanded.
 
     Args:
         patterns: one pattern or several.
@@ -118,6 +122,8 @@ def _expand_one(name: str, pattern: str) -> list[str]:
     if not os.path.exists(name):
         where = pattern if name == pattern else f"{pattern} (expanded to {name})"
         raise MissingDataError("no such file", source=where)
+    if os.path.isdir(name):
+        return ShardIndex.read(name).paths()
     return [name]
 
 

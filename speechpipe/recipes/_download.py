@@ -111,7 +111,7 @@ def _open_url(url: str, offset: int, timeout: float):
 
 def _fetch(url: str, part: Path, *, resume: bool, progress: bool, timeout: float) -> None:
     """Download ``url`` into ``part``, continuing a partial file with a Range request."""
-    from tqdm import tqdm
+    from ..progress import progress_bar
 
     if not resume and part.exists():
         part.unlink()
@@ -140,7 +140,7 @@ def _fetch(url: str, part: Path, *, resume: bool, progress: bool, timeout: float
             expected = int(length) if length and length.isdigit() else None
             total = offset + expected if expected is not None else None
             received = 0
-            with open(part, mode) as out, tqdm(
+            with open(part, mode) as out, progress_bar(
                 total=total, initial=offset, unit="B", unit_scale=True, unit_divisor=1024,
                 desc=part.name[: -len(".part")], disable=not progress, leave=False,
             ) as bar:
@@ -247,7 +247,7 @@ def safe_extract(archive: str | os.PathLike, target_dir: str | os.PathLike, *,
     Traceback (most recent call last):
     speechpipe.errors.DataError: .../a.tar.gz [member ../evil.txt]: refusing to extract ... outside .../out
     """
-    from tqdm import tqdm
+    from ..progress import progress_bar
 
     archive = Path(archive)
     target = Path(target_dir)
@@ -266,8 +266,8 @@ def safe_extract(archive: str | os.PathLike, target_dir: str | os.PathLike, *,
     if zipfile.is_zipfile(archive):
         return _extract_zip(archive, root, progress)
     try:
-        with tarfile.open(archive, "r|*") as tar, tqdm(
-            unit=" files", desc=f"extract {archive.name}", disable=not progress, leave=False
+        with tarfile.open(archive, "r|*") as tar, progress_bar(
+            unit="files", desc=f"extract {archive.name}", disable=not progress, leave=False
         ) as bar:
             tar.extractall(root, members=checked(tar, bar), filter="data")
     except DataError:
@@ -324,7 +324,7 @@ def download_and_extract(
             recipes use ``<part folder>/.completed``.
         expected: paths (relative to ``target_dir``) the archive must create.
         keep_archive: keep the downloaded archive after extraction.
-        progress: show tqdm progress bars.
+        progress: show progress (tqdm bars on a terminal, else lines every 30 s).
         timeout: seconds to wait for the server before giving up.
         decrypt: ``decrypt(archive, output)`` writes the decrypted archive to ``output``
             (raising :class:`~speechpipe.errors.DataError` if it cannot), for corpora shipped
@@ -446,7 +446,7 @@ def download_parts(
         force: redo parts already done.
         checksums: ``{part: checksum or None}`` overriding the official checksums (a local
             mirror of other files, tests); ``None`` skips verification of that part.
-        progress: tqdm progress bars.
+        progress: progress bars on a terminal, else lines every 30 s.
     """
     names = list(archives) if parts == "all" else _as_names(parts, "parts")
     unknown = [p for p in names if p not in archives]

@@ -212,12 +212,12 @@ def measure_audio(
     >>> measure_audio([p], progress=False)
     [(800, 16000)]
     """
-    from tqdm import tqdm
+    from ..progress import progress_bar
 
     if not isinstance(num_jobs, int) or num_jobs < 1:
         raise ValueError(f"num_jobs must be an int >= 1, got {num_jobs!r}")
-    with tqdm(total=len(paths), desc=desc, unit=" files", disable=not progress,
-              leave=False) as bar:
+    with progress_bar(total=len(paths), desc=desc, unit="files", disable=not progress,
+                      leave=False) as bar:
         if num_jobs == 1:
             out = []
             for p in paths:
