@@ -16,7 +16,9 @@ from .pipes import (  # noqa: E402,F401  (registration)
 )
 from .diagnostics import Diagnostics, SkippedInputWarning  # noqa: E402
 from .epochs import set_epoch  # noqa: E402
-from .errors import DataError, MissingDataError, SpeechpipeError, UnsafeInputError  # noqa: E402
+from .errors import (  # noqa: E402
+    DataError, MissingDataError, SampleRateError, SpeechpipeError, UnsafeInputError,
+)
 from .index import ShardEntry, ShardIndex  # noqa: E402
 from .loader import Loader, PipeDataset, build_loader  # noqa: E402
 from .pack import PackOptions, PackReport, pack_data  # noqa: E402
@@ -56,9 +58,9 @@ __all__ = [
     "DataError", "Diagnostics", "DistributedStepError", "EpochProgress", "EpochWarning",
     "EqualSteps", "FrontEnd", "IterableWrapper", "Loader", "MissingDataError", "PackOptions",
     "PackReport", "PadCollate", "PaddedArea", "PipeDataset", "Quadratic", "ResumeWarning",
-    "SampleCount", "SentencePieceTokenizer", "SequenceWrapper", "ShardEntry", "ShardIndex",
-    "ShardReadOptions", "ShardSplit", "ShardWriter", "SkippedInputWarning", "SpeechpipeError",
-    "StepPlanner", "StepStats", "SumOfLengths", "TextNormalizer", "TwoDimensional",
+    "SampleCount", "SampleRateError", "SentencePieceTokenizer", "SequenceWrapper", "ShardEntry",
+    "ShardIndex", "ShardReadOptions", "ShardSplit", "ShardWriter", "SkippedInputWarning",
+    "SpeechpipeError", "StepPlanner", "StepStats", "SumOfLengths", "TextNormalizer", "TwoDimensional",
     "UnsafeInputError", "WordTokenizer", "build_loader", "build_tokenizer",
     "compute_cmvn_stats", "compute_lengths", "corpus_stats", "eval_pipeline", "get_recipe",
     "kaldi_arks", "load_tokenizer", "manifest_path", "pack_data", "pipeline_report",

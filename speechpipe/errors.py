@@ -9,6 +9,8 @@ like a compiler's: ``data/wav.scp:17: expected '<key> <value>', got 'utt1'``.
 - :class:`MissingDataError` (a ``FileNotFoundError``): a file, URL or pattern match is absent.
 - :class:`UnsafeInputError` (a ``DataError``): the input asks for something speechpipe never
   does unasked (unpickling shard contents, running a shell command without opt-in).
+- :class:`SampleRateError` (a ``DataError``): audio at a sample rate a stage was not told
+  about (features set up for 16 kHz given 8 kHz audio, a batch mixing rates); resample first.
 """
 
 from __future__ import annotations
@@ -16,8 +18,8 @@ from __future__ import annotations
 import json
 import re
 
-__all__ = ["DataError", "MissingDataError", "SpeechpipeError", "UnsafeInputError", "locate",
-           "mark_location"]
+__all__ = ["DataError", "MissingDataError", "SampleRateError", "SpeechpipeError",
+           "UnsafeInputError", "locate", "mark_location"]
 
 
 def locate(
@@ -136,6 +138,15 @@ class DataError(_Located, SpeechpipeError, ValueError):
 
 class UnsafeInputError(DataError):
     """Input that would make speechpipe unpickle data or run a command it was not allowed to."""
+
+
+class SampleRateError(DataError):
+    """Audio at a sample rate the stage was not told about: computing on it would give numbers
+    at the wrong scale (features), or a batch whose rows mean different durations (collate).
+
+    >>> str(SampleRateError("8000 Hz audio, expected 16000 Hz", key="u1"))
+    "(key 'u1'): 8000 Hz audio, expected 16000 Hz"
+    """
 
 
 class MissingDataError(_Located, SpeechpipeError, FileNotFoundError):

@@ -79,7 +79,8 @@ def _index_durations(source: str, frame_shift: float, sample_rate: int) -> list[
         index = ShardIndex.read(source)
     else:
         index = ShardIndex.for_shards(expand_patterns(source))
-    scale = {"frames": frame_shift, "samples": 1.0 / sample_rate, "seconds": 1.0}.get(
+    rate = index.sample_rate or sample_rate  # the rate pack recorded wins (issue 18)
+    scale = {"frames": frame_shift, "samples": 1.0 / rate, "seconds": 1.0}.get(
         index.length_unit)
     if scale is None:
         raise DataError(f"unknown length unit {index.length_unit!r} in the shard index",
@@ -105,7 +106,8 @@ def read_durations(
             paths or brace patterns (``shards/data-{00000..00009}.tar``); also a list of sample
             dicts, or the ``{part: manifest}`` dict of a ``prepare_<corpus>``.
         frame_shift: seconds per frame, for lengths counted in frames.
-        sample_rate: Hz, for shard lengths counted in samples.
+        sample_rate: Hz, for shard lengths counted in samples by an index that does not
+            record its rate (``pack`` records it, and the recorded rate is the one used).
 
     Raises:
         MissingDataError: a file, folder or pattern is absent.

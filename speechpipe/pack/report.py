@@ -33,6 +33,7 @@ class PackReport:
         index_paths: the ``index.jsonl`` files written.
         clipped: utterances (of the shards written by this run) with samples beyond
             ``[-1, 1)`` that ``audio_format="flac16"`` clipped to the 16-bit range.
+        sample_rates: ``{Hz: utterances}`` of the audio (empty for features).
         seconds: wall-clock time.
     """
 
@@ -53,6 +54,7 @@ class PackReport:
     stale_shards: list[str] = field(default_factory=list)
     index_paths: list[str] = field(default_factory=list)
     clipped: int = 0
+    sample_rates: dict[int, int] = field(default_factory=dict)
     seconds: float = 0.0
 
     @property
@@ -72,6 +74,9 @@ class PackReport:
         ]
         for name, count in self.groups.items():
             lines.append(f"  {name}/: {count} utterances")
+        if self.sample_rates:
+            lines.append("  sample rates: " + ", ".join(
+                f"{rate} Hz: {count}" for rate, count in self.sample_rates.items()))
         if self.clipped:
             lines.append(f"  clipped to 16 bits (flac16; samples beyond [-1, 1)): "
                          f"{self.clipped} utterance(s)")

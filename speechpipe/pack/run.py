@@ -11,6 +11,7 @@ import os
 import time
 from typing import Any, Iterator, Sequence
 
+from ..errors import DataError
 from ..index import ShardIndex
 from .inputs import _input_files, _Inputs, _Item, _match_keys, _read_inputs
 from .lengths import _measure_chunk_args
@@ -183,13 +184,15 @@ def pack_data(
     try:
         # 2. Lengths; 3. groups and shards; 4. shards, then indexes.
         measured = _measure(executor, inputs, items, unit, options)
+        sample_rate = _sample_rates(measured, unit, report)
         by_group = _group_by_length(measured, options.groups, report)
         plan = _plan_shards(by_group, measured, out_dir, inputs, unit, options, report)
         _write_shards(executor, plan, report, options.progress)
     finally:
         if executor is not None:
             executor.shutdown(wait=True, cancel_futures=True)
-    _write_indexes(plan, unit, None if inputs.kind == "feats" else options.audio_format, report)
+    _write_indexes(plan, unit, None if inputs.kind == "feats" else options.audio_format, report,
+                   sample_rate)
     report.seconds = time.monotonic() - started
     return report
 
@@ -236,6 +239,33 @@ def _measure(executor: concurrent.futures.Executor | None, inputs: _Inputs,
     return _Measured(items, native, lengths)
 
 
+def _sample_rates(measured: _Measured, unit: str, report: PackReport) -> int | None:
+    """Count the audio's sample rates in ``report``; return the one rate that lengths in
+    samples are counted at (recorded in the index, so that nothing reads them at another).
+
+    Raises:
+        DataError: lengths in samples of audio at several rates (they would mean different
+            durations): the counts, a few keys at the rarer rates, and the fix.
+    """
+    by_rate: dict[int, list[str]] = {}
+    for item, (_, rate) in zip(measured.items, measured.native):
+        if rate is not None:
+            by_rate.setdefault(int(rate), []).append(item.key)
+    report.sample_rates = {rate: len(keys) for rate, keys in sorted(by_rate.items())}
+    if unit != "samples" or not by_rate:
+        return None
+    if len(by_rate) > 1:
+        common = max(by_rate, key=lambda r: len(by_rate[r]))
+        rare = [f"{key!r} ({rate} Hz)" for rate, keys in sorted(by_rate.items())
+                if rate != common for key in keys[:_EXAMPLES]]
+        counts = ", ".join(f"{rate} Hz: {len(keys)}" for rate, keys in sorted(by_rate.items()))
+        raise DataError(
+            f"the audio has {len(by_rate)} sample rates ({counts}; e.g. {', '.join(rare)}): "
+            "lengths counted in samples would mean different durations. Pack with "
+            "length_unit='seconds' (CLI: --length-unit seconds), or resample the odd files")
+    return next(iter(by_rate))
+
+
 def _write_shards(executor: concurrent.futures.Executor | None, plan: _ShardPlan,
                   report: PackReport, progress: bool) -> None:
     """Run the plan's shard tasks (in the workers, if any); record each shard's size in its
@@ -259,12 +289,12 @@ def _write_shards(executor: concurrent.futures.Executor | None, plan: _ShardPlan
 
 
 def _write_indexes(plan: _ShardPlan, unit: str, audio_format: str | None,
-                   report: PackReport) -> None:
+                   report: PackReport, sample_rate: int | None = None) -> None:
     """Write each folder's ``index.jsonl``, last: an index means a complete pack."""
     for folder, by_name in plan.entries.items():
         # In shard-number order (the plan's), which is also sorted key order.
         index = ShardIndex(folder, list(by_name.values()), length_unit=unit,
-                           audio_format=audio_format)
+                           audio_format=audio_format, sample_rate=sample_rate)
         report.index_paths.append(index.write())
 
 

@@ -41,6 +41,7 @@ from ._pipelines import eval_pipeline, train_pipeline
 from ._prepare import (
     AUDIO_PATH,
     _check_prepare_args,
+    _files_under,
     check_pairs,
     measure_audio,
     prepare_parts,
@@ -205,6 +206,7 @@ def prepare_librispeech(
     on_mismatch: str = "error",
     force: bool = False,
     progress: bool = True,
+    **checks: Any,
 ) -> dict[str, Any]:
     """Validate LibriSpeech parts and write ``librispeech_samples_<part>.jsonl.gz`` for each.
 
@@ -225,6 +227,8 @@ def prepare_librispeech(
             them out, counted in a :class:`~speechpipe.diagnostics.SkippedInputWarning`.
         force: rebuild manifests that exist.
         progress: tqdm progress bars.
+        **checks: ``sample_rate`` (16000), ``verify`` (False), ``on_error`` ("raise"),
+            ``empty_text`` ("error"): see :func:`~speechpipe.recipes.prepare_parts`.
 
     Returns:
         ``{part: manifest path}`` (or ``{part: [samples]}`` without ``output_dir``).
@@ -252,7 +256,8 @@ def prepare_librispeech(
         CORPUS, names, output_dir,
         lambda part: _part_samples(root, part, num_jobs=num_jobs, on_mismatch=on_mismatch,
                                    progress=progress),
-        force=force,
+        force=force, num_jobs=num_jobs, progress=progress,
+        inputs=lambda part: _files_under(root / part), **checks,
     )
 
 
@@ -277,7 +282,7 @@ def _part_samples(root: Path, part: str, *, num_jobs: int, on_mismatch: str,
             raise DataError("transcript file outside the LibriSpeech layout <part>/<speaker>/"
                             "<chapter>/<speaker>-<chapter>.trans.txt", source=str(trans))
         with open(trans, "rb") as stream:
-            for entry in parse_scp_lines(stream, source=str(trans)):
+            for entry in parse_scp_lines(stream, source=str(trans), allow_empty=True):
                 if not entry.key.startswith(prefix):
                     raise DataError(f"utterance id does not belong to chapter folder "
                                     f"{rel[0]}/{rel[1]} (expected {prefix}NNNN)",
