@@ -7,8 +7,7 @@ import inspect
 import sys
 from typing import Any, Callable
 
-from ..recipes import ON_MISMATCH, RECIPES, get_recipe
-from ..recipes._checks import EMPTY_TEXT
+from ..recipes import EMPTY_TEXT, ON_MISMATCH, RECIPES, get_recipe
 
 __all__ = ["add_command"]
 

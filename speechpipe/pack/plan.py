@@ -103,7 +103,8 @@ def _plan_folder(plan: _ShardPlan, folder: str, indices: list[int], measured: _M
         plan.entries[folder][shard] = entry
         plan.tasks.append(_ShardTask(path, inputs.mode, tuple(measured.items[i] for i in chosen),
                                      tuple(measured.native[i][0] for i in chosen),
-                                     keep_complete and previous is None, options.audio_format))
+                                     keep_complete and previous is None, options.audio_format,
+                                     options.allow_commands))
         plan.folders.append(folder)
     report.stale_shards.extend(
         os.path.join(folder, f) for f in sorted(os.listdir(folder))

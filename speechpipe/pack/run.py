@@ -53,6 +53,8 @@ def pack_data(
     progress: bool = _Default("progress"),
     length_unit: str | None = _Default("length_unit"),
     audio_format: str = _Default("audio_format"),
+    allow_commands: bool = _Default("allow_commands"),
+    empty_text: str = _Default("empty_text"),
     options: PackOptions | None = None,
 ) -> PackReport:
     """Pack Kaldi tables (or manifests) and their labels into tar shards with an index.
@@ -126,7 +128,13 @@ def pack_data(
             WeNet do -- a quarter of the size of float WAV; samples beyond the range are
             clipped and counted (:attr:`PackReport.clipped`). Recorded in the index: a
             rerun with another format rewrites the shards.
-        options: all the settings above (``fmt`` to ``audio_format``) in one
+        allow_commands: run the ``cmd |`` values of ``wav.scp`` tables (Kaldi's
+            ``flac -c -d -s x.flac |``, ``sox ... |``) with the shell and pack their audio;
+            opt-in, as the commands run with your rights. A table named ``wav.scp`` whose
+            first value is a command is then taken as audio (else pass ``kind``).
+        empty_text: labels that are empty (or only spaces): ``"error"`` (default, as in
+            ``prepare``), ``"skip"`` (not packed) or ``"keep"``; counted in the report.
+        options: all the settings above (``fmt`` to ``empty_text``) in one
             :class:`~speechpipe.pack.PackOptions`, instead of the keyword arguments.
 
     Returns:
@@ -166,19 +174,23 @@ def pack_data(
     options = _settings(options, fmt=fmt, filter_group=filter_group,
                         utts_per_shard=utts_per_shard, kind=kind, on_mismatch=on_mismatch,
                         num_workers=num_workers, progress=progress, length_unit=length_unit,
-                        audio_format=audio_format)
+                        audio_format=audio_format, allow_commands=allow_commands,
+                        empty_text=empty_text)
     if files.manifests and options.kind == "feats":
         raise ValueError("manifests name audio files: kind must be 'auto' or 'wav'")
 
     # 1. Tables and keys.
     inputs = _read_inputs(files.scps, files.labels, files.segments, files.manifests,
-                          options.kind)
+                          options.kind, options.allow_commands)
     unit = _length_unit(options.length_unit, inputs.kind)
     items, no_label, no_data = _match_keys(inputs, options.on_mismatch)
+    items, empty = _empty_labels(items, options.empty_text, inputs)
     report = PackReport(
         out_dir, inputs.kind, unit,
         keys_without_label=len(no_label), keys_without_label_examples=no_label[:_EXAMPLES],
         labels_without_data=len(no_data), labels_without_data_examples=no_data[:_EXAMPLES],
+        empty_text=len(empty), empty_text_examples=empty[:_EXAMPLES],
+        empty_text_policy=options.empty_text,
     )
     executor = _executor(options.num_workers)
     try:
@@ -211,6 +223,27 @@ def _settings(options: PackOptions | None, **keywords: Any) -> PackOptions:
     return options
 
 
+def _empty_labels(items: list[_Item], policy: str, inputs: _Inputs
+                  ) -> tuple[list[_Item], list[str]]:
+    """``(items packed, keys with an empty label)`` under ``policy`` (``"keep"`` packs them,
+    ``"skip"`` leaves them out; both counted in the report).
+
+    Raises:
+        DataError: under ``"error"``, with the count and a few keys.
+    """
+    empty = [item.key for item in items if not item.text.strip()]
+    if empty and policy == "error":
+        raise DataError(
+            f"{len(empty)} utterance(s) with an empty label (e.g. "
+            f"{', '.join(map(repr, empty[:_EXAMPLES]))}); fix the labels, or pass "
+            "empty_text='skip' to leave them out or 'keep' to pack them, counted "
+            "(CLI: --empty-text skip|keep)", source=", ".join(inputs.label_files))
+    if policy == "skip" and empty:
+        dropped = set(empty)
+        items = [item for item in items if item.key not in dropped]
+    return items, empty
+
+
 def _length_unit(length_unit: str | None, kind: str) -> str:
     """The unit of lengths: ``length_unit``, by default frames for features and samples for
     audio."""
@@ -232,7 +265,7 @@ def _measure(executor: concurrent.futures.Executor | None, inputs: _Inputs,
     with tqdm(total=len(chunks), desc="pack: measure", unit="chunk",
               disable=not options.progress) as bar:
         for i, result in _run_all(executor, _measure_chunk_args, [
-                (inputs.mode, chunk) for chunk in chunks], bar):
+                (inputs.mode, chunk, options.allow_commands) for chunk in chunks], bar):
             measured[i] = result
     native = [n for chunk in measured for n in chunk]
     lengths = [n / rate if unit == "seconds" else n for n, rate in native]

@@ -52,7 +52,7 @@ _EXAMPLES = 3
 #: The problems :func:`verify_audio` finds, as skip reasons.
 PROBLEMS = {"missing": "missing audio", "corrupt": "corrupt audio",
             "truncated": "truncated audio", "empty": "empty audio"}
-_BLOCK = 1 << 16  # frames decoded at a time
+_BLOCK = 4096  # frames decoded at a time (a FLAC frame): where decoding stops is known to it
 
 
 def check_empty_text(value: str) -> str:
@@ -114,6 +114,8 @@ def check_audio_file(path: str) -> AudioCheck:
     """Decode ``path`` once, block by block; compare what decodes with what its header says."""
     if not os.path.exists(path):
         return AudioCheck(path, "missing", "file not found")
+    if os.path.getsize(path) == 0:
+        return AudioCheck(path, "empty", "the file is empty (0 bytes)")
     try:
         f = soundfile.SoundFile(path)
     except (soundfile.LibsndfileError, RuntimeError, TypeError, ValueError) as exc:

@@ -200,13 +200,16 @@ def check_pairs(
     return diagnostics
 
 
-def _info(path: str) -> tuple[int, int]:
+def _info(path: str, deferred: bool = False) -> tuple[int, int]:
     try:
         info = soundfile.info(path)
     except (soundfile.LibsndfileError, RuntimeError, TypeError, ValueError) as exc:
+        if deferred:  # the verification names and counts it, with the other bad files
+            return 0, 1
         if not os.path.exists(path):
             raise MissingDataError("audio file not found", source=path) from exc
-        raise DataError(f"cannot read audio header: {exc}", source=path) from exc
+        raise DataError(f"cannot read audio header: {exc} (prepare --verify reports every "
+                        "unreadable file at once)", source=path) from exc
     return int(info.frames), int(info.samplerate)
 
 
@@ -219,7 +222,9 @@ def measure_audio(
     GIL; the work is I/O bound). The order of the result is the order of ``paths``.
 
     Raises:
-        MissingDataError / DataError: a file is absent / unreadable (naming it).
+        MissingDataError / DataError: a file is absent / unreadable (naming it); while
+            :func:`prepare_parts` verifies, such a file measures ``(0, 1)`` instead and the
+            verification reports it with the others.
 
     >>> import os, tempfile, numpy as np
     >>> p = os.path.join(tempfile.mkdtemp(), "a.flac")
@@ -231,17 +236,18 @@ def measure_audio(
 
     if not isinstance(num_jobs, int) or num_jobs < 1:
         raise ValueError(f"num_jobs must be an int >= 1, got {num_jobs!r}")
+    deferred = _VERIFYING.get()  # read here: the pool's threads do not see this context
     with tqdm(total=len(paths), desc=desc, unit=" files", disable=not progress,
               leave=False) as bar:
         if num_jobs == 1:
             out = []
             for p in paths:
-                out.append(_info(p))
+                out.append(_info(p, deferred))
                 bar.update(1)
             return out
         with concurrent.futures.ThreadPoolExecutor(num_jobs) as pool:
             out = []
-            for item in pool.map(_info, paths):
+            for item in pool.map(_info, paths, [deferred] * len(paths)):
                 out.append(item)
                 bar.update(1)
             return out
@@ -350,10 +356,12 @@ def prepare_parts(
             reason = "--force" if up_to_date else reason
         diagnostics = Diagnostics(stage)
         token = _DIAGNOSTICS.set(diagnostics)  # check_pairs counts into it
+        verifying = _VERIFYING.set(bool(verify))  # measure_audio leaves bad files to verify
         try:
             samples = make_samples(part)
         finally:
             _DIAGNOSTICS.reset(token)
+            _VERIFYING.reset(verifying)
         samples, kept_empty = apply_empty_text(samples, empty_text, stage=stage,
                                                diagnostics=diagnostics)
         if verify:
@@ -384,6 +392,12 @@ def prepare_parts(
 #: part (so that every recipe's skips reach the part's report without being passed along).
 _DIAGNOSTICS: contextvars.ContextVar[Diagnostics | None] = contextvars.ContextVar(
     "speechpipe_prepare_diagnostics", default=None)
+
+
+#: Whether :func:`prepare_parts` verifies the part being built (then :func:`measure_audio`
+#: leaves unreadable headers to the verification, which counts them all).
+_VERIFYING: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "speechpipe_prepare_verifying", default=False)
 
 
 def _files_under(folder: str | os.PathLike, *, recursive: bool = True) -> list[str]:
