@@ -82,9 +82,9 @@ def apply_empty_text(samples: list[Sample], policy: str, *, stage: str,
     examples = ", ".join(_where(s) for s in empty[:_EXAMPLES])
     if policy == "error":
         raise DataError(
-            f"{stage}: {len(empty)} utterance(s) with an empty transcript (e.g. {examples}); "
+            f"{len(empty)} utterance(s) with an empty transcript (e.g. {examples}); "
             "fix the transcripts, or pass empty_text='skip' to leave them out or 'keep' to "
-            "keep them, counted (CLI: --empty-text skip|keep)")
+            "keep them, counted (CLI: --empty-text skip|keep)", source=stage)
     for s in empty:
         diagnostics.record("empty transcript", _where(s))
     dropped = {id(s) for s in empty}
@@ -148,7 +148,9 @@ def verify_audio(paths: Iterable[str], *, num_jobs: int = 1, progress: bool = Tr
     >>> import os, tempfile, numpy as np
     >>> d = tempfile.mkdtemp(); good = os.path.join(d, "a.flac")
     >>> soundfile.write(good, np.zeros(1600, np.float32), 16000)
-    >>> bad = os.path.join(d, "b.flac"); _ = open(bad, "wb").write(open(good, "rb").read()[:60])
+    >>> with open(good, "rb") as f, open(os.path.join(d, "b.flac"), "wb") as g:
+    ...     _ = g.write(f.read()[:60])
+    >>> bad = os.path.join(d, "b.flac")
     >>> found = verify_audio([good, bad], progress=False)
     >>> found[good].problem, found[bad].problem
     (None, 'corrupt')
@@ -181,9 +183,9 @@ def apply_verification(samples: list[Sample], checks: Mapping[str, AudioCheck], 
             shown = "; ".join(f"{s['audio_path']}: {checks[s['audio_path']].detail}"
                               for s in rows[:_EXAMPLES])
             parts.append(f"{PROBLEMS[problem]}: {len(rows)} utterance(s) (e.g. {shown})")
-        raise DataError(f"{stage}: verification failed: {' | '.join(parts)}. Fix or remove "
-                        "the files, or pass on_error='skip' (CLI: --on-error skip) to leave "
-                        "them out, counted")
+        raise DataError(f"verification failed: {' | '.join(parts)}. Fix or remove the "
+                        "files, or pass on_error='skip' (CLI: --on-error skip) to leave them "
+                        "out, counted", source=stage)
     for s in bad:
         check = checks[s["audio_path"]]
         diagnostics.record(PROBLEMS[check.problem],
@@ -266,7 +268,7 @@ class PartReport:
         status: ``"written"``, ``"rewritten"`` (``reason`` says why) or ``"up to date"``.
         utterances, speakers, hours: of the manifest.
         sample_rates: ``{Hz: utterances}``; ``target_sample_rate``: the rate the recipe
-            pipelines resample to (``None``: none).
+            pipelines resample to (``None``: none); ``rate_examples``: a few keys per rate.
         skipped: ``{reason: count}`` of what was left out; ``examples``: a few of each.
         empty_text_kept: utterances kept with an empty transcript (``empty_text="keep"``).
     """
@@ -283,12 +285,18 @@ class PartReport:
     skipped: dict[str, int] = field(default_factory=dict)
     examples: dict[str, list[str]] = field(default_factory=dict)
     empty_text_kept: int = 0
+    rate_examples: dict[int, list[str]] = field(default_factory=dict)
 
     @classmethod
     def of(cls, part: str, manifest: str | None, samples: Sequence[Sample],
            diagnostics: Diagnostics, target_sample_rate: int | None,
            empty_text_kept: int) -> "PartReport":
         rates = Counter(int(s["sample_rate"]) for s in samples if "sample_rate" in s)
+        rate_examples: dict[int, list[str]] = {}
+        for s in samples:
+            if "sample_rate" in s and len(rate_examples.setdefault(
+                    int(s["sample_rate"]), [])) < _EXAMPLES:
+                rate_examples[int(s["sample_rate"])].append(_where(s))
         return cls(
             part, manifest, utterances=len(samples),
             speakers=len({s[SPEAKER] for s in samples if SPEAKER in s}),
@@ -296,7 +304,7 @@ class PartReport:
             sample_rates=dict(sorted(rates.items())), target_sample_rate=target_sample_rate,
             skipped=dict(diagnostics.counts), examples={k: list(v) for k, v in
                                                         diagnostics.examples.items()},
-            empty_text_kept=empty_text_kept)
+            empty_text_kept=empty_text_kept, rate_examples=rate_examples)
 
     def to_record(self, inputs: Mapping[str, Any], options: Mapping[str, Any]) -> dict:
         return {"version": _RECORD_VERSION, "inputs": dict(inputs), "options": dict(options),
@@ -304,13 +312,16 @@ class PartReport:
                 "hours": self.hours,
                 "sample_rates": {str(k): v for k, v in self.sample_rates.items()},
                 "target_sample_rate": self.target_sample_rate, "skipped": self.skipped,
-                "examples": self.examples, "empty_text_kept": self.empty_text_kept}
+                "examples": self.examples, "empty_text_kept": self.empty_text_kept,
+                "rate_examples": {str(k): v for k, v in self.rate_examples.items()}}
 
     @classmethod
     def from_record(cls, part: str, manifest: str, record: Mapping[str, Any]) -> "PartReport":
         return cls(part, manifest, status="up to date", utterances=record["utterances"],
                    speakers=record["speakers"], hours=record["hours"],
-                   sample_rates={int(k): v for k, v in record["sample_rates"].items()},
+                   sample_rates=dict(sorted((int(k), v)
+                                            for k, v in record["sample_rates"].items())),
+                   rate_examples={int(k): v for k, v in record.get("rate_examples", {}).items()},
                    target_sample_rate=record.get("target_sample_rate"),
                    skipped=dict(record.get("skipped", {})),
                    examples=dict(record.get("examples", {})),
@@ -321,11 +332,13 @@ class PartReport:
 
         >>> print(PartReport("dev", "m.jsonl.gz", utterances=3, speakers=2, hours=0.01,
         ...                  sample_rates={8000: 1, 16000: 2}, target_sample_rate=16000,
+        ...                  rate_examples={8000: ["key 'c' (c.flac)"]},
         ...                  skipped={"truncated audio": 1},
         ...                  examples={"truncated audio": ["a.flac (key 'a')"]}).report())
         dev: written m.jsonl.gz
           3 utterances, 2 speakers, 0.01 hours
           sample rates: 8000 Hz: 1, 16000 Hz: 2 (resampled to 16000 Hz when read)
+            at 8000 Hz: key 'c' (c.flac)
           skipped 1: truncated audio: 1 (e.g. a.flac (key 'a'))
         """
         head = f"{self.part}: {self.status}"
@@ -336,10 +349,15 @@ class PartReport:
                  f"{self.hours:.2f} hours"]
         if self.sample_rates:
             rates = ", ".join(f"{r} Hz: {n}" for r, n in self.sample_rates.items())
-            odd = [r for r in self.sample_rates if r != self.target_sample_rate]
+            usual = self.target_sample_rate or max(self.sample_rates,
+                                                   key=self.sample_rates.__getitem__)
+            odd = [r for r in self.sample_rates if r != usual]
             if self.target_sample_rate is not None and odd:
                 rates += f" (resampled to {self.target_sample_rate} Hz when read)"
             lines.append(f"  sample rates: {rates}")
+            for r in odd:
+                if self.rate_examples.get(r):
+                    lines.append(f"    at {r} Hz: {', '.join(self.rate_examples[r])}")
         if self.skipped:
             lines.append(f"  skipped {sum(self.skipped.values())}: " + "; ".join(
                 f"{reason}: {n} (e.g. {', '.join(self.examples.get(reason, [])[:2])})"

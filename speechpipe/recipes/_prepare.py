@@ -418,8 +418,11 @@ def _up_to_date(path: Path, extra: list[str], options: Mapping[str, Any]) -> tup
     record = read_record(path)
     if record is None:
         return False, "no record of what it was made from"
-    if record.get("options") != dict(options):
-        return False, f"options changed: {record.get('options')} -> {dict(options)}"
+    old = record.get("options") or {}
+    if old != dict(options):
+        changed = ", ".join(f"{k} {old.get(k)!r} -> {options.get(k)!r}"
+                            for k in sorted(set(old) | set(options)) if old.get(k) != options.get(k))
+        return False, f"options changed: {changed}"
     from ..pipes.manifests import read_manifest
 
     try:
