@@ -196,7 +196,7 @@ def pack_data(
     try:
         # 2. Lengths; 3. groups and shards; 4. shards, then indexes.
         measured = _measure(executor, inputs, items, unit, options)
-        sample_rate = _sample_rates(measured, unit, report)
+        sample_rate = _sample_rates(measured, unit, report, inputs.data_files)
         by_group = _group_by_length(measured, options.groups, report)
         plan = _plan_shards(by_group, measured, out_dir, inputs, unit, options, report)
         _write_shards(executor, plan, report, options.progress)
@@ -272,7 +272,8 @@ def _measure(executor: concurrent.futures.Executor | None, inputs: _Inputs,
     return _Measured(items, native, lengths)
 
 
-def _sample_rates(measured: _Measured, unit: str, report: PackReport) -> int | None:
+def _sample_rates(measured: _Measured, unit: str, report: PackReport,
+                  sources: Sequence[str]) -> int | None:
     """Count the audio's sample rates in ``report``; return the one rate that lengths in
     samples are counted at (recorded in the index, so that nothing reads them at another).
 
@@ -295,7 +296,8 @@ def _sample_rates(measured: _Measured, unit: str, report: PackReport) -> int | N
         raise DataError(
             f"the audio has {len(by_rate)} sample rates ({counts}; e.g. {', '.join(rare)}): "
             "lengths counted in samples would mean different durations. Pack with "
-            "length_unit='seconds' (CLI: --length-unit seconds), or resample the odd files")
+            "length_unit='seconds' (CLI: --length-unit seconds), or resample the odd files",
+            source=", ".join(sources))
     return next(iter(by_rate))
 
 
