@@ -8,7 +8,6 @@ import sys
 from typing import Any
 
 from ..errors import MissingDataError, SpeechpipeError
-from ..recipes import EMPTY_TEXT
 from ..pack import (
     AUDIO_FORMATS,
     KINDS,
@@ -17,6 +16,7 @@ from ..pack import (
     UTTS_PER_SHARD,
     pack_data,
 )
+from ..recipes import EMPTY_TEXT
 
 __all__ = ["add_command", "run_command"]
 

@@ -221,7 +221,7 @@ def fingerprint(paths: Iterable[str]) -> dict[str, Any]:
     digest = hashlib.sha256()
     files = size = 0
     newest = 0
-    for path in sorted(set(os.fspath(p) for p in paths)):
+    for path in sorted({os.fspath(p) for p in paths}):
         try:
             st = os.stat(path)
             entry = (path, st.st_size, st.st_mtime_ns)

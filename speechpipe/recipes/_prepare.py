@@ -11,8 +11,10 @@ with ``offset`` (seconds) when the utterance is a segment of a longer recording,
 corpus's extra fields (``chapter``, ``normalized_text``, ``feats_path``...). Read it back with
 :func:`~speechpipe.pipes.manifests.read_manifest` or feed it to the pipelines of
 :mod:`speechpipe.recipes._pipelines`; ``speechpipe pack --manifest`` packs it into shards.
-:func:`prepare_parts` skips parts whose manifest exists (manifests are written to a temporary
-name and renamed when complete, so an existing one is a finished one), :func:`check_pairs`
+:func:`prepare_parts` reuses a part whose manifest is up to date (a record beside it says
+what it was made from; manifests are written to a temporary name and renamed when complete)
+and runs the checks every recipe shares (empty transcripts, optional verification, sample
+rates, counted in a :class:`~speechpipe.recipes._checks.PartReport`), :func:`check_pairs`
 reports audio without transcript and transcripts without audio under an explicit policy
 (``on_mismatch="error"`` raises a :class:`~speechpipe.errors.DataError` with counts and
 examples, ``"skip"`` leaves them out, counted and warned about -- never silently), and
