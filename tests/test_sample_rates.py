@@ -93,7 +93,8 @@ def test_pack_records_the_rate_of_lengths_in_samples_and_stats_reads_it(tmp_path
     soundfile.write(tmp_path / "u1.flac", _tone(5.52, 8000), 8000)
     manifest = tmp_path / "m.jsonl"
     manifest.write_text(f'{{"key": "u1", "audio_path": "{tmp_path}/u1.flac", "text": "x"}}\n')
-    report = pack_data(None, None, manifests=[str(manifest)], d_out=tmp_path / "out", progress=False)
+    report = pack_data(None, None, manifests=[str(manifest)], d_out=tmp_path / "out",
+                       progress=False)
     assert report.sample_rates == {8000: 1} and "8000 Hz: 1" in report.report()
     assert sp.ShardIndex.read(tmp_path / "out").sample_rate == 8000
     assert read_durations(str(tmp_path / "out")) == [pytest.approx(5.52, abs=1e-3)]
@@ -104,8 +105,9 @@ def test_pack_refuses_lengths_in_samples_of_mixed_rates_and_packs_them_in_second
     manifest = tmp_path / "m.jsonl"
     write_manifest(manifest, mixed_rates)
     with pytest.raises(sp.DataError, match=r"8000 Hz: 1, 16000 Hz: 2.*'b08'.*--length-unit"):
-        pack_data(None, None, manifests=[str(manifest)], d_out=tmp_path / "out", progress=False)
-    report = pack_data(None, None, manifests=[str(manifest)], d_out=tmp_path / "out", progress=False,
-                       length_unit="seconds")
+        pack_data(None, None, manifests=[str(manifest)], d_out=tmp_path / "out",
+                  progress=False)
+    report = pack_data(None, None, manifests=[str(manifest)], d_out=tmp_path / "out",
+                       progress=False, length_unit="seconds")
     assert report.sample_rates == {8000: 1, 16000: 2}
     assert read_durations(str(tmp_path / "out")) == [pytest.approx(1.5)] * 3

@@ -54,7 +54,6 @@ from ._checks import (
 
 __all__ = [
     "AUDIO_PATH",
-    "CHECKS",
     "FEATS_PATH",
     "MANIFEST_KIND",
     "OFFSET",
@@ -263,10 +262,6 @@ class PreparedParts(dict):
     reports: dict[str, PartReport]
 
 
-#: The keyword arguments every ``prepare_<corpus>`` forwards to :func:`prepare_parts`.
-CHECKS = ("sample_rate", "verify", "on_error", "empty_text")
-
-
 # long: the one place that runs a part's checks in order; each step is one call
 def prepare_parts(
     corpus: str,
@@ -423,7 +418,8 @@ def _up_to_date(path: Path, extra: list[str], options: Mapping[str, Any]) -> tup
     old = record.get("options") or {}
     if old != dict(options):
         changed = ", ".join(f"{k} {old.get(k)!r} -> {options.get(k)!r}"
-                            for k in sorted(set(old) | set(options)) if old.get(k) != options.get(k))
+                            for k in sorted(set(old) | set(options))
+                            if old.get(k) != options.get(k))
         return False, f"options changed: {changed}"
     from ..pipes.manifests import read_manifest
 

@@ -272,7 +272,8 @@ def prepare_aishell(
         CORPUS, names, output_dir,
         lambda part: _part_samples(wav / part, part, transcripts, num_jobs=num_jobs,
                                    on_mismatch=on_mismatch, progress=progress),
-        force=force, num_jobs=num_jobs, progress=progress, **checks,
+        force=force, num_jobs=num_jobs, progress=progress,
+        settings={"on_mismatch": on_mismatch}, **checks,
     )
 
 

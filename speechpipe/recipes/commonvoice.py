@@ -320,7 +320,8 @@ def prepare_commonvoice(
         manifest_corpus(root.name), names, output_dir,
         lambda part: _part_samples(root, part, durations(), num_jobs=num_jobs,
                                    on_mismatch=on_mismatch, progress=progress),
-        force=force, num_jobs=num_jobs, progress=progress, **checks,
+        force=force, num_jobs=num_jobs, progress=progress,
+        settings={"on_mismatch": on_mismatch}, **checks,
     )
 
 

@@ -257,6 +257,7 @@ def prepare_librispeech(
         lambda part: _part_samples(root, part, num_jobs=num_jobs, on_mismatch=on_mismatch,
                                    progress=progress),
         force=force, num_jobs=num_jobs, progress=progress,
+        settings={"on_mismatch": on_mismatch},
         inputs=lambda part: _files_under(root / part), **checks,
     )
 

@@ -156,8 +156,9 @@ def prepare_ljspeech(
             examples; ``"skip"`` leaves them out, counted in a warning.
         force: rebuild a manifest that exists.
         progress: tqdm progress bars.
-        **checks: ``sample_rate`` (16000), ``verify`` (False), ``on_error`` ("raise"),
-            ``empty_text`` ("error"): see :func:`~speechpipe.recipes.prepare_parts`.
+        **checks: ``sample_rate`` (22050, LJSpeech's own), ``verify`` (False),
+            ``on_error`` ("raise"), ``empty_text`` ("error"): see
+            :func:`~speechpipe.recipes.prepare_parts`.
 
     Raises:
         MissingDataError: ``corpus_dir``, ``metadata.csv`` or ``wavs/`` is absent.
@@ -177,6 +178,7 @@ def prepare_ljspeech(
         lambda part: _samples(root, num_jobs=num_jobs, on_mismatch=on_mismatch,
                               progress=progress),
         force=force, num_jobs=num_jobs, progress=progress,
+        settings={"on_mismatch": on_mismatch},
         **{"sample_rate": SAMPLE_RATE, **checks},
     )
 
