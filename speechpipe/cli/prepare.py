@@ -23,20 +23,15 @@ def _recipe_function(corpus: str, verb: str) -> Callable[..., Any]:
     return fn
 
 
-#: Options given to the recipe only when set: ``(attribute, flag, recipe keyword)``.
-_OPTIONAL = (("root", "--root", "root"), ("allow_commands", "--allow-commands",
-                                          "allow_commands"),
-             ("sample_rate", "--sample-rate", "sample_rate"), ("verify", "--verify", "verify"),
-             ("on_error", "--on-error", "on_error"), ("empty_text", "--empty-text",
-                                                      "empty_text"))
+#: Options forwarded only when set (``--allow-commands`` -> ``allow_commands=True``); the
+#: last four are the checks every recipe built on ``prepare_parts`` takes as ``**checks``.
+_OPTIONAL = ("root", "allow_commands", "sample_rate", "verify", "on_error", "empty_text")
 
 
 def _accepts(fn: Callable[..., Any], name: str) -> bool:
     params = inspect.signature(fn).parameters
-    if name in params:
-        return True
-    checks = name in ("sample_rate", "verify", "on_error", "empty_text")
-    return checks and any(p.kind is p.VAR_KEYWORD for p in params.values())
+    return name in params or (name in _OPTIONAL[2:] and any(
+        p.kind is p.VAR_KEYWORD for p in params.values()))
 
 
 def _run_prepare(args: argparse.Namespace) -> int:
@@ -44,15 +39,15 @@ def _run_prepare(args: argparse.Namespace) -> int:
     kwargs: dict[str, Any] = dict(parts=args.parts or "auto", num_jobs=args.jobs,
                                   on_mismatch=args.on_mismatch, force=args.force,
                                   progress=not args.no_progress)
-    for attr, flag, keyword in _OPTIONAL:
-        value = getattr(args, attr)
+    for name in _OPTIONAL:
+        value = getattr(args, name)
         if value is None or value is False:
             continue
-        if not _accepts(prepare, keyword):
-            print(f"speechpipe prepare: error: {flag} is not an option of {args.corpus}",
-                  file=sys.stderr)
+        if not _accepts(prepare, name):
+            print(f"speechpipe prepare: error: --{name.replace('_', '-')} is not an option of "
+                  f"{args.corpus}", file=sys.stderr)
             return 2
-        kwargs[keyword] = None if attr == "sample_rate" and value == 0 else value
+        kwargs[name] = None if name == "sample_rate" and value == 0 else value
     try:
         result = prepare(args.corpus_dir, args.out_dir, **kwargs)
     except (ValueError, OSError) as exc:  # DataError, MissingDataError included
