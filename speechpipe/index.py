@@ -189,7 +189,8 @@ class ShardIndex:
             raise DataError(f"these shard folders count lengths in different units: {units}")
         if len(rates) > 1:
             raise DataError(f"these shard folders hold audio at different sample rates: "
-                            f"{sorted(rates, key=str)}")
+                            f"{sorted(rates, key=lambda r: (r is None, r or 0))}",
+                            source=", ".join(sorted(cache)))
         return cls("/", entries, units.pop() if units else "frames",
                    sample_rate=rates.pop() if rates else None)
 

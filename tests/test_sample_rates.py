@@ -111,3 +111,21 @@ def test_pack_refuses_lengths_in_samples_of_mixed_rates_and_packs_them_in_second
                        progress=False, length_unit="seconds")
     assert report.sample_rates == {8000: 1, 16000: 2}
     assert read_durations(str(tmp_path / "out")) == [pytest.approx(1.5)] * 3
+
+
+def test_an_index_with_a_malformed_sample_rate_is_named(tmp_path):
+    (tmp_path / "index.jsonl").write_text(
+        '{"format": "speechpipe-shard-index", "version": 1, "length_unit": "samples", '
+        '"sample_rate": "16k"}\n')
+    with pytest.raises(sp.DataError, match=r"index.jsonl:1: sample_rate must be an int"):
+        sp.ShardIndex.read(tmp_path)
+
+
+def test_shards_of_folders_at_different_rates_are_refused_together(tmp_path):
+    for name, rate in (("a", 8000), ("b", 16000)):
+        (tmp_path / name).mkdir()
+        entry = sp.ShardEntry("data-00000.tar", 1, 10, ("u",), (rate,))
+        sp.ShardIndex(str(tmp_path / name), [entry], "samples", sample_rate=rate).write()
+    with pytest.raises(sp.DataError, match=r"different sample rates: \[8000, 16000\]"):
+        sp.ShardIndex.for_shards([str(tmp_path / "a" / "data-00000.tar"),
+                                  str(tmp_path / "b" / "data-00000.tar")])
