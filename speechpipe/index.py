@@ -63,6 +63,8 @@ class ShardIndex:
         sample_rate: the rate (Hz) of the audio when lengths count samples (``pack`` refuses
             to count samples of mixed rates), so that a reader turns them into seconds at the
             right rate; ``None`` otherwise (or an index from before it was recorded).
+        sample_rates: ``{Hz: utterances}`` of the audio in this folder (``None``: features,
+            or not recorded), whatever the length unit.
 
     >>> import tempfile
     >>> d = tempfile.mkdtemp()
@@ -78,6 +80,7 @@ class ShardIndex:
     length_unit: str = "frames"
     audio_format: str | None = None
     sample_rate: int | None = None
+    sample_rates: dict[int, int] | None = None
 
     def __len__(self) -> int:
         """Utterances in all shards."""
@@ -117,6 +120,8 @@ class ShardIndex:
                 header["audio_format"] = self.audio_format
             if self.sample_rate is not None:
                 header["sample_rate"] = self.sample_rate
+            if self.sample_rates is not None:
+                header["sample_rates"] = {str(r): n for r, n in sorted(self.sample_rates.items())}
             f.write(json.dumps(header) + "\n")
             for entry in self.shards:
                 f.write(entry.to_json() + "\n")
@@ -158,7 +163,8 @@ class ShardIndex:
             raise DataError(f"sample_rate must be an int >= 1, got {rate!r}", source=path, line=1)
         return cls(os.path.dirname(os.path.abspath(path)), shards,
                    str(header.get("length_unit", "frames")),
-                   None if audio_format is None else str(audio_format), rate)
+                   None if audio_format is None else str(audio_format), rate,
+                   _rate_counts(header.get("sample_rates"), path))
 
     @classmethod
     def for_shards(cls, paths: Sequence[str]) -> "ShardIndex":
@@ -193,6 +199,20 @@ class ShardIndex:
                             source=", ".join(sorted(cache)))
         return cls("/", entries, units.pop() if units else "frames",
                    sample_rate=rates.pop() if rates else None)
+
+
+def _rate_counts(value, path: str) -> dict[int, int] | None:
+    """The header's ``{"16000": n, ...}`` as ``{16000: n}``; a DataError if malformed."""
+    if value is None:
+        return None
+    try:
+        counts = {int(r): n for r, n in value.items()}
+    except (AttributeError, TypeError, ValueError):
+        counts = None
+    if counts is None or not all(isinstance(n, int) and n >= 0 for n in counts.values()):
+        raise DataError(f"sample_rates must map rates to counts, got {value!r}", source=path,
+                        line=1)
+    return counts
 
 
 def _json_line(line: str, path: str, number: int):

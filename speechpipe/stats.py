@@ -5,7 +5,8 @@ durations from what a pipeline would read -- manifests (``.jsonl``/``.tsv``, opt
 ``.gz``, with ``duration``), or tar shards written by ``speechpipe pack`` (their
 ``index.jsonl`` lengths; give the folder, a shard path or a brace pattern) -- and report:
 
-- the utterance count and hours;
+- the utterance count and hours, and the sample rates with their counts (manifests'
+  ``sample_rate``, the ``sample_rates`` a shard index records; :func:`read_sample_rates`);
 - duration percentiles (min, 5, 25, 50, 75, 95, 99 %, max);
 - the **padding efficiency** (real ÷ padded seconds) of budget batches at ``budget_seconds``
   padded seconds per batch, simulated on the durations alone with speechpipe's own batching
@@ -39,6 +40,7 @@ __all__ = [
     "length_histogram",
     "padding_efficiency",
     "read_durations",
+    "read_sample_rates",
     "write_histogram_png",
 ]
 
@@ -140,6 +142,48 @@ def read_durations(
     return out
 
 
+def read_sample_rates(manifests_or_shards: Any) -> dict[int, int]:
+    """``{Hz: utterances}`` of manifests (their ``sample_rate`` field), sample lists, or shard
+    folders (the counts ``pack`` records in each folder's ``index.jsonl``; a shard pattern
+    counts the whole folders of its shards), sorted by rate. Utterances whose rate is not
+    recorded (features, an older index) are not counted.
+
+    >>> read_sample_rates([{"key": "a", "sample_rate": 16000}, {"key": "b",
+    ...                    "sample_rate": 8000}, {"key": "c", "sample_rate": 16000}])
+    {8000: 1, 16000: 2}
+    """
+    from collections import Counter
+
+    from .index import ShardIndex
+    from .pipes.manifests import read_manifest
+    from .pipes.sources import expand_patterns
+
+    items = manifests_or_shards
+    if isinstance(items, Mapping):
+        items = list(items.values())
+    if isinstance(items, (str, os.PathLike)):
+        items = [items]
+    items = list(items)
+    if items and all(isinstance(s, Mapping) for s in items):
+        items = [items]
+    counts: Counter[int] = Counter()
+    for item in items:
+        if isinstance(item, list):
+            counts.update(int(s["sample_rate"]) for s in item if "sample_rate" in s)
+            continue
+        source = os.fspath(item)
+        if not _is_shards(source):
+            counts.update(int(s["sample_rate"]) for s in read_manifest(source)
+                          if "sample_rate" in s)
+            continue
+        folders = ([source] if os.path.isdir(source) else
+                   sorted({os.path.dirname(os.path.abspath(p))
+                           for p in expand_patterns(source)}))
+        for folder in folders:
+            counts.update(ShardIndex.read(folder).sample_rates or {})
+    return dict(sorted(counts.items()))
+
+
 def _sample_durations(samples: Iterable[Mapping], frame_shift: float) -> list[float]:
     out = []
     for s in samples:
@@ -221,6 +265,7 @@ class CorpusStats:
     buffer_size: int | None = None
     png: str | None = None
     sources: list[str] = field(default_factory=list)
+    sample_rates: dict[int, int] = field(default_factory=dict)
 
     @property
     def hours(self) -> float:
@@ -232,6 +277,9 @@ class CorpusStats:
             f"utterances          {self.utterances}",
             f"hours               {self.hours:.4f} ({self.seconds:.1f} s)",
         ]
+        if self.sample_rates:
+            lines.append("sample rates        " + ", ".join(
+                f"{rate} Hz: {n}" for rate, n in self.sample_rates.items()))
         if self.utterances:
             lines.append("duration (s)        " + " / ".join(
                 f"{'min' if q == 0 else 'max' if q == 100 else 'median' if q == 50 else f'p{q}'}"
@@ -281,6 +329,7 @@ def corpus_stats(
     stats = CorpusStats(len(durations), float(values.sum()), percentiles, counts, edges)
     if isinstance(manifests_or_shards, (str, os.PathLike)):
         stats.sources = [os.fspath(manifests_or_shards)]
+    stats.sample_rates = read_sample_rates(manifests_or_shards)
     if budget_seconds is not None:
         batched = padding_efficiency(durations, budget_seconds, buffer_size=buffer_size,
                                      seed=seed)

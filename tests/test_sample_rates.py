@@ -113,11 +113,29 @@ def test_pack_refuses_lengths_in_samples_of_mixed_rates_and_packs_them_in_second
     assert read_durations(str(tmp_path / "out")) == [pytest.approx(1.5)] * 3
 
 
-def test_an_index_with_a_malformed_sample_rate_is_named(tmp_path):
+def test_stats_reports_mixed_rates_with_counts_from_manifests_and_shards(tmp_path, mixed_rates):
+    # issue 18.1: stats did not notice an 8 kHz file among 16 kHz ones
+    manifest = tmp_path / "m.jsonl"
+    write_manifest(manifest, mixed_rates)
+    assert "sample rates        8000 Hz: 1, 16000 Hz: 2" in sp.corpus_stats(
+        str(manifest)).report()
+    pack_data(None, None, manifests=[str(manifest)], d_out=tmp_path / "out", progress=False,
+              length_unit="seconds", filter_group=["0:1.4", "1.4:2"])
+    assert sp.ShardIndex.read(tmp_path / "out" / "1.4_2").sample_rates == {8000: 1, 16000: 2}
+    assert sp.corpus_stats(str(tmp_path / "out" / "1.4_2")).sample_rates == {8000: 1,
+                                                                             16000: 2}
+
+
+@pytest.mark.parametrize("field, message", [
+    ('"sample_rate": "16k"', "sample_rate must be an int"),
+    ('"sample_rates": {"16k": 3}', "sample_rates must map rates to counts"),
+    ('"sample_rates": [16000]', "sample_rates must map rates to counts"),
+])
+def test_an_index_with_malformed_rates_is_named(tmp_path, field, message):
     (tmp_path / "index.jsonl").write_text(
         '{"format": "speechpipe-shard-index", "version": 1, "length_unit": "samples", '
-        '"sample_rate": "16k"}\n')
-    with pytest.raises(sp.DataError, match=r"index.jsonl:1: sample_rate must be an int"):
+        f'{field}}}\n')
+    with pytest.raises(sp.DataError, match=rf"index.jsonl:1: {message}"):
         sp.ShardIndex.read(tmp_path)
 
 

@@ -9,7 +9,8 @@ import dataclasses
 import multiprocessing
 import os
 import time
-from typing import Any, Iterator, Sequence
+from collections import Counter
+from typing import Any, Iterator, Mapping, Sequence
 
 from ..errors import DataError
 from ..index import ShardIndex
@@ -203,8 +204,10 @@ def pack_data(
     finally:
         if executor is not None:
             executor.shutdown(wait=True, cancel_futures=True)
+    rates = {item.key: rate for item, (_, rate) in zip(measured.items, measured.native)
+             if rate is not None}
     _write_indexes(plan, unit, None if inputs.kind == "feats" else options.audio_format, report,
-                   sample_rate)
+                   sample_rate, rates)
     report.seconds = time.monotonic() - started
     return report
 
@@ -324,12 +327,17 @@ def _write_shards(executor: concurrent.futures.Executor | None, plan: _ShardPlan
 
 
 def _write_indexes(plan: _ShardPlan, unit: str, audio_format: str | None,
-                   report: PackReport, sample_rate: int | None = None) -> None:
+                   report: PackReport, sample_rate: int | None = None,
+                   rates: Mapping[str, int] | None = None) -> None:
     """Write each folder's ``index.jsonl``, last: an index means a complete pack."""
     for folder, by_name in plan.entries.items():
         # In shard-number order (the plan's), which is also sorted key order.
+        counts = None
+        if rates:  # audio: the rates of this folder's utterances, for readers of the index
+            counts = dict(Counter(rates[k] for entry in by_name.values() for k in entry.keys))
         index = ShardIndex(folder, list(by_name.values()), length_unit=unit,
-                           audio_format=audio_format, sample_rate=sample_rate)
+                           audio_format=audio_format, sample_rate=sample_rate,
+                           sample_rates=counts)
         report.index_paths.append(index.write())
 
 
