@@ -35,10 +35,17 @@ from ..errors import DataError
 from ..sample import DURATION, KEY, SPEAKER, TEXT, Sample
 
 __all__ = [
+    "AudioCheck",
     "EMPTY_TEXT",
+    "PROBLEMS",
     "PartReport",
     "apply_empty_text",
+    "apply_verification",
+    "changed_inputs",
+    "check_audio_file",
+    "check_empty_text",
     "fingerprint",
+    "read_record",
     "record_path",
     "verify_audio",
 ]

@@ -339,7 +339,7 @@ def prepare_parts(
     for part in parts:
         path = None if output_dir is None else manifest_path(output_dir, corpus, part)
         stage = f"prepare_{corpus} {part}"
-        extra = list(inputs(part)) if inputs is not None else []
+        extra = list(inputs(part)) if inputs is not None and path is not None else []
         reason = ""
         if path is not None and path.exists():
             up_to_date, reason = _up_to_date(path, extra, options)
