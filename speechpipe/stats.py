@@ -119,16 +119,8 @@ def read_durations(
     >>> read_durations([{"key": "a", "duration": 1.5}, {"key": "b", "num_frames": 250}])
     [1.5, 2.5]
     """
-    items = manifests_or_shards
-    if isinstance(items, Mapping):
-        items = list(items.values())
-    if isinstance(items, (str, os.PathLike)):
-        items = [items]
-    items = list(items)
-    if items and all(isinstance(s, Mapping) for s in items):
-        return _sample_durations(items, frame_shift)
     out: list[float] = []
-    for item in items:
+    for item in _sources(manifests_or_shards):
         if isinstance(item, list):
             out.extend(_sample_durations(item, frame_shift))
             continue
@@ -140,6 +132,17 @@ def read_durations(
         else:
             out.extend(_manifest_durations(source, frame_shift))
     return out
+
+
+def _sources(manifests_or_shards: Any) -> list:
+    """Paths (manifests, shard folders or patterns) and sample lists, from any accepted form."""
+    items = manifests_or_shards
+    if isinstance(items, Mapping):
+        items = list(items.values())
+    if isinstance(items, (str, os.PathLike)):
+        items = [items]
+    items = list(items)
+    return [items] if items and all(isinstance(s, Mapping) for s in items) else items
 
 
 def read_sample_rates(manifests_or_shards: Any) -> dict[int, int]:
@@ -158,16 +161,8 @@ def read_sample_rates(manifests_or_shards: Any) -> dict[int, int]:
     from .pipes.manifests import read_manifest
     from .pipes.sources import expand_patterns
 
-    items = manifests_or_shards
-    if isinstance(items, Mapping):
-        items = list(items.values())
-    if isinstance(items, (str, os.PathLike)):
-        items = [items]
-    items = list(items)
-    if items and all(isinstance(s, Mapping) for s in items):
-        items = [items]
     counts: Counter[int] = Counter()
-    for item in items:
+    for item in _sources(manifests_or_shards):
         if isinstance(item, list):
             counts.update(int(s["sample_rate"]) for s in item if "sample_rate" in s)
             continue

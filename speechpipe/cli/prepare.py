@@ -104,7 +104,7 @@ def add_command(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--on-mismatch", choices=ON_MISMATCH, default="error",
                         help="audio without transcript or the reverse: error (default) or "
                         "skip them, counted")
-    parser.add_argument("--force", action="store_true", help="redo parts already prepared")
+    parser.add_argument("--force", action="store_true", help="rewrite parts even when up to date")
     parser.add_argument("--root", default=None, metavar="DIR",
                         help="kaldi_dir: folder that relative paths in the tables start from "
                         "(default: the current folder, as in Kaldi)")
