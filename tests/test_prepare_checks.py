@@ -276,3 +276,18 @@ def test_pack_applies_the_same_empty_text_policy(with_empty, tmp_path, capsys):
                                          str(tmp_path / "d"), "--empty-text", "skip",
                                          "--no-progress"])
     assert args.func(args) == 0 and "empty labels (not packed): 1" in capsys.readouterr().out
+
+
+def test_streamed_corpora_skip_unreadable_audio_counted(libri, tmp_path):
+    from speechpipe.recipes.kaldi_dir import kaldi_dir_samples
+    from speechpipe.recipes.librispeech import librispeech_samples
+
+    pipe = librispeech_samples(libri, on_error="skip")
+    with pytest.warns(SkippedInputWarning, match="unreadable audio: 3"):
+        assert [s["key"][-4:] for s in pipe] == ["0000", "0001", "0002"]
+    chapter = libri / "dev-clean" / "19" / "198"
+    data = _kaldi_dir(tmp_path, {p.stem: str(p) for p in chapter.glob("*.flac")},
+                      {p.stem: "X" for p in chapter.glob("*.flac")})
+    pipe = kaldi_dir_samples(data, on_error="skip", on_missing="skip")  # their text, too
+    with pytest.warns(SkippedInputWarning, match="skipped 3"):
+        assert [s["key"][-4:] for s in pipe] == ["0000", "0001", "0002"]

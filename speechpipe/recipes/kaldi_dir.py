@@ -418,6 +418,7 @@ def kaldi_dir_samples(
     root: str | os.PathLike | None = None,
     allow_commands: bool = False,
     on_missing: str = "raise",
+    on_error: str = "raise",
 ) -> IterDataPipe[dict]:
     """Samples of a Kaldi data directory, read from its tables (no manifest).
 
@@ -437,6 +438,11 @@ def kaldi_dir_samples(
         allow_commands: run ``cmd |`` values of ``wav.scp``.
         on_missing: ``"raise"`` when an utterance has no text or speaker (or the reverse),
             or ``"skip"`` it, counted (``join_by_key``).
+        on_error: audio (or features) that is missing, truncated or corrupt, or a failing
+            command: ``"raise"`` naming the table line, or ``"skip"`` the utterance, counted
+            in the loading stage's diagnostics (:func:`~speechpipe.recipes.pipeline_report`;
+            with ``text``/``utt2spk``, pass ``on_missing="skip"`` too: their lines for the
+            skipped utterances are then counted as well).
 
     Raises:
         MissingDataError: ``data_dir`` holds none of ``segments``, ``wav.scp``, ``feats.scp``.
@@ -444,12 +450,13 @@ def kaldi_dir_samples(
     d = Path(data_dir)
     if (d / "segments").is_file():
         pipe = _table_pipe(d / "segments").load_segments(
-            str(d / "wav.scp"), root=root, allow_commands=allow_commands)
+            str(d / "wav.scp"), root=root, allow_commands=allow_commands, on_error=on_error)
     elif (d / "wav.scp").is_file():
         pipe = _table_pipe(d / "wav.scp").load_scp("wav", root=root,
-                                                    allow_commands=allow_commands)
+                                                    allow_commands=allow_commands,
+                                                    on_error=on_error)
     elif (d / "feats.scp").is_file():
-        pipe = _table_pipe(d / "feats.scp").load_scp("feats", root=root)
+        pipe = _table_pipe(d / "feats.scp").load_scp("feats", root=root, on_error=on_error)
     else:
         raise MissingDataError("not a Kaldi data directory: no segments, wav.scp or feats.scp",
                                source=str(d))

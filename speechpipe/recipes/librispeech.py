@@ -123,7 +123,8 @@ def transcript_to_sample(entry) -> dict:
 
 
 def librispeech_samples(
-    corpus_dir: str | os.PathLike, parts: str | Iterable[str] = ("dev-clean",), *, shard=False
+    corpus_dir: str | os.PathLike, parts: str | Iterable[str] = ("dev-clean",), *, shard=False,
+    on_error: str = "raise",
 ) -> IterDataPipe[dict]:
     """Samples of the given LibriSpeech parts: ``key``, ``text``, ``speaker``, ``audio``,
     ``sample_rate`` and ``audio_path``, in sorted transcript-file order.
@@ -133,6 +134,8 @@ def librispeech_samples(
         parts: part names (see :data:`PARTS`).
         shard: insert torch's ``sharding_filter`` before audio decoding, so that DataLoader
             workers (and ranks) each decode a disjoint share.
+        on_error: a FLAC file that is missing, truncated or corrupt: ``"raise"`` naming it,
+            or ``"skip"`` the utterance, counted in ``load_audio``'s diagnostics.
 
     Raises:
         MissingDataError: when iterated, if a part folder is absent.
@@ -151,7 +154,7 @@ def librispeech_samples(
     pipe = pipe.map(transcript_to_sample)
     if shard:
         pipe = pipe.sharding_filter()
-    return pipe.load_audio(field=AUDIO_PATH)
+    return pipe.load_audio(field=AUDIO_PATH, on_error=on_error)
 
 
 def _existing_dir(path: str) -> str:
