@@ -83,8 +83,15 @@ def test_recipe_pipelines_take_another_target_rate_or_none(mixed_rates):
 
 
 def test_recipe_features_are_computed_at_the_target_rate(mixed_rates):
+    # issue 18.1: the recipe computed fbank at 8 kHz and batched it with 16 kHz utterances
+    from speechpipe.pipes.audio import compute_features, resample_audio
+
     [batch] = list(eval_pipeline(mixed_rates, batch_size=3, shard=False))
     assert batch["feats_len"].tolist() == [148] * 3
+    audio, _ = soundfile.read(mixed_rates[1]["audio_path"], dtype="float32")
+    expected = compute_features(resample_audio(audio, 8000, 16000), 16000, "fbank",
+                                num_mel_bins=80)
+    assert np.allclose(batch["feats"][1].numpy(), expected, atol=1e-4)
 
 
 def test_pack_records_the_rate_of_lengths_in_samples_and_stats_reads_it(tmp_path):
