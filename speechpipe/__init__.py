@@ -17,8 +17,7 @@ from .pipes import (  # noqa: E402,F401  (registration)
 from .diagnostics import Diagnostics, SkippedInputWarning  # noqa: E402
 from .epochs import set_epoch  # noqa: E402
 from .errors import (  # noqa: E402
-    AudioFormatError, ChannelMismatchError, DataError, MissingDataError, SpeechpipeError,
-    UnsafeInputError, UnsupportedCodecError,
+    ,
 )
 from .index import ShardEntry, ShardIndex  # noqa: E402
 from .loader import Loader, PipeDataset, build_loader  # noqa: E402
@@ -65,12 +64,13 @@ __all__ = [
     "DataError", "Diagnostics", "DistributedStepError", "EpochProgress", "EpochWarning",
     "EqualSteps", "FrontEnd", "IterableWrapper", "Loader", "MissingDataError", "PackOptions",
     "PackReport", "PadCollate", "PaddedArea", "PipeDataset", "PipelineNode", "Quadratic",
-    "ResumeWarning", "SampleCount", "SentencePieceTokenizer", "SequenceWrapper", "ShardEntry",
-    "ShardIndex", "ShardReadOptions", "ShardSplit", "ShardWriter", "SkippedInputWarning",
-    "SpeechpipeError", "StepPlanner", "StepStats", "SumOfLengths", "TextNormalizer",
-    "TwoDimensional", "UnevenSplitWarning", "UnsafeInputError", "UnsupportedCodecError",
-    "WordTokenizer", "build_loader", "build_tokenizer", "compute_cmvn_stats", "compute_lengths",
-    "corpus_stats", "encode_audio", "eval_pipeline", "get_recipe",
+    "ResumeWarning", "SampleCount", "SampleRateError", "SentencePieceTokenizer", "SequenceWrapper",
+    "ShardEntry", "ShardIndex", "ShardReadOptions", "ShardSplit", "ShardWriter",
+    "SkippedInputWarning", "SpeechpipeError", "StepPlanner", "StepStats", "SumOfLengths",
+    "TextNormalizer", "TwoDimensional", "UnevenSplitWarning", "UnsafeInputError",
+    "UnsupportedCodecError", "WordTokenizer", "build_loader", "build_tokenizer",
+    "compute_cmvn_stats", "compute_lengths", "corpus_stats", "encode_audio", "eval_pipeline",
+    "get_recipe",
     "kaldi_arks", "load_tokenizer", "manifest_path", "pack_data", "pipeline_report",
     "read_data_len", "read_hf_dataset", "read_lhotse", "read_lhotse_shar", "recipes",
     "select_keys", "set_epoch", "shard_assignment", "start", "to_device", "train_pipeline",

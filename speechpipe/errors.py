@@ -15,6 +15,8 @@ like a compiler's: ``data/wav.scp:17: expected '<key> <value>', got 'utt1'``.
   one batch (mono beside stereo) without a ``downmix`` or ``select_channel`` stage before.
 - :class:`UnsupportedCodecError` (a ``ValueError``): an encoding soundfile cannot write, such as
   Opus at a rate other than 8, 12, 16, 24 or 48 kHz.
+- :class:`SampleRateError` (a ``DataError``): audio at a sample rate a stage was not told
+  about (features set up for 16 kHz given 8 kHz audio, a batch mixing rates); resample first.
 """
 
 from __future__ import annotations
@@ -23,8 +25,8 @@ import json
 import re
 
 __all__ = ["AudioFormatError", "ChannelMismatchError", "DataError", "MissingDataError",
-           "SpeechpipeError", "UnsafeInputError", "UnsupportedCodecError", "locate",
-           "mark_location"]
+           "SampleRateError", "SpeechpipeError", "UnsafeInputError", "UnsupportedCodecError",
+           "locate", "mark_location"]
 
 
 def locate(
@@ -159,6 +161,15 @@ class ChannelMismatchError(DataError):
 
 class UnsupportedCodecError(SpeechpipeError, ValueError):
     """An audio encoding soundfile cannot write (format, subtype and sample rate)."""
+
+
+class SampleRateError(DataError):
+    """Audio at a sample rate the stage was not told about: computing on it would give numbers
+    at the wrong scale (features), or a batch whose rows mean different durations (collate).
+
+    >>> str(SampleRateError("8000 Hz audio, expected 16000 Hz", key="u1"))
+    "(key 'u1'): 8000 Hz audio, expected 16000 Hz"
+    """
 
 
 class MissingDataError(_Located, SpeechpipeError, FileNotFoundError):

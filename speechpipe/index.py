@@ -63,6 +63,11 @@ class ShardIndex:
         length_unit: what lengths count (``"frames"``, ``"samples"`` or ``"seconds"``).
         audio_format: how ``pack`` encoded audio (``"lossless"``, ``"flac16"``), ``None`` for
             features or an index written by something else.
+        sample_rate: the rate (Hz) of the audio when lengths count samples (``pack`` refuses
+            to count samples of mixed rates), so that a reader turns them into seconds at the
+            right rate; ``None`` otherwise (or an index from before it was recorded).
+        sample_rates: ``{Hz: utterances}`` of the audio in this folder (``None``: features,
+            or not recorded), whatever the length unit.
 
     >>> import tempfile
     >>> d = tempfile.mkdtemp()
@@ -77,6 +82,8 @@ class ShardIndex:
     shards: list[ShardEntry]
     length_unit: str = "frames"
     audio_format: str | None = None
+    sample_rate: int | None = None
+    sample_rates: dict[int, int] | None = None
 
     def __len__(self) -> int:
         """Utterances in all shards."""
@@ -114,6 +121,10 @@ class ShardIndex:
             header = {"format": _FORMAT, "version": _VERSION, "length_unit": self.length_unit}
             if self.audio_format is not None:
                 header["audio_format"] = self.audio_format
+            if self.sample_rate is not None:
+                header["sample_rate"] = self.sample_rate
+            if self.sample_rates is not None:
+                header["sample_rates"] = {str(r): n for r, n in sorted(self.sample_rates.items())}
             f.write(json.dumps(header) + "\n")
             for entry in self.shards:
                 f.write(entry.to_json() + "\n")
@@ -172,9 +183,13 @@ class ShardIndex:
         shards = [_entry(_json_line(line, path, n), path, n)
                   for n, line in enumerate(lines[1:], start=2) if line.strip()]
         audio_format = header.get("audio_format")
+        rate = header.get("sample_rate")
+        if rate is not None and (isinstance(rate, bool) or not isinstance(rate, int) or rate < 1):
+            raise DataError(f"sample_rate must be an int >= 1, got {rate!r}", source=path, line=1)
         return cls(os.path.dirname(os.path.abspath(path)), shards,
                    str(header.get("length_unit", "frames")),
-                   None if audio_format is None else str(audio_format))
+                   None if audio_format is None else str(audio_format), rate,
+                   _rate_counts(header.get("sample_rates"), path))
 
     @classmethod
     def _read_groups(cls, root: str, folders: list[str]) -> "ShardIndex":
@@ -200,12 +215,14 @@ class ShardIndex:
         """
         cache: dict[str, dict[str, ShardEntry]] = {}
         units: set[str] = set()
+        rates: set[int | None] = set()
         entries = []
         for p in paths:
             folder = os.path.dirname(os.path.abspath(p))
             if folder not in cache:
                 idx = cls.read(folder)
                 units.add(idx.length_unit)
+                rates.add(idx.sample_rate)
                 cache[folder] = {s.name: s for s in idx.shards}
             entry = cache[folder].get(os.path.basename(p))
             if entry is None:
@@ -214,7 +231,26 @@ class ShardIndex:
                                       entry.keys, entry.lengths))
         if len(units) > 1:
             raise DataError(f"these shard folders count lengths in different units: {units}")
-        return cls("/", entries, units.pop() if units else "frames")
+        if len(rates) > 1:
+            raise DataError(f"these shard folders hold audio at different sample rates: "
+                            f"{sorted(rates, key=lambda r: (r is None, r or 0))}",
+                            source=", ".join(sorted(cache)))
+        return cls("/", entries, units.pop() if units else "frames",
+                   sample_rate=rates.pop() if rates else None)
+
+
+def _rate_counts(value, path: str) -> dict[int, int] | None:
+    """The header's ``{"16000": n, ...}`` as ``{16000: n}``; a DataError if malformed."""
+    if value is None:
+        return None
+    try:
+        counts = {int(r): n for r, n in value.items()}
+    except (AttributeError, TypeError, ValueError):
+        counts = None
+    if counts is None or not all(isinstance(n, int) and n >= 0 for n in counts.values()):
+        raise DataError(f"sample_rates must map rates to counts, got {value!r}", source=path,
+                        line=1)
+    return counts
 
 
 def length_seconds(total: float, unit: str, *, frame_shift: float = 0.01,

@@ -46,6 +46,7 @@ __all__ = [
     "read_durations",
     "shard_problems",
     "text_histogram",
+    "read_sample_rates",
     "write_histogram_png",
 ]
 
@@ -113,8 +114,8 @@ def _index_durations(source: str, frame_shift: float, sample_rate: int) -> list[
     from .index import length_seconds
 
     index = _shard_index(source)
-    scale = length_seconds(1.0, index.length_unit, frame_shift=frame_shift,
-                           sample_rate=sample_rate)
+    rate = index.sample_rate or sample_rate  # the rate pack recorded wins (issue 18)
+    scale = length_seconds(1.0, index.length_unit, frame_shift=frame_shift, sample_rate=rate)
     return [n * scale for n in index.lengths()]
 
 
@@ -159,7 +160,8 @@ def read_durations(
             paths or brace patterns (``shards/data-{00000..00009}.tar``); also a list of sample
             dicts, or the ``{part: manifest}`` dict of a ``prepare_<corpus>``.
         frame_shift: seconds per frame, for lengths counted in frames.
-        sample_rate: Hz, for shard lengths counted in samples.
+        sample_rate: Hz, for shard lengths counted in samples by an index that does not
+            record its rate (``pack`` records it, and the recorded rate is the one used).
 
     Raises:
         MissingDataError: a file, folder or pattern is absent.
@@ -183,7 +185,7 @@ def _read(manifests_or_shards: Any, frame_shift: float, sample_rate: int,
     if items and all(isinstance(s, Mapping) for s in items):
         return _sample_durations(items, frame_shift, facts)
     out: list[float] = []
-    for item in items:
+    for item in _sources(manifests_or_shards):
         if isinstance(item, list):
             out.extend(_sample_durations(item, frame_shift, facts))
             continue
@@ -195,6 +197,51 @@ def _read(manifests_or_shards: Any, frame_shift: float, sample_rate: int,
         else:
             out.extend(_manifest_durations(source, frame_shift, facts))
     return out
+
+
+def _sources(manifests_or_shards: Any) -> list:
+    """Paths (manifests, shard folders or patterns) and sample lists, from any accepted form."""
+    items = manifests_or_shards
+    if isinstance(items, Mapping):
+        items = list(items.values())
+    if isinstance(items, (str, os.PathLike)):
+        items = [items]
+    items = list(items)
+    return [items] if items and all(isinstance(s, Mapping) for s in items) else items
+
+
+def read_sample_rates(manifests_or_shards: Any) -> dict[int, int]:
+    """``{Hz: utterances}`` of manifests (their ``sample_rate`` field), sample lists, or shard
+    folders (the counts ``pack`` records in each folder's ``index.jsonl``; a shard pattern
+    counts the whole folders of its shards), sorted by rate. Utterances whose rate is not
+    recorded (features, an older index) are not counted.
+
+    >>> read_sample_rates([{"key": "a", "sample_rate": 16000}, {"key": "b",
+    ...                    "sample_rate": 8000}, {"key": "c", "sample_rate": 16000}])
+    {8000: 1, 16000: 2}
+    """
+    from collections import Counter
+
+    from .index import ShardIndex
+    from .pipes.manifests import read_manifest
+    from .pipes.sources import expand_patterns
+
+    counts: Counter[int] = Counter()
+    for item in _sources(manifests_or_shards):
+        if isinstance(item, list):
+            counts.update(int(s["sample_rate"]) for s in item if "sample_rate" in s)
+            continue
+        source = os.fspath(item)
+        if not _is_shards(source):
+            counts.update(int(s["sample_rate"]) for s in read_manifest(source)
+                          if "sample_rate" in s)
+            continue
+        folders = ([source] if os.path.isdir(source) else
+                   sorted({os.path.dirname(os.path.abspath(p))
+                           for p in expand_patterns(source)}))
+        for folder in folders:
+            counts.update(ShardIndex.read(folder).sample_rates or {})
+    return dict(sorted(counts.items()))
 
 
 def _sample_durations(samples: Iterable[Mapping], frame_shift: float,
@@ -404,6 +451,8 @@ def corpus_stats(
     stats.problems = shard_problems(manifests_or_shards)
     _describe(stats, values, facts, min_seconds,
               budget_seconds if max_seconds is None else max_seconds)
+    if not stats.sample_rates:  # shards: the counts pack recorded in their index
+        stats.sample_rates = read_sample_rates(manifests_or_shards)
     stats.log_y = bool(log_y)
     if budget_seconds is not None:
         batched = padding_efficiency(durations, budget_seconds, buffer_size=buffer_size,

@@ -629,10 +629,10 @@ def test_manifest_segment_past_the_end_is_named(tmp_path):
         pack_data(None, None, tmp_path / "out", manifests=manifest, progress=False)
 
 
-def test_commands_in_tables_are_refused(tmp_path):
+def test_commands_in_tables_are_refused_unless_allowed(tmp_path):
     (tmp_path / "wav.scp").write_text("u1 sox in.wav -t wav - |\n")
     text = write_text(tmp_path / "text", {"u1": "x"})
-    with pytest.raises(UnsafeInputError, match="pack does not run commands from tables"):
+    with pytest.raises(UnsafeInputError, match="only when allowed: pass allow_commands=True"):
         pack_data(str(tmp_path / "wav.scp"), text, tmp_path / "out", kind="wav",
                   progress=False)
 

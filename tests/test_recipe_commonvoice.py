@@ -20,7 +20,7 @@ from test_recipes_common import range_server
 from speechpipe.diagnostics import SkippedInputWarning
 from speechpipe.errors import DataError, MissingDataError
 from speechpipe.pipes.manifests import read_manifest
-from speechpipe.recipes import get_recipe, manifest_path, pipeline_report
+from speechpipe.recipes import commonvoice, get_recipe, manifest_path, pipeline_report
 from speechpipe.recipes.commonvoice import (
     CLIP_DURATIONS,
     commonvoice_test,
@@ -183,15 +183,18 @@ def test_bad_clip_duration_line_is_named(corpus):
         read_clip_durations(path)
 
 
-def test_rerun_reuses_finished_parts_without_reading_the_corpus(corpus, tmp_path):
+def test_rerun_over_an_unchanged_part_is_up_to_date_and_a_changed_one_is_redone(
+        corpus, tmp_path, monkeypatch):
     out = prepare_commonvoice(corpus, tmp_path / "m", parts="dev", progress=False)
     before = out["dev"].read_bytes()
-    shutil.rmtree(corpus / "clips")
-    (corpus / "clips").mkdir()  # a rerun that read the part again would now fail
-    again = prepare_commonvoice(corpus, tmp_path / "m", parts="dev", progress=False)
+    with monkeypatch.context() as m:  # a rerun that read the audio again would now fail
+        m.setattr(commonvoice, "measure_audio", None)
+        again = prepare_commonvoice(corpus, tmp_path / "m", parts="dev", progress=False)
     assert again == out and out["dev"].read_bytes() == before
+    shutil.rmtree(corpus / "clips")
+    (corpus / "clips").mkdir()
     with pytest.raises(DataError, match="1 transcript"):
-        prepare_commonvoice(corpus, tmp_path / "m", parts="dev", force=True, progress=False)
+        prepare_commonvoice(corpus, tmp_path / "m", parts="dev", progress=False)
 
 
 def test_a_rounded_up_clip_duration_reads_the_whole_clip(corpus, tmp_path):
@@ -199,7 +202,7 @@ def test_a_rounded_up_clip_duration_reads_the_whole_clip(corpus, tmp_path):
     table.write_text(table.read_text().replace("\t2285", "\t2400"))  # dev clip, 2.285 s
     manifests = prepare_commonvoice(corpus, tmp_path / "m", parts="dev", progress=False)
     assert _read(manifests["dev"])[0]["duration"] == 2.4
-    [batch] = commonvoice_valid(manifests, features=None)
+    [batch] = commonvoice_valid(manifests, features=None, sample_rate=None)
     info = soundfile.info(str(corpus / "clips" / "common_voice_en_1003.mp3"))
     assert int(batch["audio_len"][0]) == info.frames
     assert float(batch["duration"][0]) == pytest.approx(info.frames / info.samplerate)
@@ -210,7 +213,10 @@ def test_languages_prepared_into_one_folder_stay_apart(corpus, tmp_path):
     prepare_commonvoice(corpus, tmp_path / "m", parts="test", progress=False)
     prepare_commonvoice(french, tmp_path / "m", parts="test", progress=False)
     names = sorted(p.name for p in (tmp_path / "m").iterdir())
-    assert names == ["commonvoice_en_samples_test.jsonl.gz", "commonvoice_fr_samples_test.jsonl.gz"]
+    assert names == ["commonvoice_en_samples_test.jsonl.gz",
+                     "commonvoice_en_samples_test.prepared.json",
+                     "commonvoice_fr_samples_test.jsonl.gz",
+                     "commonvoice_fr_samples_test.prepared.json"]
     with pytest.raises(MissingDataError, match=r"manifests of \['en', 'fr'\].*language="):
         commonvoice_test(tmp_path / "m")
     [batch] = commonvoice_test(tmp_path / "m", language="fr", features=None)

@@ -21,7 +21,7 @@ from speechpipe.cli.prepare import add_command as add_prepare_command
 from speechpipe.diagnostics import SkippedInputWarning
 from speechpipe.errors import DataError, MissingDataError
 from speechpipe.pipes.manifests import read_manifest
-from speechpipe.recipes import manifest_path
+from speechpipe.recipes import kaldi_dir, manifest_path
 from speechpipe.recipes.kaldi_dir import (
     kaldi_dir_eval,
     kaldi_dir_samples,
@@ -186,11 +186,16 @@ def test_missing_data_dir_and_folder_without_data_dirs(recipe, tmp_path):
         prepare_kaldi_dir(recipe / "wav")
 
 
-def test_rerun_reuses_finished_manifests(recipe, tmp_path):
+def test_rerun_reuses_up_to_date_manifests_and_redoes_changed_ones(recipe, tmp_path,
+                                                                   monkeypatch):
     out = prepare_kaldi_dir(recipe / "data", tmp_path / "m", root=recipe, progress=False)
+    with monkeypatch.context() as m:  # a rerun that read the audio again would now fail
+        m.setattr(kaldi_dir, "measure_audio", None)
+        again = prepare_kaldi_dir(recipe / "data", tmp_path / "m", root=recipe, progress=False)
+    assert again == out and {r.status for r in again.reports.values()} == {"up to date"}
     shutil.rmtree(recipe / "wav")
-    assert prepare_kaldi_dir(recipe / "data", tmp_path / "m", root=recipe,
-                             progress=False) == out
+    with pytest.raises(MissingDataError, match="audio file not found"):
+        prepare_kaldi_dir(recipe / "data", tmp_path / "m", root=recipe, progress=False)
 
 
 def test_kaldi_dir_samples_cuts_segments_and_joins_text_and_speaker(recipe):
@@ -241,9 +246,10 @@ def test_prepare_command_forwards_root(recipe, tmp_path, capsys):
     args = parser.parse_args(["prepare", "kaldi_dir", str(recipe / "data"), str(tmp_path / "m"),
                               "--root", str(recipe), "--no-progress"])
     assert args.func(args) == 0
-    assert capsys.readouterr().out.splitlines() == [
-        f"kaldi_dir dev: {manifest_path(tmp_path / 'm', 'kaldi_dir', 'dev')}",
-        f"kaldi_dir train: {manifest_path(tmp_path / 'm', 'kaldi_dir', 'train')}"]
+    lines = capsys.readouterr().out.splitlines()
+    assert [line for line in lines if not line.startswith(" ")] == [
+        f"kaldi_dir dev: written {manifest_path(tmp_path / 'm', 'kaldi_dir', 'dev')}",
+        f"kaldi_dir train: written {manifest_path(tmp_path / 'm', 'kaldi_dir', 'train')}"]
 
 
 def test_a_data_dir_given_as_dot_is_named_after_its_folder(recipe, tmp_path, monkeypatch):

@@ -19,7 +19,7 @@ from speechpipe.diagnostics import SkippedInputWarning
 from speechpipe.errors import DataError, MissingDataError
 from speechpipe.pipes.manifests import read_manifest
 from speechpipe.pipes.tokenizers import CharTokenizer
-from speechpipe.recipes import manifest_path, pipeline_report
+from speechpipe.recipes import librispeech, manifest_path, pipeline_report
 from speechpipe.recipes.librispeech import (
     ARCHIVES,
     PARTS,
@@ -133,11 +133,20 @@ def test_missing_trans_txt_is_named_and_skip_counts_its_flacs(corpus, tmp_path):
             prepare_librispeech(corpus, parts="dev-clean", on_mismatch="skip", progress=False)
 
 
-def test_malformed_transcript_line_is_named_with_file_and_line(corpus):
+def test_empty_transcript_follows_the_one_policy(corpus):
+    # issue 18.6: a key-only line is an empty transcript, under empty_text like every recipe
     trans = corpus / "dev-clean/2001/200101/2001-200101.trans.txt"
-    trans.write_text(trans.read_text() + "2001-200101-0009\n")
-    with pytest.raises(DataError, match=rf"{trans}:4: expected '<key> <value>'"):
+    lines = trans.read_text().splitlines()
+    trans.write_text("\n".join(["2001-200101-0000"] + lines[1:]) + "\n")
+    with pytest.raises(DataError, match=r"1 utterance\(s\) with an empty transcript \(e\.g\. "
+                                        r"key '2001-200101-0000'.*--empty-text"):
         prepare_librispeech(corpus, parts="dev-clean", progress=False)
+    kept = prepare_librispeech(corpus, parts="dev-clean", progress=False, empty_text="keep")
+    assert [s["text"] for s in kept["dev-clean"] if s["key"] == "2001-200101-0000"] == [""]
+    assert kept.reports["dev-clean"].empty_text_kept == 1
+    skipped = prepare_librispeech(corpus, parts="dev-clean", progress=False, empty_text="skip")
+    assert "2001-200101-0000" not in [s["key"] for s in skipped["dev-clean"]]
+    assert skipped.reports["dev-clean"].skipped == {"empty transcript": 1}
 
 
 def test_utterance_id_from_another_chapter_is_named(corpus):
@@ -161,16 +170,20 @@ def test_unreadable_flac_is_named(corpus):
         prepare_librispeech(corpus, parts="dev-clean", progress=False)
 
 
-def test_rerun_reuses_finished_parts_without_reading_the_corpus(corpus, tmp_path):
+def test_rerun_over_an_unchanged_part_is_up_to_date_and_a_changed_one_is_redone(
+        corpus, tmp_path, monkeypatch):
+    # issue 18.4: a rerun over a changed corpus used to keep the old manifest silently
     out = prepare_librispeech(corpus, tmp_path / "m", parts="dev-clean", progress=False)
     before = out["dev-clean"].read_bytes()
-    for flac in (corpus / "dev-clean").rglob("*.flac"):
-        flac.unlink()  # a rerun that read the part again would now fail
-    again = prepare_librispeech(corpus, tmp_path / "m", parts="dev-clean", progress=False)
+    with monkeypatch.context() as m:  # a rerun that read the audio again would now fail
+        m.setattr(librispeech, "measure_audio", None)
+        again = prepare_librispeech(corpus, tmp_path / "m", parts="dev-clean", progress=False)
     assert again == out and out["dev-clean"].read_bytes() == before
+    assert again.reports["dev-clean"].status == "up to date"
+    for flac in (corpus / "dev-clean").rglob("*.flac"):
+        flac.unlink()
     with pytest.raises(DataError, match="3 transcript"):
-        prepare_librispeech(corpus, tmp_path / "m", parts="dev-clean", force=True,
-                            progress=False)
+        prepare_librispeech(corpus, tmp_path / "m", parts="dev-clean", progress=False)
 
 
 def test_parallel_durations_give_the_same_manifest(corpus, tmp_path):

@@ -15,7 +15,7 @@ from speechpipe.diagnostics import SkippedInputWarning
 from speechpipe.errors import DataError, MissingDataError
 from speechpipe.pipes.manifests import read_manifest
 from speechpipe.pipes.tokenizers import CharTokenizer
-from speechpipe.recipes import manifest_path
+from speechpipe.recipes import ljspeech, manifest_path
 from speechpipe.recipes.ljspeech import (
     ARCHIVES,
     MEL_OPTIONS,
@@ -124,10 +124,15 @@ def test_missing_metadata_and_missing_wavs_folder_are_named(corpus):
         prepare_ljspeech(corpus, progress=False)
 
 
-def test_rerun_reuses_the_manifest(corpus, tmp_path):
+def test_rerun_reuses_an_up_to_date_manifest_and_redoes_a_changed_one(corpus, tmp_path,
+                                                                      monkeypatch):
     out = prepare_ljspeech(corpus, tmp_path / "m", progress=False)
+    with monkeypatch.context() as m:  # a rerun that read the audio again would now fail
+        m.setattr(ljspeech, "measure_audio", None)
+        assert prepare_ljspeech(corpus, tmp_path / "m", progress=False) == out
     shutil.rmtree(corpus / "wavs")
-    assert prepare_ljspeech(corpus, tmp_path / "m", progress=False) == out
+    with pytest.raises(MissingDataError, match="wavs"):
+        prepare_ljspeech(corpus, tmp_path / "m", progress=False)
 
 
 def test_download_bz2_archive_from_a_local_mirror(tmp_path):

@@ -565,13 +565,18 @@ def test_commands_have_help(command, capsys):
     assert "librispeech" in out and "--parts" in out
 
 
-def test_prepare_command_forwards_and_prints_each_manifest(tmp_path, capsys):
+def test_prepare_command_forwards_and_prints_each_manifest_with_its_counts(tmp_path, capsys):
+    # issue 18.4: prepare printed no counts, and the same line for a fresh write and a rerun
     args = _parser().parse_args(["prepare", "librispeech", str(LIBRISPEECH), str(tmp_path),
                                  "--parts", "dev-clean", "--jobs", "2", "--no-progress"])
     assert args.func(args) == 0
     path = manifest_path(tmp_path, "librispeech", "dev-clean")
-    assert capsys.readouterr().out == f"librispeech dev-clean: {path}\n"
+    assert capsys.readouterr().out == (f"librispeech dev-clean: written {path}\n"
+                                       "  3 utterances, 1 speakers, 0.00 hours\n"
+                                       "  sample rates: 16000 Hz: 3\n")
     assert len(list(read_manifest(path))) == 3
+    assert args.func(args) == 0
+    assert capsys.readouterr().out.startswith(f"librispeech dev-clean: up to date {path}\n")
 
 
 def test_prepare_command_reports_errors_with_what_to_do(tmp_path, capsys):

@@ -16,6 +16,7 @@ from ..pack import (
     UTTS_PER_SHARD,
     pack_data,
 )
+from ..recipes import EMPTY_TEXT
 
 __all__ = ["add_command", "run_command"]
 
@@ -26,6 +27,8 @@ examples:
   speechpipe pack --scp data/train/wav.scp --segments data/train/segments \\
       --labels data/train/text --out shards/train --length-unit seconds --group 1:20
   speechpipe pack --manifest train.jsonl --out shards/train
+  speechpipe pack --scp data/train/wav.scp --labels data/train/text --out shards/train \\
+      --allow-commands --length-unit seconds
 
 read the result with:
   IterableWrapper(["shards/train"]).list_shards().open().read_shards().decode()
@@ -90,6 +93,12 @@ def add_command(subparsers: Any) -> argparse.ArgumentParser:
     run.add_argument("--on-mismatch", choices=ON_MISMATCH, default="error",
                      help="keys with data but no label or the reverse: error (default) or "
                      "skip them (reported)")
+    run.add_argument("--empty-text", choices=EMPTY_TEXT, default="error",
+                     help="utterances whose label is empty: error (default), skip or keep "
+                     "them, counted in the report")
+    run.add_argument("--allow-commands", action="store_true",
+                     help="run the 'cmd |' values of wav.scp (as Kaldi recipes write them: "
+                     "flac -c -d -s x.flac |) and pack their audio")
     run.add_argument("--workers", type=int, default=1, metavar="N",
                      help="worker processes (default: 1)")
     run.add_argument("--no-progress", action="store_true", help="hide the progress bars")
@@ -109,7 +118,8 @@ def run_command(args: argparse.Namespace) -> int:
             segments=args.segments or None, manifests=args.manifest or None,
             on_mismatch=args.on_mismatch, num_workers=args.workers,
             progress=not args.no_progress, length_unit=args.length_unit,
-            audio_format=args.audio_format, force=args.force,
+            audio_format=args.audio_format, force=args.force, allow_commands=args.allow_commands,
+            empty_text=args.empty_text,
         )
     except MissingDataError as exc:
         print(f"speechpipe pack: error: {exc}\n  check the path, then run the same command "

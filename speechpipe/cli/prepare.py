@@ -7,7 +7,7 @@ import inspect
 import sys
 from typing import Any, Callable
 
-from ..recipes import ON_MISMATCH, RECIPES, get_recipe
+from ..recipes import EMPTY_TEXT, ON_MISMATCH, RECIPES, get_recipe
 
 __all__ = ["add_command"]
 
@@ -23,24 +23,42 @@ def _recipe_function(corpus: str, verb: str) -> Callable[..., Any]:
     return fn
 
 
+#: Options forwarded only when set (``--allow-commands`` -> ``allow_commands=True``); the
+#: last four are the checks every recipe built on ``prepare_parts`` takes as ``**checks``.
+_OPTIONAL = ("root", "allow_commands", "sample_rate", "verify", "on_error", "empty_text")
+
+
+def _accepts(fn: Callable[..., Any], name: str) -> bool:
+    params = inspect.signature(fn).parameters
+    return name in params or (name in _OPTIONAL[2:] and any(
+        p.kind is p.VAR_KEYWORD for p in params.values()))
+
+
 def _run_prepare(args: argparse.Namespace) -> int:
     prepare = _recipe_function(args.corpus, "prepare")
     kwargs: dict[str, Any] = dict(parts=args.parts or "auto", num_jobs=args.jobs,
                                   on_mismatch=args.on_mismatch, force=args.force,
                                   progress=not args.no_progress)
-    if args.root is not None:
-        if "root" not in inspect.signature(prepare).parameters:
-            print(f"speechpipe prepare: error: --root is not an option of {args.corpus}",
-                  file=sys.stderr)
+    for name in _OPTIONAL:
+        value = getattr(args, name)
+        if value is None or value is False:
+            continue
+        if not _accepts(prepare, name):
+            print(f"speechpipe prepare: error: --{name.replace('_', '-')} is not an option of "
+                  f"{args.corpus}", file=sys.stderr)
             return 2
-        kwargs["root"] = args.root
+        kwargs[name] = None if name == "sample_rate" and value == 0 else value
     try:
         result = prepare(args.corpus_dir, args.out_dir, **kwargs)
     except (ValueError, OSError) as exc:  # DataError, MissingDataError included
         print(f"speechpipe prepare: error: {exc}", file=sys.stderr)
         return 2
+    reports = getattr(result, "reports", {})
     for part, path in result.items():
-        print(f"{args.corpus} {part}: {path}")
+        if part in reports:
+            print(f"{args.corpus} {reports[part].report()}")
+        else:
+            print(f"{args.corpus} {part}: {path}")
     return 0
 
 
@@ -48,8 +66,11 @@ def add_command(subparsers: Any) -> argparse.ArgumentParser:
     """Add ``prepare`` to the ``speechpipe`` command's subparsers; return its parser.
 
     ``speechpipe prepare <corpus> <corpus_dir> <out_dir> [--parts P ...] [--jobs N]
-    [--on-mismatch error|skip] [--force] [--root DIR]`` forwards to ``prepare_<corpus>`` and
-    prints one line per part with its manifest. ``args.func(args)`` returns the exit status.
+    [--on-mismatch error|skip] [--force] [--root DIR] [--allow-commands] [--sample-rate HZ]
+    [--verify] [--on-error raise|skip] [--empty-text error|skip|keep]`` forwards to
+    ``prepare_<corpus>`` and prints, per part, whether its manifest was written, rewritten
+    (and why) or is up to date, with its utterances, speakers, hours, sample rates and what
+    was skipped. ``args.func(args)`` returns the exit status.
 
     >>> parser = argparse.ArgumentParser(prog="speechpipe")
     >>> _ = add_command(parser.add_subparsers(dest="command"))
@@ -63,9 +84,13 @@ def add_command(subparsers: Any) -> argparse.ArgumentParser:
         help="write the manifests of a corpus (one .jsonl.gz per part)",
         description="Validate a corpus in its official layout and write one manifest per "
         "part, <out_dir>/{corpus}_samples_{part}.jsonl.gz: one JSON line per utterance with "
-        "key, audio_path, duration, text, speaker. Parts whose manifest exists are skipped "
-        "(--force redoes them). Audio without transcript, or the reverse, stops the run "
-        "unless --on-mismatch skip (then they are counted and reported).",
+        "key, audio_path, duration, text, speaker. A record beside each manifest says what it "
+        "was made from: a rerun over an unchanged corpus does nothing ('up to date'), one "
+        "over a changed corpus (or with other options) rewrites it and says why (--force "
+        "rewrites anyway). Audio without transcript, or the reverse, stops the run unless "
+        "--on-mismatch skip; empty transcripts stop it unless --empty-text skip|keep; "
+        "--verify decodes every file once and stops on truncated, corrupt or empty ones "
+        "unless --on-error skip. Whatever is left out is counted and named.",
         epilog="example: speechpipe prepare librispeech data/LibriSpeech data/manifests "
         "--parts dev-clean test-clean --jobs 4",
     )
@@ -79,10 +104,24 @@ def add_command(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--on-mismatch", choices=ON_MISMATCH, default="error",
                         help="audio without transcript or the reverse: error (default) or "
                         "skip them, counted")
-    parser.add_argument("--force", action="store_true", help="redo parts already prepared")
+    parser.add_argument("--force", action="store_true", help="rewrite parts even when up to date")
     parser.add_argument("--root", default=None, metavar="DIR",
                         help="kaldi_dir: folder that relative paths in the tables start from "
                         "(default: the current folder, as in Kaldi)")
+    parser.add_argument("--allow-commands", action="store_true",
+                        help="kaldi_dir: run the 'cmd |' values of wav.scp (as Kaldi recipes "
+                        "write them) and write their audio beside the manifests")
+    parser.add_argument("--sample-rate", type=int, default=None, metavar="HZ",
+                        help="rate the recipe pipelines resample to, reported against "
+                        "(default 16000 for ASR corpora, 22050 for ljspeech; 0: none)")
+    parser.add_argument("--verify", action="store_true",
+                        help="decode every audio file once (--jobs threads) and report "
+                        "missing, corrupt, truncated and empty files")
+    parser.add_argument("--on-error", choices=("raise", "skip"), default=None,
+                        help="files --verify finds bad: raise (default) or skip them, counted")
+    parser.add_argument("--empty-text", choices=EMPTY_TEXT, default=None,
+                        help="utterances with an empty transcript: error (default), skip or "
+                        "keep them, counted")
     parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
     parser.set_defaults(func=_run_prepare)
     return parser

@@ -82,11 +82,17 @@ def _add_unique(table: dict[str, Any], key: str, item: Any, what: str) -> None:
     table[key] = item
 
 
-def _detect_kind(entry: ScpEntry) -> str:
+def _detect_kind(entry: ScpEntry, allow_commands: bool = False) -> str:
     """``"feats"`` or ``"wav"`` from the first value of an scp file."""
     value = entry.value
     where = dict(source=entry.source, line=entry.line, key=entry.key)
     if value.endswith("|"):
+        if allow_commands and os.path.basename(entry.source or "") == "wav.scp":
+            return "wav"  # Kaldi's wav.scp: commands writing audio
+        if not allow_commands:
+            raise UnsafeInputError(
+                f"{value!r} is a shell command: pack runs the commands of a table only when "
+                "allowed: pass allow_commands=True (CLI: --allow-commands)", **where)
         raise DataError(
             f"cannot tell what {value!r} produces (a shell command): pass kind='feats' or "
             "kind='wav' (CLI: --kind)", **where)
@@ -120,14 +126,15 @@ class _Inputs(NamedTuple):
     label_files: list[str]
 
 
-def _read_scps(scps: list[str], kind: str, segments: list[str]) -> tuple[str, str, dict]:
+def _read_scps(scps: list[str], kind: str, segments: list[str],
+               allow_commands: bool = False) -> tuple[str, str, dict]:
     tables = [(path, read_scp_table(path)) for path in scps]
     kinds = {}
     for path, table in tables:
         if kind != "auto":
             kinds[path] = kind
         elif table:
-            kinds[path] = _detect_kind(next(iter(table.values())))
+            kinds[path] = _detect_kind(next(iter(table.values())), allow_commands)
     found = sorted(set(kinds.values()))
     if len(found) > 1:
         feats = next(p for p, k in kinds.items() if k == "feats")
@@ -222,11 +229,11 @@ def _input_files(f_scps, f_labels, segments, manifests) -> _InputFiles:
     return files
 
 
-def _read_inputs(scps, labels, segments, manifests, kind) -> _Inputs:
+def _read_inputs(scps, labels, segments, manifests, kind, allow_commands=False) -> _Inputs:
     if manifests:
         data, label_table = _read_manifests(manifests)
         return _Inputs("wav", _MANIFEST, data, label_table, manifests, manifests)
-    resolved, mode, data = _read_scps(scps, kind, segments)
+    resolved, mode, data = _read_scps(scps, kind, segments, allow_commands)
     label_table: dict[str, ScpEntry] = {}
     for path in labels:
         for key, entry in read_scp_table(path, allow_empty=True).items():
@@ -241,8 +248,9 @@ def _no_commands(exc: UnsafeInputError) -> UnsafeInputError:
     if "is a shell command" not in exc.reason:
         return exc
     return UnsafeInputError(
-        f"{exc.reason.split(';')[0]}; pack does not run commands from tables: write their "
-        "output to files or arks first (e.g. wav-copy, copy-feats)",
+        f"{exc.reason.split(';')[0]}; pack runs commands from tables only when allowed: "
+        "pass allow_commands=True (CLI: --allow-commands), or write their output to files or "
+        "arks first (e.g. wav-copy, copy-feats)",
         source=exc.source, line=exc.line, key=exc.key)
 
 

@@ -175,7 +175,8 @@ def _audio_info(path: str, files_cache: dict) -> tuple[int, int, int] | None:
     return cached
 
 
-def _measure_chunk(mode: str, items: Sequence[_Item]) -> list[tuple[int, int | None]]:
+def _measure_chunk(mode: str, items: Sequence[_Item],
+                   allow_commands: bool = False) -> list[tuple[int, int | None]]:
     """``(length, sample_rate or None)`` of each item: frames of features, samples of audio.
 
     Headers only where they tell the length (Kaldi binary matrices, audio files); anything
@@ -201,11 +202,12 @@ def _measure_chunk(mode: str, items: Sequence[_Item]) -> list[tuple[int, int | N
                 elif mode == _WAV:
                     info = None if item.value.endswith("|") else _audio_info(item.value, infos)
                     if info is None:
-                        audio, rate = read_wav_value(item.value, **where)
+                        audio, rate = read_wav_value(item.value, allow_commands=allow_commands,
+                                                     **where)
                         info = (audio.shape[0], rate, 1)
                     out.append(info[:2])
                 elif mode == _SEGMENT:
-                    out.append(_segment_length(item, infos))
+                    out.append(_segment_length(item, infos, allow_commands))
                 else:
                     out.append(_manifest_length(item, infos))
             except UnsafeInputError as exc:
@@ -215,7 +217,7 @@ def _measure_chunk(mode: str, items: Sequence[_Item]) -> list[tuple[int, int | N
     return out
 
 
-def _segment_length(item: _Item, infos: dict) -> tuple[int, int]:
+def _segment_length(item: _Item, infos: dict, allow_commands: bool = False) -> tuple[int, int]:
     """Samples of a segment, by the rules of :func:`~speechpipe.pipes.kaldi.slice_segments`."""
     segment = parse_segment(ScpEntry(item.key, item.value, item.source, item.line))
     reco = item.recording
@@ -224,7 +226,7 @@ def _segment_length(item: _Item, infos: dict) -> tuple[int, int]:
         cached = infos.get(("reco", reco.key))
         if cached is None:
             audio, rate = read_wav_value(reco.value, source=reco.source, line=reco.line,
-                                         key=reco.key)
+                                         key=reco.key, allow_commands=allow_commands)
             channels = 1 if audio.ndim == 1 else audio.shape[1]
             cached = infos[("reco", reco.key)] = (audio.shape[0], rate, channels)
         info = cached
@@ -268,5 +270,6 @@ def _manifest_length(item: _Item, infos: dict) -> tuple[int, int]:
 
 
 
-def _measure_chunk_args(args: tuple[str, Sequence[_Item]]) -> list[tuple[int, int | None]]:
+def _measure_chunk_args(args: tuple[str, Sequence[_Item], bool]
+                        ) -> list[tuple[int, int | None]]:
     return _measure_chunk(*args)

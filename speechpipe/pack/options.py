@@ -7,6 +7,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from ..recipes import EMPTY_TEXT
 from .inputs import KINDS
 from .lengths import LENGTH_UNITS, LengthGroup, parse_length_groups
 from .write import AUDIO_FORMATS
@@ -48,6 +49,8 @@ class PackOptions:
     length_unit: str | None = None
     audio_format: str = "lossless"
     force: bool = False
+    allow_commands: bool = False
+    empty_text: str = "error"
 
     def __post_init__(self) -> None:
         _check_fmt(self.fmt)
@@ -67,9 +70,11 @@ class PackOptions:
         if self.length_unit is not None and self.length_unit not in LENGTH_UNITS:
             raise ValueError(f"length_unit must be one of {LENGTH_UNITS} or None, "
                              f"got {self.length_unit!r}")
-        for name in ("progress", "force"):
+        for name in ("progress", "force", "allow_commands"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        if self.empty_text not in EMPTY_TEXT:
+            raise ValueError(f"empty_text must be one of {EMPTY_TEXT}, got {self.empty_text!r}")
 
     @property
     def groups(self) -> list[LengthGroup]:

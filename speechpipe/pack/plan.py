@@ -151,7 +151,8 @@ def _plan_folder(plan: _ShardPlan, folder: str, indices: list[int], measured: _M
         plan.entries[folder][shard] = entry
         plan.tasks.append(_ShardTask(path, inputs.mode, tuple(measured.items[i] for i in chosen),
                                      tuple(measured.native[i][0] for i in chosen),
-                                     keep_complete and previous is None, options.audio_format))
+                                     keep_complete and previous is None, options.audio_format,
+                                     options.allow_commands))
         plan.folders.append(folder)
     stale = [os.path.join(folder, f) for f in sorted(os.listdir(folder))
              if options.shard_name_re.fullmatch(f) and f not in planned_names]

@@ -34,6 +34,9 @@ class PackReport:
         index_paths: the ``index.jsonl`` files written.
         clipped: utterances (of the shards written by this run) with samples beyond
             ``[-1, 1)`` that ``audio_format="flac16"`` clipped to the 16-bit range.
+        sample_rates: ``{Hz: utterances}`` of the audio (empty for features).
+        empty_text: utterances whose label is empty; ``empty_text_examples``: a few keys;
+            ``empty_text_policy``: whether they were packed (``"keep"``) or not (``"skip"``).
         seconds: wall-clock time.
     """
 
@@ -55,6 +58,10 @@ class PackReport:
     removed: list[str] = field(default_factory=list)
     index_paths: list[str] = field(default_factory=list)
     clipped: int = 0
+    sample_rates: dict[int, int] = field(default_factory=dict)
+    empty_text: int = 0
+    empty_text_examples: list[str] = field(default_factory=list)
+    empty_text_policy: str = "error"
     seconds: float = 0.0
 
     @property
@@ -74,12 +81,19 @@ class PackReport:
         ]
         for name, count in self.groups.items():
             lines.append(f"  {name}/: {count} utterances")
+        if self.sample_rates:
+            lines.append("  sample rates: " + ", ".join(
+                f"{rate} Hz: {count}" for rate, count in self.sample_rates.items()))
         if self.clipped:
             lines.append(f"  clipped to 16 bits (flac16; samples beyond [-1, 1)): "
                          f"{self.clipped} utterance(s)")
         if self.out_of_range:
             lines.append(f"  outside every length group (not packed): {self.out_of_range} "
                          f"(e.g. {', '.join(self.out_of_range_examples)})")
+        if self.empty_text:
+            done = "packed" if self.empty_text_policy == "keep" else "not packed"
+            lines.append(f"  empty labels ({done}): {self.empty_text} (e.g. "
+                         f"{', '.join(repr(k) for k in self.empty_text_examples)})")
         for what, count, examples in (
             ("keys without a label", self.keys_without_label, self.keys_without_label_examples),
             ("labels without data", self.labels_without_data,

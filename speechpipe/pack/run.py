@@ -9,8 +9,10 @@ import dataclasses
 import multiprocessing
 import os
 import time
-from typing import Any, Iterator, Sequence
+from collections import Counter
+from typing import Any, Iterator, Mapping, Sequence
 
+from ..errors import DataError
 from ..index import ShardIndex
 from ..progress import progress_bar
 from .inputs import _input_files, _Inputs, _Item, _match_keys, _read_inputs
@@ -56,6 +58,8 @@ def pack_data(
     length_unit: str | None = _Default("length_unit"),
     audio_format: str = _Default("audio_format"),
     force: bool = _Default("force"),
+    allow_commands: bool = _Default("allow_commands"),
+    empty_text: str = _Default("empty_text"),
     options: PackOptions | None = None,
 ) -> PackReport:
     """Pack Kaldi tables (or manifests) and their labels into tar shards with an index.
@@ -89,7 +93,7 @@ def pack_data(
     Everything else is rewritten. Content is not compared: after changing the data of
     existing keys, pack into a fresh folder.
 
-    The settings (``fmt`` to ``force``) are passed as keyword arguments or together as
+    The settings (``fmt`` to ``empty_text``) are passed as keyword arguments or together as
     ``options=PackOptions(...)`` (:class:`~speechpipe.pack.PackOptions`), not both.
 
     Args:
@@ -130,7 +134,16 @@ def pack_data(
             WeNet do -- a quarter of the size of float WAV; samples beyond the range are
             clipped and counted (:attr:`PackReport.clipped`). Recorded in the index: a
             rerun with another format rewrites the shards.
-        options: all the settings above (``fmt`` to ``force``) in one
+        force: delete what another pack left in ``out_dir`` (other length groups, flat
+            shards beside groups or the reverse, shard-named files this pack does not plan)
+            instead of refusing; listed in :attr:`PackReport.removed`.
+        allow_commands: run the ``cmd |`` values of ``wav.scp`` tables (Kaldi's
+            ``flac -c -d -s x.flac |``, ``sox ... |``) with the shell and pack their audio;
+            opt-in, as the commands run with your rights. A table named ``wav.scp`` whose
+            first value is a command is then taken as audio (else pass ``kind``).
+        empty_text: labels that are empty (or only spaces): ``"error"`` (default, as in
+            ``prepare``), ``"skip"`` (not packed) or ``"keep"``; counted in the report.
+        options: all the settings above (``fmt`` to ``empty_text``) in one
             :class:`~speechpipe.pack.PackOptions`, instead of the keyword arguments.
 
     Returns:
@@ -170,7 +183,8 @@ def pack_data(
     options = _settings(options, fmt=fmt, filter_group=filter_group,
                         utts_per_shard=utts_per_shard, kind=kind, on_mismatch=on_mismatch,
                         num_workers=num_workers, progress=progress, length_unit=length_unit,
-                        audio_format=audio_format, force=force)
+                        audio_format=audio_format, force=force,
+                        allow_commands=allow_commands, empty_text=empty_text)
     others = _other_packs(out_dir, options)
     if not options.force:
         _refuse_or_clean(others, out_dir, options)  # refuses, before anything is read
@@ -179,18 +193,22 @@ def pack_data(
 
     # 1. Tables and keys.
     inputs = _read_inputs(files.scps, files.labels, files.segments, files.manifests,
-                          options.kind)
+                          options.kind, options.allow_commands)
     unit = _length_unit(options.length_unit, inputs.kind)
     items, no_label, no_data = _match_keys(inputs, options.on_mismatch)
+    items, empty = _empty_labels(items, options.empty_text, inputs)
     report = PackReport(
         out_dir, inputs.kind, unit,
         keys_without_label=len(no_label), keys_without_label_examples=no_label[:_EXAMPLES],
         labels_without_data=len(no_data), labels_without_data_examples=no_data[:_EXAMPLES],
+        empty_text=len(empty), empty_text_examples=empty[:_EXAMPLES],
+        empty_text_policy=options.empty_text,
     )
     executor = _executor(options.num_workers)
     try:
         # 2. Lengths; 3. groups and shards; 4. shards, then indexes.
         measured = _measure(executor, inputs, items, unit, options)
+        sample_rate = _sample_rates(measured, unit, report, inputs.data_files)
         by_group = _group_by_length(measured, options.groups, report)
         report.removed.extend(_refuse_or_clean(others, out_dir, options))
         plan = _plan_shards(by_group, measured, out_dir, inputs, unit, options, report)
@@ -198,7 +216,10 @@ def pack_data(
     finally:
         if executor is not None:
             executor.shutdown(wait=True, cancel_futures=True)
-    _write_indexes(plan, unit, None if inputs.kind == "feats" else options.audio_format, report)
+    rates = {item.key: rate for item, (_, rate) in zip(measured.items, measured.native)
+             if rate is not None}
+    _write_indexes(plan, unit, None if inputs.kind == "feats" else options.audio_format, report,
+                   sample_rate, rates)
     report.seconds = time.monotonic() - started
     return report
 
@@ -215,6 +236,27 @@ def _settings(options: PackOptions | None, **keywords: Any) -> PackOptions:
         raise TypeError(f"pack_data() got options and the keyword argument(s) "
                         f"{', '.join(passed)}: pass the settings one way, not both")
     return options
+
+
+def _empty_labels(items: list[_Item], policy: str, inputs: _Inputs
+                  ) -> tuple[list[_Item], list[str]]:
+    """``(items packed, keys with an empty label)`` under ``policy`` (``"keep"`` packs them,
+    ``"skip"`` leaves them out; both counted in the report).
+
+    Raises:
+        DataError: under ``"error"``, with the count and a few keys.
+    """
+    empty = [item.key for item in items if not item.text.strip()]
+    if empty and policy == "error":
+        raise DataError(
+            f"{len(empty)} utterance(s) with an empty label (e.g. "
+            f"{', '.join(map(repr, empty[:_EXAMPLES]))}); fix the labels, or pass "
+            "empty_text='skip' to leave them out or 'keep' to pack them, counted "
+            "(CLI: --empty-text skip|keep)", source=", ".join(inputs.label_files))
+    if policy == "skip" and empty:
+        dropped = set(empty)
+        items = [item for item in items if item.key not in dropped]
+    return items, empty
 
 
 def _length_unit(length_unit: str | None, kind: str) -> str:
@@ -236,11 +278,40 @@ def _measure(executor: concurrent.futures.Executor | None, inputs: _Inputs,
     with progress_bar(total=len(chunks), desc="pack: measure", unit="chunk",
                       disable=not options.progress) as bar:
         for i, result in _run_all(executor, _measure_chunk_args, [
-                (inputs.mode, chunk) for chunk in chunks], bar):
+                (inputs.mode, chunk, options.allow_commands) for chunk in chunks], bar):
             measured[i] = result
     native = [n for chunk in measured for n in chunk]
     lengths = [n / rate if unit == "seconds" else n for n, rate in native]
     return _Measured(items, native, lengths)
+
+
+def _sample_rates(measured: _Measured, unit: str, report: PackReport,
+                  sources: Sequence[str]) -> int | None:
+    """Count the audio's sample rates in ``report``; return the one rate that lengths in
+    samples are counted at (recorded in the index, so that nothing reads them at another).
+
+    Raises:
+        DataError: lengths in samples of audio at several rates (they would mean different
+            durations): the counts, a few keys at the rarer rates, and the fix.
+    """
+    by_rate: dict[int, list[str]] = {}
+    for item, (_, rate) in zip(measured.items, measured.native):
+        if rate is not None:
+            by_rate.setdefault(int(rate), []).append(item.key)
+    report.sample_rates = {rate: len(keys) for rate, keys in sorted(by_rate.items())}
+    if unit != "samples" or not by_rate:
+        return None
+    if len(by_rate) > 1:
+        common = max(by_rate, key=lambda r: len(by_rate[r]))
+        rare = [f"{key!r} ({rate} Hz)" for rate, keys in sorted(by_rate.items())
+                if rate != common for key in keys[:_EXAMPLES]]
+        counts = ", ".join(f"{rate} Hz: {len(keys)}" for rate, keys in sorted(by_rate.items()))
+        raise DataError(
+            f"the audio has {len(by_rate)} sample rates ({counts}; e.g. {', '.join(rare)}): "
+            "lengths counted in samples would mean different durations. Pack with "
+            "length_unit='seconds' (CLI: --length-unit seconds), or resample the odd files",
+            source=", ".join(sources))
+    return next(iter(by_rate))
 
 
 def _write_shards(executor: concurrent.futures.Executor | None, plan: _ShardPlan,
@@ -265,12 +336,17 @@ def _write_shards(executor: concurrent.futures.Executor | None, plan: _ShardPlan
 
 
 def _write_indexes(plan: _ShardPlan, unit: str, audio_format: str | None,
-                   report: PackReport) -> None:
+                   report: PackReport, sample_rate: int | None = None,
+                   rates: Mapping[str, int] | None = None) -> None:
     """Write each folder's ``index.jsonl``, last: an index means a complete pack."""
     for folder, by_name in plan.entries.items():
         # In shard-number order (the plan's), which is also sorted key order.
+        counts = None
+        if rates:  # audio: the rates of this folder's utterances, for readers of the index
+            counts = dict(Counter(rates[k] for entry in by_name.values() for k in entry.keys))
         index = ShardIndex(folder, list(by_name.values()), length_unit=unit,
-                           audio_format=audio_format)
+                           audio_format=audio_format, sample_rate=sample_rate,
+                           sample_rates=counts)
         report.index_paths.append(index.write())
 
 

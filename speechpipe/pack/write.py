@@ -62,7 +62,8 @@ def _encode_audio(audio: np.ndarray, rate: int, item: _Item,
     return "wav", buf.getvalue(), False
 
 
-def _read_items(mode: str, items: Sequence[_Item]) -> Iterator[tuple[_Item, dict]]:
+def _read_items(mode: str, items: Sequence[_Item],
+                allow_commands: bool = False) -> Iterator[tuple[_Item, dict]]:
     """Each item with its decoded sample (``feats`` or ``audio`` + ``sample_rate``)."""
     if mode == _MANIFEST:
         for item in items:
@@ -77,9 +78,10 @@ def _read_items(mode: str, items: Sequence[_Item]) -> Iterator[tuple[_Item, dict
     entries = [ScpEntry(i.key, i.value, i.source, i.line) for i in items]
     if mode == _SEGMENT:
         recordings = {i.recording.key: i.recording for i in items}
-        samples = slice_segments(entries, recordings, table_name=items[0].recording.source)
+        samples = slice_segments(entries, recordings, table_name=items[0].recording.source,
+                                 allow_commands=allow_commands)
     else:
-        samples = load_scp_entries(entries, mode)
+        samples = load_scp_entries(entries, mode, allow_commands=allow_commands)
     try:
         for item in items:
             try:
@@ -98,6 +100,7 @@ class _ShardTask(NamedTuple):
     lengths: tuple[int, ...]  # planned lengths (frames or samples)
     check_existing: bool  # an existing shard may be kept if its member names are right
     audio_format: str = "lossless"
+    allow_commands: bool = False
 
 
 def _shard_is_complete(task: _ShardTask) -> bool:
@@ -163,7 +166,7 @@ def _run_shard_task(task: _ShardTask) -> tuple[bool, int, int]:
                 clipped += cut
             yield out
 
-    reader = _read_items(task.mode, task.items)
+    reader = _read_items(task.mode, task.items, task.allow_commands)
     try:
         write_shard(task.path, samples(reader))
     finally:

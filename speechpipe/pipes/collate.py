@@ -32,8 +32,8 @@ from typing import Any, Iterable, Mapping, Sequence, Union
 import numpy as np
 import torch
 
-from ..errors import ChannelMismatchError, DataError
-from ..sample import AUDIO, FEATS, KEY, TOKENS, len_key
+from ..errors import ChannelMismatchError, DataError, SampleRateError
+from ..sample import AUDIO, FEATS, KEY, SAMPLE_RATE, TOKENS, len_key
 from ..transfer import take
 
 __all__ = [
@@ -404,7 +404,11 @@ class PadCollate:
 
     Every sample must have the same fields (after ``drop`` and ``fields``): a sample missing a
     field that another has raises :class:`~speechpipe.errors.DataError` naming the field and
-    the keys lacking it. An empty batch raises ``ValueError``.
+    the keys lacking it. A batch whose ``sample_rate`` (or ``<name>_sample_rate``) values differ
+    raises :class:`~speechpipe.errors.SampleRateError` naming the keys at each rate: padded
+    rows at different rates mean different durations (resample before batching, or drop the
+    field if the rows are features that no longer depend on it). An empty batch raises
+    ``ValueError``.
 
     >>> collate = PadCollate(drop=("sample_rate",))
     >>> batch = collate([
@@ -538,6 +542,8 @@ class PadCollate:
         batch: dict[str, Any] = {}
         for name in names:
             values = [s[name] for s in samples]
+            if name.endswith(SAMPLE_RATE):
+                _check_one_rate(name, values, keys)
             kind = self._kind(name, values)
             if kind == "pad":
                 length_name = len_key(name)
@@ -557,6 +563,29 @@ class PadCollate:
             else:
                 batch[name] = values
         return batch
+
+
+def _rate_order(item: tuple[Any, list[int]]) -> tuple[int, Any]:
+    rate = item[0]
+    return (0, float(rate)) if isinstance(rate, _PY_SCALARS + (np.number,)) else (1, str(rate))
+
+
+def _check_one_rate(name: str, values: Sequence[Any], keys: Sequence[Any]) -> None:
+    """Raise :class:`SampleRateError` if a batch's ``name`` values are not all equal."""
+    first = values[0]
+    if all(v == first for v in values):
+        return
+    by_rate: dict[Any, list[int]] = {}
+    for i, v in enumerate(values):
+        by_rate.setdefault(v, []).append(i)
+    shown = "; ".join(f"{rate} Hz: {len(ids)} {_labels(keys, ids)}"
+                      for rate, ids in sorted(by_rate.items(), key=_rate_order))
+    minority = min(by_rate.values(), key=len)
+    key = keys[minority[0]]
+    raise SampleRateError(
+        f"the batch mixes sample rates in {name!r} ({shown}); resample before batching "
+        "(pipe.resample(rate)), or drop the field if its rows no longer depend on it",
+        **({"key": key} if isinstance(key, str) else {"source": f"batch item {minority[0]}"}))
 
 
 def pad_collate(samples: Sequence[Mapping[str, Any]], **kwargs: Any) -> dict[str, Any]:

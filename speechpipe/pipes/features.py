@@ -18,10 +18,11 @@ import torchaudio.transforms as taT
 from torchaudio.compliance import kaldi
 
 from ..diagnostics import Diagnostics, check_on_error
-from ..errors import DataError
+from ..errors import DataError, SampleRateError
 from ..sample import AUDIO, FEATS, KEY, SAMPLE_RATE, Sample, len_key
 from ._audio_common import (
     audio_of,
+    check_int,
     check_real,
     check_sample,
     source_len,
@@ -154,7 +155,8 @@ class _Extractor:
                 raise TypeError("give dither= to compute_features itself (it is seeded), not "
                                 "as a torchaudio option")
             if name in ("sample_frequency", "sample_rate"):
-                raise TypeError(f"{name} is read from each sample's 'sample_rate'; do not pass it")
+                raise TypeError(f"{name} is read from each sample's 'sample_rate'; do not pass "
+                                "it (compute_features(sample_rate=...) refuses other rates)")
             if name == "min_duration" and kind != "mel":
                 raise TypeError("min_duration would return empty features; drop short "
                                 "utterances with torch's filter before compute_features")
@@ -476,6 +478,10 @@ class FeatureComputerIterDataPipe(Seeded, IterDataPipe[Sample]):
         batched: consume collated batches instead of samples.
         keep_audio: keep ``audio`` (and ``audio_len``) in the output; by default it is
             dropped (batches carry ``feats`` only, and later buffers hold less).
+        sample_rate: the rate (Hz) the features are meant for: audio at any other rate raises
+            :class:`~speechpipe.errors.SampleRateError` naming the key (put ``resample`` before
+            this stage), whatever ``on_error`` says -- features at the wrong rate would have
+            the wrong frame count and mel scale. ``None``: computed at each sample's own rate.
         on_error: ``"raise"`` a :class:`~speechpipe.errors.DataError` naming the key for audio
             shorter than one frame (or that torchaudio refuses), or ``"skip"`` the sample (the
             whole batch with ``batched=True``), count it in :attr:`diagnostics` and warn at
@@ -504,10 +510,13 @@ class FeatureComputerIterDataPipe(Seeded, IterDataPipe[Sample]):
         scale: float | None = None,
         batched: bool = False,
         keep_audio: bool = False,
+        sample_rate: int | None = None,
         on_error: str = "raise",
         **options: Any,
     ) -> None:
         dither = check_real("dither", dither)
+        self.sample_rate = None if sample_rate is None else check_int("sample_rate",
+                                                                      sample_rate, 1)
         if dither < 0:
             raise ValueError(f"dither must be >= 0, got {dither!r}")
         for name, value in (("batched", batched), ("keep_audio", keep_audio)):
@@ -546,6 +555,8 @@ class FeatureComputerIterDataPipe(Seeded, IterDataPipe[Sample]):
         for item in self.source_datapipe:
             try:
                 out = self._batch(item, generator) if self.batched else self._one(item, generator)
+            except SampleRateError:
+                raise  # a pipeline without the resample it needs: not a bad sample to skip
             except DataError as err:
                 self.diagnostics.handle(self.on_error, err, _skip_reason(err))
                 continue
@@ -554,6 +565,7 @@ class FeatureComputerIterDataPipe(Seeded, IterDataPipe[Sample]):
 
     def _one(self, sample: Mapping[str, Any], generator) -> Sample:
         audio, rate = audio_of(sample, "compute_features")
+        self._check_rate(rate, sample_where(sample))
         feats = _extract_one(audio, rate, self.extractor, self.dither, generator, sample)
         out = dict(sample)
         out[FEATS] = feats
@@ -563,6 +575,8 @@ class FeatureComputerIterDataPipe(Seeded, IterDataPipe[Sample]):
 
     def _batch(self, batch: Mapping[str, Any], generator) -> dict:
         check_sample(batch, "compute_features")
+        if self.sample_rate is not None and SAMPLE_RATE in batch:
+            self._check_rate(_batch_rate(batch), _batch_where(batch))
         feats, lengths = _batch_features(batch, self.extractor, self.dither, generator)
         out = dict(batch)
         if not self.keep_audio:
@@ -571,6 +585,13 @@ class FeatureComputerIterDataPipe(Seeded, IterDataPipe[Sample]):
         out[FEATS] = feats
         out[len_key(FEATS)] = lengths
         return out
+
+    def _check_rate(self, rate: int, where: Mapping[str, Any]) -> None:
+        if self.sample_rate is not None and rate != self.sample_rate:
+            raise SampleRateError(
+                f"compute_features({self.kind!r}, sample_rate={self.sample_rate}) got "
+                f"{rate} Hz audio; resample it first (pipe.resample({self.sample_rate}))",
+                **where)
 
     def __len__(self) -> int:
         if self.on_error != "raise":

@@ -156,7 +156,7 @@ def _loss(name: str, error: Exception, live: dict) -> dict:
     stride = live.get("stride")
     if stride is not None:  # this process's share of them
         rest = rest[(stride[0] - live["seen"]) % stride[1]::stride[1]]
-    seconds = length_seconds(sum(rest), live.get("unit", "frames"))
+    seconds = sum(rest) * live["seconds_per_length"]
     return {"lost": len(rest), "seconds": seconds,
             "example": f"skipped shard {name}: {len(rest)} utterances, {seconds:.1f} s; {error}"}
 
@@ -572,9 +572,10 @@ class ShardedShufflerIterDataPipe(Seeded, SampleSource, IterDataPipe[Sample]):
     def _sample_rng(self, epoch: int, position: Position):
         return derive_rng(self.seed, epoch, position.rank, position.worker, _SAMPLES_SALT)
 
-    def _length_unit(self) -> str:
+    def _seconds_per_length(self) -> float:
         index = self.index if not isinstance(self.index, bool) else self._loaded_index
-        return getattr(index, "length_unit", "frames")
+        return length_seconds(1.0, getattr(index, "length_unit", "frames"),  # pack records
+                              sample_rate=getattr(index, "sample_rate", None) or 16000)  # the rate
 
     def __iter__(self) -> Iterator[Sample]:
         if self._replay_request is not None:  # re-read samples held above (request_replay)
@@ -620,7 +621,7 @@ class ShardedShufflerIterDataPipe(Seeded, SampleSource, IterDataPipe[Sample]):
             self.diagnostics.planned = plan.total_count
         rng = self._sample_rng(self.epoch, position)
         live = {"rng": rng, "buffer": [], "shard": 0, "offset": 0, "drain": False, "plan": mine,
-                "entries": entries, "unit": self._length_unit(), "seen": 0,
+                "entries": entries, "seconds_per_length": self._seconds_per_length(), "seen": 0,
                 "stride": _stride(split, position.rank, position.worker)}
         if state is None:
             return self._read(mine, live), False, live

@@ -6,7 +6,9 @@ A recipe module (``speechpipe/recipes/<corpus>.py``) is a fixed set of names (ST
     download_<corpus>(target_dir, parts=..., force=False, *, base_url=..., checksums=None,
                       progress=True) -> Path    # the corpus folder that prepare reads
     prepare_<corpus>(corpus_dir, output_dir=None, parts="auto", num_jobs=1, *,
-                     on_mismatch="error", force=False, progress=True) -> dict[part, manifest]
+                     on_mismatch="error", force=False, progress=True,
+                     **checks) -> dict[part, manifest]  # checks: sample_rate, verify,
+                                                         # on_error, empty_text
     <corpus>_train(manifests, ...) / <corpus>_valid(...) / <corpus>_test(...)   # pipelines
 
 and is listed in :data:`RECIPES`, which the ``speechpipe download`` and ``speechpipe prepare``
@@ -18,7 +20,9 @@ transcript format, the defaults of its usual practice), are exported here:
   safe extraction, idempotent), :class:`Archive` and :func:`download_parts`;
 - **prepare** (``_prepare``): the ``samples`` manifests (:func:`manifest_path`, one JSON line
   per utterance), :func:`resolve_parts`, :func:`check_pairs`, :func:`measure_audio`,
-  :func:`prepare_parts`, :func:`resolve_manifests`;
+  :func:`prepare_parts` (with its checks, ``_checks``: :func:`verify_audio`, the one
+  empty-transcript policy :data:`EMPTY_TEXT`, the record that makes reruns idempotent, and
+  the :class:`PartReport` of each part), :func:`resolve_manifests`;
 - **pipelines** (``_pipelines``): :func:`train_pipeline`, :func:`eval_pipeline`,
   :func:`semi_supervised_pipeline` over manifests, their :class:`FrontEnd` (speed
   perturbation, reverberation and noise, features, tokenization), :func:`augment_source`
@@ -48,12 +52,14 @@ from ._pipelines import (
     semi_supervised_pipeline,
     train_pipeline,
 )
+from ._checks import EMPTY_TEXT, PartReport, verify_audio
 from ._prepare import (
     AUDIO_PATH,
     FEATS_PATH,
     MANIFEST_KIND,
     OFFSET,
     ON_MISMATCH,
+    PreparedParts,
     check_pairs,
     manifest_path,
     measure_audio,
@@ -65,12 +71,15 @@ from ._prepare import (
 __all__ = [
     "AUDIO_PATH",
     "Archive",
+    "EMPTY_TEXT",
     "FEATS_PATH",
     "FEATURE_KINDS",
     "FrontEnd",
     "MANIFEST_KIND",
     "OFFSET",
     "ON_MISMATCH",
+    "PartReport",
+    "PreparedParts",
     "RECIPES",
     "augment_source",
     "check_pairs",
@@ -89,6 +98,7 @@ __all__ = [
     "safe_extract",
     "semi_supervised_pipeline",
     "train_pipeline",
+    "verify_audio",
 ]
 
 #: Corpus name -> recipe module. The CLI's ``download``/``prepare`` choices; each module has

@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass, fields, replace
 from typing import Any, Callable, Mapping, Sequence
 
+from ..diagnostics import check_on_error
 from ..errors import DataError
 from ..pipes._base import IterableWrapper, IterDataPipe
 from ..pipes.batching import (  # noqa: F401  (DurationFilter*: re-exported)
@@ -73,11 +74,17 @@ def manifest_samples(manifests: ManifestsArg, *, corpus: str | None = None,
 
 @dataclass(frozen=True)
 class FrontEnd:
-    """What the pipelines do to each loaded utterance before batching: speed perturbation,
-    features, tokenization (the ``front_end=`` of :func:`train_pipeline` and
+    """What the pipelines do to each loaded utterance before batching: resampling, speed
+    perturbation, features, tokenization (the ``front_end=`` of :func:`train_pipeline` and
     :func:`eval_pipeline`, which also take these fields as keyword arguments).
 
     Args:
+        sample_rate: the rate (Hz) every utterance is resampled to on the fly (torchaudio,
+            kernels cached per rate pair; 16 kHz, the ASR rate, by default). Features are then
+            computed for this rate only: a sample at another rate is a
+            :class:`~speechpipe.errors.SampleRateError`, never features at the wrong scale.
+            ``None``: each utterance at its own rate (features per rate, and the collate
+            refuses a batch that mixes rates). Ignored for ``input="feats"``.
         features: ``"fbank"`` (80 bins), ``"mfcc"``, ``"mel"`` (80 mels) or ``None`` (batches
             hold ``audio``).
         feature_options: options of ``compute_features`` (``num_mel_bins``, ``n_fft``...).
@@ -101,6 +108,7 @@ class FrontEnd:
     {'num_mel_bins': 40}
     """
 
+    sample_rate: int | None = 16_000
     features: str | None = "fbank"
     feature_options: Mapping[str, Any] | None = None
     speed_perturb: Sequence[float] | None = None
@@ -115,6 +123,10 @@ class FrontEnd:
     rir_p: float = 1.0
 
     def __post_init__(self) -> None:
+        if self.sample_rate is not None and (isinstance(self.sample_rate, bool) or not isinstance(
+                self.sample_rate, int) or self.sample_rate < 1):
+            raise ValueError(f"sample_rate must be an int >= 1 (Hz) or None, got "
+                             f"{self.sample_rate!r}")
         if self.features is not None and self.features not in FEATURE_KINDS:
             raise ValueError(f"features must be one of {FEATURE_KINDS} or None, got "
                              f"{self.features!r}")
@@ -173,14 +185,15 @@ def _load_feats(sample: Mapping[str, Any]) -> Sample:
     return out
 
 
-def _loaded(pipe: IterDataPipe, input: Any) -> IterDataPipe:
+def _loaded(pipe: IterDataPipe, input: Any, on_error: str) -> IterDataPipe:
     if callable(input):  # the caller's loading stage(s): + audio, sample_rate (or feats)
         return input(pipe)
     if input == "audio":
         # -> + audio (T,) float32, sample_rate: [offset, offset + duration) of a segment, the
-        # whole file otherwise (duration then set to the decoded length)
+        # whole file otherwise (duration then set to the decoded length); unreadable files
+        # raise, or are skipped and counted (on_error="skip")
         return pipe.load_audio(field=AUDIO_PATH, offset_field=OFFSET, duration_field=DURATION,
-                               whole_without_offset=True)
+                               whole_without_offset=True, on_error=on_error)
     # -> + feats (frames, dim) float32
     return pipe.map(_load_feats)
 
@@ -213,6 +226,9 @@ def _transformed(pipe: IterDataPipe, front_end: FrontEnd, *, input: Any, seed: i
     if front_end.perturbs and input == "feats":
         raise ValueError("speed_perturb, noise and rir need audio; these manifests give "
                          "features")
+    rate = front_end.sample_rate if input != "feats" else None
+    if rate is not None:
+        pipe = pipe.resample(rate)  # audio at rate Hz, sample_rate set
     if front_end.speed_perturb is not None:
         # audio resampled, duration updated
         pipe = pipe.perturb_speed(factors=tuple(front_end.speed_perturb), seed=seed)
@@ -229,17 +245,18 @@ def _transformed(pipe: IterDataPipe, front_end: FrontEnd, *, input: Any, seed: i
                              "features already: pass features=None")
         # -> + feats (frames, dim) float32, audio dropped
         pipe = pipe.compute_features(front_end.features, keep_audio=False, seed=seed,
-                                     **front_end.feature_kwargs())
+                                     sample_rate=rate, **front_end.feature_kwargs())
     if front_end.tokenizer is not None:
         pipe = pipe.tokenize(front_end.tokenizer, field=front_end.text_field,
                              normalizer=front_end.normalizer)  # + tokens
     return pipe
 
 
-def _check_input(input: Any) -> Any:
+def _check_input(input: Any, on_error: str) -> Any:
     if not callable(input) and input not in ("audio", "feats"):
         raise ValueError(f"input must be 'audio' (audio_path), 'feats' (feats_path) or a "
                          f"function pipe -> pipe that loads the audio, got {input!r}")
+    check_on_error(on_error)
     return input
 
 
@@ -260,6 +277,7 @@ def train_pipeline(
     bucket_buffer: int = 2_000,
     input: Any = "audio",
     shard: bool = True,
+    on_error: str = "raise",
     **front_end_options: Any,
 ) -> IterDataPipe[dict]:
     """A training pipeline over manifests: yields padded batch dicts within a budget.
@@ -273,6 +291,7 @@ def train_pipeline(
         load_audio            -> + audio (T,) float32, sample_rate   [input="audio"]
           (or read feats_path -> + feats (frames, dim) float32)      [input="feats"]
           (or input(pipe), e.g. load_lhotse: the caller's loading) [input callable]
+        resample              -> audio at front_end.sample_rate (16 kHz by default)
         perturb_speed         -> audio resampled by a factor drawn from speed_perturb,
                                  duration updated, + speed            [optional]
         reverberate           -> audio convolved with a response of rir, + augment [rir]
@@ -304,19 +323,23 @@ def train_pipeline(
             ``sp.read_lhotse`` rows, ``lambda p: p.load_hf_audio(dataset)`` for
             ``sp.read_hf_dataset(dataset, with_audio=False)`` rows.
         shard: DataLoader workers and ranks read disjoint shares (``False``: each reads all).
-        **front_end_options: instead of ``front_end``, its fields as keywords: ``features``,
-            ``feature_options``, ``speed_perturb``, ``tokenizer``, ``text_field``,
-            ``normalizer``, ``noise``, ``snr_db``, ``noise_p``, ``babble``, ``rir``, ``rir_p``
-            (giving both is a ``TypeError``).
+        on_error: an audio file that is missing, truncated or corrupt: ``"raise"`` (default) a
+            :class:`~speechpipe.errors.DataError` naming it, or ``"skip"`` the utterance,
+            counted by reason in ``load_audio``'s diagnostics (:func:`pipeline_report`) and
+            warned about at the end of the pass.
+        **front_end_options: instead of ``front_end``, its fields as keywords:
+            ``sample_rate``, ``features``, ``feature_options``, ``speed_perturb``,
+            ``tokenizer``, ``text_field``, ``normalizer``, ``noise``, ``snr_db``, ``noise_p``,
+            ``babble``, ``rir``, ``rir_p`` (giving both is a ``TypeError``).
     """
     _check_front_end(front_end, front_end_options, "train_pipeline", _FRONT_END_FIELDS)
     budget = _check_budget(budget_seconds, "budget_seconds")
-    _check_input(input)
+    _check_input(input, on_error)
     constraint = PaddedArea(budget=budget, length=sample_duration)
     pipe = manifest_samples(manifests)
     pipe = pipe.filter_by_duration(min_duration, max_duration)
     pipe = pipe.shuffle_samples(seed=seed, split=shard)
-    pipe = _loaded(pipe, input)
+    pipe = _loaded(pipe, input, on_error)
     # the draws of noise and reverberation are kept for what bucket_by_length and block_batch
     # may hold when a checkpoint is taken (a restore mixes those samples again)
     pipe = _transformed(pipe, front_end or FrontEnd(**front_end_options), input=input,
@@ -336,6 +359,7 @@ def eval_pipeline(
     max_duration: float | None = None,
     input: Any = "audio",
     shard: bool = True,
+    on_error: str = "raise",
     **front_end_options: Any,
 ) -> IterDataPipe[dict]:
     """A validation / test pipeline: every utterance once, in manifest order, padded batches.
@@ -355,8 +379,10 @@ def eval_pipeline(
         front_end, input: as in :func:`train_pipeline` (without ``speed_perturb``).
         min_duration, max_duration: duration range kept (``None``: keep all).
         shard: share the utterances between workers and ranks (``False``: each reads all).
-        **front_end_options: instead of ``front_end``, its fields as keywords: ``features``,
-            ``feature_options``, ``tokenizer``, ``text_field``, ``normalizer``.
+        on_error: as in :func:`train_pipeline` (``"skip"``: unreadable audio left out, counted).
+        **front_end_options: instead of ``front_end``, its fields as keywords:
+            ``sample_rate``, ``features``, ``feature_options``, ``tokenizer``, ``text_field``,
+            ``normalizer``.
     """
     _check_front_end(front_end, front_end_options, "eval_pipeline", _EVAL_FRONT_END_FIELDS)
     if batch_size is not None and budget_seconds is not None:
@@ -366,12 +392,12 @@ def eval_pipeline(
     if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(
             batch_size, int) or batch_size < 1):
         raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
-    _check_input(input)
+    _check_input(input, on_error)
     pipe = manifest_samples(manifests)
     if min_duration is not None or max_duration is not None:
         pipe = pipe.filter_by_duration(min_duration, max_duration)
     pipe = pipe.split_samples(split=shard)
-    pipe = _loaded(pipe, input)
+    pipe = _loaded(pipe, input, on_error)
     pipe = _transformed(pipe, front_end or FrontEnd(**front_end_options), input=input, seed=0)
     if batch_size is not None:  # consecutive utterances, batch_size of them
         constraint = SumOfLengths(budget=math.inf, max_samples=batch_size,

@@ -11,8 +11,10 @@ with ``offset`` (seconds) when the utterance is a segment of a longer recording,
 corpus's extra fields (``chapter``, ``normalized_text``, ``feats_path``...). Read it back with
 :func:`~speechpipe.pipes.manifests.read_manifest` or feed it to the pipelines of
 :mod:`speechpipe.recipes._pipelines`; ``speechpipe pack --manifest`` packs it into shards.
-:func:`prepare_parts` skips parts whose manifest exists (manifests are written to a temporary
-name and renamed when complete, so an existing one is a finished one), :func:`check_pairs`
+:func:`prepare_parts` reuses a part whose manifest is up to date (a record beside it says
+what it was made from; manifests are written to a temporary name and renamed when complete)
+and runs the checks every recipe shares (empty transcripts, optional verification, sample
+rates, counted in a :class:`~speechpipe.recipes._checks.PartReport`), :func:`check_pairs`
 reports audio without transcript and transcripts without audio under an explicit policy
 (``on_mismatch="error"`` raises a :class:`~speechpipe.errors.DataError` with counts and
 examples, ``"skip"`` leaves them out, counted and warned about -- never silently), and
@@ -24,6 +26,8 @@ lists, ``prepare_<corpus>``'s result) into the manifests to read.
 from __future__ import annotations
 
 import concurrent.futures
+import contextvars
+import json
 import logging
 import os
 import warnings
@@ -32,10 +36,21 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import soundfile
 
-from ..diagnostics import Diagnostics, SkippedInputWarning
+from ..diagnostics import Diagnostics, SkippedInputWarning, check_on_error
 from ..errors import DataError, MissingDataError
 from ..pipes.manifests import write_manifest
 from ..sample import Sample
+from ._checks import (
+    PartReport,
+    apply_empty_text,
+    apply_verification,
+    changed_inputs,
+    check_empty_text,
+    fingerprint,
+    read_record,
+    record_path,
+    verify_audio,
+)
 
 __all__ = [
     "AUDIO_PATH",
@@ -43,6 +58,7 @@ __all__ = [
     "MANIFEST_KIND",
     "OFFSET",
     "ON_MISMATCH",
+    "PreparedParts",
     "check_pairs",
     "manifest_path",
     "measure_audio",
@@ -160,7 +176,7 @@ def check_pairs(
     if on_mismatch not in ON_MISMATCH:
         raise ValueError(f"on_mismatch must be one of {ON_MISMATCH}, got {on_mismatch!r}")
     if diagnostics is None:
-        diagnostics = Diagnostics(stage)
+        diagnostics = _DIAGNOSTICS.get() or Diagnostics(stage)
     if not without_text and not without_audio:
         return diagnostics
     if on_mismatch == "error":
@@ -185,13 +201,16 @@ def check_pairs(
     return diagnostics
 
 
-def _info(path: str) -> tuple[int, int]:
+def _info(path: str, deferred: bool = False) -> tuple[int, int]:
     try:
         info = soundfile.info(path)
     except (soundfile.LibsndfileError, RuntimeError, TypeError, ValueError) as exc:
+        if deferred:  # the verification names and counts it, with the other bad files
+            return 0, 1
         if not os.path.exists(path):
             raise MissingDataError("audio file not found", source=path) from exc
-        raise DataError(f"cannot read audio header: {exc}", source=path) from exc
+        raise DataError(f"cannot read audio header: {exc} (prepare --verify reports every "
+                        "unreadable file at once)", source=path) from exc
     return int(info.frames), int(info.samplerate)
 
 
@@ -204,7 +223,9 @@ def measure_audio(
     GIL; the work is I/O bound). The order of the result is the order of ``paths``.
 
     Raises:
-        MissingDataError / DataError: a file is absent / unreadable (naming it).
+        MissingDataError / DataError: a file is absent / unreadable (naming it); while
+            :func:`prepare_parts` verifies, such a file measures ``(0, 1)`` instead and the
+            verification reports it with the others.
 
     >>> import os, tempfile, numpy as np
     >>> p = os.path.join(tempfile.mkdtemp(), "a.flac")
@@ -216,22 +237,32 @@ def measure_audio(
 
     if not isinstance(num_jobs, int) or num_jobs < 1:
         raise ValueError(f"num_jobs must be an int >= 1, got {num_jobs!r}")
+    deferred = _VERIFYING.get()  # read here: the pool's threads do not see this context
     with progress_bar(total=len(paths), desc=desc, unit="files", disable=not progress,
                       leave=False) as bar:
         if num_jobs == 1:
             out = []
             for p in paths:
-                out.append(_info(p))
+                out.append(_info(p, deferred))
                 bar.update(1)
             return out
         with concurrent.futures.ThreadPoolExecutor(num_jobs) as pool:
             out = []
-            for item in pool.map(_info, paths):
+            for item in pool.map(_info, paths, [deferred] * len(paths)):
                 out.append(item)
                 bar.update(1)
             return out
 
 
+class PreparedParts(dict):
+    """``{part: manifest}`` as ``prepare_<corpus>`` returns it, with :attr:`reports`:
+    ``{part: PartReport}`` (written, rewritten and why, or up to date; utterances, speakers,
+    hours, sample rates, skips), which ``speechpipe prepare`` prints."""
+
+    reports: dict[str, PartReport]
+
+
+# long: the one place that runs a part's checks in order; each step is one call
 def prepare_parts(
     corpus: str,
     parts: Sequence[str],
@@ -239,21 +270,51 @@ def prepare_parts(
     make_samples: Callable[[str], list[Sample]],
     *,
     force: bool = False,
-) -> dict[str, Path | list[Sample]]:
+    sample_rate: int | None = 16_000,
+    verify: bool = False,
+    on_error: str = "raise",
+    empty_text: str = "error",
+    num_jobs: int = 1,
+    progress: bool = True,
+    inputs: Callable[[str], Iterable[str]] | None = None,
+    settings: Mapping[str, Any] | None = None,
+) -> PreparedParts:
     """Write (or reuse) one ``samples`` manifest per part; return ``{part: manifest}``.
 
-    A part whose manifest exists is reused without reading its corpus folder again (unless
-    ``force``); :func:`~speechpipe.pipes.manifests.write_manifest` writes to a temporary name
-    and renames when complete, so an existing manifest is a finished one. With ``output_dir``
-    ``None`` nothing is written and the values are the sample lists themselves. A part with
-    no utterance left is a :class:`~speechpipe.errors.DataError` (no empty manifest).
+    Per part: the samples (``make_samples``), the empty-transcript policy, the optional
+    verification, then the manifest and, beside it, a record of what it was made from
+    (:func:`~speechpipe.recipes._checks.record_path`: file count, bytes, newest mtime, a
+    digest of ``(path, size, mtime)`` of the part's input files and of every audio file it
+    names, and the options). A rerun whose inputs and options are unchanged reuses the
+    manifest ("up to date", nothing read but file metadata); when they changed, or there is
+    no record, the part is **rewritten** and its report says why (we rewrite rather than
+    refuse: the manifest is derived data, and the old one is replaced atomically only once
+    the new one is complete). ``force`` rewrites anyway. With ``output_dir`` ``None`` nothing
+    is written and the values are the sample lists themselves. A part with no utterance left
+    is a :class:`~speechpipe.errors.DataError` (no empty manifest).
 
     Args:
         corpus: corpus name in the file names.
         parts: the parts, in order.
         output_dir: manifest folder (created), or ``None``.
         make_samples: builds the samples of one part (validating its layout).
-        force: rebuild parts whose manifest exists.
+        force: rebuild parts whose manifest is up to date.
+        sample_rate: the rate the recipe pipelines resample to (16 kHz for ASR); the report
+            counts the utterances at each rate and says which are resampled when read.
+        verify: decode every audio file once (``num_jobs`` threads, a progress bar) and
+            find missing, corrupt, truncated and empty files.
+        on_error: what verification does with them: ``"raise"`` a
+            :class:`~speechpipe.errors.DataError` with counts and examples per problem, or
+            ``"skip"``: leave them out of the manifest, counted in the report.
+        empty_text: empty transcripts: ``"error"`` (default), ``"skip"`` or ``"keep"``
+            (:data:`~speechpipe.recipes._checks.EMPTY_TEXT`), counted in the report.
+        num_jobs, progress: threads and progress bars of the verification.
+        inputs: the files a part is read from besides its audio (transcripts, tables, or
+            the whole part folder), for the record.
+        settings: the recipe's own options that change the manifest (recorded too).
+
+    Returns:
+        :class:`PreparedParts`: the ``{part: manifest}`` dict with ``.reports``.
 
     >>> import tempfile
     >>> out = tempfile.mkdtemp()
@@ -261,29 +322,121 @@ def prepare_parts(
     >>> make = lambda part: calls.append(part) or [{"key": "u1", "duration": 1.0}]
     >>> first = prepare_parts("toy", ["a"], out, make)
     >>> again = prepare_parts("toy", ["a"], out, make)
-    >>> first["a"].name, calls
-    ('toy_samples_a.jsonl.gz', ['a'])
+    >>> first["a"].name, calls, again.reports["a"].status
+    ('toy_samples_a.jsonl.gz', ['a'], 'up to date')
     """
-    result: dict[str, Path | list[Sample]] = {}
+    check_empty_text(empty_text)
+    check_on_error(on_error)
+    if sample_rate is not None and (isinstance(sample_rate, bool) or not isinstance(
+            sample_rate, int) or sample_rate < 1):
+        raise ValueError(f"sample_rate must be an int >= 1 (Hz) or None, got {sample_rate!r}")
+    options = {"empty_text": empty_text, "verify": bool(verify), "on_error": on_error,
+               **dict(settings or {})}
+    result = PreparedParts()
+    result.reports = {}
     if output_dir is not None:
         Path(output_dir).mkdir(parents=True, exist_ok=True)
     for part in parts:
         path = None if output_dir is None else manifest_path(output_dir, corpus, part)
-        if path is not None and path.exists() and not force:
-            log.info("%s %s: reusing %s", corpus, part, path)
-            result[part] = path
-            continue
-        samples = make_samples(part)
+        stage = f"prepare_{corpus} {part}"
+        extra = list(inputs(part)) if inputs is not None and path is not None else []
+        reason = ""
+        if path is not None and path.exists():
+            up_to_date, reason = _up_to_date(path, extra, options)
+            if up_to_date and not force:
+                log.info("%s %s: up to date, %s", corpus, part, path)
+                result[part] = path
+                report = PartReport.from_record(part, str(path), read_record(path) or {})
+                report.target_sample_rate = sample_rate
+                result.reports[part] = report
+                continue
+            reason = "--force" if up_to_date else reason
+        diagnostics = Diagnostics(stage)
+        token = _DIAGNOSTICS.set(diagnostics)  # check_pairs counts into it
+        verifying = _VERIFYING.set(bool(verify))  # measure_audio leaves bad files to verify
+        try:
+            samples = make_samples(part)
+        finally:
+            _DIAGNOSTICS.reset(token)
+            _VERIFYING.reset(verifying)
+        samples, kept_empty = apply_empty_text(samples, empty_text, stage=stage,
+                                               diagnostics=diagnostics)
+        if verify:
+            checks = verify_audio([s[AUDIO_PATH] for s in samples if AUDIO_PATH in s],
+                                  num_jobs=num_jobs, progress=progress, desc=f"verify {part}")
+            samples = apply_verification(samples, checks, on_error, stage=stage,
+                                         diagnostics=diagnostics)
         if not samples:
-            raise DataError(f"{corpus} part {part!r}: no utterance left to write (each one "
-                            "lacked audio or a transcript)")
+            raise DataError(f"{corpus} part {part!r}: no utterance left to write "
+                            f"({diagnostics.report()})")
+        report = PartReport.of(part, None if path is None else str(path), samples,
+                               diagnostics, sample_rate, kept_empty)
+        result.reports[part] = report
         if path is None:
             result[part] = samples
             continue
         count = write_manifest(path, samples)
+        if reason:
+            report.status, report.reason = "rewritten", reason
+        record = report.to_record(fingerprint(extra + _audio_paths(samples)), options)
+        _write_json(record_path(path), record)
         log.info("%s %s: wrote %d utterances to %s", corpus, part, count, path)
         result[part] = path
     return result
+
+
+#: Where :func:`check_pairs` counts what it leaves out while :func:`prepare_parts` builds a
+#: part (so that every recipe's skips reach the part's report without being passed along).
+_DIAGNOSTICS: contextvars.ContextVar[Diagnostics | None] = contextvars.ContextVar(
+    "speechpipe_prepare_diagnostics", default=None)
+
+
+#: Whether :func:`prepare_parts` verifies the part being built (then :func:`measure_audio`
+#: leaves unreadable headers to the verification, which counts them all).
+_VERIFYING: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "speechpipe_prepare_verifying", default=False)
+
+
+def _files_under(folder: str | os.PathLike, *, recursive: bool = True) -> list[str]:
+    """The files in ``folder`` (and below, if ``recursive``), absolute: a part's inputs."""
+    base = Path(folder).resolve()
+    found = base.rglob("*") if recursive else base.iterdir()
+    ours = (".jsonl.gz", ".prepared.json", ".tmp")  # manifests written into the folder itself
+    return [str(p) for p in found if p.is_file() and not p.name.endswith(ours)]
+
+
+def _audio_paths(samples: Iterable[Mapping[str, Any]]) -> list[str]:
+    return [s[AUDIO_PATH] for s in samples if isinstance(s.get(AUDIO_PATH), str)]
+
+
+def _up_to_date(path: Path, extra: list[str], options: Mapping[str, Any]) -> tuple[bool, str]:
+    """Whether the manifest at ``path`` was made from these inputs with these options, and
+    if not, why."""
+    record = read_record(path)
+    if record is None:
+        return False, "no record of what it was made from"
+    old = record.get("options") or {}
+    if old != dict(options):
+        changed = ", ".join(f"{k} {old.get(k)!r} -> {options.get(k)!r}"
+                            for k in sorted(set(old) | set(options))
+                            if old.get(k) != options.get(k))
+        return False, f"options changed: {changed}"
+    from ..pipes.manifests import read_manifest
+
+    try:
+        listed = _audio_paths(read_manifest(path))
+    except (OSError, ValueError) as exc:
+        return False, f"the manifest cannot be read ({exc})"
+    now = fingerprint(extra + listed)
+    if now["digest"] != record.get("inputs", {}).get("digest"):
+        return False, f"the corpus changed: {changed_inputs(record.get('inputs', {}), now)}"
+    return True, ""
+
+
+def _write_json(path: Path, value: Any) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(value, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
 
 
 def _check_prepare_args(on_mismatch: str, num_jobs: int) -> None:

@@ -207,6 +207,7 @@ def prepare_aishell(
     on_mismatch: str = "error",
     force: bool = False,
     progress: bool = True,
+    **checks: Any,
 ) -> dict[str, Any]:
     """Validate AISHELL-1 splits and write ``aishell_samples_<split>.jsonl.gz`` for each.
 
@@ -233,6 +234,8 @@ def prepare_aishell(
             without transcript: pass ``"skip"`` for it.
         force: rebuild manifests that exist.
         progress: tqdm progress bars.
+        **checks: ``sample_rate`` (16000), ``verify`` (False), ``on_error`` ("raise"),
+            ``empty_text`` ("error"): see :func:`~speechpipe.recipes.prepare_parts`.
 
     Returns:
         ``{split: manifest path}`` (or ``{split: [samples]}`` without ``output_dir``).
@@ -269,7 +272,8 @@ def prepare_aishell(
         CORPUS, names, output_dir,
         lambda part: _part_samples(wav / part, part, transcripts, num_jobs=num_jobs,
                                    on_mismatch=on_mismatch, progress=progress),
-        force=force,
+        force=force, num_jobs=num_jobs, progress=progress,
+        settings={"on_mismatch": on_mismatch}, **checks,
     )
 
 

@@ -261,6 +261,7 @@ def prepare_commonvoice(
     on_mismatch: str = "error",
     force: bool = False,
     progress: bool = True,
+    **checks: Any,
 ) -> dict[str, Any]:
     """Validate the ``train``/``dev``/``test`` tables of one Common Voice language folder and
     write ``commonvoice_<lang>_samples_<part>.jsonl.gz`` for each (``<lang>``: the folder's
@@ -289,6 +290,8 @@ def prepare_commonvoice(
             leaves them out, counted in a :class:`~speechpipe.diagnostics.SkippedInputWarning`.
         force: rebuild manifests that exist.
         progress: tqdm progress bars.
+        **checks: ``sample_rate`` (16000), ``verify`` (False), ``on_error`` ("raise"),
+            ``empty_text`` ("error"): see :func:`~speechpipe.recipes.prepare_parts`.
 
     Raises:
         MissingDataError: ``corpus_dir``, ``clips/`` or a requested table is absent (named).
@@ -317,7 +320,8 @@ def prepare_commonvoice(
         manifest_corpus(root.name), names, output_dir,
         lambda part: _part_samples(root, part, durations(), num_jobs=num_jobs,
                                    on_mismatch=on_mismatch, progress=progress),
-        force=force,
+        force=force, num_jobs=num_jobs, progress=progress,
+        settings={"on_mismatch": on_mismatch}, **checks,
     )
 
 

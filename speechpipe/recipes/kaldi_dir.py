@@ -34,7 +34,7 @@ from ..errors import DataError, MissingDataError
 from ..pipes._base import IterableWrapper, IterDataPipe
 from ..pipes.kaldi import Segment, parse_segment
 from ..pipes.kaldi_tables import ScpEntry, read_scp_table
-from ..pipes.kaldi_values import read_matrix
+from ..pipes.kaldi_values import read_matrix, read_wav_value
 from ..sample import DURATION, KEY, SPEAKER, TEXT
 from ._pipelines import eval_pipeline, train_pipeline
 from ._prepare import (
@@ -43,6 +43,7 @@ from ._prepare import (
     OFFSET,
     _as_names,
     _check_prepare_args,
+    _files_under,
     check_pairs,
     measure_audio,
     prepare_parts,
@@ -113,6 +114,8 @@ def prepare_kaldi_dir(
     on_mismatch: str = "error",
     force: bool = False,
     progress: bool = True,
+    allow_commands: bool = False,
+    **checks: Any,
 ) -> dict[str, Any]:
     """Write ``kaldi_dir_samples_<name>.jsonl.gz`` for Kaldi data directories.
 
@@ -136,23 +139,44 @@ def prepare_kaldi_dir(
             ``text`` field, nothing reported.
         force: rebuild manifests that exist.
         progress: tqdm progress bars.
+        allow_commands: run the ``cmd |`` values of ``wav.scp`` (what Kaldi's own recipes
+            write: ``flac -c -d -s x.flac |``, ``sox x.wav -t wav - |``) with the shell, once
+            each, and write their audio to ``<output_dir>/kaldi_dir_audio_<name>/<id>.flac``
+            (24-bit FLAC: lossless for 16- and 24-bit sources), which the manifest names.
+            Opt-in: a table's commands run with your rights. Needs ``output_dir``.
+        **checks: ``sample_rate`` (16000), ``verify`` (False), ``on_error`` ("raise"),
+            ``empty_text`` ("error"): see :func:`~speechpipe.recipes.prepare_parts`.
 
     Raises:
         MissingDataError: the folder, a data directory or an audio / ark file is absent.
         DataError: a malformed or duplicate table line, a segment of an unknown recording or
-            past its end, a ``wav.scp`` value that is not an audio file (a command or an ark:
-            use :func:`kaldi_dir_samples` or ``speechpipe pack``), an utterance missing from
+            past its end, a ``wav.scp`` value that is not an audio file (an ark: use
+            :func:`kaldi_dir_samples` or ``speechpipe pack``; a command without
+            ``allow_commands``, or one that fails), an utterance missing from
             ``utt2spk``, ``spk2utt`` disagreeing with ``utt2spk``, ``feats.scp`` keys that are
             not the utterances, a mismatch under ``"error"``.
     """
     _check_prepare_args(on_mismatch, num_jobs)
     dirs = _data_dirs(Path(corpus_dir), parts)
     base = None if root is None else os.fspath(root)
+    if not isinstance(allow_commands, bool):
+        raise TypeError(f"allow_commands must be a bool, got {allow_commands!r}")
+    if allow_commands and output_dir is None:
+        raise ValueError("allow_commands needs an output_dir: the commands' audio is written "
+                         "there, beside the manifests")
+
+    def commands(part: str) -> Path | None:
+        return Path(output_dir, f"{CORPUS}_audio_{part}") if allow_commands else None
+
     return prepare_parts(
         CORPUS, list(dirs), output_dir,
         lambda part: _dir_samples(dirs[part], base, num_jobs=num_jobs,
-                                  on_mismatch=on_mismatch, progress=progress),
-        force=force,
+                                  on_mismatch=on_mismatch, progress=progress,
+                                  commands=commands(part)),
+        force=force, num_jobs=num_jobs, progress=progress,
+        inputs=lambda part: _files_under(dirs[part], recursive=False),
+        settings={"on_mismatch": on_mismatch, "root": base, "allow_commands": allow_commands},
+        **checks,
     )
 
 
@@ -169,14 +193,16 @@ def _resolve(value: str, root: str | None) -> str:
     return os.path.abspath(path)
 
 
-def _audio_file(entry: ScpEntry, root: str | None) -> str:
+def _audio_file(entry: ScpEntry, root: str | None, commands: Path | None = None) -> str:
     value = entry.value
     if value.endswith("|"):
+        if commands is not None:
+            return _command_audio(entry, root, commands)
         raise DataError(
-            "this wav.scp value is a command: a manifest names audio files. Read this "
-            "directory with kaldi_dir_samples(..., allow_commands=True), or pack it with "
-            "'speechpipe pack --scp wav.scp'", source=entry.source, line=entry.line,
-            key=entry.key)
+            "this wav.scp value is a command: pass allow_commands=True (CLI: speechpipe "
+            "prepare kaldi_dir ... --allow-commands) to run it and write its audio beside the "
+            "manifest, or read this directory with kaldi_dir_samples(..., "
+            "allow_commands=True)", source=entry.source, line=entry.line, key=entry.key)
     path = _resolve(value, root)
     match = _ARK_REF.fullmatch(value)
     if not os.path.exists(path) and match and os.path.isfile(_resolve(match["path"], root)):
@@ -188,6 +214,22 @@ def _audio_file(entry: ScpEntry, root: str | None) -> str:
         raise MissingDataError(f"audio file not found: {path}", source=entry.source,
                                line=entry.line, key=entry.key)
     return path
+
+
+def _command_audio(entry: ScpEntry, root: str | None, folder: Path) -> str:
+    """Run the ``cmd |`` of ``entry``, write its audio to ``folder/<id>.flac``; its path."""
+    import urllib.parse
+
+    import soundfile
+
+    audio, rate = read_wav_value(entry.value, root=root, allow_commands=True,
+                                 source=entry.source, line=entry.line, key=entry.key)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{urllib.parse.quote(entry.key, safe='')}.flac"
+    tmp = path.with_name(path.name + ".tmp")
+    soundfile.write(tmp, audio, rate, subtype="PCM_24", format="FLAC")
+    os.replace(tmp, path)
+    return str(path.resolve())
 
 
 def _feats_value(entry: ScpEntry, root: str | None) -> str:
@@ -227,7 +269,7 @@ def _speakers(data_dir: Path, utts: Iterable[str]) -> dict[str, str] | None:
 
 
 def _dir_samples(data_dir: Path, root: str | None, *, num_jobs: int, on_mismatch: str,
-                 progress: bool) -> list[dict]:
+                 progress: bool, commands: Path | None = None) -> list[dict]:
     wav = _table(data_dir / "wav.scp")
     segments = _table(data_dir / "segments")
     feats = _table(data_dir / "feats.scp")
@@ -238,7 +280,7 @@ def _dir_samples(data_dir: Path, root: str | None, *, num_jobs: int, on_mismatch
     origin: dict[str, str] = {}  # utterance -> the file:line it comes from
     if wav is not None:
         samples, origin = _audio_samples(data_dir, wav, segments, root, num_jobs=num_jobs,
-                                         progress=progress)
+                                         progress=progress, commands=commands)
     if feats is not None:
         _add_feats_samples(samples, origin, data_dir, feats, root)
     return _labelled(samples, origin, data_dir, on_mismatch=on_mismatch)
@@ -246,13 +288,14 @@ def _dir_samples(data_dir: Path, root: str | None, *, num_jobs: int, on_mismatch
 
 def _audio_samples(data_dir: Path, wav: dict[str, ScpEntry],
                    segments: dict[str, ScpEntry] | None, root: str | None, *, num_jobs: int,
-                   progress: bool) -> tuple[dict[str, dict], dict[str, str]]:
+                   progress: bool, commands: Path | None = None
+                   ) -> tuple[dict[str, dict], dict[str, str]]:
     """The utterances of ``wav.scp`` (whole recordings, or the ``segments`` cut from them;
     durations from the audio headers) and the ``file:line`` each comes from."""
     samples: dict[str, dict] = {}
     origin: dict[str, str] = {}
     recordings = sorted(wav)
-    paths = {r: _audio_file(wav[r], root) for r in recordings}
+    paths = {r: _audio_file(wav[r], root, commands) for r in recordings}
     measured = dict(zip(recordings, measure_audio(
         [paths[r] for r in recordings], num_jobs=num_jobs, progress=progress,
         desc=f"kaldi_dir {data_dir.name}")))
@@ -375,6 +418,7 @@ def kaldi_dir_samples(
     root: str | os.PathLike | None = None,
     allow_commands: bool = False,
     on_missing: str = "raise",
+    on_error: str = "raise",
 ) -> IterDataPipe[dict]:
     """Samples of a Kaldi data directory, read from its tables (no manifest).
 
@@ -394,6 +438,11 @@ def kaldi_dir_samples(
         allow_commands: run ``cmd |`` values of ``wav.scp``.
         on_missing: ``"raise"`` when an utterance has no text or speaker (or the reverse),
             or ``"skip"`` it, counted (``join_by_key``).
+        on_error: audio (or features) that is missing, truncated or corrupt, or a failing
+            command: ``"raise"`` naming the table line, or ``"skip"`` the utterance, counted
+            in the loading stage's diagnostics (:func:`~speechpipe.recipes.pipeline_report`;
+            with ``text``/``utt2spk``, pass ``on_missing="skip"`` too: their lines for the
+            skipped utterances are then counted as well).
 
     Raises:
         MissingDataError: ``data_dir`` holds none of ``segments``, ``wav.scp``, ``feats.scp``.
@@ -401,12 +450,13 @@ def kaldi_dir_samples(
     d = Path(data_dir)
     if (d / "segments").is_file():
         pipe = _table_pipe(d / "segments").load_segments(
-            str(d / "wav.scp"), root=root, allow_commands=allow_commands)
+            str(d / "wav.scp"), root=root, allow_commands=allow_commands, on_error=on_error)
     elif (d / "wav.scp").is_file():
         pipe = _table_pipe(d / "wav.scp").load_scp("wav", root=root,
-                                                    allow_commands=allow_commands)
+                                                    allow_commands=allow_commands,
+                                                    on_error=on_error)
     elif (d / "feats.scp").is_file():
-        pipe = _table_pipe(d / "feats.scp").load_scp("feats", root=root)
+        pipe = _table_pipe(d / "feats.scp").load_scp("feats", root=root, on_error=on_error)
     else:
         raise MissingDataError("not a Kaldi data directory: no segments, wav.scp or feats.scp",
                                source=str(d))

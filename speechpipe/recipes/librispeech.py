@@ -41,6 +41,7 @@ from ._pipelines import eval_pipeline, train_pipeline
 from ._prepare import (
     AUDIO_PATH,
     _check_prepare_args,
+    _files_under,
     check_pairs,
     measure_audio,
     prepare_parts,
@@ -122,7 +123,8 @@ def transcript_to_sample(entry) -> dict:
 
 
 def librispeech_samples(
-    corpus_dir: str | os.PathLike, parts: str | Iterable[str] = ("dev-clean",), *, shard=False
+    corpus_dir: str | os.PathLike, parts: str | Iterable[str] = ("dev-clean",), *, shard=False,
+    on_error: str = "raise",
 ) -> IterDataPipe[dict]:
     """Samples of the given LibriSpeech parts: ``key``, ``text``, ``speaker``, ``audio``,
     ``sample_rate`` and ``audio_path``, in sorted transcript-file order.
@@ -132,6 +134,8 @@ def librispeech_samples(
         parts: part names (see :data:`PARTS`).
         shard: insert torch's ``sharding_filter`` before audio decoding, so that DataLoader
             workers (and ranks) each decode a disjoint share.
+        on_error: a FLAC file that is missing, truncated or corrupt: ``"raise"`` naming it,
+            or ``"skip"`` the utterance, counted in ``load_audio``'s diagnostics.
 
     Raises:
         MissingDataError: when iterated, if a part folder is absent.
@@ -150,7 +154,7 @@ def librispeech_samples(
     pipe = pipe.map(transcript_to_sample)
     if shard:
         pipe = pipe.sharding_filter()
-    return pipe.load_audio(field=AUDIO_PATH)
+    return pipe.load_audio(field=AUDIO_PATH, on_error=on_error)
 
 
 def _existing_dir(path: str) -> str:
@@ -205,6 +209,7 @@ def prepare_librispeech(
     on_mismatch: str = "error",
     force: bool = False,
     progress: bool = True,
+    **checks: Any,
 ) -> dict[str, Any]:
     """Validate LibriSpeech parts and write ``librispeech_samples_<part>.jsonl.gz`` for each.
 
@@ -225,6 +230,8 @@ def prepare_librispeech(
             them out, counted in a :class:`~speechpipe.diagnostics.SkippedInputWarning`.
         force: rebuild manifests that exist.
         progress: tqdm progress bars.
+        **checks: ``sample_rate`` (16000), ``verify`` (False), ``on_error`` ("raise"),
+            ``empty_text`` ("error"): see :func:`~speechpipe.recipes.prepare_parts`.
 
     Returns:
         ``{part: manifest path}`` (or ``{part: [samples]}`` without ``output_dir``).
@@ -252,7 +259,9 @@ def prepare_librispeech(
         CORPUS, names, output_dir,
         lambda part: _part_samples(root, part, num_jobs=num_jobs, on_mismatch=on_mismatch,
                                    progress=progress),
-        force=force,
+        force=force, num_jobs=num_jobs, progress=progress,
+        settings={"on_mismatch": on_mismatch},
+        inputs=lambda part: _files_under(root / part), **checks,
     )
 
 
@@ -277,7 +286,7 @@ def _part_samples(root: Path, part: str, *, num_jobs: int, on_mismatch: str,
             raise DataError("transcript file outside the LibriSpeech layout <part>/<speaker>/"
                             "<chapter>/<speaker>-<chapter>.trans.txt", source=str(trans))
         with open(trans, "rb") as stream:
-            for entry in parse_scp_lines(stream, source=str(trans)):
+            for entry in parse_scp_lines(stream, source=str(trans), allow_empty=True):
                 if not entry.key.startswith(prefix):
                     raise DataError(f"utterance id does not belong to chapter folder "
                                     f"{rel[0]}/{rel[1]} (expected {prefix}NNNN)",

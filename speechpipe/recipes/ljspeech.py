@@ -137,6 +137,7 @@ def prepare_ljspeech(
     on_mismatch: str = "error",
     force: bool = False,
     progress: bool = True,
+    **checks: Any,
 ) -> dict[str, Any]:
     """Validate ``LJSpeech-1.1/`` and write ``ljspeech_samples_all.jsonl.gz``.
 
@@ -155,6 +156,9 @@ def prepare_ljspeech(
             examples; ``"skip"`` leaves them out, counted in a warning.
         force: rebuild a manifest that exists.
         progress: tqdm progress bars.
+        **checks: ``sample_rate`` (22050, LJSpeech's own), ``verify`` (False),
+            ``on_error`` ("raise"), ``empty_text`` ("error"): see
+            :func:`~speechpipe.recipes.prepare_parts`.
 
     Raises:
         MissingDataError: ``corpus_dir``, ``metadata.csv`` or ``wavs/`` is absent.
@@ -173,7 +177,9 @@ def prepare_ljspeech(
         CORPUS, names, output_dir,
         lambda part: _samples(root, num_jobs=num_jobs, on_mismatch=on_mismatch,
                               progress=progress),
-        force=force,
+        force=force, num_jobs=num_jobs, progress=progress,
+        settings={"on_mismatch": on_mismatch},
+        **{"sample_rate": SAMPLE_RATE, **checks},
     )
 
 
@@ -220,6 +226,7 @@ def _samples(root: Path, *, num_jobs: int, on_mismatch: str, progress: bool) -> 
 
 def ljspeech_train(manifests: Any, *, features: str | None = "mel",
                    feature_options: dict | None = None, text_field: str = NORMALIZED_TEXT,
+                   sample_rate: int | None = SAMPLE_RATE,
                    **options: Any) -> IterDataPipe[dict]:
     """TTS training batches: log-mel spectrograms (:data:`MEL_OPTIONS`), tokens of
     ``normalized_text`` (with a ``tokenizer``), every utterance kept (no duration filter:
@@ -230,17 +237,20 @@ def ljspeech_train(manifests: Any, *, features: str | None = "mel",
         features: ``"mel"`` (default), another kind, or ``None`` for raw audio batches.
         feature_options: replaces :data:`MEL_OPTIONS`.
         text_field: the text tokenized (``normalized_text``; ``text`` for the raw one).
+        sample_rate: the rate audio is resampled to (LJSpeech's own 22050 Hz: a TTS recipe
+            keeps it, unlike the ASR recipes' 16 kHz).
         **options: :func:`~speechpipe.recipes.train_pipeline` options.
     """
     if feature_options is None and features == "mel":
         feature_options = MEL_OPTIONS
     return train_pipeline(resolve_manifests(manifests, corpus=CORPUS, parts=list(PARTS)),
                           features=features, feature_options=feature_options,
-                          text_field=text_field, **options)
+                          text_field=text_field, sample_rate=sample_rate, **options)
 
 
 def ljspeech_eval(manifests: Any, *, features: str | None = "mel",
                   feature_options: dict | None = None, text_field: str = NORMALIZED_TEXT,
+                  sample_rate: int | None = SAMPLE_RATE,
                   **options: Any) -> IterDataPipe[dict]:
     """Validation / test batches in manifest order, the same front end as
     :func:`ljspeech_train`; ``options`` are
@@ -249,4 +259,4 @@ def ljspeech_eval(manifests: Any, *, features: str | None = "mel",
         feature_options = MEL_OPTIONS
     return eval_pipeline(resolve_manifests(manifests, corpus=CORPUS, parts=list(PARTS)),
                          features=features, feature_options=feature_options,
-                         text_field=text_field, **options)
+                         text_field=text_field, sample_rate=sample_rate, **options)
