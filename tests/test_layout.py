@@ -19,8 +19,8 @@ import speechpipe
 ROOT = pathlib.Path(speechpipe.__file__).parent
 
 FLOORS = [
-    ("base", ["errors", "sample", "seeding", "diagnostics", "index", "transfer", "testing",
-              "pipes._base", "pipes._state", "pipes._graph", "pipes._restore"]),
+    ("base", ["errors", "sample", "seeding", "diagnostics", "remote", "index", "transfer",
+              "testing", "pipes._base", "pipes._state", "pipes._graph", "pipes._restore"]),
     ("sources", ["pipes.sources", "pipes._tar", "pipes._mmap", "pipes._readahead",
                  "pipes.shards", "pipes.manifests"]),
     ("parse/decode", ["pipes.decode", "pipes.shard_writer", "pipes.kaldi_tables", "pipes.kaldi_ark",
