@@ -188,6 +188,14 @@ class _RangeReader(io.RawIOBase):
         self._pos += want
         return want
 
+    def readall(self) -> bytes:
+        parts = []
+        while self._pos < self._size:
+            end = min(self._pos + self._options.block_size, self._size)
+            parts.append(self._fetch(self._pos, end))
+            self._pos = end
+        return b"".join(parts)
+
     def _fetch(self, start: int, end: int) -> bytes:
         """Bytes ``[start, end)``: exactly that many, or an error naming the URL."""
         parts: list[bytes] = []
@@ -202,6 +210,8 @@ class _RangeReader(io.RawIOBase):
             except PermissionError as exc:
                 raise DataError(f"access denied: {_describe(exc, self._options)}",
                                 source=self.name) from None
+            except (TypeError, ValueError, AttributeError, ImportError):
+                raise  # a setup error (e.g. a wrong storage option), not a transient one
             except Exception as exc:  # noqa: BLE001 - 5xx, resets, timeouts: all retried
                 data, last = b"", exc
             if len(data) > end - at:
@@ -239,6 +249,8 @@ def _stat_size(fs, path: str, url: str, options: RemoteOptions) -> int:
             raise MissingDataError("no such object", source=url) from None
         except PermissionError as exc:
             raise DataError(f"access denied: {_describe(exc, options)}", source=url) from None
+        except (TypeError, ValueError, AttributeError, ImportError):
+            raise  # a setup error (e.g. a wrong storage option), not a transient one
         except Exception as exc:  # noqa: BLE001 - transient: retried
             if attempt == options.retries:
                 raise DataError(f"gave up asking for its size after {attempt} attempts "
@@ -251,9 +263,9 @@ def _stat_size(fs, path: str, url: str, options: RemoteOptions) -> int:
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-def open_remote(url: str, options: RemoteOptions | None = None,
-                buffer_size: int | None = None) -> io.BufferedReader:
-    """Open a remote file for sequential binary reading (see the module docs).
+def open_remote(url: str, options: RemoteOptions | None = None) -> io.BufferedReader:
+    """Open a remote file for sequential binary reading (see the module docs): its buffer
+    is one block (``options.block_size`` bytes), filled by one range request.
 
     Raises:
         MissingDataError: no such object.
@@ -269,7 +281,7 @@ def open_remote(url: str, options: RemoteOptions | None = None,
     fs, path = _filesystem(url, options)
     size = _stat_size(fs, path, url, options)
     raw = _RangeReader(fs, path, url, size, options)
-    return io.BufferedReader(raw, min(buffer_size or options.block_size, options.block_size))
+    return io.BufferedReader(raw, options.block_size)
 
 
 def read_remote_bytes(url: str, options: RemoteOptions | None = None) -> bytes:

@@ -290,7 +290,7 @@ def open_stream(
             raise ValueError(f"empty command in {name!r}")
         return io.BufferedReader(_CommandStream(command, name), buffer_size)
     if is_url(name) and not name.startswith(_URL_PREFIXES):
-        return open_remote(name, remote or RemoteOptions(timeout=timeout), buffer_size)
+        return open_remote(name, remote or RemoteOptions(timeout=timeout))
     if is_url(name):
         try:
             response = urllib.request.urlopen(name, timeout=timeout)
