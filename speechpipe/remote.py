@@ -210,8 +210,8 @@ class _RangeReader(io.RawIOBase):
             except PermissionError as exc:
                 raise DataError(f"access denied: {_describe(exc, self._options)}",
                                 source=self.name) from None
-            except (TypeError, ValueError, AttributeError, ImportError):
-                raise  # a setup error (e.g. a wrong storage option), not a transient one
+            except (TypeError, ValueError, AttributeError) as exc:  # a setup error: no retry
+                raise ValueError(f"{self.name}: {_describe(exc, self._options)}") from None
             except Exception as exc:  # noqa: BLE001 - 5xx, resets, timeouts: all retried
                 data, last = b"", exc
             if len(data) > end - at:
@@ -249,8 +249,8 @@ def _stat_size(fs, path: str, url: str, options: RemoteOptions) -> int:
             raise MissingDataError("no such object", source=url) from None
         except PermissionError as exc:
             raise DataError(f"access denied: {_describe(exc, options)}", source=url) from None
-        except (TypeError, ValueError, AttributeError, ImportError):
-            raise  # a setup error (e.g. a wrong storage option), not a transient one
+        except (TypeError, ValueError, AttributeError) as exc:  # a setup error: no retry
+            raise ValueError(f"{url}: {_describe(exc, options)}") from None
         except Exception as exc:  # noqa: BLE001 - transient: retried
             if attempt == options.retries:
                 raise DataError(f"gave up asking for its size after {attempt} attempts "

@@ -52,6 +52,7 @@ def pack_data(
     progress: bool = _Default("progress"),
     length_unit: str | None = _Default("length_unit"),
     audio_format: str = _Default("audio_format"),
+    compress: str | None = _Default("compress"),
     options: PackOptions | None = None,
 ) -> PackReport:
     """Pack Kaldi tables (or manifests) and their labels into tar shards with an index.
@@ -85,7 +86,7 @@ def pack_data(
     Everything else is rewritten. Content is not compared: after changing the data of
     existing keys, pack into a fresh folder.
 
-    The settings (``fmt`` to ``audio_format``) are passed as keyword arguments or together as
+    The settings (``fmt`` to ``compress``) are passed as keyword arguments or together as
     ``options=PackOptions(...)`` (:class:`~speechpipe.pack.PackOptions`), not both.
 
     Args:
@@ -125,7 +126,10 @@ def pack_data(
             WeNet do -- a quarter of the size of float WAV; samples beyond the range are
             clipped and counted (:attr:`PackReport.clipped`). Recorded in the index: a
             rerun with another format rewrites the shards.
-        options: all the settings above (``fmt`` to ``audio_format``) in one
+        compress: ``None`` (plain tar), ``"gz"`` or ``"zst"``: shards compressed as they are
+            written, named ``*.tar.gz``/``*.tar.zst``; read sequentially, never mapped
+            (smaller to store and send, slower to read: benchmarks/README.md).
+        options: all the settings above (``fmt`` to ``compress``) in one
             :class:`~speechpipe.pack.PackOptions`, instead of the keyword arguments.
 
     Returns:
@@ -165,7 +169,7 @@ def pack_data(
     options = _settings(options, fmt=fmt, filter_group=filter_group,
                         utts_per_shard=utts_per_shard, kind=kind, on_mismatch=on_mismatch,
                         num_workers=num_workers, progress=progress, length_unit=length_unit,
-                        audio_format=audio_format)
+                        audio_format=audio_format, compress=compress)
     if files.manifests and options.kind == "feats":
         raise ValueError("manifests name audio files: kind must be 'auto' or 'wav'")
 
