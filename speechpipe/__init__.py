@@ -44,6 +44,7 @@ from .pipes.views import BatchView, compute_lengths, read_data_len, select_keys 
 from .recipes import (  # noqa: E402
     FrontEnd, eval_pipeline, get_recipe, manifest_path, pipeline_report, train_pipeline,
 )
+from .remote import RemoteOptions  # noqa: E402
 from .stats import corpus_stats  # noqa: E402
 from . import recipes  # noqa: E402,F401
 
@@ -55,7 +56,8 @@ __all__ = [
     "BatchConstraint", "BatchStats", "BatchView", "BudgetWarning", "CharTokenizer", "CmvnStats",
     "DataError", "Diagnostics", "DistributedStepError", "EpochProgress", "EpochWarning",
     "EqualSteps", "FrontEnd", "IterableWrapper", "Loader", "MissingDataError", "PackOptions",
-    "PackReport", "PadCollate", "PaddedArea", "PipeDataset", "Quadratic", "ResumeWarning",
+    "PackReport", "PadCollate", "PaddedArea", "PipeDataset", "Quadratic", "RemoteOptions",
+    "ResumeWarning",
     "SampleCount", "SentencePieceTokenizer", "SequenceWrapper", "ShardEntry", "ShardIndex",
     "ShardReadOptions", "ShardSplit", "ShardWriter", "SkippedInputWarning", "SpeechpipeError",
     "StepPlanner", "StepStats", "SumOfLengths", "TextNormalizer", "TwoDimensional",
