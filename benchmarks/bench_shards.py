@@ -51,6 +51,7 @@ workers 0 (where it goes warm).
     python -m benchmarks bench_shards --ablation    # and (b'): read-ahead thread off
     python -m benchmarks bench_shards --tiny        # 60 utterances, 1 run (smoke test)
     python -m benchmarks bench_shards --no-storage  # without (e)-(g)
+    python -m benchmarks bench_shards --storage-only  # (b) and (e)-(g) only
 """
 
 from __future__ import annotations
@@ -494,6 +495,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="also run (b) with the read-ahead thread off")
     parser.add_argument("--no-storage", action="store_true",
                         help="skip (e)-(g): compressed shards and S3 (moto)")
+    parser.add_argument("--storage-only", action="store_true",
+                        help="only (b) beside (e)-(g)")
     args = parser.parse_args(argv)
     if args.tiny:
         with tempfile.TemporaryDirectory() as root:
@@ -504,13 +507,15 @@ def main(argv: list[str] | None = None) -> None:
         return
     root = args.root or os.path.join(tempfile.gettempdir(),
                                      f"speechpipe-bench-shards-{args.utterances}")
-    rows = run(args.utterances, args.shard_size, args.runs, root, args.ablation)
-    print(table(rows))
+    if not args.storage_only:
+        rows = run(args.utterances, args.shard_size, args.runs, root, args.ablation)
+        print(table(rows))
+    paths = make_corpus(root, args.utterances, args.shard_size)[0]
     if not args.no_storage:
-        paths = make_corpus(root, args.utterances, args.shard_size)[0]
         print(storage_table(storage_rows(paths, root, args.utterances, args.runs)))
-    print("profile of (b), warm, workers 0 (by own time):")
-    print(profile(make_corpus(root, args.utterances, args.shard_size)[0]))
+    if not args.storage_only:
+        print("profile of (b), warm, workers 0 (by own time):")
+        print(profile(paths))
 
 
 if __name__ == "__main__":

@@ -36,6 +36,7 @@ import pytest
 from speechpipe.errors import DataError, MissingDataError
 from speechpipe.index import ShardEntry, ShardIndex
 from speechpipe.pipes._base import IterableWrapper
+from speechpipe.pipes.manifests import read_manifest, write_manifest
 from speechpipe.pipes.shard_writer import ShardWriter
 from speechpipe.pipes.sharding import read_shard
 from speechpipe.pipes.shards import ShardReadOptions
@@ -68,6 +69,9 @@ def write_corpus(folder: str) -> list[str]:
         entries.append(ShardEntry(os.path.basename(path), count, os.path.getsize(path),
                                   tuple(keys), tuple(float(n) for n in lengths)))
     ShardIndex(folder, entries).write()
+    write_manifest(os.path.join(folder, "samples.jsonl.gz"),
+                   [{"key": k, "num_frames": int(n)} for e in entries
+                    for k, n in zip(e.keys, e.lengths)])
     return [os.path.join(folder, e.name) for e in entries]
 
 
@@ -140,6 +144,16 @@ def test_list_shards_globs_the_bucket(s3, proxy):
     assert listed == s3["urls"]
     with pytest.raises(MissingDataError, match="no object matches this pattern"):
         expand_patterns(s3["folder"] + "/nothing-*.tar", remote=s3["options"])
+
+
+def test_a_manifest_in_the_bucket_reads_as_the_local_one(s3, proxy):
+    local = os.path.join(os.path.dirname(s3["local"][0]), "samples.jsonl.gz")
+    url = s3["folder"] + "/samples.jsonl.gz"
+    expected = [dict(s, source=s["source"].replace(local, url)) for s in read_manifest(local)]
+    assert len(expected) == sum(SHARDS)
+    assert list(read_manifest(url, remote=s3["options"])) == expected
+    parsed = IterableWrapper([url]).open(remote=s3["options"]).parse_manifest()
+    assert list(parsed) == expected
 
 
 # --------------------------------------------------------------------------- faults
