@@ -138,7 +138,11 @@ class ShardIndex:
         return functools.partial(ShardIndex.boundaries, self, num_buckets)
 
     def write(self, path: str | None = None) -> str:
-        """Write ``index.jsonl`` (atomically: a temporary file renamed) and return its path."""
+        """Write ``index.jsonl`` (atomically: a temporary file renamed) and return its path.
+        A local file only: upload it beside remote shards with the storage's own tools."""
+        if path is None and is_remote(self.root):
+            raise ValueError(f"the index's folder {self.root} is a URL: write it to a local "
+                             "path (write(path)) and upload it beside the shards")
         path = path or os.path.join(self.root, INDEX_NAME)
         tmp = f"{path}.tmp"
         with open(tmp, "w", encoding="utf-8") as f:

@@ -124,6 +124,17 @@ def test_a_truncated_compressed_shard_names_the_file(tmp_path, name, keep):
     assert pipe.diagnostics.total == 1
 
 
+def test_a_zstd_shard_of_several_frames_reads_whole(tmp_path):
+    plain = tmp_path / "p.tar"
+    write_shard(plain, [{"key": f"u{i}", "bin": os.urandom(3000)} for i in range(6)])
+    data = plain.read_bytes()
+    path = tmp_path / "a.tar.zst"  # as a parallel compressor (pzstd, zstd -T) writes them
+    compressor = zstandard.ZstdCompressor()
+    path.write_bytes(b"".join(compressor.compress(data[i:i + 4096])
+                              for i in range(0, len(data), 4096)))
+    assert shard_samples([str(path)]) == shard_samples([str(plain)])
+
+
 def test_a_corrupt_gzip_shard_names_the_file(tmp_path):
     path = tmp_path / "a.tar.gz"
     path.write_bytes(b"this is not gzip at all, just text" * 20)

@@ -296,6 +296,13 @@ def test_the_index_in_the_bucket_plans_remote_shards_like_local_ones(s3, proxy):
     assert keys == [s["key"] for s in pipes["local"].set_epoch(0)]
 
 
+def test_an_index_read_from_a_url_is_not_written_back_there(s3, proxy, tmp_path):
+    remote = ShardIndex.read(s3["folder"] + "/index.jsonl", remote=s3["options"])
+    with pytest.raises(ValueError, match="is a URL: write it to a local path"):
+        remote.write()
+    assert ShardIndex.read(remote.write(str(tmp_path / "index.jsonl"))).shards == remote.shards
+
+
 def test_a_missing_remote_index_is_named(s3, proxy):
     with pytest.raises(MissingDataError, match="speechpipe-remote/nowhere/index.jsonl"):
         ShardIndex.read(s3["folder"].replace("corpus", "nowhere"), remote=s3["options"])
