@@ -9,7 +9,10 @@ that arrives short is continued with a range request from the byte where it stop
 connection never restarts the file and never returns it short. A request that still fails
 after ``retries`` attempts raises :class:`~speechpipe.errors.DataError` naming the URL, the
 byte range and the number of attempts; an absent object raises
-:class:`~speechpipe.errors.MissingDataError` at once (not retried).
+:class:`~speechpipe.errors.MissingDataError` at once (not retried). The storage library may
+retry first on its own (s3fs retries S3's "slow down" and bodies cut mid-transfer; botocore
+retries 5xx answers unless given ``config_kwargs={"retries": {"total_max_attempts": 1}}``):
+these attempts wrap its.
 
 Credentials come from where the storage library looks for them (for S3, botocore's chain:
 ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``, ``~/.aws/credentials`` and its profiles, an
@@ -171,7 +174,6 @@ class _RangeReader(io.RawIOBase):
         super().__init__()
         self._fs, self._path, self.name = fs, path, url
         self._size, self._pos, self._options = size, 0, options
-        self.requests = 0  # range requests made (retries and continuations included)
 
     def readable(self) -> bool:
         return True
@@ -202,7 +204,6 @@ class _RangeReader(io.RawIOBase):
         at, failures, last = start, 0, None
         while at < end:
             try:
-                self.requests += 1
                 data = self._request(at, end)
             except FileNotFoundError:
                 raise MissingDataError("no such object (it was there when opened)",
