@@ -281,28 +281,40 @@ class _ZstdReader:
     def __init__(self, stream: BinaryIO, zstandard: Any) -> None:
         self._stream, self._zstd = stream, zstandard
         self._dobj = zstandard.ZstdDecompressor().decompressobj()
-        self._out = bytearray()
-        self._started = False  # input seen since the last frame ended
+        self._buf, self._pos = b"", 0  # decompressed, not yet read from _pos on
+        self._seen = False  # any input at all
 
     def read(self, n: int) -> bytes:
-        while len(self._out) < n:
+        parts = []
+        while n > 0:
+            if self._pos >= len(self._buf) and not self._fill():
+                break
+            part = self._buf[self._pos:self._pos + n]
+            self._pos += len(part)
+            n -= len(part)
+            parts.append(part)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def _fill(self) -> bool:
+        """Decompress the next input chunk into ``_buf``; False at the end of the input."""
+        while True:
             chunk = self._stream.read(self._CHUNK)
             if not chunk:
-                if self._started and not self._dobj.eof:
+                if self._seen and not self._dobj.eof:
                     raise EOFError("the zstd stream ends inside a frame")
-                break
+                return False
+            self._seen, out = True, []
             while chunk:
                 if self._dobj.eof:  # the next frame
                     self._dobj = self._zstd.ZstdDecompressor().decompressobj()
-                self._started = True
-                self._out += self._dobj.decompress(chunk)
+                out.append(self._dobj.decompress(chunk))
                 chunk = self._dobj.unused_data if self._dobj.eof else b""
-        data = bytes(self._out[:n])
-        del self._out[:n]
-        return data
+            self._buf, self._pos = b"".join(out), 0
+            if self._buf:
+                return True
 
     def close(self) -> None:
-        self._out = bytearray()
+        self._buf, self._pos = b"", 0
 
 
 def _decompressor(stream: BinaryIO, compression: str) -> tuple[Any, tuple]:
