@@ -1,8 +1,9 @@
 """Object storage through fsspec: ``s3://``, ``gs://``, ``az://``, ``hf://`` and any other
 fsspec protocol whose package is installed (``pip install speechpipe[s3]`` for S3).
 
-A remote file is read in **range requests** of ``block_size`` bytes, one block at a time, so
-that at most one block is held per open stream (the bounded buffer) whatever the file's size.
+A remote file is read in **range requests** of ``block_size`` bytes, block by block, the next
+block fetched by a thread while the current one is read: at most two blocks are held per open
+stream (the bounded buffer) whatever the file's size, one request in flight.
 Each request is retried with exponential backoff on a transient failure -- an HTTP 5xx
 (503 "slow down" included), a connection reset or dropped mid-body, a timeout -- and a block
 that arrives short is continued with a range request from the byte where it stopped: a dropped
@@ -128,6 +129,7 @@ retries=3, backoff=0.5, timeout=60.0)
 
 
 _DEFAULT = RemoteOptions()
+_SMALL_READS = 1 << 16  # the buffer of small reads (tar headers) above the block
 _MAX_BACKOFF = 30.0
 
 
@@ -167,13 +169,19 @@ def _describe(exc: BaseException, options: RemoteOptions) -> str:
 
 
 class _RangeReader(io.RawIOBase):
-    """A remote file read in range requests of at most ``block_size`` bytes, retried with
-    backoff and continued at the byte where a short or dropped transfer stopped."""
+    """A remote file read block by block in range requests of ``block_size`` bytes, retried
+    with backoff and continued at the byte where a short or dropped transfer stopped. While
+    one block is read, the next is fetched by a thread: at most two blocks are held, and one
+    request is in flight at a time."""
 
     def __init__(self, fs, path: str, url: str, size: int, options: RemoteOptions) -> None:
         super().__init__()
         self._fs, self._path, self.name = fs, path, url
-        self._size, self._pos, self._options = size, 0, options
+        self._size, self._options = size, options
+        self._block, self._at = b"", 0  # the current block, and the read position in it
+        self._next: int = 0  # offset of the next block
+        self._ahead = None  # the next block's Future
+        self._pool = None  # a one-thread executor, made at the first block
 
     def readable(self) -> bool:
         return True
@@ -181,22 +189,43 @@ class _RangeReader(io.RawIOBase):
     def seekable(self) -> bool:
         return False
 
-    def readinto(self, buffer) -> int:
-        want = min(len(buffer), self._size - self._pos, self._options.block_size)
-        if want <= 0:
-            return 0
-        data = self._fetch(self._pos, self._pos + want)
-        memoryview(buffer).cast("B")[:want] = data
-        self._pos += want
-        return want
+    def _fetch_block(self, start: int) -> bytes:
+        return self._fetch(start, min(start + self._options.block_size, self._size))
 
-    def readall(self) -> bytes:
-        parts = []
-        while self._pos < self._size:
-            end = min(self._pos + self._options.block_size, self._size)
-            parts.append(self._fetch(self._pos, end))
-            self._pos = end
-        return b"".join(parts)
+    def _advance(self) -> bool:
+        """Make the next block current (fetched ahead, or now); False at the end."""
+        if self._next >= self._size:
+            return False
+        if self._ahead is None:
+            block = self._fetch_block(self._next)
+        else:
+            ahead, self._ahead = self._ahead, None
+            block = ahead.result()  # raises the fetch's error, here in the reader's thread
+        self._block, self._at = block, 0
+        self._next += len(block)
+        if self._next < self._size:
+            if self._pool is None:
+                import concurrent.futures
+
+                self._pool = concurrent.futures.ThreadPoolExecutor(1, "speechpipe-remote")
+            self._ahead = self._pool.submit(self._fetch_block, self._next)
+        return True
+
+    def readinto(self, buffer) -> int:
+        if self._at >= len(self._block) and not self._advance():
+            return 0
+        view = memoryview(buffer).cast("B")
+        n = min(len(view), len(self._block) - self._at)
+        view[:n] = memoryview(self._block)[self._at:self._at + n]
+        self._at += n
+        return n
+
+    def close(self) -> None:
+        if self._pool is not None:  # a request in flight finishes in its thread, unread
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = self._ahead = None
+        self._block = b""
+        super().close()
 
     def _fetch(self, start: int, end: int) -> bytes:
         """Bytes ``[start, end)``: exactly that many, or an error naming the URL."""
@@ -265,8 +294,8 @@ def _stat_size(fs, path: str, url: str, options: RemoteOptions) -> int:
 
 
 def open_remote(url: str, options: RemoteOptions | None = None) -> io.BufferedReader:
-    """Open a remote file for sequential binary reading (see the module docs): its buffer
-    is one block (``options.block_size`` bytes), filled by one range request.
+    """Open a remote file for sequential binary reading (see the module docs): blocks of
+    ``options.block_size`` bytes, each one range request, the next fetched while one is read.
 
     Raises:
         MissingDataError: no such object.
@@ -282,7 +311,7 @@ def open_remote(url: str, options: RemoteOptions | None = None) -> io.BufferedRe
     fs, path = _filesystem(url, options)
     size = _stat_size(fs, path, url, options)
     raw = _RangeReader(fs, path, url, size, options)
-    return io.BufferedReader(raw, options.block_size)
+    return io.BufferedReader(raw, min(options.block_size, _SMALL_READS))
 
 
 def read_remote_bytes(url: str, options: RemoteOptions | None = None) -> bytes:
