@@ -40,7 +40,9 @@ from speechpipe.pipes.manifests import read_manifest, write_manifest
 from speechpipe.pipes.shard_writer import ShardWriter
 from speechpipe.pipes.sharding import read_shard
 from speechpipe.pipes.shards import ShardReadOptions
+from speechpipe.pipes.constraints import PaddedArea
 from speechpipe.pipes.sources import expand_patterns, open_stream
+from speechpipe.pipes.steps import StepPlanner
 from speechpipe.remote import RemoteOptions
 from speechpipe.seeding import Position
 from speechpipe.testing import S3_TEST_CREDENTIALS, FaultProxy, serve_s3, upload_folder
@@ -294,6 +296,13 @@ def test_the_index_in_the_bucket_plans_remote_shards_like_local_ones(s3, proxy):
                 == pipes["local"].epoch_plan(epoch, position).total_count)
     keys = [s["key"] for s in pipes["remote"].set_epoch(0)]
     assert keys == [s["key"] for s in pipes["local"].set_epoch(0)]
+    # step plans for 2 ranks x 2 workers: the same from the bucket's index as from disk
+    planners = [StepPlanner(p, PaddedArea(budget=1000), num_workers=2, world_size=2)
+                for p in pipes.values()]
+    for epoch in range(2):
+        local_plan, remote_plan = (planner.plan(epoch) for planner in planners)
+        assert remote_plan.rank_batches == local_plan.rank_batches and min(local_plan.rank_batches) > 0
+        assert remote_plan.steps == local_plan.steps
 
 
 def test_an_index_read_from_a_url_is_not_written_back_there(s3, proxy, tmp_path):
