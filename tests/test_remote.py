@@ -301,7 +301,8 @@ def test_the_index_in_the_bucket_plans_remote_shards_like_local_ones(s3, proxy):
                 for p in pipes.values()]
     for epoch in range(2):
         local_plan, remote_plan = (planner.plan(epoch) for planner in planners)
-        assert remote_plan.rank_batches == local_plan.rank_batches and min(local_plan.rank_batches) > 0
+        assert remote_plan.rank_batches == local_plan.rank_batches
+        assert min(local_plan.rank_batches) > 0
         assert remote_plan.steps == local_plan.steps
 
 
