@@ -44,10 +44,10 @@ read), one stopped early stops it. Smaller shards, other systems and
 ``ShardReadOptions(readahead=False)`` ask the kernel for read-ahead
 (``madvise(MADV_WILLNEED)``) as the reader walks the file.
 Remote (``http(s)://``, ``s3://``...) and ``pipe:`` streams, compressed file objects,
-``BytesIO`` and anything else are read with ``read`` as before, payloads as ``bytes``. Every check is the
-same on both paths: header checksums, the end-of-archive marker, each member's extent checked
-against the mapped size before any of it is touched, so a truncated shard raises
-:class:`~speechpipe.errors.DataError` naming the shard and the member.
+``BytesIO`` and anything else are read with ``read`` as before, payloads as ``bytes``. Every
+check is the same on both paths: header checksums, the end-of-archive marker, each member's
+extent checked against the mapped size before any of it is touched, so a truncated shard
+raises :class:`~speechpipe.errors.DataError` naming the shard and the member.
 
 A view keeps the mapping alive after the stream is closed (before Python 3.13 the mapping
 also holds a duplicate file descriptor); a shard is unmapped with its last view -- after
@@ -67,6 +67,11 @@ read from ``/proc/self/mounts``) are read, not mapped, unless mapping is asked f
 storage that reports read errors turn mapping off with ``ShardReadOptions(mmap=False)``
 (the ``read_options`` of ``iter_tar_members``, ``read_shards`` and ``sharded_shuffle``).
 
+Both settings are :class:`ShardReadOptions`; their defaults can be overridden for a whole
+process (DataLoader workers included) by the environment variables ``SPEECHPIPE_SHARD_MMAP=0``
+(mapping off) and ``SPEECHPIPE_SHARD_READAHEAD=0`` (read-ahead thread off). Measurements:
+benchmarks/README.md, "Shard reading".
+
 Compressed shards
 -----------------
 
@@ -74,11 +79,6 @@ A shard whose name ends in ``.tar.gz``/``.tgz`` (gzip) or ``.tar.zst``/``.tzst``
 ``pip install 'speechpipe[zstd]'``) is decompressed as it is read, sequentially, never mapped;
 a truncated or corrupt compressed stream raises :class:`~speechpipe.errors.DataError` naming
 the shard. ``pack --compress gz|zst`` writes them.
-
-Both settings are :class:`ShardReadOptions`; their defaults can be overridden for a whole
-process (DataLoader workers included) by the environment variables ``SPEECHPIPE_SHARD_MMAP=0``
-(mapping off) and ``SPEECHPIPE_SHARD_READAHEAD=0`` (read-ahead thread off). Measurements:
-benchmarks/README.md, "Shard reading".
 """
 
 from __future__ import annotations
