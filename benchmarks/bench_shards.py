@@ -25,6 +25,15 @@ each utterance -- crosses the process boundary), and the main process touches ev
 batch (``batch["feats"].sum()``), so every feature byte is really read and copied once into a
 batch. (a) only reads the bytes into memory.
 
+Then where the shards are kept (issue 22), warm, workers 0 and 2, (b)'s pipeline reading:
+(b) the local tar shards; (e) the same shards gzip-compressed (``.tar.gz``, level 9 as
+``pack --compress gz`` writes them) and (f) zstd-compressed (``.tar.zst``, level 3), both read
+sequentially through the decompressor; (g) the plain shards in a bucket of moto's S3 server
+(a separate process on 127.0.0.1, so its work is not on the reader's GIL), read through
+fsspec/s3fs in 8 MiB range requests (:mod:`speechpipe.remote`). Reported: utt/s, MB/s of the
+bytes read (compressed ones for (e), (f)), the sizes, and the ratios to (b). A local S3 server
+measures the request and copy overhead of the remote path, not a network.
+
 Each in the main process (workers 0) and with DataLoader workers 2, with the page cache
 evicted for the data files before each run (``posix_fadvise(POSIX_FADV_DONTNEED)``: cold) and
 after a warming read (warm). torch runs one intra-op thread in the main process (as in
@@ -41,6 +50,8 @@ workers 0 (where it goes warm).
     python -m benchmarks bench_shards               # ~3 GB corpus, 3 runs each
     python -m benchmarks bench_shards --ablation    # and (b'): read-ahead thread off
     python -m benchmarks bench_shards --tiny        # 60 utterances, 1 run (smoke test)
+    python -m benchmarks bench_shards --no-storage  # without (e)-(g)
+    python -m benchmarks bench_shards --storage-only  # (b) and (e)-(g) only
 """
 
 from __future__ import annotations
@@ -48,12 +59,18 @@ from __future__ import annotations
 import argparse
 import contextlib
 import cProfile
+import gzip
 import io
 import os
 import pstats
+import shutil
+import socket
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
+import urllib.request
 from typing import Any, Callable, NamedTuple
 
 import numpy as np
@@ -64,7 +81,9 @@ from speechpipe.index import ShardIndex
 from speechpipe.loader import build_loader
 from speechpipe.pipes._base import IterableWrapper
 from speechpipe.pipes.collate import PadCollate
-from speechpipe.testing import sample_durations
+from speechpipe.pipes.shards import ShardReadOptions
+from speechpipe.remote import RemoteOptions
+from speechpipe.testing import S3_TEST_CREDENTIALS, sample_durations, upload_folder
 
 DIM = 80
 BATCH = 16
@@ -141,10 +160,107 @@ class SpeechpipeBatches:
         return iter(self.pipe)
 
 
-def speechpipe_reader(paths, workers):
+def speechpipe_reader(paths, workers, read_options: ShardReadOptions | None = None):
     return SpeechpipeBatches(
-        IterableWrapper(paths).sharded_shuffle(buffer_size=1000, seed=0).decode()
+        IterableWrapper(paths).sharded_shuffle(buffer_size=1000, seed=0,
+                                               read_options=read_options).decode()
         .batch(BATCH).collate(collate_fn=collate_fn()))
+
+
+# -------------------------------------------------------------------- where shards are kept
+
+
+def compressed_copies(paths: list[str], root: str, kind: str) -> list[str]:
+    """The shards compressed once (``.tar.gz`` level 9, ``.tar.zst`` level 3, as ``pack
+    --compress`` writes them) into ``root/shards-<kind>``; returns their paths."""
+    folder = os.path.join(root, f"shards-{kind}")
+    os.makedirs(folder, exist_ok=True)
+    out = []
+    for path in paths:
+        target = os.path.join(folder, os.path.basename(path) + "." + kind)
+        if not os.path.exists(target):
+            with open(path, "rb") as src, open(target + ".tmp", "wb") as dst:
+                if kind == "gz":
+                    with gzip.GzipFile(fileobj=dst, mode="wb", mtime=0) as z:
+                        shutil.copyfileobj(src, z, 4 << 20)
+                else:
+                    import zstandard
+
+                    with zstandard.ZstdCompressor(level=3).stream_writer(
+                            dst, closefd=False) as z:
+                        shutil.copyfileobj(src, z, 4 << 20)
+            os.replace(target + ".tmp", target)
+        out.append(target)
+    return out
+
+
+@contextlib.contextmanager
+def s3_server(folder: str):
+    """moto's S3 server in its own process on 127.0.0.1, ``folder`` uploaded to
+    ``s3://bench/shards``; yields the storage options."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    endpoint = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p",
+                             str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(300):
+            try:
+                urllib.request.urlopen(endpoint, timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.1)
+        upload_folder(endpoint, folder, "bench", "shards")
+        yield {"endpoint_url": endpoint, **S3_TEST_CREDENTIALS}
+    finally:
+        proc.terminate()
+        proc.wait()
+
+
+def storage_rows(paths: list[str], root: str, n: int, runs: int) -> list[dict]:
+    """(b) local tar beside (e) .tar.gz, (f) .tar.zst and (g) S3 (moto), warm."""
+    size = sum(os.path.getsize(p) for p in paths)
+    gz, zst = (compressed_copies(paths, root, kind) for kind in ("gz", "zst"))
+    with s3_server(os.path.dirname(paths[0])) as storage:
+        urls = [f"s3://bench/shards/{os.path.basename(p)}" for p in paths]
+        remote = ShardReadOptions(remote=RemoteOptions(storage_options=storage))
+        readers = [
+            Reader("(b) local .tar", lambda w: speechpipe_reader(paths, w), paths, size),
+            Reader("(e) local .tar.gz", lambda w: speechpipe_reader(gz, w), gz,
+                   sum(os.path.getsize(p) for p in gz)),
+            Reader("(f) local .tar.zst", lambda w: speechpipe_reader(zst, w), zst,
+                   sum(os.path.getsize(p) for p in zst)),
+            Reader("(g) S3, moto on 127.0.0.1", lambda w: speechpipe_reader(urls, w, remote),
+                   [], size),
+        ]
+        rows = []
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)  # as in run()
+        try:
+            for workers in (0, 2):
+                rows.extend(measure(readers, workers, False, runs))
+        finally:
+            torch.set_num_threads(threads)
+    for row in rows:
+        assert row["items"] == n, (row["name"], row["items"], n)  # every utterance, once
+        row["utt_s"] = row["items"] / row["seconds"]
+    return rows
+
+
+def storage_table(rows: list[dict]) -> str:
+    head = f"{'where the shards are':<28} {'wk':>2} {'utt/s':>8} {'MB/s':>8} {'MB':>8}"
+    out = [head, "-" * len(head)]
+    for r in rows:
+        out.append(f"{r['name']:<28} {r['workers']:>2} {r['utt_s']:>8.0f} {r['mb_s']:>8.0f} "
+                   f"{r['bytes'] / 1e6:>8.1f}")
+    out.append("")
+    out.append("ratios to (b) local .tar, utt/s: of the medians [range of the per-round ratios]")
+    for workers in (0, 2):
+        get = {r["name"][:3]: r for r in rows if r["workers"] == workers}
+        out.append(f"workers {workers}: " + ", ".join(
+            f"{k}/(b) {_ratio(get[k], get['(b)'], 'utt/s')}" for k in ("(e)", "(f)", "(g)")))
+    return "\n".join(out)
 
 
 READAHEAD_ENV = "SPEECHPIPE_SHARD_READAHEAD"
@@ -377,18 +493,29 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--root", default=None, help="corpus folder (reused if present)")
     parser.add_argument("--ablation", action="store_true",
                         help="also run (b) with the read-ahead thread off")
+    parser.add_argument("--no-storage", action="store_true",
+                        help="skip (e)-(g): compressed shards and S3 (moto)")
+    parser.add_argument("--storage-only", action="store_true",
+                        help="only (b) beside (e)-(g)")
     args = parser.parse_args(argv)
     if args.tiny:
         with tempfile.TemporaryDirectory() as root:
             rows = run(60, 20, 1, root, ablation=True)
             print(table(rows))
+            if not args.no_storage:
+                print(storage_table(storage_rows(make_corpus(root, 60, 20)[0], root, 60, 1)))
         return
     root = args.root or os.path.join(tempfile.gettempdir(),
                                      f"speechpipe-bench-shards-{args.utterances}")
-    rows = run(args.utterances, args.shard_size, args.runs, root, args.ablation)
-    print(table(rows))
-    print("profile of (b), warm, workers 0 (by own time):")
-    print(profile(make_corpus(root, args.utterances, args.shard_size)[0]))
+    if not args.storage_only:
+        rows = run(args.utterances, args.shard_size, args.runs, root, args.ablation)
+        print(table(rows))
+    paths = make_corpus(root, args.utterances, args.shard_size)[0]
+    if not args.no_storage:
+        print(storage_table(storage_rows(paths, root, args.utterances, args.runs)))
+    if not args.storage_only:
+        print("profile of (b), warm, workers 0 (by own time):")
+        print(profile(paths))
 
 
 if __name__ == "__main__":

@@ -51,6 +51,7 @@ from .pipes import noise  # noqa: E402,F401  (registration: add_noise, reverbera
 from .recipes import (  # noqa: E402
     FrontEnd, eval_pipeline, get_recipe, manifest_path, pipeline_report, train_pipeline,
 )
+from .remote import RemoteOptions  # noqa: E402
 from .stats import corpus_stats  # noqa: E402
 from . import recipes  # noqa: E402,F401
 
@@ -64,8 +65,8 @@ __all__ = [
     "DataError", "Diagnostics", "DistributedStepError", "EpochProgress", "EpochWarning",
     "EqualSteps", "FrontEnd", "IterableWrapper", "Loader", "MissingDataError", "PackOptions",
     "PackReport", "PadCollate", "PaddedArea", "PipeDataset", "PipelineNode", "Quadratic",
-    "ResumeWarning", "SampleCount", "SampleRateError", "SentencePieceTokenizer", "SequenceWrapper",
-    "ShardEntry", "ShardIndex", "ShardReadOptions", "ShardSplit", "ShardWriter",
+    "RemoteOptions", "ResumeWarning", "SampleCount", "SampleRateError", "SentencePieceTokenizer",
+    "SequenceWrapper", "ShardEntry", "ShardIndex", "ShardReadOptions", "ShardSplit", "ShardWriter",
     "SkippedInputWarning", "SpeechpipeError", "StepPlanner", "StepStats", "SumOfLengths",
     "TextNormalizer", "TwoDimensional", "UnevenSplitWarning", "UnsafeInputError",
     "UnsupportedCodecError", "WordTokenizer", "build_loader", "build_tokenizer",

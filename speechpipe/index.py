@@ -12,6 +12,15 @@ one line per shard with its file name, utterance count, byte size, keys and leng
 With it, a streaming epoch can be planned on metadata before any byte is read: its exact
 length, bucket boundaries (:meth:`ShardIndex.boundaries`), a duration-balanced split across
 ranks, an exact resume position.
+
+The index and its shards may live in object storage (``s3://bucket/corpus/index.jsonl``, any
+fsspec URL, read through :mod:`speechpipe.remote`): shard names are then URLs in the same
+folder, and remote shards are planned exactly like local ones.
+
+Compressed shards (``.tar.gz``, ``.tgz``, ``.tar.zst``: :func:`shard_compression`) are read
+sequentially only: :attr:`ShardEntry.mappable` is false for them (no memory-mapped,
+random-access path); their counts, keys and lengths -- and so an exact ``len()`` -- come from
+the index as for plain tar.
 """
 
 from __future__ import annotations
@@ -22,13 +31,30 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from .errors import DataError, MissingDataError
+from .remote import RemoteOptions, is_remote, join_url, read_remote_bytes
 from .sample import estimate_boundaries
 
-__all__ = ["INDEX_NAME", "ShardEntry", "ShardIndex", "index_folders", "length_seconds"]
+__all__ = ["COMPRESSIONS", "INDEX_NAME", "ShardEntry", "ShardIndex", "index_folders",
+           "length_seconds", "shard_compression"]
 
 INDEX_NAME = "index.jsonl"
 _FORMAT = "speechpipe-shard-index"
 _VERSION = 1
+#: Compressed shard suffixes and their compression (read sequentially, never mapped).
+COMPRESSIONS = {".tar.gz": "gz", ".tgz": "gz", ".tar.zst": "zst", ".tzst": "zst"}
+
+
+def shard_compression(name: str) -> str | None:
+    """``"gz"``, ``"zst"`` or ``None`` (plain tar), from a shard's file name.
+
+    >>> shard_compression("s3://b/data-00000.tar.zst"), shard_compression("data-00000.tar")
+    ('zst', None)
+    """
+    lower = name.lower()
+    for suffix, kind in COMPRESSIONS.items():
+        if lower.endswith(suffix):
+            return kind
+    return None
 
 
 @dataclass(frozen=True)
@@ -44,6 +70,11 @@ class ShardEntry:
     @property
     def total_length(self) -> float:
         return float(sum(self.lengths))
+
+    @property
+    def mappable(self) -> bool:
+        """Whether the shard can be memory-mapped (plain tar); a compressed one cannot."""
+        return shard_compression(self.name) is None
 
     def to_json(self) -> str:
         return json.dumps(
@@ -90,11 +121,15 @@ class ShardIndex:
         return sum(s.count for s in self.shards)
 
     def paths(self) -> list[str]:
-        return [os.path.join(self.root, s.name) for s in self.shards]
+        """Each shard's path, or URL when the root or the entry is a URL."""
+        return [s.name if is_remote(s.name)
+                else join_url(self.root, s.name) if is_remote(self.root)
+                else os.path.join(self.root, s.name) for s in self.shards]
 
     def by_path(self) -> dict[str, ShardEntry]:
-        """``{absolute shard path: entry}``."""
-        return {os.path.abspath(p): s for p, s in zip(self.paths(), self.shards)}
+        """``{absolute shard path or URL: entry}``."""
+        return {p if is_remote(p) else os.path.abspath(p): s
+                for p, s in zip(self.paths(), self.shards)}
 
     def lengths(self) -> list[float]:
         return [n for s in self.shards for n in s.lengths]
@@ -114,7 +149,11 @@ class ShardIndex:
         return functools.partial(ShardIndex.boundaries, self, num_buckets)
 
     def write(self, path: str | None = None) -> str:
-        """Write ``index.jsonl`` (atomically: a temporary file renamed) and return its path."""
+        """Write ``index.jsonl`` (atomically: a temporary file renamed) and return its path.
+        A local file only: upload it beside remote shards with the storage's own tools."""
+        if path is None and is_remote(self.root):
+            raise ValueError(f"the index's folder {self.root} is a URL: write it to a local "
+                             "path (write(path)) and upload it beside the shards")
         path = path or os.path.join(self.root, INDEX_NAME)
         tmp = f"{path}.tmp"
         with open(tmp, "w", encoding="utf-8") as f:
@@ -148,29 +187,28 @@ class ShardIndex:
         return problems
 
     @classmethod
-    def read(cls, path: str | os.PathLike) -> "ShardIndex":
-        """Read ``index.jsonl`` (give the file or its folder), or every index of a folder
-        ``pack`` wrote with length groups (one per group folder, :func:`index_folders`; the
-        entries are then named ``<group>/<shard>``).
+    def read(cls, path: str | os.PathLike, *, remote: RemoteOptions | None = None
+             ) -> "ShardIndex":
+        """Read ``index.jsonl`` (give the file or its folder; a folder URL such as
+        ``s3://bucket/corpus`` reads ``s3://bucket/corpus/index.jsonl``), or every index of a
+        local folder ``pack`` wrote with length groups (one per group folder,
+        :func:`index_folders`; the entries are then named ``<group>/<shard>``).
+
+        Args:
+            path: the file or folder, local or a URL.
+            remote: how a URL is read (:class:`~speechpipe.remote.RemoteOptions`).
 
         Raises:
             MissingDataError: no index there.
             DataError: a malformed line, naming the file and line; group folders whose
-                indexes count lengths in different units.
+                indexes count lengths in different units; a URL that could not be read.
         """
         path = os.fspath(path)
-        if os.path.isdir(path):
+        if not is_remote(path) and os.path.isdir(path):
             folders = index_folders(path)
             if len(folders) > 1 or (folders and folders[0] != path):
                 return cls._read_groups(path, folders)
-            path = os.path.join(path, INDEX_NAME)
-        try:
-            with open(path, encoding="utf-8") as f:
-                lines = list(f)
-        except FileNotFoundError as exc:
-            raise MissingDataError(
-                "no shard index here; write one with 'speechpipe pack'", source=path
-            ) from exc
+        lines, path = _index_lines(path, remote)
         if not lines:
             raise DataError("empty shard index", source=path)
         header = _json_line(lines[0], path, 1)
@@ -186,7 +224,9 @@ class ShardIndex:
         rate = header.get("sample_rate")
         if rate is not None and (isinstance(rate, bool) or not isinstance(rate, int) or rate < 1):
             raise DataError(f"sample_rate must be an int >= 1, got {rate!r}", source=path, line=1)
-        return cls(os.path.dirname(os.path.abspath(path)), shards,
+        root = (path.rsplit("/", 1)[0] if is_remote(path)
+                else os.path.dirname(os.path.abspath(path)))
+        return cls(root, shards,
                    str(header.get("length_unit", "frames")),
                    None if audio_format is None else str(audio_format), rate,
                    _rate_counts(header.get("sample_rates"), path))
@@ -201,14 +241,22 @@ class ShardIndex:
         formats = {p.audio_format for p in parts}
         entries = [ShardEntry(os.path.join(os.path.relpath(p.root, root), s.name), s.count,
                               s.bytes, s.keys, s.lengths) for p in parts for s in p.shards]
+        rates = {p.sample_rate for p in parts}
+        counts: dict[int, int] = {}
+        for part in parts:
+            for hz, n in (part.sample_rates or {}).items():
+                counts[hz] = counts.get(hz, 0) + n
         return cls(os.path.abspath(root), entries, units.pop(),
-                   formats.pop() if len(formats) == 1 else None)
+                   formats.pop() if len(formats) == 1 else None,
+                   rates.pop() if len(rates) == 1 else None, dict(sorted(counts.items())) or None)
 
     @classmethod
-    def for_shards(cls, paths: Sequence[str]) -> "ShardIndex":
+    def for_shards(cls, paths: Sequence[str], *, remote: RemoteOptions | None = None
+                   ) -> "ShardIndex":
         """An index of exactly ``paths`` (e.g. a brace pattern's expansion across length
         groups), in their order, read from the ``index.jsonl`` of each folder. Entry names
-        become absolute paths.
+        become absolute paths (URLs stay as they are; their folder's index is read with
+        ``remote``).
 
         Raises:
             DataError: a shard missing from its folder's index.
@@ -218,17 +266,21 @@ class ShardIndex:
         rates: set[int | None] = set()
         entries = []
         for p in paths:
-            folder = os.path.dirname(os.path.abspath(p))
+            if is_remote(p):
+                (folder, base), full = p.rsplit("/", 1), p
+            else:
+                full = os.path.abspath(p)
+                folder, base = os.path.dirname(full), os.path.basename(full)
             if folder not in cache:
-                idx = cls.read(folder)
+                idx = cls.read(folder, remote=remote)
                 units.add(idx.length_unit)
                 rates.add(idx.sample_rate)
                 cache[folder] = {s.name: s for s in idx.shards}
-            entry = cache[folder].get(os.path.basename(p))
+            entry = cache[folder].get(base)
             if entry is None:
                 raise DataError("shard is not in its folder's index (re-run pack?)", source=p)
-            entries.append(ShardEntry(os.path.abspath(p), entry.count, entry.bytes,
-                                      entry.keys, entry.lengths))
+            entries.append(ShardEntry(full, entry.count, entry.bytes, entry.keys,
+                                      entry.lengths))
         if len(units) > 1:
             raise DataError(f"these shard folders count lengths in different units: {units}")
         if len(rates) > 1:
@@ -304,6 +356,31 @@ def index_folders(folder: str | os.PathLike) -> list[str]:
             "no shard index here (nor in a group folder); write one with 'speechpipe pack'",
             source=os.path.join(folder, INDEX_NAME))
     return subfolders
+
+
+def _index_lines(path: str, remote: RemoteOptions | None) -> tuple[list[str], str]:
+    """The lines of the index at ``path`` (a file or folder, local or a URL), and its file."""
+    if is_remote(path):
+        if not path.endswith(".jsonl"):
+            path = join_url(path, INDEX_NAME)
+        try:
+            data = read_remote_bytes(path, remote)
+        except MissingDataError as exc:
+            raise MissingDataError("no shard index here; write one with 'speechpipe pack' "
+                                   "and upload it beside the shards", source=path) from exc
+        try:
+            return data.decode("utf-8").splitlines(keepends=True), path
+        except UnicodeDecodeError as exc:
+            raise DataError(f"not UTF-8 text: {exc.reason}", source=path) from None
+    if os.path.isdir(path):
+        path = os.path.join(path, INDEX_NAME)
+    try:
+        with open(path, encoding="utf-8") as f:
+            return list(f), path
+    except FileNotFoundError as exc:
+        raise MissingDataError(
+            "no shard index here; write one with 'speechpipe pack'", source=path
+        ) from exc
 
 
 def _json_line(line: str, path: str, number: int):

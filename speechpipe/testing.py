@@ -11,22 +11,30 @@
   compare a decoded copy with it (codec round trips).
 - :func:`cut_and_resume`: a loader's uninterrupted run beside a run cut after ``k`` batches
   and resumed from its state in a new loader, to check exact resume.
+- :func:`serve_s3`: a real S3-compatible server (moto's server mode) on 127.0.0.1, with
+  :func:`upload_folder` to fill a bucket and :class:`FaultProxy` in front of it to inject
+  faults (5xx answers, connections dropped mid-body, slow answers). Needs the test extra
+  (``moto[server]``, ``boto3``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import http.client
 import http.server
 import os
 import threading
+import time
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 import numpy as np
 
-__all__ = ["DURATION_PERCENTILES", "MUSAN_FIXTURE", "USABLE_RANGE", "cut_and_resume",
-           "demo_speech", "on_pcm_grid", "sample_durations", "serve_directory", "snr_db",
-           "write_musan", "write_rirs_noises"]
+__all__ = ["DURATION_PERCENTILES", "FaultProxy", "MUSAN_FIXTURE", "S3_TEST_CREDENTIALS",
+           "USABLE_RANGE", "cut_and_resume", "demo_speech", "on_pcm_grid", "sample_durations",
+           "serve_directory", "serve_s3", "snr_db", "upload_folder", "write_musan",
+           "write_rirs_noises"]
 
 #: Published percentile points ``(quantile, seconds)`` of utterance durations. Sources:
 #: icefall's ``display_manifest_statistics.py`` per recipe (train sets measured 3x speed
@@ -306,6 +314,8 @@ def on_pcm_grid(audio: np.ndarray, subtype: str) -> tuple[np.ndarray, np.ndarray
         ints = np.round(audio * (2 ** 23 - 1)).astype(np.int32) << 8
         return ints, ints.astype(np.float32) / 2 ** 31
     return audio, audio
+
+
 def cut_and_resume(make: Callable[[], Any], k: int,
                    summary: Callable[[Any], Any] = lambda batch: batch
                    ) -> tuple[list, list]:
@@ -333,3 +343,200 @@ def cut_and_resume(make: Callable[[], Any], k: int,
     again = make()
     again.load_state_dict(state)
     return uninterrupted, head + [summary(batch) for batch in again]
+# --------------------------------------------------------------------------------------------
+# A local S3 server (moto) and a fault-injecting proxy
+# --------------------------------------------------------------------------------------------
+
+#: Made-up credentials the local S3 server accepts (s3fs's ``key``/``secret``).
+S3_TEST_CREDENTIALS = {"key": "speechpipe-test-key-id", "secret": "speechpipe-test-secret-key"}
+
+
+@contextlib.contextmanager
+def serve_s3() -> Iterator[str]:
+    """Run moto's S3 server on 127.0.0.1 (a free port) and yield its endpoint URL.
+
+    moto keeps its buckets per process: servers started in one process share them, so give
+    each test its own bucket. Storage options for it: ``{"endpoint_url": url,
+    **S3_TEST_CREDENTIALS}``.
+    """
+    import logging
+
+    from moto.server import ThreadedMotoServer
+
+    log = logging.getLogger("werkzeug")  # moto's server logs every request there
+    level = log.level
+    log.setLevel(logging.ERROR)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        yield f"http://{host}:{port}"
+    finally:
+        server.stop()
+        log.setLevel(level)
+
+
+def upload_folder(endpoint_url: str, folder: str, bucket: str, prefix: str = "") -> str:
+    """Upload every file of ``folder`` (not recursive) to ``s3://bucket/prefix/`` on the
+    server at ``endpoint_url`` (the bucket is created if needed); return that folder URL."""
+    import boto3
+
+    client = boto3.client("s3", endpoint_url=endpoint_url, region_name="us-east-1",
+                          aws_access_key_id=S3_TEST_CREDENTIALS["key"],
+                          aws_secret_access_key=S3_TEST_CREDENTIALS["secret"])
+    try:
+        if bucket not in {b["Name"] for b in client.list_buckets().get("Buckets", [])}:
+            client.create_bucket(Bucket=bucket)
+        prefix = prefix.strip("/")
+        for name in sorted(os.listdir(folder)):
+            path = os.path.join(folder, name)
+            if os.path.isfile(path):
+                client.upload_file(path, bucket, f"{prefix}/{name}" if prefix else name)
+    finally:
+        client.close()
+    return f"s3://{bucket}/{prefix}" if prefix else f"s3://{bucket}"
+
+
+@dataclass
+class _Fault:
+    kind: str  # "status", "drop", "short" or "delay"
+    match: str  # a substring of "<path> <Range header>"
+    times: int  # how many requests it applies to (-1: all)
+    value: float  # the status, the body bytes sent, or the seconds
+
+
+class _ProxyHandler(http.server.BaseHTTPRequestHandler):
+    """Forwards each request to the upstream server, applying the proxy's faults."""
+
+    def log_message(self, format, *args):
+        pass
+
+    def handle(self):
+        with contextlib.suppress(ConnectionError, TimeoutError):  # a client that gave up
+            super().handle()
+
+    def _forward(self):
+        proxy: FaultProxy = self.server.proxy
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        fault = proxy._take_fault(self.command, f"{self.path} {self.headers.get('Range')}")
+        proxy.requests.append((self.command, self.path, self.headers.get("Range"),
+                               fault.kind if fault else None))
+        if fault is not None and fault.kind == "delay":
+            time.sleep(fault.value)
+        if fault is not None and fault.kind == "status":
+            self.send_response(int(fault.value))
+            code = {500: "InternalError", 503: "ServiceUnavailable"}.get(int(fault.value),
+                                                                         "Injected")
+            payload = (f"<?xml version='1.0' encoding='UTF-8'?><Error><Code>{code}</Code>"
+                       "<Message>injected fault</Message></Error>").encode()
+            self.send_header("Content-Type", "application/xml")
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+            return
+        upstream = http.client.HTTPConnection(proxy.upstream_host, proxy.upstream_port,
+                                              timeout=60)
+        try:
+            headers = {k: v for k, v in self.headers.items() if k.lower() != "connection"}
+            upstream.request(self.command, self.path, body=body or None, headers=headers)
+            response = upstream.getresponse()
+            data = response.read()
+            self.send_response(response.status)
+            if fault is not None and fault.kind == "short":
+                data = data[: int(fault.value)]  # a short body that says it is complete
+            length = (response.getheader("Content-Length", "0") if self.command == "HEAD"
+                      else str(len(data)))
+            for key, value in response.getheaders():
+                if key.lower() not in ("connection", "transfer-encoding", "content-length",
+                                       "content-range", "server", "date"):
+                    self.send_header(key, value)
+            self.send_header("Content-Length", length)
+            self.end_headers()
+            if fault is not None and fault.kind == "drop":
+                self.wfile.write(data[: int(fault.value)])  # then hang up mid-body
+                self.wfile.flush()
+                self.close_connection = True
+                return
+            if self.command != "HEAD":
+                self.wfile.write(data)
+        finally:
+            upstream.close()
+
+    do_GET = do_HEAD = do_PUT = do_POST = do_DELETE = _forward
+
+
+class FaultProxy:
+    """An HTTP proxy on 127.0.0.1 in front of ``upstream`` (e.g. :func:`serve_s3`'s URL) that
+    injects faults into the requests whose path contains ``match`` (object ``GET`` requests
+    only; ``HEAD`` and listings pass; ``match`` is looked for in ``"<path> <Range header>"``,
+    e.g. ``"data-00001.tar bytes=65536-"``). Use as a context manager; :attr:`url` is the
+    endpoint to give clients; :attr:`requests` records ``(method, path, Range, fault)``.
+
+    - :meth:`fail`: answer ``status`` (e.g. 503, S3's ``ServiceUnavailable``) instead of
+      forwarding;
+    - :meth:`drop`: forward, announce the full ``Content-Length``, send ``after`` bytes of the
+      body and hang up;
+    - :meth:`short`: forward only the first ``size`` bytes of the body, as if complete;
+    - :meth:`delay`: wait ``seconds`` before forwarding.
+
+    ``times`` requests get the fault (``-1``: every one until :meth:`clear`).
+    """
+
+    def __init__(self, upstream: str) -> None:
+        host_port = upstream.split("://", 1)[-1].rstrip("/")
+        host, _, port = host_port.partition(":")
+        self.upstream_host, self.upstream_port = host, int(port or 80)
+        self.requests: list[tuple[str, str, str | None, str | None]] = []
+        self._faults: list[_Fault] = []
+        self._lock = threading.Lock()
+        self._server: http.server.ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+        self.url = ""
+
+    def fail(self, status: int = 503, *, match: str = "", times: int = 1) -> "FaultProxy":
+        return self._add(_Fault("status", match, times, status))
+
+    def drop(self, after: int, *, match: str = "", times: int = 1) -> "FaultProxy":
+        return self._add(_Fault("drop", match, times, after))
+
+    def short(self, size: int, *, match: str = "", times: int = 1) -> "FaultProxy":
+        return self._add(_Fault("short", match, times, size))
+
+    def delay(self, seconds: float, *, match: str = "", times: int = 1) -> "FaultProxy":
+        return self._add(_Fault("delay", match, times, seconds))
+
+    def clear(self) -> None:
+        with self._lock:
+            self._faults.clear()
+            self.requests.clear()
+
+    def _add(self, fault: _Fault) -> "FaultProxy":
+        with self._lock:
+            self._faults.append(fault)
+        return self
+
+    def _take_fault(self, method: str, request: str) -> _Fault | None:
+        path = request.split(" ", 1)[0]
+        if method != "GET" or "list-type=" in path or path.rstrip("/").count("/") < 2:
+            return None
+        with self._lock:
+            for fault in self._faults:
+                if fault.times != 0 and fault.match in request:
+                    fault.times -= fault.times > 0
+                    return fault
+        return None
+
+    def __enter__(self) -> "FaultProxy":
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _ProxyHandler)
+        server.daemon_threads = True
+        server.proxy = self
+        self._server = server
+        self._thread = threading.Thread(target=server.serve_forever, daemon=True)
+        self._thread.start()
+        self.url = f"http://127.0.0.1:{server.server_address[1]}"
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join()

@@ -19,9 +19,9 @@ import speechpipe
 ROOT = pathlib.Path(speechpipe.__file__).parent
 
 FLOORS = [
-    ("base", ["errors", "sample", "seeding", "diagnostics", "index", "progress", "transfer",
-              "testing",
-              "pipes._base", "pipes._state", "pipes._graph", "pipes._restore"]),
+    ("base", ["errors", "sample", "seeding", "diagnostics", "remote", "index", "progress",
+              "transfer", "testing", "pipes._base", "pipes._state", "pipes._graph",
+              "pipes._restore"]),
     ("sources", ["pipes.sources", "pipes._tar", "pipes._mmap", "pipes._readahead",
                  "pipes.shards", "pipes.manifests"]),
     ("parse/decode", ["pipes.codecs", "pipes.decode", "pipes.lhotse_io", "pipes.hf_datasets",

@@ -185,6 +185,14 @@ def test_noise_block_mixes_noise_and_reverberates_in_the_train_builder(readme_ru
     manifest = OUT / "manifests" / "musan_samples_noise.jsonl.gz"
     with gzip.open(manifest, "rt", encoding="utf-8") as f:
         assert len(f.readlines()) == 3
+def test_remote_block_reads_compressed_shards_and_their_index_from_a_bucket(readme_run):
+    # issue 22: .tar.zst shards and their index through fsspec (a memory:// "bucket")
+    assert readme_run.count("36 36") == 2  # this block's line and the shard block's
+    names = sorted(p.name for p in (OUT / "shards_zst").iterdir())
+    assert names[-1] == "index.jsonl" and all(n.endswith(".tar.zst") for n in names[:-1])
+    index = [json.loads(line) for line in
+             (OUT / "shards_zst" / "index.jsonl").read_text().splitlines()][1:]
+    assert sum(e["count"] for e in index) == 36
 
 
 def test_shard_block_packs_every_utterance_and_reads_them_back(readme_run):

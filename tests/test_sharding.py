@@ -670,8 +670,11 @@ def test_an_index_matches_remote_shards_by_their_path(uneven_shards):
         urls = [f"{base}/{os.path.basename(p)}" for p in uneven_shards]
         pipe = IterableWrapper(urls).sharded_shuffle(index=index)
         assert len(pipe) == len(keys_of(pipe)) == 21
-        with pytest.raises(ValueError, match="index=True reads the index.jsonl beside local"):
-            len(IterableWrapper(urls).sharded_shuffle(index=True))
+        # index=True reads the index.jsonl served beside them (issue 22)
+        assert len(IterableWrapper(urls).sharded_shuffle(index=True)) == 21
+        with pytest.raises(ValueError, match="index=True reads the index.jsonl beside the"):
+            len(IterableWrapper(["pipe:cat x.tar"]).sharded_shuffle(index=True,
+                                                                     allow_pipes=True))
 
 
 def test_epoch_plan_lists_this_process_shards_with_counts_and_bytes(uneven_shards):

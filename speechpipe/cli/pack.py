@@ -10,6 +10,7 @@ from typing import Any
 from ..errors import MissingDataError, SpeechpipeError
 from ..pack import (
     AUDIO_FORMATS,
+    COMPRESS,
     KINDS,
     LENGTH_UNITS,
     ON_MISMATCH,
@@ -87,6 +88,9 @@ def add_command(subparsers: Any) -> argparse.ArgumentParser:
                         help="lossless (default: 16-bit sources as FLAC, finer ones as float "
                         "WAV) or flac16 (every utterance as 16-bit FLAC: decoded Opus/MP3 "
                         "rounded to 16 bits, 1/4 the size)")
+    output.add_argument("--compress", choices=COMPRESS, default=None,
+                        help="compress each shard (data-%%05d.tar.gz or .tar.zst): smaller, "
+                        "read sequentially only (default: plain tar)")
     output.add_argument("--utts-per-shard", type=int, default=UTTS_PER_SHARD, metavar="N",
                         help=f"utterances per shard (default: {UTTS_PER_SHARD})")
     run = parser.add_argument_group("run")
@@ -119,7 +123,7 @@ def run_command(args: argparse.Namespace) -> int:
             on_mismatch=args.on_mismatch, num_workers=args.workers,
             progress=not args.no_progress, length_unit=args.length_unit,
             audio_format=args.audio_format, force=args.force, allow_commands=args.allow_commands,
-            empty_text=args.empty_text,
+            empty_text=args.empty_text, compress=args.compress,
         )
     except MissingDataError as exc:
         print(f"speechpipe pack: error: {exc}\n  check the path, then run the same command "

@@ -36,13 +36,14 @@ from __future__ import annotations
 
 from .inputs import KINDS, MANIFEST_AUDIO_FIELDS, MANIFEST_TEXT_FIELDS
 from .lengths import LENGTH_UNITS, LengthGroup, parse_length_groups
-from .options import ON_MISMATCH, UTTS_PER_SHARD, PackOptions
+from .options import COMPRESS, ON_MISMATCH, UTTS_PER_SHARD, PackOptions
 from .report import PackReport
 from .run import pack_data
 from .write import AUDIO_FORMATS
 
 __all__ = [
     "AUDIO_FORMATS",
+    "COMPRESS",
     "KINDS",
     "LENGTH_UNITS",
     "LengthGroup",

@@ -7,17 +7,20 @@ import re
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from ..index import COMPRESSIONS, shard_compression
 from ..recipes import EMPTY_TEXT
 from .inputs import KINDS
 from .lengths import LENGTH_UNITS, LengthGroup, parse_length_groups
 from .write import AUDIO_FORMATS
 
-__all__ = ["ON_MISMATCH", "PackOptions", "UTTS_PER_SHARD"]
+__all__ = ["COMPRESS", "ON_MISMATCH", "PackOptions", "UTTS_PER_SHARD"]
 
 #: Utterances per shard unless told otherwise (CAT's ``UTTS_PER_FILE``).
 UTTS_PER_SHARD = 2000
 #: Values of ``on_mismatch=``: keys with data but no label, or a label but no data.
 ON_MISMATCH = ("error", "skip")
+#: Values of ``compress=``: gzip (``.tar.gz``) or zstd (``.tar.zst``) shards.
+COMPRESS = ("gz", "zst")
 
 
 @dataclass(frozen=True)
@@ -25,7 +28,9 @@ class PackOptions:
     """How :func:`~speechpipe.pack.pack_data` packs: every setting besides the files to read and
     the output folder, checked when built (with the errors ``pack_data`` raises for its keyword
     arguments). Each field is the keyword argument of the same name, described there;
-    ``filter_group``, when a list, is kept as a tuple.
+    ``filter_group``, when a list, is kept as a tuple. With ``compress``, ``fmt`` gets the
+    compressed suffix (``data-%05d.tar`` becomes ``data-%05d.tar.zst``); an ``fmt`` with one
+    sets ``compress``.
 
     Pass one as ``pack_data(..., options=...)`` to reuse or vary a set of settings
     (:func:`dataclasses.replace`).
@@ -33,6 +38,8 @@ class PackOptions:
     >>> options = PackOptions(filter_group=["500:800", "10:500"], utts_per_shard=1000)
     >>> options.filter_group, [g.name for g in options.groups]
     (('500:800', '10:500'), ['10_500', '500_800'])
+    >>> PackOptions(compress="zst").fmt
+    'data-%05d.tar.zst'
     >>> PackOptions(utts_per_shard=0)
     Traceback (most recent call last):
     ...
@@ -51,9 +58,11 @@ class PackOptions:
     force: bool = False
     allow_commands: bool = False
     empty_text: str = "error"
+    compress: str | None = None
 
     def __post_init__(self) -> None:
         _check_fmt(self.fmt)
+        _check_compress(self)
         if self.filter_group is not None and not isinstance(self.filter_group, (str, tuple)):
             object.__setattr__(self, "filter_group", tuple(self.filter_group))
         parse_length_groups(self.filter_group)
@@ -100,6 +109,26 @@ def _check_fmt(fmt: str) -> re.Pattern:
                          f"'data-%05d.tar', got {fmt!r}")
     parts = re.split(r"%[-#0 +]*\d*[diu]", fmt.replace("%%", "\0"))
     return re.compile(r"\d+".join(re.escape(p.replace("\0", "%")) for p in parts))
+
+
+def _check_compress(options: PackOptions) -> None:
+    """Make ``fmt`` and ``compress`` agree (see :class:`PackOptions`)."""
+    if options.compress is not None and options.compress not in COMPRESS:
+        raise ValueError(f"compress must be one of {COMPRESS} or None, "
+                         f"got {options.compress!r}")
+    named = shard_compression(options.fmt)
+    if options.compress is None:
+        object.__setattr__(options, "compress", named)
+    elif named is None:
+        if not options.fmt.endswith(".tar"):
+            raise ValueError(f"compress={options.compress!r} needs an fmt ending in .tar, "
+                             f"got {options.fmt!r}")
+        suffix = next(s for s, kind in COMPRESSIONS.items()
+                      if kind == options.compress and s.startswith(".tar"))
+        object.__setattr__(options, "fmt", options.fmt[:-4] + suffix)
+    elif named != options.compress:
+        raise ValueError(f"fmt {options.fmt!r} names {named} shards but compress is "
+                         f"{options.compress!r}")
 
 
 def _check_positive_int(value: Any, name: str) -> int:

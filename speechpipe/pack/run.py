@@ -60,6 +60,7 @@ def pack_data(
     force: bool = _Default("force"),
     allow_commands: bool = _Default("allow_commands"),
     empty_text: str = _Default("empty_text"),
+    compress: str | None = _Default("compress"),
     options: PackOptions | None = None,
 ) -> PackReport:
     """Pack Kaldi tables (or manifests) and their labels into tar shards with an index.
@@ -93,7 +94,7 @@ def pack_data(
     Everything else is rewritten. Content is not compared: after changing the data of
     existing keys, pack into a fresh folder.
 
-    The settings (``fmt`` to ``empty_text``) are passed as keyword arguments or together as
+    The settings (``fmt`` to ``compress``) are passed as keyword arguments or together as
     ``options=PackOptions(...)`` (:class:`~speechpipe.pack.PackOptions`), not both.
 
     Args:
@@ -143,7 +144,10 @@ def pack_data(
             first value is a command is then taken as audio (else pass ``kind``).
         empty_text: labels that are empty (or only spaces): ``"error"`` (default, as in
             ``prepare``), ``"skip"`` (not packed) or ``"keep"``; counted in the report.
-        options: all the settings above (``fmt`` to ``empty_text``) in one
+        compress: ``None`` (plain tar), ``"gz"`` or ``"zst"``: shards compressed as they are
+            written, named ``*.tar.gz``/``*.tar.zst``; read sequentially, never mapped
+            (smaller to store and send, slower to read: benchmarks/README.md).
+        options: all the settings above (``fmt`` to ``compress``) in one
             :class:`~speechpipe.pack.PackOptions`, instead of the keyword arguments.
 
     Returns:
@@ -184,7 +188,8 @@ def pack_data(
                         utts_per_shard=utts_per_shard, kind=kind, on_mismatch=on_mismatch,
                         num_workers=num_workers, progress=progress, length_unit=length_unit,
                         audio_format=audio_format, force=force,
-                        allow_commands=allow_commands, empty_text=empty_text)
+                        allow_commands=allow_commands, empty_text=empty_text,
+                        compress=compress)
     others = _other_packs(out_dir, options)
     if not options.force:
         _refuse_or_clean(others, out_dir, options)  # refuses, before anything is read

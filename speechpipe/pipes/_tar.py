@@ -142,8 +142,8 @@ def _check_not_compressed(header: bytes, offset: int, source: str | None) -> Non
     """Name the problem when a shard that is not a tar starts like a compressed file."""
     if offset == 0 and header.startswith(_COMPRESSED):
         raise DataError(
-            "the shard is compressed (gzip, bzip2, xz or zstd); read_shards reads uncompressed "
-            "tar",
+            "the shard is compressed (gzip, bzip2, xz or zstd) but not named so: name it "
+            ".tar.gz or .tar.zst to have it decompressed as it is read, else repack it",
             source=source,
         )
 

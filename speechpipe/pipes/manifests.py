@@ -30,9 +30,10 @@ import numpy as np
 
 from ..diagnostics import Diagnostics, check_on_error
 from ..errors import DataError, MissingDataError
+from ..remote import RemoteOptions, is_remote
 from ..sample import DURATION, KEY, NUM_FRAMES, SOURCE, Sample
 from ._base import IterDataPipe, functional_datapipe
-from .sources import check_path_stream, iter_text_lines
+from .sources import check_path_stream, iter_text_lines, open_stream
 
 __all__ = [
     "FORMATS",
@@ -373,9 +374,12 @@ ManifestParser = ManifestParserIterDataPipe
 
 
 def read_manifest(
-    path: str | os.PathLike, format: str = "auto", *, key_column: str | None = None
+    path: str | os.PathLike, format: str = "auto", *, key_column: str | None = None,
+    remote: RemoteOptions | None = None,
 ) -> Iterator[Sample]:
-    """Read the samples of one local manifest file (``.jsonl``, ``.tsv``, optionally ``.gz``).
+    """Read the samples of one manifest file (``.jsonl``, ``.tsv``, optionally ``.gz``), local
+    or at an object-storage URL (``s3://...``, read with ``remote``:
+    :class:`~speechpipe.remote.RemoteOptions`).
 
     The same parser as ``parse_manifest``, for scripts and recipes; bad lines raise
     :class:`~speechpipe.errors.DataError`, an absent file
@@ -391,12 +395,13 @@ def read_manifest(
     """
     if format not in FORMATS:
         raise ValueError(f"format must be one of {FORMATS}, got {format!r}")
-    return _read_manifest(os.fspath(path), format, key_column)
+    return _read_manifest(os.fspath(path), format, key_column, remote)
 
 
-def _read_manifest(path: str, format: str, key_column: str | None) -> Iterator[Sample]:
+def _read_manifest(path: str, format: str, key_column: str | None,
+                   remote: RemoteOptions | None) -> Iterator[Sample]:
     try:
-        stream = open(path, "rb")
+        stream = open_stream(path, remote=remote) if is_remote(path) else open(path, "rb")
     except FileNotFoundError as exc:
         raise MissingDataError("no such manifest", source=path) from exc
     with stream:

@@ -9,11 +9,13 @@ name. Shards written here are read by ``read_shards``/``sharded_shuffle`` and by
 
 from __future__ import annotations
 
+import gzip
 import io
 import os
 import tarfile
 from typing import Any, BinaryIO, Iterable, Mapping
 
+from ..index import shard_compression
 from ..sample import KEY, SAMPLE_RATE, SOURCE
 from ._tar import BLOCK
 from .decode import encode_field
@@ -53,6 +55,20 @@ def _encode_sample(sample: Mapping[str, Any]) -> tuple[str, list[tuple[str, byte
     return key, members
 
 
+def _compressor(file: BinaryIO, compression: str | None) -> Any:
+    """A writer compressing into ``file`` (left open when it is closed), or ``None``."""
+    if compression is None:
+        return None
+    if compression == "gz":
+        return gzip.GzipFile(fileobj=file, mode="wb", mtime=0)
+    try:
+        import zstandard
+    except ImportError as exc:
+        raise ImportError("writing .tar.zst shards needs zstandard: "
+                          "pip install 'speechpipe[zstd]'") from exc
+    return zstandard.ZstdCompressor(level=3).stream_writer(file, closefd=False)
+
+
 class ShardWriter:
     """Write samples to tar shards, rolling over to a new shard every ``maxcount`` samples.
 
@@ -69,6 +85,10 @@ class ShardWriter:
     the ``with`` block raises, the shard being written is deleted (shards already completed
     stay); a killed process leaves at most a ``.tmp`` file, never a partial shard under its
     final name. A shard is opened at the first sample it receives.
+
+    A shard named ``*.tar.gz``/``*.tgz`` is gzip-compressed (mtime 0: the same bytes each
+    time), ``*.tar.zst``/``*.tzst`` zstd-compressed (``pip install 'speechpipe[zstd]'``), as
+    it is written; ``maxsize`` counts the uncompressed bytes.
 
     Args:
         pattern: the shard's path, or with ``maxcount``/``maxsize`` a ``%``-pattern such as
@@ -126,6 +146,7 @@ class ShardWriter:
         self._path: str | None = None
         self._file: BinaryIO | None = None
         self._tar: tarfile.TarFile | None = None
+        self._compressor: Any = None  # gzip or zstd writer between the tar and the file
         self._count = 0
         self._size = 0
         self._last_key: str | None = None
@@ -137,7 +158,9 @@ class ShardWriter:
         self._shard += 1
         self._file = open(path + ".tmp", "wb")
         try:
-            self._tar = tarfile.open(fileobj=self._file, mode="w", format=tarfile.PAX_FORMAT)
+            self._compressor = _compressor(self._file, shard_compression(path))
+            self._tar = tarfile.open(fileobj=self._compressor or self._file, mode="w",
+                                     format=tarfile.PAX_FORMAT)
         except BaseException:
             self._file.close()
             os.remove(path + ".tmp")
@@ -150,10 +173,12 @@ class ShardWriter:
     def _finish(self) -> None:
         if self._tar is None:
             return
-        tar, file, path = self._tar, self._file, self._path
-        self._tar = self._file = self._path = None
+        tar, file, path, compressor = self._tar, self._file, self._path, self._compressor
+        self._tar = self._file = self._path = self._compressor = None
         try:
             tar.close()
+            if compressor is not None:
+                compressor.close()  # writes the compressed stream's end
         finally:
             file.close()
         os.replace(path + ".tmp", path)
@@ -164,7 +189,7 @@ class ShardWriter:
         if self._tar is None:
             return
         file, path = self._file, self._path
-        self._tar = self._file = self._path = None
+        self._tar = self._file = self._path = self._compressor = None
         file.close()
         if os.path.exists(path + ".tmp"):
             os.remove(path + ".tmp")

@@ -123,7 +123,8 @@ def read_shard(
     """
     if format not in FORMATS:
         raise ValueError(f"format must be one of {FORMATS}, got {format!r}")
-    stream = open_stream(name, allow_pipes=allow_pipes, timeout=timeout)
+    remote = read_options.remote if read_options is not None else None
+    stream = open_stream(name, allow_pipes=allow_pipes, timeout=timeout, remote=remote)
     try:
         if format == "tar":
             yield from group_by_key(
@@ -282,6 +283,8 @@ def _index_entries(names: Iterable[str], index: ShardIndex) -> dict[str, ShardEn
             continue
         if not is_url(name):
             entry = by_path.get(os.path.abspath(name))
+        elif name in by_path:
+            entry = by_path[name]
         else:
             parts = _path_parts(name)
             scored = sorted(((_common_tail(parts, p), e) for p, e in
@@ -312,9 +315,9 @@ def _index_entries(names: Iterable[str], index: ShardIndex) -> dict[str, ShardEn
 class ShardedShufflerIterDataPipe(Seeded, SampleSource, IterDataPipe[Sample]):
     """Read shards in shuffled order, then shuffle samples (functional name: ``sharded_shuffle``).
 
-    Consumes shard names -- paths, ``http(s)://`` URLs or (opt-in) ``pipe:`` commands, e.g.
-    from ``list_shards`` or :func:`kaldi_arks`, or a folder ``pack`` wrote (its index's
-    shards, every length group's) -- and yields samples:
+    Consumes shard names -- paths, ``http(s)://`` or object-storage (``s3://``...) URLs or
+    (opt-in) ``pipe:`` commands, e.g. from ``list_shards`` or :func:`kaldi_arks`, or a folder
+    ``pack`` wrote (its index's shards, every length group's) -- and yields samples:
 
     - ``format="tar"``: raw samples ``{"key", "source", "<field>": bytes, ...}`` (webdataset
       naming, as ``read_shards``; array and audio fields of 64 KiB or more of local shards are
@@ -363,8 +366,9 @@ class ShardedShufflerIterDataPipe(Seeded, SampleSource, IterDataPipe[Sample]):
         format: ``"tar"`` or ``"ark"``.
         seed: base seed of both shuffles.
         index: ``None``; ``True`` to read the ``index.jsonl`` beside the shards
-            (:meth:`ShardIndex.for_shards <speechpipe.index.ShardIndex.for_shards>`, local
-            shards only), lazily at the first ``len()``/pass and then kept; or a
+            (:meth:`ShardIndex.for_shards <speechpipe.index.ShardIndex.for_shards>`; local
+            folders, or object-storage ones such as ``s3://bucket/corpus/index.jsonl``, read
+            with ``read_options.remote``), lazily at the first ``len()``/pass and then kept; or a
             :class:`~speechpipe.index.ShardIndex` (for URLs: an entry matches the URL sharing
             the longest tail of path components).
         allow_pipes: allow ``pipe:`` names (shell commands whose stdout is the shard).
@@ -375,7 +379,8 @@ class ShardedShufflerIterDataPipe(Seeded, SampleSource, IterDataPipe[Sample]):
             :class:`~speechpipe.errors.DataError` (or ``MissingDataError``) naming it;
             ``"skip"``: the rest of that shard is skipped -- samples already read from it
             stay -- and counted in :attr:`diagnostics`, with a warning at the end of the pass.
-        read_options: how local tar shards are read: mapped and read ahead or not
+        read_options: how tar shards are read: local ones mapped and read ahead or not,
+            object-storage ones with ``read_options.remote``
             (:class:`~speechpipe.pipes.shards.ShardReadOptions`; ``None``: its defaults;
             ``ShardReadOptions(mmap=False)`` on storage that reports read errors, see
             :mod:`speechpipe.pipes.shards`).
@@ -475,18 +480,19 @@ class ShardedShufflerIterDataPipe(Seeded, SampleSource, IterDataPipe[Sample]):
             return None
         if isinstance(self.index, ShardIndex):
             return _index_entries(names, self.index)
-        urls = [n for n in names if is_url(n) or n.startswith("pipe:")]
-        if urls:
+        commands = [n for n in names if n.startswith("pipe:")]
+        if commands:
             raise ValueError(
-                f"index=True reads the index.jsonl beside local shards, but {urls[0]!r} is not "
-                "local; pass index=ShardIndex.read(<a local copy of its folder's index>)"
+                f"index=True reads the index.jsonl beside the shards, but {commands[0]!r} is a "
+                "command; pass index=ShardIndex.read(<the index of its shards>)"
             )
         if self._loaded_index is not None:
             try:
                 return _index_entries(names, self._loaded_index)
             except DataError:
                 pass  # the shard list grew: read the folders' indexes again
-        self._loaded_index = ShardIndex.for_shards(sorted(set(names)))
+        remote = self.read_options.remote if self.read_options is not None else None
+        self._loaded_index = ShardIndex.for_shards(sorted(set(names)), remote=remote)
         return _index_entries(names, self._loaded_index)
 
     # -- public API

@@ -43,11 +43,11 @@ that finishes a shard lets its thread finish too (the views it handed out are st
 read), one stopped early stops it. Smaller shards, other systems and
 ``ShardReadOptions(readahead=False)`` ask the kernel for read-ahead
 (``madvise(MADV_WILLNEED)``) as the reader walks the file.
-Remote (``http(s)://``) and ``pipe:`` streams, compressed file objects, ``BytesIO`` and
-anything else are read with ``read`` as before, payloads as ``bytes``. Every check is the
-same on both paths: header checksums, the end-of-archive marker, each member's extent checked
-against the mapped size before any of it is touched, so a truncated shard raises
-:class:`~speechpipe.errors.DataError` naming the shard and the member.
+Remote (``http(s)://``, ``s3://``...) and ``pipe:`` streams, compressed file objects,
+``BytesIO`` and anything else are read with ``read`` as before, payloads as ``bytes``. Every
+check is the same on both paths: header checksums, the end-of-archive marker, each member's
+extent checked against the mapped size before any of it is touched, so a truncated shard
+raises :class:`~speechpipe.errors.DataError` naming the shard and the member.
 
 A view keeps the mapping alive after the stream is closed (before Python 3.13 the mapping
 also holds a duplicate file descriptor); a shard is unmapped with its last view -- after
@@ -71,16 +71,28 @@ Both settings are :class:`ShardReadOptions`; their defaults can be overridden fo
 process (DataLoader workers included) by the environment variables ``SPEECHPIPE_SHARD_MMAP=0``
 (mapping off) and ``SPEECHPIPE_SHARD_READAHEAD=0`` (read-ahead thread off). Measurements:
 benchmarks/README.md, "Shard reading".
+
+Compressed shards
+-----------------
+
+A shard whose name ends in ``.tar.gz``/``.tgz`` (gzip) or ``.tar.zst``/``.tzst`` (zstd,
+``pip install 'speechpipe[zstd]'``) is decompressed as it is read, sequentially, never mapped;
+a truncated or corrupt compressed stream raises :class:`~speechpipe.errors.DataError` naming
+the shard. ``pack --compress gz|zst`` writes them.
 """
 
 from __future__ import annotations
 
+import gzip
 import os
+import zlib
 from dataclasses import dataclass
 from typing import Any, BinaryIO, Iterable, Iterator
 
 from ..diagnostics import Diagnostics, check_on_error
 from ..errors import DataError
+from ..index import shard_compression
+from ..remote import RemoteOptions
 from ..sample import KEY, SOURCE, Sample
 from ._base import IterDataPipe, functional_datapipe
 from ._mmap import NETWORK_FILE_SYSTEMS, MappedFile
@@ -130,12 +142,15 @@ class ShardReadOptions:
             (Linux). ``None`` (default): yes, unless the environment variable
             ``SPEECHPIPE_SHARD_READAHEAD`` is ``0``; ``True``: yes; ``False``: no, the kernel
             is asked for read-ahead (``madvise``) as the reader goes.
+        remote: how object-storage shards (``s3://``...) are read
+            (:class:`~speechpipe.remote.RemoteOptions`: ``storage_options``, retries, block
+            size, timeout); ``None``: its defaults.
 
     The environment variables (``0``, ``false``, ``no`` or ``off``) only change the ``None``
     defaults; they are read when a shard is opened, so DataLoader workers see their parent's.
 
     >>> ShardReadOptions(mmap=False)
-    ShardReadOptions(mmap=False, readahead=None)
+    ShardReadOptions(mmap=False, readahead=None, remote=None)
     >>> ShardReadOptions(readahead="no")
     Traceback (most recent call last):
     ...
@@ -144,12 +159,15 @@ class ShardReadOptions:
 
     mmap: bool | None = None
     readahead: bool | None = None
+    remote: RemoteOptions | None = None
 
     def __post_init__(self) -> None:
         for name in ("mmap", "readahead"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, bool):
                 raise TypeError(f"{name} must be True, False or None, got {value!r}")
+        if self.remote is not None and not isinstance(self.remote, RemoteOptions):
+            raise TypeError(f"remote must be a RemoteOptions or None, got {self.remote!r}")
 
 
 _DEFAULT_OPTIONS = ShardReadOptions()
@@ -234,7 +252,12 @@ def iter_tar_members(
     ...
     speechpipe.errors.DataError: mem.tar: truncated shard: it ends after member 'utt1.txt' ...
     """
-    mapped = _open_mapped(stream, _check_read_options(read_options))
+    options = _check_read_options(read_options)
+    compression = shard_compression(source or "")
+    if compression is not None:
+        yield from _iter_compressed(stream, compression, source)
+        return
+    mapped = _open_mapped(stream, options)
     if mapped is None:
         yield from iter_members(StreamReader(stream.read, source))
         return
@@ -247,6 +270,83 @@ def iter_tar_members(
             mapped.file.seek(mapped.pos)
     finally:
         mapped.release(finished)
+
+
+class _ZstdReader:
+    """``read(n)`` of a zstd stream (one or more frames); input that ends inside a frame is
+    an ``EOFError`` (zstandard's own stream reader ends quietly there)."""
+
+    _CHUNK = 1 << 20
+
+    def __init__(self, stream: BinaryIO, zstandard: Any) -> None:
+        self._stream, self._zstd = stream, zstandard
+        self._dobj = zstandard.ZstdDecompressor().decompressobj()
+        self._buf, self._pos = b"", 0  # decompressed, not yet read from _pos on
+        self._seen = False  # any input at all
+
+    def read(self, n: int) -> bytes:
+        parts = []
+        while n > 0:
+            if self._pos >= len(self._buf) and not self._fill():
+                break
+            part = self._buf[self._pos:self._pos + n]
+            self._pos += len(part)
+            n -= len(part)
+            parts.append(part)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def _fill(self) -> bool:
+        """Decompress the next input chunk into ``_buf``; False at the end of the input."""
+        while True:
+            chunk = self._stream.read(self._CHUNK)
+            if not chunk:
+                if self._seen and not self._dobj.eof:
+                    raise EOFError("the zstd stream ends inside a frame")
+                return False
+            self._seen, out = True, []
+            while chunk:
+                if self._dobj.eof:  # the next frame
+                    self._dobj = self._zstd.ZstdDecompressor().decompressobj()
+                out.append(self._dobj.decompress(chunk))
+                chunk = self._dobj.unused_data if self._dobj.eof else b""
+            self._buf, self._pos = b"".join(out), 0
+            if self._buf:
+                return True
+
+    def close(self) -> None:
+        self._buf, self._pos = b"", 0
+
+
+def _decompressor(stream: BinaryIO, compression: str) -> tuple[Any, tuple]:
+    """A reader of ``stream`` decompressed, and the errors its reads raise on bad input."""
+    if compression == "gz":
+        return gzip.GzipFile(fileobj=stream, mode="rb"), (EOFError, OSError, zlib.error)
+    try:
+        import zstandard
+    except ImportError as exc:
+        raise ImportError("reading .tar.zst shards needs zstandard: "
+                          "pip install 'speechpipe[zstd]'") from exc
+    return _ZstdReader(stream, zstandard), (EOFError, zstandard.ZstdError, OSError)
+
+
+def _iter_compressed(stream: BinaryIO, compression: str,
+                     source: str | None) -> Iterator[tuple[str, bytes]]:
+    """The members of a compressed shard, read through its decompressor (never mapped)."""
+    reader, errors = _decompressor(stream, compression)
+
+    def read(n: int) -> bytes:
+        try:
+            return reader.read(n)
+        except DataError:
+            raise
+        except errors as exc:
+            raise DataError(f"truncated or corrupt {compression} stream: {exc}",
+                            source=source) from exc
+
+    try:
+        yield from iter_members(StreamReader(read, source))
+    finally:
+        reader.close()
 
 
 # --------------------------------------------------------------------------------------------

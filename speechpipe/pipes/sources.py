@@ -5,9 +5,11 @@ Verbs:
 - ``list_shards`` (:class:`ShardListerIterDataPipe`): brace and glob patterns such as
   ``data/{10_1000,1000_2000}/data-*.tar`` or ``data/10_1000/data-0000{0..9}.tar`` to a sorted
   list of paths or URLs (:func:`expand_patterns` is the plain function).
-- ``open`` (:class:`StreamOpenerIterDataPipe`): paths, ``http(s)://`` URLs and, only when the
-  caller opts in, ``pipe:`` shell commands to ``(name, binary stream)`` pairs, the element
-  shape that torch's ``open_files`` yields, so every parser accepts either.
+- ``open`` (:class:`StreamOpenerIterDataPipe`): paths, ``http(s)://`` URLs, object-storage
+  URLs of any installed fsspec protocol (``s3://``, ``gs://``, ``az://``, ``hf://``...; read
+  in retried, resumable range requests, :mod:`speechpipe.remote`) and, only when the caller
+  opts in, ``pipe:`` shell commands to ``(name, binary stream)`` pairs, the element shape that
+  torch's ``open_files`` yields, so every parser accepts either.
 
 Reading what was opened, for the line-based parsers (``parse_scp``, ``parse_manifest``):
 :func:`check_path_stream` checks a ``(path, stream)`` element and :func:`iter_text_lines`
@@ -39,6 +41,7 @@ import braceexpand
 
 from ..errors import DataError, MissingDataError, UnsafeInputError
 from ..index import ShardIndex
+from ..remote import RemoteOptions, is_remote, open_remote, remote_glob
 from ._base import IterDataPipe, functional_datapipe
 
 __all__ = [
@@ -57,26 +60,31 @@ _GLOB_CHARS = frozenset("*?[")
 
 
 def is_url(name: str) -> bool:
-    """True for ``http://`` and ``https://`` names.
+    """True for URLs: ``http(s)://`` and any other ``scheme://`` (``s3://``, ``gs://``...).
 
-    >>> is_url("https://host/data-00001.tar"), is_url("data/a.tar")
-    (True, False)
+    >>> is_url("https://host/data-00001.tar"), is_url("s3://b/a.tar"), is_url("data/a.tar")
+    (True, True, False)
     """
-    return name.startswith(_URL_PREFIXES)
+    return is_remote(name)
 
 
-def expand_patterns(patterns: str | os.PathLike | Iterable[str | os.PathLike]) -> list[str]:
+def expand_patterns(patterns: str | os.PathLike | Iterable[str | os.PathLike], *,
+                    remote: RemoteOptions | None = None) -> list[str]:
     """Expand brace and glob patterns to a sorted list of paths or URLs.
 
     Braces are expanded first (``{a,b}``, ``{0..9}``, ``{00..15}``), then each local result
     with ``*``, ``?`` or ``[`` is globbed; a result without them must exist. A folder written
     by ``pack`` stands for its shards, as its index lists them -- every length group's when
     it holds group folders (:meth:`~speechpipe.index.ShardIndex.read`), so that files left
-    beside them by another pack are never read. URLs and ``pipe:`` commands are
-    brace-expanded only. ``~`` is expanded.
+    beside them by another pack are never read. An object-storage URL
+    (``s3://bucket/corpus/data-*.tar``) is globbed by listing the bucket; one without glob
+    characters is kept unchecked (opening it says if it is missing). ``http(s)://`` URLs and
+    ``pipe:`` commands are brace-expanded only. ``~`` is expanded.
 
     Args:
         patterns: one pattern or several.
+        remote: how object storage is reached (:class:`~speechpipe.remote.RemoteOptions`:
+            ``storage_options`` such as ``endpoint_url``); ``None``: the defaults.
 
     Returns:
         Every match of every pattern, sorted. Repeats are kept (naming a shard twice is a way
@@ -105,11 +113,17 @@ def expand_patterns(patterns: str | os.PathLike | Iterable[str | os.PathLike]) -
         if not isinstance(pattern, str) or not pattern:
             raise ValueError(f"a pattern must be a non-empty string, got {pattern!r}")
         for name in braceexpand.braceexpand(pattern):
-            found.extend(_expand_one(name, pattern))
+            found.extend(_expand_one(name, pattern, remote))
     return sorted(found)
 
 
-def _expand_one(name: str, pattern: str) -> list[str]:
+def _expand_one(name: str, pattern: str, remote: RemoteOptions | None) -> list[str]:
+    if is_url(name) and not name.startswith(_URL_PREFIXES) and _GLOB_CHARS.intersection(name):
+        matches = remote_glob(name, remote)
+        if not matches:
+            where = pattern if name == pattern else f"{pattern} (expanded to {name})"
+            raise MissingDataError("no object matches this pattern", source=where)
+        return matches
     if is_url(name) or name.startswith(_PIPE_PREFIX):
         return [name]
     name = os.path.expanduser(name)
@@ -137,6 +151,7 @@ class ShardListerIterDataPipe(IterDataPipe[str]):
 
     Args:
         patterns: a pattern, a list of patterns, or an ``IterDataPipe`` of patterns.
+        remote: how object-storage URLs are listed (:class:`~speechpipe.remote.RemoteOptions`).
 
     >>> import tempfile, pathlib
     >>> d = pathlib.Path(tempfile.mkdtemp())
@@ -146,7 +161,8 @@ class ShardListerIterDataPipe(IterDataPipe[str]):
     ['data-00000.tar', 'data-00001.tar', 'data-00002.tar']
     """
 
-    def __init__(self, patterns: str | Iterable[str] | IterDataPipe) -> None:
+    def __init__(self, patterns: str | Iterable[str] | IterDataPipe, *,
+                 remote: RemoteOptions | None = None) -> None:
         if isinstance(patterns, (str, os.PathLike)):
             patterns = [os.fspath(patterns)]
         elif not isinstance(patterns, IterDataPipe):
@@ -154,11 +170,14 @@ class ShardListerIterDataPipe(IterDataPipe[str]):
             for p in patterns:
                 if not isinstance(p, (str, os.PathLike)):
                     raise TypeError(f"patterns must be strings, got {p!r}")
+        if remote is not None and not isinstance(remote, RemoteOptions):
+            raise TypeError(f"remote must be a RemoteOptions or None, got {remote!r}")
         self.patterns = patterns
+        self.remote = remote
 
     def __iter__(self) -> Iterator[str]:
         for pattern in self.patterns:
-            yield from expand_patterns(pattern)
+            yield from expand_patterns(pattern, remote=self.remote)
 
 
 ShardLister = ShardListerIterDataPipe
@@ -245,14 +264,18 @@ class _CommandStream(io.RawIOBase):
 
 
 def open_stream(
-    name: str, *, allow_pipes: bool = False, timeout: float = 60.0, buffer_size: int = 1 << 20
+    name: str, *, allow_pipes: bool = False, timeout: float = 60.0, buffer_size: int = 1 << 20,
+    remote: RemoteOptions | None = None,
 ) -> BinaryIO:
     """Open a path, URL or (opt-in) ``pipe:`` command for binary reading.
 
     The caller owns the stream and must close it. Errors name the path or URL:
-    :class:`MissingDataError` for an absent file, an HTTP 404/410 or an unreachable host,
-    :class:`DataError` for another HTTP error status or a transfer cut short while reading,
-    :class:`UnsafeInputError` for ``pipe:`` without ``allow_pipes=True``.
+    :class:`MissingDataError` for an absent file or object, an HTTP 404/410 or an unreachable
+    host, :class:`DataError` for another HTTP error status, a transfer cut short while reading
+    or an object-storage range request that failed ``remote.retries`` times,
+    :class:`UnsafeInputError` for ``pipe:`` without ``allow_pipes=True``. Object-storage URLs
+    (``s3://``...) are read as :mod:`speechpipe.remote` says, with ``remote``'s options
+    (default: ``RemoteOptions(timeout=timeout)``).
 
     >>> import tempfile, os
     >>> path = os.path.join(tempfile.mkdtemp(), "x.bin")
@@ -272,6 +295,8 @@ def open_stream(
         if not shlex.split(command):
             raise ValueError(f"empty command in {name!r}")
         return io.BufferedReader(_CommandStream(command, name), buffer_size)
+    if is_url(name) and not name.startswith(_URL_PREFIXES):
+        return open_remote(name, remote or RemoteOptions(timeout=timeout))
     if is_url(name):
         try:
             response = urllib.request.urlopen(name, timeout=timeout)
@@ -307,6 +332,9 @@ class StreamOpenerIterDataPipe(IterDataPipe[tuple[str, BinaryIO]]):
             non-zero exit status after the whole output was read raises :class:`DataError`.
         timeout: seconds to wait for an HTTP server to answer.
         buffer_size: read buffer in bytes.
+        remote: how object-storage URLs are read (:class:`~speechpipe.remote.RemoteOptions`:
+            ``storage_options``, retries, block size, timeout); ``None``: the defaults with
+            ``timeout``.
 
     >>> import tempfile, os
     >>> from speechpipe import IterableWrapper
@@ -324,6 +352,7 @@ class StreamOpenerIterDataPipe(IterDataPipe[tuple[str, BinaryIO]]):
         allow_pipes: bool = False,
         timeout: float = 60.0,
         buffer_size: int = 1 << 20,
+        remote: RemoteOptions | None = None,
     ) -> None:
         if timeout <= 0:
             raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
@@ -333,6 +362,9 @@ class StreamOpenerIterDataPipe(IterDataPipe[tuple[str, BinaryIO]]):
         self.allow_pipes = bool(allow_pipes)
         self.timeout = timeout
         self.buffer_size = buffer_size
+        if remote is not None and not isinstance(remote, RemoteOptions):
+            raise TypeError(f"remote must be a RemoteOptions or None, got {remote!r}")
+        self.remote = remote
 
     def __iter__(self) -> Iterator[tuple[str, BinaryIO]]:
         for name in self.source_datapipe:
@@ -344,6 +376,7 @@ class StreamOpenerIterDataPipe(IterDataPipe[tuple[str, BinaryIO]]):
                 allow_pipes=self.allow_pipes,
                 timeout=self.timeout,
                 buffer_size=self.buffer_size,
+                remote=self.remote,
             )
             try:
                 yield name, stream

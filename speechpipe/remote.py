@@ -1,0 +1,331 @@
+"""Object storage through fsspec: ``s3://``, ``gs://``, ``az://``, ``hf://`` and any other
+fsspec protocol whose package is installed (``pip install speechpipe[s3]`` for S3).
+
+A remote file is read in **range requests** of ``block_size`` bytes, block by block, the next
+block fetched by a thread while the current one is read: at most two blocks are held per open
+stream (the bounded buffer) whatever the file's size, one request in flight.
+Each request is retried with exponential backoff on a transient failure -- an HTTP 5xx
+(503 "slow down" included), a connection reset or dropped mid-body, a timeout -- and a block
+that arrives short is continued with a range request from the byte where it stopped: a dropped
+connection never restarts the file and never returns it short. A request that still fails
+after ``retries`` attempts raises :class:`~speechpipe.errors.DataError` naming the URL, the
+byte range and the number of attempts; an absent object raises
+:class:`~speechpipe.errors.MissingDataError` at once (not retried). The storage library may
+retry first on its own (s3fs retries S3's "slow down" and bodies cut mid-transfer; botocore
+retries 5xx answers unless given ``config_kwargs={"retries": {"total_max_attempts": 1}}``):
+these attempts wrap its.
+
+Credentials come from where the storage library looks for them (for S3, botocore's chain:
+``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``, ``~/.aws/credentials`` and its profiles, an
+instance role); ``storage_options`` of :class:`RemoteOptions` go to the file system as they
+are (``endpoint_url``, ``profile``, ``key``/``secret``, ``anon``...). Their values are never
+put in an error message or a ``repr``.
+
+Used by :func:`speechpipe.pipes.sources.open_stream` (and so by ``open``, ``read_shard``,
+``sharded_shuffle``, the manifest parsers) and by :class:`speechpipe.index.ShardIndex` for an
+index kept in the bucket.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from .errors import DataError, MissingDataError
+
+__all__ = ["RemoteOptions", "is_remote", "join_url", "open_remote", "read_remote_bytes",
+           "remote_glob"]
+
+_SCHEME = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]+)://")
+_INSTALL = "pip install 'speechpipe[s3]' (fsspec and s3fs), or the fsspec package of {0}://"
+
+
+def is_remote(name: str) -> bool:
+    """True for a ``scheme://`` URL (``s3://``, ``gs://``, ``http://``...); a Windows drive
+    (``C:/``) or a local path is not one.
+
+    >>> is_remote("s3://bucket/data-00000.tar"), is_remote("data/a.tar")
+    (True, False)
+    """
+    return bool(_SCHEME.match(name)) and not name.startswith("file://")
+
+
+def join_url(folder: str, name: str) -> str:
+    """``folder`` + ``/`` + ``name`` for URLs.
+
+    >>> join_url("s3://bucket/corpus/", "data-00000.tar")
+    's3://bucket/corpus/data-00000.tar'
+    """
+    return folder.rstrip("/") + "/" + name
+
+
+@dataclass(frozen=True)
+class RemoteOptions:
+    """How remote (fsspec) files are read.
+
+    Args:
+        storage_options: keyword arguments of the fsspec file system (for S3, s3fs's:
+            ``endpoint_url``, ``profile``, ``key``, ``secret``, ``anon``, ``client_kwargs``,
+            ``config_kwargs``...). ``None``: the library's defaults, credentials from the
+            environment and config files. Never shown in messages.
+        block_size: bytes per range request, and the most a stream holds in memory.
+        retries: attempts per range request before giving up (1: no retry).
+        backoff: seconds before the first retry, doubled for each next one (at most 30 s).
+        timeout: seconds one range request may take before it counts as a failed attempt.
+
+    >>> RemoteOptions(storage_options={"key": "AKIA", "secret": "hush"}, retries=3)
+    RemoteOptions(storage_options={'key': '***', 'secret': '***'}, block_size=8388608, \
+retries=3, backoff=0.5, timeout=60.0)
+    >>> RemoteOptions(retries=0)
+    Traceback (most recent call last):
+    ...
+    ValueError: retries must be an int >= 1, got 0
+    """
+
+    storage_options: Mapping[str, Any] | None = field(default=None, repr=False)
+    block_size: int = 8 << 20
+    retries: int = 5
+    backoff: float = 0.5
+    timeout: float = 60.0
+
+    def __post_init__(self) -> None:
+        if self.storage_options is not None and not isinstance(self.storage_options, Mapping):
+            raise TypeError("storage_options must be a mapping or None, got "
+                            f"{type(self.storage_options).__name__}")
+        for name, low in (("block_size", 1), ("retries", 1)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+        if not isinstance(self.backoff, (int, float)) or self.backoff < 0:
+            raise ValueError(f"backoff must be >= 0 seconds, got {self.backoff!r}")
+        if not isinstance(self.timeout, (int, float)) or self.timeout <= 0:
+            raise ValueError(f"timeout must be > 0 seconds, got {self.timeout!r}")
+
+    def __repr__(self) -> str:
+        hidden = (None if self.storage_options is None
+                  else {k: "***" for k in self.storage_options})
+        return (f"RemoteOptions(storage_options={hidden}, block_size={self.block_size}, "
+                f"retries={self.retries}, backoff={self.backoff}, timeout={self.timeout})")
+
+    def secrets(self) -> list[str]:
+        """Every string value of ``storage_options`` (nested ones too): what messages hide."""
+        found: list[str] = []
+
+        def walk(value: Any) -> None:
+            if isinstance(value, str) and len(value) >= 4:
+                found.append(value)
+            elif isinstance(value, Mapping):
+                for v in value.values():
+                    walk(v)
+            elif isinstance(value, (list, tuple)):
+                for v in value:
+                    walk(v)
+
+        walk(dict(self.storage_options or {}))
+        return found
+
+
+_DEFAULT = RemoteOptions()
+_SMALL_READS = 1 << 16  # the buffer of small reads (tar headers) above the block
+_MAX_BACKOFF = 30.0
+
+
+def _options(options: RemoteOptions | None) -> RemoteOptions:
+    if options is None:
+        return _DEFAULT
+    if not isinstance(options, RemoteOptions):
+        raise TypeError(f"remote must be a RemoteOptions or None, got {options!r}")
+    return options
+
+
+def _redact(text: str, options: RemoteOptions) -> str:
+    for secret in options.secrets():
+        text = text.replace(secret, "***")
+    return text
+
+
+def _filesystem(url: str, options: RemoteOptions):
+    """``(file system, path)`` for ``url``; the install line when its package is missing."""
+    try:
+        import fsspec
+    except ImportError as exc:  # pragma: no cover - fsspec is a dependency of torch's stack
+        raise ImportError(f"reading {url} needs fsspec: {_INSTALL.format('s3')}") from exc
+    protocol = _SCHEME.match(url).group(1)
+    try:
+        return fsspec.core.url_to_fs(url, **dict(options.storage_options or {}))
+    except ImportError as exc:
+        raise ImportError(f"reading {url} needs a package for {protocol}://: "
+                          f"{_INSTALL.format(protocol)} ({exc})") from exc
+    except ValueError as exc:
+        raise ValueError(f"{url}: {_redact(str(exc), options)}") from None
+
+
+def _describe(exc: BaseException, options: RemoteOptions) -> str:
+    text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    return _redact(text, options)[:300]
+
+
+class _RangeReader(io.RawIOBase):
+    """A remote file read block by block in range requests of ``block_size`` bytes, retried
+    with backoff and continued at the byte where a short or dropped transfer stopped. While
+    one block is read, the next is fetched by a thread: at most two blocks are held, and one
+    request is in flight at a time."""
+
+    def __init__(self, fs, path: str, url: str, size: int, options: RemoteOptions) -> None:
+        super().__init__()
+        self._fs, self._path, self.name = fs, path, url
+        self._size, self._options = size, options
+        self._block, self._at = b"", 0  # the current block, and the read position in it
+        self._next: int = 0  # offset of the next block
+        self._ahead = None  # the next block's Future
+        self._pool = None  # a one-thread executor, made at the first block
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return False
+
+    def _fetch_block(self, start: int) -> bytes:
+        return self._fetch(start, min(start + self._options.block_size, self._size))
+
+    def _advance(self) -> bool:
+        """Make the next block current (fetched ahead, or now); False at the end."""
+        if self._next >= self._size:
+            return False
+        if self._ahead is None:
+            block = self._fetch_block(self._next)
+        else:
+            ahead, self._ahead = self._ahead, None
+            block = ahead.result()  # raises the fetch's error, here in the reader's thread
+        self._block, self._at = block, 0
+        self._next += len(block)
+        if self._next < self._size:
+            if self._pool is None:
+                import concurrent.futures
+
+                self._pool = concurrent.futures.ThreadPoolExecutor(1, "speechpipe-remote")
+            self._ahead = self._pool.submit(self._fetch_block, self._next)
+        return True
+
+    def readinto(self, buffer) -> int:
+        if self._at >= len(self._block) and not self._advance():
+            return 0
+        view = memoryview(buffer).cast("B")
+        n = min(len(view), len(self._block) - self._at)
+        view[:n] = memoryview(self._block)[self._at:self._at + n]
+        self._at += n
+        return n
+
+    def close(self) -> None:
+        if self._pool is not None:  # a request in flight finishes in its thread, unread
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = self._ahead = None
+        self._block = b""
+        super().close()
+
+    def _fetch(self, start: int, end: int) -> bytes:
+        """Bytes ``[start, end)``: exactly that many, or an error naming the URL."""
+        parts: list[bytes] = []
+        at, failures, last = start, 0, None
+        while at < end:
+            try:
+                data = self._request(at, end)
+            except FileNotFoundError:
+                raise MissingDataError("no such object (it was there when opened)",
+                                       source=self.name) from None
+            except PermissionError as exc:
+                raise DataError(f"access denied: {_describe(exc, self._options)}",
+                                source=self.name) from None
+            except (TypeError, ValueError, AttributeError) as exc:  # a setup error: no retry
+                raise ValueError(f"{self.name}: {_describe(exc, self._options)}") from None
+            except Exception as exc:  # noqa: BLE001 - 5xx, resets, timeouts: all retried
+                data, last = b"", exc
+            if len(data) > end - at:
+                raise DataError(f"asked for bytes {at}-{end - 1}, got {len(data)} bytes: the "
+                                "server ignores byte ranges", source=self.name)
+            if data:
+                parts.append(data)
+                at += len(data)  # a short block: continue from where it stopped
+                continue
+            failures += 1
+            if failures >= self._options.retries:
+                reason = _describe(last, self._options) if last else "empty response"
+                raise DataError(
+                    f"gave up reading bytes {at}-{end - 1} after {failures} attempts "
+                    f"({reason})", source=self.name) from None
+            time.sleep(min(self._options.backoff * 2 ** (failures - 1), _MAX_BACKOFF))
+        return b"".join(parts)
+
+    def _request(self, start: int, end: int) -> bytes:
+        fs, timeout = self._fs, self._options.timeout
+        if getattr(fs, "async_impl", False):
+            from fsspec.asyn import sync
+
+            return sync(fs.loop, fs._cat_file, self._path, start=start, end=end,
+                        timeout=timeout)
+        return fs.cat_file(self._path, start=start, end=end)
+
+
+def _stat_size(fs, path: str, url: str, options: RemoteOptions) -> int:
+    """The object's size in bytes (retried like a range request)."""
+    for attempt in range(1, options.retries + 1):
+        try:
+            info = fs.info(path)
+        except FileNotFoundError:
+            raise MissingDataError("no such object", source=url) from None
+        except PermissionError as exc:
+            raise DataError(f"access denied: {_describe(exc, options)}", source=url) from None
+        except (TypeError, ValueError, AttributeError) as exc:  # a setup error: no retry
+            raise ValueError(f"{url}: {_describe(exc, options)}") from None
+        except Exception as exc:  # noqa: BLE001 - transient: retried
+            if attempt == options.retries:
+                raise DataError(f"gave up asking for its size after {attempt} attempts "
+                                f"({_describe(exc, options)})", source=url) from None
+            time.sleep(min(options.backoff * 2 ** (attempt - 1), _MAX_BACKOFF))
+            continue
+        if info.get("type") == "directory":
+            raise DataError("is a folder, not a file", source=url)
+        return int(info["size"])
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def open_remote(url: str, options: RemoteOptions | None = None) -> io.BufferedReader:
+    """Open a remote file for sequential binary reading (see the module docs): blocks of
+    ``options.block_size`` bytes, each one range request, the next fetched while one is read.
+
+    Raises:
+        MissingDataError: no such object.
+        DataError: a range request failed ``retries`` times, access was denied.
+        ImportError: no fsspec package for the protocol; the message has the install line.
+
+    >>> open_remote("memory://speechpipe-doc/absent.tar")
+    Traceback (most recent call last):
+    ...
+    speechpipe.errors.MissingDataError: memory://speechpipe-doc/absent.tar: no such object
+    """
+    options = _options(options)
+    fs, path = _filesystem(url, options)
+    size = _stat_size(fs, path, url, options)
+    raw = _RangeReader(fs, path, url, size, options)
+    return io.BufferedReader(raw, min(options.block_size, _SMALL_READS))
+
+
+def read_remote_bytes(url: str, options: RemoteOptions | None = None) -> bytes:
+    """The whole remote file (a small one: an index, a manifest)."""
+    with open_remote(url, options) as f:
+        return f.read()
+
+
+def remote_glob(pattern: str, options: RemoteOptions | None = None) -> list[str]:
+    """URLs matching a glob pattern (``s3://bucket/corpus/data-*.tar``), sorted."""
+    options = _options(options)
+    fs, path = _filesystem(pattern, options)
+    try:
+        found = fs.glob(path)
+    except Exception as exc:  # noqa: BLE001 - named with the pattern
+        raise DataError(f"cannot list: {_describe(exc, options)}", source=pattern) from None
+    return sorted(fs.unstrip_protocol(p) for p in found)
