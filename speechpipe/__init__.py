@@ -11,8 +11,8 @@ __version__ = "0.1.0"
 
 from .pipes import (  # noqa: E402,F401  (registration)
     audio, augment, batching, cmvn, collate, decode, device, distributed, features, kaldi,
-    kaldi_tables, manifests, mixing, order, sample_lists, sharding, shards, sources, text,
-    text_normalization, threads, tokenizers, views,
+    kaldi_fbank, kaldi_tables, manifests, mixing, order, sample_lists, sharding, shards, sources,
+    text, text_normalization, threads, tokenizers, views,
 )
 from .diagnostics import Diagnostics, SkippedInputWarning  # noqa: E402
 from .epochs import set_epoch  # noqa: E402
@@ -30,6 +30,7 @@ from .pipes.constraints import (  # noqa: E402
     BatchConstraint, BatchStats, BudgetWarning, PaddedArea, Quadratic, SampleCount, SumOfLengths,
     TwoDimensional,
 )
+from .pipes.kaldi_fbank import FbankOptions, MfccOptions, fbank, mfcc  # noqa: E402
 from .pipes.distributed import (  # noqa: E402
     DistributedStepError, EqualSteps, ShardSplit, StepPlanner, StepStats, shard_assignment,
 )
@@ -54,14 +55,16 @@ del _corpus
 __all__ = [
     "BatchConstraint", "BatchStats", "BatchView", "BudgetWarning", "CharTokenizer", "CmvnStats",
     "DataError", "Diagnostics", "DistributedStepError", "EpochProgress", "EpochWarning",
-    "EqualSteps", "FrontEnd", "IterableWrapper", "Loader", "MissingDataError", "PackOptions",
+    "EqualSteps", "FbankOptions", "FrontEnd", "IterableWrapper", "Loader", "MfccOptions",
+    "MissingDataError", "PackOptions",
     "PackReport", "PadCollate", "PaddedArea", "PipeDataset", "Quadratic", "ResumeWarning",
     "SampleCount", "SentencePieceTokenizer", "SequenceWrapper", "ShardEntry", "ShardIndex",
     "ShardReadOptions", "ShardSplit", "ShardWriter", "SkippedInputWarning", "SpeechpipeError",
     "StepPlanner", "StepStats", "SumOfLengths", "TextNormalizer", "TwoDimensional",
     "UnsafeInputError", "WordTokenizer", "build_loader", "build_tokenizer",
-    "compute_cmvn_stats", "compute_lengths", "corpus_stats", "eval_pipeline", "get_recipe",
-    "kaldi_arks", "load_tokenizer", "manifest_path", "pack_data", "pipeline_report",
+    "compute_cmvn_stats", "compute_lengths", "corpus_stats", "eval_pipeline", "fbank",
+    "get_recipe", "kaldi_arks", "load_tokenizer", "manifest_path", "mfcc", "pack_data",
+    "pipeline_report",
     "read_data_len", "recipes", "select_keys", "set_epoch", "shard_assignment", "start",
     "to_device", "train_pipeline",
 ]

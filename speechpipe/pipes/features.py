@@ -31,8 +31,12 @@ from ._audio_common import (
 )
 from ._base import IterDataPipe, functional_datapipe
 from ._state import Seeded, check_seed
+from .kaldi_fbank import FbankOptions, MfccOptions, fbank, mfcc
 
 __all__ = [
+    "BACKENDS",
+    "BatchFeatureComputer",
+    "BatchFeatureComputerIterDataPipe",
     "FEATURE_KINDS",
     "FeatureComputer",
     "FeatureComputerIterDataPipe",
@@ -46,6 +50,10 @@ __all__ = [
 
 #: ``compute_features`` kinds: Kaldi filterbanks and MFCCs, torchaudio mel spectrograms.
 FEATURE_KINDS = ("fbank", "mel", "mfcc")
+#: Who computes Kaldi ``fbank``/``mfcc``: speechpipe's vectorised
+#: :mod:`~speechpipe.pipes.kaldi_fbank` (default) or :mod:`torchaudio.compliance.kaldi`.
+#: ``mel`` is torchaudio's :class:`~torchaudio.transforms.MelSpectrogram` under either.
+BACKENDS = ("speechpipe", "torchaudio")
 #: Kaldi reads 16-bit samples as integers; soundfile gives [-1, 1]. Scaling by this makes
 #: ``fbank``/``mfcc`` (and ``dither``) match Kaldi's ``compute-*-feats`` on 16-bit audio.
 KALDI_SCALE = 32768.0
@@ -142,11 +150,14 @@ SPEECH_DEFAULTS = {"fbank": {"num_mel_bins": 80}, "mel": {"n_mels": 80}}
 
 
 class _Extractor:
-    """One feature configuration: kind, scale and the reference function's options."""
+    """One feature configuration: kind, scale, backend and the reference function's options."""
 
-    def __init__(self, kind: str, scale: float | None, options: Mapping[str, Any]) -> None:
+    def __init__(self, kind: str, scale: float | None, options: Mapping[str, Any],
+                 backend: str = "speechpipe") -> None:
         if kind not in FEATURE_KINDS:
             raise ValueError(f"kind must be one of {FEATURE_KINDS}, got {kind!r}")
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
         allowed = _allowed_options(kind)
         options = {**SPEECH_DEFAULTS.get(kind, {}), **options}
         for name in options:
@@ -194,6 +205,14 @@ class _Extractor:
             self.frame_shift = float(merged["frame_shift"])
             self.snip_edges = bool(merged["snip_edges"])
         self._kaldi = {"fbank": kaldi.fbank, "mfcc": kaldi.mfcc}.get(kind)
+        self.backend = backend
+        self.ours = None  # speechpipe's Kaldi options, when it computes
+        if backend == "speechpipe" and kind != "mel":
+            try:
+                self.ours = (FbankOptions if kind == "fbank" else MfccOptions)(**self.options)
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"compute_features(kind={kind!r}) options {self.options} are "
+                                 f"rejected: {exc}") from exc
         self._mels: dict[int, taT.MelSpectrogram] = {}  # by sample rate
         self.dim = self._dry_run()
 
@@ -235,23 +254,35 @@ class _Extractor:
             if self.log:
                 spec = spec.clamp(min=self.log_floor).log()
             return spec.transpose(0, 1)
+        if self.ours is not None:
+            return self.batch(waveform, None, rate)[0]
         return self._kaldi(waveform.unsqueeze(0), sample_frequency=float(rate), dither=0.0,
                            **self.options)
 
+    def batch(self, waveform: torch.Tensor, lengths: torch.Tensor | None, rate: int,
+              dither: float = 0.0, generator: torch.Generator | None = None
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+        """speechpipe's ``fbank``/``mfcc`` of a scaled waveform, one utterance or a batch."""
+        compute = fbank if self.kind == "fbank" else mfcc
+        return compute(waveform, lengths, sample_rate=rate, options=self.ours, dither=dither,
+                       generator=generator)
+
 
 @functools.lru_cache(maxsize=16)
-def _cached_extractor(kind: str, scale: float | None, frozen: tuple) -> _Extractor:
+def _cached_extractor(kind: str, scale: float | None, frozen: tuple, backend: str
+                      ) -> _Extractor:
     options = {k: dict(v) if k == "wkwargs" and v is not None else v for k, v in frozen}
-    return _Extractor(kind, scale, options)
+    return _Extractor(kind, scale, options, backend)
 
 
-def _extractor(kind: str, scale: float | None, options: Mapping[str, Any]) -> _Extractor:
+def _extractor(kind: str, scale: float | None, options: Mapping[str, Any],
+               backend: str = "speechpipe") -> _Extractor:
     try:
-        return _cached_extractor(kind, scale, _freeze(options))
+        return _cached_extractor(kind, scale, _freeze(options), backend)
     except TypeError as exc:
         if "unhashable" not in str(exc):
             raise
-        return _Extractor(kind, scale, options)
+        return _Extractor(kind, scale, options, backend)
 
 
 def _prepare(
@@ -287,8 +318,8 @@ def _extract_one(
     try:
         feats = extractor(waveform, rate)
     except Exception as exc:  # torchaudio validates with assert / Exception
-        raise DataError(f"compute_features: torchaudio's {extractor.kind} failed at {rate} Hz: "
-                        f"{type(exc).__name__}: {exc}", **sample_where(sample)) from exc
+        raise DataError(f"compute_features: {extractor.backend}'s {extractor.kind} failed at "
+                        f"{rate} Hz: {type(exc).__name__}: {exc}", **sample_where(sample)) from exc
     return np.ascontiguousarray(feats.numpy(), dtype=np.float32)
 
 
@@ -300,12 +331,16 @@ def compute_features(
     dither: float = 0.0,
     generator: torch.Generator | None = None,
     scale: float | None = None,
+    backend: str = "speechpipe",
     **options: Any,
 ) -> np.ndarray:
     """Features of one mono waveform: ``(frames, dim)`` float32.
 
-    ``kind="fbank"``/``"mfcc"`` call :func:`torchaudio.compliance.kaldi.fbank`/``mfcc`` with
-    ``options`` (their names and defaults: ``num_mel_bins``, ``frame_length``,
+    ``kind="fbank"``/``"mfcc"`` compute Kaldi's features with
+    :func:`speechpipe.pipes.kaldi_fbank.fbank`/``mfcc`` (``backend="speechpipe"``, the
+    default: :func:`torchaudio.compliance.kaldi.fbank`'s numbers to float32 rounding, same
+    frame counts, faster) or with torchaudio's own functions (``backend="torchaudio"``), with
+    ``options`` (torchaudio's names and defaults: ``num_mel_bins``, ``frame_length``,
     ``frame_shift``, ``energy_floor``, ``snip_edges``, ``num_ceps``...); ``kind="mel"``
     runs :class:`torchaudio.transforms.MelSpectrogram` with ``options`` (``n_fft``,
     ``win_length``, ``hop_length``, ``n_mels``, ``f_min``, ``center``...) plus ``log``
@@ -329,7 +364,7 @@ def compute_features(
     audio = np.ascontiguousarray(audio, dtype=np.float32)
     if audio.ndim != 1:
         raise ValueError(f"compute_features needs (samples,) mono audio, got shape {audio.shape}")
-    extractor = _extractor(kind, scale, options)
+    extractor = _extractor(kind, scale, options, backend)
     return _extract_one(audio, int(sample_rate), extractor, float(dither), generator, {})
 
 
@@ -362,23 +397,28 @@ def batch_features(
     dither: float = 0.0,
     generator: torch.Generator | None = None,
     scale: float | None = None,
+    backend: str = "speechpipe",
+    device: str | torch.device | None = None,
     **options: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Features of a collated batch: ``(feats (B, T', D) float32, feats_len (B,) int64)``.
 
     ``batch`` is what :class:`~speechpipe.pipes.collate.PadCollate` makes of samples with
     audio: ``audio`` ``(B, T)``, ``audio_len`` ``(B,)`` and ``sample_rate`` (one rate).
-    ``kind``, ``dither``, ``generator``, ``scale`` and ``options`` are those of
-    :func:`compute_features`. Row ``i`` holds exactly the features of its first
-    ``audio_len[i]`` samples, then zeros up to ``T' = max(feats_len)``; ``feats_len`` is the
-    exact frame count of each length. The reference runs once per row, on the row's real
-    samples: Kaldi's functions take one utterance, and one ``MelSpectrogram`` call on the
-    whole ``(B, T)`` tensor, which torchaudio allows, measured 1.0-1.06× (rows of similar
-    length) to 1.6-1.8× (random order) slower per real second than the loop on one CPU thread
-    (``benchmarks/bench_audio.py``: it also computes the padding, and the batch's spectra
-    outgrow the cache), and would differ from the per-sample frames near each row's end (zero
-    padding instead of reflection). Dither noise is drawn row by row, as the samples would
-    draw it one by one.
+    ``kind``, ``dither``, ``generator``, ``scale``, ``backend`` and ``options`` are those of
+    :func:`compute_features`. Row ``i`` holds the features of its first ``audio_len[i]``
+    samples (those :func:`compute_features` gives for them), then zeros up to ``T' =
+    max(feats_len)``; ``feats_len`` is the exact frame count of each length. Dither noise is
+    drawn row by row, as the samples would draw it one by one.
+
+    ``fbank``/``mfcc`` with ``backend="speechpipe"`` are computed in one call for the whole
+    batch (:func:`speechpipe.pipes.kaldi_fbank.fbank`: no frame is computed from padding),
+    on ``device`` (default: where ``audio`` is), and the results are there. Otherwise
+    torchaudio runs once per row on the row's real samples, on the CPU, and the results are
+    moved to ``device``: Kaldi's functions take one utterance, and one ``MelSpectrogram``
+    call on the whole ``(B, T)`` tensor measured 1.0-1.8× slower per real second than the
+    loop (``benchmarks/bench_audio.py``) and differs near each row's end (zero padding
+    instead of reflection).
 
     >>> batch = {"audio": torch.zeros(2, 16000), "audio_len": torch.tensor([16000, 8000]),
     ...          "sample_rate": torch.tensor([16000, 16000])}
@@ -386,8 +426,9 @@ def batch_features(
     >>> tuple(feats.shape), lengths.tolist()
     ((2, 98, 80), [98, 48])
     """
-    extractor = _extractor(kind, scale, options)
-    return _batch_features(batch, extractor, float(dither), generator)
+    extractor = _extractor(kind, scale, options, backend)
+    return _batch_features(batch, extractor, float(dither), generator,
+                           None if device is None else torch.device(device))
 
 
 def _batch_features(
@@ -395,6 +436,7 @@ def _batch_features(
     extractor: _Extractor,
     dither: float,
     generator: torch.Generator | None,
+    device: torch.device | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     audio, lengths = batch.get(AUDIO), batch.get(len_key(AUDIO))
     if audio is None or lengths is None:
@@ -406,7 +448,8 @@ def _batch_features(
         raise DataError(f"compute_features(batched=True): {AUDIO!r} must be a float (batch, "
                         f"samples) tensor, got {tuple(audio.shape)} {audio.dtype}",
                         **_batch_where(batch))
-    audio = audio.to(torch.float32)
+    device = audio.device if device is None else device
+    audio = audio.to(device=device, dtype=torch.float32)
     lengths = [int(n) for n in torch.as_tensor(lengths).tolist()]
     rate = _batch_rate(batch)
     least = extractor.min_samples(rate)
@@ -418,6 +461,10 @@ def _batch_features(
             raise DataError(f"compute_features: audio of {n} samples is shorter than one "
                             f"{extractor.kind} frame ({least} samples at {rate} Hz)",
                             **_batch_where(batch, i))
+    if extractor.ours is not None:  # one call, on the device
+        waveform = audio * extractor.scale if extractor.scale != 1.0 else audio
+        return extractor.batch(waveform, lengths, rate, dither, generator)
+    audio = audio.cpu()
     rows = [_prepare(audio[i, :n], extractor, dither, generator) for i, n in enumerate(lengths)]
     frames = [extractor.num_frames(n, rate) for n in lengths]
     feats = torch.zeros(len(rows), max(frames), extractor.dim)
@@ -428,7 +475,7 @@ def _batch_features(
             raise DataError(f"compute_features: torchaudio's {extractor.kind} failed at {rate} "
                             f"Hz: {type(exc).__name__}: {exc}", **_batch_where(batch, i)) from exc
         feats[i, : one.shape[0]] = one
-    return feats, torch.tensor(frames, dtype=torch.int64)
+    return feats.to(device), torch.tensor(frames, dtype=torch.int64, device=device)
 
 
 @functional_datapipe("compute_features")
@@ -436,12 +483,14 @@ class FeatureComputerIterDataPipe(Seeded, IterDataPipe[Sample]):
     """Kaldi fbank / MFCC or mel spectrogram features (functional name: ``compute_features``).
 
     Consumes samples with mono ``audio`` ``(samples,)`` and ``sample_rate``; yields them with
-    ``feats`` ``(frames, dim)`` float32 computed by :func:`compute_features` -- exactly the
-    numbers of :func:`torchaudio.compliance.kaldi.fbank` / ``mfcc`` or
-    :class:`torchaudio.transforms.MelSpectrogram` on ``audio × scale`` (plus dither). With
-    ``batched=True`` it consumes collated batches (``PadCollate``: ``audio`` ``(B, T)``,
-    ``audio_len``, ``sample_rate``) and adds ``feats`` ``(B, T', D)`` and ``feats_len``
-    (:func:`batch_features`).
+    ``feats`` ``(frames, dim)`` float32 computed by :func:`compute_features` -- the numbers
+    of :func:`torchaudio.compliance.kaldi.fbank` / ``mfcc`` (by speechpipe's vectorised
+    :mod:`~speechpipe.pipes.kaldi_fbank` to float32 rounding, or by torchaudio itself with
+    ``backend="torchaudio"``) or :class:`torchaudio.transforms.MelSpectrogram` on ``audio ×
+    scale`` (plus dither). With ``batched=True`` it consumes collated batches
+    (``PadCollate``: ``audio`` ``(B, T)``, ``audio_len``, ``sample_rate``) and adds ``feats``
+    ``(B, T', D)`` and ``feats_len`` (:func:`batch_features`); ``compute_batch_features``
+    (:class:`BatchFeatureComputerIterDataPipe`) is that, on a chosen device.
 
     One pipe for the three kinds, not three verbs: they share input, output, dither, seeding,
     frame counting, batching and error handling; only the reference function differs, and its
@@ -451,8 +500,9 @@ class FeatureComputerIterDataPipe(Seeded, IterDataPipe[Sample]):
 
     Args:
         source_datapipe: samples (or batches with ``batched=True``).
-        kind: ``"fbank"``, ``"mfcc"`` (Kaldi, :mod:`torchaudio.compliance.kaldi`) or ``"mel"``
-            (:class:`torchaudio.transforms.MelSpectrogram`, plus ``log``/``log_floor``).
+        kind: ``"fbank"``, ``"mfcc"`` (Kaldi's, with :mod:`torchaudio.compliance.kaldi`'s
+            options) or ``"mel"`` (:class:`torchaudio.transforms.MelSpectrogram`, plus
+            ``log``/``log_floor``).
         dither: standard deviation of Gaussian noise added to the scaled waveform (0: none,
             exact reference output). Seeded by ``(seed, epoch, rank, worker)`` through a
             ``torch.Generator``, never torch's global generator; see :func:`compute_features`.
@@ -466,6 +516,10 @@ class FeatureComputerIterDataPipe(Seeded, IterDataPipe[Sample]):
             shorter than one frame (or that torchaudio refuses), or ``"skip"`` the sample (the
             whole batch with ``batched=True``), count it in :attr:`diagnostics` and warn at
             the end of the pass.
+        backend: who computes ``fbank``/``mfcc``: ``"speechpipe"``
+            (:func:`speechpipe.pipes.kaldi_fbank.fbank`, vectorised, one call per batch) or
+            ``"torchaudio"`` (:mod:`torchaudio.compliance.kaldi`, bit for bit); see
+            :data:`BACKENDS`.
         **options: the reference function's options (default 80 bins for ``fbank`` and
             ``mel``: :data:`SPEECH_DEFAULTS`; ``num_mel_bins``, ``frame_length=25.0``, ``frame_shift=10.0``, ``energy_floor``, ``snip_edges``,
             ``num_ceps``, ``n_fft``, ``hop_length``, ``n_mels``...).
@@ -491,6 +545,7 @@ class FeatureComputerIterDataPipe(Seeded, IterDataPipe[Sample]):
         batched: bool = False,
         keep_audio: bool = False,
         on_error: str = "raise",
+        backend: str = "speechpipe",
         **options: Any,
     ) -> None:
         dither = check_real("dither", dither)
@@ -499,8 +554,9 @@ class FeatureComputerIterDataPipe(Seeded, IterDataPipe[Sample]):
         for name, value in (("batched", batched), ("keep_audio", keep_audio)):
             if not isinstance(value, bool):
                 raise TypeError(f"{name} must be a bool, got {value!r}")
-        self.extractor = _Extractor(kind, scale, options)
+        self.extractor = _Extractor(kind, scale, options, backend)
         self.kind = kind
+        self.device: torch.device | None = None
         self.dither = dither
         self.seed = check_seed(seed)
         self.epoch = 0
@@ -549,7 +605,8 @@ class FeatureComputerIterDataPipe(Seeded, IterDataPipe[Sample]):
 
     def _batch(self, batch: Mapping[str, Any], generator) -> dict:
         check_sample(batch, "compute_features")
-        feats, lengths = _batch_features(batch, self.extractor, self.dither, generator)
+        feats, lengths = _batch_features(batch, self.extractor, self.dither, generator,
+                                         self.device)
         out = dict(batch)
         if not self.keep_audio:
             out.pop(AUDIO, None)
@@ -567,6 +624,65 @@ class FeatureComputerIterDataPipe(Seeded, IterDataPipe[Sample]):
 
 
 FeatureComputer = FeatureComputerIterDataPipe
+
+
+@functional_datapipe("compute_batch_features")
+class BatchFeatureComputerIterDataPipe(FeatureComputerIterDataPipe):
+    """Batch features on a device (functional name: ``compute_batch_features``).
+
+    Consumes batches of :class:`~speechpipe.pipes.collate.PadCollate` (``audio`` ``(B, T)``,
+    ``audio_len``, ``sample_rate``; numpy or tensors, e.g. after ``move_to_device``) and
+    yields them with ``feats`` ``(B, T', D)`` float32 and ``feats_len`` ``(B,)`` int64 on
+    ``device``: row ``i`` holds what ``compute_features`` gives for sample ``i`` (same
+    options, seed and dither draws), then zeros. With ``backend="speechpipe"`` (default) Kaldi
+    ``fbank``/``mfcc`` is one vectorised call per batch, run on ``device``, so workers can
+    only decode and the features be computed where the model runs; torchaudio's functions
+    (``backend="torchaudio"``, ``kind="mel"``) run row by row on the CPU and the result is
+    moved. The same as ``compute_features(..., batched=True)`` plus ``device``.
+
+    Args:
+        source_datapipe: collated batches with audio.
+        kind, dither, seed, scale, keep_audio, on_error, backend, **options: as
+            :class:`FeatureComputerIterDataPipe`.
+        device: where features are computed and returned (``"cpu"``, ``"cuda:0"``...);
+            default: where each batch's ``audio`` is.
+
+    >>> from speechpipe import IterableWrapper, PadCollate
+    >>> rows = [{"key": k, "audio": np.zeros(n, np.float32), "sample_rate": 16000}
+    ...         for k, n in (("a", 16000), ("b", 8000))]
+    >>> batches = IterableWrapper([rows]).collate(PadCollate(fields=("key", "audio",
+    ...                                                               "sample_rate")))
+    >>> [batch] = batches.compute_batch_features("fbank", device="cpu")
+    >>> tuple(batch["feats"].shape), batch["feats_len"].tolist(), batch["feats"].device.type
+    ((2, 98, 80), [98, 48], 'cpu')
+    """
+
+    def __init__(
+        self,
+        source_datapipe: IterDataPipe,
+        kind: str = "fbank",
+        *,
+        device: str | torch.device | None = None,
+        dither: float = 0.0,
+        seed: int = 0,
+        scale: float | None = None,
+        keep_audio: bool = False,
+        on_error: str = "raise",
+        backend: str = "speechpipe",
+        **options: Any,
+    ) -> None:
+        super().__init__(source_datapipe, kind, dither=dither, seed=seed, scale=scale,
+                         batched=True, keep_audio=keep_audio, on_error=on_error,
+                         backend=backend, **options)
+        if device is not None:
+            try:
+                device = torch.device(device)
+            except (RuntimeError, TypeError) as exc:
+                raise ValueError(f"device must name a torch device, got {device!r}") from exc
+        self.device = device
+
+
+BatchFeatureComputer = BatchFeatureComputerIterDataPipe
 
 
 def _skip_reason(error: DataError) -> str:

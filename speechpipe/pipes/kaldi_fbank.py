@@ -172,18 +172,19 @@ def _geometry(options: FbankOptions, rate: float) -> _Geometry:
     return _Geometry(size, shift, padded)
 
 
-def _window(options: FbankOptions, size: int) -> torch.Tensor:
+def _window(options: FbankOptions, size: int, dtype: torch.dtype) -> torch.Tensor:
+    """Kaldi's window, built in ``dtype`` as torchaudio builds it."""
     kind = options.window_type
     if kind == "rectangular":
-        return torch.ones(size)
+        return torch.ones(size, dtype=dtype)
     if kind == "hamming":
-        return torch.hamming_window(size, periodic=False, alpha=0.54, beta=0.46)
+        return torch.hamming_window(size, periodic=False, alpha=0.54, beta=0.46, dtype=dtype)
     if kind == "blackman":
         a = 2 * math.pi / (size - 1)
-        n = torch.arange(size, dtype=torch.float32)
+        n = torch.arange(size, dtype=dtype)
         c = options.blackman_coeff
         return c - 0.5 * torch.cos(a * n) + (0.5 - c) * torch.cos(2 * a * n)
-    hann = torch.hann_window(size, periodic=False)
+    hann = torch.hann_window(size, periodic=False, dtype=dtype)
     return hann.pow(0.85) if kind == "povey" else hann
 
 
@@ -226,7 +227,7 @@ def _tables(options: FbankOptions, rate: float, device: torch.device,
     def put(t: torch.Tensor | None) -> torch.Tensor | None:
         return None if t is None else t.to(device=device, dtype=dtype)
 
-    return _Tables(put(_window(options, geo.size)), tuple(blocks), put(dct), put(lifter))
+    return _Tables(put(_window(options, geo.size, dtype)), tuple(blocks), put(dct), put(lifter))
 
 
 def _frame_count(n: int, geo: _Geometry, snip_edges: bool) -> int:
