@@ -30,7 +30,9 @@ from .pipes.constraints import (  # noqa: E402
     BatchConstraint, BatchStats, BudgetWarning, PaddedArea, Quadratic, SampleCount, SumOfLengths,
     TwoDimensional,
 )
-from .pipes.kaldi_fbank import FbankOptions, MfccOptions, fbank, mfcc  # noqa: E402
+from .pipes.kaldi_fbank import (  # noqa: E402
+    FbankOptions, LogMelOptions, MfccOptions, fbank, log_mel, mfcc,
+)
 from .pipes.distributed import (  # noqa: E402
     DistributedStepError, EqualSteps, ShardSplit, StepPlanner, StepStats, shard_assignment,
 )
@@ -55,15 +57,16 @@ del _corpus
 __all__ = [
     "BatchConstraint", "BatchStats", "BatchView", "BudgetWarning", "CharTokenizer", "CmvnStats",
     "DataError", "Diagnostics", "DistributedStepError", "EpochProgress", "EpochWarning",
-    "EqualSteps", "FbankOptions", "FrontEnd", "IterableWrapper", "Loader", "MfccOptions",
-    "MissingDataError", "PackOptions",
+    "EqualSteps", "FbankOptions", "FrontEnd", "IterableWrapper", "Loader", "LogMelOptions",
+    "MfccOptions", "MissingDataError", "PackOptions",
     "PackReport", "PadCollate", "PaddedArea", "PipeDataset", "Quadratic", "ResumeWarning",
     "SampleCount", "SentencePieceTokenizer", "SequenceWrapper", "ShardEntry", "ShardIndex",
     "ShardReadOptions", "ShardSplit", "ShardWriter", "SkippedInputWarning", "SpeechpipeError",
     "StepPlanner", "StepStats", "SumOfLengths", "TextNormalizer", "TwoDimensional",
     "UnsafeInputError", "WordTokenizer", "build_loader", "build_tokenizer",
     "compute_cmvn_stats", "compute_lengths", "corpus_stats", "eval_pipeline", "fbank",
-    "get_recipe", "kaldi_arks", "load_tokenizer", "manifest_path", "mfcc", "pack_data",
+    "get_recipe", "kaldi_arks", "load_tokenizer", "log_mel", "manifest_path", "mfcc",
+    "pack_data",
     "pipeline_report",
     "read_data_len", "recipes", "select_keys", "set_epoch", "shard_assignment", "start",
     "to_device", "train_pipeline",

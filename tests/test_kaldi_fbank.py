@@ -22,13 +22,22 @@ import numpy as np
 import pytest
 import torch
 import torchaudio.functional as taF
+import torchaudio.transforms as taT
 from torchaudio.compliance import kaldi
 
 import speechpipe as sp
 from speechpipe.demo import DEMO_CORPUS
 from speechpipe.pipes.collate import PadCollate
 from speechpipe.pipes.features import KALDI_SCALE
-from speechpipe.pipes.kaldi_fbank import FbankOptions, MfccOptions, fbank, fbank_frames, mfcc
+from speechpipe.pipes.kaldi_fbank import (
+    FbankOptions,
+    LogMelOptions,
+    MfccOptions,
+    fbank,
+    fbank_frames,
+    log_mel,
+    mfcc,
+)
 from speechpipe.recipes.librispeech import librispeech_samples
 
 LOG_ATOL = 1e-5
@@ -114,6 +123,50 @@ def test_mfcc_equals_torchaudio_on_speech(speech, options):
         expected = kaldi.mfcc(wave.unsqueeze(0), sample_frequency=16000, **options)
         assert got.shape == expected.shape and int(count) == expected.shape[0]
         torch.testing.assert_close(got, expected, rtol=MFCC_RTOL, atol=MFCC_ATOL)
+
+
+LOG_MEL_OPTIONS = [
+    {"n_mels": 80},
+    {"n_fft": 512, "win_length": 400, "hop_length": 160, "n_mels": 80},
+    {"n_fft": 400, "hop_length": 160, "center": False, "n_mels": 40},
+    {"n_fft": 512, "hop_length": 128, "pad_mode": "constant", "norm": "slaney",
+     "mel_scale": "slaney", "n_mels": 64},
+    {"power": 1.0, "f_min": 20.0, "f_max": 7600.0, "n_mels": 80, "log_floor": 1e-6},
+]
+
+
+@pytest.mark.parametrize("options", LOG_MEL_OPTIONS, ids=str)
+def test_log_mel_equals_torchaudios_melspectrogram_log(speech, options):
+    floor = options.get("log_floor", 1e-10)
+    transform = taT.MelSpectrogram(16000, **{k: v for k, v in options.items()
+                                             if k != "log_floor"})
+    for wave in speech:
+        wave = wave / KALDI_SCALE
+        got, count = log_mel(wave, sample_rate=16000, **options)
+        expected = transform(wave).clamp(min=floor).log().T
+        assert got.shape == expected.shape and int(count) == expected.shape[0]
+        torch.testing.assert_close(got, expected, rtol=0.0, atol=LOG_ATOL)
+
+
+@pytest.mark.parametrize("options", LOG_MEL_OPTIONS[1:4], ids=str)
+def test_log_mel_batch_rows_equal_each_row_alone(speech, options):
+    waves = [w / KALDI_SCALE for w in (speech[0], speech[1][:513], speech[2][:9000])]
+    batch, lengths = _padded(waves, float("nan"))
+    feats, counts = log_mel(batch, lengths, sample_rate=16000, **options)
+    for row, count, wave in zip(feats, counts.tolist(), waves):
+        alone, alone_count = log_mel(wave, sample_rate=16000, **options)
+        assert count == int(alone_count)
+        _same_row(row[:count], alone)
+        assert not row[count:].any()
+
+
+def test_log_mel_refuses_rows_too_short_to_reflect_and_bad_options():
+    with pytest.raises(ValueError, match="needs more than n_fft // 2 = 200 samples"):
+        log_mel(torch.zeros(2, 800), torch.tensor([800, 150]), sample_rate=16000)
+    with pytest.raises(ValueError, match="pad_mode must be"):
+        LogMelOptions(pad_mode="circular")
+    with pytest.raises(ValueError, match="win_length <= n_fft"):
+        LogMelOptions(n_fft=400, win_length=512)
 
 
 # ----------------------------------------------------------------------------- edge cases

@@ -1,9 +1,11 @@
-"""Kaldi-compatible fbank and MFCC in vectorised torch, for one utterance or a padded batch.
+"""Kaldi-compatible fbank and MFCC, and log-mel, in vectorised torch, for one utterance or a
+padded batch.
 
 :func:`fbank` and :func:`mfcc` compute the numbers of :func:`torchaudio.compliance.kaldi.fbank`
 and ``mfcc`` (Kaldi's ``compute-fbank-feats`` / ``compute-mfcc-feats``) with the same options
 and exactly the same frame counts, to float32 rounding, for a 1-D waveform or a padded ``(B,
-T)`` batch with per-row ``lengths``:
+T)`` batch with per-row ``lengths``; :func:`log_mel` does the same for
+:class:`torchaudio.transforms.MelSpectrogram` followed by ``clamp(min=floor).log()``:
 
 - frames are a strided view of the waveform (``as_strided``; with ``snip_edges=False`` of a
   per-row reflected copy of the waveform, Kaldi's reflection at each row's own ends);
@@ -32,10 +34,12 @@ from torchaudio.compliance import kaldi as ta_kaldi
 
 __all__ = [
     "FbankOptions",
+    "LogMelOptions",
     "MfccOptions",
     "WINDOW_TYPES",
     "fbank",
     "fbank_frames",
+    "log_mel",
     "mfcc",
 ]
 
@@ -198,6 +202,24 @@ class _Tables:
     lifter: torch.Tensor | None  # (ceps,)
 
 
+def _mel_blocks(mel_t: torch.Tensor, device: torch.device, dtype: torch.dtype) -> tuple:
+    """``mel_t`` (FFT bins, filters) in blocks of ``_MEL_BLOCK`` filters, each with the FFT
+    bins where one of its filters is not zero: ``(first, last, columns, block)``."""
+    blocks = []
+    for start in range(0, mel_t.shape[1], _MEL_BLOCK):
+        columns = slice(start, min(start + _MEL_BLOCK, mel_t.shape[1]))
+        used = mel_t[:, columns].ne(0).any(dim=1).nonzero().flatten().tolist() or [0]
+        first, last = used[0], used[-1] + 1
+        block = mel_t[first:last, columns].contiguous().to(device=device, dtype=dtype)
+        blocks.append((first, last, columns, block))
+    return tuple(blocks)
+
+
+def _apply_mel(power: torch.Tensor, blocks: tuple, out: torch.Tensor) -> None:
+    for first, last, columns, block in blocks:
+        torch.mm(power[:, first:last], block, out=out[:, columns])
+
+
 @functools.lru_cache(maxsize=64)
 def _tables(options: FbankOptions, rate: float, device: torch.device,
             dtype: torch.dtype) -> _Tables:
@@ -206,13 +228,7 @@ def _tables(options: FbankOptions, rate: float, device: torch.device,
                                       options.high_freq, options.vtln_low, options.vtln_high,
                                       options.vtln_warp)
     mel_t = torch.nn.functional.pad(banks, (0, 1)).T  # the Nyquist row zero, as torchaudio's
-    blocks = []
-    for start in range(0, options.num_mel_bins, _MEL_BLOCK):
-        columns = slice(start, min(start + _MEL_BLOCK, options.num_mel_bins))
-        used = mel_t[:, columns].ne(0).any(dim=1).nonzero().flatten().tolist() or [0]
-        first, last = used[0], used[-1] + 1
-        block = mel_t[first:last, columns].contiguous().to(device=device, dtype=dtype)
-        blocks.append((first, last, columns, block))
+    blocks = _mel_blocks(mel_t, device, dtype)
     dct = lifter = None
     if isinstance(options, MfccOptions):
         bins = options.num_mel_bins
@@ -227,7 +243,7 @@ def _tables(options: FbankOptions, rate: float, device: torch.device,
     def put(t: torch.Tensor | None) -> torch.Tensor | None:
         return None if t is None else t.to(device=device, dtype=dtype)
 
-    return _Tables(put(_window(options, geo.size, dtype)), tuple(blocks), put(dct), put(lifter))
+    return _Tables(put(_window(options, geo.size, dtype)), blocks, put(dct), put(lifter))
 
 
 def _frame_count(n: int, geo: _Geometry, snip_edges: bool) -> int:
@@ -367,7 +383,8 @@ def _log_mel(
     for frames in _chunks(wave, counts, lengths, geo, options):
         count = frames.shape[0]
         if scratch.shape[0] < count:
-            scratch = torch.zeros(count, geo.padded, device=wave.device, dtype=wave.dtype)
+            scratch = torch.empty(count, geo.padded, device=wave.device, dtype=wave.dtype)
+            scratch[:, geo.size:] = 0
         buf, done = scratch[:count], slice(start, start + count)
         if options.remove_dc_offset:  # the one copy of the frames, chunk by chunk
             frames = frames - frames.mean(dim=-1, keepdim=True)
@@ -388,8 +405,7 @@ def _log_mel(
         power = torch.add(squares[..., 0], squares[..., 1])  # re² + im², no abs' square root
         if not options.use_power:
             power.sqrt_()
-        for first, last, columns, block in tables.mel_blocks:
-            torch.mm(power[:, first:last], block, out=mel[done, columns])
+        _apply_mel(power, tables.mel_blocks, mel[done])
         start += count
     if options.use_log_fbank:
         mel.clamp_min_(_EPS).log_()
@@ -470,3 +486,129 @@ def mfcc(
         c0 = feats[:, :1] if out.energy is not None else feats[:, :1] * math.sqrt(2)
         feats = torch.cat((feats[:, 1:], c0), dim=-1)
     return out.padded(feats, options.subtract_mean, waveform.ndim == 2)
+
+
+@dataclasses.dataclass(frozen=True)
+class LogMelOptions:
+    """Log-mel options: :class:`torchaudio.transforms.MelSpectrogram`'s names and defaults
+    (Hann window, periodic) plus ``log_floor``: the features are
+    ``MelSpectrogram(...)(x).clamp(min=log_floor).log()``, as ESPnet's log-mel and
+    ``compute_features("mel", log=True)``.
+
+    >>> LogMelOptions(n_fft=512, hop_length=160).hop
+    160
+    """
+
+    n_fft: int = 400
+    win_length: int | None = None
+    hop_length: int | None = None
+    f_min: float = 0.0
+    f_max: float | None = None
+    n_mels: int = 128
+    center: bool = True
+    pad_mode: str = "reflect"
+    power: float = 2.0
+    norm: str | None = None
+    mel_scale: str = "htk"
+    log_floor: float = 1e-10
+
+    def __post_init__(self) -> None:
+        if not 2 <= self.n_fft or not 1 <= self.win <= self.n_fft or self.hop < 1:
+            raise ValueError(f"need 2 <= n_fft, 1 <= win_length <= n_fft, hop_length >= 1; got "
+                             f"{self.n_fft}, {self.win_length}, {self.hop_length}")
+        if self.pad_mode not in ("reflect", "constant"):
+            raise ValueError(f"pad_mode must be 'reflect' or 'constant', got {self.pad_mode!r}")
+        if not self.power > 0 or not self.log_floor > 0:
+            raise ValueError(f"power and log_floor must be > 0, got {self.power}, "
+                             f"{self.log_floor}")
+
+    @property
+    def win(self) -> int:
+        return self.n_fft if self.win_length is None else self.win_length
+
+    @property
+    def hop(self) -> int:
+        return self.win // 2 if self.hop_length is None else self.hop_length
+
+
+@functools.lru_cache(maxsize=64)
+def _log_mel_tables(options: LogMelOptions, rate: float, device: torch.device,
+                    dtype: torch.dtype) -> tuple[torch.Tensor, int, tuple]:
+    """(Hann window of win_length, its offset in the FFT frame, mel blocks)."""
+    fb = taF.melscale_fbanks(options.n_fft // 2 + 1, options.f_min,
+                             options.f_max if options.f_max is not None else rate / 2,
+                             options.n_mels, int(rate), options.norm, options.mel_scale)
+    window = torch.hann_window(options.win, dtype=dtype).to(device)
+    return window, (options.n_fft - options.win) // 2, _mel_blocks(fb, device, dtype)
+
+
+def _stft_frames(row: torch.Tensor, n: int, options: LogMelOptions) -> torch.Tensor:
+    """``torch.stft``'s frames of one row's ``n`` samples (centred: padded by ``n_fft // 2``
+    on each side, reflecting at the row's own ends or with zeros)."""
+    size, hop = options.n_fft, options.hop
+    if options.center:
+        half = size // 2
+        index = torch.arange(-half, n + half, device=row.device)
+        if options.pad_mode == "reflect":  # i mod 2(n - 1), folded at n - 1
+            period = max(2 * (n - 1), 1)
+            index = torch.remainder(index, period)
+            row = row[torch.where(index < n, index, period - index)]
+        else:
+            row = torch.nn.functional.pad(row[:n], (half, half))
+        n = n + 2 * half
+    count = 0 if n < size else 1 + (n - size) // hop
+    return row.as_strided((count, size), (hop, 1))
+
+
+def log_mel(
+    waveform: torch.Tensor,
+    lengths: torch.Tensor | None = None,
+    *,
+    sample_rate: float,
+    options: LogMelOptions | None = None,
+    dither: float = 0.0,
+    generator: torch.Generator | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-mel spectrogram, frames first: ``(feats (…, frames, n_mels), frame counts)``, the
+    numbers of ``torchaudio.transforms.MelSpectrogram(sample_rate, ...)(x).clamp(min=
+    log_floor).log().T`` to float32 rounding (options :class:`LogMelOptions`), for one
+    utterance or a padded batch as :func:`fbank` (each row padded at its own ends).
+
+    >>> feats, counts = log_mel(torch.zeros(2, 16000), torch.tensor([16000, 8000]),
+    ...                         sample_rate=16000, n_fft=512, hop_length=160, n_mels=80)
+    >>> tuple(feats.shape), counts.tolist()
+    ((2, 101, 80), [101, 51])
+    """
+    options = _options(LogMelOptions, options, kwargs)
+    wave, lengths = _batch(waveform, lengths)
+    if options.center and options.pad_mode == "reflect" and any(
+            0 < n <= options.n_fft // 2 for n in lengths):
+        raise ValueError(f"reflect padding needs more than n_fft // 2 = {options.n_fft // 2} "
+                         f"samples in each row, got lengths {lengths}")
+    if dither != 0.0:
+        wave = _dithered(wave, lengths, float(dither), generator)
+    window, offset, blocks = _log_mel_tables(options, float(sample_rate), wave.device,
+                                             wave.dtype)
+    rows = [_stft_frames(row, n, options) if n else row[:0].view(0, options.n_fft)
+            for row, n in zip(wave, lengths)]
+    counts = [len(r) for r in rows]
+    mel = torch.empty(sum(counts), options.n_mels, device=wave.device, dtype=wave.dtype)
+    chunk = max(1, _CHUNK_BYTES // (options.n_fft * wave.element_size()))
+    scratch = torch.empty(min(chunk, max(counts, default=0)), options.n_fft,
+                          device=wave.device, dtype=wave.dtype)
+    span = slice(offset, offset + options.win)
+    scratch[:, :offset] = 0
+    scratch[:, span.stop:] = 0
+    start = 0
+    for frames in (piece for r in rows for piece in r.split(chunk)):
+        buf = scratch[: frames.shape[0]]  # zero outside the window's span
+        torch.mul(frames[:, span], window, out=buf[:, span])
+        squares = torch.view_as_real(torch.fft.rfft(buf)).square_()
+        power = torch.add(squares[..., 0], squares[..., 1])
+        if options.power != 2.0:
+            power.pow_(options.power / 2)
+        _apply_mel(power, blocks, mel[start: start + frames.shape[0]])
+        start += frames.shape[0]
+    mel.clamp_min_(options.log_floor).log_()
+    return _Mel(mel, None, counts).padded(mel, False, waveform.ndim == 2)
