@@ -8,6 +8,7 @@ before computing; ``compute_features`` (:class:`FeatureComputerIterDataPipe`) is
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 from typing import Any, Callable, Iterator, Mapping
@@ -31,7 +32,7 @@ from ._audio_common import (
 )
 from ._base import IterDataPipe, functional_datapipe
 from ._state import Seeded, check_seed
-from .kaldi_fbank import FbankOptions, MfccOptions, fbank, mfcc
+from .kaldi_fbank import FbankOptions, LogMelOptions, MfccOptions, fbank, log_mel, mfcc
 
 __all__ = [
     "BACKENDS",
@@ -52,8 +53,12 @@ __all__ = [
 FEATURE_KINDS = ("fbank", "mel", "mfcc")
 #: Who computes Kaldi ``fbank``/``mfcc``: speechpipe's vectorised
 #: :mod:`~speechpipe.pipes.kaldi_fbank` (default) or :mod:`torchaudio.compliance.kaldi`.
-#: ``mel`` is torchaudio's :class:`~torchaudio.transforms.MelSpectrogram` under either.
+#: ``mel`` with ``log=True`` and only :class:`~speechpipe.pipes.kaldi_fbank.LogMelOptions`'
+#: options is speechpipe's :func:`~speechpipe.pipes.kaldi_fbank.log_mel` too; other ``mel``
+#: settings (``log=False``, ``pad``, ``window_fn``, ``normalized``...) are torchaudio's
+#: :class:`~torchaudio.transforms.MelSpectrogram` under either backend.
 BACKENDS = ("speechpipe", "torchaudio")
+_LOG_MEL_FIELDS = {f.name for f in dataclasses.fields(LogMelOptions)}
 #: Kaldi reads 16-bit samples as integers; soundfile gives [-1, 1]. Scaling by this makes
 #: ``fbank``/``mfcc`` (and ``dither``) match Kaldi's ``compute-*-feats`` on 16-bit audio.
 KALDI_SCALE = 32768.0
@@ -206,10 +211,12 @@ class _Extractor:
             self.snip_edges = bool(merged["snip_edges"])
         self._kaldi = {"fbank": kaldi.fbank, "mfcc": kaldi.mfcc}.get(kind)
         self.backend = backend
-        self.ours = None  # speechpipe's Kaldi options, when it computes
-        if backend == "speechpipe" and kind != "mel":
+        self.ours = None  # speechpipe's options, when it computes
+        if backend == "speechpipe" and (kind != "mel" or (
+                self.log and set(self.options) - {"log"} <= _LOG_MEL_FIELDS)):
+            cls = {"fbank": FbankOptions, "mfcc": MfccOptions, "mel": LogMelOptions}[kind]
             try:
-                self.ours = (FbankOptions if kind == "fbank" else MfccOptions)(**self.options)
+                self.ours = cls(**{k: v for k, v in self.options.items() if k != "log"})
             except (TypeError, ValueError) as exc:
                 raise ValueError(f"compute_features(kind={kind!r}) options {self.options} are "
                                  f"rejected: {exc}") from exc
@@ -246,6 +253,8 @@ class _Extractor:
 
     def __call__(self, waveform: torch.Tensor, rate: int) -> torch.Tensor:
         """``(n,)`` float32 waveform (already scaled and dithered) -> ``(frames, dim)``."""
+        if self.ours is not None:
+            return self.batch(waveform, None, rate)[0]
         if self.kind == "mel":
             transform = self._mels.get(rate)
             if transform is None:
@@ -254,16 +263,15 @@ class _Extractor:
             if self.log:
                 spec = spec.clamp(min=self.log_floor).log()
             return spec.transpose(0, 1)
-        if self.ours is not None:
-            return self.batch(waveform, None, rate)[0]
         return self._kaldi(waveform.unsqueeze(0), sample_frequency=float(rate), dither=0.0,
                            **self.options)
 
     def batch(self, waveform: torch.Tensor, lengths: torch.Tensor | None, rate: int,
               dither: float = 0.0, generator: torch.Generator | None = None
               ) -> tuple[torch.Tensor, torch.Tensor]:
-        """speechpipe's ``fbank``/``mfcc`` of a scaled waveform, one utterance or a batch."""
-        compute = fbank if self.kind == "fbank" else mfcc
+        """speechpipe's ``fbank``/``mfcc``/``log_mel`` of a scaled waveform, one utterance or
+        a batch."""
+        compute = {"fbank": fbank, "mfcc": mfcc, "mel": log_mel}[self.kind]
         return compute(waveform, lengths, sample_rate=rate, options=self.ours, dither=dither,
                        generator=generator)
 
