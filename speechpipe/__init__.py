@@ -11,8 +11,8 @@ __version__ = "0.1.0"
 
 from .pipes import (  # noqa: E402,F401  (registration)
     audio, augment, batching, cmvn, collate, decode, device, distributed, features, kaldi,
-    kaldi_fbank, kaldi_tables, manifests, mixing, order, sample_lists, sharding, shards, sources,
-    text, text_normalization, threads, tokenizers, views,
+    kaldi_tables, manifests, mixing, order, sample_lists, sharding, shards, sources, text,
+    text_normalization, threads, tokenizers, views,
 )
 from .diagnostics import Diagnostics, SkippedInputWarning  # noqa: E402
 from .epochs import set_epoch  # noqa: E402
@@ -66,8 +66,7 @@ __all__ = [
     "UnsafeInputError", "WordTokenizer", "build_loader", "build_tokenizer",
     "compute_cmvn_stats", "compute_lengths", "corpus_stats", "eval_pipeline", "fbank",
     "get_recipe", "kaldi_arks", "load_tokenizer", "log_mel", "manifest_path", "mfcc",
-    "pack_data",
-    "pipeline_report",
+    "pack_data", "pipeline_report",
     "read_data_len", "recipes", "select_keys", "set_epoch", "shard_assignment", "start",
     "to_device", "train_pipeline",
 ]

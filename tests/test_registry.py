@@ -256,8 +256,7 @@ PUBLIC = [
     "UnsafeInputError", "WordTokenizer", "build_loader", "build_tokenizer",
     "compute_cmvn_stats", "compute_lengths", "corpus_stats", "eval_pipeline", "fbank",
     "get_recipe", "kaldi_arks", "load_tokenizer", "log_mel", "manifest_path", "mfcc",
-    "pack_data",
-    "pipeline_report",
+    "pack_data", "pipeline_report",
     "read_data_len", "recipes", "select_keys", "set_epoch", "shard_assignment", "start",
     "to_device", "train_pipeline",
 ]

@@ -353,8 +353,10 @@ def compute_features(
     runs :class:`torchaudio.transforms.MelSpectrogram` with ``options`` (``n_fft``,
     ``win_length``, ``hop_length``, ``n_mels``, ``f_min``, ``center``...) plus ``log``
     (``clamp(min=log_floor).log()``, as ESPnet's log-mel) and ``log_floor`` (1e-10), and
-    transposes to ``(frames, n_mels)``. The sample rate is passed to them from
-    ``sample_rate``.
+    transposes to ``(frames, n_mels)`` (with ``log=True`` and only
+    :class:`~speechpipe.pipes.kaldi_fbank.LogMelOptions`' options, speechpipe's
+    :func:`~speechpipe.pipes.kaldi_fbank.log_mel` computes those numbers unless
+    ``backend="torchaudio"``). The sample rate is passed to them from ``sample_rate``.
 
     The waveform given to the reference is ``audio × scale + dither × N(0, 1)``: ``scale``
     defaults to :data:`KALDI_SCALE` (32768) for ``fbank``/``mfcc`` -- Kaldi's 16-bit

@@ -356,7 +356,7 @@ class _Mel:
         return out, counts
 
 
-def _log_mel(
+def _kaldi_mel(
     waveform: torch.Tensor,
     lengths: Any,
     sample_rate: float,
@@ -446,7 +446,7 @@ def fbank(
     ((2, 98, 23), [98, 48])
     """
     options = _options(FbankOptions, options, kwargs)
-    out = _log_mel(waveform, lengths, sample_rate, options, float(dither), generator)
+    out = _kaldi_mel(waveform, lengths, sample_rate, options, float(dither), generator)
     feats = out.mel
     if out.energy is not None:
         parts = (feats, out.energy.unsqueeze(-1))
@@ -475,7 +475,7 @@ def mfcc(
     ((2, 98, 13), [98, 1])
     """
     options = _options(MfccOptions, options, kwargs)
-    out = _log_mel(waveform, lengths, sample_rate, options, float(dither), generator)
+    out = _kaldi_mel(waveform, lengths, sample_rate, options, float(dither), generator)
     tables = _tables(options, float(sample_rate), out.mel.device, out.mel.dtype)
     feats = torch.matmul(out.mel, tables.dct)  # (frames, num_ceps)
     if tables.lifter is not None:
