@@ -350,9 +350,10 @@ class _Mel:
         width = max(self.counts, default=0)
         if all(n == width for n in self.counts):
             return torch.stack(rows) if rows else flat.new_zeros(0, 0, flat.shape[-1]), counts
-        out = flat.new_zeros(len(rows), width, flat.shape[-1])
-        for dst, row in zip(out, rows):
+        out = flat.new_empty(len(rows), width, flat.shape[-1])
+        for dst, row in zip(out, rows):  # one write of each element
             dst[: len(row)] = row
+            dst[len(row):] = 0
         return out, counts
 
 
