@@ -7,12 +7,16 @@ and exactly the same frame counts, to float32 rounding, for a 1-D waveform or a 
 T)`` batch with per-row ``lengths``; :func:`log_mel` does the same for
 :class:`torchaudio.transforms.MelSpectrogram` followed by ``clamp(min=floor).log()``:
 
-- frames are a strided view of the waveform (``as_strided``; with ``snip_edges=False`` of a
-  per-row reflected copy of the waveform, Kaldi's reflection at each row's own ends);
-- DC removal writes the one frame-sized copy, pre-emphasis writes from it straight into the
-  zero-padded FFT buffer, the window multiplies that buffer in place;
-- one ``torch.fft.rfft``; the power spectrum is ``re² + im²`` (no ``abs``, no square root);
+- each row's frames are a strided view of the row (``as_strided``; with ``snip_edges=False``
+  of the row reflected at its own ends, as Kaldi reflects), taken in chunks of about 1 MB of
+  FFT input so that every step of a chunk works in the cache;
+- DC removal writes the one frame-sized copy, pre-emphasis writes from it straight into a
+  zero-padded FFT buffer reused by every chunk, the window multiplies that buffer in place;
+- one ``torch.fft.rfft`` per chunk; the power spectrum is ``re² + im²`` (no ``abs``, no square
+  root); the mel product runs in blocks of 16 filters over the FFT bins each block uses;
 - the window, mel matrix, DCT and lifter are cached per (options, sample rate, device, dtype).
+
+Measurements: ``benchmarks/README.md``, "Kaldi fbank".
 
 In a batch, row ``b``'s frames are those the row alone gives: padding never enters a frame of
 the row, and frames past the row's count are zero and not counted in the returned lengths.
