@@ -5,13 +5,14 @@ Invariant: for every option set, sample rate and input, :func:`speechpipe.pipes.
 row gives what the row alone gives, whatever the padding holds (the same frame count, the same
 numbers to float32 rounding: a sum's order can follow the row's alignment in memory).
 
-Tolerance (float32 rounding only). Measured max abs difference to torchaudio: log fbank
-1.9e-6 (one float32 ulp of values in [16, 32)), on the demo's speech and on real recorded
-speech (alsa-utils' voice prompts, 48 kHz, at 48, 44.1, 16 and 8 kHz, every option set
-below); MFCC 2.9e-5 (sums of 23 such logs); linear fbank (``use_log_fbank=False``) 1.6e-5
-relative. The tests allow 1e-5 absolute (log fbank), 1e-4 absolute + 1e-5 relative (MFCC),
-1e-4 relative (linear). Test speech is the demo corpus's (shipped, synthesized), resampled
-for the other rates; the real recording stayed outside the repository (it is GPL-2).
+Tolerance (float32 rounding only). Measured max abs difference to torchaudio: log fbank and
+log-mel 1.9e-6 (one float32 ulp of values in [16, 32)), on the demo's speech and on real
+recorded speech (alsa-utils' nine voice prompts, 48 kHz, at 48, 44.1, 16 and 8 kHz, 15
+fbank option sets like those below, all five windows); MFCC 2.9e-5 (sums of 23 such logs);
+linear fbank (``use_log_fbank=False``) 1.6e-5 relative. The tests allow 1e-5 absolute (log
+fbank, log-mel), 1e-4 absolute + 1e-5 relative (MFCC), 1e-4 relative (linear). Test speech
+is the demo corpus's (shipped, synthesized), resampled for the other rates; the real
+recording stayed outside the repository (alsa-utils is GPL-2, speechpipe Apache-2.0).
 """
 
 from __future__ import annotations
