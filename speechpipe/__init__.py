@@ -35,6 +35,9 @@ from .pipes.constraints import (  # noqa: E402
 )
 from .pipes.hf_datasets import read_hf_dataset  # noqa: E402
 from .pipes.lhotse_io import read_lhotse, read_lhotse_shar, write_lhotse  # noqa: E402
+from .pipes.kaldi_fbank import (  # noqa: E402
+    FbankOptions, LogMelOptions, MfccOptions, fbank, log_mel, mfcc,
+)
 from .pipes.distributed import (  # noqa: E402
     DistributedStepError, EqualSteps, ShardSplit, StepPlanner, StepStats, shard_assignment,
 )
@@ -63,19 +66,18 @@ __all__ = [
     "AudioFormatError", "BatchConstraint", "BatchStats", "BatchView", "BudgetWarning",
     "ChannelMismatchError", "CharTokenizer", "CmvnStats",
     "DataError", "Diagnostics", "DistributedStepError", "EpochProgress", "EpochWarning",
-    "EqualSteps", "FrontEnd", "IterableWrapper", "Loader", "MissingDataError", "PackOptions",
-    "PackReport", "PadCollate", "PaddedArea", "PipeDataset", "PipelineNode", "Quadratic",
-    "RemoteOptions", "ResumeWarning", "SampleCount", "SampleRateError", "SentencePieceTokenizer",
-    "SequenceWrapper", "ShardEntry", "ShardIndex", "ShardReadOptions", "ShardSplit", "ShardWriter",
-    "SkippedInputWarning", "SpeechpipeError", "StepPlanner", "StepStats", "SumOfLengths",
-    "TextNormalizer", "TwoDimensional", "UnevenSplitWarning", "UnsafeInputError",
-    "UnsupportedCodecError", "WordTokenizer", "build_loader", "build_tokenizer",
-    "compute_cmvn_stats", "compute_lengths", "corpus_stats", "encode_audio", "eval_pipeline",
-    "get_recipe",
-    "kaldi_arks", "load_tokenizer", "manifest_path", "pack_data", "pipeline_report",
-    "read_data_len", "read_hf_dataset", "read_lhotse", "read_lhotse_shar", "recipes",
-    "select_keys", "set_epoch", "shard_assignment", "start", "to_device", "train_pipeline",
-    "write_lhotse",
+    "EqualSteps", "FbankOptions", "FrontEnd", "IterableWrapper", "Loader", "LogMelOptions",
+    "MfccOptions", "MissingDataError", "PackOptions", "PackReport", "PadCollate", "PaddedArea",
+    "PipeDataset", "PipelineNode", "Quadratic", "RemoteOptions", "ResumeWarning", "SampleCount",
+    "SampleRateError", "SentencePieceTokenizer", "SequenceWrapper", "ShardEntry", "ShardIndex",
+    "ShardReadOptions", "ShardSplit", "ShardWriter", "SkippedInputWarning", "SpeechpipeError",
+    "StepPlanner", "StepStats", "SumOfLengths", "TextNormalizer", "TwoDimensional",
+    "UnevenSplitWarning", "UnsafeInputError", "UnsupportedCodecError", "WordTokenizer",
+    "build_loader", "build_tokenizer", "compute_cmvn_stats", "compute_lengths", "corpus_stats",
+    "encode_audio", "eval_pipeline", "fbank", "get_recipe", "kaldi_arks", "load_tokenizer",
+    "log_mel", "manifest_path", "mfcc", "pack_data", "pipeline_report", "read_data_len",
+    "read_hf_dataset", "read_lhotse", "read_lhotse_shar", "recipes", "select_keys", "set_epoch",
+    "shard_assignment", "start", "to_device", "train_pipeline", "write_lhotse",
 ]
 
 

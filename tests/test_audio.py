@@ -175,8 +175,17 @@ def test_mel_num_frames_equals_melspectrogram_output_for_many_lengths():
             assert mel_num_frames(n, **opts) == expected, (opts, n)
 
 
+def _assert_same_feats(got: torch.Tensor, expected: torch.Tensor, *, exact: bool) -> None:
+    """Bit for bit, or to float32 rounding (speechpipe's fbank: tests/test_kaldi_fbank.py)."""
+    if exact:
+        assert torch.equal(got, expected)
+    else:
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-4)
+
+
 def test_fbank_equals_kaldi_fbank_called_directly(few):
-    out = list(_pipe(few).compute_features("fbank", num_mel_bins=80))
+    # backend="torchaudio": bit for bit; the default backend: tests/test_kaldi_fbank.py
+    out = list(_pipe(few).compute_features("fbank", backend="torchaudio", num_mel_bins=80))
     for sample, got in zip(few, out):
         expected = kaldi.fbank(_wave(sample).unsqueeze(0) * KALDI_SCALE, num_mel_bins=80,
                                sample_frequency=16000)
@@ -187,13 +196,14 @@ def test_fbank_equals_kaldi_fbank_called_directly(few):
 def test_fbank_options_pass_through_unchanged(few):
     opts = dict(num_mel_bins=40, frame_length=20.0, frame_shift=8.0, energy_floor=0.0,
                 use_energy=True, snip_edges=False, low_freq=60.0, high_freq=-400.0)
-    [got] = _pipe(few[:1]).compute_features("fbank", scale=1.0, **opts)
+    [got] = _pipe(few[:1]).compute_features("fbank", scale=1.0, backend="torchaudio", **opts)
     expected = kaldi.fbank(_wave(few[0]).unsqueeze(0), sample_frequency=16000, **opts)
     assert torch.equal(torch.from_numpy(got["feats"]), expected)
 
 
 def test_mfcc_equals_kaldi_mfcc_called_directly(few):
-    out = list(_pipe(few).compute_features("mfcc", num_mel_bins=40, num_ceps=20))
+    out = list(_pipe(few).compute_features("mfcc", num_mel_bins=40, num_ceps=20,
+                                           backend="torchaudio"))
     for sample, got in zip(few, out):
         expected = kaldi.mfcc(_wave(sample).unsqueeze(0) * KALDI_SCALE, num_mel_bins=40,
                               num_ceps=20, sample_frequency=16000)
@@ -207,9 +217,9 @@ def test_mel_equals_melspectrogram_transform(few, log):
     transform = taT.MelSpectrogram(sample_rate=16000, **opts)
     for sample, got in zip(few, out):
         expected = transform(_wave(sample))
-        if log:
+        if log:  # speechpipe's log_mel; torchaudio's MelSpectrogram without log
             expected = expected.clamp(min=1e-10).log()
-        assert torch.equal(torch.from_numpy(got["feats"]), expected.T)
+        _assert_same_feats(torch.from_numpy(got["feats"]), expected.T, exact=not log)
 
 
 def test_mel_transforms_are_per_sample_rate(few):
@@ -232,15 +242,17 @@ def test_feature_frames_are_known_before_computing(corpus):
             assert got["feats"].shape[0] == pipe.num_frames(len(got["audio"]), 16000)
 
 
-def test_dither_is_seeded_noise_on_the_scaled_waveform(few):
-    pipe = _pipe(few[:2]).compute_features("fbank", dither=1.0, seed=7)
+@pytest.mark.parametrize("backend", ["torchaudio", "speechpipe"])
+def test_dither_is_seeded_noise_on_the_scaled_waveform(few, backend):
+    pipe = _pipe(few[:2]).compute_features("fbank", dither=1.0, seed=7, backend=backend)
     out = _global_rng_untouched(lambda: list(pipe))
     g = torch.Generator().manual_seed(derive_seed(7, 0, 0, 0, "compute_features"))
     for sample, got in zip(few[:2], out):
         noisy = _wave(sample) * KALDI_SCALE
         noisy = noisy + torch.randn(noisy.shape[0], generator=g) * 1.0
         expected = kaldi.fbank(noisy.unsqueeze(0), sample_frequency=16000, num_mel_bins=80)
-        assert torch.equal(torch.from_numpy(got["feats"]), expected)  # 80 bins: the default
+        _assert_same_feats(torch.from_numpy(got["feats"]), expected,  # 80 bins: the default
+                           exact=backend == "torchaudio")
     clean = next(iter(_pipe(few[:1]).compute_features("fbank")))["feats"]
     assert not np.array_equal(out[0]["feats"], clean)
 
@@ -293,8 +305,10 @@ def test_audio_of_three_dims_for_features_names_the_key():
     ("mel", {"sample_rate": 0}, ValueError, "sample_rate must be >= 1"),
     ("fbank", {"min_duration": 1.0}, TypeError, "filter"),
     ("fbank", {"sample_frequency": 8000}, TypeError, "read from each sample"),
-    ("mfcc", {"num_ceps": 40, "num_mel_bins": 23}, ValueError, "rejected by torchaudio"),
-    ("fbank", {"window_type": "square"}, ValueError, "rejected by torchaudio"),
+    ("mfcc", {"num_ceps": 40, "num_mel_bins": 23}, ValueError, "rejected: num_ceps must be"),
+    ("fbank", {"window_type": "square"}, ValueError, "rejected: window_type must be"),
+    ("fbank", {"window_type": "square", "backend": "torchaudio"}, ValueError,
+     "rejected by torchaudio"),
     ("mel", {"n_mels": 40, "log": "yes"}, TypeError, "log must be a bool"),
 ])
 def test_feature_options_are_checked_in_the_constructor(kind, options, error, message):
@@ -323,7 +337,9 @@ def test_batched_features_equal_per_sample_features_row_by_row(few, kind, option
     rows = [(b["feats"][i], int(b["feats_len"][i])) for b in batches for i in range(len(b["key"]))]
     for (row, n), single in zip(rows, singles):
         assert n == single["feats"].shape[0]
-        assert torch.equal(row[:n], torch.from_numpy(single["feats"]))
+        # speechpipe's fbank/mfcc: one call per batch, equal to float32 rounding
+        _assert_same_feats(row[:n], torch.from_numpy(single["feats"]),
+                           exact=kind == "mel" and not options.get("log"))
         assert not row[n:].any(), "padding frames must be zeros"
     assert batches[0]["feats"].dtype == torch.float32
     assert batches[0]["feats_len"].dtype == torch.int64
@@ -336,7 +352,7 @@ def test_batched_dither_matches_per_sample_dither(few):
     singles = list(_pipe(few[:3]).compute_features("fbank", dither=1.0, seed=5))
     for i, single in enumerate(singles):
         n = single["feats"].shape[0]
-        assert torch.equal(batch["feats"][i, :n], torch.from_numpy(single["feats"]))
+        _assert_same_feats(batch["feats"][i, :n], torch.from_numpy(single["feats"]), exact=False)
 
 
 def test_batch_features_function_gives_lengths_from_num_frames(few):

@@ -526,17 +526,26 @@ def test_resuming_with_random_stages_drawing_in_sequence_warns(tmp_path):
         next(iter(again), None)
 
 
+@pytest.mark.parametrize("batched", [False, True])
 @pytest.mark.parametrize("dither", [0.0, 1.0])
-def test_features_warn_on_resume_only_when_they_dither(tmp_path, dither):
-    """compute_features draws only for dither: without it a resume repeats the run and says
-    nothing (every recipe's resume warned before)."""
+def test_features_warn_on_resume_only_when_they_dither(tmp_path, dither, batched):
+    """compute_features (and compute_batch_features after collate, issue 20) draw only for
+    dither: without it a resume repeats the run and says nothing (every recipe's resume
+    warned before)."""
     import warnings
+
+    from speechpipe.pipes.collate import PadCollate
 
     paths = _audio_shards(tmp_path, 800)
 
     def make():
-        return (IterableWrapper(paths).sharded_shuffle(buffer_size=4).decode()
-                .compute_features("fbank", dither=dither, num_mel_bins=10)
+        samples = IterableWrapper(paths).sharded_shuffle(buffer_size=4).decode()
+        if batched:
+            return (samples.block_batch(batch_len=10**6, max_samples=2)
+                    .collate(PadCollate(fields=("key", "audio", "sample_rate")))
+                    .compute_batch_features("fbank", dither=dither, num_mel_bins=10,
+                                            device="cpu"))
+        return (samples.compute_features("fbank", dither=dither, num_mel_bins=10)
                 .block_batch(batch_len=10**6, max_samples=2))
 
     again = _restored_after_one_batch(make)

@@ -18,9 +18,12 @@ functional name             what it does to a sample                            
                             pitch change by ``factor``; records ``speed``
 ``perturb_volume``          ``audio × gain``, ``gain ~ U[low, high]``, records ``gain`` yes
 ``compute_features``        ``feats`` (frames, dim): Kaldi ``fbank``/``mfcc``           dither
-                            (:mod:`torchaudio.compliance.kaldi`) or ``mel``
+                            (:mod:`~speechpipe.pipes.kaldi_fbank`, or
+                            :mod:`torchaudio.compliance.kaldi` by name) or ``mel``
                             (:class:`torchaudio.transforms.MelSpectrogram`); per sample
                             or per collated batch (``batched=True``)
+``compute_batch_features``  ``feats``/``feats_len`` of a collated batch, in one call,   dither
+                            on a chosen ``device``
 ``spec_augment``            time warp, time masks, frequency masks on ``feats``         yes
 ``apply_cmvn``              global (:class:`CmvnStats`) or per-utterance mean and       no
                             variance normalisation of ``feats``
@@ -93,6 +96,8 @@ from .cmvn import (  # re-exported: moved from this module
     normalize_features,
 )
 from .features import (  # re-exported: moved from this module
+    BatchFeatureComputer,
+    BatchFeatureComputerIterDataPipe,
     FEATURE_KINDS,
     FeatureComputer,
     FeatureComputerIterDataPipe,
@@ -106,6 +111,8 @@ from .features import (  # re-exported: moved from this module
 __all__ = [
     "ChannelPicker",
     "ChannelPickerIterDataPipe",
+    "BatchFeatureComputer",
+    "BatchFeatureComputerIterDataPipe",
     "CmvnApplier",
     "CmvnApplierIterDataPipe",
     "CmvnStats",

@@ -8,6 +8,7 @@ before computing; ``compute_features`` (:class:`FeatureComputerIterDataPipe`) is
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 from typing import Any, Callable, Iterator, Mapping
@@ -32,8 +33,12 @@ from ._audio_common import (
 )
 from ._base import IterDataPipe, functional_datapipe
 from ._state import Seeded, check_seed
+from .kaldi_fbank import FbankOptions, LogMelOptions, MfccOptions, fbank, log_mel, mfcc
 
 __all__ = [
+    "BACKENDS",
+    "BatchFeatureComputer",
+    "BatchFeatureComputerIterDataPipe",
     "FEATURE_KINDS",
     "FeatureComputer",
     "FeatureComputerIterDataPipe",
@@ -47,6 +52,14 @@ __all__ = [
 
 #: ``compute_features`` kinds: Kaldi filterbanks and MFCCs, torchaudio mel spectrograms.
 FEATURE_KINDS = ("fbank", "mel", "mfcc")
+#: Who computes Kaldi ``fbank``/``mfcc``: speechpipe's vectorised
+#: :mod:`~speechpipe.pipes.kaldi_fbank` (default) or :mod:`torchaudio.compliance.kaldi`.
+#: ``mel`` with ``log=True`` and only :class:`~speechpipe.pipes.kaldi_fbank.LogMelOptions`'
+#: options is speechpipe's :func:`~speechpipe.pipes.kaldi_fbank.log_mel` too; other ``mel``
+#: settings (``log=False``, ``pad``, ``window_fn``, ``normalized``...) are torchaudio's
+#: :class:`~torchaudio.transforms.MelSpectrogram` under either backend.
+BACKENDS = ("speechpipe", "torchaudio")
+_LOG_MEL_FIELDS = {f.name for f in dataclasses.fields(LogMelOptions)}
 #: Kaldi reads 16-bit samples as integers; soundfile gives [-1, 1]. Scaling by this makes
 #: ``fbank``/``mfcc`` (and ``dither``) match Kaldi's ``compute-*-feats`` on 16-bit audio.
 KALDI_SCALE = 32768.0
@@ -143,11 +156,14 @@ SPEECH_DEFAULTS = {"fbank": {"num_mel_bins": 80}, "mel": {"n_mels": 80}}
 
 
 class _Extractor:
-    """One feature configuration: kind, scale and the reference function's options."""
+    """One feature configuration: kind, scale, backend and the reference function's options."""
 
-    def __init__(self, kind: str, scale: float | None, options: Mapping[str, Any]) -> None:
+    def __init__(self, kind: str, scale: float | None, options: Mapping[str, Any],
+                 backend: str = "speechpipe") -> None:
         if kind not in FEATURE_KINDS:
             raise ValueError(f"kind must be one of {FEATURE_KINDS}, got {kind!r}")
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
         allowed = _allowed_options(kind)
         options = {**SPEECH_DEFAULTS.get(kind, {}), **options}
         for name in options:
@@ -196,6 +212,16 @@ class _Extractor:
             self.frame_shift = float(merged["frame_shift"])
             self.snip_edges = bool(merged["snip_edges"])
         self._kaldi = {"fbank": kaldi.fbank, "mfcc": kaldi.mfcc}.get(kind)
+        self.backend = backend
+        self.ours = None  # speechpipe's options, when it computes
+        if backend == "speechpipe" and (kind != "mel" or (
+                self.log and set(self.options) - {"log"} <= _LOG_MEL_FIELDS)):
+            cls = {"fbank": FbankOptions, "mfcc": MfccOptions, "mel": LogMelOptions}[kind]
+            try:
+                self.ours = cls(**{k: v for k, v in self.options.items() if k != "log"})
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"compute_features(kind={kind!r}) options {self.options} are "
+                                 f"rejected: {exc}") from exc
         self._mels: dict[int, taT.MelSpectrogram] = {}  # by sample rate
         self.dim = self._dry_run()
 
@@ -229,6 +255,8 @@ class _Extractor:
 
     def __call__(self, waveform: torch.Tensor, rate: int) -> torch.Tensor:
         """``(n,)`` float32 waveform (already scaled and dithered) -> ``(frames, dim)``."""
+        if self.ours is not None:
+            return self.batch(waveform, None, rate)[0]
         if self.kind == "mel":
             transform = self._mels.get(rate)
             if transform is None:
@@ -240,20 +268,31 @@ class _Extractor:
         return self._kaldi(waveform.unsqueeze(0), sample_frequency=float(rate), dither=0.0,
                            **self.options)
 
+    def batch(self, waveform: torch.Tensor, lengths: torch.Tensor | None, rate: int,
+              dither: float = 0.0, generator: torch.Generator | None = None
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+        """speechpipe's ``fbank``/``mfcc``/``log_mel`` of a scaled waveform, one utterance or
+        a batch."""
+        compute = {"fbank": fbank, "mfcc": mfcc, "mel": log_mel}[self.kind]
+        return compute(waveform, lengths, sample_rate=rate, options=self.ours, dither=dither,
+                       generator=generator)
+
 
 @functools.lru_cache(maxsize=16)
-def _cached_extractor(kind: str, scale: float | None, frozen: tuple) -> _Extractor:
+def _cached_extractor(kind: str, scale: float | None, frozen: tuple, backend: str
+                      ) -> _Extractor:
     options = {k: dict(v) if k == "wkwargs" and v is not None else v for k, v in frozen}
-    return _Extractor(kind, scale, options)
+    return _Extractor(kind, scale, options, backend)
 
 
-def _extractor(kind: str, scale: float | None, options: Mapping[str, Any]) -> _Extractor:
+def _extractor(kind: str, scale: float | None, options: Mapping[str, Any],
+               backend: str = "speechpipe") -> _Extractor:
     try:
-        return _cached_extractor(kind, scale, _freeze(options))
+        return _cached_extractor(kind, scale, _freeze(options), backend)
     except TypeError as exc:
         if "unhashable" not in str(exc):
             raise
-        return _Extractor(kind, scale, options)
+        return _Extractor(kind, scale, options, backend)
 
 
 def _prepare(
@@ -294,8 +333,8 @@ def _extract_one(
     try:
         feats = extractor(waveform, rate)
     except Exception as exc:  # torchaudio validates with assert / Exception
-        raise DataError(f"compute_features: torchaudio's {extractor.kind} failed at {rate} Hz: "
-                        f"{type(exc).__name__}: {exc}", **sample_where(sample)) from exc
+        raise DataError(f"compute_features: {extractor.backend}'s {extractor.kind} failed at "
+                        f"{rate} Hz: {type(exc).__name__}: {exc}", **sample_where(sample)) from exc
     return np.ascontiguousarray(feats.numpy(), dtype=np.float32)
 
 
@@ -307,19 +346,25 @@ def compute_features(
     dither: float = 0.0,
     generator: torch.Generator | None = None,
     scale: float | None = None,
+    backend: str = "speechpipe",
     **options: Any,
 ) -> np.ndarray:
     """Features of one waveform: ``(frames, dim)`` float32; ``(frames, channels, dim)`` for
     ``(samples, channels)`` audio, each channel computed alone (time first, like the audio).
 
-    ``kind="fbank"``/``"mfcc"`` call :func:`torchaudio.compliance.kaldi.fbank`/``mfcc`` with
-    ``options`` (their names and defaults: ``num_mel_bins``, ``frame_length``,
+    ``kind="fbank"``/``"mfcc"`` compute Kaldi's features with
+    :func:`speechpipe.pipes.kaldi_fbank.fbank`/``mfcc`` (``backend="speechpipe"``, the
+    default: :func:`torchaudio.compliance.kaldi.fbank`'s numbers to float32 rounding, same
+    frame counts, faster) or with torchaudio's own functions (``backend="torchaudio"``), with
+    ``options`` (torchaudio's names and defaults: ``num_mel_bins``, ``frame_length``,
     ``frame_shift``, ``energy_floor``, ``snip_edges``, ``num_ceps``...); ``kind="mel"``
     runs :class:`torchaudio.transforms.MelSpectrogram` with ``options`` (``n_fft``,
     ``win_length``, ``hop_length``, ``n_mels``, ``f_min``, ``center``...) plus ``log``
     (``clamp(min=log_floor).log()``, as ESPnet's log-mel) and ``log_floor`` (1e-10), and
-    transposes to ``(frames, n_mels)``. The sample rate is passed to them from
-    ``sample_rate``.
+    transposes to ``(frames, n_mels)`` (with ``log=True`` and only
+    :class:`~speechpipe.pipes.kaldi_fbank.LogMelOptions`' options, speechpipe's
+    :func:`~speechpipe.pipes.kaldi_fbank.log_mel` computes those numbers unless
+    ``backend="torchaudio"``). The sample rate is passed to them from ``sample_rate``.
 
     The waveform given to the reference is ``audio × scale + dither × N(0, 1)``: ``scale``
     defaults to :data:`KALDI_SCALE` (32768) for ``fbank``/``mfcc`` -- Kaldi's 16-bit
@@ -338,7 +383,7 @@ def compute_features(
     if audio.ndim not in (1, 2):
         raise ValueError(f"compute_features needs (samples,) or (samples, channels) audio, got "
                          f"shape {audio.shape}")
-    extractor = _extractor(kind, scale, options)
+    extractor = _extractor(kind, scale, options, backend)
     return _extract_one(audio, int(sample_rate), extractor, float(dither), generator, {})
 
 
@@ -371,6 +416,8 @@ def batch_features(
     dither: float = 0.0,
     generator: torch.Generator | None = None,
     scale: float | None = None,
+    backend: str = "speechpipe",
+    device: str | torch.device | None = None,
     **options: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Features of a collated batch: ``(feats (B, T', D) float32, feats_len (B,) int64)``.
@@ -378,17 +425,21 @@ def batch_features(
     ``batch`` is what :class:`~speechpipe.pipes.collate.PadCollate` makes of samples with
     audio: ``audio`` ``(B, T)``, ``audio_len`` ``(B,)`` and ``sample_rate`` (one rate);
     ``audio`` ``(B, T, C)`` (several channels) gives ``feats`` ``(B, T', C, D)``.
-    ``kind``, ``dither``, ``generator``, ``scale`` and ``options`` are those of
-    :func:`compute_features`. Row ``i`` holds exactly the features of its first
-    ``audio_len[i]`` samples, then zeros up to ``T' = max(feats_len)``; ``feats_len`` is the
-    exact frame count of each length. The reference runs once per row, on the row's real
-    samples: Kaldi's functions take one utterance, and one ``MelSpectrogram`` call on the
-    whole ``(B, T)`` tensor, which torchaudio allows, measured 1.0-1.06× (rows of similar
-    length) to 1.6-1.8× (random order) slower per real second than the loop on one CPU thread
-    (``benchmarks/bench_audio.py``: it also computes the padding, and the batch's spectra
-    outgrow the cache), and would differ from the per-sample frames near each row's end (zero
-    padding instead of reflection). Dither noise is drawn row by row, as the samples would
-    draw it one by one.
+    ``kind``, ``dither``, ``generator``, ``scale``, ``backend`` and ``options`` are those of
+    :func:`compute_features`. Row ``i`` holds the features of its first ``audio_len[i]``
+    samples (those :func:`compute_features` gives for them), then zeros up to ``T' =
+    max(feats_len)``; ``feats_len`` is the exact frame count of each length. Dither noise is
+    drawn row by row (channel after channel), as the samples would draw it one by one.
+
+    ``fbank``/``mfcc`` with ``backend="speechpipe"`` are computed in one call for the whole
+    batch (one per channel; :func:`speechpipe.pipes.kaldi_fbank.fbank`: no frame is computed
+    from padding), on ``device`` (default: where ``audio`` is), and the results are there.
+    Otherwise (and for several channels with dither) the features are computed once per row
+    on the row's real samples, on the CPU, and the results are moved to ``device``: Kaldi's
+    functions take one utterance, and one ``MelSpectrogram`` call on the whole ``(B, T)``
+    tensor measured 1.0-1.8× slower per real second than the loop
+    (``benchmarks/bench_audio.py``) and differs near each row's end (zero padding instead of
+    reflection).
 
     >>> batch = {"audio": torch.zeros(2, 16000), "audio_len": torch.tensor([16000, 8000]),
     ...          "sample_rate": torch.tensor([16000, 16000])}
@@ -396,8 +447,9 @@ def batch_features(
     >>> tuple(feats.shape), lengths.tolist()
     ((2, 98, 80), [98, 48])
     """
-    extractor = _extractor(kind, scale, options)
-    return _batch_features(batch, extractor, float(dither), generator)
+    extractor = _extractor(kind, scale, options, backend)
+    return _batch_features(batch, extractor, float(dither), generator,
+                           None if device is None else torch.device(device))
 
 
 def _batch_features(
@@ -405,6 +457,7 @@ def _batch_features(
     extractor: _Extractor,
     dither: float,
     generator: torch.Generator | None,
+    device: torch.device | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     audio, lengths = batch.get(AUDIO), batch.get(len_key(AUDIO))
     if audio is None or lengths is None:
@@ -416,8 +469,9 @@ def _batch_features(
         raise DataError(f"compute_features(batched=True): {AUDIO!r} must be a float (batch, "
                         f"samples) or (batch, samples, channels) tensor, got "
                         f"{tuple(audio.shape)} {audio.dtype}", **_batch_where(batch))
+    device = audio.device if device is None else device
     mono = audio.ndim == 2
-    audio = (audio.unsqueeze(2) if mono else audio).to(torch.float32)
+    audio = (audio.unsqueeze(2) if mono else audio).to(device=device, dtype=torch.float32)
     lengths = [int(n) for n in torch.as_tensor(lengths).tolist()]
     rate = _batch_rate(batch)
     least = extractor.min_samples(rate)
@@ -429,6 +483,12 @@ def _batch_features(
             raise DataError(f"compute_features: audio of {n} samples is shorter than one "
                             f"{extractor.kind} frame ({least} samples at {rate} Hz)",
                             **_batch_where(batch, i))
+    if extractor.ours is not None and (mono or dither == 0.0):  # one call a channel, on device
+        waveform = audio * extractor.scale if extractor.scale != 1.0 else audio
+        out = [extractor.batch(waveform[:, :, c].contiguous(), lengths, rate, dither, generator)
+               for c in range(audio.shape[2])]
+        return out[0] if mono else (torch.stack([f for f, _ in out], dim=2), out[0][1])
+    audio = audio.cpu()
     # row by row, channel after channel: the dither draws of the samples one by one
     rows = [[_prepare(audio[i, :n, c].contiguous(), extractor, dither, generator)
              for c in range(audio.shape[2])] for i, n in enumerate(lengths)]
@@ -439,11 +499,12 @@ def _batch_features(
             try:
                 one = extractor(waveform, rate)
             except Exception as exc:  # torchaudio validates with assert / Exception
-                raise DataError(f"compute_features: torchaudio's {extractor.kind} failed at "
-                                f"{rate} Hz: {type(exc).__name__}: {exc}",
+                raise DataError(f"compute_features: {extractor.backend}'s {extractor.kind} "
+                                f"failed at {rate} Hz: {type(exc).__name__}: {exc}",
                                 **_batch_where(batch, i)) from exc
             feats[i, : one.shape[0], c] = one
-    return feats.squeeze(2) if mono else feats, torch.tensor(frames, dtype=torch.int64)
+    feats = feats.squeeze(2) if mono else feats
+    return feats.to(device), torch.tensor(frames, dtype=torch.int64, device=device)
 
 
 @functional_datapipe("compute_features")
@@ -452,12 +513,15 @@ class FeatureComputerIterDataPipe(Seeded, IterDataPipe[Sample]):
 
     Consumes samples with ``audio`` ``(samples,)`` and ``sample_rate``; yields them with
     ``feats`` ``(frames, dim)`` float32 computed by :func:`compute_features` (audio of several
-    channels ``(samples, channels)`` gives ``(frames, channels, dim)``) -- exactly the
-    numbers of :func:`torchaudio.compliance.kaldi.fbank` / ``mfcc`` or
-    :class:`torchaudio.transforms.MelSpectrogram` on ``audio × scale`` (plus dither). With
-    ``batched=True`` it consumes collated batches (``PadCollate``: ``audio`` ``(B, T)``,
-    ``audio_len``, ``sample_rate``) and adds ``feats`` ``(B, T', D)`` and ``feats_len``
-    (:func:`batch_features`; ``(B, T, C)`` audio gives ``(B, T', C, D)``).
+    channels ``(samples, channels)`` gives ``(frames, channels, dim)``) -- the numbers of
+    :func:`torchaudio.compliance.kaldi.fbank` / ``mfcc`` (by speechpipe's vectorised
+    :mod:`~speechpipe.pipes.kaldi_fbank` to float32 rounding, or by torchaudio itself with
+    ``backend="torchaudio"``) or :class:`torchaudio.transforms.MelSpectrogram` on ``audio ×
+    scale`` (plus dither). With ``batched=True`` it consumes collated batches
+    (``PadCollate``: ``audio`` ``(B, T)``, ``audio_len``, ``sample_rate``) and adds ``feats``
+    ``(B, T', D)`` and ``feats_len`` (:func:`batch_features`; ``(B, T, C)`` audio gives
+    ``(B, T', C, D)``); ``compute_batch_features``
+    (:class:`BatchFeatureComputerIterDataPipe`) is that, on a chosen device.
 
     One pipe for the three kinds, not three verbs: they share input, output, dither, seeding,
     frame counting, batching and error handling; only the reference function differs, and its
@@ -467,8 +531,9 @@ class FeatureComputerIterDataPipe(Seeded, IterDataPipe[Sample]):
 
     Args:
         source_datapipe: samples (or batches with ``batched=True``).
-        kind: ``"fbank"``, ``"mfcc"`` (Kaldi, :mod:`torchaudio.compliance.kaldi`) or ``"mel"``
-            (:class:`torchaudio.transforms.MelSpectrogram`, plus ``log``/``log_floor``).
+        kind: ``"fbank"``, ``"mfcc"`` (Kaldi's, with :mod:`torchaudio.compliance.kaldi`'s
+            options) or ``"mel"`` (:class:`torchaudio.transforms.MelSpectrogram`, plus
+            ``log``/``log_floor``).
         dither: standard deviation of Gaussian noise added to the scaled waveform (0: none,
             exact reference output). Seeded by ``(seed, epoch, rank, worker)`` through a
             ``torch.Generator``, never torch's global generator; see :func:`compute_features`.
@@ -486,6 +551,10 @@ class FeatureComputerIterDataPipe(Seeded, IterDataPipe[Sample]):
             shorter than one frame (or that torchaudio refuses), or ``"skip"`` the sample (the
             whole batch with ``batched=True``), count it in :attr:`diagnostics` and warn at
             the end of the pass.
+        backend: who computes ``fbank``/``mfcc``: ``"speechpipe"``
+            (:func:`speechpipe.pipes.kaldi_fbank.fbank`, vectorised, one call per batch) or
+            ``"torchaudio"`` (:mod:`torchaudio.compliance.kaldi`, bit for bit); see
+            :data:`BACKENDS`.
         **options: the reference function's options (default 80 bins for ``fbank`` and
             ``mel``: :data:`SPEECH_DEFAULTS`; ``num_mel_bins``, ``frame_length=25.0``, ``frame_shift=10.0``, ``energy_floor``, ``snip_edges``,
             ``num_ceps``, ``n_fft``, ``hop_length``, ``n_mels``...).
@@ -512,6 +581,7 @@ class FeatureComputerIterDataPipe(Seeded, IterDataPipe[Sample]):
         keep_audio: bool = False,
         sample_rate: int | None = None,
         on_error: str = "raise",
+        backend: str = "speechpipe",
         **options: Any,
     ) -> None:
         dither = check_real("dither", dither)
@@ -522,8 +592,9 @@ class FeatureComputerIterDataPipe(Seeded, IterDataPipe[Sample]):
         for name, value in (("batched", batched), ("keep_audio", keep_audio)):
             if not isinstance(value, bool):
                 raise TypeError(f"{name} must be a bool, got {value!r}")
-        self.extractor = _Extractor(kind, scale, options)
+        self.extractor = _Extractor(kind, scale, options, backend)
         self.kind = kind
+        self.device: torch.device | None = None
         self.dither = dither
         self.seed = check_seed(seed)
         self.epoch = 0
@@ -577,7 +648,8 @@ class FeatureComputerIterDataPipe(Seeded, IterDataPipe[Sample]):
         check_sample(batch, "compute_features")
         if self.sample_rate is not None and SAMPLE_RATE in batch:
             self._check_rate(_batch_rate(batch), _batch_where(batch))
-        feats, lengths = _batch_features(batch, self.extractor, self.dither, generator)
+        feats, lengths = _batch_features(batch, self.extractor, self.dither, generator,
+                                         self.device)
         out = dict(batch)
         if not self.keep_audio:
             out.pop(AUDIO, None)
@@ -602,6 +674,65 @@ class FeatureComputerIterDataPipe(Seeded, IterDataPipe[Sample]):
 
 
 FeatureComputer = FeatureComputerIterDataPipe
+
+
+@functional_datapipe("compute_batch_features")
+class BatchFeatureComputerIterDataPipe(FeatureComputerIterDataPipe):
+    """Batch features on a device (functional name: ``compute_batch_features``).
+
+    Consumes batches of :class:`~speechpipe.pipes.collate.PadCollate` (``audio`` ``(B, T)``,
+    ``audio_len``, ``sample_rate``; numpy or tensors, e.g. after ``move_to_device``) and
+    yields them with ``feats`` ``(B, T', D)`` float32 and ``feats_len`` ``(B,)`` int64 on
+    ``device``: row ``i`` holds what ``compute_features`` gives for sample ``i`` (same
+    options, seed and dither draws), then zeros. With ``backend="speechpipe"`` (default) Kaldi
+    ``fbank``/``mfcc`` is one vectorised call per batch, run on ``device``, so workers can
+    only decode and the features be computed where the model runs; torchaudio's functions
+    (``backend="torchaudio"``, ``kind="mel"``) run row by row on the CPU and the result is
+    moved. The same as ``compute_features(..., batched=True)`` plus ``device``.
+
+    Args:
+        source_datapipe: collated batches with audio.
+        kind, dither, seed, scale, keep_audio, on_error, backend, **options: as
+            :class:`FeatureComputerIterDataPipe`.
+        device: where features are computed and returned (``"cpu"``, ``"cuda:0"``...);
+            default: where each batch's ``audio`` is.
+
+    >>> from speechpipe import IterableWrapper, PadCollate
+    >>> rows = [{"key": k, "audio": np.zeros(n, np.float32), "sample_rate": 16000}
+    ...         for k, n in (("a", 16000), ("b", 8000))]
+    >>> batches = IterableWrapper([rows]).collate(PadCollate(fields=("key", "audio",
+    ...                                                               "sample_rate")))
+    >>> [batch] = batches.compute_batch_features("fbank", device="cpu")
+    >>> tuple(batch["feats"].shape), batch["feats_len"].tolist(), batch["feats"].device.type
+    ((2, 98, 80), [98, 48], 'cpu')
+    """
+
+    def __init__(
+        self,
+        source_datapipe: IterDataPipe,
+        kind: str = "fbank",
+        *,
+        device: str | torch.device | None = None,
+        dither: float = 0.0,
+        seed: int = 0,
+        scale: float | None = None,
+        keep_audio: bool = False,
+        on_error: str = "raise",
+        backend: str = "speechpipe",
+        **options: Any,
+    ) -> None:
+        super().__init__(source_datapipe, kind, dither=dither, seed=seed, scale=scale,
+                         batched=True, keep_audio=keep_audio, on_error=on_error,
+                         backend=backend, **options)
+        if device is not None:
+            try:
+                device = torch.device(device)
+            except (RuntimeError, TypeError) as exc:
+                raise ValueError(f"device must name a torch device, got {device!r}") from exc
+        self.device = device
+
+
+BatchFeatureComputer = BatchFeatureComputerIterDataPipe
 
 
 def _skip_reason(error: DataError) -> str:

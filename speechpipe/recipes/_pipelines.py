@@ -87,7 +87,9 @@ class FrontEnd:
             refuses a batch that mixes rates). Ignored for ``input="feats"``.
         features: ``"fbank"`` (80 bins), ``"mfcc"``, ``"mel"`` (80 mels) or ``None`` (batches
             hold ``audio``).
-        feature_options: options of ``compute_features`` (``num_mel_bins``, ``n_fft``...).
+        feature_options: options of ``compute_features`` (``num_mel_bins``, ``n_fft``...;
+            ``backend="torchaudio"`` computes with torchaudio's functions instead of
+            speechpipe's vectorised ones).
         speed_perturb: factors to draw from per utterance (e.g. ``(0.9, 1.0, 1.1)``);
             training only.
         tokenizer: a speechpipe tokenizer (``load_tokenizer``), or ``None``: no ``tokens``.
