@@ -17,7 +17,8 @@ from .pipes import (  # noqa: E402,F401  (registration)
 from .diagnostics import Diagnostics, SkippedInputWarning  # noqa: E402
 from .epochs import set_epoch  # noqa: E402
 from .errors import (  # noqa: E402
-    ,
+    AudioFormatError, ChannelMismatchError, DataError, MissingDataError, SampleRateError,
+    SpeechpipeError, UnsafeInputError, UnsupportedCodecError,
 )
 from .index import ShardEntry, ShardIndex  # noqa: E402
 from .loader import Loader, PipeDataset, build_loader  # noqa: E402
