@@ -109,10 +109,10 @@ from .features import (  # re-exported: moved from this module
 )
 
 __all__ = [
-    "ChannelPicker",
-    "ChannelPickerIterDataPipe",
     "BatchFeatureComputer",
     "BatchFeatureComputerIterDataPipe",
+    "ChannelPicker",
+    "ChannelPickerIterDataPipe",
     "CmvnApplier",
     "CmvnApplierIterDataPipe",
     "CmvnStats",
