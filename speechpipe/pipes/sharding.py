@@ -578,10 +578,14 @@ class ShardedShufflerIterDataPipe(Seeded, SampleSource, IterDataPipe[Sample]):
     def _sample_rng(self, epoch: int, position: Position):
         return derive_rng(self.seed, epoch, position.rank, position.worker, _SAMPLES_SALT)
 
+    def _length_unit(self) -> str:
+        index = self.index if not isinstance(self.index, bool) else self._loaded_index
+        return getattr(index, "length_unit", "frames")
+
     def _seconds_per_length(self) -> float:
         index = self.index if not isinstance(self.index, bool) else self._loaded_index
-        return length_seconds(1.0, getattr(index, "length_unit", "frames"),  # pack records
-                              sample_rate=getattr(index, "sample_rate", None) or 16000)  # the rate
+        return length_seconds(1.0, self._length_unit(),  # at the rate pack records
+                              sample_rate=getattr(index, "sample_rate", None) or 16000)
 
     def __iter__(self) -> Iterator[Sample]:
         if self._replay_request is not None:  # re-read samples held above (request_replay)
