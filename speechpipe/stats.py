@@ -44,9 +44,9 @@ __all__ = [
     "length_histogram",
     "padding_efficiency",
     "read_durations",
+    "read_sample_rates",
     "shard_problems",
     "text_histogram",
-    "read_sample_rates",
     "write_histogram_png",
 ]
 
