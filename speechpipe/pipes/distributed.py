@@ -294,7 +294,10 @@ class EqualSteps:
         check_every: for ``"plan"``: steps between two looks at the store for a failed rank
             (1: every step, one store round trip; its cost: benchmarks/bench_distributed.py);
             0 turns the channel off (a failing rank then leaves the others in the training
-            loop's collective until it exits or the process group's own timeout).
+            loop's collective until it exits or the process group's own timeout). The
+            guarantee that all ranks stop at the same step assumes the loop synchronizes at
+            every checked step: with gradient accumulation over G steps (DDP's ``no_sync``),
+            use a multiple of G.
 
     Attributes:
         stats: :class:`StepStats` of the last (or current) pass.
