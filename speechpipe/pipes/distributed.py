@@ -137,7 +137,10 @@ class _Signals:
     @property
     def store(self):
         """The signalling group's key-value store (torch.distributed's, on the master)."""
-        return self.group.get_group_store()
+        try:
+            return self.group.get_group_store()
+        except (AttributeError, RuntimeError):  # a group= that keeps no store of its own
+            return self.dist.distributed_c10d._get_default_store()
 
     def roll_call(self, where: str) -> str:
         """After a failed exchange: every rank that reaches this writes its key and waits up
@@ -541,7 +544,7 @@ class EqualSteps:
             steps, stamp = self._planned_steps(signals, first is not end, failure)
             stats.planned = steps
             channel = (_FailureChannel(signals, stamp, self.check_every, stats, self.epoch)
-                       if signals.active and self.check_every else None)
+                       if signals.world > 1 and self.check_every else None)
             if not steps and first is not end:  # a plan of no steps: the batch read is dropped
                 it = itertools.chain([first], it)
             for step in range(steps):
@@ -609,8 +612,7 @@ def _reason(error: BaseException) -> str:
 
 
 def _store_reason(signals: _Signals, key: str, error: BaseException) -> None:
-    if signals.active:
-        signals.store.set(f"speechpipe/equal_steps/{key}", _reason(error))
+    signals.store.set(f"speechpipe/equal_steps/{key}", _reason(error))
 
 
 def _read_reason(signals: _Signals, key: str) -> str:
