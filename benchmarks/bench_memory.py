@@ -15,7 +15,7 @@ features workload), warm page cache, each run in a fresh forked process; peak RS
 Buffers, in utterances held with data: speechpipe 1000 (sample shuffle) + 1000 (buckets) + the
 window's batches; webdataset 1000; lhotse none (the dataset loads one batch at a time).
 
-    python -m benchmarks bench_memory            # 8000 utterances, 4 shards (about 3 GiB)
+    python -m benchmarks.bench_memory [--root DIR]  # 8000 utterances, 4 shards (about 3 GiB)
     python -m benchmarks bench_memory --tiny     # 200 utterances, 4 shards
 """
 

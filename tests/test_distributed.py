@@ -583,19 +583,23 @@ def _stall_scenario(ctx, rank, world):
     return record
 
 
-def _die_scenario(ctx, rank, world, write):
-    """Rank 1 raises in its training step (after the step's all-reduce) and its process ends."""
+def _die_scenario(ctx, rank, world, write, kill: bool = False):
+    """Rank 1 raises in its training step (after the step's all-reduce) and its process ends;
+    with ``kill``, it is killed there (SIGKILL: no finalizer, no message)."""
+    import signal
+
     import torch.distributed as dist
 
     _, pipe = build(ctx["paths"])
     record = {}
     try:
         for step, batch in enumerate(EqualSteps(pipe, "stop", timeout=60)):
-            tensor = torch.tensor([1.0])
-            dist.all_reduce(tensor)
+            dist.all_reduce(torch.tensor([1.0]))
             if rank == 1 and step == 1:
                 record["raised_at"] = time.time()
                 write(record)
+                if kill:
+                    os.kill(os.getpid(), signal.SIGKILL)
                 raise RuntimeError("rank 1 fails in its training step")
         record["error"] = None
     except DistributedStepError as exc:
@@ -630,27 +634,6 @@ def _plan_failure_scenario(ctx, rank, world, at: int) -> dict:
     if rank == 1:
         time.sleep(15)  # alive, its gloo connections open
         record["woke"] = time.time()
-    return record
-
-
-def _kill_scenario(ctx, rank, world, write):
-    """Rank 1 is killed (SIGKILL) in its training step: no finalizer, no message."""
-    import signal
-
-    import torch.distributed as dist
-
-    _, pipe = build(ctx["paths"])
-    record = {}
-    try:
-        for step, batch in enumerate(EqualSteps(pipe, "stop", timeout=60)):
-            dist.all_reduce(torch.tensor([1.0]))
-            if rank == 1 and step == 1:
-                record["killed_at"] = time.time()
-                write(record)
-                os.kill(os.getpid(), signal.SIGKILL)
-        record["error"] = None
-    except DistributedStepError as exc:
-        record.update(error=type(exc).__name__, message=str(exc), at=time.time())
     return record
 
 
@@ -695,7 +678,7 @@ def _scenario(name: str, ctx: dict, rank: int, world: int, write):
     if kind == "die":
         return _die_scenario(ctx, rank, world, write)
     if kind == "kill":
-        return _kill_scenario(ctx, rank, world, write)
+        return _die_scenario(ctx, rank, world, write, kill=True)
     if kind == "planfail":
         return _plan_failure_scenario(ctx, rank, world, int(arg))
     if kind == "spawn":
@@ -1117,4 +1100,4 @@ def test_plan_with_a_failing_rank_that_lives_on_stops_every_rank_naming_it(tmp_p
     for r in alive:
         assert r["error"] == "DistributedStepError"
         assert "rank(s) 1 did not answer a roll call" in r["message"]
-        assert r["at"] - results[1]["kill"]["killed_at"] < 10.0
+        assert r["at"] - results[1]["kill"]["raised_at"] < 10.0
