@@ -54,6 +54,7 @@ _READ_AHEAD = 1 << 23
 # their whole shards resident in the process's RSS (issue 23.8).
 _DROP_STEP = 1 << 26
 _finished: weakref.WeakSet = weakref.WeakSet()  # mappings read to the end, still alive
+_finished_lock = threading.Lock()
 # Python 3.13+ can map without keeping a duplicate of the file descriptor; before, each
 # mapping holds one until it is unmapped.
 _MMAP_KWARGS: dict = {"trackfd": False} if sys.version_info >= (3, 13) else {}
@@ -235,8 +236,10 @@ class MappedFile:
         self.pos = end
         if end >= self.drop_at:
             _drop(self.map, end - _DROP_STEP)
-            for mapping in list(_finished):
-                _drop(mapping, len(mapping))
+            with _finished_lock:  # readers may run in threads
+                finished = list(_finished)
+            for mapping in finished:
+                _drop(mapping)
             self.drop_at = end + _DROP_STEP
         return data
 
@@ -268,16 +271,18 @@ class MappedFile:
             self.map.close()
         except BufferError:  # payload views live on: so does the mapping
             if finished:
-                _finished.add(self.map)
+                with _finished_lock:
+                    _finished.add(self.map)
 
 
-def _drop(mapping: mmap.mmap, end: int) -> None:
-    """Take the pages of ``mapping`` before ``end`` out of this process's page table (they stay
-    in the page cache; views of them still read correctly, faulting them back in)."""
-    end -= end % mmap.PAGESIZE
-    if end <= 0 or mapping.closed:
-        return
+def _drop(mapping: mmap.mmap, end: int | None = None) -> None:
+    """Take the pages of ``mapping`` before ``end`` (default: all) out of this process's page
+    table (they stay in the page cache; views of them still read correctly, faulting them back
+    in)."""
     try:
-        mapping.madvise(mmap.MADV_DONTNEED, 0, end)
-    except (AttributeError, OSError, ValueError):  # no madvise here: only RSS differs
+        end = len(mapping) if end is None else end
+        end -= end % mmap.PAGESIZE
+        if end > 0:
+            mapping.madvise(mmap.MADV_DONTNEED, 0, end)
+    except (AttributeError, OSError, ValueError):  # closed, or no madvise: only RSS differs
         pass
