@@ -47,11 +47,9 @@ __all__ = ["MappedFile", "NETWORK_FILE_SYSTEMS"]
 # Where no read-ahead thread runs, the kernel is asked to have the next _READ_AHEAD bytes read
 # (Measurements: benchmarks/README.md, "Shard reading", for the window's size).
 _READ_AHEAD = 1 << 23
-# Pages the reader has passed are dropped from this process's page table (MADV_DONTNEED; the
-# page cache keeps them, and a payload view read later faults them back in) every _DROP_STEP
-# bytes, all but the last _DROP_STEP behind the reader, and so are the pages of the shards
-# already read whose mappings samples held in buffers keep alive: those samples no longer keep
-# their whole shards resident in the process's RSS (issue 23.8).
+# Every _DROP_STEP bytes read, the pages more than _DROP_STEP behind the reader and those of the
+# finished mappings held alive by views leave the page table (module docs, "Resident pages";
+# Measurements: benchmarks/README.md, "Peak RSS of mapped shards").
 _DROP_STEP = 1 << 26
 _finished: weakref.WeakSet = weakref.WeakSet()  # mappings read to the end, still alive
 _finished_lock = threading.Lock()
