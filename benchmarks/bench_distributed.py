@@ -36,6 +36,14 @@ dropped and repeated as a fraction of the epoch's frames, the spread of steps be
   per sample, before batching, every rank keeps the same number of *samples*, but budget
   batching then still gives different numbers of steps.
 
+Table 3, **the cost of hearing a failure under** ``plan`` (real processes: 2 ranks in a gloo
+group on 127.0.0.1, a loop that all-reduces one float per step as DDP does, batches from a
+list): steps/s of ``EqualSteps`` with ``plan`` and its failure channel off
+(``check_every=0``), on (one store check per step, the default) and every 10 steps, beside
+``stop`` (its all-reduce per step) and the bare loop without ``EqualSteps``. The
+configurations take turns round by round; medians, per-round ranges and the ratio to the bare
+loop.
+
     python -m benchmarks bench_distributed           # 3 corpora, 8-64 ranks, 2 epochs
     python -m benchmarks bench_distributed --tiny    # one 200 h corpus, 8 ranks, 1 epoch
 """
@@ -44,7 +52,11 @@ from __future__ import annotations
 
 import argparse
 import math
+import multiprocessing
+import socket
+import statistics
 import time
+from datetime import timedelta
 from dataclasses import dataclass
 
 import numpy as np
@@ -314,6 +326,82 @@ def policy_table(rows) -> str:
     return "\n".join(lines)
 
 
+# --------------------------------------------------------------------------------------------
+# the failure channel's cost, on a real gloo group
+# --------------------------------------------------------------------------------------------
+
+#: label: (policy, check_every) of EqualSteps, or None for the bare loop.
+CHANNEL_CONFIGS = {
+    "bare loop (no EqualSteps)": None,
+    "plan, channel off (check_every=0)": ("plan", 0),
+    "plan, channel on (check_every=1)": ("plan", 1),
+    "plan, check_every=10": ("plan", 10),
+    "stop (all-reduce per step)": ("stop", None),
+}
+
+
+def _channel_rank(rank: int, world: int, port: int, steps: int, rounds: int, queue) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from speechpipe.pipes.distributed import EqualSteps
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world, timeout=timedelta(seconds=120))
+    batches = [[i] for i in range(steps)]
+    grad = torch.zeros(1)
+    times: dict[str, list[float]] = {label: [] for label in CHANNEL_CONFIGS}
+    for r in range(rounds):
+        labels = list(CHANNEL_CONFIGS)
+        order = labels[r % len(labels):] + labels[:r % len(labels)]  # take turns
+        for label in order:
+            config = CHANNEL_CONFIGS[label]
+            if config is None:
+                source = batches
+            else:
+                policy, every = config
+                source = EqualSteps(batches, policy, steps=steps if policy == "plan" else None,
+                                    check_every=every if every is not None else 1, timeout=60)
+            dist.barrier()
+            start = time.perf_counter()
+            for _ in source:
+                dist.all_reduce(grad)  # the training loop's gradient all-reduce
+            times[label].append(steps / (time.perf_counter() - start))
+    if rank == 0:
+        queue.put(times)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def channel_rows(steps: int, rounds: int) -> list[dict]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_channel_rank, args=(r, 2, port, steps, rounds, queue))
+             for r in range(2)]
+    for p in procs:
+        p.start()
+    times = queue.get(timeout=600)
+    for p in procs:
+        p.join(timeout=60)
+    bare = statistics.median(times["bare loop (no EqualSteps)"])
+    return [{"config": label, "median": statistics.median(v), "low": min(v), "high": max(v),
+             "ratio": statistics.median(v) / bare} for label, v in times.items()]
+
+
+def channel_table(rows) -> str:
+    head = f"{'configuration':<36} {'steps/s':>9} {'range':>17} {'vs bare':>8} {'us/step':>8}"
+    lines = [head, "-" * len(head)]
+    bare = rows[0]["median"]
+    for r in rows:
+        extra = 1e6 / r["median"] - 1e6 / bare
+        lines.append(f"{r['config']:<36} {r['median']:>9.0f} {r['low']:>8.0f}-{r['high']:<8.0f} "
+                     f"{r['ratio']:>8.3f} {extra:>+8.1f}")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tiny", action="store_true")
@@ -340,6 +428,10 @@ def main(argv: list[str] | None = None) -> None:
                 for row in policy_rows(name, sets[name], worlds, epochs, args.seed)]
     print(f"\nuneven inputs: share of the epoch's frames dropped / repeated ({epochs} epoch(s))")
     print(policy_table(policies))
+    steps, rounds = (500, 3) if args.tiny else (5000, 7)
+    print(f"\nplan's failure channel: 2 gloo ranks, one all-reduce per step in the loop, "
+          f"{steps} steps x {rounds} rounds (medians; us/step beyond the bare loop)")
+    print(channel_table(channel_rows(steps, rounds)))
     print(f"\n({time.perf_counter() - start:.1f} s)")
 
 

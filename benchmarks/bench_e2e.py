@@ -26,7 +26,8 @@ Contenders, each with DataLoader workers 0 and 2, warm page cache:
   the dataset in the workers.
 
 Reported per contender (medians of the runs; each run in a fresh forked process so that peak
-memory is its own): audio-seconds/s, utterances/s, time to first batch (from building the
+memory is its own, ``--epochs`` passes over one loader in it, the median epoch counted):
+audio-seconds/s, utterances/s, time to first batch (from building the
 loader), padding efficiency ("pad eff", real / padded frames), peak RSS (``ru_maxrss`` of the
 run's process + the largest of its DataLoader workers; the baseline includes the imported
 libraries, about the same for all). torch uses one intra-op thread in every process, so "cores
@@ -43,6 +44,10 @@ batches and collates) against batch-in-worker transfer (the ``build_loader`` roa
 
     python -m benchmarks bench_e2e           # 1500 feature + 800 audio utterances, 2 runs
     python -m benchmarks bench_e2e --tiny    # 40 + 10 utterances, 1 run (smoke test)
+
+Epoch to epoch: each run's per-epoch wall seconds, user CPU seconds and minor page faults,
+and the spread (slowest / fastest epoch of a run) -- an intermittent slow epoch shows here
+(issue 23.7: some epochs 5-8x slower, in user CPU, with no workers).
 
 Nothing here is asserted; issue 6's targets are printed beside the measured ratios.
 """
@@ -239,37 +244,50 @@ def _peak_mb() -> float:
     return (own + kids) / 1024  # KiB on Linux
 
 
-def _consume(build) -> dict:
+def _consume(build, epochs: int) -> dict:
+    """``epochs`` passes over one loader in this process: per-epoch wall seconds, user and
+    system CPU seconds and minor/major page faults (``getrusage``), to tell a slow epoch's
+    cause (CPU in copies, faults, waiting) from the figures."""
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
     start = time.perf_counter()
+    loader = build()
     first = None
-    utts = frames = padded = 0
-    for batch in build():
-        if first is None:
-            first = time.perf_counter() - start
-        utts += len(batch["feats_len"])
-        frames += int(batch["feats_len"].sum())
-        padded += batch["feats"].shape[0] * batch["feats"].shape[1]
-    return {"seconds": time.perf_counter() - start, "first": first or float("nan"),
-            "utts": utts, "audio_s": frames / FPS, "rss_mb": _peak_mb(),
-            "pad_eff": frames / max(1, padded)}
+    per_epoch = []
+    for _ in range(epochs):
+        utts = frames = padded = 0
+        r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+        for batch in loader:
+            if first is None:
+                first = time.perf_counter() - start
+            utts += len(batch["feats_len"])
+            frames += int(batch["feats_len"].sum())
+            padded += batch["feats"].shape[0] * batch["feats"].shape[1]
+        r1 = resource.getrusage(resource.RUSAGE_SELF)
+        per_epoch.append({"seconds": time.perf_counter() - t0, "user": r1.ru_utime - r0.ru_utime,
+                          "sys": r1.ru_stime - r0.ru_stime,
+                          "minflt": r1.ru_minflt - r0.ru_minflt,
+                          "majflt": r1.ru_majflt - r0.ru_majflt})
+    return {"seconds": statistics.median(e["seconds"] for e in per_epoch),
+            "first": first or float("nan"), "utts": utts, "audio_s": frames / FPS,
+            "rss_mb": _peak_mb(), "pad_eff": frames / max(1, padded), "epochs": per_epoch}
 
 
-def _child(build, conn) -> None:
+def _child(build, epochs, conn) -> None:
     try:
-        conn.send(_consume(build))
+        conn.send(_consume(build, epochs))
     except BaseException:  # report, do not hang the parent
         conn.send({"error": traceback.format_exc()})
     finally:
         conn.close()
 
 
-def in_fork(build) -> dict:
-    """Run ``build()``'s batches in a fresh forked process (own peak RSS, own workers)."""
+def in_fork(build, epochs: int = 1) -> dict:
+    """Run ``epochs`` passes over ``build()``'s batches in a fresh forked process (own peak
+    RSS, own workers)."""
     ctx = multiprocessing.get_context("fork")
     parent, child = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_child, args=(build, child))
+    proc = ctx.Process(target=_child, args=(build, epochs, child))
     proc.start()
     child.close()
     result = parent.recv()
@@ -279,20 +297,22 @@ def in_fork(build) -> dict:
     return result
 
 
-def measure(workload, name, build, workers, runs, files) -> dict:
+def measure(workload, name, build, workers, runs, files, epochs) -> dict:
     results = []
     for _ in range(runs):
         for path in files:  # warm the cache
             with open(path, "rb", buffering=0) as f:
                 while f.read(16 << 20):
                     pass
-        results.append(in_fork(build))
+        results.append(in_fork(build, epochs))
     med = {k: statistics.median(r[k] for r in results)
            for k in ("seconds", "first", "rss_mb")}
     r0 = results[0]
+    spread = max(max(e["seconds"] for e in r["epochs"]) / min(e["seconds"] for e in r["epochs"])
+                 for r in results)
     return {"workload": workload, "name": name, "workers": workers, "utts": r0["utts"],
             "audio_s": r0["audio_s"], "pad_eff": r0["pad_eff"], "first": med["first"],
-            "rss_mb": med["rss_mb"],
+            "rss_mb": med["rss_mb"], "spread": spread, "runs": [r["epochs"] for r in results],
             "utt_s": r0["utts"] / med["seconds"], "aud_s": r0["audio_s"] / med["seconds"]}
 
 
@@ -378,7 +398,7 @@ def _identity(x):
 
 
 def run(n_feats, n_audio, shard_size, audio_shard_size, runs, root, budget_s, bucket_buffer,
-        overhead_n, limit_s):
+        overhead_n, limit_s, epochs):
     # imported here, before the forks, so that no run pays for importing its library
     import kaldiio  # noqa: F401
     import lhotse.dataset  # noqa: F401
@@ -421,7 +441,7 @@ def run(n_feats, n_audio, shard_size, audio_shard_size, runs, root, budget_s, bu
                         sh, "features", budget_s, bucket_buffer, batch_in_worker=False),
                         num_workers=2, seed=0), deepcopy=False), budget_s, bucket_buffer)))
             for name, build in contenders:
-                rows.append(measure(workload, name, build, workers, runs, data_files))
+                rows.append(measure(workload, name, build, workers, runs, data_files, epochs))
                 r = rows[-1]
                 print(f"  .. {workload} {name} wk {workers}: {r['aud_s']:.0f} audio-s/s",
                       flush=True)
@@ -458,6 +478,14 @@ def table(rows, limit, overhead) -> str:
         out.append(f"features workers 2: batch-in-worker / per-utterance transfer "
                    f"{sp['aud_s'] / per_utt['aud_s']:.2f} (audio-s/s)")
     out.append("")
+    out.append("epoch to epoch in one process (each run: per-epoch wall s / user CPU s / "
+               "minor faults in thousands; spread = slowest / fastest epoch, worst run):")
+    for r in rows:
+        runs = "; ".join(" ".join(f"{e['seconds']:.2f}/{e['user']:.2f}/{e['minflt'] / 1000:.0f}k"
+                                  for e in epochs) for epochs in r["runs"])
+        out.append(f"  {r['workload']:<9} {r['name']:<28} {r['workers']:>2}  spread "
+                   f"{r['spread']:>5.2f}  {runs}")
+    out.append("")
     out.append("speechpipe per-stage overhead (in-memory samples, best of 3; target <= 2 µs):")
     for name, us in overhead:
         out.append(f"  {name:<36} {us:>7.2f} µs/sample")
@@ -470,19 +498,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--utterances", type=int, default=1500, help="feature workload")
     parser.add_argument("--audio-utterances", type=int, default=800)
     parser.add_argument("--runs", type=int, default=2)
+    parser.add_argument("--epochs", type=int, default=3, help="epochs per run, one process")
     parser.add_argument("--budget", type=float, default=300.0, help="padded seconds per batch")
     parser.add_argument("--bucket-buffer", type=int, default=300)
     parser.add_argument("--root", default=None, help="corpus folder (reused if present)")
     args = parser.parse_args(argv)
     if args.tiny:
         with tempfile.TemporaryDirectory() as root:
-            rows, limit, overhead = run(40, 10, 10, 3, 1, root, 60.0, 30, 1000, 0.5)
+            rows, limit, overhead = run(40, 10, 10, 3, 1, root, 60.0, 30, 1000, 0.5, 2)
             print(table(rows, limit, overhead))
         return
     root = args.root or os.path.join(
         tempfile.gettempdir(), f"speechpipe-bench-e2e-{args.utterances}-{args.audio_utterances}")
     rows, limit, overhead = run(args.utterances, args.audio_utterances, 100, 20, args.runs, root,
-                                args.budget, args.bucket_buffer, 20000, 10.0)
+                                args.budget, args.bucket_buffer, 20000, 10.0, args.epochs)
     print(table(rows, limit, overhead))
 
 

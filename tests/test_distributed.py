@@ -407,6 +407,7 @@ def test_plan_steps_may_be_a_function_of_the_epoch():
     (dict(timeout=0), ValueError, "timeout must be a number of seconds > 0"),
     (dict(pad_cache=0), ValueError, "pad_cache must be an int >= 1, got 0"),
     (dict(count_fn=3), TypeError, "count_fn must be callable"),
+    (dict(check_every=-1), ValueError, "check_every must be an int >= 0, got -1"),
 ])
 def test_equal_steps_rejects_bad_arguments(kwargs, error, message):
     with pytest.raises(error, match=message):
@@ -585,23 +586,57 @@ def _stall_scenario(ctx, rank, world):
     return record
 
 
-def _die_scenario(ctx, rank, world, write):
-    """Rank 1 raises in its training step (after the step's all-reduce) and its process ends."""
+def _die_scenario(ctx, rank, world, write, kill: bool = False):
+    """Rank 1 raises in its training step (after the step's all-reduce) and its process ends;
+    with ``kill``, it is killed there (SIGKILL: no finalizer, no message)."""
+    import signal
+
     import torch.distributed as dist
 
     _, pipe = build(ctx["paths"])
     record = {}
     try:
         for step, batch in enumerate(EqualSteps(pipe, "stop", timeout=60)):
-            tensor = torch.tensor([1.0])
-            dist.all_reduce(tensor)
+            dist.all_reduce(torch.tensor([1.0]))
             if rank == 1 and step == 1:
                 record["raised_at"] = time.time()
                 write(record)
+                if kill:
+                    os.kill(os.getpid(), signal.SIGKILL)
                 raise RuntimeError("rank 1 fails in its training step")
         record["error"] = None
     except DistributedStepError as exc:
         record.update(error=type(exc).__name__, message=str(exc), at=time.time())
+    return record
+
+
+def _plan_failure_scenario(ctx, rank, world, at: int) -> dict:
+    """policy='plan': rank 1's loader raises at its batch ``at`` (0: the first) and the
+    process lives on for 15 s (a real script logs or saves a checkpoint); the others must stop
+    within the timeout naming it, not wait in the training loop's all-reduce (issue 23.2)."""
+    sharded, pipe = build(ctx["paths"])
+
+    def failing():
+        for i, batch in enumerate(pipe):
+            if rank == 1 and i == at:
+                raise DataError("cannot decode", source="data-00003.tar", key="s3_4")
+            yield batch
+
+    class Loader:
+        def __iter__(self):
+            return failing()
+
+    steps = EqualSteps(Loader(), "plan", steps=4, timeout=30)
+    record = {"start": time.time()}
+    try:
+        _ddp_loop(steps, record)
+        record["error"] = None
+    except Exception as exc:
+        record.update(error=type(exc).__name__, message=str(exc), at=time.time())
+    record["stats"] = _stats(steps.stats)
+    if rank == 1:
+        time.sleep(15)  # alive, its gloo connections open
+        record["woke"] = time.time()
     return record
 
 
@@ -681,6 +716,10 @@ def _scenario(name: str, ctx: dict, rank: int, world: int, write):
         return _stall_scenario(ctx, rank, world)
     if kind == "die":
         return _die_scenario(ctx, rank, world, write)
+    if kind == "kill":
+        return _die_scenario(ctx, rank, world, write, kill=True)
+    if kind == "planfail":
+        return _plan_failure_scenario(ctx, rank, world, int(arg))
     if kind == "spawn":
         return _spawn_scenario(arg)
     if kind == "plainspawn":
@@ -731,7 +770,7 @@ def _rank_main(rank: int, world: int, port: int, ctx_path: str, out: str) -> Non
         dist.barrier()  # scenarios in lock-step
         results[current] = _scenario(current, ctx, rank, world, write)
         write()
-    if ctx["scenarios"][-1] != "die":
+    if ctx["scenarios"][-1] not in ("die", "kill"):
         dist.barrier()
     dist.destroy_process_group()
 
@@ -1037,6 +1076,7 @@ def test_a_stalled_rank_makes_the_others_fail_within_the_timeout(group3):
     for r in records[:-1]:
         assert r["error"] == "DistributedStepError"
         assert "no answer within the timeout (3 s): a rank stalled" in r["message"]
+        assert "rank(s) 2 did not answer a roll call" in r["message"]  # the stalled rank
         assert 2.5 <= r["at"] - r["start"] < 3 + 6.0
     assert records[-1]["error"] == "DistributedStepError"  # the sleeper too, when it wakes
 
@@ -1048,6 +1088,7 @@ def test_a_rank_that_dies_makes_the_others_fail_fast_not_at_the_timeout(group2):
     r = alive["die"]
     assert r["error"] == "DistributedStepError"
     assert "another rank died or left the loop (its connection closed)" in r["message"]
+    assert "rank(s) 1 did not answer a roll call" in r["message"]  # issue 23: name it
     assert r["at"] - dead["die"]["raised_at"] < 10.0  # the group's timeout is 60 s
 
 
@@ -1091,3 +1132,33 @@ def test_few_shards_on_two_ranks_with_two_workers_sample_split_loses_nothing(tmp
     assert sorted(keys) == expected  # nothing dropped, nothing twice
     assert [len(r["keys"]) for r in split] == [r["len"] for r in split] == [25, 25]
     assert split[0]["warned"] == split[1]["warned"] == []
+
+
+def test_plan_with_a_failing_rank_that_lives_on_stops_every_rank_naming_it(tmp_path, corpus):
+    """Issue 23.2: with policy='plan' (no collective per step) a rank whose loader raises
+    while its process lives on left the others in the training loop's all-reduce until it
+    exited. Now every rank stops at the same step, well before the failing rank wakes: the
+    failing one with its own error, the others naming it and its error. A failure on the
+    first batch stops every rank at the epoch's agreement. Then a rank is SIGKILLed (stop
+    policy): the survivors name it. Three ranks: the failure reaches rank 2 too, which shares
+    no all-reduce pair with it only by chance."""
+    names = ["planfail:0", "planfail:2", "kill"]
+    results = run_group(str(tmp_path), 3, {"paths": corpus, "scenarios": names},
+                        expect_exit={1: -9})
+    for name, step in (("planfail:0", 0), ("planfail:2", 2)):
+        records = [r[name] for r in results]
+        failed = records[1]
+        assert failed["error"] == "DataError" and "data-00003.tar" in failed["message"]
+        assert len({r["stats"]["steps"] for r in records}) == 1  # all stopped at one step
+        assert failed["stats"]["steps"] == step + (step > 0)  # the failure's step, + a stand-in
+        for r in (records[0], records[2]):
+            assert r["error"] == "DistributedStepError", r
+            what = "its first batch" if step == 0 else f"its batch for step {step}"
+            assert f"rank 1 failed loading {what}" in r["message"]
+            assert "DataError: data-00003.tar (key 's3_4'): cannot decode" in r["message"]
+            assert r["at"] - failed["at"] < 5.0 and r["at"] < failed["woke"] - 8
+    alive = [results[0]["kill"], results[2]["kill"]]
+    for r in alive:
+        assert r["error"] == "DistributedStepError"
+        assert "rank(s) 1 did not answer a roll call" in r["message"]
+        assert r["at"] - results[1]["kill"]["raised_at"] < 10.0

@@ -411,6 +411,26 @@ def test_pickled_object_in_an_ark_is_refused_unread(tmp_path, monkeypatch):
     assert_located(info, scp, 1, "u1")
 
 
+def test_object_npy_in_an_ark_is_unsafe_input_read_by_offset_or_whole(tmp_path, monkeypatch):
+    # Issue 23: kaldiio stores an object array with np.save's pickle; np.load refuses it, which
+    # said DataError where the README promises UnsafeInputError. Both ark readers say the same.
+    from speechpipe.pipes.kaldi_ark import iter_ark
+
+    values = np.empty(2, dtype=object)
+    values[:] = [{"a": 1}, [2]]
+    scp = feats_ark(tmp_path, {"u0": np.ones((2, 2), np.float32), "u1": values},
+                    write_function="numpy")
+    monkeypatch.setattr(pickle, "load", lambda *a, **k: pytest.fail("unpickled"))
+    with pytest.raises(UnsafeInputError, match=r"\.npy array of Python objects") as info:
+        load_feats(scp)
+    assert_located(info, scp, 2, "u1")
+    ark = str(tmp_path / "raw.ark")
+    with pytest.raises(UnsafeInputError, match="never unpickles") as info:
+        with open(ark, "rb") as f:
+            list(iter_ark(f, source=ark))
+    assert ark in str(info.value) and "(key 'u1')" in str(info.value)
+
+
 def test_audio_in_an_ark_is_not_a_feature_matrix(tmp_path):
     scp = feats_ark(tmp_path, {"u1": (8000, np.zeros(100, np.int16))})
     with pytest.raises(DataError, match="holds audio.*kind='wav'") as info:

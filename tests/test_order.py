@@ -97,3 +97,17 @@ def test_constructor_validates_and_reads_nothing():
             raise AssertionError("read in __init__")
 
     KeyJoiner(Exploding([]), Exploding([]))  # constructing must not iterate
+
+
+def test_a_missing_key_names_the_table_file_it_was_read_from(tmp_path):
+    # Issue 23: the error named the key but not which file the table came from. A Kaldi
+    # text table read through parse_scp, joined to a stream with one key it lacks.
+    text = tmp_path / "text"
+    text.write_text("a HELLO\nc WORLD\n")
+    table = IterableWrapper([str(text)]).open().parse_scp().load_scp("text")
+    with pytest.raises(DataError, match=r"\(key 'b'\): key is missing from join_by_key "
+                                        r"table #1 \(.*/text\)") as info:
+        list(stream("a", "b").join_by_key(table))
+    assert str(text) in str(info.value)
+    with pytest.raises(DataError, match=rf"table #1 \({text}\) never appeared.*'c'"):
+        list(stream("a").join_by_key(table))

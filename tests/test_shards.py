@@ -890,6 +890,48 @@ def test_views_outlive_the_closed_stream_and_the_mapping_goes_with_them(tmp_path
         assert len(os.listdir(fds)) == before
 
 
+def _mapped_rss(path) -> int:
+    """Bytes of ``path``'s mappings in this process's page table (``/proc/self/smaps``)."""
+    total, inside = 0, False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            first = line.split(maxsplit=1)[0]
+            if "-" in first and not first.endswith(":"):  # a mapping's header line
+                inside = line.rstrip("\n").endswith(str(path))
+            elif inside and first == "Rss:":
+                total += int(line.split()[1]) * 1024
+    return total
+
+
+def test_pages_read_past_leave_the_page_table_while_held_views_still_read(tmp_path,
+                                                                           monkeypatch):
+    # Issue 23.8: samples held in buffers kept their whole shard's pages in the process's RSS
+    # (every shard of an epoch, 3.3 GB file-backed). Pages the reader has passed are dropped
+    # from the page table every _DROP_STEP bytes, and so are finished shards' whose views live
+    # on; the views still read the same bytes (faulted back in from the page cache).
+    from speechpipe.pipes import _mmap
+
+    if not os.path.exists("/proc/self/smaps"):
+        pytest.skip("needs /proc/self/smaps")
+    monkeypatch.setattr(_mmap, "_DROP_STEP", 1 << 20)
+    size = 8 << 20
+    payloads = {f"u{i}.npy": bytes([i]) * BIG for i in range(size // BIG)}
+    paths = [tmp_path / "a.tar", tmp_path / "b.tar"]
+    for path in paths:
+        path.write_bytes(make_tar(list(payloads.items())))
+    held = {}
+    options = ShardReadOptions(mmap=True, readahead=False)
+    for path in paths:
+        with open(path, "rb") as f:
+            for name, view in iter_tar_members(f, source=path.name, read_options=options):
+                assert view[0] == payloads[name][0]  # touched, as decode does
+                held[(path.name, name)] = view
+        if path == paths[0]:
+            assert _mapped_rss(path) < 2 << 20  # all but the last step dropped behind
+    assert _mapped_rss(paths[0]) == 0  # finished, its views held: dropped as b was read
+    assert all(bytes(v) == payloads[n] for (_, n), v in held.items())  # still the same bytes
+
+
 def test_a_shard_shrinking_while_mapped_raises_instead_of_crashing(tmp_path):
     path = tmp_path / "shrink.tar"
     tar = make_tar([("u1.npy", b"a" * BIG), ("u2.npy", b"b" * BIG), ("u3.npy", b"c" * BIG)])

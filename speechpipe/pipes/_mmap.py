@@ -14,6 +14,12 @@ Reading ahead: a mapped file of 16 MiB or more on Linux gets a read-ahead thread
 (``madvise(MADV_WILLNEED)``) to read up to ``_READ_AHEAD`` bytes ahead of the reader, half a
 window at a time.
 
+Resident pages: a sample held in a buffer keeps its shard's mapping alive, and every page of a
+mapping that was touched counts in the process's RSS while it lives. So the reader drops the
+pages it has passed from the page table (``madvise(MADV_DONTNEED)``; they stay in the page
+cache, and a view read later faults its own pages back in) every ``_DROP_STEP`` bytes, and with
+them those of the finished shards whose views live on.
+
 Descriptors: before Python 3.13 a mapping holds a duplicate of its file's descriptor until it
 is unmapped, which happens with its last payload view. Samples held in buffers keep their
 shard's mapping alive, so with small shards and large buffers a process can hold dozens;
@@ -41,6 +47,12 @@ __all__ = ["MappedFile", "NETWORK_FILE_SYSTEMS"]
 # Where no read-ahead thread runs, the kernel is asked to have the next _READ_AHEAD bytes read
 # (Measurements: benchmarks/README.md, "Shard reading", for the window's size).
 _READ_AHEAD = 1 << 23
+# Every _DROP_STEP bytes read, the pages more than _DROP_STEP behind the reader and those of the
+# finished mappings held alive by views leave the page table (module docs, "Resident pages";
+# Measurements: benchmarks/README.md, "Peak RSS of mapped shards").
+_DROP_STEP = 1 << 26
+_finished: weakref.WeakSet = weakref.WeakSet()  # mappings read to the end, still alive
+_finished_lock = threading.Lock()
 # Python 3.13+ can map without keeping a duplicate of the file descriptor; before, each
 # mapping holds one until it is unmapped.
 _MMAP_KWARGS: dict = {"trackfd": False} if sys.version_info >= (3, 13) else {}
@@ -147,7 +159,7 @@ class MappedFile:
     become shorter than the mapping since (touching the cut part would raise SIGBUS).
     """
 
-    __slots__ = ("map", "file", "buffer", "start", "pos", "size", "ahead", "helper")
+    __slots__ = ("map", "file", "buffer", "start", "pos", "size", "ahead", "helper", "drop_at")
 
     def __init__(self, mapping: mmap.mmap, start: int, file: Any, readahead: bool = True) -> None:
         self.map = mapping
@@ -156,6 +168,7 @@ class MappedFile:
         self.start = self.pos = start
         self.size = len(mapping)
         self.ahead = start - start % mmap.PAGESIZE  # read-ahead asked for up to here
+        self.drop_at = start + 2 * _DROP_STEP  # pages behind the reader are dropped from here
         # Large files on Linux: a thread reads the file ahead of us (see _readahead); for the
         # others, madvise as we go.
         self.helper = _readahead.start(mapping, file.fileno(), start, readahead)
@@ -219,6 +232,13 @@ class MappedFile:
         self._read_ahead(end)
         data = self.buffer[self.pos:end]
         self.pos = end
+        if end >= self.drop_at:
+            _drop(self.map, end - _DROP_STEP)
+            with _finished_lock:  # readers may run in threads
+                finished = list(_finished)
+            for mapping in finished:
+                _drop(mapping)
+            self.drop_at = end + _DROP_STEP
         return data
 
     def skip(self, n: int) -> None:
@@ -247,5 +267,20 @@ class MappedFile:
         self.buffer.release()
         try:
             self.map.close()
-        except BufferError:
-            pass
+        except BufferError:  # payload views live on: so does the mapping
+            if finished:
+                with _finished_lock:
+                    _finished.add(self.map)
+
+
+def _drop(mapping: mmap.mmap, end: int | None = None) -> None:
+    """Take the pages of ``mapping`` before ``end`` (default: all) out of this process's page
+    table (they stay in the page cache; views of them still read correctly, faulting them back
+    in)."""
+    try:
+        end = len(mapping) if end is None else end
+        end -= end % mmap.PAGESIZE
+        if end > 0:
+            mapping.madvise(mmap.MADV_DONTNEED, 0, end)
+    except (AttributeError, OSError, ValueError):  # closed, or no madvise: only RSS differs
+        pass

@@ -21,9 +21,10 @@ importable from here.
   ``equalize_steps`` (:class:`StepEqualizerIterDataPipe`). Policies: ``"stop"`` (all ranks
   stop when the first runs out, CAT's rule), ``"pad"`` (ranks that run out replay their own
   batches until the longest finishes), ``"plan"`` (the step count computed from the index
-  before the epoch; no collective per step). Per-step policies cost one all-reduce of two
-  int64 per batch on a gloo group with a timeout, so a rank that fails, stalls or dies gives
-  the others a :class:`DistributedStepError` naming it instead of a hang.
+  before the epoch; no collective per step: a failing rank is heard through the process
+  group's store). Per-step policies cost one all-reduce of two int64 per batch on a gloo
+  group with a timeout, so a rank that fails, stalls or dies gives the others a
+  :class:`DistributedStepError` naming it instead of a hang.
 - :class:`~speechpipe.pipes.steps.StepPlanner` / :class:`~speechpipe.pipes.steps.StepPlan`
   (:mod:`speechpipe.pipes.steps`, also importable from here): the epoch's batch count per
   rank, from the index, the split and the batching run on lengths alone; the plan takes the
@@ -94,6 +95,8 @@ class DistributedStepError(SpeechpipeError, RuntimeError):
 
 
 _GROUPS: dict[float, tuple[Any, Any]] = {}
+_PASSES = itertools.count()  # distributed passes of EqualSteps in this process
+_ROLL_CALL = 2.0  # seconds the ranks left wait for each other after a failure
 
 
 def _signal_group(timeout: float):
@@ -127,8 +130,41 @@ class _Signals:
             self.group = group if group is not None else _signal_group(timeout)
             self.rank = dist.get_rank()
             self.world = dist.get_world_size()
+            self.serial = next(_PASSES)  # the same on every rank: passes run in lock-step
         else:
-            self.group, self.rank, self.world = None, 0, 1
+            self.group, self.rank, self.world, self.serial = None, 0, 1, 0
+
+    @property
+    def store(self):
+        """The signalling group's key-value store (torch.distributed's, on the master)."""
+        try:
+            return self.group.get_group_store()
+        except (AttributeError, RuntimeError):  # a group= that keeps no store of its own
+            return self.dist.distributed_c10d._get_default_store()
+
+    def roll_call(self, where: str) -> str:
+        """After a failed exchange: every rank that reaches this writes its key and waits up
+        to ``_ROLL_CALL`` seconds for the others'; the ranks that do not answer are named (a
+        process that died, or one stuck outside the loop)."""
+        prefix = f"speechpipe/roll_call/{self.serial}/{where}"
+        try:
+            store = self.store
+            store.set(f"{prefix}/{self.rank}", "here")
+            keys = [f"{prefix}/{r}" for r in range(self.world)]
+            deadline = time.monotonic() + min(_ROLL_CALL, self.timeout)
+            while True:
+                missing = [r for r, key in enumerate(keys) if not store.check([key])]
+                if not missing or time.monotonic() >= deadline:
+                    break
+                time.sleep(0.05)
+        except Exception as exc:  # the store lives in rank 0's process (torchrun: the agent)
+            return (f"; the store did not answer either ({type(exc).__name__}), so the rank "
+                    "hosting it (rank 0 with init_method tcp://) is likely the one that died")
+        if not missing:
+            return ""
+        names = ", ".join(map(str, missing))
+        return (f"; rank(s) {names} did not answer a roll call within "
+                f"{min(_ROLL_CALL, self.timeout):g} s: died, or stuck outside the loop")
 
     def _all_reduce(self, values: list[int], what: str, op: str = "MIN") -> list[int]:
         if not self.active:
@@ -145,9 +181,10 @@ class _Signals:
                          "alone; raise timeout=)")
             else:
                 cause = "another rank died or left the loop (its connection closed)"
+            absent = self.roll_call(f"{self.stats.collectives}")
             raise DistributedStepError(
                 f"equalize_steps: rank {self.rank}: the all-reduce {what} failed after "
-                f"{waited:.1f} s: {cause} -- check the other ranks' logs ({exc})"
+                f"{waited:.1f} s: {cause}{absent} -- check the other ranks' logs ({exc})"
             ) from exc
         finally:
             self.stats.collectives += 1
@@ -162,12 +199,16 @@ class _Signals:
         worst, best = self._all_reduce([key, best_key], what)
         return divmod(worst, w), (_HAVE - best // w, best % w)
 
-    def agree(self, value: int, what: str, have: bool = True) -> tuple[int, int, int | None]:
-        """``(min, max)`` of ``value`` over the ranks, and the lowest rank whose ``have`` is
-        False (None if every rank has), in one all-reduce."""
-        presence = self.world + self.rank if have else self.rank
-        low, neg_high, first = self._all_reduce([value, -value, presence], what)
-        return low, -neg_high, (first if first < self.world else None)
+    def agree(self, value: int, what: str, have: bool = True,
+              failed: bool = False) -> tuple[int, int, int | None, int | None, int]:
+        """In one all-reduce: ``(min, max)`` of ``value`` over the ranks, the lowest rank
+        whose ``have`` is False and the lowest whose ``failed`` is True (None if none), and a
+        stamp common to the ranks and new in every pass (the earliest clock reading)."""
+        w, r = self.world, self.rank
+        low, neg_high, empty, broken, stamp = self._all_reduce(
+            [value, -value, w + r if have else r, r if failed else w + r, time.time_ns()], what)
+        return (low, -neg_high, empty if empty < w else None, broken if broken < w else None,
+                stamp)
 
     def total(self, value: int, what: str) -> int:
         """The sum of ``value`` over the ranks."""
@@ -223,10 +264,24 @@ class EqualSteps:
     the same exchange before re-raising: they raise :class:`DistributedStepError` naming it.
     A rank that dies makes the others' exchange fail at once (gloo sees the connection
     close); one that stalls makes it time out after ``timeout`` seconds; both raise
-    :class:`DistributedStepError`. Choose ``timeout`` longer than anything a rank does
+    :class:`DistributedStepError`, naming the ranks that do not answer a roll call in the
+    store afterwards (up to 2 s). Choose ``timeout`` longer than anything a rank does
     between two steps that the others do not wait for (rank 0 validating or saving a
     checkpoint alone). Every rank must iterate the same way: leaving the loop early on
     one rank only leaves the others waiting until the timeout.
+
+    **Failures under** ``plan``. With no exchange per step, the ranks hear of a failure
+    through the group's key-value store (the one torch.distributed already has): a rank whose
+    loader raises writes its rank, step and error there and goes on yielding its cached
+    batches (counted as repeats), and every rank looks at the key before every
+    ``check_every``-th step (one store round trip, no collective) and at the end of the pass.
+    All ranks stop at the same step, the first check after the failure: the failing rank
+    raises its own error, the others :class:`DistributedStepError` naming it and its error --
+    none is left waiting in the training loop's all-reduce for a rank that stopped (and
+    which may live on, writing logs or a checkpoint). The failing rank so trains on up to
+    ``check_every`` repeated batches before raising. A rank that *dies* during a ``plan``
+    pass ends the others in your own collective (gloo: "Connection closed by peer"), which
+    ``EqualSteps`` does not see; with ``stop``/``pad`` it is named.
 
     Args:
         loader: any iterable of batches (a DataLoader, a pipe); ``iter()`` is called once per
@@ -239,6 +294,13 @@ class EqualSteps:
         count_dropped: read the rest of the loader after the last step to count what is
             dropped (``stop``, ``plan``); False leaves it unread (counts are then lower bounds).
         count_fn: samples in a batch (default :func:`batch_samples`).
+        check_every: for ``"plan"``: steps between two looks at the store for a failed rank
+            (1: every step, one store round trip; its cost: benchmarks/bench_distributed.py);
+            0 turns the channel off (a failing rank then leaves the others in the training
+            loop's collective until it exits or the process group's own timeout). The
+            guarantee that all ranks stop at the same step assumes the loop synchronizes at
+            every checked step: with gradient accumulation over G steps (DDP's ``no_sync``),
+            use a multiple of G.
 
     Attributes:
         stats: :class:`StepStats` of the last (or current) pass.
@@ -262,6 +324,7 @@ class EqualSteps:
         pad_cache: int = 4,
         count_dropped: bool = True,
         count_fn: Callable[[Any], int] | None = None,
+        check_every: int = 1,
     ) -> None:
         if isinstance(loader, (str, bytes)) or not isinstance(loader, Iterable):
             raise TypeError(f"loader must be an iterable of batches, got {loader!r}")
@@ -287,6 +350,7 @@ class EqualSteps:
         elif steps is not None:
             raise ValueError(f"steps= is for policy='plan', not {policy!r}")
         _check_count(pad_cache, "pad_cache", 1)
+        _check_count(check_every, "check_every", 0)
         if count_fn is not None and not callable(count_fn):
             raise TypeError(f"count_fn must be callable, got {count_fn!r}")
         self.loader = loader
@@ -297,6 +361,7 @@ class EqualSteps:
         self.pad_cache = pad_cache
         self.count_dropped = bool(count_dropped)
         self.count_fn = count_fn or batch_samples
+        self.check_every = check_every
         self.epoch: int | None = None
         self.stats = StepStats(policy)
 
@@ -370,11 +435,7 @@ class EqualSteps:
                 what = f"before step {stats.steps}{epoch}"
                 (worst, worst_rank), (best, _) = signals.exchange(state, what)
                 if error is not None:
-                    # The loader's finished frames (a DataLoader iterator among their locals)
-                    # are cleared so that its workers shut down below, not whenever the
-                    # traceback is collected; the traceback's lines and message stay.
-                    traceback.clear_frames(error.__traceback__)
-                    raise error
+                    _raise_own(error)
                 if worst == _FAILED:
                     raise DistributedStepError(
                         f"equalize_steps: rank {worst_rank} failed loading its batch for step "
@@ -411,25 +472,31 @@ class EqualSteps:
         finally:
             it = None  # DataLoader workers shut down now, not when a traceback is freed
 
-    def _planned_steps(self, signals: _Signals, stats: StepStats, have: bool) -> int:
-        """The epoch's steps, agreed by every rank in the one exchange of the epoch, which also
-        tells every rank whether some rank has no batch at all (it cannot follow a plan: with
-        no collective per step, the others would wait for it in the training loop's
-        all-reduce; so every rank stops here, naming it)."""
+    def _planned_steps(self, signals: _Signals, have: bool,
+                       failure: BaseException | None) -> tuple[int, int]:
+        """The epoch's steps and the pass's stamp, agreed by every rank in the one exchange of
+        the epoch, which also tells every rank whether some rank has no batch at all or failed
+        loading its first one (it cannot follow a plan: with no collective per step, the
+        others would wait for it in the training loop's all-reduce; so every rank stops here,
+        naming it)."""
         epoch = self.epoch
         what = "agreeing on the planned steps"
+        if failure is not None:
+            _store_reason(signals, f"first/{signals.serial}/{signals.rank}", failure)
         if isinstance(self.steps, StepPlanner):
             planner = self.steps
             local = planner.rank_batches(epoch, signals.rank if signals.active else 0)
-            low, high, empty = signals.agree(local, what, have)
+            low, high, empty, broken, stamp = signals.agree(local, what, have, failure is not None)
+            self._refuse_broken_rank(signals, broken, failure)
             total = signals.total(local, what) if planner.target == "mean" else 0
             steps = _target_steps(planner.target, low, high, total, signals.world)
             self._refuse_empty_rank(empty, steps)
-            return steps
+            return steps, stamp
         local = self.steps if isinstance(self.steps, int) else self.steps(epoch)
         if isinstance(local, bool) or not isinstance(local, int) or local < 0:
             raise ValueError(f"steps({epoch!r}) must return an int >= 0, got {local!r}")
-        low, high, empty = signals.agree(local, what, have)
+        low, high, empty, broken, stamp = signals.agree(local, what, have, failure is not None)
+        self._refuse_broken_rank(signals, broken, failure)
         self._refuse_empty_rank(empty, low)
         if low != high:
             raise DistributedStepError(
@@ -437,7 +504,20 @@ class EqualSteps:
                 f"(from {low} to {high}; rank {signals.rank} has {local}); every rank must "
                 "compute the same plan (same shard list, index, seed and epoch)"
             )
-        return low
+        return low, stamp
+
+    def _refuse_broken_rank(self, signals: _Signals, rank: int | None,
+                            failure: BaseException | None) -> None:
+        if rank is None:
+            return
+        if failure is not None:
+            _raise_own(failure)
+        reason = _read_reason(signals, f"first/{signals.serial}/{rank}")
+        epoch = "" if self.epoch is None else f" of epoch {self.epoch}"
+        raise DistributedStepError(
+            f"equalize_steps(policy='plan'): rank {rank} failed loading its first batch"
+            f"{epoch}{reason}; rank {signals.rank} stops too so that no rank waits for it "
+            "(its own traceback is in its log)")
 
     def _refuse_empty_rank(self, rank: int | None, steps: int) -> None:
         if rank is not None and steps > 0:
@@ -447,19 +527,42 @@ class EqualSteps:
                 "every rank data (more or smaller shards: pack --shard-size; "
                 "ShardSplit(equalize='repeat'); fewer ranks) or use policy='stop'")
 
+    # long: one pass of the plan, with the failure channel's report, checks and stand-ins
     def _planned(self, signals: _Signals, stats: StepStats) -> Iterator[Any]:
         end = object()
         it = iter(self.loader)
         cache: list = []
         exhausted = False
+        failure = None  # this rank's loader error, raised at the step every rank stops at
         try:
-            first = next(it, end)
-            steps = self._planned_steps(signals, stats, have=first is not end)
+            try:
+                first = next(it, end)
+            except Exception as exc:
+                if not signals.active:
+                    raise
+                first, failure, it = end, exc, None
+            steps, stamp = self._planned_steps(signals, first is not end, failure)
             stats.planned = steps
+            channel = (_FailureChannel(signals, stamp, self.check_every, stats, self.epoch)
+                       if signals.world > 1 and self.check_every else None)
             if not steps and first is not end:  # a plan of no steps: the batch read is dropped
                 it = itertools.chain([first], it)
             for step in range(steps):
-                batch = first if step == 0 else end if exhausted else next(it, end)
+                if channel is not None and step:
+                    channel.check(step, failure)
+                batch = first if step == 0 else end if exhausted else _NEXT
+                if batch is _NEXT:
+                    try:
+                        batch = next(it, end)
+                    except Exception as exc:
+                        if channel is None:
+                            raise
+                        # Tell the others, then keep stepping on cached batches until every
+                        # rank stops at the same check: it must not leave them waiting in
+                        # the training loop's collective.
+                        channel.report(step, exc)
+                        traceback.clear_frames(exc.__traceback__)
+                        failure, it, batch = exc, None, end
                 if batch is end:
                     exhausted = True
                     if not cache:
@@ -473,6 +576,8 @@ class EqualSteps:
                     continue
                 stats.steps += 1
                 yield self._own(batch, cache, stats)
+            if channel is not None and steps:
+                channel.check(steps, failure, final=True)
             expected = isinstance(self.steps, StepPlanner) and self.steps.target != "min"
             if exhausted and not expected:
                 warnings.warn(
@@ -487,6 +592,93 @@ class EqualSteps:
                 self._drain(it, stats)
         finally:
             it = None
+
+
+_NEXT = object()  # the next batch is to be read from the loader
+_REASON_CHARS = 400  # of a failing rank's error message, carried to the others by the store
+
+
+def _raise_own(error: BaseException):
+    # The loader's finished frames (a DataLoader iterator among their locals) are cleared so
+    # that its workers shut down now, not whenever the traceback is collected; the
+    # traceback's lines and message stay.
+    traceback.clear_frames(error.__traceback__)
+    raise error
+
+
+def _reason(error: BaseException) -> str:
+    """An error as one line of at most ``_REASON_CHARS`` characters, for the store."""
+    return " ".join(f"{type(error).__name__}: {error}".split())[:_REASON_CHARS]
+
+
+def _store_reason(signals: _Signals, key: str, error: BaseException) -> None:
+    signals.store.set(f"speechpipe/equal_steps/{key}", _reason(error))
+
+
+def _read_reason(signals: _Signals, key: str) -> str:
+    try:
+        return f" ({signals.store.get(f'speechpipe/equal_steps/{key}').decode()})"
+    except Exception:  # the reason is a courtesy: the rank is named without it
+        return ""
+
+
+class _FailureChannel:
+    """How the ranks of one ``plan`` pass hear that a rank's loader failed, with no collective
+    per step.
+
+    The failing rank appends ``rank, step, reason`` to one key of the signalling group's store
+    (the store torch.distributed already has) and keeps stepping on its cached batches; every
+    rank checks the key (one store round trip) before every ``every``-th step and at the end
+    of the pass, and stops at the first check after the earliest failure's step. That check is
+    the same on every rank: a failure at step ``s`` is in the store before its rank yields step
+    ``s``, so before any rank's collective of step ``s`` completes and it reaches step ``s + 1``;
+    a failure a rank sees early (at or before its step) waits for the same check. The failing
+    rank raises its own error there, the others :class:`DistributedStepError` naming it.
+    """
+
+    def __init__(self, signals: _Signals, stamp: int, every: int, stats: StepStats,
+                 epoch: int | None) -> None:
+        self.signals = signals
+        self.store = signals.store
+        self.key = f"speechpipe/equal_steps/{stamp}/failed"
+        self.every = every
+        self.stats = stats
+        self.epoch = "" if epoch is None else f" of epoch {epoch}"
+
+    def report(self, step: int, error: BaseException) -> None:
+        self.store.append(self.key, f"{self.signals.rank}\t{step}\t{_reason(error)}\n")
+
+    def check(self, step: int, own: BaseException | None, final: bool = False) -> None:
+        """Stop here if a rank failed before ``step`` (on a check step)."""
+        if step % self.every and not final:
+            return
+        self.stats.checks += 1
+        rank = self.signals.rank
+        try:
+            found = self.store.check([self.key])
+            records = self.store.get(self.key).decode() if found else ""
+        except Exception as exc:
+            raise DistributedStepError(
+                f"equalize_steps(policy='plan'): rank {rank}: the store did not answer before "
+                f"step {step}{self.epoch} ({type(exc).__name__}): the rank hosting it (rank 0 "
+                "with init_method tcp://, or torchrun's agent) died or is unreachable"
+            ) from exc
+        failures = []
+        for line in records.splitlines():
+            who, at, reason = line.split("\t", 2)
+            if int(at) < step:
+                failures.append((int(at), int(who), reason))
+        if not failures:
+            return
+        if own is not None:
+            _raise_own(own)
+        named = "; ".join(f"rank {who} failed loading its batch for step {at}{self.epoch} "
+                          f"({reason})" for at, who, reason in sorted(failures))
+        where = "at the end of the pass" if final else f"before step {step}"
+        raise DistributedStepError(
+            f"equalize_steps(policy='plan'): {named}; rank {rank} stops {where} with it, so "
+            "that no rank waits for another in the training loop (the failing rank's "
+            "traceback is in its log)")
 
 # --------------------------------------------------------------------------------------------
 # The pipe form
@@ -511,7 +703,7 @@ class StepEqualizerIterDataPipe(IterDataPipe):
         source_datapipe: batches.
         policy: ``"stop"``, ``"pad"`` or ``"plan"``.
         **kwargs: the options of :class:`EqualSteps` (``steps``, ``timeout``, ``group``,
-            ``pad_cache``, ``count_dropped``, ``count_fn``).
+            ``pad_cache``, ``count_dropped``, ``count_fn``, ``check_every``).
 
     ``self.stats`` is the :class:`StepStats` of the last pass.
 

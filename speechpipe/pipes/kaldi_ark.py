@@ -169,6 +169,25 @@ def _binary_sizes(source: _HeaderSource, kind: str) -> tuple[bytes, int, int, in
     return dims, rows, cols, (4 if kind[0] == "F" else 8) * rows * cols
 
 
+_NPY_HEADER_READERS = {(1, 0): np.lib.format.read_array_header_1_0,
+                       (2, 0): np.lib.format.read_array_header_2_0}
+_NPY_HEADER_MAX = 65536 + 12  # bytes of an .npy payload that hold its header (format 2.0)
+_NPY_OBJECTS = ("holds a .npy array of Python objects (dtype object), which only unpickling "
+                "could read; speechpipe never unpickles (store numeric arrays)")
+
+
+def _npy_holds_objects(payload: bytes) -> bool:
+    """Whether the header at the start of an ``.npy`` payload declares a dtype holding Python
+    objects (kaldiio's ``np.load`` refuses it without unpickling, as a ``ValueError``); False
+    when the header cannot be read (the decoder then reports corrupt bytes)."""
+    stream = io.BytesIO(payload)
+    try:
+        reader = _NPY_HEADER_READERS.get(np.lib.format.read_magic(stream))
+        return reader is not None and reader(stream)[2].hasobject
+    except (ValueError, TypeError, SyntaxError):
+        return False
+
+
 def _npy_length(magic: bytes, source: _HeaderSource) -> int:
     """The length of the array after kaldiio's ``NPY`` header, whose first 5 bytes are
     ``magic`` (``NPY``, the width of the length, its first byte); reads the rest of it."""
@@ -251,7 +270,10 @@ def _check_matrix_object(stream: BinaryIO, name: str, where: _Where) -> None:
         )
     need = 0
     if form == "npy":
-        need = 4 + magic[3] + _npy_length(magic, head)
+        length = _npy_length(magic, head)
+        need = 4 + magic[3] + length
+        if _npy_holds_objects(stream.read(min(length, _NPY_HEADER_MAX))):
+            raise _error(UnsafeInputError, f"{name} {_NPY_OBJECTS}", where)
     elif form == "binary":
         stream.seek(start + 2)
         kind = _binary_type(head)
@@ -450,7 +472,10 @@ class _ArkReader:
     def _npy_object(self, magic: bytes) -> bytes:
         length = _npy_length(magic, self)
         width = magic[3]
-        return magic[:4] + length.to_bytes(width, "little") + self.take(length, "an NPY array")
+        payload = self.take(length, "an NPY array")
+        if _npy_holds_objects(payload[:_NPY_HEADER_MAX]):
+            raise self.error(_NPY_OBJECTS, UnsafeInputError)
+        return magic[:4] + length.to_bytes(width, "little") + payload
 
     def _text_object(self, head: bytes) -> bytes:
         parts = [head]

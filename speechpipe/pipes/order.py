@@ -17,24 +17,37 @@ from ..diagnostics import Diagnostics, check_on_error
 from ..errors import DataError
 from ..sample import KEY, SOURCE
 from ._base import IterDataPipe, functional_datapipe
+from ._graph import graph_nodes
 
 __all__ = ["KeyJoinerIterDataPipe", "join_by_key", "shuffle_buffer", "shuffle_window"]
 
 _EXAMPLES = 5
 
 
-def _load_table(table: Iterable[Mapping], index: int) -> dict[str, Mapping]:
+def _table_name(table: Any, index: int) -> str:
+    """``#index``, and the files the table is read from when its pipe starts from a list of
+    paths (``IterableWrapper(["data/text"]).open().parse_scp().load_scp("text")``)."""
+    for node in reversed(graph_nodes(table) if isinstance(table, IterDataPipe) else []):
+        paths = getattr(node, "iterable", None)
+        if (isinstance(paths, (list, tuple)) and paths
+                and all(isinstance(p, str) for p in paths)):
+            more = ", ..." if len(paths) > 3 else ""
+            return f"#{index} ({', '.join(paths[:3])}{more})"
+    return f"#{index}"
+
+
+def _load_table(table: Iterable[Mapping], name: str) -> dict[str, Mapping]:
     rows: dict[str, Mapping] = {}
     for row in table:
         key = row.get(KEY) if isinstance(row, Mapping) else None
         if not isinstance(key, str):
             raise DataError(
-                f"join_by_key table #{index} yields {type(row).__name__} elements without a "
+                f"join_by_key table {name} yields {type(row).__name__} elements without a "
                 "string 'key' field; give it sample dicts"
             )
         if key in rows:
             raise DataError(
-                f"key appears twice in join_by_key table #{index}",
+                f"key appears twice in join_by_key table {name}",
                 source=row.get(SOURCE),
                 key=key,
             )
@@ -71,7 +84,8 @@ def join_by_key(
     check_on_error(on_missing, "on_missing")
     if diagnostics is None:
         diagnostics = Diagnostics("join_by_key")
-    loaded = [_load_table(t, i) for i, t in enumerate(tables, start=1)]
+    names = [_table_name(t, i) for i, t in enumerate(tables, start=1)]
+    loaded = [_load_table(t, name) for t, name in zip(tables, names)]
     seen: list[set[str]] = [set() for _ in loaded]
     for sample in samples:
         key = sample.get(KEY)
@@ -83,7 +97,7 @@ def join_by_key(
                 diagnostics.handle(
                     on_missing,
                     DataError(
-                        f"key is missing from join_by_key table #{i + 1}",
+                        f"key is missing from join_by_key table {names[i]}",
                         source=sample.get(SOURCE),
                         key=key,
                     ),
@@ -97,7 +111,7 @@ def join_by_key(
                     continue
                 if field in merged and not _same(merged[field], value):
                     raise DataError(
-                        f"field {field!r} differs between the stream and table #{i + 1}: "
+                        f"field {field!r} differs between the stream and table {names[i]}: "
                         f"{merged[field]!r} vs {value!r}",
                         source=sample.get(SOURCE),
                         key=key,
@@ -111,7 +125,7 @@ def join_by_key(
             continue
         if on_missing == "raise":
             raise DataError(
-                f"{len(unseen)} key(s) of join_by_key table #{i + 1} never appeared in the "
+                f"{len(unseen)} key(s) of join_by_key table {names[i]} never appeared in the "
                 f"stream, e.g. {sorted(unseen)[:_EXAMPLES]}; pass on_missing='skip' to count "
                 "and drop them"
             )

@@ -285,6 +285,7 @@ class StepStats:
         ended_by: ``stop``: the lowest rank that ran out first.
         planned: ``plan``: the steps agreed on.
         collectives / wait_seconds: all-reduces made and time spent in them.
+        checks: ``plan``: store checks for a failed rank (see ``EqualSteps``' ``check_every``).
     """
 
     policy: str
@@ -303,6 +304,7 @@ class StepStats:
     planned: int | None = None
     collectives: int = 0
     wait_seconds: float = 0.0
+    checks: int = 0
 
     def report(self) -> str:
         where = f"rank {self.rank}/{self.world_size}"
@@ -320,6 +322,7 @@ class StepStats:
             lines.append(f"  ended when rank {self.ended_by} ran out")
         if self.planned is not None:
             lines.append(f"  planned steps: {self.planned}")
-        lines.append(f"  {self.collectives} collective(s), {self.wait_seconds:.3f} s waiting")
+        lines.append(f"  {self.collectives} collective(s), {self.wait_seconds:.3f} s waiting"
+                     + (f", {self.checks} store check(s)" if self.checks else ""))
         return "\n".join(lines)
 
