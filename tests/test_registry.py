@@ -246,11 +246,11 @@ def test_a_plain_stage_still_appears_in_torchs_profiler():
 # pinned: a name added or removed is a decision, made here.
 PUBLIC = [
     "AudioFormatError", "BatchConstraint", "BatchStats", "BatchView", "BudgetWarning",
-    "ChannelMismatchError", "CharTokenizer", "CmvnStats",
-    "DataError", "Diagnostics", "DistributedStepError", "EpochProgress", "EpochWarning",
-    "EqualSteps", "FbankOptions", "FrontEnd", "IterableWrapper", "Loader", "LogMelOptions",
-    "MfccOptions", "MissingDataError", "PackOptions", "PackReport", "PadCollate", "PaddedArea",
-    "PipeDataset", "PipelineNode", "Quadratic", "RemoteOptions", "ResumeWarning", "SampleCount",
+    "ChannelMismatchError", "CharTokenizer", "CmvnStats", "DataError", "Diagnostics",
+    "DistributedStepError", "EpochProgress", "EpochWarning", "EqualSteps", "FbankOptions",
+    "FrontEnd", "IterableWrapper", "Loader", "LogMelOptions", "MfccOptions",
+    "MissingDataError", "PackOptions", "PackReport", "PadCollate", "PaddedArea", "PipeDataset",
+    "PipelineNode", "Quadratic", "RemoteOptions", "ResumeWarning", "SampleCount",
     "SampleRateError", "SentencePieceTokenizer", "SequenceWrapper", "ShardEntry", "ShardIndex",
     "ShardReadOptions", "ShardSplit", "ShardWriter", "SkippedInputWarning", "SpeechpipeError",
     "StepPlanner", "StepStats", "SumOfLengths", "TextNormalizer", "TwoDimensional",
@@ -258,8 +258,8 @@ PUBLIC = [
     "build_loader", "build_tokenizer", "compute_cmvn_stats", "compute_lengths", "corpus_stats",
     "encode_audio", "eval_pipeline", "fbank", "get_recipe", "kaldi_arks", "load_tokenizer",
     "log_mel", "manifest_path", "mfcc", "pack_data", "pipeline_report", "read_data_len",
-    "read_hf_dataset", "read_lhotse", "read_lhotse_shar", "recipes", "select_keys", "set_epoch",
-    "shard_assignment", "start", "to_device", "train_pipeline", "write_lhotse",
+    "read_hf_dataset", "read_lhotse", "read_lhotse_shar", "recipes", "select_keys",
+    "set_epoch", "shard_assignment", "start", "to_device", "train_pipeline", "write_lhotse",
 ]
 
 
