@@ -402,6 +402,19 @@ def webdataset_loader(kind: str, data: dict, workers: int, setup: Setup):
     return torch.utils.data.DataLoader(ds, batch_size=None, num_workers=workers)
 
 
+def lhotse_fbank_layer():
+    """lhotse's ``Wav2LogFilterBank`` with Kaldi's fbank options as the others use them (its
+    warning that ``snip_edges=True`` may mismatch lhotse's own frame counts is silenced:
+    the counts here are Kaldi's)."""
+    from lhotse.features.kaldi.layers import Wav2LogFilterBank
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Setting snip_edges=True")
+        layer = Wav2LogFilterBank(sampling_rate=RATE, snip_edges=True, high_freq=0.0,
+                                  num_filters=DIM, energy_floor=1.0)
+    return layer.eval()
+
+
 class LhotseBatches(torch.utils.data.Dataset):
     """lhotse's side: load each cut's features (or audio, then fbank) and pad; ``batched``:
     pad the audio and run lhotse's ``Wav2LogFilterBank`` once on it."""
@@ -413,11 +426,7 @@ class LhotseBatches(torch.utils.data.Dataset):
 
     def _batched(self, cuts) -> dict:
         if self._layer is None:
-            from lhotse.features.kaldi.layers import Wav2LogFilterBank
-
-            self._layer = Wav2LogFilterBank(sampling_rate=RATE, snip_edges=True,
-                                            high_freq=0.0, num_filters=DIM, energy_floor=1.0)
-            self._layer.eval()
+            self._layer = lhotse_fbank_layer()
         audio = [torch.from_numpy(c.load_audio()[0]) for c in cuts]
         padded = torch.nn.utils.rnn.pad_sequence(audio, batch_first=True)
         with torch.no_grad():
