@@ -92,6 +92,26 @@ def test_masks_stay_within_each_rows_length():
         assert (out["feats"][:, :max(lengths)] == 0).any()
 
 
+@pytest.mark.parametrize("mask_value", [0.0, "mean"])
+def test_the_accelerator_masking_equals_the_cpu_masking(monkeypatch, mask_value):
+    # Off the CPU the masks are applied with one torch.where instead of slice by slice; the
+    # same draws must give the same batch (the CPU path is the one compared with spec_augment).
+    from speechpipe.pipes import augment
+
+    lengths = [120, 30, 9, 1]
+    batch = _padded_batch(lengths)
+    options = dict(freq_masks=2, freq_width=20, time_masks=4, time_width=60,
+                   mask_value=mask_value)
+    by_slices = [spec_augment_batch(batch["feats"], lengths, **options,
+                                    generator=torch.Generator().manual_seed(s))
+                 for s in range(10)]
+    monkeypatch.setattr(augment, "_masked_by_slices", augment._masked_at_once)
+    for seed, expected in enumerate(by_slices):
+        got = spec_augment_batch(batch["feats"], lengths, **options,
+                                 generator=torch.Generator().manual_seed(seed))
+        assert torch.equal(got, expected), seed
+
+
 def test_batched_spec_augment_same_seed_same_masks_other_epoch_other_masks():
     batch = _padded_batch([100, 80, 60])
 

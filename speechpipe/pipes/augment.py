@@ -386,7 +386,7 @@ def _spec_augment_batch(x: torch.Tensor, lengths: list[int], freq_masks: int,
                         time_warp_window: int, mask_value: float | str,
                         generator: torch.Generator | None) -> torch.Tensor:
     """:func:`spec_augment_batch`, its arguments by position (the stage calls it per batch)."""
-    rows, frames, dim = x.shape
+    rows, dim = x.shape[0], x.shape[2]
     freq_width = _freq_width(freq_width, dim)
     if time_warp_window:
         x = x.clone()
@@ -405,15 +405,40 @@ def _spec_augment_batch(x: torch.Tensor, lengths: list[int], freq_masks: int,
                 start, end = _mask_span(size, param, generator)
                 if end > start:
                     spans.append((b, axis, start, end))
-    device = x.device
-    valid = valid_frames(lengths, frames, device)
     if mask_value == "mean":  # row by row: the very reduction spec_augment makes
-        value = torch.stack([x[b, :n].mean() for b, n in enumerate(lengths)])[:, None, None]
+        value = torch.stack([x[b, :n].mean() for b, n in enumerate(lengths)])
     else:
-        value = torch.tensor(float(mask_value), dtype=x.dtype, device=device)
+        value = torch.tensor(float(mask_value), dtype=x.dtype, device=x.device).expand(rows)
+    if x.device.type == "cpu":
+        return _masked_by_slices(x, lengths, spans, value)
+    return _masked_at_once(x, lengths, spans, value)
+
+
+def _masked_by_slices(x: torch.Tensor, lengths: list[int],
+                      spans: list[tuple[int, int, int, int]], value: torch.Tensor
+                      ) -> torch.Tensor:
+    """The masks written into a copy of ``x`` slice by slice: on the CPU, cheaper than any
+    whole-batch operation (the masks cover a small part of the batch)."""
+    out = x.clone()
+    for row, axis, start, end in spans:
+        if axis == 0:  # a mask wider than the row may end beyond it: never in the padding
+            out[row, start:min(end, lengths[row])] = value[row]
+        else:
+            out[row, :lengths[row], start:end] = value[row]
+    return out
+
+
+def _masked_at_once(x: torch.Tensor, lengths: list[int],
+                    spans: list[tuple[int, int, int, int]], value: torch.Tensor
+                    ) -> torch.Tensor:
+    """The masks applied with a fixed number of operations whatever their count (one copy of
+    the spans to the device, one ``torch.where``): on an accelerator, where each slice written
+    would be a kernel launch."""
+    rows, frames, dim = x.shape
+    device = x.device
     if not spans:
         return x.clone()
-    table = torch.tensor(spans, dtype=torch.int64, device=device)  # one copy to the device
+    table = torch.tensor(spans, dtype=torch.int64, device=device)
     row, axis, start, end = table.unbind(1)
     # Each span covers positions [start, end) of its axis: frames 0.. then bins frames..
     offset = torch.where(axis == 0, 0, frames)
@@ -422,8 +447,9 @@ def _spec_augment_batch(x: torch.Tensor, lengths: list[int], freq_masks: int,
            & (positions[None, :] < (end + offset)[:, None]))
     masked = torch.zeros(rows, frames + dim, dtype=torch.int32, device=device)
     masked = masked.index_add_(0, row, hit.to(torch.int32)) > 0
+    valid = valid_frames(lengths, frames, device)
     cells = (masked[:, :frames, None] | masked[:, None, frames:]) & valid[:, :, None]
-    return torch.where(cells, value, x)
+    return torch.where(cells, value[:, None, None], x)
 
 
 #: SpecAugment's LibriSpeech policy: frequency masks up to 27 bins wide on 80-bin features.
