@@ -1,6 +1,13 @@
 """Decoding as the limit once features are cheap: does soundfile's decode release the GIL, and
 how fast is it per core next to the fbank?
 
+0. **GIL probe** (what a shared, loaded machine can answer): a probe thread runs a pure
+   Python loop, stamping the time at each turn, while the main thread decodes every file once
+   (from a path, from bytes); the switch interval is raised to 0.5 s, so that a thread holding
+   the GIL keeps it through a whole call. Stamps that fall inside a decode call prove the
+   decode released the GIL: none fall inside a pure Python call (which holds it), as many per
+   second as inside ``time.sleep`` when it is released. CPU shares do not matter: the probe
+   can run inside a call, on any core, only if the GIL is free.
 1. **GIL**: the demo corpus's FLAC files (16 kHz speech) decoded with :func:`soundfile.read`
    by 1, 2 and 4 threads of one process, each thread taking the next file of a shared list:
    from a path (libsndfile reads the file itself) and from bytes in memory (``io.BytesIO``:
@@ -30,9 +37,11 @@ speed is asserted.
 from __future__ import annotations
 
 import argparse
+import bisect
 import gc
 import io
 import statistics
+import sys
 import threading
 import time
 from pathlib import Path
@@ -48,6 +57,8 @@ from speechpipe.pipes._base import IterableWrapper
 from speechpipe.pipes.decode import decode_sample
 from speechpipe.pipes.features import KALDI_SCALE
 from speechpipe.pipes.kaldi_fbank import FbankOptions, fbank
+
+from .bench_fbank import rounds
 
 OPTIONS = FbankOptions(num_mel_bins=80)
 
@@ -89,6 +100,51 @@ def timed(fn: Callable[[], object]) -> tuple[float, float]:
         gc.enable()
 
 
+def probe_inside(read: Callable, jobs: list, switch_interval: float = 0.5) -> float:
+    """Turns of a pure Python probe thread per second of ``read(job)`` calls, over the calls
+    (module documentation, part 0)."""
+    stamps: list[float] = []
+    calls: list[tuple[float, float]] = []
+    done = threading.Event()
+
+    def spin() -> None:
+        clock, stamp = time.perf_counter, stamps.append
+        while not done.is_set():
+            stamp(clock())
+
+    previous = sys.getswitchinterval()
+    sys.setswitchinterval(switch_interval)
+    probe = threading.Thread(target=spin)
+    try:
+        probe.start()
+        time.sleep(0.01)
+        for job in jobs:
+            start = time.perf_counter()
+            read(job)
+            calls.append((start, time.perf_counter()))
+    finally:
+        done.set()
+        probe.join()
+        sys.setswitchinterval(previous)
+    inside = sum(bisect.bisect_left(stamps, end) - bisect.bisect_left(stamps, start)
+                 for start, end in calls)
+    return inside / sum(end - start for start, end in calls)
+
+
+def _python_work(_: object) -> int:
+    return sum(range(200_000))
+
+
+def probe_rows(files: list[Path], blobs: list[bytes]) -> list[str]:
+    """Part 0's lines: the decodes beside a call that holds the GIL and one that frees it."""
+    cases = {"soundfile.read(path)": (soundfile.read, [str(f) for f in files]),
+             "soundfile.read(BytesIO)": (lambda b: soundfile.read(io.BytesIO(b)), blobs),
+             "pure Python (holds the GIL)": (_python_work, files),
+             "time.sleep (releases it)": (lambda _: time.sleep(0.003), files)}
+    return [f"  {name:<28} {probe_inside(read, jobs) / 1e6:>6.2f} M probe turns per s of call"
+            for name, (read, jobs) in cases.items()]
+
+
 def gil_rows(files: list[Path], blobs: list[bytes], seconds: float, runs: int) -> list[str]:
     """Part 1: the table's lines, by source (path, bytes) and thread count; the thread counts
     take turns within each round."""
@@ -116,7 +172,7 @@ def gil_rows(files: list[Path], blobs: list[bytes], seconds: float, runs: int) -
 
 
 def per_core(blobs: list[bytes], seconds: float, runs: int) -> dict[str, list[float]]:
-    """Part 2: CPU seconds per round of one thread, item by item in turns."""
+    """Part 2: × real time per round of one thread's CPU time, item by item in turns."""
     waves = [torch.from_numpy(soundfile.read(io.BytesIO(b), dtype="float32")[0]) * KALDI_SCALE
              for b in blobs]
     impls = {
@@ -125,23 +181,8 @@ def per_core(blobs: list[bytes], seconds: float, runs: int) -> dict[str, list[fl
         "fbank 80 (speechpipe)": lambda i: fbank(waves[i], sample_rate=16000, options=OPTIONS),
         "fbank 80 (torchaudio)": lambda i: kaldi.fbank(waves[i].unsqueeze(0), num_mel_bins=80),
     }
-    names = list(impls)
-    out: dict[str, list[float]] = {name: [] for name in names}
-    for run in range(runs + 1):
-        spent = dict.fromkeys(names, 0)
-        for i in range(len(blobs)):
-            for name in names[i % len(names):] + names[: i % len(names)]:
-                gc.disable()
-                try:
-                    start = time.thread_time_ns()
-                    impls[name](i)
-                    spent[name] += time.thread_time_ns() - start
-                finally:
-                    gc.enable()
-        if run:
-            for name in names:
-                out[name].append(seconds / (spent[name] * 1e-9))
-    return out
+    spent = rounds(impls, list(range(len(blobs))), runs)  # items take turns, as bench_fbank
+    return {name: [seconds / cpu for cpu in times] for name, times in spent.items()}
 
 
 def in_worker(blobs: list[bytes], seconds: float, runs: int) -> list[str]:
@@ -175,6 +216,10 @@ def main(argv: list[str] | None = None) -> None:
     seconds = sum(soundfile.info(str(f)).duration for f in files)
     print(f"{len(files)} FLAC files, {seconds:.1f} s of 16 kHz speech; {runs} rounds; "
           "x real time = audio s per s; median [range over rounds]")
+    print("0. GIL probe: turns of a pure Python thread inside the calls (switch interval "
+          "0.5 s; 0 while a call holds the GIL)")
+    for line in probe_rows(files, blobs):
+        print(line)
     print("1. soundfile.read by N threads of one process: x real time per wall s, per CPU s, "
           "parallelism = CPU s / wall s (1.0 while the GIL is held)")
     for line in gil_rows(files, blobs, seconds, runs):
