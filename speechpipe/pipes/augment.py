@@ -365,11 +365,12 @@ def spec_augment_batch(
 
     Row ``b`` gets exactly what :func:`spec_augment` gives its first ``lengths[b]`` frames with
     the same ``generator``, rows in order (so a batch equals its samples augmented one by one
-    with the same seed): the draws are those of the per-utterance function, made on the
-    generator's device (the CPU), and the masks are applied to the whole batch at once with
-    one ``torch.where`` on the batch's device. A mask never reaches a row's padding, which
-    keeps its values; ``"mean"`` is the mean of the row's real frames. Only the time warp
-    (``time_warp_window > 0``) runs row by row.
+    with the same seed): the draws are those of the per-utterance function, made row by row
+    on the generator's device (the CPU). The masks are written into a copy slice by slice on
+    the CPU, and applied with a fixed number of operations (one copy of the spans to the
+    device, one ``torch.where``) on other devices, where each slice would be a kernel launch.
+    A mask never reaches a row's padding, which keeps its values; ``"mean"`` is the mean of
+    the row's real frames. The time warp (``time_warp_window > 0``) runs row by row.
 
     >>> g = torch.Generator().manual_seed(0)
     >>> out = spec_augment_batch(torch.ones(2, 100, 80), [100, 60], generator=g)
@@ -380,7 +381,6 @@ def spec_augment_batch(
                                time_masks, time_width, time_warp_window, mask_value, generator)
 
 
-# long: the per-row draws in the per-utterance order, then one vectorised masking of the batch
 def _spec_augment_batch(x: torch.Tensor, lengths: list[int], freq_masks: int,
                         freq_width: int | None, time_masks: int, time_width: int | float,
                         time_warp_window: int, mask_value: float | str,
