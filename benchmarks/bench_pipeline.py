@@ -688,12 +688,12 @@ def table(rows: list[dict], limits: dict[str, list[float]], ceilings: list[float
             ratio = f"{r['audio_s_s'] / (limit * cores):>10.2f}"
             if r["workers"] and ceiling:
                 at_once = f"{r['audio_s_s'] / ceiling:>10.2f}"
-        workers_cpu = (f"{1000 * r['cpu_workers'] / r['audio_s']:>9.1f}" if r["workers"]
+        workers_cpu = (f"{1000 * r['cpu_workers'] / r['audio_s']:>9.2f}" if r["workers"]
                        else f"{'':>9}")
         out.append(f"{r['workload']:<8} {r['cache']:<5} {r['workers']:>2} {r['system']:<12} "
                    f"{r['audio_s_s']:>9.0f} {r['utt_s']:>7.0f} {r['first']:>11.2f} "
                    f"{r['peak_mib']:>8.0f} {ratio} {at_once} "
-                   f"{1000 * r['cpu_main'] / r['audio_s']:>9.1f} {workers_cpu}")
+                   f"{1000 * r['cpu_main'] / r['audio_s']:>9.2f} {workers_cpu}")
     out.append("")
     out.append("ms/s: CPU milliseconds per audio second, of the main process (all its threads) "
                "and of the workers")
