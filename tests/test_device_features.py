@@ -135,9 +135,12 @@ def test_batched_spec_augment_keeps_numpy_batches_numpy_and_does_not_modify_its_
     np.testing.assert_array_equal(batch["feats"], before)
 
 
-def test_utterance_cmvn_statistics_come_from_the_real_frames_only():
+@pytest.mark.parametrize("pad", [PAD, float("inf")])
+def test_utterance_cmvn_statistics_come_from_the_real_frames_only(pad):
     lengths = [50, 20, 3]
     batch = _padded_batch(lengths)
+    for b, n in enumerate(lengths):
+        batch["feats"][b, n:] = pad
     [out] = IterableWrapper([batch]).apply_cmvn(utterance=True, batched=True)
     for b, n in enumerate(lengths):
         row = out["feats"][b, :n].double()
@@ -145,7 +148,7 @@ def test_utterance_cmvn_statistics_come_from_the_real_frames_only():
                                    atol=1e-5, rtol=0)
         torch.testing.assert_close(row.var(0, unbiased=False),
                                    torch.ones(40, dtype=torch.float64), atol=1e-4, rtol=0)
-        assert (out["feats"][b, n:] == PAD).all()
+        assert (out["feats"][b, n:] == pad).all()
 
 
 def test_normalize_batch_with_global_stats_is_normalize_features_row_by_row():

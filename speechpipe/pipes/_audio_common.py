@@ -153,7 +153,6 @@ def feats_of(sample: Any, stage: str) -> np.ndarray:
     return np.ascontiguousarray(feats, dtype=np.float32)
 
 
-
 def batch_where(batch: Mapping[str, Any], row: int = 0) -> dict:
     """Where a collated batch's row ``row`` came from: its ``key`` (and ``source``)."""
     where = {}

@@ -18,10 +18,10 @@ import torchaudio.transforms as taT
 from ..sample import AUDIO, DURATION, FEATS, Sample
 from ._audio_common import (
     audio_of,
+    batch_feats_of,
     channels_first,
     check_int,
     check_real,
-    batch_feats_of,
     feats_of,
     resampler,
     source_len,

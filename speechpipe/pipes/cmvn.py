@@ -276,7 +276,7 @@ def _normalize_batch(x: torch.Tensor, counts: list[int],
                      norm_means: bool, norm_vars: bool) -> torch.Tensor:
     valid = valid_frames(counts, x.shape[1], x.device)[:, :, None]
     if terms is None:  # each row's own statistics, over its real frames, in float64
-        wide = x.to(torch.float64) * valid
+        wide = torch.where(valid, x.to(torch.float64), 0.0)  # padding may hold anything
         n = torch.tensor(counts, dtype=torch.float64, device=x.device).clamp(min=1)[:, None]
         mean = wide.sum(dim=1) / n
         mean_f = scale = None
