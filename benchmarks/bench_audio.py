@@ -383,6 +383,16 @@ def _drain(pipe) -> None:
         pass
 
 
+def batched_orders(samples: list[dict], batch_size: int, seed: int = 0):
+    """(label, collated audio batches): utterances of similar lengths, and in random order."""
+    collate = PadCollate(fields=("key", "audio", "sample_rate"))
+    shuffled = list(samples)
+    random.Random(seed).shuffle(shuffled)
+    for label, order in (("similar lengths", sorted(samples, key=lambda s: len(s["audio"]))),
+                         ("random order", shuffled)):
+        yield label, [collate(order[i:i + batch_size]) for i in range(0, len(order), batch_size)]
+
+
 def _batched_fbanks(batches: list[dict]) -> tuple[Callable[[], object], Callable[[], object]]:
     """Passes over ``batches`` of speechpipe's vectorised fbank (with the rows' lengths) and of
     lhotse's ``Wav2LogFilterBank`` (on the whole padded audio; ``None`` without lhotse)."""
@@ -408,8 +418,7 @@ def _batched_fbanks(batches: list[dict]) -> tuple[Callable[[], object], Callable
 
 
 def batch_rows(samples: list[dict], batch_size: int, seed: int = 0):
-    """(label, padded / real, per-sample pass, per-batch pass, torchaudio on the stack,
-    speechpipe's vectorised fbank on the batch, lhotse's batched layer)."""
+    """(label, padded / real, per-sample pass, per-batch pass, torchaudio on the stack)."""
     collate = PadCollate(fields=("key", "audio", "sample_rate"))
     by_length = sorted(samples, key=lambda s: len(s["audio"]))
     shuffled = list(samples)
@@ -420,19 +429,17 @@ def batch_rows(samples: list[dict], batch_size: int, seed: int = 0):
         batches = [collate(order[i:i + batch_size]) for i in range(0, len(order), batch_size)]
         padded = sum(b["audio"].numel() for b in batches) / RATE
         for kind, options in (("fbank", {"num_mel_bins": 80}), ("mel", {**MEL, "log": True})):
-            stacked = vectorised = lhotse = None
+            stacked = None
             if kind == "mel":  # one MelSpectrogram call on the padded (B, T) tensor
                 stacked = lambda batches=batches: [  # noqa: E731
                     mel(b["audio"]).clamp(min=1e-10).log() for b in batches]
-            else:
-                vectorised, lhotse = _batched_fbanks(batches)
             rows.append((
                 f"{kind}, batches of {batch_size}, {order_name}", padded,
                 lambda kind=kind, options=options: _drain(
                     _pipe(samples).compute_features(kind, **options)),
                 lambda kind=kind, options=options, batches=batches: _drain(
                     _pipe(batches).compute_features(kind, batched=True, **options)),
-                stacked, vectorised, lhotse,
+                stacked,
             ))
     return rows
 
@@ -501,16 +508,24 @@ def main(argv: list[str] | None = None) -> None:
 
     print()
     head = (f"{'features':<36} {'padded/real':>11} {'per sample':>11} {'per batch':>10} "
-            f"{'stacked':>8} {'vectorised':>10} {'lhotse':>7}")
+            f"{'stacked':>8}")
     print(head)
     print("-" * len(head))
-    for label, padded, *passes in batch_rows(samples, args.batch_size):
-        times = pass_seconds(passes, runs)
-        cells = [f"{'-' if t is None else f'{seconds / t:.0f}':>{width}}"
-                 for t, width in zip(times, (11, 10, 8, 10, 7))]
-        print(f"{label:<36} {padded / seconds:>11.2f} {' '.join(cells)}")
-    print("(vectorised: speechpipe's Kaldi fbank on the padded batch with its lengths; lhotse: "
-          "its Wav2LogFilterBank on the padded batch)")
+    for label, padded, per_sample, per_batch, stacked in batch_rows(samples, args.batch_size):
+        t_sample, t_batch, t_stack = pass_seconds([per_sample, per_batch, stacked], runs)
+        t_stacked = f"{seconds / t_stack:>8.0f}" if t_stack else f"{'-':>8}"
+        print(f"{label:<36} {padded / seconds:>11.2f} {seconds / t_sample:>11.0f} "
+              f"{seconds / t_batch:>10.0f} {t_stacked}")
+
+    print()
+    print(f"fbank 80 on padded batches of {args.batch_size}, x real time (fastest pass): "
+          "speechpipe's vectorised Kaldi fbank with the rows' lengths, lhotse's "
+          "Wav2LogFilterBank on the whole padded audio")
+    for label, batches in batched_orders(samples, args.batch_size):
+        ours, lhotse = _batched_fbanks(batches)
+        t_ours, t_lhotse = pass_seconds([ours, lhotse], runs)
+        t_theirs = f"{seconds / t_lhotse:.0f}" if t_lhotse else "-"
+        print(f"  {label:<16} speechpipe {seconds / t_ours:>7.0f}   lhotse {t_theirs:>7}")
 
     print()
     print("decode next to the features, x real time per core (median [range] over passes):")

@@ -7,8 +7,10 @@ published percentiles), doing the same work in all three:
    ``speechpipe.pack``; lhotse: the same matrices exported to Lhotse Shar shards) -> shuffle
    -> length bucketing -> batches within a padded budget -> padded ``(B, T, 80)`` tensors;
 2. **audio**: 16 kHz FLAC (speech cut from the demo corpus) in tar shards (lhotse: Shar) ->
-   decode with soundfile -> Kaldi fbank (``speechpipe.pipes.features.compute_features``, 80 bins,
-   one call per utterance in all three) -> the same batching. speechpipe and lhotse batch on
+   decode with soundfile -> Kaldi fbank, 80 bins, one call per utterance in all three
+   (speechpipe: its default, ``speechpipe.pipes.features.compute_features``; webdataset and
+   lhotse: :func:`torchaudio.compliance.kaldi.fbank`, as WeNet's and lhotse's recipes call
+   it) -> the same batching. speechpipe and lhotse batch on
    lengths known beforehand (the shard index, the cuts' durations) and decode each batch's
    utterances after batching; webdataset (WeNet's recipe) decodes before its sort buffer.
 
@@ -84,6 +86,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import soundfile as sf
 import torch
+from torchaudio.compliance import kaldi
 
 import speechpipe  # noqa: F401  (registers the pipes)
 from speechpipe.index import ShardEntry, ShardIndex
@@ -108,6 +111,12 @@ SYSTEMS = ("speechpipe", "webdataset", "lhotse")
 AUDIO_SYSTEMS = SYSTEMS + ("sp-kaldifb", "sp-device", "lhotse-batch")
 WORKLOADS = ("features", "audio")
 FBANK = FbankOptions(num_mel_bins=DIM)  # torchaudio's defaults otherwise, as compute_features
+
+
+def torchaudio_fbank(audio: np.ndarray, rate: int) -> np.ndarray:
+    """The anchors' fbank: torchaudio's Kaldi fbank of float audio in [-1, 1] (int16 scale)."""
+    waveform = torch.from_numpy(audio).unsqueeze(0) * KALDI_SCALE
+    return kaldi.fbank(waveform, num_mel_bins=DIM, sample_frequency=rate).numpy()
 #: The files each contender reads.
 READS = {"sp-kaldifb": "speechpipe", "sp-device": "speechpipe", "lhotse-batch": "lhotse"}
 
@@ -348,7 +357,7 @@ def _feats_of_wds(sample: dict) -> dict:
 
 def _fbank_of_flac(sample: dict) -> dict:
     audio, rate = sf.read(io.BytesIO(sample["flac"]), dtype="float32")
-    return {"key": sample["__key__"], "feats": compute_features(audio, rate, num_mel_bins=DIM)}
+    return {"key": sample["__key__"], "feats": torchaudio_fbank(audio, rate)}
 
 
 def wenet_sort(data, size: int):
@@ -440,8 +449,7 @@ class LhotseBatches(torch.utils.data.Dataset):
         elif self.batched:
             return self._batched(cuts)
         else:
-            feats = [compute_features(c.load_audio()[0], c.sampling_rate, num_mel_bins=DIM)
-                     for c in cuts]
+            feats = [torchaudio_fbank(c.load_audio()[0], c.sampling_rate) for c in cuts]
         return wenet_padding([{"key": c.id, "feats": f} for c, f in zip(cuts, feats)])
 
 
@@ -573,7 +581,7 @@ def _flac_blobs(data: dict) -> list[bytes]:
 LIMIT_FEATURES = {
     "kaldi_fbank": lambda audio, rate: kaldi_fbank(torch.from_numpy(audio) * KALDI_SCALE,
                                                    sample_rate=rate, options=FBANK),
-    "torchaudio": lambda audio, rate: compute_features(audio, rate, num_mel_bins=DIM),
+    "torchaudio": torchaudio_fbank,
     "decode": None,
 }
 
