@@ -71,6 +71,29 @@ def test_device_pipeline_equals_the_per_utterance_pipeline_with_the_same_seed(fe
     assert all(isinstance(b["feats"], torch.Tensor) for b in batches)
 
 
+def test_after_build_loader_the_device_stages_run_on_the_loaders_batches(few, stats):
+    # The training loop's road: workers decode and collate, build_loader moves each batch to
+    # the device, the batched stages follow in the main process.
+    from speechpipe.loader import build_loader
+
+    collate = PadCollate(fields=("key", "audio", "sample_rate"))
+    view = BatchView({s["key"]: len(s["audio"]) for s in few}, batch_len=40 * 16000, seed=2)
+    pipe = (SequenceWrapper({s["key"]: s for s in few}).batch_by_view(view)
+            .collate(collate_fn=collate))
+    loader = build_loader(pipe, num_workers=0, device="cpu")
+    on_device = IterableWrapper(loader, deepcopy=False)
+    batches = list(on_device.compute_features("fbank", batched=True, num_mel_bins=80)
+                   .spec_augment(seed=4, batched=True).apply_cmvn(stats, batched=True))
+    order = [key for b in batches for key in b["key"]]
+    assert sorted(order) == sorted(s["key"] for s in few)
+    by_key = {s["key"]: s for s in few}
+    singles = list(IterableWrapper([by_key[k] for k in order], deepcopy=False)
+                   .compute_features("fbank", num_mel_bins=80).spec_augment(seed=4)
+                   .apply_cmvn(stats))
+    for (row, n), single in zip(_rows(batches), singles):
+        assert torch.equal(row[:n], torch.from_numpy(single["feats"]))
+
+
 def _padded_batch(lengths, dim: int = 40, seed: int = 0) -> dict:
     gen = torch.Generator().manual_seed(seed)
     feats = torch.full((len(lengths), max(lengths) + 5, dim), PAD)
