@@ -9,6 +9,7 @@ padding is never touched, and never enters a statistic.
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -264,3 +265,44 @@ def test_samples_given_to_a_batched_stage_are_refused():
 def test_batched_must_be_a_bool(make):
     with pytest.raises(TypeError, match="batched must be a bool"):
         make(IterableWrapper([]))
+
+
+# ------------------------------------------------------------------- recipes: FrontEnd option
+
+
+def _demo_rows():
+    """Manifest rows of every fourth demo utterance (real recorded speech, FLAC)."""
+    import soundfile
+
+    rows = []
+    for flac in sorted(Path(DEMO_CORPUS).rglob("*.flac"))[::4]:
+        info = soundfile.info(str(flac))
+        rows.append({"key": flac.stem, "audio_path": str(flac), "text": "x",
+                     "duration": info.frames / info.samplerate})
+    return rows
+
+
+def test_a_recipe_with_features_on_the_device_gives_the_features_the_workers_give():
+    from speechpipe.loader import build_loader
+    from speechpipe.recipes import FrontEnd, train_pipeline
+
+    rows = _demo_rows()
+    in_workers = list(build_loader(train_pipeline([rows], budget_seconds=40.0, seed=3),
+                                   num_workers=2, device="cpu"))
+    loaded = list(build_loader(train_pipeline([rows], budget_seconds=40.0, seed=3,
+                                              features_on="device"),
+                               num_workers=2, device="cpu"))
+    assert all("audio" in b and "feats" not in b for b in loaded)  # the workers only decoded
+    batches = list(FrontEnd(features_on="device").on_device(loaded, seed=3))
+    assert [b["key"] for b in batches] == [b["key"] for b in in_workers]
+    for ours, theirs in zip(batches, in_workers):
+        assert "audio" not in ours
+        assert torch.equal(ours["feats_len"], theirs["feats_len"])
+        torch.testing.assert_close(ours["feats"], theirs["feats"], rtol=1e-5, atol=1e-5)
+
+
+def test_features_on_must_name_workers_or_the_device():
+    from speechpipe.recipes import FrontEnd
+
+    with pytest.raises(ValueError, match=r"features_on must be one of \('workers', 'device'\)"):
+        FrontEnd(features_on="gpu")
