@@ -46,7 +46,16 @@ which loops over the rows; collation not counted), with batches of utterances of
 length (as after ``bucket_by_length``) and in random order (more padding), and, for mel,
 torchaudio's ``MelSpectrogram`` called once on the whole padded ``(B, T)`` tensor
 ("stacked": the alternative the loop was chosen over; it also differs from per-sample frames
-near each row's end): the fastest of the passes. No timing is asserted.
+near each row's end): the fastest of the passes. Beside them, for fbank, the two batched
+torch implementations on the padded ``(B, T)`` audio: speechpipe's vectorised Kaldi fbank
+(:func:`speechpipe.pipes.kaldi_fbank.fbank` with the rows' lengths: padding not computed) and
+lhotse's ``Wav2LogFilterBank`` (its batched form, padding computed). The rows
+``spec_augment`` / ``apply_cmvn`` ``batched`` are the stages on collated ``(B, T, 80)``
+feature batches (features on the device, the CPU device here) against
+:func:`~speechpipe.pipes.augment.spec_augment_batch` / ``normalize_batch`` called directly.
+Last, the decode: soundfile decoding these utterances from FLAC bytes, × real time per core,
+next to one utterance's vectorised fbank and torchaudio's (``bench_decode``'s part 2). No
+timing is asserted.
 
     python -m benchmarks bench_audio           # all 36 demo utterances (174 s), 15 passes
     python -m benchmarks.bench_audio --durations librispeech-train-clean-100
@@ -59,14 +68,17 @@ from __future__ import annotations
 import argparse
 import ctypes
 import gc
+import io
 import itertools
 import math
 import random
+import statistics
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import numpy as np
+import soundfile
 import torch
 import torchaudio.functional as taF
 import torchaudio.transforms as taT
@@ -75,10 +87,12 @@ from torchaudio.compliance import kaldi
 import speechpipe  # noqa: F401  (registers the functional names)
 from speechpipe.demo import DEMO_CORPUS
 from speechpipe.pipes._base import IterableWrapper
-from speechpipe.pipes.augment import spec_augment
-from speechpipe.pipes.cmvn import compute_cmvn_stats
+from speechpipe.pipes.augment import spec_augment, spec_augment_batch
+from speechpipe.pipes.cmvn import compute_cmvn_stats, normalize_batch
 from speechpipe.pipes.collate import PadCollate
 from speechpipe.pipes.features import KALDI_SCALE, compute_features, mel_num_frames, num_frames
+from speechpipe.pipes.kaldi_fbank import FbankOptions
+from speechpipe.pipes.kaldi_fbank import fbank as kaldi_fbank
 from speechpipe.recipes.librispeech import librispeech_samples
 from speechpipe.seeding import derive_rng, derive_seed
 
@@ -246,6 +260,9 @@ def cases(samples: list[dict], batch_size: int) -> list[Case]:
     collate = PadCollate(fields=("key", "audio", "sample_rate"))
     by_length = sorted(samples, key=lambda s: len(s["audio"]))
     batches = [collate(by_length[i:i + batch_size]) for i in range(0, len(by_length), batch_size)]
+    collate_feats = PadCollate(fields=("key", "feats"))
+    feat_batches = [collate_feats(feats[i:i + batch_size])
+                    for i in range(0, len(feats), batch_size)]
 
     def wave(s):
         return torch.from_numpy(s["audio"])
@@ -296,6 +313,11 @@ def cases(samples: list[dict], batch_size: int) -> list[Case]:
                                           time_warp_window=warp, generator=g).numpy()
         return make
 
+    def masked_batch():
+        g = generator("spec_augment")
+        return lambda b: spec_augment_batch(b["feats"], b["feats_len"].tolist(), time_width=40,
+                                            generator=g)
+
     return [
         Case("resample 16k->8k", samples, lambda p: p.resample(8000),
              lambda: lambda s: to_8k(wave(s)).numpy(),
@@ -335,6 +357,11 @@ def cases(samples: list[dict], batch_size: int) -> list[Case]:
         Case("  torch map(cmvn) (reference)", feats,
              lambda p: p.map(_Call(lambda s: (s["feats"] - mean32) * istd32)),
              lambda: lambda s: (s["feats"] - mean32) * istd32),
+        Case(f"spec_augment batched ({batch_size})", feat_batches,
+             lambda p: p.spec_augment(time_width=40, batched=True), masked_batch),
+        Case(f"apply_cmvn batched ({batch_size})", feat_batches,
+             lambda p: p.apply_cmvn(stats, batched=True),
+             lambda: lambda b: normalize_batch(b["feats"], b["feats_len"].tolist(), stats)),
     ]
 
 
@@ -360,6 +387,40 @@ def pass_seconds(fns: Sequence[Callable[[], object] | None], runs: int) -> list[
 def _drain(pipe) -> None:
     for _ in pipe:
         pass
+
+
+def batched_orders(samples: list[dict], batch_size: int, seed: int = 0):
+    """(label, collated audio batches): utterances of similar lengths, and in random order."""
+    collate = PadCollate(fields=("key", "audio", "sample_rate"))
+    shuffled = list(samples)
+    random.Random(seed).shuffle(shuffled)
+    for label, order in (("similar lengths", sorted(samples, key=lambda s: len(s["audio"]))),
+                         ("random order", shuffled)):
+        yield label, [collate(order[i:i + batch_size]) for i in range(0, len(order), batch_size)]
+
+
+def _batched_fbanks(batches: list[dict]) -> tuple[Callable[[], object], Callable[[], object]]:
+    """Passes over ``batches`` of speechpipe's vectorised fbank (with the rows' lengths) and of
+    lhotse's ``Wav2LogFilterBank`` (on the whole padded audio; ``None`` without lhotse)."""
+    options = FbankOptions(num_mel_bins=80)
+
+    def ours():
+        for b in batches:
+            kaldi_fbank(b["audio"] * KALDI_SCALE, b["audio_len"], sample_rate=RATE,
+                        options=options)
+
+    try:
+        from benchmarks.bench_pipeline import lhotse_fbank_layer
+
+        layer = lhotse_fbank_layer()
+    except ImportError:  # lhotse is optional here
+        return ours, None
+
+    def lhotse():
+        with torch.no_grad():
+            for b in batches:
+                layer(b["audio"])
+    return ours, lhotse
 
 
 def batch_rows(samples: list[dict], batch_size: int, seed: int = 0):
@@ -462,6 +523,31 @@ def main(argv: list[str] | None = None) -> None:
         t_stacked = f"{seconds / t_stack:>8.0f}" if t_stack else f"{'-':>8}"
         print(f"{label:<36} {padded / seconds:>11.2f} {seconds / t_sample:>11.0f} "
               f"{seconds / t_batch:>10.0f} {t_stacked}")
+
+    print()
+    print(f"fbank 80 on padded batches of {args.batch_size}, x real time (fastest pass): "
+          "speechpipe's vectorised Kaldi fbank with the rows' lengths, lhotse's "
+          "Wav2LogFilterBank on the whole padded audio")
+    for label, batches in batched_orders(samples, args.batch_size):
+        ours, lhotse = _batched_fbanks(batches)
+        t_ours, t_lhotse = pass_seconds([ours, lhotse], runs)
+        t_theirs = f"{seconds / t_lhotse:.0f}" if t_lhotse else "-"
+        print(f"  {label:<16} speechpipe {seconds / t_ours:>7.0f}   lhotse {t_theirs:>7}")
+
+    print()
+    print("decode next to the features, x real time per core (median [range] over passes):")
+    from benchmarks.bench_decode import per_core
+
+    blobs = [_flac(s["audio"]) for s in samples]
+    for name, speeds in per_core(blobs, seconds, runs).items():
+        print(f"  {name:<32} {statistics.median(speeds):>7.0f} "
+              f"[{min(speeds):.0f}, {max(speeds):.0f}]")
+
+
+def _flac(audio: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    soundfile.write(buffer, audio, RATE, format="FLAC")
+    return buffer.getvalue()
 
 
 if __name__ == "__main__":

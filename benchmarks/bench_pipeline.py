@@ -7,8 +7,10 @@ published percentiles), doing the same work in all three:
    ``speechpipe.pack``; lhotse: the same matrices exported to Lhotse Shar shards) -> shuffle
    -> length bucketing -> batches within a padded budget -> padded ``(B, T, 80)`` tensors;
 2. **audio**: 16 kHz FLAC (speech cut from the demo corpus) in tar shards (lhotse: Shar) ->
-   decode with soundfile -> Kaldi fbank (``speechpipe.pipes.features.compute_features``, 80 bins,
-   one call per utterance in all three) -> the same batching. speechpipe and lhotse batch on
+   decode with soundfile -> Kaldi fbank, 80 bins, one call per utterance in all three
+   (speechpipe: its default, ``speechpipe.pipes.features.compute_features``; webdataset and
+   lhotse: :func:`torchaudio.compliance.kaldi.fbank`, as WeNet's and lhotse's recipes call
+   it) -> the same batching. speechpipe and lhotse batch on
    lengths known beforehand (the shard index, the cuts' durations) and decode each batch's
    utterances after batching; webdataset (WeNet's recipe) decodes before its sort buffer.
 
@@ -26,14 +28,28 @@ Contenders (shuffle buffer, bucketing buffer and budget the same for all):
   budget, bins from the same durations) -> a map-style dataset loading features / audio and
   padding (``IterableDatasetWrapper`` with workers, as lhotse recommends for Shar).
 
+Audio workload only (issue 20), beside those three:
+
+- **sp-kaldifb**: speechpipe's road with :func:`speechpipe.pipes.kaldi_fbank.fbank` (the
+  vectorised Kaldi fbank) once per padded batch with its lengths, in the workers;
+- **sp-device**: features on the device: the workers decode only (``map(decode) ->
+  collate(audio)``), and the same batched fbank runs in the main process after
+  ``build_loader(device="cpu")`` moved the batch (the CPU device here);
+- **lhotse-batch**: lhotse's road with its batched torch layer ``Wav2LogFilterBank`` on the
+  padded ``(B, T)`` audio of each batch (it computes the padding too), in the workers.
+
 Each with workers 0 and 2, cold cache (``posix_fadvise(DONTNEED)`` on every data file before
 the run) and warm (after a full read), each run in a fresh process (``--runs`` rounds, in each of
 which the systems run in turn; medians, and the range of the per-round ratios):
 audio seconds per second, utterances per second, time to first batch (from building the loader),
 and peak memory of the process tree (the largest sum of resident memory of the process and its
-workers, sampled every 50 ms; shared pages count once per process). For the audio workload
-also one core's decode + fbank rate, measured in the same run on the same files (before every
-round; the median), times the cores used (the CPU limit), and each contender's ratio to it;
+workers, sampled every 50 ms; shared pages count once per process), and CPU seconds per audio
+second of the main process and of the workers (``getrusage(RUSAGE_CHILDREN)`` once they
+exited). For the audio workload also one core's decode + fbank rate, measured in the same run
+on the same files (before every round; the median) with the vectorised fbank (torchaudio's
+and the decode's alone beside it), times the cores used (the CPU limit), and each
+contender's ratio to it; "features on the device" compares sp-device's workers' CPU time per
+audio second with the decode's alone (target: at most 1.1 x);
 with workers 2, also the ratio to two processes decoding + fbanking half the files each at the
 same time (before every round with workers: what two cores really give this work, which one
 core's rate x 2 overstates on a machine whose cores share caches and a host).
@@ -57,6 +73,7 @@ import json
 import os
 import pstats
 import random
+import resource
 import statistics
 import subprocess
 import sys
@@ -69,6 +86,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import soundfile as sf
 import torch
+from torchaudio.compliance import kaldi
 
 import speechpipe  # noqa: F401  (registers the pipes)
 from speechpipe.index import ShardEntry, ShardIndex
@@ -76,7 +94,9 @@ from speechpipe.loader import PipeDataset, build_loader
 from speechpipe.pipes._base import IterableWrapper
 from speechpipe.pipes.collate import PadCollate
 from speechpipe.pipes.decode import decode_sample
-from speechpipe.pipes.features import compute_features
+from speechpipe.pipes.features import KALDI_SCALE, compute_features
+from speechpipe.pipes.kaldi_fbank import FbankOptions
+from speechpipe.pipes.kaldi_fbank import fbank as kaldi_fbank
 from speechpipe.pipes.shard_writer import ShardWriter
 from speechpipe.testing import sample_durations
 
@@ -87,7 +107,22 @@ DEFAULT_SNAPSHOT_EVERY = inspect.signature(build_loader).parameters["snapshot_ev
 
 DIM, FPS, RATE = 80, 100, 16000
 SYSTEMS = ("speechpipe", "webdataset", "lhotse")
+#: The audio workload's contenders: the three, then the batched fbanks and the device.
+AUDIO_SYSTEMS = SYSTEMS + ("sp-kaldifb", "sp-device", "lhotse-batch")
 WORKLOADS = ("features", "audio")
+FBANK = FbankOptions(num_mel_bins=DIM)  # torchaudio's defaults otherwise, as compute_features
+
+
+def torchaudio_fbank(audio: np.ndarray, rate: int) -> np.ndarray:
+    """The anchors' fbank: torchaudio's Kaldi fbank of float audio in [-1, 1] (int16 scale)."""
+    waveform = torch.from_numpy(audio).unsqueeze(0) * KALDI_SCALE
+    return kaldi.fbank(waveform, num_mel_bins=DIM, sample_frequency=rate).numpy()
+#: The files each contender reads.
+READS = {"sp-kaldifb": "speechpipe", "sp-device": "speechpipe", "lhotse-batch": "lhotse"}
+
+
+def systems_of(kind: str) -> tuple[str, ...]:
+    return AUDIO_SYSTEMS if kind == "audio" else SYSTEMS
 
 
 @dataclass(frozen=True)
@@ -248,7 +283,35 @@ def featurize(batch: list) -> list:
     return out
 
 
-def speechpipe_pipe(kind: str, data: dict, setup: Setup, *, batches: bool = True):
+def decode_audio(batch: list) -> list:
+    """Decode the samples of one batch, nothing more (features on the device)."""
+    return [{"key": s["key"], "audio": s["audio"], "sample_rate": s["sample_rate"]}
+            for s in map(decode_sample, batch)]
+
+
+def featurize_batched(batch: list) -> dict:
+    """Decode the samples of one batch, then the vectorised fbank once on the padded audio."""
+    return fbank_of_batch(PadCollate(fields=("key", "audio"))(decode_audio(batch)))
+
+
+def fbank_of_batch(batch: dict) -> dict:
+    """``feats``/``feats_len`` of a collated audio batch by the vectorised Kaldi fbank."""
+    feats, lengths = kaldi_fbank(batch["audio"] * KALDI_SCALE, batch["audio_len"],
+                                 sample_rate=RATE, options=FBANK)
+    return {"key": batch["key"], "feats": feats, "feats_len": lengths}
+
+
+#: What each audio road does per batch after batching on the index's lengths.
+_PER_BATCH = {
+    "torchaudio": (featurize, PadCollate()),
+    "kaldi_fbank": (featurize_batched, None),
+    "device": (decode_audio, PadCollate(fields=("key", "audio", "sample_rate"))),
+}
+
+
+def speechpipe_pipe(kind: str, data: dict, setup: Setup, *, batches: bool = True,
+                    features: str = "torchaudio"):
+    """``features``: the audio road's per-batch work (:data:`_PER_BATCH`)."""
     index = ShardIndex.read(os.path.dirname(data["shards"][0]))
     pipe = IterableWrapper(data["shards"]).sharded_shuffle(setup.shuffle, seed=0, index=index)
     if kind == "audio" and batches:
@@ -256,9 +319,10 @@ def speechpipe_pipe(kind: str, data: dict, setup: Setup, *, batches: bool = True
         # hold FLAC bytes, and the first batch needs only its own utterances decoded.
         lengths = {k: n for e in index.shards for k, n in zip(e.keys, e.lengths)}
         pipe = pipe.map(functools.partial(with_num_frames, lengths))
-        return (pipe.bucket_by_length(setup.bucket, boundaries=_boundaries(data, setup), seed=0)
-                .block_batch(batch_len=setup.budget_frames, seed=0)
-                .map(featurize).collate(collate_fn=PadCollate()))
+        work, collate = _PER_BATCH[features]
+        pipe = (pipe.bucket_by_length(setup.bucket, boundaries=_boundaries(data, setup), seed=0)
+                .block_batch(batch_len=setup.budget_frames, seed=0).map(work))
+        return pipe if collate is None else pipe.collate(collate_fn=collate)
     pipe = pipe.decode()
     if kind == "audio":
         pipe = pipe.compute_features("fbank", num_mel_bins=DIM, keep_audio=False)
@@ -273,9 +337,18 @@ def batch_in_speechpipe(samples, data: dict, setup: Setup):
             .collate(collate_fn=PadCollate()))
 
 
-def speechpipe_loader(kind: str, data: dict, workers: int, setup: Setup):
-    return build_loader(speechpipe_pipe(kind, data, setup), num_workers=workers, seed=0,
-                        snapshot_every=setup.snapshot_every)
+def speechpipe_loader(kind: str, data: dict, workers: int, setup: Setup,
+                      features: str = "torchaudio"):
+    return build_loader(speechpipe_pipe(kind, data, setup, features=features),
+                        num_workers=workers, seed=0, snapshot_every=setup.snapshot_every)
+
+
+def device_loader(kind: str, data: dict, workers: int, setup: Setup):
+    """Workers decode; the batched fbank runs in the main process on the moved batch."""
+    loader = build_loader(speechpipe_pipe(kind, data, setup, features="device"),
+                          num_workers=workers, seed=0, snapshot_every=setup.snapshot_every,
+                          device="cpu")
+    return (fbank_of_batch(batch) for batch in loader)
 
 
 def _feats_of_wds(sample: dict) -> dict:
@@ -284,7 +357,7 @@ def _feats_of_wds(sample: dict) -> dict:
 
 def _fbank_of_flac(sample: dict) -> dict:
     audio, rate = sf.read(io.BytesIO(sample["flac"]), dtype="float32")
-    return {"key": sample["__key__"], "feats": compute_features(audio, rate, num_mel_bins=DIM)}
+    return {"key": sample["__key__"], "feats": torchaudio_fbank(audio, rate)}
 
 
 def wenet_sort(data, size: int):
@@ -338,22 +411,49 @@ def webdataset_loader(kind: str, data: dict, workers: int, setup: Setup):
     return torch.utils.data.DataLoader(ds, batch_size=None, num_workers=workers)
 
 
-class LhotseBatches(torch.utils.data.Dataset):
-    """lhotse's side: load each cut's features (or audio, then fbank) and pad."""
+def lhotse_fbank_layer():
+    """lhotse's ``Wav2LogFilterBank`` with Kaldi's fbank options as the others use them (its
+    warning that ``snip_edges=True`` may mismatch lhotse's own frame counts is silenced:
+    the counts here are Kaldi's)."""
+    from lhotse.features.kaldi.layers import Wav2LogFilterBank
 
-    def __init__(self, kind: str) -> None:
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Setting snip_edges=True")
+        layer = Wav2LogFilterBank(sampling_rate=RATE, snip_edges=True, high_freq=0.0,
+                                  num_filters=DIM, energy_floor=1.0)
+    return layer.eval()
+
+
+class LhotseBatches(torch.utils.data.Dataset):
+    """lhotse's side: load each cut's features (or audio, then fbank) and pad; ``batched``:
+    pad the audio and run lhotse's ``Wav2LogFilterBank`` once on it."""
+
+    def __init__(self, kind: str, batched: bool = False) -> None:
         self.kind = kind
+        self.batched = batched
+        self._layer = None  # built in the worker
+
+    def _batched(self, cuts) -> dict:
+        if self._layer is None:
+            self._layer = lhotse_fbank_layer()
+        audio = [torch.from_numpy(c.load_audio()[0]) for c in cuts]
+        padded = torch.nn.utils.rnn.pad_sequence(audio, batch_first=True)
+        with torch.no_grad():
+            feats = self._layer(padded)
+        return {"key": [c.id for c in cuts], "feats": feats,
+                "feats_len": torch.tensor([_fbank_frames(a.shape[0]) for a in audio])}
 
     def __getitem__(self, cuts) -> dict:
         if self.kind == "features":
             feats = [c.load_features() for c in cuts]
+        elif self.batched:
+            return self._batched(cuts)
         else:
-            feats = [compute_features(c.load_audio()[0], c.sampling_rate, num_mel_bins=DIM)
-                     for c in cuts]
+            feats = [torchaudio_fbank(c.load_audio()[0], c.sampling_rate) for c in cuts]
         return wenet_padding([{"key": c.id, "feats": f} for c, f in zip(cuts, feats)])
 
 
-def lhotse_loader(kind: str, data: dict, workers: int, setup: Setup):
+def lhotse_loader(kind: str, data: dict, workers: int, setup: Setup, batched: bool = False):
     from lhotse import CutSet
     from lhotse.dataset import DynamicBucketingSampler, IterableDatasetWrapper
     from lhotse.dataset.dataloading import make_worker_init_fn
@@ -365,7 +465,7 @@ def lhotse_loader(kind: str, data: dict, workers: int, setup: Setup):
                                       duration_bins=bins, shuffle=True,
                                       buffer_size=setup.bucket,
                                       shuffle_buffer_size=setup.shuffle, seed=0)
-    dataset = LhotseBatches(kind)
+    dataset = LhotseBatches(kind, batched)
     if workers == 0:
         return torch.utils.data.DataLoader(dataset, sampler=sampler, batch_size=None)
     return torch.utils.data.DataLoader(IterableDatasetWrapper(dataset, sampler),
@@ -374,7 +474,10 @@ def lhotse_loader(kind: str, data: dict, workers: int, setup: Setup):
 
 
 LOADERS = {"speechpipe": speechpipe_loader, "webdataset": webdataset_loader,
-           "lhotse": lhotse_loader}
+           "lhotse": lhotse_loader,
+           "sp-kaldifb": functools.partial(speechpipe_loader, features="kaldi_fbank"),
+           "sp-device": device_loader,
+           "lhotse-batch": functools.partial(lhotse_loader, batched=True)}
 
 
 # --------------------------------------------------------------------------------------------
@@ -422,9 +525,16 @@ class TreePeak:
         self._thread.join()
 
 
+def _children_cpu() -> float:
+    """CPU seconds of this process's children that exited (the loader's workers)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def measure(system: str, kind: str, data: dict, workers: int, setup: Setup) -> dict:
     """One epoch; figures of this run."""
     torch.set_num_threads(1)
+    children, cpu = _children_cpu(), time.process_time()
     with TreePeak() as peak:
         start = time.perf_counter()
         loader = LOADERS[system](kind, data, workers, setup)
@@ -436,13 +546,16 @@ def measure(system: str, kind: str, data: dict, workers: int, setup: Setup) -> d
             frames += int(batch["feats_len"].sum())
             assert batch["feats"].shape[2] == DIM
         seconds = time.perf_counter() - start
+        del batch, loader  # the workers exit (their CPU time is counted once they have)
+    cpu_main = time.process_time() - cpu
     return {"system": system, "workload": kind, "workers": workers, "seconds": seconds,
-            "first": first, "utts": utts, "audio_s": frames / FPS, "peak_mib": peak.peak / 1024}
+            "first": first, "utts": utts, "audio_s": frames / FPS, "peak_mib": peak.peak / 1024,
+            "cpu_main": cpu_main, "cpu_workers": _children_cpu() - children}
 
 
 def run_one(system: str, kind: str, data: dict, workers: int, cold: bool, setup: Setup,
             in_process: bool) -> dict:
-    files = data["files"][system]
+    files = data["files"][READS.get(system, system)]
     (evict if cold else warm)(files)
     if in_process:
         return measure(system, kind, data, workers, setup)
@@ -464,14 +577,26 @@ def _flac_blobs(data: dict) -> list[bytes]:
     return [bytes(sample["flac"]) for path in data["shards"] for sample in read_shard(path)]
 
 
-def _decode_fbank(blobs: list[bytes], out=None) -> tuple[float, float]:
+#: The features a one-core limit computes after the decode (``None``: the decode alone).
+LIMIT_FEATURES = {
+    "kaldi_fbank": lambda audio, rate: kaldi_fbank(torch.from_numpy(audio) * KALDI_SCALE,
+                                                   sample_rate=rate, options=FBANK),
+    "torchaudio": torchaudio_fbank,
+    "decode": None,
+}
+
+
+def _decode_fbank(blobs: list[bytes], out=None, features: str = "kaldi_fbank"
+                  ) -> tuple[float, float]:
     """soundfile decode + fbank of every blob on one thread: (audio seconds, process seconds);
-    sent to ``out`` (a queue) when given."""
+    sent to ``out`` (a queue) when given. ``features``: which fbank (:data:`LIMIT_FEATURES`)."""
     torch.set_num_threads(1)
+    extract = LIMIT_FEATURES[features]
     start, seconds = time.process_time(), 0.0
     for blob in blobs:
         audio, rate = sf.read(io.BytesIO(blob), dtype="float32")
-        compute_features(audio, rate, num_mel_bins=DIM)
+        if extract is not None:
+            extract(audio, rate)
         seconds += len(audio) / rate
     result = (seconds, time.process_time() - start)
     if out is not None:
@@ -479,15 +604,22 @@ def _decode_fbank(blobs: list[bytes], out=None) -> tuple[float, float]:
     return result
 
 
-def cpu_limit(blobs: list[bytes], passes: int = 2) -> float:
+def cpu_limit(blobs: list[bytes], passes: int = 2, features: str = "kaldi_fbank") -> float:
     """Audio seconds per CPU second of soundfile decode + fbank on one core, over every
     utterance of the corpus (``_flac_blobs``; process time, so that other load on a shared
-    machine does not lower it; the best of ``passes`` passes)."""
+    machine does not lower it; the best of ``passes`` passes); ``features``: which fbank,
+    or ``"decode"`` for the decode alone."""
     rates = []
     for _ in range(passes):
-        seconds, cpu = _decode_fbank(blobs)
+        seconds, cpu = _decode_fbank(blobs, features=features)
         rates.append(seconds / cpu)
     return max(rates)
+
+
+def cpu_limits(blobs: list[bytes], passes: int, into: dict[str, list[float]]) -> None:
+    """One measure of each limit (:data:`LIMIT_FEATURES`), in turn, appended to ``into``."""
+    for features in LIMIT_FEATURES:
+        into.setdefault(features, []).append(cpu_limit(blobs, passes, features))
 
 
 def two_at_once(blobs: list[bytes]) -> float:
@@ -511,11 +643,11 @@ def two_at_once(blobs: list[bytes]) -> float:
 
 
 def contest(corpora: dict, setup: Setup, runs: int, in_process: bool,
-            workloads=WORKLOADS, limits: list[float] | None = None,
+            workloads=WORKLOADS, limits: dict[str, list[float]] | None = None,
             ceilings: list[float] | None = None) -> list[dict]:
-    """Every system's runs; for the audio workload one more measure of the CPU limit before
-    each round goes into ``limits``, and of two processes at once into ``ceilings`` (the
-    machine's speed drifts over minutes)."""
+    """Every system's runs; for the audio workload one more measure of each CPU limit before
+    each round goes into ``limits`` (:func:`cpu_limits`), and of two processes at once into
+    ``ceilings`` (the machine's speed drifts over minutes)."""
     rows = []
     blobs = _flac_blobs(corpora["audio"]) if "audio" in workloads else []
     for kind in workloads:
@@ -523,38 +655,39 @@ def contest(corpora: dict, setup: Setup, runs: int, in_process: bool,
             for workers in (0, 2):
                 # The systems take turns run by run (A B C A B C ...), so that a slow spell of
                 # a shared machine falls on all of them rather than on one system's runs.
-                by_system: dict[str, list[dict]] = {system: [] for system in SYSTEMS}
+                by_system: dict[str, list[dict]] = {system: [] for system in systems_of(kind)}
                 for _ in range(runs):
                     if kind == "audio" and limits is not None:
-                        limits.append(cpu_limit(blobs, passes=1))
+                        cpu_limits(blobs, 1, limits)
                     if kind == "audio" and ceilings is not None and workers:
                         ceilings.append(two_at_once(blobs))
-                    for system in SYSTEMS:
+                    for system in by_system:
                         by_system[system].append(run_one(system, kind, corpora[kind], workers,
                                                          cold, setup, in_process))
-                for system in SYSTEMS:
-                    results = by_system[system]
+                for system, results in by_system.items():
                     row = {key: statistics.median(r[key] for r in results)
-                           for key in ("seconds", "first", "utts", "audio_s", "peak_mib")}
+                           for key in ("seconds", "first", "utts", "audio_s", "peak_mib",
+                                       "cpu_main", "cpu_workers")}
                     row.update(system=system, workload=kind, workers=workers,
                                cache="cold" if cold else "warm")
                     row["rates"] = [r["audio_s"] / r["seconds"] for r in results]  # by round
                     row["utt_s"] = row["utts"] / row["seconds"]
                     row["audio_s_s"] = row["audio_s"] / row["seconds"]
                     rows.append(row)
-                    print(f"  {kind:<8} {row['cache']} w{workers} {system:<10} "
+                    print(f"  {kind:<8} {row['cache']} w{workers} {system:<12} "
                           f"{row['audio_s_s']:8.0f} audio-s/s {row['utt_s']:7.0f} utt/s "
                           f"first {row['first']:.2f}s peak {row['peak_mib']:.0f} MiB",
                           flush=True)
     return rows
 
 
-def table(rows: list[dict], limits: list[float], ceilings: list[float] = ()) -> str:
-    limit = statistics.median(limits)
+def table(rows: list[dict], limits: dict[str, list[float]], ceilings: list[float] = ()) -> str:
+    """The results; the CPU limit is the vectorised fbank's (``limits["kaldi_fbank"]``)."""
+    limit = statistics.median(limits["kaldi_fbank"])
     ceiling = statistics.median(ceilings) if ceilings else None
-    head = (f"{'workload':<8} {'cache':<5} {'wk':>2} {'system':<10} {'audio-s/s':>9} "
+    head = (f"{'workload':<8} {'cache':<5} {'wk':>2} {'system':<12} {'audio-s/s':>9} "
             f"{'utt/s':>7} {'1st batch s':>11} {'peak MiB':>8} {'/CPU limit':>10} "
-            f"{'/2 at once':>10}")
+            f"{'/2 at once':>10} {'main ms/s':>9} {'wkrs ms/s':>9}")
     out = [head, "-" * len(head)]
     for r in rows:
         cores = max(1, r["workers"])
@@ -563,32 +696,67 @@ def table(rows: list[dict], limits: list[float], ceilings: list[float] = ()) -> 
             ratio = f"{r['audio_s_s'] / (limit * cores):>10.2f}"
             if r["workers"] and ceiling:
                 at_once = f"{r['audio_s_s'] / ceiling:>10.2f}"
-        out.append(f"{r['workload']:<8} {r['cache']:<5} {r['workers']:>2} {r['system']:<10} "
+        workers_cpu = (f"{1000 * r['cpu_workers'] / r['audio_s']:>9.2f}" if r["workers"]
+                       else f"{'':>9}")
+        out.append(f"{r['workload']:<8} {r['cache']:<5} {r['workers']:>2} {r['system']:<12} "
                    f"{r['audio_s_s']:>9.0f} {r['utt_s']:>7.0f} {r['first']:>11.2f} "
-                   f"{r['peak_mib']:>8.0f} {ratio} {at_once}")
+                   f"{r['peak_mib']:>8.0f} {ratio} {at_once} "
+                   f"{1000 * r['cpu_main'] / r['audio_s']:>9.2f} {workers_cpu}")
     out.append("")
-    out.append(f"CPU limit (audio): one core decodes + fbanks {limit:.0f} audio-s per CPU-s "
-               f"(median of {len(limits)} measures, {min(limits):.0f}-{max(limits):.0f}, one "
-               "before each round); x cores used (workers 0: 1, workers 2: 2)")
+    out.append("ms/s: CPU milliseconds per audio second, of the main process (all its threads) "
+               "and of the workers")
+    for name, label in (("kaldi_fbank", "decodes + fbanks (vectorised fbank: the CPU limit)"),
+                        ("torchaudio", "decodes + fbanks (torchaudio's fbank)"),
+                        ("decode", "decodes only")):
+        got = limits[name]
+        out.append(f"one core {label}: {statistics.median(got):.0f} audio-s per CPU-s (median "
+                   f"of {len(got)} measures, {min(got):.0f}-{max(got):.0f}, one before each "
+                   "round)")
+    out.append("CPU limit = the vectorised fbank's one-core rate x cores used (workers 0: 1, "
+               "workers 2: 2)")
     if ceiling:
         out.append(f"2 at once (audio, workers 2): two processes decode + fbank half the corpus "
                    f"each at the same time, {ceiling:.0f} audio-s per wall s (median of "
                    f"{len(ceilings)}, {min(ceilings):.0f}-{max(ceilings):.0f}) = "
                    f"{ceiling / (2 * limit):.2f} x 2 x the one-core limit")
+    out.extend(_device_lines(rows, limits))
+    out.extend(_ratio_lines(rows))
+    return "\n".join(out)
+
+
+def _device_lines(rows: list[dict], limits: dict[str, list[float]]) -> list[str]:
+    """Features on the device: the workers' CPU per audio second against the decode's."""
+    decode_ms = 1000 / statistics.median(limits["decode"])
+    out = []
+    for r in rows:
+        if r["workload"] == "audio" and r["workers"] and r["system"] == "sp-device":
+            ms = 1000 * r["cpu_workers"] / r["audio_s"]
+            out.append(f"features on the device ({r['cache']}, workers {r['workers']}): the "
+                       f"workers spend {ms:.2f} CPU-ms per audio-s, the decode alone "
+                       f"{decode_ms:.2f}: {ms / decode_ms:.2f} x (target <= 1.10)")
+    return out
+
+
+def _ratio_lines(rows: list[dict]) -> list[str]:
+    """Each speechpipe road against each other contender, medians and per-round ranges."""
+    out = []
     for kind in sorted({r["workload"] for r in rows}, key=WORKLOADS.index):
+        ours = [s for s in systems_of(kind) if s.startswith("sp")]
+        others = [s for s in systems_of(kind) if not s.startswith("sp")]
         for cache in ("cold", "warm"):
             for workers in (0, 2):
                 get = {r["system"]: r for r in rows if r["workload"] == kind and
                        r["cache"] == cache and r["workers"] == workers}
-                sp = get["speechpipe"]["audio_s_s"]
-                parts = []
-                for other in ("webdataset", "lhotse"):
-                    rounds = [a / b for a, b in zip(get["speechpipe"]["rates"],
-                                                    get[other]["rates"])]
-                    parts.append(f"/ {other} {sp / get[other]['audio_s_s']:.2f} "
-                                 f"[rounds {min(rounds):.2f}-{max(rounds):.2f}]")
-                out.append(f"{kind} {cache} workers {workers}: speechpipe " + ", ".join(parts))
-    return "\n".join(out)
+                for system in ours:
+                    sp = get[system]["audio_s_s"]
+                    parts = []
+                    for other in others:
+                        rounds = [a / b for a, b in zip(get[system]["rates"],
+                                                        get[other]["rates"])]
+                        parts.append(f"/ {other} {sp / get[other]['audio_s_s']:.2f} "
+                                     f"[rounds {min(rounds):.2f}-{max(rounds):.2f}]")
+                    out.append(f"{kind} {cache} workers {workers}: {system} " + ", ".join(parts))
+    return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -716,7 +884,9 @@ def run(root: str, n_feats: int, n_audio: int, runs: int, setup: Setup, in_proce
         print(f"{kind}: {data['utts']} utterances, {data['seconds'] / 3600:.2f} h, "
               f"{len(data['shards'])} shards, {size:.0f} MB")
     print(f"corpus ready in {time.perf_counter() - start:.0f} s; setup {setup}", flush=True)
-    limits, ceilings = [cpu_limit(_flac_blobs(corpora["audio"]))], []
+    limits: dict[str, list[float]] = {}
+    cpu_limits(_flac_blobs(corpora["audio"]), 2, limits)
+    ceilings: list[float] = []
     load = os.getloadavg()[0]
     rows = contest(corpora, setup, runs, in_process, workloads, limits, ceilings)
     print(table(rows, limits, ceilings))

@@ -498,6 +498,20 @@ def test_spec_augment_equals_torchaudio_specaugment_with_the_same_seed(feats, ze
         assert torch.equal(ours, expected)
 
 
+def test_a_time_mask_wider_than_the_utterance_masks_as_torchaudios(feats):
+    # Regression (issue 20): W > frames may draw a start below 0; torchaudio masks [0, end),
+    # a slice from a negative start masked the utterance's end instead (or nothing).
+    x = torch.from_numpy(feats[0][:12])
+    for seed in range(30):
+        torch.manual_seed(seed)
+        reference = taT.SpecAugment(n_time_masks=2, time_mask_param=40, n_freq_masks=0,
+                                    freq_mask_param=27, iid_masks=False, zero_masking=True)
+        expected = reference(x.T.clone()).T
+        ours = spec_augment(x, freq_masks=0, time_width=40,
+                            generator=torch.Generator().manual_seed(seed))
+        assert torch.equal(ours, expected), seed
+
+
 def test_spec_augment_time_width_fraction_is_torchaudios_p(feats):
     x = torch.from_numpy(feats[0])
     torch.manual_seed(3)

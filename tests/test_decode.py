@@ -611,3 +611,31 @@ def test_read_audio_keeps_soundfiles_start_and_stop_rules():
     assert read_audio(data, start=10, stop=5)[0].shape == (0,)
     with pytest.raises(DataError, match="ends before the requested samples"):
         read_audio(data, start=900, stop=1200)
+
+
+# --------------------------------------------------------------------------------------------
+# decoding in threads inside one process (issue 20: the decode as the new limit)
+# --------------------------------------------------------------------------------------------
+
+
+def _flac_samples(n=12):
+    rng = np.random.default_rng(3)
+    return [{"key": f"u{i:02d}", "source": SRC, "txt": b"x",
+             "flac": audio_bytes(tone(int(rng.integers(800, 4000))))} for i in range(n)]
+
+
+def test_map_in_threads_of_decode_sample_is_decode_in_order():
+    # The documented way to decode in threads inside a worker: the same samples, in order.
+    expected = list(IterableWrapper(_flac_samples()).decode())
+    got = list(IterableWrapper(_flac_samples()).map_in_threads(decode_sample, num_threads=3))
+    assert [s["key"] for s in got] == [s["key"] for s in expected]
+    for ours, theirs in zip(got, expected):
+        np.testing.assert_array_equal(ours["audio"], theirs["audio"])
+        assert ours["sample_rate"] == theirs["sample_rate"] == 16000
+
+
+def test_a_bad_flac_decoded_in_a_thread_names_its_shard_and_key():
+    samples = _flac_samples(4)
+    samples[2]["flac"] = b"fLaC but not really audio"
+    with pytest.raises(DataError, match=r"shards/a-00003\.tar.*u02.*cannot decode audio"):
+        list(IterableWrapper(samples).map_in_threads(decode_sample, num_threads=2))

@@ -16,12 +16,12 @@ import torch
 import torchaudio.transforms as taT
 
 from ..errors import DataError
-from ..sample import AUDIO, FEATS, KEY, SAMPLE_RATE, SOURCE
+from ..sample import AUDIO, FEATS, KEY, SAMPLE_RATE, SOURCE, len_key
 from ..seeding import derive_seed, process_position
 
-__all__ = ["FLOAT32", "audio_of", "channels_first", "check_int", "check_real", "check_sample",
-           "checked_audio", "feats_of", "resampler", "sample_where", "source_len", "time_first",
-           "to_tensor", "torch_generator"]
+__all__ = ["FLOAT32", "audio_of", "batch_feats_of", "batch_where", "channels_first", "check_int",
+           "check_real", "check_sample", "checked_audio", "feats_of", "resampler", "sample_where",
+           "source_len", "time_first", "to_tensor", "torch_generator", "valid_frames"]
 
 
 def sample_where(sample: Mapping[str, Any]) -> dict:
@@ -152,3 +152,47 @@ def feats_of(sample: Any, stage: str) -> np.ndarray:
                         f"{type(feats).__name__} {getattr(feats, 'shape', '')}", **where)
     return np.ascontiguousarray(feats, dtype=np.float32)
 
+
+def batch_where(batch: Mapping[str, Any], row: int = 0) -> dict:
+    """Where a collated batch's row ``row`` came from: its ``key`` (and ``source``)."""
+    where = {}
+    for field in (KEY, SOURCE):
+        values = batch.get(field)
+        if isinstance(values, (list, tuple)) and len(values) > row:
+            where[field] = values[row] if isinstance(values[row], str) else None
+    return where
+
+
+def batch_feats_of(batch: Any, stage: str) -> tuple[torch.Tensor, list[int]]:
+    """A collated batch's ``feats`` as a float ``(B, frames, dim)`` tensor (on its device; a
+    numpy array is shared, not copied) and ``feats_len`` as ints; a TypeError for a batch that
+    is not a mapping, a DataError naming the row's key for missing or inconsistent fields."""
+    if not isinstance(batch, Mapping):
+        raise TypeError(f"{stage}(batched=True) expects collated batch dicts, got "
+                        f"{type(batch).__name__}")
+    feats, lengths = batch.get(FEATS), batch.get(len_key(FEATS))
+    if feats is None or lengths is None:
+        raise DataError(f"{stage}(batched=True): the batch needs {FEATS!r} and "
+                        f"{len_key(FEATS)!r} (from PadCollate), got {sorted(batch)}",
+                        **batch_where(batch))
+    if isinstance(feats, np.ndarray):
+        feats = torch.from_numpy(feats)
+    if not isinstance(feats, torch.Tensor) or feats.ndim != 3 or not feats.is_floating_point():
+        raise DataError(f"{stage}(batched=True): {FEATS!r} must be a float (batch, frames, dim) "
+                        f"tensor, got {type(feats).__name__} {tuple(getattr(feats, 'shape', ()))}",
+                        **batch_where(batch))
+    counts = [int(n) for n in torch.as_tensor(lengths).reshape(-1).tolist()]
+    if len(counts) != feats.shape[0]:
+        raise DataError(f"{stage}(batched=True): {len(counts)} {len_key(FEATS)!r} for "
+                        f"{feats.shape[0]} rows of {FEATS!r}", **batch_where(batch))
+    for row, n in enumerate(counts):
+        if not 0 <= n <= feats.shape[1]:
+            raise DataError(f"{stage}(batched=True): {len_key(FEATS)!r} {n} outside the "
+                            f"{feats.shape[1]} padded frames", **batch_where(batch, row))
+    return feats, counts
+
+
+def valid_frames(counts: list[int], frames: int, device: torch.device) -> torch.Tensor:
+    """``(B, frames)`` bool: True on each row's first ``counts[b]`` frames."""
+    lengths = torch.tensor(counts, dtype=torch.int64, device=device)
+    return torch.arange(frames, device=device)[None, :] < lengths[:, None]

@@ -18,6 +18,7 @@ import torchaudio.transforms as taT
 from ..sample import AUDIO, DURATION, FEATS, Sample
 from ._audio_common import (
     audio_of,
+    batch_feats_of,
     channels_first,
     check_int,
     check_real,
@@ -27,6 +28,7 @@ from ._audio_common import (
     to_tensor,
     time_first,
     torch_generator,
+    valid_frames,
 )
 from ._base import IterDataPipe, functional_datapipe
 from ._state import Seeded, check_seed
@@ -44,6 +46,7 @@ __all__ = [
     "VolumePerturberIterDataPipe",
     "change_speed",
     "spec_augment",
+    "spec_augment_batch",
     "time_warp",
 ]
 
@@ -260,15 +263,20 @@ def time_warp(
     return torch.cat([left, right], dim=2)[0, 0]
 
 
-def _mask(x: torch.Tensor, axis: int, mask_param: int, value, generator) -> None:
+def _mask_span(size: int, mask_param: int, generator) -> tuple[int, int]:
     # torchaudio.functional.mask_along_axis, draw for draw, with a given generator:
-    # width = floor(U[0, W)), start = floor(U[0, size - W·u)).
+    # width = floor(U[0, W)), start = floor(U[0, size - W·u)). A mask wider than the axis
+    # (W > size) may start before 0: torchaudio masks [0, end) then, by comparison.
+    width = torch.rand(1, generator=generator) * mask_param
+    low = torch.rand(1, generator=generator) * (size - width)
+    start = int(low.long())
+    return max(start, 0), start + int(width.long())
+
+
+def _mask(x: torch.Tensor, axis: int, mask_param: int, value, generator) -> None:
     if mask_param < 1:
         return
-    width = torch.rand(1, generator=generator) * mask_param
-    low = torch.rand(1, generator=generator) * (x.shape[axis] - width)
-    start = int(low.long())
-    end = start + int(width.long())
+    start, end = _mask_span(x.shape[axis], mask_param, generator)
     if axis == 0:
         x[start:end] = value
     else:
@@ -313,15 +321,7 @@ def _spec_augment(x: torch.Tensor, freq_masks: int, freq_width: int, time_masks:
                   time_width: int | float, time_warp_window: int, mask_value: float | str,
                   generator: torch.Generator | None) -> torch.Tensor:
     """:func:`spec_augment`, its arguments by position (the stage calls it per sample)."""
-    dim = x.shape[1]
-    if freq_width is None:
-        freq_width = round(PAPER_FREQ_WIDTH * dim / PAPER_BINS)
-    elif freq_width > dim:
-        raise ValueError(
-            f"spec_augment: freq_width {freq_width} is wider than the features ({dim} bins); "
-            f"the paper's {PAPER_FREQ_WIDTH} is for {PAPER_BINS} bins: leave freq_width unset "
-            f"to scale it ({round(PAPER_FREQ_WIDTH * dim / PAPER_BINS)} here) or give one <= "
-            f"{dim}")
+    freq_width = _freq_width(freq_width, x.shape[1])
     if time_warp_window:
         x = time_warp(x, time_warp_window, generator)
     value = x.mean() if mask_value == "mean" else float(mask_value)
@@ -333,6 +333,123 @@ def _spec_augment(x: torch.Tensor, freq_masks: int, freq_width: int, time_masks:
     for _ in range(freq_masks):
         _mask(x, 1, freq_width, value, generator)
     return x
+
+
+def _freq_width(freq_width: int | None, dim: int) -> int:
+    """``W`` of frequency masks on ``dim`` bins: the paper's, scaled, when not given."""
+    if freq_width is None:
+        return round(PAPER_FREQ_WIDTH * dim / PAPER_BINS)
+    if freq_width > dim:
+        raise ValueError(
+            f"spec_augment: freq_width {freq_width} is wider than the features ({dim} bins); "
+            f"the paper's {PAPER_FREQ_WIDTH} is for {PAPER_BINS} bins: leave freq_width unset "
+            f"to scale it ({round(PAPER_FREQ_WIDTH * dim / PAPER_BINS)} here) or give one <= "
+            f"{dim}")
+    return freq_width
+
+
+def spec_augment_batch(
+    feats: torch.Tensor,
+    lengths: Sequence[int],
+    *,
+    freq_masks: int = 2,
+    freq_width: int | None = None,
+    time_masks: int = 2,
+    time_width: int | float = 0.05,
+    time_warp_window: int = 0,
+    mask_value: float | str = 0.0,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """SpecAugment on a padded ``(B, frames, dim)`` batch with ``lengths`` frames per row, on
+    the batch's device; returns a new tensor.
+
+    Row ``b`` gets exactly what :func:`spec_augment` gives its first ``lengths[b]`` frames with
+    the same ``generator``, rows in order (so a batch equals its samples augmented one by one
+    with the same seed): the draws are those of the per-utterance function, made row by row
+    on the generator's device (the CPU). The masks are written into a copy slice by slice on
+    the CPU, and applied with a fixed number of operations (one copy of the spans to the
+    device, one ``torch.where``) on other devices, where each slice would be a kernel launch.
+    A mask never reaches a row's padding, which keeps its values; ``"mean"`` is the mean of
+    the row's real frames. The time warp (``time_warp_window > 0``) runs row by row.
+
+    >>> g = torch.Generator().manual_seed(0)
+    >>> out = spec_augment_batch(torch.ones(2, 100, 80), [100, 60], generator=g)
+    >>> out.shape, bool((out[1, 60:] == 1).all())
+    (torch.Size([2, 100, 80]), True)
+    """
+    return _spec_augment_batch(feats, [int(n) for n in lengths], freq_masks, freq_width,
+                               time_masks, time_width, time_warp_window, mask_value, generator)
+
+
+def _spec_augment_batch(x: torch.Tensor, lengths: list[int], freq_masks: int,
+                        freq_width: int | None, time_masks: int, time_width: int | float,
+                        time_warp_window: int, mask_value: float | str,
+                        generator: torch.Generator | None) -> torch.Tensor:
+    """:func:`spec_augment_batch`, its arguments by position (the stage calls it per batch)."""
+    rows, dim = x.shape[0], x.shape[2]
+    freq_width = _freq_width(freq_width, dim)
+    if time_warp_window:
+        x = x.clone()
+    # spans lists the masks as (row, axis, start, end): per row, time masks then frequency
+    # masks, drawn after the row's warp, as spec_augment draws them.
+    spans: list[tuple[int, int, int, int]] = []
+    for b, n in enumerate(lengths):
+        if time_warp_window:
+            x[b, :n] = time_warp(x[b, :n], time_warp_window, generator)
+        t_param = int(n * time_width) if isinstance(time_width, float) else int(time_width)
+        for axis, count, param, size in ((0, time_masks, t_param, n),
+                                         (1, freq_masks, freq_width, dim)):
+            if param < 1:
+                continue
+            for _ in range(count):
+                start, end = _mask_span(size, param, generator)
+                if end > start:
+                    spans.append((b, axis, start, end))
+    if mask_value == "mean":  # row by row: the very reduction spec_augment makes
+        value = torch.stack([x[b, :n].mean() for b, n in enumerate(lengths)])
+    else:
+        value = torch.tensor(float(mask_value), dtype=x.dtype, device=x.device).expand(rows)
+    if x.device.type == "cpu":
+        return _masked_by_slices(x, lengths, spans, value)
+    return _masked_at_once(x, lengths, spans, value)
+
+
+def _masked_by_slices(x: torch.Tensor, lengths: list[int],
+                      spans: list[tuple[int, int, int, int]], value: torch.Tensor
+                      ) -> torch.Tensor:
+    """The masks written into a copy of ``x`` slice by slice: on the CPU, cheaper than any
+    whole-batch operation (the masks cover a small part of the batch)."""
+    out = x.clone()
+    for row, axis, start, end in spans:
+        if axis == 0:  # a mask wider than the row may end beyond it: never in the padding
+            out[row, start:min(end, lengths[row])] = value[row]
+        else:
+            out[row, :lengths[row], start:end] = value[row]
+    return out
+
+
+def _masked_at_once(x: torch.Tensor, lengths: list[int],
+                    spans: list[tuple[int, int, int, int]], value: torch.Tensor
+                    ) -> torch.Tensor:
+    """The masks applied with a fixed number of operations whatever their count (one copy of
+    the spans to the device, one ``torch.where``): on an accelerator, where each slice written
+    would be a kernel launch."""
+    rows, frames, dim = x.shape
+    device = x.device
+    if not spans:
+        return x.clone()
+    table = torch.tensor(spans, dtype=torch.int64, device=device)
+    row, axis, start, end = table.unbind(1)
+    # Each span covers positions [start, end) of its axis: frames 0.. then bins frames..
+    offset = torch.where(axis == 0, 0, frames)
+    positions = torch.arange(frames + dim, device=device)
+    hit = ((positions[None, :] >= (start + offset)[:, None])
+           & (positions[None, :] < (end + offset)[:, None]))
+    masked = torch.zeros(rows, frames + dim, dtype=torch.int32, device=device)
+    masked = masked.index_add_(0, row, hit.to(torch.int32)) > 0
+    valid = valid_frames(lengths, frames, device)
+    cells = (masked[:, :frames, None] | masked[:, None, frames:]) & valid[:, :, None]
+    return torch.where(cells, value[:, None, None], x)
 
 
 #: SpecAugment's LibriSpeech policy: frequency masks up to 27 bins wide on 80-bin features.
@@ -361,6 +478,12 @@ class SpecAugmenterIterDataPipe(Seeded, IterDataPipe[Sample]):
         mask_value: value of masked cells, or ``"mean"`` for the utterance's mean (use 0 after
             CMVN, where 0 is the mean).
         seed: base seed.
+        batched: consume collated batches (``feats`` ``(B, frames, dim)`` tensors or arrays
+            with ``feats_len``, e.g. after ``move_to_device`` and
+            ``compute_features(batched=True)``) and augment each on its device with
+            :func:`spec_augment_batch`: the masks stay within each row's ``feats_len``, and a
+            batch gets the masks its samples would get one by one with the same seed and
+            order. ``feats`` comes back as it came (a tensor on its device, or an array).
 
     >>> from speechpipe import IterableWrapper
     >>> rows = [{"key": "u1", "feats": np.ones((100, 80), np.float32)}]
@@ -380,7 +503,11 @@ class SpecAugmenterIterDataPipe(Seeded, IterDataPipe[Sample]):
         time_warp: int = 0,
         mask_value: float | str = 0.0,
         seed: int = 0,
+        batched: bool = False,
     ) -> None:
+        if not isinstance(batched, bool):
+            raise TypeError(f"batched must be a bool, got {batched!r}")
+        self.batched = batched
         self.freq_masks = check_int("freq_masks", freq_masks, 0)
         self.freq_width = None if freq_width is None else check_int("freq_width", freq_width, 0)
         self.time_masks = check_int("time_masks", time_masks, 0)
@@ -405,6 +532,15 @@ class SpecAugmenterIterDataPipe(Seeded, IterDataPipe[Sample]):
         options = (self.freq_masks, self.freq_width, self.time_masks, self.time_width,
                    self.time_warp, self.mask_value,
                    torch_generator(self.seed, self.epoch, "spec_augment"))
+        if self.batched:
+            for batch in self.source_datapipe:
+                feats, lengths = batch_feats_of(batch, "spec_augment")
+                out = dict(batch)
+                augmented = _spec_augment_batch(feats, lengths, *options)
+                out[FEATS] = (augmented.numpy() if isinstance(batch[FEATS], np.ndarray)
+                              else augmented)
+                yield out
+            return
         for sample in self.source_datapipe:
             feats = feats_of(sample, "spec_augment")
             out = dict(sample)

@@ -12,13 +12,15 @@ import json
 import numbers
 import os
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
+import torch
 
 from ..errors import DataError, MissingDataError
 from ..sample import FEATS, Sample
-from ._audio_common import feats_of, source_len, sample_where
+from ._audio_common import (batch_feats_of, batch_where, feats_of, sample_where, source_len,
+                            valid_frames)
 from ._base import IterDataPipe, functional_datapipe
 
 __all__ = [
@@ -27,6 +29,7 @@ __all__ = [
     "CmvnStats",
     "VAR_FLOOR",
     "compute_cmvn_stats",
+    "normalize_batch",
     "normalize_features",
 ]
 
@@ -237,6 +240,62 @@ def _normalize(
     return feats
 
 
+def normalize_batch(
+    feats: torch.Tensor,
+    lengths: Sequence[int],
+    stats: CmvnStats | None = None,
+    *,
+    norm_means: bool = True,
+    norm_vars: bool = True,
+) -> torch.Tensor:
+    """:func:`normalize_features` of each row of a padded ``(B, frames, dim)`` batch, on the
+    batch's device; row ``b`` has ``lengths[b]`` real frames and its padding is kept as it is.
+
+    With ``stats`` (global CMVN) every row gets exactly the numbers of
+    :func:`normalize_features`. Without (per-utterance CMVN) each row's statistics are summed
+    over its real frames only, in float64 on the device (then the same float32 mean and scale
+    as :func:`normalize_features`): equal to it to float64 summation order (torch's and
+    numpy's sums add in different orders), i.e. to about ``1e-6`` after normalisation.
+
+    >>> out = normalize_batch(torch.tensor([[[1.0], [3.0]], [[5.0], [9.0]]]), [2, 1])
+    >>> out[:, :, 0].tolist()
+    [[-1.0, 1.0], [0.0, 9.0]]
+    """
+    counts = [int(n) for n in lengths]
+    terms = None if stats is None else _device_terms(stats, norm_means, norm_vars, feats.device)
+    return _normalize_batch(feats, counts, terms, norm_means, norm_vars)
+
+
+def _device_terms(stats: CmvnStats, norm_means: bool, norm_vars: bool,
+                  device: torch.device) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    return tuple(None if t is None else torch.from_numpy(t).to(device)
+                 for t in _cmvn_terms(stats, norm_means, norm_vars))
+
+
+def _normalize_batch(x: torch.Tensor, counts: list[int],
+                     terms: tuple[torch.Tensor | None, torch.Tensor | None] | None,
+                     norm_means: bool, norm_vars: bool) -> torch.Tensor:
+    valid = valid_frames(counts, x.shape[1], x.device)[:, :, None]
+    if terms is None:  # each row's own statistics, over its real frames, in float64
+        wide = torch.where(valid, x.to(torch.float64), 0.0)  # padding may hold anything
+        n = torch.tensor(counts, dtype=torch.float64, device=x.device).clamp(min=1)[:, None]
+        mean = wide.sum(dim=1) / n
+        mean_f = scale = None
+        if norm_means:
+            mean_f = mean.to(torch.float32)[:, None, :]
+        if norm_vars:
+            variance = (wide * wide).sum(dim=1) / n - mean * mean
+            scale = (1.0 / variance.clamp(min=VAR_FLOOR).sqrt()).to(torch.float32)[:, None, :]
+    else:
+        mean_f, scale = terms
+    out = x
+    if mean_f is not None:
+        out = out - mean_f
+    if scale is not None:
+        out = out * scale
+    return torch.where(valid, out, x)
+
+
 @functional_datapipe("apply_cmvn")
 class CmvnApplierIterDataPipe(IterDataPipe[Sample]):
     """Cepstral mean and variance normalisation of ``feats`` (functional name: ``apply_cmvn``).
@@ -254,6 +313,11 @@ class CmvnApplierIterDataPipe(IterDataPipe[Sample]):
         norm_means: subtract the mean.
         norm_vars: divide by the standard deviation (variance floored at :data:`VAR_FLOOR`).
         utterance: per-utterance CMVN instead of global statistics.
+        batched: consume collated batches (``feats`` ``(B, frames, dim)`` tensors or arrays
+            with ``feats_len``, e.g. after ``move_to_device`` and
+            ``compute_features(batched=True)``) and normalise them on their device with
+            :func:`normalize_batch`: statistics over each row's real frames only, padding
+            kept. ``feats`` comes back as it came (a tensor on its device, or an array).
 
     Errors: a sample without features, or whose dimension differs from the statistics', raises
     :class:`~speechpipe.errors.DataError` naming its key.
@@ -273,9 +337,10 @@ class CmvnApplierIterDataPipe(IterDataPipe[Sample]):
         norm_means: bool = True,
         norm_vars: bool = True,
         utterance: bool = False,
+        batched: bool = False,
     ) -> None:
         for name, value in (("norm_means", norm_means), ("norm_vars", norm_vars),
-                            ("utterance", utterance)):
+                            ("utterance", utterance), ("batched", batched)):
             if not isinstance(value, bool):
                 raise TypeError(f"{name} must be a bool, got {value!r}")
         if utterance and stats is not None:
@@ -288,12 +353,16 @@ class CmvnApplierIterDataPipe(IterDataPipe[Sample]):
         self.norm_means = norm_means
         self.norm_vars = norm_vars
         self.utterance = utterance
+        self.batched = batched
         self.source_datapipe = source_datapipe
 
     def __iter__(self) -> Iterator[Sample]:
         stats = self.stats
         if isinstance(stats, (str, os.PathLike)):
             stats = CmvnStats.load(stats)
+        if self.batched:
+            yield from self._batches(stats)
+            return
         if stats is not None:
             dim = stats.dim
             mean, scale = _cmvn_terms(stats, self.norm_means, self.norm_vars)
@@ -313,6 +382,23 @@ class CmvnApplierIterDataPipe(IterDataPipe[Sample]):
                                 f"statistics have dim {dim}", **sample_where(sample))
             out = dict(sample)
             out[FEATS] = _normalize(feats, mean, scale)
+            yield out
+
+    def _batches(self, stats: CmvnStats | None) -> Iterator[Mapping]:
+        terms: dict[torch.device, tuple] = {}  # the float32 mean and scale, per device
+        for batch in self.source_datapipe:
+            feats, counts = batch_feats_of(batch, "apply_cmvn")
+            if stats is not None and feats.shape[2] != stats.dim:
+                raise DataError(f"apply_cmvn: features of dim {feats.shape[2]}, but the CMVN "
+                                f"statistics have dim {stats.dim}", **batch_where(batch))
+            if stats is not None and feats.device not in terms:
+                terms[feats.device] = _device_terms(stats, self.norm_means, self.norm_vars,
+                                                    feats.device)
+            out = dict(batch)
+            normalized = _normalize_batch(feats, counts, terms.get(feats.device),
+                                          self.norm_means, self.norm_vars)
+            out[FEATS] = (normalized.numpy() if isinstance(batch[FEATS], np.ndarray)
+                          else normalized)
             yield out
 
     def __len__(self) -> int:

@@ -473,6 +473,12 @@ class DecoderIterDataPipe(IterDataPipe[Sample]):
     ``len()`` is the source's length under ``on_error="raise"`` (one sample out per sample
     in); under ``"skip"`` it raises :class:`TypeError`.
 
+    To decode in threads inside each DataLoader worker -- where features are computed on the
+    training device, the workers only decode -- use ``.map_in_threads(decode_sample,
+    num_threads=2)`` instead (the same samples in the same order, resumable; soundfile calls
+    libsndfile through cffi, which releases the GIL for each call; ``benchmarks/bench_decode.py``
+    measures what the threads give).
+
     >>> import io, numpy as np
     >>> from speechpipe import IterableWrapper
     >>> buf = io.BytesIO(); np.save(buf, np.ones((2, 3), dtype=np.float32))

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields, replace
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from ..diagnostics import check_on_error
 from ..errors import DataError
@@ -39,6 +39,8 @@ __all__ = [
 
 #: Values of ``features`` in the pipelines (``None``: no features, batches hold audio).
 FEATURE_KINDS = ("fbank", "mfcc", "mel")
+#: Values of ``features_on``: per utterance in the workers, or per batch on the device.
+FEATURES_ON = ("workers", "device")
 
 
 def manifest_samples(manifests: ManifestsArg, *, corpus: str | None = None,
@@ -92,6 +94,11 @@ class FrontEnd:
             speechpipe's vectorised ones).
         speed_perturb: factors to draw from per utterance (e.g. ``(0.9, 1.0, 1.1)``);
             training only.
+        features_on: where the features are computed: ``"workers"`` (default: per utterance,
+            before batching) or ``"device"``: the workers only load (batches hold ``audio``
+            ``(B, T)``, ``audio_len`` and ``sample_rate``) and :meth:`on_device` computes the
+            features of each batch after ``build_loader(..., device=...)`` moved it, in one
+            batched call on that device.
         tokenizer: a speechpipe tokenizer (``load_tokenizer``), or ``None``: no ``tokens``.
         text_field: the field tokenized (``normalized_text`` for LJSpeech).
         normalizer: a ``TextNormalizer`` applied before tokenizing.
@@ -113,6 +120,7 @@ class FrontEnd:
     sample_rate: int | None = 16_000
     features: str | None = "fbank"
     feature_options: Mapping[str, Any] | None = None
+    features_on: str = "workers"
     speed_perturb: Sequence[float] | None = None
     tokenizer: Any = None
     text_field: str = TEXT
@@ -132,6 +140,9 @@ class FrontEnd:
         if self.features is not None and self.features not in FEATURE_KINDS:
             raise ValueError(f"features must be one of {FEATURE_KINDS} or None, got "
                              f"{self.features!r}")
+        if self.features_on not in FEATURES_ON:
+            raise ValueError(f"features_on must be one of {FEATURES_ON}, got "
+                             f"{self.features_on!r}")
 
     @property
     def perturbs(self) -> bool:
@@ -146,6 +157,28 @@ class FrontEnd:
                                                                                    "n_mels")):
             options["num_mel_bins" if self.features == "fbank" else "n_mels"] = 80
         return options
+
+    def on_device(self, batches: Iterable[dict], *, seed: int = 0) -> IterDataPipe[dict]:
+        """The batches of a pipeline built with ``features_on="device"``, with their
+        features: ``compute_features(batched=True)`` on each batch where it is (after
+        ``build_loader(..., device=...)``: on the device), ``feats`` ``(B, T', D)`` and
+        ``feats_len`` added, ``audio`` dropped -- the numbers the workers would have computed
+        for each utterance. ``seed``: the pipeline's (dither draws). Other front ends: the
+        batches as they are.
+
+        >>> import numpy as np
+        >>> batch = {"audio": np.zeros((1, 16000), np.float32), "audio_len": np.array([16000]),
+        ...          "sample_rate": np.array([16000])}
+        >>> [out] = FrontEnd(features_on="device").on_device([batch])
+        >>> tuple(out["feats"].shape), out["feats_len"].tolist(), "audio" in out
+        ((1, 98, 80), [98], False)
+        """
+        pipe = (batches if isinstance(batches, IterDataPipe)
+                else IterableWrapper(batches, deepcopy=False))
+        if self.features is None or self.features_on != "device":
+            return pipe
+        return pipe.compute_features(self.features, batched=True, seed=seed,
+                                     **self.feature_kwargs())
 
 
 #: The keyword arguments of :func:`train_pipeline` that build its :class:`FrontEnd`.
@@ -245,7 +278,9 @@ def _transformed(pipe: IterDataPipe, front_end: FrontEnd, *, input: Any, seed: i
         if input == "feats":
             raise ValueError("features are computed from audio; these manifests give "
                              "features already: pass features=None")
-        # -> + feats (frames, dim) float32, audio dropped
+    if front_end.features is not None and front_end.features_on == "workers":
+        # -> + feats (frames, dim) float32, audio dropped (features_on="device": the batches
+        # keep audio, and FrontEnd.on_device computes them after the move to the device)
         pipe = pipe.compute_features(front_end.features, keep_audio=False, seed=seed,
                                      sample_rate=rate, **front_end.feature_kwargs())
     if front_end.tokenizer is not None:
