@@ -21,6 +21,7 @@ from ..pipes.batching import (  # noqa: F401  (DurationFilter*: re-exported)
     DurationFilter, DurationFilterIterDataPipe, PaddedArea, SumOfLengths,
 )
 from ..pipes.collate import PadCollate
+from ..remote import RemoteOptions, is_remote
 from ..sample import DURATION, FEATS, KEY, SOURCE, TEXT, Sample, sample_duration
 from ._prepare import AUDIO_PATH, FEATS_PATH, OFFSET, ManifestsArg, resolve_manifests
 
@@ -42,10 +43,12 @@ FEATURE_KINDS = ("fbank", "mfcc", "mel")
 
 
 def manifest_samples(manifests: ManifestsArg, *, corpus: str | None = None,
-                     parts: Sequence[str] | None = None) -> IterDataPipe[Sample]:
+                     parts: Sequence[str] | None = None,
+                     remote: RemoteOptions | None = None) -> IterDataPipe[Sample]:
     """The samples of manifests, in file order, as a pipe (no audio read yet).
 
-    Files are opened when iteration starts (``open_files`` + ``parse_manifest``); in-memory
+    Files are opened when iteration starts (``open_files`` + ``parse_manifest``; manifests at
+    object-storage URLs with ``open(remote=remote)``); in-memory
     sample lists are streamed as they are, and so is a pipe of samples (e.g.
     ``sp.read_lhotse(...)``, ``sp.read_hf_dataset(ds, with_audio=False)``). See
     :func:`resolve_manifests` for the forms of ``manifests``.
@@ -57,16 +60,22 @@ def manifest_samples(manifests: ManifestsArg, *, corpus: str | None = None,
         return manifests
     pipes = []
     paths: list[str] = []
+
+    def parsed(paths: list[str]) -> IterDataPipe[Sample]:
+        if any(is_remote(p) for p in paths):
+            return IterableWrapper(paths).open(remote=remote).parse_manifest()
+        return IterableWrapper(paths).open_files(mode="b").parse_manifest()
+
     for source in resolve_manifests(manifests, corpus=corpus, parts=parts):
         if isinstance(source, str):
             paths.append(source)
             continue
         if paths:
-            pipes.append(IterableWrapper(paths).open_files(mode="b").parse_manifest())
+            pipes.append(parsed(paths))
             paths = []
         pipes.append(IterableWrapper(source, deepcopy=False))
     if paths:
-        pipes.append(IterableWrapper(paths).open_files(mode="b").parse_manifest())
+        pipes.append(parsed(paths))
     if not pipes:
         raise ValueError("no manifests given")
     return pipes[0] if len(pipes) == 1 else pipes[0].concat(*pipes[1:])
@@ -187,7 +196,8 @@ def _load_feats(sample: Mapping[str, Any]) -> Sample:
     return out
 
 
-def _loaded(pipe: IterDataPipe, input: Any, on_error: str) -> IterDataPipe:
+def _loaded(pipe: IterDataPipe, input: Any, on_error: str,
+            remote: RemoteOptions | None) -> IterDataPipe:
     if callable(input):  # the caller's loading stage(s): + audio, sample_rate (or feats)
         return input(pipe)
     if input == "audio":
@@ -195,7 +205,7 @@ def _loaded(pipe: IterDataPipe, input: Any, on_error: str) -> IterDataPipe:
         # whole file otherwise (duration then set to the decoded length); unreadable files
         # raise, or are skipped and counted (on_error="skip")
         return pipe.load_audio(field=AUDIO_PATH, offset_field=OFFSET, duration_field=DURATION,
-                               whole_without_offset=True, on_error=on_error)
+                               whole_without_offset=True, on_error=on_error, remote=remote)
     # -> + feats (frames, dim) float32
     return pipe.map(_load_feats)
 
@@ -281,6 +291,7 @@ def train_pipeline(
     input: Any = "audio",
     shard: bool = True,
     on_error: str = "raise",
+    remote: RemoteOptions | None = None,
     **front_end_options: Any,
 ) -> IterDataPipe[dict]:
     """A training pipeline over manifests: yields padded batch dicts within a budget.
@@ -330,6 +341,10 @@ def train_pipeline(
             :class:`~speechpipe.errors.DataError` naming it, or ``"skip"`` the utterance,
             counted by reason in ``load_audio``'s diagnostics (:func:`pipeline_report`) and
             warned about at the end of the pass.
+        remote: how manifests and ``audio_path`` values that are object-storage URLs
+            (``s3://bucket/a.flac``) are read (:class:`~speechpipe.remote.RemoteOptions`:
+            storage options, retries; ``None``: the defaults), as ``ShardReadOptions(remote=)``
+            is for shards. Each remote audio file is read whole, then decoded.
         **front_end_options: instead of ``front_end``, its fields as keywords:
             ``sample_rate``, ``features``, ``feature_options``, ``speed_perturb``,
             ``tokenizer``, ``text_field``, ``normalizer``, ``noise``, ``snr_db``, ``noise_p``,
@@ -339,10 +354,10 @@ def train_pipeline(
     budget = _check_budget(budget_seconds, "budget_seconds")
     _check_input(input, on_error)
     constraint = PaddedArea(budget=budget, length=sample_duration)
-    pipe = manifest_samples(manifests)
+    pipe = manifest_samples(manifests, remote=remote)
     pipe = pipe.filter_by_duration(min_duration, max_duration)
     pipe = pipe.shuffle_samples(seed=seed, split=shard)
-    pipe = _loaded(pipe, input, on_error)
+    pipe = _loaded(pipe, input, on_error, remote)
     # the draws of noise and reverberation are kept for what bucket_by_length and block_batch
     # may hold when a checkpoint is taken (a restore mixes those samples again)
     pipe = _transformed(pipe, front_end or FrontEnd(**front_end_options), input=input,
@@ -363,6 +378,7 @@ def eval_pipeline(
     input: Any = "audio",
     shard: bool = True,
     on_error: str = "raise",
+    remote: RemoteOptions | None = None,
     **front_end_options: Any,
 ) -> IterDataPipe[dict]:
     """A validation / test pipeline: every utterance once, in manifest order, padded batches.
@@ -383,6 +399,7 @@ def eval_pipeline(
         min_duration, max_duration: duration range kept (``None``: keep all).
         shard: share the utterances between workers and ranks (``False``: each reads all).
         on_error: as in :func:`train_pipeline` (``"skip"``: unreadable audio left out, counted).
+        remote: as in :func:`train_pipeline`.
         **front_end_options: instead of ``front_end``, its fields as keywords:
             ``sample_rate``, ``features``, ``feature_options``, ``tokenizer``, ``text_field``,
             ``normalizer``.
@@ -396,11 +413,11 @@ def eval_pipeline(
             batch_size, int) or batch_size < 1):
         raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
     _check_input(input, on_error)
-    pipe = manifest_samples(manifests)
+    pipe = manifest_samples(manifests, remote=remote)
     if min_duration is not None or max_duration is not None:
         pipe = pipe.filter_by_duration(min_duration, max_duration)
     pipe = pipe.split_samples(split=shard)
-    pipe = _loaded(pipe, input, on_error)
+    pipe = _loaded(pipe, input, on_error, remote)
     pipe = _transformed(pipe, front_end or FrontEnd(**front_end_options), input=input, seed=0)
     if batch_size is not None:  # consecutive utterances, batch_size of them
         constraint = SumOfLengths(budget=math.inf, max_samples=batch_size,
