@@ -8,7 +8,7 @@ A real S3-compatible server (moto's server mode, speechpipe.testing.serve_s3) ru
 Invariants:
 - a manifest in the bucket whose ``audio_path`` values are in the bucket trains through
   ``train_pipeline(remote=...)`` (and evaluates through ``eval_pipeline``) to the batches the
-  local copy gives; a segment (offset/duration) of a remote file is the local segment;
+  local copy gives; noise sources named by URLs load as the local ones; a segment (offset/duration) of a remote file is the local segment;
 - a missing audio object raises MissingDataError naming its URL and the key, or is skipped
   and counted under ``on_error="skip"``;
 - Kaldi tables (``text``, ``wav.scp``, ``feats.scp``) at URLs parse to the local entries, and
@@ -35,6 +35,7 @@ from speechpipe.pipes.kaldi_ark import kaldi_arks
 from speechpipe.pipes.manifests import write_manifest
 from speechpipe.pipes.sharding import read_shard
 from speechpipe.pipes.shards import ShardReadOptions
+from speechpipe.recipes import augment_source
 from speechpipe.remote import RemoteOptions
 from speechpipe.testing import S3_TEST_CREDENTIALS, serve_s3, upload_folder
 
@@ -134,6 +135,15 @@ def test_eval_pipeline_reads_remote_audio_in_manifest_order(s3):
     remote = list(sp.eval_pipeline([s3["remote_rows"]], batch_size=4, features=None,
                                    sample_rate=None, remote=s3["options"]))
     same_batches(local, remote)
+
+
+def test_noise_named_by_remote_paths_loads_as_the_local_noise(s3):
+    local = {s["key"]: s["audio"] for s in augment_source([s3["rows"]])}
+    remote = {s["key"]: s["audio"]
+              for s in augment_source([s3["remote_rows"]], remote=s3["options"])}
+    assert remote.keys() == local.keys() and len(remote) == len(SECONDS)
+    for key, audio in remote.items():
+        np.testing.assert_array_equal(audio, local[key])
 
 
 def test_a_segment_of_a_remote_file_under_a_url_root_is_the_local_segment(s3):

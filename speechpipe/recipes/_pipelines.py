@@ -210,14 +210,16 @@ def _loaded(pipe: IterDataPipe, input: Any, on_error: str,
     return pipe.map(_load_feats)
 
 
-def augment_source(source: Any, *, seed: int = 0) -> IterDataPipe[Sample]:
+def augment_source(source: Any, *, seed: int = 0,
+                   remote: RemoteOptions | None = None) -> IterDataPipe[Sample]:
     """The source ``add_noise`` or ``reverberate`` reads: a pipe of samples with ``audio``.
 
     ``source`` is a pipe (used as it is), or manifests in any form :func:`resolve_manifests`
     takes (``prepare_musan(...)["noise"]``, paths, a folder...): their rows are shuffled at
     each pass (``shuffle_samples(split=False)``: the stage gives each pass of its source an
     epoch of its own, so the noise does not come in file order, the same in every worker) and
-    loaded as the training road loads utterances (``load_audio``). Nothing is read here.
+    loaded as the training road loads utterances (``load_audio``; object-storage manifests
+    and audio with ``remote``). Nothing is read here.
 
     >>> import numpy as np, os, soundfile, tempfile
     >>> wav = os.path.join(tempfile.mkdtemp(), "n1.wav")
@@ -228,13 +230,13 @@ def augment_source(source: Any, *, seed: int = 0) -> IterDataPipe[Sample]:
     """
     if isinstance(source, IterDataPipe):
         return source
-    rows = manifest_samples(source).shuffle_samples(seed=seed, split=False)
+    rows = manifest_samples(source, remote=remote).shuffle_samples(seed=seed, split=False)
     return rows.load_audio(field=AUDIO_PATH, offset_field=OFFSET, duration_field=DURATION,
-                           whole_without_offset=True)
+                           whole_without_offset=True, remote=remote)
 
 
 def _transformed(pipe: IterDataPipe, front_end: FrontEnd, *, input: Any, seed: int,
-                 history: int = 4096) -> IterDataPipe:
+                 history: int = 4096, remote: RemoteOptions | None = None) -> IterDataPipe:
     if front_end.perturbs and input == "feats":
         raise ValueError("speed_perturb, noise and rir need audio; these manifests give "
                          "features")
@@ -245,10 +247,10 @@ def _transformed(pipe: IterDataPipe, front_end: FrontEnd, *, input: Any, seed: i
         # audio resampled, duration updated
         pipe = pipe.perturb_speed(factors=tuple(front_end.speed_perturb), seed=seed)
     if front_end.rir is not None:  # audio reverberated, + augment [{"kind": "reverb"...}]
-        pipe = pipe.reverberate(augment_source(front_end.rir, seed=seed), p=front_end.rir_p,
-                                seed=seed, history=history)
+        rir = augment_source(front_end.rir, seed=seed, remote=remote)
+        pipe = pipe.reverberate(rir, p=front_end.rir_p, seed=seed, history=history)
     if front_end.noise is not None:  # audio mixed, + augment [{"kind": "noise"...}]
-        pipe = pipe.add_noise(augment_source(front_end.noise, seed=seed),
+        pipe = pipe.add_noise(augment_source(front_end.noise, seed=seed, remote=remote),
                               snr_db=front_end.snr_db, p=front_end.noise_p,
                               babble=front_end.babble, seed=seed, history=history)
     if front_end.features is not None:
@@ -341,10 +343,11 @@ def train_pipeline(
             :class:`~speechpipe.errors.DataError` naming it, or ``"skip"`` the utterance,
             counted by reason in ``load_audio``'s diagnostics (:func:`pipeline_report`) and
             warned about at the end of the pass.
-        remote: how manifests and ``audio_path`` values that are object-storage URLs
-            (``s3://bucket/a.flac``) are read (:class:`~speechpipe.remote.RemoteOptions`:
-            storage options, retries; ``None``: the defaults), as ``ShardReadOptions(remote=)``
-            is for shards. Each remote audio file is read whole, then decoded.
+        remote: how manifests and ``audio_path`` values (utterances, noise, rir) that are
+            object-storage URLs (``s3://bucket/a.flac``) are read
+            (:class:`~speechpipe.remote.RemoteOptions`: storage options, retries; ``None``:
+            the defaults), as ``ShardReadOptions(remote=)`` is for shards. Each remote audio
+            file is read whole, then decoded.
         **front_end_options: instead of ``front_end``, its fields as keywords:
             ``sample_rate``, ``features``, ``feature_options``, ``speed_perturb``,
             ``tokenizer``, ``text_field``, ``normalizer``, ``noise``, ``snr_db``, ``noise_p``,
@@ -361,7 +364,7 @@ def train_pipeline(
     # the draws of noise and reverberation are kept for what bucket_by_length and block_batch
     # may hold when a checkpoint is taken (a restore mixes those samples again)
     pipe = _transformed(pipe, front_end or FrontEnd(**front_end_options), input=input,
-                        seed=seed, history=max(4096, 4 * bucket_buffer))
+                        seed=seed, history=max(4096, 4 * bucket_buffer), remote=remote)
     pipe = pipe.bucket_by_length(bucket_buffer, constraint=constraint, seed=seed)
     pipe = pipe.block_batch(constraint=constraint, seed=seed)
     return pipe.collate(collate_fn=PadCollate())
