@@ -8,9 +8,11 @@ A real S3-compatible server (moto's server mode, speechpipe.testing.serve_s3) ru
 Invariants:
 - a manifest in the bucket whose ``audio_path`` values are in the bucket trains through
   ``train_pipeline(remote=...)`` (and evaluates through ``eval_pipeline``) to the batches the
-  local copy gives; noise sources named by URLs load as the local ones; a segment (offset/duration) of a remote file is the local segment;
+  local copy gives; noise sources named by URLs load as the local ones; a segment
+  (offset/duration) of a remote file is the local segment;
 - a missing audio object raises MissingDataError naming its URL and the key, or is skipped
-  and counted under ``on_error="skip"``;
+  and counted under ``on_error="skip"``; a 503 on an audio object is retried, and one that
+  lasts raises a DataError naming the URL and the key (through a FaultProxy);
 - Kaldi tables (``text``, ``wav.scp``, ``feats.scp``) at URLs parse to the local entries, and
   the arks a remote ``feats.scp`` names stream (``kaldi_arks`` + ``read_shard(format="ark")``)
   to the local matrices; ``load_scp``'s random access refuses a remote ark or audio file with
@@ -37,7 +39,7 @@ from speechpipe.pipes.sharding import read_shard
 from speechpipe.pipes.shards import ShardReadOptions
 from speechpipe.recipes import augment_source
 from speechpipe.remote import RemoteOptions
-from speechpipe.testing import S3_TEST_CREDENTIALS, serve_s3, upload_folder
+from speechpipe.testing import S3_TEST_CREDENTIALS, FaultProxy, serve_s3, upload_folder
 
 pytest.importorskip("moto")
 pytest.importorskip("s3fs")
@@ -100,9 +102,15 @@ def s3(tmp_path_factory):
         options = RemoteOptions(storage_options={"endpoint_url": endpoint,
                                                  **S3_TEST_CREDENTIALS},
                                 block_size=1 << 14, retries=2, backoff=0.01)
-        yield {"local_manifest": local_manifest, "rows": rows, "remote_rows": remote_rows,
-               "remote_manifest": f"s3://{BUCKET}/manifests/samples.jsonl.gz",
-               "kaldi": kaldi, "kaldi_url": f"s3://{BUCKET}/kaldi", "options": options}
+        with FaultProxy(endpoint) as proxy:  # botocore's own retries off: ours are counted
+            proxied = RemoteOptions(
+                storage_options={"endpoint_url": proxy.url, **S3_TEST_CREDENTIALS,
+                                 "config_kwargs": {"retries": {"total_max_attempts": 1}}},
+                retries=3, backoff=0.01)
+            yield {"local_manifest": local_manifest, "rows": rows, "remote_rows": remote_rows,
+                   "remote_manifest": f"s3://{BUCKET}/manifests/samples.jsonl.gz",
+                   "kaldi": kaldi, "kaldi_url": f"s3://{BUCKET}/kaldi", "options": options,
+                   "proxy": proxy, "proxied": proxied}
 
 
 def same_batches(a: list[dict], b: list[dict]) -> None:
@@ -169,6 +177,22 @@ def test_a_missing_audio_object_names_its_url_and_key(s3):
     with pytest.warns(sp.SkippedInputWarning):
         assert [s["key"] for s in skipping] == ["u0", "u1"]
     assert skipping.diagnostics.counts == {"missing audio file": 1}
+
+
+def test_a_failing_audio_object_is_retried_then_named_with_its_key(s3):
+    proxy, row = s3["proxy"], s3["remote_rows"][2]
+    [local] = IterableWrapper(s3["rows"][2:3]).load_audio()
+    try:
+        proxy.fail(503, match="u2.flac", times=2)  # transient: cured by the retries
+        [sample] = IterableWrapper([row]).load_audio(remote=s3["proxied"])
+        np.testing.assert_array_equal(sample["audio"], local["audio"])
+        proxy.fail(503, match="u2.flac", times=-1)  # lasting: named after 3 attempts
+        with pytest.raises(DataError, match="after 3 attempts") as caught:
+            list(IterableWrapper([row]).load_audio(remote=s3["proxied"]))
+        assert caught.value.source == row["audio_path"] and caught.value.key == "u2"
+        assert S3_TEST_CREDENTIALS["secret"] not in str(caught.value)
+    finally:
+        proxy.clear()
 
 
 def test_a_url_path_is_not_joined_to_a_local_root(s3, tmp_path):
