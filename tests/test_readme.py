@@ -195,6 +195,11 @@ def test_remote_block_reads_compressed_shards_and_their_index_from_a_bucket(read
     assert sum(e["count"] for e in index) == 36
 
 
+def test_remote_audio_block_loads_an_audio_path_from_the_bucket(readme_run):
+    # issue 22: a manifest row whose audio_path is a URL, through eval_pipeline(remote=)
+    assert "['u1'] (1, 48, 80)" in readme_run
+
+
 def test_shard_block_packs_every_utterance_and_reads_them_back(readme_run):
     assert _line(readme_run, r"pack: 36 utterances \(feats, lengths in frames\) in 5 shard")
     assert "36 36" in readme_run  # len() from the index, and every utterance through the loader

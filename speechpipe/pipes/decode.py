@@ -49,6 +49,7 @@ import soundfile
 
 from ..diagnostics import Diagnostics, check_on_error
 from ..errors import AudioFormatError, DataError, MissingDataError, UnsafeInputError
+from ..remote import RemoteOptions, is_remote, join_url, read_remote_bytes
 from ..sample import AUDIO, FEATS, KEY, SAMPLE_RATE, SOURCE, TEXT, Sample
 from ._base import IterDataPipe, functional_datapipe
 from .codecs import check_channels, choose_channels, sniff_format
@@ -557,13 +558,15 @@ def read_audio_segment(
     offset: float | None = None,
     duration: float | None = None,
     key: str | None = None,
+    remote: RemoteOptions | None = None,
 ) -> tuple[np.ndarray, int]:
     """Read a whole audio file, or ``duration`` seconds from ``offset`` seconds.
 
     Reads frames ``[round(offset * rate), round(offset * rate) + round(duration * rate))``.
+    An object-storage URL (``s3://...``) is read whole with ``remote``'s options, then decoded.
 
     Raises:
-        MissingDataError: the file does not exist (naming it and ``key``).
+        MissingDataError: the file or object does not exist (naming it and ``key``).
         DataError: it cannot be opened or decoded, the offset or duration is negative or not
             a number, or the file ends before the requested segment.
 
@@ -588,9 +591,12 @@ def read_audio_segment(
             raise DataError(f"{name} must be >= 0 seconds, got {value!r}", source=path, key=key)
         seconds[name] = value
     try:
-        file = open(path, "rb")
-    except FileNotFoundError as exc:
+        # a remote object is read whole: soundfile seeks, a remote stream cannot
+        file = io.BytesIO(read_remote_bytes(path, remote)) if is_remote(path) else open(path, "rb")
+    except FileNotFoundError as exc:  # a MissingDataError for a remote object
         raise MissingDataError("audio file not found", source=path, key=key) from exc
+    except DataError as exc:  # a remote read that failed after its retries
+        raise DataError(exc.reason, source=path, key=key) from exc
     except OSError as exc:
         raise DataError(f"cannot open audio file: {exc}", source=path, key=key) from exc
     with file:
@@ -634,8 +640,10 @@ class AudioLoaderIterDataPipe(IterDataPipe[Sample]):
             which may round) is no stop point and is replaced by the decoded duration. Without
             this option a missing field is an error. For manifests mixing segments of long
             recordings with whole-file utterances.
-        root: directory that relative paths are joined to (absolute paths are used as they
-            are); ``None`` resolves relative paths against the working directory.
+        root: directory (or ``s3://...`` folder) relative paths are joined to (absolute paths
+            and URLs are kept); ``None`` resolves them against the working directory.
+        remote: how object-storage URLs (``s3://``...) are read (:class:`RemoteOptions`);
+            each such file is read whole into memory, then decoded.
         channels: ``"keep"`` (default), ``"downmix"`` or a channel index, as in ``decode``.
         on_error: ``"raise"`` (default): a missing file raises
             :class:`~speechpipe.errors.MissingDataError`, an unreadable one or a bad sample
@@ -668,6 +676,7 @@ class AudioLoaderIterDataPipe(IterDataPipe[Sample]):
         root: str | os.PathLike | None = None,
         channels: str | int = "keep",
         on_error: str = "raise",
+        remote: RemoteOptions | None = None,
     ) -> None:
         if whole_without_offset and offset_field is None:
             raise ValueError("whole_without_offset needs an offset_field")
@@ -679,6 +688,8 @@ class AudioLoaderIterDataPipe(IterDataPipe[Sample]):
                 raise TypeError(f"{name} must be a non-empty str, got {value!r}")
         if root is not None and not isinstance(root, (str, os.PathLike)):
             raise TypeError(f"root must be a path or None, got {root!r}")
+        if remote is not None and not isinstance(remote, RemoteOptions):
+            raise TypeError(f"remote must be a RemoteOptions or None, got {remote!r}")
         self.source_datapipe = source_datapipe
         self.field = field
         self.offset_field = offset_field
@@ -687,6 +698,7 @@ class AudioLoaderIterDataPipe(IterDataPipe[Sample]):
         self.root = None if root is None else os.fspath(root)
         self.channels = check_channels(channels)
         self.on_error = check_on_error(on_error)
+        self.remote = remote
         self.diagnostics = Diagnostics("load_audio")
 
     def _load(self, sample: Mapping[str, Any]) -> Sample:
@@ -704,13 +716,15 @@ class AudioLoaderIterDataPipe(IterDataPipe[Sample]):
             raise DataError(f"field {self.field!r} must hold a path, got {path!r}",
                             source=sample.get(SOURCE), key=key)
         path = os.fspath(path)
-        if self.root is not None and not os.path.isabs(path):
-            path = os.path.join(self.root, path)
+        if self.root is not None and not is_remote(path) and not os.path.isabs(path):
+            root = self.root
+            path = join_url(root, path) if is_remote(root) else os.path.join(root, path)
         audio, rate = read_audio_segment(
             path,
             offset=values.get(self.offset_field) if self.offset_field else None,
             duration=values.get(self.duration_field) if self.duration_field else None,
             key=key,
+            remote=self.remote,
         )
         out = dict(sample)
         out[AUDIO] = choose_channels(audio, self.channels, source=path, key=key)

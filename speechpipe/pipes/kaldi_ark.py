@@ -28,6 +28,7 @@ import numpy as np
 from kaldiio.matio import read_kaldi
 
 from ..errors import DataError, UnsafeInputError
+from ..remote import RemoteOptions
 from .kaldi_tables import _WHITESPACE, _error, _Where, read_scp_table
 
 __all__ = [
@@ -551,7 +552,8 @@ def iter_ark(stream: BinaryIO, *, source: str | None = None) -> Iterator[tuple[s
 # --------------------------------------------------------------------------- data directories
 
 
-def kaldi_arks(data_dir_or_feats_scp: str | os.PathLike) -> list[str]:
+def kaldi_arks(data_dir_or_feats_scp: str | os.PathLike, *,
+               remote: RemoteOptions | None = None) -> list[str]:
     """The distinct ark files a ``feats.scp`` refers to, in order of first appearance.
 
     Streams a Kaldi data directory as shards with no packing::
@@ -565,8 +567,14 @@ def kaldi_arks(data_dir_or_feats_scp: str | os.PathLike) -> list[str]:
     ark's utterances (a ``subset_data_dir.sh`` subset, filtered utterances), the stream also
     holds the others -- keep the listed keys with ``filter`` or ``join_by_key``.
 
+    In object storage, give the ``feats.scp`` URL (and ``remote``); its values are then ark
+    URLs, read with ``sharded_shuffle(..., read_options=ShardReadOptions(remote=...))``. An
+    ark in object storage is only streamed: ``load_scp``'s random access refuses it.
+
     Args:
-        data_dir_or_feats_scp: a data directory (its ``feats.scp`` is read) or the file.
+        data_dir_or_feats_scp: a data directory (its ``feats.scp`` is read) or the file
+            (local or a URL).
+        remote: how a URL is read (:class:`~speechpipe.remote.RemoteOptions`).
 
     Raises:
         MissingDataError: no ``feats.scp``.
@@ -590,7 +598,7 @@ def kaldi_arks(data_dir_or_feats_scp: str | os.PathLike) -> list[str]:
     if os.path.isdir(path):
         path = os.path.join(path, "feats.scp")
     arks: dict[str, None] = {}
-    for entry in read_scp_table(path).values():
+    for entry in read_scp_table(path, remote=remote).values():
         value = entry.value
         where = {"source": entry.source, "line": entry.line, "key": entry.key}
         if value.endswith("|"):

@@ -19,7 +19,8 @@ from typing import Any, Iterable, Iterator, NamedTuple
 from ..diagnostics import Diagnostics, check_on_error
 from ..errors import DataError, MissingDataError
 from ._base import IterDataPipe, functional_datapipe
-from .sources import check_path_stream, iter_text_lines
+from ..remote import RemoteOptions, is_remote
+from .sources import check_path_stream, iter_text_lines, open_stream
 
 __all__ = [
     "ScpEntry",
@@ -329,15 +330,17 @@ def read_scp_table(
     allow_empty: bool = False,
     on_error: str = "raise",
     diagnostics: Diagnostics | None = None,
+    remote: RemoteOptions | None = None,
 ) -> dict[str, ScpEntry]:
     """Read a whole Kaldi table into ``{key: ScpEntry}`` (for lookups such as ``wav.scp``).
 
     Args:
-        path: the table file.
+        path: the table file, or its object-storage URL (``s3://bucket/data/train/text``).
         allow_empty, on_error, diagnostics: as in :func:`parse_scp_lines`.
+        remote: how a URL is read (:class:`~speechpipe.remote.RemoteOptions`).
 
     Raises:
-        MissingDataError: the file does not exist.
+        MissingDataError: the file or object does not exist.
         DataError: as :func:`parse_scp_lines`.
 
     >>> import os, tempfile
@@ -351,8 +354,8 @@ def read_scp_table(
     """
     path = os.fspath(path)
     try:
-        stream = open(path, "rb")
-    except FileNotFoundError as exc:
+        stream = open_stream(path, remote=remote) if is_remote(path) else open(path, "rb")
+    except FileNotFoundError as exc:  # a MissingDataError for a remote object
         raise MissingDataError("table file not found", source=path) from exc
     except OSError as exc:
         raise DataError(f"cannot open table: {exc.strerror or exc}", source=path) from exc

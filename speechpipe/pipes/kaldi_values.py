@@ -16,6 +16,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from ..errors import DataError, MissingDataError, UnsafeInputError
+from ..remote import is_remote
 from .decode import read_audio
 from .kaldi_ark import _ARK_REF, _audio_bytes_in_ark, _decode_matrix, _parse_range
 from .kaldi_tables import _WHITESPACE, _error, _Where
@@ -35,9 +36,18 @@ def _is_command(value: str) -> bool:
 
 
 def _resolve(path: str, root: str | None) -> str:
-    if root is not None and not os.path.isabs(path):
+    if root is not None and not os.path.isabs(path) and not is_remote(path):
         return os.path.join(root, path)
     return path
+
+
+def _refuse_remote(path: str, what: str, where: _Where) -> None:
+    """Table values are read from local files: a URL is named, not tried as a path."""
+    if is_remote(path):
+        raise _error(DataError, f"{what} {path} is in object storage, which load_scp does not "
+                     "read (no random access into a remote file): stream remote arks with "
+                     "kaldi_arks(url, remote=...) + sharded_shuffle(format='ark'), load remote "
+                     "audio from a manifest with load_audio(remote=...)", where)
 
 
 def _check_value(value: str, where: _Where) -> None:
@@ -123,6 +133,7 @@ def _read_matrix(
     if match is None:  # cannot happen: the pattern matches every non-empty string
         raise _error(DataError, f"cannot parse ark reference {value!r}", where)
     path = _resolve(match["path"], root)
+    _refuse_remote(path, "ark", where)
     offset = int(match["offset"] or 0)
     name = f"{path}:{offset}"
     stream = files.get(path, where, "ark file")
@@ -208,6 +219,7 @@ def _read_wav(
         data: Any = stdout
     else:
         path = _resolve(value, root)
+        _refuse_remote(path, "audio", where)
         match = _ARK_REF.fullmatch(value)
         ark = _resolve(match["path"], root) if match and match["offset"] else None
         if not os.path.exists(path) and ark is not None and match["range"] is None \

@@ -21,6 +21,7 @@ from ..pipes.batching import (  # noqa: F401  (DurationFilter*: re-exported)
     DurationFilter, DurationFilterIterDataPipe, PaddedArea, SumOfLengths,
 )
 from ..pipes.collate import PadCollate
+from ..remote import RemoteOptions, is_remote
 from ..sample import DURATION, FEATS, KEY, SOURCE, TEXT, Sample, sample_duration
 from ._prepare import AUDIO_PATH, FEATS_PATH, OFFSET, ManifestsArg, resolve_manifests
 
@@ -44,10 +45,12 @@ FEATURES_ON = ("workers", "device")
 
 
 def manifest_samples(manifests: ManifestsArg, *, corpus: str | None = None,
-                     parts: Sequence[str] | None = None) -> IterDataPipe[Sample]:
+                     parts: Sequence[str] | None = None,
+                     remote: RemoteOptions | None = None) -> IterDataPipe[Sample]:
     """The samples of manifests, in file order, as a pipe (no audio read yet).
 
-    Files are opened when iteration starts (``open_files`` + ``parse_manifest``); in-memory
+    Files are opened when iteration starts (``open_files`` + ``parse_manifest``; manifests at
+    object-storage URLs with ``open(remote=remote)``); in-memory
     sample lists are streamed as they are, and so is a pipe of samples (e.g.
     ``sp.read_lhotse(...)``, ``sp.read_hf_dataset(ds, with_audio=False)``). See
     :func:`resolve_manifests` for the forms of ``manifests``.
@@ -59,16 +62,22 @@ def manifest_samples(manifests: ManifestsArg, *, corpus: str | None = None,
         return manifests
     pipes = []
     paths: list[str] = []
+
+    def parsed(paths: list[str]) -> IterDataPipe[Sample]:
+        if any(is_remote(p) for p in paths):
+            return IterableWrapper(paths).open(remote=remote).parse_manifest()
+        return IterableWrapper(paths).open_files(mode="b").parse_manifest()
+
     for source in resolve_manifests(manifests, corpus=corpus, parts=parts):
         if isinstance(source, str):
             paths.append(source)
             continue
         if paths:
-            pipes.append(IterableWrapper(paths).open_files(mode="b").parse_manifest())
+            pipes.append(parsed(paths))
             paths = []
         pipes.append(IterableWrapper(source, deepcopy=False))
     if paths:
-        pipes.append(IterableWrapper(paths).open_files(mode="b").parse_manifest())
+        pipes.append(parsed(paths))
     if not pipes:
         raise ValueError("no manifests given")
     return pipes[0] if len(pipes) == 1 else pipes[0].concat(*pipes[1:])
@@ -220,7 +229,8 @@ def _load_feats(sample: Mapping[str, Any]) -> Sample:
     return out
 
 
-def _loaded(pipe: IterDataPipe, input: Any, on_error: str) -> IterDataPipe:
+def _loaded(pipe: IterDataPipe, input: Any, on_error: str,
+            remote: RemoteOptions | None) -> IterDataPipe:
     if callable(input):  # the caller's loading stage(s): + audio, sample_rate (or feats)
         return input(pipe)
     if input == "audio":
@@ -228,19 +238,21 @@ def _loaded(pipe: IterDataPipe, input: Any, on_error: str) -> IterDataPipe:
         # whole file otherwise (duration then set to the decoded length); unreadable files
         # raise, or are skipped and counted (on_error="skip")
         return pipe.load_audio(field=AUDIO_PATH, offset_field=OFFSET, duration_field=DURATION,
-                               whole_without_offset=True, on_error=on_error)
+                               whole_without_offset=True, on_error=on_error, remote=remote)
     # -> + feats (frames, dim) float32
     return pipe.map(_load_feats)
 
 
-def augment_source(source: Any, *, seed: int = 0) -> IterDataPipe[Sample]:
+def augment_source(source: Any, *, seed: int = 0,
+                   remote: RemoteOptions | None = None) -> IterDataPipe[Sample]:
     """The source ``add_noise`` or ``reverberate`` reads: a pipe of samples with ``audio``.
 
     ``source`` is a pipe (used as it is), or manifests in any form :func:`resolve_manifests`
     takes (``prepare_musan(...)["noise"]``, paths, a folder...): their rows are shuffled at
     each pass (``shuffle_samples(split=False)``: the stage gives each pass of its source an
     epoch of its own, so the noise does not come in file order, the same in every worker) and
-    loaded as the training road loads utterances (``load_audio``). Nothing is read here.
+    loaded as the training road loads utterances (``load_audio``; object-storage manifests
+    and audio with ``remote``). Nothing is read here.
 
     >>> import numpy as np, os, soundfile, tempfile
     >>> wav = os.path.join(tempfile.mkdtemp(), "n1.wav")
@@ -251,13 +263,13 @@ def augment_source(source: Any, *, seed: int = 0) -> IterDataPipe[Sample]:
     """
     if isinstance(source, IterDataPipe):
         return source
-    rows = manifest_samples(source).shuffle_samples(seed=seed, split=False)
+    rows = manifest_samples(source, remote=remote).shuffle_samples(seed=seed, split=False)
     return rows.load_audio(field=AUDIO_PATH, offset_field=OFFSET, duration_field=DURATION,
-                           whole_without_offset=True)
+                           whole_without_offset=True, remote=remote)
 
 
 def _transformed(pipe: IterDataPipe, front_end: FrontEnd, *, input: Any, seed: int,
-                 history: int = 4096) -> IterDataPipe:
+                 history: int = 4096, remote: RemoteOptions | None = None) -> IterDataPipe:
     if front_end.perturbs and input == "feats":
         raise ValueError("speed_perturb, noise and rir need audio; these manifests give "
                          "features")
@@ -268,10 +280,10 @@ def _transformed(pipe: IterDataPipe, front_end: FrontEnd, *, input: Any, seed: i
         # audio resampled, duration updated
         pipe = pipe.perturb_speed(factors=tuple(front_end.speed_perturb), seed=seed)
     if front_end.rir is not None:  # audio reverberated, + augment [{"kind": "reverb"...}]
-        pipe = pipe.reverberate(augment_source(front_end.rir, seed=seed), p=front_end.rir_p,
-                                seed=seed, history=history)
+        rir = augment_source(front_end.rir, seed=seed, remote=remote)
+        pipe = pipe.reverberate(rir, p=front_end.rir_p, seed=seed, history=history)
     if front_end.noise is not None:  # audio mixed, + augment [{"kind": "noise"...}]
-        pipe = pipe.add_noise(augment_source(front_end.noise, seed=seed),
+        pipe = pipe.add_noise(augment_source(front_end.noise, seed=seed, remote=remote),
                               snr_db=front_end.snr_db, p=front_end.noise_p,
                               babble=front_end.babble, seed=seed, history=history)
     if front_end.features is not None:
@@ -316,6 +328,7 @@ def train_pipeline(
     input: Any = "audio",
     shard: bool = True,
     on_error: str = "raise",
+    remote: RemoteOptions | None = None,
     **front_end_options: Any,
 ) -> IterDataPipe[dict]:
     """A training pipeline over manifests: yields padded batch dicts within a budget.
@@ -365,6 +378,11 @@ def train_pipeline(
             :class:`~speechpipe.errors.DataError` naming it, or ``"skip"`` the utterance,
             counted by reason in ``load_audio``'s diagnostics (:func:`pipeline_report`) and
             warned about at the end of the pass.
+        remote: how manifests and ``audio_path`` values (utterances, noise, rir) that are
+            object-storage URLs (``s3://bucket/a.flac``) are read
+            (:class:`~speechpipe.remote.RemoteOptions`: storage options, retries; ``None``:
+            the defaults), as ``ShardReadOptions(remote=)`` is for shards. Each remote audio
+            file is read whole, then decoded.
         **front_end_options: instead of ``front_end``, its fields as keywords:
             ``sample_rate``, ``features``, ``feature_options``, ``speed_perturb``,
             ``tokenizer``, ``text_field``, ``normalizer``, ``noise``, ``snr_db``, ``noise_p``,
@@ -374,14 +392,14 @@ def train_pipeline(
     budget = _check_budget(budget_seconds, "budget_seconds")
     _check_input(input, on_error)
     constraint = PaddedArea(budget=budget, length=sample_duration)
-    pipe = manifest_samples(manifests)
+    pipe = manifest_samples(manifests, remote=remote)
     pipe = pipe.filter_by_duration(min_duration, max_duration)
     pipe = pipe.shuffle_samples(seed=seed, split=shard)
-    pipe = _loaded(pipe, input, on_error)
+    pipe = _loaded(pipe, input, on_error, remote)
     # the draws of noise and reverberation are kept for what bucket_by_length and block_batch
     # may hold when a checkpoint is taken (a restore mixes those samples again)
     pipe = _transformed(pipe, front_end or FrontEnd(**front_end_options), input=input,
-                        seed=seed, history=max(4096, 4 * bucket_buffer))
+                        seed=seed, history=max(4096, 4 * bucket_buffer), remote=remote)
     pipe = pipe.bucket_by_length(bucket_buffer, constraint=constraint, seed=seed)
     pipe = pipe.block_batch(constraint=constraint, seed=seed)
     return pipe.collate(collate_fn=PadCollate())
@@ -398,6 +416,7 @@ def eval_pipeline(
     input: Any = "audio",
     shard: bool = True,
     on_error: str = "raise",
+    remote: RemoteOptions | None = None,
     **front_end_options: Any,
 ) -> IterDataPipe[dict]:
     """A validation / test pipeline: every utterance once, in manifest order, padded batches.
@@ -418,6 +437,7 @@ def eval_pipeline(
         min_duration, max_duration: duration range kept (``None``: keep all).
         shard: share the utterances between workers and ranks (``False``: each reads all).
         on_error: as in :func:`train_pipeline` (``"skip"``: unreadable audio left out, counted).
+        remote: as in :func:`train_pipeline`.
         **front_end_options: instead of ``front_end``, its fields as keywords:
             ``sample_rate``, ``features``, ``feature_options``, ``tokenizer``, ``text_field``,
             ``normalizer``.
@@ -431,11 +451,11 @@ def eval_pipeline(
             batch_size, int) or batch_size < 1):
         raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
     _check_input(input, on_error)
-    pipe = manifest_samples(manifests)
+    pipe = manifest_samples(manifests, remote=remote)
     if min_duration is not None or max_duration is not None:
         pipe = pipe.filter_by_duration(min_duration, max_duration)
     pipe = pipe.split_samples(split=shard)
-    pipe = _loaded(pipe, input, on_error)
+    pipe = _loaded(pipe, input, on_error, remote)
     pipe = _transformed(pipe, front_end or FrontEnd(**front_end_options), input=input, seed=0)
     if batch_size is not None:  # consecutive utterances, batch_size of them
         constraint = SumOfLengths(budget=math.inf, max_samples=batch_size,
