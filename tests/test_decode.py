@@ -26,11 +26,10 @@ from speechpipe.pipes.decode import (
     DecoderIterDataPipe,
     decode_field,
     decode_sample,
-    encode_field,
     read_audio,
     read_audio_segment,
 )
-from speechpipe.pipes.shard_writer import write_shard
+from speechpipe.pipes.shard_writer import encode_field, write_shard
 
 SRC = "shards/a-00003.tar"
 

@@ -66,7 +66,6 @@ __all__ = [
     "UNSAFE_EXTENSIONS",
     "decode_field",
     "decode_sample",
-    "encode_field",
     "read_audio",
     "read_audio_segment",
 ]
@@ -80,7 +79,6 @@ INT_EXTENSIONS = ("cls", "id", "index")
 UNSAFE_EXTENSIONS = ("pickle", "pkl", "pt", "pth", "pyd")
 
 # Audio formats whose encoding (soundfile) is deterministic; ogg/opus/mp3 are written as bytes.
-_WRITABLE_AUDIO = {"flac": "FLAC", "wav": "WAV"}
 _DEFAULT_NAMES = {
     **{ext: AUDIO for ext in AUDIO_EXTENSIONS},
     "npy": FEATS,
@@ -754,73 +752,3 @@ class AudioLoaderIterDataPipe(IterDataPipe[Sample]):
 
 
 AudioLoader = AudioLoaderIterDataPipe
-
-
-# --------------------------------------------------------------------------------------------
-# Encoding (used by the shard writers)
-# --------------------------------------------------------------------------------------------
-
-
-def encode_field(
-    field: str, value: Any, *, sample_rate: int | None = None, key: str | None = None
-) -> bytes:
-    """Encode one field's value for writing, by the last part of its name (the allow-list).
-
-    - bytes-like values are written as they are (for any extension but the unsafe ones);
-    - ``npy``: a numeric ``numpy`` array, with ``np.save(allow_pickle=False)``;
-    - ``txt``/``text``/``transcript``: a ``str``, as UTF-8;
-    - ``json``: a JSON-serialisable object (``ensure_ascii=False``, keys sorted);
-    - ``cls``/``id``/``index``: an ``int``;
-    - ``flac``/``wav``: an audio array (time first), with soundfile at ``sample_rate`` and its
-      default subtype (16-bit PCM: values are quantised); ``ogg``/``opus``/``mp3`` need bytes.
-
-    Raises:
-        ValueError: the extension is one of ``pkl pickle pyd pth pt``, an array holds
-            objects, or audio has no ``sample_rate``.
-        TypeError: no encoder for this extension and value type.
-
-    >>> encode_field("txt", "héllo")
-    b'h\\xc3\\xa9llo'
-    >>> encode_field("meta.json", {"b": 1, "a": [2]})
-    b'{"a": [2], "b": 1}'
-    """
-    where = f"sample {key!r} field {field!r}" if key is not None else f"field {field!r}"
-    ext = field.rpartition(".")[2].lower()
-    if ext in UNSAFE_EXTENSIONS:
-        raise ValueError(
-            f"{where}: extension {ext!r} would need pickle to read; speechpipe neither writes "
-            "nor reads pickles (use npy, json or txt)"
-        )
-    if isinstance(value, _BYTES):
-        return bytes(value)
-    if ext in NPY_EXTENSIONS and isinstance(value, (np.ndarray, np.generic)):
-        buf = io.BytesIO()
-        try:
-            np.save(buf, value, allow_pickle=False)
-        except ValueError as exc:
-            raise ValueError(f"{where}: {exc}") from exc
-        return buf.getvalue()
-    if ext in TEXT_EXTENSIONS and isinstance(value, str):
-        return value.encode("utf-8")
-    if ext in JSON_EXTENSIONS:
-        try:
-            return json.dumps(value, ensure_ascii=False, sort_keys=True).encode("utf-8")
-        except (TypeError, ValueError) as exc:
-            raise TypeError(f"{where}: cannot encode as JSON: {exc}") from exc
-    if ext in INT_EXTENSIONS and isinstance(value, (int, np.integer)) and not isinstance(
-        value, bool
-    ):
-        return str(int(value)).encode("ascii")
-    if ext in _WRITABLE_AUDIO and isinstance(value, np.ndarray):
-        if sample_rate is None:
-            raise ValueError(f"{where}: an audio array needs the sample's 'sample_rate'")
-        buf = io.BytesIO()
-        try:
-            soundfile.write(buf, value, int(sample_rate), format=_WRITABLE_AUDIO[ext])
-        except (soundfile.LibsndfileError, RuntimeError, TypeError, ValueError) as exc:
-            raise ValueError(f"{where}: cannot encode audio: {exc}") from exc
-        return buf.getvalue()
-    raise TypeError(
-        f"{where}: no encoder for extension {ext!r} and a {type(value).__name__}; pass bytes, "
-        "or name the field by its format (e.g. 'flac', 'txt', 'feats.npy', 'json')"
-    )

@@ -2,7 +2,7 @@
 
 :func:`write_shard` and :class:`ShardWriter` write samples to shards with deterministic headers,
 values encoded by field extension with the allow-listed encoders of
-:func:`speechpipe.pipes.decode.encode_field`; a shard is written under ``<path>.tmp`` and
+:func:`encode_field`; a shard is written under ``<path>.tmp`` and
 renamed when complete, so an interrupted writer never leaves a partial shard under the final
 name. Shards written here are read by ``read_shards``/``sharded_shuffle`` and by webdataset.
 """
@@ -11,20 +11,94 @@ from __future__ import annotations
 
 import gzip
 import io
+import json
 import os
 import tarfile
 from typing import Any, BinaryIO, Iterable, Mapping
 
+import numpy as np
+import soundfile
+
 from ..index import shard_compression
 from ..sample import KEY, SAMPLE_RATE, SOURCE
 from ._tar import BLOCK
-from .decode import encode_field
+from .decode import (
+    INT_EXTENSIONS, JSON_EXTENSIONS, NPY_EXTENSIONS, TEXT_EXTENSIONS, UNSAFE_EXTENSIONS,
+)
 
-__all__ = ["ShardWriter", "write_shard"]
+__all__ = ["ShardWriter", "encode_field", "write_shard"]
+
+_WRITABLE_AUDIO = {"flac": "FLAC", "wav": "WAV"}
+_BYTES = (bytes, bytearray, memoryview)
 
 # Sample keys that are not written as members: the key names them, the source is where a
 # sample came from (set again when read), and sample_rate is used to encode audio arrays.
 _NOT_MEMBERS = (KEY, SOURCE, SAMPLE_RATE)
+
+
+def encode_field(
+    field: str, value: Any, *, sample_rate: int | None = None, key: str | None = None
+) -> bytes:
+    """Encode one field's value for writing, by the last part of its name (the allow-list).
+
+    - bytes-like values are written as they are (for any extension but the unsafe ones);
+    - ``npy``: a numeric ``numpy`` array, with ``np.save(allow_pickle=False)``;
+    - ``txt``/``text``/``transcript``: a ``str``, as UTF-8;
+    - ``json``: a JSON-serialisable object (``ensure_ascii=False``, keys sorted);
+    - ``cls``/``id``/``index``: an ``int``;
+    - ``flac``/``wav``: an audio array (time first), with soundfile at ``sample_rate`` and its
+      default subtype (16-bit PCM: values are quantised); ``ogg``/``opus``/``mp3`` need bytes.
+
+    Raises:
+        ValueError: the extension is one of ``pkl pickle pyd pth pt``, an array holds
+            objects, or audio has no ``sample_rate``.
+        TypeError: no encoder for this extension and value type.
+
+    >>> encode_field("txt", "héllo")
+    b'h\\xc3\\xa9llo'
+    >>> encode_field("meta.json", {"b": 1, "a": [2]})
+    b'{"a": [2], "b": 1}'
+    """
+    where = f"sample {key!r} field {field!r}" if key is not None else f"field {field!r}"
+    ext = field.rpartition(".")[2].lower()
+    if ext in UNSAFE_EXTENSIONS:
+        raise ValueError(
+            f"{where}: extension {ext!r} would need pickle to read; speechpipe neither writes "
+            "nor reads pickles (use npy, json or txt)"
+        )
+    if isinstance(value, _BYTES):
+        return bytes(value)
+    if ext in NPY_EXTENSIONS and isinstance(value, (np.ndarray, np.generic)):
+        buf = io.BytesIO()
+        try:
+            np.save(buf, value, allow_pickle=False)
+        except ValueError as exc:
+            raise ValueError(f"{where}: {exc}") from exc
+        return buf.getvalue()
+    if ext in TEXT_EXTENSIONS and isinstance(value, str):
+        return value.encode("utf-8")
+    if ext in JSON_EXTENSIONS:
+        try:
+            return json.dumps(value, ensure_ascii=False, sort_keys=True).encode("utf-8")
+        except (TypeError, ValueError) as exc:
+            raise TypeError(f"{where}: cannot encode as JSON: {exc}") from exc
+    if ext in INT_EXTENSIONS and isinstance(value, (int, np.integer)) and not isinstance(
+        value, bool
+    ):
+        return str(int(value)).encode("ascii")
+    if ext in _WRITABLE_AUDIO and isinstance(value, np.ndarray):
+        if sample_rate is None:
+            raise ValueError(f"{where}: an audio array needs the sample's 'sample_rate'")
+        buf = io.BytesIO()
+        try:
+            soundfile.write(buf, value, int(sample_rate), format=_WRITABLE_AUDIO[ext])
+        except (soundfile.LibsndfileError, RuntimeError, TypeError, ValueError) as exc:
+            raise ValueError(f"{where}: cannot encode audio: {exc}") from exc
+        return buf.getvalue()
+    raise TypeError(
+        f"{where}: no encoder for extension {ext!r} and a {type(value).__name__}; pass bytes, "
+        "or name the field by its format (e.g. 'flac', 'txt', 'feats.npy', 'json')"
+    )
 
 
 def _encode_sample(sample: Mapping[str, Any]) -> tuple[str, list[tuple[str, bytes]]]:
@@ -74,7 +148,7 @@ class ShardWriter:
 
     Each sample is a dict with ``key`` and fields named by extension (``flac``, ``txt``,
     ``feats.npy``, ``json``...); each field becomes the member ``<key>.<field>``, encoded by
-    :func:`speechpipe.pipes.decode.encode_field` (bytes as they are; ``.npy`` arrays with
+    :func:`encode_field` (bytes as they are; ``.npy`` arrays with
     ``np.save``; ``txt`` str as UTF-8; ``json`` objects as JSON; audio arrays under
     ``flac``/``wav`` at the sample's ``sample_rate``, which is not written itself; ``source``
     is not written either). Members are written in sorted field order with deterministic
