@@ -48,7 +48,7 @@ import torch
 import torchaudio.functional as taF
 
 from ..errors import DataError
-from ..sample import AUDIO, KEY, SAMPLE_RATE, SOURCE, Sample
+from ..sample import AUDIO, KEY, SOURCE, Sample
 from ..seeding import derive_seed
 from ._audio_common import (
     audio_of,
