@@ -219,9 +219,12 @@ def compute_cmvn_stats(
                                  f"channels, dim) arrays, got shape {feats.shape}")
         if stats is None:
             stats = CmvnStats.empty(_stats_shape(feats, per_channel, where))
-        if feats.shape[-1] != stats.dim or (per_channel and feats.shape[1:] != stats.sum.shape):
-            raise DataError(f"compute_cmvn_stats: features of shape {feats.shape[1:]} per "
-                            f"frame, but earlier ones have {stats.sum.shape}", **where)
+        if feats.shape[-1] != stats.dim:
+            raise DataError(f"compute_cmvn_stats: features of dim {feats.shape[-1]}, but earlier "
+                            f"ones have dim {stats.dim}", **where)
+        if per_channel and feats.shape[1:] != stats.sum.shape:
+            raise DataError(f"compute_cmvn_stats: per-channel statistics of {stats.channels} "
+                            f"channels, but these features have shape {feats.shape}", **where)
         stats.update(feats)
     if stats is None or stats.count == 0:
         raise ValueError("compute_cmvn_stats: no frames to accumulate")
