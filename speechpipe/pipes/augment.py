@@ -269,7 +269,8 @@ def _mask(x: torch.Tensor, axis: int, mask_param: int, value, generator) -> None
     if mask_param < 1:
         return
     width = torch.rand(1, generator=generator) * mask_param
-    low = torch.rand(1, generator=generator) * (x.shape[axis] - width)
+    size = x.shape[0] if axis == 0 else x.shape[-1]  # frames, or bins on every channel
+    low = torch.rand(1, generator=generator) * (size - width)
     start = int(low.long())
     end = start + int(width.long())
     if axis == 0:
