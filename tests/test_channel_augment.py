@@ -336,3 +336,19 @@ def test_a_multichannel_augmented_pass_resumes_exactly():
     again = make()
     again.load_state_dict(state)
     assert len(full) > 3 and head + [summary(b) for b in again] == full
+
+
+def test_statistics_refuse_features_and_statistics_of_another_layout():
+    per_channel = CmvnStats.empty((2, 40))
+    with pytest.raises(ValueError, match=r"per-channel statistics of shape \(2, 40\) cannot "
+                                         r"take features of shape \(5, 3, 40\)"):
+        per_channel.update(_feats(frames=5, channels=3))
+    with pytest.raises(ValueError, match=r"cannot merge statistics of shape \(40,\) and "
+                                         r"\(2, 40\)"):
+        CmvnStats.empty(40).merge(per_channel)
+
+
+def test_convolve_rir_refuses_a_response_with_three_axes():
+    with pytest.raises(ValueError, match=r"the response must be \(L,\) or \(L, C\), got shape "
+                                         r"\(4, 2, 1\)"):
+        convolve_rir(np.ones(10, np.float32), np.ones((4, 2, 1), np.float32))

@@ -21,8 +21,8 @@ read again, pass after pass, when it ends). The source is any re-iterable of sam
 ``key``, ``audio`` and ``sample_rate`` (``parse_manifest`` + ``load_audio``, a Kaldi data dir
 read by ``sp.recipes.kaldi_dir.kaldi_dir_samples``, shards by ``read_shards`` + ``decode``;
 the train builders take manifests: ``sp.recipes.augment_source``); keep it unsplit (each
-DataLoader worker reads it whole, drawing its own order). A noise or response at another sample rate than the utterance is
-**resampled** to it (:func:`torchaudio.functional.resample`, kernels cached), not refused.
+DataLoader worker reads it whole, drawing its own order). A noise or response at another
+sample rate than the utterance is **resampled** to it (:func:`torchaudio.functional.resample`, kernels cached), not refused.
 
 **Several channels.** An utterance ``(T, C)`` takes a mono noise or response on every
 channel, or one of ``C`` channels channel by channel (a multichannel noise recording, a
@@ -463,8 +463,9 @@ class NoiseAdderIterDataPipe(_Pooled, IterDataPipe[Sample]):
     """Mix utterances with noise at an SNR drawn from a range (functional name: ``add_noise``).
 
     Consumes samples with ``audio`` (``(T,)`` or ``(T, C)``: a mono noise on every channel, a
-    ``C``-channel one channel by channel) and ``sample_rate``; with probability ``p``, yields them with ``audio`` mixed by :func:`mix_at_snr` at ``snr_db ~
-    U[low, high]`` dB with the sum of ``babble`` items of ``noise`` (each cropped at a random
+    ``C``-channel one channel by channel) and ``sample_rate``; with probability ``p``, yields
+    them with ``audio`` mixed by :func:`mix_at_snr` at ``snr_db ~ U[low, high]`` dB with the
+    sum of ``babble`` items of ``noise`` (each cropped at a random
     offset when longer than the utterance, looped from a random offset when shorter:
     :func:`noise_segment`; resampled to the utterance's rate), and ``{"kind": "noise", "keys":
     [...], "snr_db": snr}`` appended to :data:`AUGMENT`; otherwise unchanged (with an empty
@@ -563,8 +564,8 @@ class RirConvolverIterDataPipe(_Pooled, IterDataPipe[Sample]):
     """Convolve utterances with room impulse responses (functional name: ``reverberate``).
 
     Consumes samples with ``audio`` (``(T,)`` or ``(T, C)``: a mono response on every channel,
-    a ``C``-channel one channel by channel) and ``sample_rate``; with probability ``p``, yields them with ``audio``
-    reverberated by :func:`convolve_rir` (Kaldi's ``wav-reverberate``: aligned on the
+    a ``C``-channel one channel by channel) and ``sample_rate``; with probability ``p``,
+    yields them with ``audio`` reverberated by :func:`convolve_rir` (Kaldi's ``wav-reverberate``: aligned on the
     response's peak, so the speech is not delayed, and scaled back to the input's energy) with
     a response drawn from ``rirs`` (resampled to the utterance's rate), and ``{"kind":
     "reverb", "keys": [rir key]}`` appended to :data:`AUGMENT`; otherwise unchanged (the field
