@@ -132,12 +132,14 @@ def resampler(
                         dtype=torch.float32)
 
 
-def feats_of(sample: Any, stage: str) -> np.ndarray:
-    """The sample's features, a C-contiguous float32 ``(frames, dim)`` array; a TypeError for a
-    sample that is not a mapping, a DataError for missing or unusable features."""
+def feats_of(sample: Any, stage: str, *, channels: bool = False) -> np.ndarray:
+    """The sample's features, a C-contiguous float32 ``(frames, dim)`` array (or, with
+    ``channels``, also ``(frames, channels, dim)``); a TypeError for a sample that is not a
+    mapping, a DataError for missing or unusable features."""
+    ndims = (2, 3) if channels else (2,)
     if type(sample) is dict:
         feats = sample.get(FEATS)
-        if (type(feats) is np.ndarray and feats.dtype is FLOAT32 and feats.ndim == 2
+        if (type(feats) is np.ndarray and feats.dtype is FLOAT32 and feats.ndim in ndims
                 and feats.flags.c_contiguous):
             return feats
     check_sample(sample, stage)
@@ -147,8 +149,9 @@ def feats_of(sample: Any, stage: str) -> np.ndarray:
     feats = sample[FEATS]
     if isinstance(feats, torch.Tensor):
         feats = feats.detach().cpu().numpy()
-    if not isinstance(feats, np.ndarray) or feats.ndim != 2 or feats.dtype.kind != "f":
-        raise DataError(f"{stage}: {FEATS!r} must be a (frames, dim) float array, got "
+    if not isinstance(feats, np.ndarray) or feats.ndim not in ndims or feats.dtype.kind != "f":
+        want = "(frames, dim) or (frames, channels, dim)" if channels else "(frames, dim)"
+        raise DataError(f"{stage}: {FEATS!r} must be a {want} float array, got "
                         f"{type(feats).__name__} {getattr(feats, 'shape', '')}", **where)
     return np.ascontiguousarray(feats, dtype=np.float32)
 

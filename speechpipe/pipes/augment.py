@@ -237,7 +237,8 @@ def time_warp(
     feats: torch.Tensor, window: int, generator: torch.Generator | None = None,
     mode: str = "bicubic",
 ) -> torch.Tensor:
-    """SpecAugment's time warp on ``(frames, dim)`` features, as ESPnet's ``time_warp``.
+    """SpecAugment's time warp on ``(frames, dim)`` features, as ESPnet's ``time_warp``; on
+    ``(frames, channels, dim)`` features, the same warp on every channel.
 
     A centre ``c ~ U{window, …, frames - window - 1}`` and a destination
     ``w ~ U{c - window + 1, …, c + window}`` are drawn from ``generator``; frames ``[0, c)``
@@ -254,13 +255,15 @@ def time_warp(
         return feats
     center = int(torch.randint(window, frames - window, (1,), generator=generator)[0])
     warped = int(torch.randint(center - window, center + window, (1,), generator=generator)[0]) + 1
-    x = feats[None, None]
-    size = feats.shape[1]
+    # (1, 1, frames, dim), or the channels as the batch of the interpolation: (C, 1, frames, dim)
+    x = feats[None, None] if feats.ndim == 2 else feats.permute(1, 0, 2)[:, None]
+    size = feats.shape[-1]
     left = torch.nn.functional.interpolate(x[:, :, :center], (warped, size), mode=mode,
                                            align_corners=False)
     right = torch.nn.functional.interpolate(x[:, :, center:], (frames - warped, size), mode=mode,
                                             align_corners=False)
-    return torch.cat([left, right], dim=2)[0, 0]
+    out = torch.cat([left, right], dim=2)[:, 0]
+    return out[0] if feats.ndim == 2 else out.permute(1, 0, 2).contiguous()
 
 
 def _mask_span(size: int, mask_param: int, generator) -> tuple[int, int]:
@@ -276,11 +279,12 @@ def _mask_span(size: int, mask_param: int, generator) -> tuple[int, int]:
 def _mask(x: torch.Tensor, axis: int, mask_param: int, value, generator) -> None:
     if mask_param < 1:
         return
-    start, end = _mask_span(x.shape[axis], mask_param, generator)
+    start, end = _mask_span(x.shape[0] if axis == 0 else x.shape[-1], mask_param,
+                            generator)  # frames, or bins on every channel
     if axis == 0:
         x[start:end] = value
-    else:
-        x[:, start:end] = value
+    else:  # the last axis: frequency, on every channel of (frames, channels, dim)
+        x[..., start:end] = value
 
 
 def spec_augment(
@@ -293,8 +297,10 @@ def spec_augment(
     time_warp_window: int = 0,
     mask_value: float | str = 0.0,
     generator: torch.Generator | None = None,
+    per_channel: bool = False,
 ) -> torch.Tensor:
-    """SpecAugment on ``(frames, dim)`` features; returns a new tensor.
+    """SpecAugment on ``(frames, dim)`` or ``(frames, channels, dim)`` features; returns a new
+    tensor.
 
     In order: :func:`time_warp` (when ``time_warp_window > 0``), ``time_masks`` time masks,
     ``freq_masks`` frequency masks -- the order and the draws of
@@ -308,20 +314,30 @@ def spec_augment(
     bins); a ``W`` wider than the features is a ``ValueError``. Masked cells get
     ``mask_value``, or the mean of the features (after warping) with ``"mean"``.
 
+    Several channels: by default the same warp and masks on every channel (drawn once, as for
+    mono features), so that the channels of one recording stay aligned, as multichannel
+    frontends (ESPnet's beamformers) expect; ``"mean"`` is then the mean over all channels.
+    ``per_channel=True`` draws each channel's own, channel after channel from ``generator``
+    (each as a mono ``(frames, dim)`` matrix). Mono features ignore ``per_channel``.
+
     >>> g = torch.Generator().manual_seed(0)
     >>> out = spec_augment(torch.ones(100, 80), generator=g)
     >>> out.shape, bool((out == 0).any())
     (torch.Size([100, 80]), True)
     """
     return _spec_augment(feats, freq_masks, freq_width, time_masks, time_width,
-                         time_warp_window, mask_value, generator)
+                         time_warp_window, mask_value, generator, per_channel)
 
 
 def _spec_augment(x: torch.Tensor, freq_masks: int, freq_width: int, time_masks: int,
                   time_width: int | float, time_warp_window: int, mask_value: float | str,
-                  generator: torch.Generator | None) -> torch.Tensor:
+                  generator: torch.Generator | None, per_channel: bool = False) -> torch.Tensor:
     """:func:`spec_augment`, its arguments by position (the stage calls it per sample)."""
-    freq_width = _freq_width(freq_width, x.shape[1])
+    if per_channel and x.ndim == 3:
+        return torch.stack([_spec_augment(x[:, c], freq_masks, freq_width, time_masks,
+                                          time_width, time_warp_window, mask_value, generator)
+                            for c in range(x.shape[1])], dim=1)
+    freq_width = _freq_width(freq_width, x.shape[-1])
     if time_warp_window:
         x = time_warp(x, time_warp_window, generator)
     value = x.mean() if mask_value == "mean" else float(mask_value)
@@ -460,11 +476,13 @@ PAPER_FREQ_WIDTH, PAPER_BINS = 27, 80
 class SpecAugmenterIterDataPipe(Seeded, IterDataPipe[Sample]):
     """SpecAugment: time warp, time and frequency masks (functional name: ``spec_augment``).
 
-    Consumes samples with ``feats`` ``(frames, dim)``; yields them with augmented ``feats``
-    (float32, same shape) computed by :func:`spec_augment` with a ``torch.Generator`` seeded
-    by ``(seed, epoch, rank, worker)``: the same seed and epoch give the same masks,
-    ``set_epoch`` changes them. Masks follow :class:`torchaudio.transforms.SpecAugment`'s
-    semantics exactly (widths uniform in ``{0, …, W-1}``); the warp is ESPnet's.
+    Consumes samples with ``feats`` ``(frames, dim)`` or ``(frames, channels, dim)``; yields
+    them with augmented ``feats`` (float32, same shape) computed by :func:`spec_augment` with a
+    ``torch.Generator`` seeded by ``(seed, epoch, rank, worker)``: the same seed and epoch give
+    the same masks, ``set_epoch`` changes them. Masks follow
+    :class:`torchaudio.transforms.SpecAugment`'s semantics exactly (widths uniform in
+    ``{0, …, W-1}``); the warp is ESPnet's. Channels of one recording get the same warp and
+    masks (they stay aligned), or each its own with ``per_channel=True``.
 
     Args:
         source_datapipe: samples with features.
@@ -477,6 +495,8 @@ class SpecAugmenterIterDataPipe(Seeded, IterDataPipe[Sample]):
         time_warp: warp window ``W`` in frames (0: no warp; 5 in the paper, 80 in ESPnet).
         mask_value: value of masked cells, or ``"mean"`` for the utterance's mean (use 0 after
             CMVN, where 0 is the mean).
+        per_channel: independent masks (and warp) per channel of ``(frames, channels, dim)``
+            features instead of the same on every channel.
         seed: base seed.
         batched: consume collated batches (``feats`` ``(B, frames, dim)`` tensors or arrays
             with ``feats_len``, e.g. after ``move_to_device`` and
@@ -502,9 +522,13 @@ class SpecAugmenterIterDataPipe(Seeded, IterDataPipe[Sample]):
         *,
         time_warp: int = 0,
         mask_value: float | str = 0.0,
+        per_channel: bool = False,
         seed: int = 0,
         batched: bool = False,
     ) -> None:
+        if not isinstance(per_channel, bool):
+            raise TypeError(f"per_channel must be a bool, got {per_channel!r}")
+        self.per_channel = per_channel
         if not isinstance(batched, bool):
             raise TypeError(f"batched must be a bool, got {batched!r}")
         self.batched = batched
@@ -531,18 +555,18 @@ class SpecAugmenterIterDataPipe(Seeded, IterDataPipe[Sample]):
         self._begin_pass()
         options = (self.freq_masks, self.freq_width, self.time_masks, self.time_width,
                    self.time_warp, self.mask_value,
-                   torch_generator(self.seed, self.epoch, "spec_augment"))
+                   torch_generator(self.seed, self.epoch, "spec_augment"), self.per_channel)
         if self.batched:
             for batch in self.source_datapipe:
                 feats, lengths = batch_feats_of(batch, "spec_augment")
                 out = dict(batch)
-                augmented = _spec_augment_batch(feats, lengths, *options)
+                augmented = _spec_augment_batch(feats, lengths, *options[:-1])
                 out[FEATS] = (augmented.numpy() if isinstance(batch[FEATS], np.ndarray)
                               else augmented)
                 yield out
             return
         for sample in self.source_datapipe:
-            feats = feats_of(sample, "spec_augment")
+            feats = feats_of(sample, "spec_augment", channels=True)
             out = dict(sample)
             out[FEATS] = _spec_augment(to_tensor(feats), *options).numpy()
             yield out

@@ -4,6 +4,18 @@
 Kaldi's stats matrix on disk), :func:`normalize_features` applies them (or an utterance's own),
 and ``apply_cmvn`` (:class:`CmvnApplierIterDataPipe`) is the stage. ``speechpipe cmvn``
 (:mod:`speechpipe.cli.cmvn`) computes the statistics file.
+
+**Several channels.** Features ``(frames, channels, dim)`` are normalised, by default, with
+statistics per dimension **shared over the channels** (every channel's frames counted in the
+same sums): ESPnet's ASR frontends pick or beamform one channel before their global MVN, whose
+statistics are per feature dimension, and Kaldi's multi-microphone recipes (AMI ``mdm``,
+CHiME) treat each channel as an utterance of the same speaker, pooled in one CMVN. So a
+statistics file computed on mono features normalises multichannel ones and the reverse, and
+the files keep their format (WeNet JSON, Kaldi matrix). ``per_channel=True``
+(:func:`compute_cmvn_stats`, :func:`normalize_features`, ``apply_cmvn(utterance=True)``)
+keeps statistics per ``(channel, dim)`` instead, for arrays whose channels differ (close-talk
+beside far-field): their JSON holds ``channels × dim`` nested lists (speechpipe reads them back;
+WeNet and Kaldi do not), and they apply only to features with that many channels.
 """
 
 from __future__ import annotations
@@ -40,7 +52,9 @@ VAR_FLOOR = 1.0e-20
 @dataclass
 class CmvnStats:
     """Streaming mean/variance statistics of features: frame count, sum and sum of squares
-    per dimension, accumulated in float64 (Kaldi's ``compute-cmvn-stats``).
+    per dimension, accumulated in float64 (Kaldi's ``compute-cmvn-stats``). The sums are
+    ``(dim,)`` (frames of every channel pooled) or, per channel, ``(channels, dim)`` (``count``
+    then counts frames, each holding one vector per channel).
 
     Saved as WeNet's ``global_cmvn`` JSON (``{"mean_stat": sums, "var_stat": sums of squares,
     "frame_num": count}``), so WeNet reads speechpipe's files and the reverse; :meth:`load`
@@ -58,12 +72,18 @@ class CmvnStats:
     sum_sq: np.ndarray
 
     @classmethod
-    def empty(cls, dim: int) -> "CmvnStats":
+    def empty(cls, dim: int | tuple[int, int]) -> "CmvnStats":
+        """No frames yet; ``dim`` is the feature size or ``(channels, dim)`` (per channel)."""
         return cls(0, np.zeros(dim, np.float64), np.zeros(dim, np.float64))
 
     @property
     def dim(self) -> int:
-        return int(self.sum.shape[0])
+        return int(self.sum.shape[-1])
+
+    @property
+    def channels(self) -> int | None:
+        """The channel count of per-channel statistics; ``None`` when shared (or mono)."""
+        return int(self.sum.shape[0]) if self.sum.ndim == 2 else None
 
     @property
     def mean(self) -> np.ndarray:
@@ -76,16 +96,23 @@ class CmvnStats:
         return self.sum_sq / self.count - mean * mean
 
     def update(self, feats: np.ndarray) -> None:
-        """Add the frames of one ``(frames, dim)`` matrix."""
+        """Add the frames of one ``(frames, dim)`` or ``(frames, channels, dim)`` array (per
+        channel statistics take only the latter, with their channel count)."""
         f = np.asarray(feats, dtype=np.float64)
+        if self.sum.ndim == 1:
+            f = f.reshape(-1, f.shape[-1])  # every channel's frames pooled
+        elif f.shape[1:] != self.sum.shape:
+            raise ValueError(f"per-channel statistics of shape {self.sum.shape} cannot take "
+                             f"features of shape {f.shape}")
         self.count += int(f.shape[0])
         self.sum += f.sum(axis=0)
-        self.sum_sq += np.einsum("ij,ij->j", f, f)
+        self.sum_sq += np.einsum("i...,i...->...", f, f)
 
     def merge(self, other: "CmvnStats") -> "CmvnStats":
         """Statistics of both (e.g. from several workers or shards)."""
-        if other.dim != self.dim:
-            raise ValueError(f"cannot merge statistics of dim {self.dim} and {other.dim}")
+        if other.sum.shape != self.sum.shape:
+            raise ValueError(f"cannot merge statistics of shape {self.sum.shape} and "
+                             f"{other.sum.shape}")
         return CmvnStats(self.count + other.count, self.sum + other.sum,
                          self.sum_sq + other.sum_sq)
 
@@ -129,7 +156,7 @@ class CmvnStats:
         except (TypeError, ValueError) as exc:
             raise DataError(f"CMVN JSON mean_stat/var_stat must be lists of numbers: {exc}",
                             source=path) from exc
-        return cls._checked(data["frame_num"], sums, squares, path)
+        return cls._checked(data["frame_num"], sums, squares, path, ndims=(1, 2))
 
     @classmethod
     def _load_kaldi(cls, path: str) -> "CmvnStats":
@@ -150,25 +177,32 @@ class CmvnStats:
         return cls._checked(int(count), matrix[0, :-1].copy(), matrix[1, :-1].copy(), path)
 
     @classmethod
-    def _checked(cls, count: Any, sums: np.ndarray, squares: np.ndarray, path: str):
+    def _checked(cls, count: Any, sums: np.ndarray, squares: np.ndarray, path: str,
+                 ndims: tuple[int, ...] = (1,)):
         if isinstance(count, bool) or not isinstance(count, numbers.Integral) or count <= 0:
             raise DataError(f"CMVN frame count must be a positive int, got {count!r}", source=path)
-        if sums.ndim != 1 or sums.shape != squares.shape or sums.shape[0] == 0:
+        if sums.ndim not in ndims or sums.shape != squares.shape or 0 in sums.shape:
+            want = " (or per channel, equal-length lists of them)" if 2 in ndims else ""
             raise DataError(f"CMVN sums and sums of squares must be equal-length non-empty "
-                            f"lists, got {sums.shape} and {squares.shape}", source=path)
+                            f"lists{want}, got {sums.shape} and {squares.shape}", source=path)
         return cls(int(count), sums, squares)
 
 
 def compute_cmvn_stats(
-    samples: Iterable[Any], *, progress: bool = True, desc: str = "cmvn"
+    samples: Iterable[Any], *, progress: bool = True, desc: str = "cmvn",
+    per_channel: bool = False,
 ) -> CmvnStats:
-    """Accumulate :class:`CmvnStats` over samples with ``feats`` (or bare ``(frames, dim)``
-    arrays), streaming: one utterance in memory at a time, float64 sums, progress (a tqdm
-    bar on a terminal, lines in a log).
+    """Accumulate :class:`CmvnStats` over samples with ``feats`` (or bare ``(frames, dim)`` /
+    ``(frames, channels, dim)`` arrays), streaming: one utterance in memory at a time, float64
+    sums, progress (a tqdm bar on a terminal, lines in a log).
+
+    Channels are pooled (statistics per dimension, shared over channels: the module's
+    documentation says why); ``per_channel=True`` keeps them per ``(channel, dim)``, and then
+    every sample must have the first one's channel count.
 
     Raises :class:`~speechpipe.errors.DataError` naming the key for a sample without features
-    or whose dimension differs from the first one's, and ``ValueError`` when there are no
-    frames at all.
+    or whose dimension (per channel: shape) differs from the first one's, and ``ValueError``
+    when there are no frames at all.
 
     >>> s = compute_cmvn_stats([np.ones((3, 2), np.float32)], progress=False)
     >>> s.count, s.mean.tolist()
@@ -179,21 +213,36 @@ def compute_cmvn_stats(
     stats: CmvnStats | None = None
     for item in progress_bar(samples, desc=desc, unit="utt", disable=not progress):
         if isinstance(item, Mapping):
-            feats, where = feats_of(item, "compute_cmvn_stats"), sample_where(item)
+            feats = feats_of(item, "compute_cmvn_stats", channels=True)
+            where = sample_where(item)
         else:
             feats, where = np.asarray(item), {}
-            if feats.ndim != 2:
-                raise ValueError(f"compute_cmvn_stats expects (frames, dim) arrays, got shape "
-                                 f"{feats.shape}")
+            if feats.ndim not in (2, 3):
+                raise ValueError(f"compute_cmvn_stats expects (frames, dim) or (frames, "
+                                 f"channels, dim) arrays, got shape {feats.shape}")
         if stats is None:
-            stats = CmvnStats.empty(feats.shape[1])
-        elif feats.shape[1] != stats.dim:
-            raise DataError(f"compute_cmvn_stats: features of dim {feats.shape[1]}, but earlier "
+            stats = CmvnStats.empty(_stats_shape(feats, per_channel, where))
+        if feats.shape[-1] != stats.dim:
+            raise DataError(f"compute_cmvn_stats: features of dim {feats.shape[-1]}, but earlier "
                             f"ones have dim {stats.dim}", **where)
+        if per_channel and feats.shape[1:] != stats.sum.shape:
+            raise DataError(f"compute_cmvn_stats: per-channel statistics of {stats.channels} "
+                            f"channels, but these features have shape {feats.shape}", **where)
         stats.update(feats)
     if stats is None or stats.count == 0:
         raise ValueError("compute_cmvn_stats: no frames to accumulate")
     return stats
+
+
+def _stats_shape(feats: np.ndarray, per_channel: bool, where: dict) -> int | tuple:
+    """The sums' shape of statistics of ``feats``: ``dim``, or ``(channels, dim)``."""
+    if not per_channel:
+        return int(feats.shape[-1])
+    if feats.ndim != 3:
+        raise DataError(f"per-channel CMVN needs (frames, channels, dim) features, got shape "
+                        f"{feats.shape}: select_channel/downmix the audio, or per_channel=False",
+                        **where)
+    return tuple(feats.shape[1:])
 
 
 def normalize_features(
@@ -202,18 +251,22 @@ def normalize_features(
     *,
     norm_means: bool = True,
     norm_vars: bool = True,
+    per_channel: bool = False,
 ) -> np.ndarray:
     """``(feats - mean) / sqrt(max(var, VAR_FLOOR))`` in float32, per dimension.
 
     The statistics are ``stats`` (global CMVN) or, when ``None``, the utterance's own
     (per-utterance CMVN, Kaldi's ``apply-cmvn`` on ``utt2spk`` = identity). Mean and scale are
-    computed in float64 and applied in float32, as WeNet's ``GlobalCMVN``.
+    computed in float64 and applied in float32, as WeNet's ``GlobalCMVN``. On ``(frames,
+    channels, dim)`` features, the utterance's statistics pool its channels, or with
+    ``per_channel=True`` are each channel's own; ``stats`` of dim ``dim`` apply to every
+    channel, per-channel ``stats`` channel by channel.
 
     >>> normalize_features(np.array([[1.0], [3.0]], np.float32)).tolist()
     [[-1.0], [1.0]]
     """
     if stats is None:
-        stats = CmvnStats.empty(feats.shape[1])
+        stats = CmvnStats.empty(_stats_shape(feats, per_channel and feats.ndim == 3, {}))
         stats.update(feats)
     mean, scale = _cmvn_terms(stats, norm_means, norm_vars)
     return np.asarray(_normalize(feats, mean, scale), dtype=np.float32)
@@ -300,12 +353,16 @@ def _normalize_batch(x: torch.Tensor, counts: list[int],
 class CmvnApplierIterDataPipe(IterDataPipe[Sample]):
     """Cepstral mean and variance normalisation of ``feats`` (functional name: ``apply_cmvn``).
 
-    Consumes samples with ``feats`` ``(frames, dim)``; yields them with normalised ``feats``
+    Consumes samples with ``feats`` ``(frames, dim)`` or ``(frames, channels, dim)``; yields
+    them with normalised ``feats``
     (float32) by :func:`normalize_features`: with global statistics (``stats``: a
     :class:`CmvnStats` or the path of a file :meth:`CmvnStats.load` reads -- read when
     iteration starts, never in the constructor), or with each utterance's own
     (``utterance=True``). Compute global statistics with :func:`compute_cmvn_stats` or
-    ``speechpipe cmvn``.
+    ``speechpipe cmvn``. Several channels: statistics of dim ``dim`` (the default of
+    :func:`compute_cmvn_stats`, and every mono statistics file) apply to every channel;
+    per-channel ones (``compute_cmvn_stats(per_channel=True)``) channel by channel; an
+    utterance's own pool its channels unless ``per_channel=True``.
 
     Args:
         source_datapipe: samples with features.
@@ -313,13 +370,16 @@ class CmvnApplierIterDataPipe(IterDataPipe[Sample]):
         norm_means: subtract the mean.
         norm_vars: divide by the standard deviation (variance floored at :data:`VAR_FLOOR`).
         utterance: per-utterance CMVN instead of global statistics.
+        per_channel: with ``utterance=True``, each channel's own statistics (global ones carry
+            their layout: a ``ValueError`` here).
         batched: consume collated batches (``feats`` ``(B, frames, dim)`` tensors or arrays
             with ``feats_len``, e.g. after ``move_to_device`` and
             ``compute_features(batched=True)``) and normalise them on their device with
             :func:`normalize_batch`: statistics over each row's real frames only, padding
             kept. ``feats`` comes back as it came (a tensor on its device, or an array).
 
-    Errors: a sample without features, or whose dimension differs from the statistics', raises
+    Errors: a sample without features, or whose dimension differs from the statistics', or
+    whose channel count differs from per-channel statistics', raises
     :class:`~speechpipe.errors.DataError` naming its key.
 
     >>> from speechpipe import IterableWrapper
@@ -337,22 +397,28 @@ class CmvnApplierIterDataPipe(IterDataPipe[Sample]):
         norm_means: bool = True,
         norm_vars: bool = True,
         utterance: bool = False,
+        per_channel: bool = False,
         batched: bool = False,
     ) -> None:
         for name, value in (("norm_means", norm_means), ("norm_vars", norm_vars),
-                            ("utterance", utterance), ("batched", batched)):
+                            ("utterance", utterance), ("per_channel", per_channel),
+                            ("batched", batched)):
             if not isinstance(value, bool):
                 raise TypeError(f"{name} must be a bool, got {value!r}")
         if utterance and stats is not None:
             raise ValueError("give stats (global CMVN) or utterance=True, not both")
         if not utterance and stats is None:
             raise ValueError("apply_cmvn needs stats (a CmvnStats or its file) or utterance=True")
+        if per_channel and not utterance:
+            raise ValueError("per_channel=True is for utterance CMVN; global statistics are per "
+                             "channel when computed so (compute_cmvn_stats(per_channel=True))")
         if stats is not None and not isinstance(stats, (CmvnStats, str, os.PathLike)):
             raise TypeError(f"stats must be a CmvnStats or a path, got {type(stats).__name__}")
         self.stats = stats
         self.norm_means = norm_means
         self.norm_vars = norm_vars
         self.utterance = utterance
+        self.per_channel = per_channel
         self.batched = batched
         self.source_datapipe = source_datapipe
 
@@ -369,23 +435,32 @@ class CmvnApplierIterDataPipe(IterDataPipe[Sample]):
         if stats is None:
             norm_means, norm_vars = self.norm_means, self.norm_vars
             for sample in self.source_datapipe:
-                feats = feats_of(sample, "apply_cmvn")
+                feats = feats_of(sample, "apply_cmvn", channels=True)
                 out = dict(sample)
                 out[FEATS] = normalize_features(feats, norm_means=norm_means,
-                                                norm_vars=norm_vars)
+                                                norm_vars=norm_vars, per_channel=self.per_channel)
                 yield out
             return
+        channels = stats.channels
         for sample in self.source_datapipe:
-            feats = feats_of(sample, "apply_cmvn")
-            if feats.shape[1] != dim:
-                raise DataError(f"apply_cmvn: features of dim {feats.shape[1]}, but the CMVN "
+            feats = feats_of(sample, "apply_cmvn", channels=True)
+            if feats.shape[-1] != dim:
+                raise DataError(f"apply_cmvn: features of dim {feats.shape[-1]}, but the CMVN "
                                 f"statistics have dim {dim}", **sample_where(sample))
+            if channels is not None and (feats.ndim != 3 or feats.shape[1] != channels):
+                raise DataError(f"apply_cmvn: the CMVN statistics are per channel, for "
+                                f"{channels} channels; the features have shape {feats.shape}",
+                                **sample_where(sample))
             out = dict(sample)
             out[FEATS] = _normalize(feats, mean, scale)
             yield out
 
     def _batches(self, stats: CmvnStats | None) -> Iterator[Mapping]:
         terms: dict[torch.device, tuple] = {}  # the float32 mean and scale, per device
+        if stats is not None and stats.channels is not None:
+            raise ValueError(f"apply_cmvn(batched=True): the statistics are per channel "
+                             f"({stats.channels}), and batches are (B, frames, dim): use the "
+                             f"per-sample stage for features of several channels")
         for batch in self.source_datapipe:
             feats, counts = batch_feats_of(batch, "apply_cmvn")
             if stats is not None and feats.shape[2] != stats.dim:

@@ -21,9 +21,17 @@ read again, pass after pass, when it ends). The source is any re-iterable of sam
 ``key``, ``audio`` and ``sample_rate`` (``parse_manifest`` + ``load_audio``, a Kaldi data dir
 read by ``sp.recipes.kaldi_dir.kaldi_dir_samples``, shards by ``read_shards`` + ``decode``;
 the train builders take manifests: ``sp.recipes.augment_source``); keep it unsplit (each
-DataLoader worker reads it whole, drawing its own order). Multi-channel noise or responses are
-read from their first channel. A noise or response at another sample rate than the utterance is
-**resampled** to it (:func:`torchaudio.functional.resample`, kernels cached), not refused.
+DataLoader worker reads it whole, drawing its own order). A noise or response at another
+sample rate than the utterance is **resampled** to it (:func:`torchaudio.functional.resample`, kernels cached), not refused.
+
+**Several channels.** An utterance ``(T, C)`` takes a mono noise or response on every
+channel, or one of ``C`` channels channel by channel (a multichannel noise recording, a
+multichannel RIR set measured on an array like the recording's); any other channel count is a
+:class:`~speechpipe.errors.DataError` naming both keys. A mono utterance takes the first
+channel of a multichannel noise or response. The SNR is the mixture's over all channels; a
+multichannel response is aligned on its strongest peak over all channels (one shift for every
+channel: the delays between microphones are kept) and the output scaled to the input's energy
+over all channels (the level differences between channels are kept).
 
 **Randomness and resume.** Draws come from a ``random.Random`` seeded by ``(seed, epoch, rank,
 worker)``; the source's pass ``k`` of epoch ``e`` gets the epoch ``derive_seed(e, k)`` on the
@@ -94,7 +102,8 @@ def _power(x: np.ndarray) -> float:
 
 
 def noise_segment(noise: np.ndarray, length: int, offset: int) -> np.ndarray:
-    """``length`` samples of mono ``noise`` from ``offset``, looped when it is shorter.
+    """``length`` samples of ``noise`` (``(T,)`` or ``(T, C)``) from ``offset``, looped when it
+    is shorter.
 
     ``noise[(offset + i) % len(noise)]`` for ``i < length``: a crop at ``offset`` when the
     noise is long enough (``offset <= len(noise) - length``), else the noise repeated end to
@@ -108,7 +117,7 @@ def noise_segment(noise: np.ndarray, length: int, offset: int) -> np.ndarray:
     n = noise.shape[0]
     if offset + length <= n:
         return noise[offset:offset + length]
-    return np.take(noise, np.arange(offset, offset + length) % n)
+    return np.take(noise, np.arange(offset, offset + length) % n, axis=0)
 
 
 def max_offset(noise_len: int, length: int) -> int:
@@ -119,7 +128,8 @@ def max_offset(noise_len: int, length: int) -> int:
 def mix_at_snr(clean: np.ndarray, noise: np.ndarray, snr: float) -> np.ndarray:
     """``clean + g × noise`` (float32) with ``g`` such that ``10 log10(P(clean) / P(g ×
     noise)) = snr`` dB, ``P`` the mean square over the whole utterance (all channels; a mono
-    ``noise`` of the same length is added to every channel of a ``(T, C)`` ``clean``).
+    ``noise`` of the same length is added to every channel of a ``(T, C)`` ``clean``, a ``(T,
+    C)`` one channel by channel).
 
     Both powers must be > 0 (the stage checks and names the utterance or noise).
 
@@ -129,7 +139,7 @@ def mix_at_snr(clean: np.ndarray, noise: np.ndarray, snr: float) -> np.ndarray:
     10.0
     """
     gain = math.sqrt(_power(clean) / (_power(noise) * 10.0 ** (snr / 10.0)))
-    if clean.ndim == 2:
+    if clean.ndim == 2 and noise.ndim == 1:
         noise = noise[:, None]
     return (clean.astype(np.float64) + gain * noise.astype(np.float64)).astype(np.float32)
 
@@ -159,24 +169,35 @@ def fast_fft_len(n: int) -> int:
 
 
 def convolve_rir(audio: np.ndarray, rir: np.ndarray) -> np.ndarray:
-    """Reverberate ``audio`` with the mono response ``rir``, as Kaldi's ``wav-reverberate``.
+    """Reverberate ``audio`` with the response ``rir``, as Kaldi's ``wav-reverberate``.
+
+    ``rir`` is mono ``(L,)`` (applied to every channel of a ``(T, C)`` ``audio``) or ``(L, C)``
+    with the audio's channel count (channel ``c`` of the audio convolved with channel ``c`` of
+    the response); another shape is a ``ValueError``.
 
     :func:`torchaudio.functional.fftconvolve` gives the full convolution (the input padded
     with zeros to a :func:`fast_fft_len`, which changes no output sample); the output is its
     ``len(audio)`` samples from the response's peak (``argmax |rir|``, the direct path: the
-    speech is not delayed) and is scaled to the input's energy (Kaldi's ``normalize_output``,
-    ESPnet's power restore; energies summed in float64). A silent input gives a silent
-    output. Float32, same shape.
+    speech is not delayed; for a multichannel response, the strongest peak over all channels,
+    one shift for every channel) and is scaled to the input's energy (Kaldi's
+    ``normalize_output``, ESPnet's power restore; energies summed in float64 over all
+    channels). A silent input gives a silent output. Float32, same shape.
 
     >>> out = convolve_rir(np.ones(8, np.float32), np.array([0.0, 1.0, 0.5], np.float32))
     >>> out.shape, round(float(np.sum(out ** 2)), 4)
     ((8,), 8.0)
     """
     x = channels_first(audio)
-    h = torch.from_numpy(np.ascontiguousarray(rir, dtype=np.float32))
-    peak = int(torch.argmax(h.abs()))
-    length, full = x.shape[-1], x.shape[-1] + h.shape[0] - 1
-    h = h.expand(x.shape[0], -1) if x.ndim == 2 else h
+    h = channels_first(np.asarray(rir, dtype=np.float32))
+    if h.ndim == 2 and (x.ndim != 2 or h.shape[0] != x.shape[0]):
+        raise ValueError(f"convolve_rir: a response of shape {tuple(np.shape(rir))} for audio of "
+                         f"shape {audio.shape}: give a mono response or one per channel")
+    if h.ndim > 2:
+        raise ValueError(f"convolve_rir: the response must be (L,) or (L, C), got shape "
+                         f"{tuple(np.shape(rir))}")
+    peak = int(torch.argmax(h.abs() if h.ndim == 1 else h.abs().amax(dim=0)))
+    length, full = x.shape[-1], x.shape[-1] + h.shape[-1] - 1
+    h = h.expand(x.shape[0], -1) if x.ndim == 2 and h.ndim == 1 else h
     padded = torch.nn.functional.pad(x, (0, fast_fft_len(full) - full))
     y = taF.fftconvolve(padded, h)[..., peak:peak + length]
     energy_in = float(np.sum(np.square(audio, dtype=np.float64)))
@@ -246,12 +267,10 @@ class _Stream:
         return [self.pass_index, self.read]
 
 
-def _mono(item: Any, stage: str) -> tuple[np.ndarray, int, str]:
-    """The first channel of a source item's audio, its rate and its key (errors name it)."""
+def _item_audio(item: Any, stage: str) -> tuple[np.ndarray, int, str]:
+    """A source item's audio (``(T,)`` or ``(T, C)``), its rate and its key (errors name it)."""
     audio, rate = audio_of(item, f"{stage} source")
     key = item.get(KEY)
-    if audio.ndim == 2:
-        audio = audio[:, 0]
     if audio.shape[0] == 0 or _power(audio) == 0.0:
         raise DataError(f"{stage}: the source item is silent (no energy); remove it from the "
                         "source", source=item.get(SOURCE), key=key)
@@ -390,14 +409,29 @@ class _Pooled(Seeded, Resumable):
         raise NotImplementedError
 
     def _at_rate(self, item: Any, rate: int) -> tuple[np.ndarray, str]:
-        audio, item_rate, key = _mono(item, self.stage)
+        audio, item_rate, key = _item_audio(item, self.stage)
         if item_rate != rate:
-            audio = resampler(item_rate, rate)(torch.from_numpy(np.ascontiguousarray(audio)))
-            audio = audio.numpy()
+            audio = time_first(resampler(item_rate, rate)(channels_first(audio)))
         return audio, key
 
     def __len__(self) -> int:
         return source_len(self)
+
+
+def _fit_channels(x: np.ndarray, audio: np.ndarray, what: str, key: str, sample: Any,
+                  stage: str) -> np.ndarray:
+    """A noise segment or response ``x`` for ``audio``: ``(T,)`` (every channel), or ``(T,
+    C)`` with the audio's ``C``; the first channel of ``x`` for mono audio."""
+    if x.ndim == 1:
+        return x
+    if audio.ndim == 1 or x.shape[1] == 1:
+        return x[:, 0]
+    if x.shape[1] == audio.shape[1]:
+        return x
+    raise DataError(f"{stage}: the {what} {key!r} has {x.shape[1]} channels and the utterance "
+                    f"{audio.shape[1]}: give mono {what}s or {what}s of the utterances' channel "
+                    f"count (select_channel/downmix the source)", key=sample.get(KEY),
+                    source=key)
 
 
 def _unchanged(sample: Any) -> Any:
@@ -428,9 +462,10 @@ def _check_range(name: str, value: Any) -> tuple[float, float]:
 class NoiseAdderIterDataPipe(_Pooled, IterDataPipe[Sample]):
     """Mix utterances with noise at an SNR drawn from a range (functional name: ``add_noise``).
 
-    Consumes samples with ``audio`` (``(T,)`` or ``(T, C)``) and ``sample_rate``; with
-    probability ``p``, yields them with ``audio`` mixed by :func:`mix_at_snr` at ``snr_db ~
-    U[low, high]`` dB with the sum of ``babble`` items of ``noise`` (each cropped at a random
+    Consumes samples with ``audio`` (``(T,)`` or ``(T, C)``: a mono noise on every channel, a
+    ``C``-channel one channel by channel) and ``sample_rate``; with probability ``p``, yields
+    them with ``audio`` mixed by :func:`mix_at_snr` at ``snr_db ~ U[low, high]`` dB with the
+    sum of ``babble`` items of ``noise`` (each cropped at a random
     offset when longer than the utterance, looped from a random offset when shorter:
     :func:`noise_segment`; resampled to the utterance's rate), and ``{"kind": "noise", "keys":
     [...], "snr_db": snr}`` appended to :data:`AUGMENT`; otherwise unchanged (with an empty
@@ -454,7 +489,8 @@ class NoiseAdderIterDataPipe(_Pooled, IterDataPipe[Sample]):
 
     Errors (:class:`~speechpipe.errors.DataError`, naming the key): an empty noise source, a
     silent noise item or segment, a silent utterance (no SNR can be set), noise without audio
-    (a file that does not decode raises where it is loaded, naming it).
+    (a file that does not decode raises where it is loaded, naming it), a multichannel noise
+    whose channel count is not the utterance's.
 
     >>> from speechpipe import IterableWrapper
     >>> noise = [{"key": "n1", "audio": np.ones(800, np.float32), "sample_rate": 16000}]
@@ -501,9 +537,13 @@ class NoiseAdderIterDataPipe(_Pooled, IterDataPipe[Sample]):
             raise DataError("add_noise: the utterance is silent: no SNR can be set",
                             **sample_where(sample))
         length = audio.shape[0]
-        total = np.zeros(length, np.float64)
-        for (noise, _), ref in zip(prepared, record["refs"]):
-            total += noise_segment(noise, length, ref[2])
+        segments = [_fit_channels(noise_segment(noise, length, ref[2]), audio, "noise", key,
+                                  sample, self.stage)
+                    for (noise, key), ref in zip(prepared, record["refs"])]
+        # (T,) while every segment is mono (added to every channel by mix_at_snr), else (T, C)
+        total = np.zeros(max((s.shape for s in segments), key=len), np.float64)
+        for segment in segments:
+            total += segment if segment.ndim == total.ndim else segment[:, None]
         keys = [key for _, key in prepared]
         if _power(total) == 0.0:
             raise DataError(f"add_noise: the noise {keys} is silent over the {length} samples "
@@ -523,9 +563,9 @@ NoiseAdder = NoiseAdderIterDataPipe
 class RirConvolverIterDataPipe(_Pooled, IterDataPipe[Sample]):
     """Convolve utterances with room impulse responses (functional name: ``reverberate``).
 
-    Consumes samples with ``audio`` (``(T,)`` or ``(T, C)``: every channel gets the same
-    response) and ``sample_rate``; with probability ``p``, yields them with ``audio``
-    reverberated by :func:`convolve_rir` (Kaldi's ``wav-reverberate``: aligned on the
+    Consumes samples with ``audio`` (``(T,)`` or ``(T, C)``: a mono response on every channel,
+    a ``C``-channel one channel by channel) and ``sample_rate``; with probability ``p``,
+    yields them with ``audio`` reverberated by :func:`convolve_rir` (Kaldi's ``wav-reverberate``: aligned on the
     response's peak, so the speech is not delayed, and scaled back to the input's energy) with
     a response drawn from ``rirs`` (resampled to the utterance's rate), and ``{"kind":
     "reverb", "keys": [rir key]}`` appended to :data:`AUGMENT`; otherwise unchanged (the field
@@ -544,7 +584,8 @@ class RirConvolverIterDataPipe(_Pooled, IterDataPipe[Sample]):
         seed: base seed.
 
     Errors (:class:`~speechpipe.errors.DataError`, naming the key): an empty source, a silent
-    response, a response without audio.
+    response, a response without audio, a multichannel response whose channel count is not the
+    utterance's.
 
     >>> from speechpipe import IterableWrapper
     >>> rir = [{"key": "r1", "audio": np.array([0.0, 1.0, 0.3], np.float32),
@@ -577,7 +618,8 @@ class RirConvolverIterDataPipe(_Pooled, IterDataPipe[Sample]):
     def _apply(self, sample: Any, audio: np.ndarray, record: dict, prepared: list) -> Sample:
         [(rir, key)] = prepared
         out = dict(sample)
-        out[AUDIO] = convolve_rir(audio, rir)
+        out[AUDIO] = convolve_rir(audio, _fit_channels(rir, audio, "response", key, sample,
+                                                       self.stage))
         out[AUGMENT] = _appended(sample, {"kind": "reverb", "keys": [key]})
         return out
 
