@@ -76,6 +76,19 @@ def test_verify_audio_finds_truncated_corrupt_and_empty_files(libri):
     assert found[str(chapter / "19-198-0002.flac")].sample_rate == 8000
 
 
+def test_verify_audio_finds_a_wav_whose_data_is_shorter_than_its_header(tmp_path):
+    # found on real recordings: libsndfile decodes what a cut WAV holds without an error, and
+    # its frame count is what is there, so only the header's data size shows the loss
+    whole = tmp_path / "whole.wav"
+    soundfile.write(whole, np.full(16000, 0.1, np.float32), 16000, subtype="PCM_16")
+    cut = tmp_path / "cut.wav"
+    cut.write_bytes(whole.read_bytes()[:44 + 8000])
+    found = verify_audio([str(whole), str(cut)], progress=False)
+    assert found[str(whole)].problem is None
+    assert found[str(cut)].problem == "truncated"
+    assert "promises 32000 bytes of audio but the file holds 8000" in found[str(cut)].detail
+
+
 def test_a_truncated_flac_passes_prepare_but_not_prepare_with_verify(libri, tmp_path):
     with pytest.raises(DataError) as info:
         prepare_librispeech(libri, tmp_path / "a", progress=False, verify=True)

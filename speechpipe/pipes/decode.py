@@ -68,6 +68,7 @@ __all__ = [
     "decode_sample",
     "read_audio",
     "read_audio_segment",
+    "short_wav",
 ]
 
 AudioInput = Union[str, bytes, BinaryIO]
@@ -78,7 +79,6 @@ INT_EXTENSIONS = ("cls", "id", "index")
 #: Extensions whose only decoder would be ``pickle``: always refused.
 UNSAFE_EXTENSIONS = ("pickle", "pkl", "pt", "pth", "pyd")
 
-# Audio formats whose encoding (soundfile) is deterministic; ogg/opus/mp3 are written as bytes.
 _DEFAULT_NAMES = {
     **{ext: AUDIO for ext in AUDIO_EXTENSIONS},
     "npy": FEATS,
@@ -125,7 +125,7 @@ def read_audio(
     position = _tell(fileobj)
     try:
         with soundfile.SoundFile(fileobj) as f:  # soundfile.read, plus the header's promise
-            short = _short_wav(f)
+            short = short_wav(f)
             if start != 0 and not f.seekable():
                 raise ValueError("start is only allowed for seekable files")
             begin, end, _ = slice(start, stop).indices(f.frames)
@@ -158,7 +158,7 @@ _DATA_CHUNK = re.compile(r"^data\s*:\s*(\d+)\s*\(should be (\d+)\)", re.M)
 _STREAMED_SIZE = 0x7FFF0000  # a writer that could not seek back (a pipe) puts ~2**31 or 2**32
 
 
-def _short_wav(f: soundfile.SoundFile) -> tuple[int, int] | None:
+def short_wav(f: soundfile.SoundFile) -> tuple[int, int] | None:
     """``(bytes promised, bytes present)`` of a WAV whose data chunk is shorter than its header
     says (libsndfile reads what is there without an error), else None. A header written by a
     streaming writer (size 0 or ~2**31/2**32: unknown length) promises nothing."""

@@ -32,6 +32,7 @@ import soundfile
 
 from ..diagnostics import Diagnostics
 from ..errors import DataError
+from ..pipes.decode import short_wav
 from ..sample import DURATION, KEY, SPEAKER, TEXT, Sample
 
 __all__ = [
@@ -139,6 +140,10 @@ def check_audio_file(path: str) -> AudioCheck:
             what = "truncated" if decoded else "corrupt"
             return AudioCheck(path, what, f"decoding stops at {decoded / rate:.2f} s of the "
                               f"{promised / rate:.2f} s its header promises ({exc})", rate)
+        short = short_wav(f)  # a WAV's data chunk shorter than its header: libsndfile
+    if short is not None:     # decodes what is there without an error (issue 23.5)
+        return AudioCheck(path, "truncated", f"its header promises {short[0]} bytes of audio "
+                          f"but the file holds {short[1]}", rate)
     if promised == 0 or decoded == 0:
         return AudioCheck(path, "empty", "no audio samples", rate)
     if decoded < promised:
