@@ -572,7 +572,7 @@ def test_prepare_command_forwards_and_prints_each_manifest_with_its_counts(tmp_p
     assert args.func(args) == 0
     path = manifest_path(tmp_path, "librispeech", "dev-clean")
     assert capsys.readouterr().out == (f"librispeech dev-clean: written {path}\n"
-                                       "  3 utterances, 1 speakers, 0.00 hours\n"
+                                       "  3 utterances, 1 speakers, 0.00 hours (4.6 s)\n"
                                        "  sample rates: 16000 Hz: 3\n")
     assert len(list(read_manifest(path))) == 3
     assert args.func(args) == 0

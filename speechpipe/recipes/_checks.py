@@ -348,7 +348,7 @@ class PartReport:
         ...                  skipped={"truncated audio": 1},
         ...                  examples={"truncated audio": ["a.flac (key 'a')"]}).report())
         dev: written m.jsonl.gz
-          3 utterances, 2 speakers, 0.01 hours
+          3 utterances, 2 speakers, 0.01 hours (36.0 s)
           sample rates: 8000 Hz: 1, 16000 Hz: 2 (resampled to 16000 Hz when read)
             at 8000 Hz: key 'c' (c.flac)
           skipped 1: truncated audio: 1 (e.g. a.flac (key 'a'))
@@ -358,7 +358,8 @@ class PartReport:
             head += f" ({self.reason})"
         lines = [f"{head} {self.manifest}" if self.manifest else head,
                  f"  {self.utterances} utterances, {self.speakers} speakers, "
-                 f"{self.hours:.2f} hours"]
+                 f"{self.hours:.2f} hours" + (f" ({self.hours * 3600:.1f} s)" if self.hours < 1
+                                              else "")]
         if self.sample_rates:
             rates = ", ".join(f"{r} Hz: {n}" for r, n in self.sample_rates.items())
             usual = self.target_sample_rate or max(self.sample_rates,
