@@ -199,3 +199,13 @@ def test_prefetch_in_thread_counts_the_items_read_ahead():
     stats = pipe.buffers
     assert n <= stats.peak_samples <= 4 and (stats.samples, stats.bytes) == (0, 0)
     assert stats.peak_bytes <= sum(r["audio"].nbytes for r in rows[-4:])
+
+
+def test_shuffle_samples_holds_its_whole_source_for_the_pass():
+    rows = [{"key": f"u{i}", "feats": np.zeros((i + 1, DIM), np.float32)} for i in range(7)]
+    pipe = IterableWrapper(rows).shuffle_samples(seed=SEED)
+    it = iter(pipe)
+    next(it)
+    assert (pipe.buffers.samples, pipe.buffers.bytes) == (7, sum(array_bytes(r) for r in rows))
+    list(it)
+    assert (pipe.buffers.samples, pipe.buffers.peak_samples) == (0, 7)

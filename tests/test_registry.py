@@ -246,6 +246,7 @@ def test_a_plain_stage_still_appears_in_torchs_profiler():
 # pinned: a name added or removed is a decision, made here.
 PUBLIC = [
     "AudioFormatError", "BatchConstraint", "BatchStats", "BatchView", "BudgetWarning",
+    "BufferStats",
     "ChannelMismatchError", "CharTokenizer", "CmvnStats",
     "DataError", "Diagnostics", "DistributedStepError", "EpochProgress", "EpochWarning",
     "EqualSteps", "FbankOptions", "FrontEnd", "IterableWrapper", "Loader", "LogMelOptions",

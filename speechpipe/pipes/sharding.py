@@ -362,9 +362,8 @@ class ShardedShufflerIterDataPipe(Seeded, SampleSource, IterDataPipe[Sample]):
         source_datapipe: shard names (an ``IterDataPipe`` or a list); listed again each pass.
         buffer_size: samples in the shuffle buffer (``1``: each shard in file order). Larger
             mixes more, costs memory (encoded samples) and a longer first fill. Use at least
-            a shard's worth of samples to mix shards with each other. What it holds, now
-            and at peak, in samples and bytes (a mapped view counts as its bytes): ``buffers``
-            (:class:`~speechpipe.diagnostics.BufferStats`).
+            a shard's worth of samples to mix shards with each other. ``buffers`` counts what
+            it holds (:class:`~speechpipe.diagnostics.BufferStats`; a mapped view: its bytes).
         format: ``"tar"`` or ``"ark"``.
         seed: base seed of both shuffles.
         index: ``None``; ``True`` to read the ``index.jsonl`` beside the shards
