@@ -209,3 +209,29 @@ def test_shuffle_samples_holds_its_whole_source_for_the_pass():
     assert (pipe.buffers.samples, pipe.buffers.bytes) == (7, sum(array_bytes(r) for r in rows))
     list(it)
     assert (pipe.buffers.samples, pipe.buffers.peak_samples) == (0, 7)
+
+
+def test_bucket_by_length_keeps_no_head_sample_alive_after_it_left():
+    # with num_buckets, the first buffer_size samples (the head the boundaries are estimated
+    # from) were kept alive for the whole pass by the head list, outside the buffer's count
+    import gc
+    import weakref
+
+    arrays = []
+
+    class Rows:
+        def __iter__(self):
+            for i in range(200):
+                feats = np.zeros((1 + 8 * (i % 2), DIM), np.float32)
+                if i < 8:
+                    arrays.append(weakref.ref(feats))
+                yield {"key": f"u{i:03d}", "feats": feats}
+
+    pipe = IterableWrapper(Rows(), deepcopy=False).bucket_by_length(buffer_size=8, num_buckets=2)
+    it = iter(pipe)
+    first = [s["key"] for s in next(it)]
+    assert sorted(first) == ["u000", "u002", "u004", "u006"]  # the short bucket, all head
+    for _ in range(20):
+        next(it)
+    gc.collect()
+    assert [arrays[i]() for i in (0, 2, 4, 6)] == [None] * 4

@@ -341,8 +341,9 @@ class LengthBucketerIterDataPipe(Seeded, Resumable, IterDataPipe[list]):
                 while buckets:
                     yield _leaving(_sorted_group(buckets.pop()), meter)
                 return
+            head.reverse()  # handed over one by one: the list keeps none alive for the pass
             yield from bucket_groups(
-                until_end(itertools.chain(head, it), live),
+                until_end(itertools.chain(drain_pool(head), it), live),
                 buffer_size=self.buffer_size,
                 boundaries=boundaries,
                 measure=measure,
