@@ -177,23 +177,31 @@ def held_bytes(item: Any) -> tuple[int, int]:
     """
     kind = type(item)
     if kind is dict:
-        return 1, sum(_nbytes(v) for v in item.values())
+        return 1, _sample_bytes(item)
     if kind is list or kind is tuple:
-        n = b = 0
+        total = 0
         for sample in item:
-            if type(sample) is dict:
-                n, b = n + 1, b + sum(_nbytes(v) for v in sample.values())
-            else:
-                n, b = n + 1, b + _nbytes(sample)
-        return n, b
+            total += _sample_bytes(sample) if type(sample) is dict else _nbytes(sample)
+        return len(item), total
     return 1, _nbytes(item)
+
+
+_NO_BYTES = frozenset({str, int, float, bool, type(None)})
+
+
+def _sample_bytes(sample: dict) -> int:
+    total = 0
+    for value in sample.values():
+        if type(value) not in _NO_BYTES:  # the usual key, source, text: no lookup
+            total += _nbytes(value)
+    return total
 
 
 def _nbytes(value: Any) -> int:
     if isinstance(value, (bytes, bytearray)):
         return len(value)
     nbytes = getattr(value, "nbytes", None)  # numpy arrays, tensors, memoryviews
-    return nbytes if isinstance(nbytes, int) else 0
+    return nbytes if type(nbytes) is int else 0
 
 
 class BufferStats:
