@@ -23,9 +23,9 @@ parse_scp skipped 1 item(s):
   malformed line: 1 (e.g. wav.scp:3: expected '<key> <value>')
 
 A stage that buffers samples (``sharded_shuffle``'s shuffle buffer, ``bucket_by_length``'s
-buckets, ``block_batch``'s shuffle window, ``prefetch_in_thread``'s queue) keeps a
-:class:`BufferStats` (its ``buffers`` attribute): the samples and the bytes of their arrays it
-holds now and at its peak in the pass.
+buckets, ``block_batch``'s shuffle window, ``prefetch_in_thread``'s queue, the list
+``shuffle_samples`` holds) keeps a :class:`BufferStats` (its ``buffers`` attribute): the
+samples and the bytes of their arrays it holds now and at its peak in the pass.
 """
 
 from __future__ import annotations

@@ -461,7 +461,7 @@ def pipeline_report(pipe: Any) -> str:
     """The reports of every stage in ``pipe``'s graph that counts something: skipped or
     filtered items (``diagnostics``), batch statistics and token counts (``stats``), and what
     each buffering stage held at its peak, in samples and MB of arrays (``buffers``; after a
-    loader pass with workers, per worker -- :meth:`speechpipe.loader.Loader.report`).
+    loader pass with workers, per worker: :mod:`speechpipe.loader` brings them back).
 
     Call it after (or during) a pass. Stages are listed from the source to the output.
 
