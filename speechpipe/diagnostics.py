@@ -36,8 +36,14 @@ from typing import Any
 
 from .errors import DataError
 
-__all__ = ["BufferStats", "Diagnostics", "ON_ERROR", "SkippedInputWarning", "check_on_error",
-           "held_bytes"]
+__all__ = [
+    "ON_ERROR",
+    "BufferStats",
+    "Diagnostics",
+    "SkippedInputWarning",
+    "check_on_error",
+    "held_bytes",
+]
 
 ON_ERROR = ("raise", "skip")
 
