@@ -13,7 +13,9 @@ features workload), warm page cache, each run in a fresh forked process; peak RS
   map-style dataset loading each batch's features from the ark (``kaldiio.load_mat``).
 
 Buffers, in utterances held with data: speechpipe 1000 (sample shuffle) + 1000 (buckets) + the
-window's batches; webdataset 1000; lhotse none (the dataset loads one batch at a time).
+window's batches; webdataset 1000; lhotse none (the dataset loads one batch at a time). Below the
+table, speechpipe's own account of its buffers in each run (``sp.pipeline_report``'s
+``buffers`` lines: samples and MB of arrays at peak, per worker), to set beside the RSS.
 
     python -m benchmarks.bench_memory [--root DIR]  # 8000 utterances, 4 shards (about 3 GiB)
     python -m benchmarks bench_memory --tiny     # 200 utterances, 4 shards
@@ -40,7 +42,24 @@ from .bench_shards import make_corpus, warm
 BUDGET_S = 300.0  # padded seconds per batch
 
 
-def speechpipe_loader(shards, workers: int, window: int, mmap: bool):
+class _Reporting:
+    """A loader whose pass ends by writing its pipeline's ``buffers`` lines to ``path`` (the
+    run is in a forked process: the parent reads the file)."""
+
+    def __init__(self, loader, path: str) -> None:
+        self.loader, self.path = loader, path
+
+    def __iter__(self):
+        from speechpipe.recipes import pipeline_report
+
+        yield from self.loader
+        lines = [line for line in pipeline_report(self.loader.dataset.pipe).splitlines()
+                 if " buffers" in line]
+        with open(self.path, "w", encoding="utf-8") as f:
+            f.write("\n".join(lines))
+
+
+def speechpipe_loader(shards, workers: int, window: int, mmap: bool, report: str):
     from speechpipe.loader import build_loader
 
     c = PaddedArea(budget=BUDGET_S * FPS)
@@ -49,7 +68,7 @@ def speechpipe_loader(shards, workers: int, window: int, mmap: bool):
             .decode().bucket_by_length(1000, num_buckets=NUM_BUCKETS, constraint=c, seed=0)
             .block_batch(constraint=c, seed=0, shuffle_window=window)
             .collate(collate_fn=PadCollate()))
-    return build_loader(pipe, num_workers=workers, seed=0)
+    return _Reporting(build_loader(pipe, num_workers=workers, seed=0), report)
 
 
 def run(root: str, n: int, shard_size: int) -> list[dict]:
@@ -60,14 +79,15 @@ def run(root: str, n: int, shard_size: int) -> list[dict]:
     durations = {f"utt{i:07d}": t / FPS for i, t in enumerate(frames)}
     wds_batch = max(1, int(BUDGET_S // max(durations.values())))
     rows = []
+    report = os.path.join(root, "buffers.txt")
     for workers in (0, 2):
         contenders = [
             ("speechpipe, mapped, window 100", lambda w=workers: speechpipe_loader(
-                shards, w, 100, True)),
+                shards, w, 100, True, report)),
             ("speechpipe, mapped, window 10", lambda w=workers: speechpipe_loader(
-                shards, w, 10, True)),
+                shards, w, 10, True, report)),
             ("speechpipe, mapping off, window 100", lambda w=workers: speechpipe_loader(
-                shards, w, 100, False)),
+                shards, w, 100, False, report)),
             (f"webdataset (fixed {wds_batch})", lambda w=workers: torch.utils.data.DataLoader(
                 webdataset_pipe(shards, "features", wds_batch), batch_size=None,
                 num_workers=w)),
@@ -76,9 +96,15 @@ def run(root: str, n: int, shard_size: int) -> list[dict]:
         ]
         for name, build in contenders:
             warm(shards + [os.path.join(root, "feats.ark")])
+            if os.path.exists(report):
+                os.remove(report)
             result = in_fork(build)
+            buffers = ""
+            if os.path.exists(report):
+                with open(report, encoding="utf-8") as f:
+                    buffers = f.read()
             rows.append({"name": name, "workers": workers, "rss_mb": result["rss_mb"],
-                         "utts": result["utts"]})
+                         "utts": result["utts"], "buffers": buffers})
             print(f"  .. {name} wk {workers}: {result['rss_mb']:.0f} MiB", flush=True)
     return rows
 
@@ -91,6 +117,10 @@ def table(rows: list[dict], data_mb: float) -> str:
         lines.append(f"{r['name']:<38} {r['workers']:>2} {r['rss_mb']:>12.0f} "
                      f"{r['rss_mb'] / lhotse[r['workers']]:>9.2f} {r['utts']:>6}")
     lines.append(f"(shards: {data_mb:.0f} MiB)")
+    for r in rows:
+        if r["buffers"]:
+            lines.append(f"\n{r['name']}, wk {r['workers']}, buffers as reported:")
+            lines.extend(f"  {line}" for line in r["buffers"].splitlines())
     return "\n".join(lines)
 
 

@@ -16,7 +16,7 @@ from .pipes import (  # noqa: E402,F401  (registration)
     hf_datasets, kaldi, kaldi_tables, lhotse_io, manifests, mixing, noise, order, sample_lists,
     sharding, shards, sources, text, text_normalization, threads, tokenizers, views,
 )
-from .diagnostics import Diagnostics, SkippedInputWarning  # noqa: E402
+from .diagnostics import BufferStats, Diagnostics, SkippedInputWarning  # noqa: E402
 from .epochs import set_epoch  # noqa: E402
 from .errors import (  # noqa: E402
     AudioFormatError, ChannelMismatchError, DataError, MissingDataError, SampleRateError,
@@ -66,9 +66,9 @@ del _corpus
 
 __all__ = [
     "AudioFormatError", "BatchConstraint", "BatchStats", "BatchView", "BudgetWarning",
-    "ChannelMismatchError", "CharTokenizer", "CmvnStats", "DataError", "Diagnostics",
-    "DistributedStepError", "EpochProgress", "EpochWarning", "EqualSteps", "FbankOptions",
-    "FrontEnd", "IterableWrapper", "Loader", "LogMelOptions", "MfccOptions",
+    "BufferStats", "ChannelMismatchError", "CharTokenizer", "CmvnStats", "DataError",
+    "Diagnostics", "DistributedStepError", "EpochProgress", "EpochWarning", "EqualSteps",
+    "FbankOptions", "FrontEnd", "IterableWrapper", "Loader", "LogMelOptions", "MfccOptions",
     "MissingDataError", "PackOptions", "PackReport", "PadCollate", "PaddedArea", "PipeDataset",
     "PipelineNode", "Quadratic", "RemoteOptions", "ResumeWarning", "SampleCount",
     "SampleRateError", "SentencePieceTokenizer", "SequenceWrapper", "ShardEntry", "ShardIndex",

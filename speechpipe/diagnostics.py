@@ -21,16 +21,29 @@ count ``len()`` promised), it also says how short the pass came out.
 >>> print(d.report())
 parse_scp skipped 1 item(s):
   malformed line: 1 (e.g. wav.scp:3: expected '<key> <value>')
+
+A stage that buffers samples (``sharded_shuffle``'s shuffle buffer, ``bucket_by_length``'s
+buckets, ``block_batch``'s shuffle window, ``prefetch_in_thread``'s queue, the list
+``shuffle_samples`` holds) keeps a :class:`BufferStats` (its ``buffers`` attribute): the
+samples and the bytes of their arrays it holds now and at its peak in the pass.
 """
 
 from __future__ import annotations
 
 import warnings
 from collections import Counter
+from typing import Any
 
 from .errors import DataError
 
-__all__ = ["Diagnostics", "ON_ERROR", "SkippedInputWarning", "check_on_error"]
+__all__ = [
+    "ON_ERROR",
+    "BufferStats",
+    "Diagnostics",
+    "SkippedInputWarning",
+    "check_on_error",
+    "held_bytes",
+]
 
 ON_ERROR = ("raise", "skip")
 
@@ -147,3 +160,121 @@ class Diagnostics:
 
     def __repr__(self) -> str:
         return f"Diagnostics({self.stage!r}, counts={dict(self.counts)})"
+
+
+# --------------------------------------------------------------------------- buffers
+
+def _size(n: int) -> str:
+    return f"{n / 1e6:.1f} MB" if n >= 100_000 else f"{n / 1e3:.1f} kB"
+
+
+def held_bytes(item: Any) -> tuple[int, int]:
+    """``(samples, bytes)`` of an item a buffer holds: a sample dict is one sample whose bytes
+    are those of its array-like values (numpy arrays, tensors, ``bytes``/``memoryview`` s --
+    a view of a memory-mapped shard counts as its view's bytes, not the whole mapping's; nested
+    containers are not walked); a list or tuple (a batch, a group) is its samples' sum; anything
+    else is one sample of 0 bytes.
+
+    >>> import numpy as np
+    >>> held_bytes({"key": "u1", "feats": np.zeros((10, 4), np.float32), "text": "hi"})
+    (1, 160)
+    >>> held_bytes([{"audio": memoryview(bytes(100))}, {"audio": b"abc"}])
+    (2, 103)
+    """
+    kind = type(item)
+    if kind is dict:
+        return 1, _sample_bytes(item)
+    if kind is list or kind is tuple:
+        total = 0
+        for sample in item:
+            total += _sample_bytes(sample) if type(sample) is dict else _nbytes(sample)
+        return len(item), total
+    return 1, _nbytes(item)
+
+
+_NO_BYTES = frozenset({str, int, float, bool, type(None)})
+
+
+def _sample_bytes(sample: dict) -> int:
+    total = 0
+    for value in sample.values():
+        if type(value) not in _NO_BYTES:  # the usual key, source, text: no lookup
+            total += _nbytes(value)
+    return total
+
+
+def _nbytes(value: Any) -> int:
+    if isinstance(value, (bytes, bytearray)):
+        return len(value)
+    nbytes = getattr(value, "nbytes", None)  # numpy arrays, tensors, memoryviews
+    return nbytes if type(nbytes) is int else 0
+
+
+class BufferStats:
+    """What a buffering stage holds: samples and their array bytes (:func:`held_bytes`), now
+    and at the peak of the pass. Counted when an item enters (:meth:`add`) and leaves
+    (:meth:`remove`), not by walking the buffer.
+
+    In the main process after a loader pass with DataLoader workers, :attr:`workers` holds
+    each worker's figures (:meth:`merge`), as ``{"worker", "peak_samples", "peak_bytes"}``.
+
+    >>> import numpy as np
+    >>> b = BufferStats("block_batch")
+    >>> batch = [{"feats": np.zeros((250, 80), np.float32)}] * 4
+    >>> b.add(batch); b.add(batch); b.remove(batch)
+    >>> b.samples, b.bytes, b.peak_samples, b.peak_bytes
+    (4, 320000, 8, 640000)
+    >>> print(b.report())
+    block_batch buffers: 8 sample(s), 0.6 MB at peak (array bytes; 4 held now)
+    """
+
+    def __init__(self, stage: str) -> None:
+        self.stage = stage
+        self.workers: list[dict] = []
+        self.reset()
+
+    def reset(self) -> None:
+        self.samples = self.bytes = self.peak_samples = self.peak_bytes = 0
+        self.workers = []
+
+    def add(self, item: Any) -> None:
+        n, b = held_bytes(item)
+        self.samples += n
+        self.bytes += b
+        if self.samples > self.peak_samples:  # noqa: PLR1730 (per item: cheaper than max())
+            self.peak_samples = self.samples
+        if self.bytes > self.peak_bytes:  # noqa: PLR1730
+            self.peak_bytes = self.bytes
+
+    def remove(self, item: Any) -> None:
+        n, b = held_bytes(item)
+        self.samples -= n
+        self.bytes -= b
+
+    def to_dict(self) -> dict:
+        """The figures as plain data (what a DataLoader worker reports)."""
+        return {"samples": self.samples, "bytes": self.bytes,
+                "peak_samples": self.peak_samples, "peak_bytes": self.peak_bytes}
+
+    def merge(self, data: dict) -> None:
+        """Keep another process's figures (a worker's, :meth:`to_dict` with ``"worker"``) in
+        :attr:`workers`; the peaks here become the largest worker's."""
+        self.workers.append({"worker": data.get("worker"),
+                             "peak_samples": int(data["peak_samples"]),
+                             "peak_bytes": int(data["peak_bytes"])})
+        self.peak_samples = max(self.peak_samples, int(data["peak_samples"]))
+        self.peak_bytes = max(self.peak_bytes, int(data["peak_bytes"]))
+
+    def report(self) -> str:
+        """One line: the peak samples and MB (10^6 bytes; kB below 0.1 MB) of arrays, per worker
+        when merged."""
+        if self.workers:
+            parts = "; ".join(f"worker {w['worker']}: {w['peak_samples']} sample(s), "
+                              f"{_size(w['peak_bytes'])}" for w in self.workers)
+            return f"{self.stage} buffers at peak (array bytes), per worker: {parts}"
+        return (f"{self.stage} buffers: {self.peak_samples} sample(s), "
+                f"{_size(self.peak_bytes)} at peak (array bytes; {self.samples} held now)")
+
+    def __repr__(self) -> str:
+        return (f"BufferStats({self.stage!r}, peak_samples={self.peak_samples}, "
+                f"peak_bytes={self.peak_bytes})")

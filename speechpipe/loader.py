@@ -42,7 +42,8 @@ sets it on its copy (``speechpipe.set_epoch``). Call ``set_epoch`` before iterat
 **Skip counts come back from the workers.** Each worker runs its own copy of the pipeline,
 so what its pipes count -- ``diagnostics`` (samples skipped under ``on_error="skip"``, filtered
 by ``filter_by_duration``, ...), ``block_batch``'s ``stats`` (batches, padding, oversize
-samples emitted or dropped) and ``tokenize``'s (tokens, ``<unk>`` tokens) -- would stay in the
+samples emitted or dropped), ``tokenize``'s (tokens, ``<unk>`` tokens) and the buffering
+stages' ``buffers`` (samples and array bytes held at peak, kept per worker) -- would stay in the
 worker. At the end of its pass each worker
 writes its counts to a private folder of the loader, and when a pass over the loader has run to
 its end, the main process's pipes hold the sum over the workers: ``pipe.diagnostics`` and
@@ -107,7 +108,7 @@ import torch
 import torch.utils.data
 
 from . import transfer
-from .diagnostics import Diagnostics
+from .diagnostics import BufferStats, Diagnostics
 from .errors import SpeechpipeError, mark_location
 from .pipes._base import IterDataPipe, MapDataPipe
 from .pipes._graph import graph_nodes, propagate_epoch
@@ -303,14 +304,15 @@ class PipeDataset(CarriesRank, torch.utils.data.IterableDataset):
 
 def _ledgers(pipe: Any) -> list[tuple[str, Any]]:
     """``(path, ledger)`` of every skip count (:class:`~speechpipe.diagnostics.Diagnostics`),
-    batching record (:class:`~speechpipe.pipes.batching.BatchStats`) and token count
-    (:class:`~speechpipe.pipes.text.TokenStats`) in the graph; the path is the same in every
+    batching record (:class:`~speechpipe.pipes.batching.BatchStats`), token count
+    (:class:`~speechpipe.pipes.text.TokenStats`) and buffer record
+    (:class:`~speechpipe.diagnostics.BufferStats`) in the graph; the path is the same in every
     process that holds a copy of the pipeline."""
     out = []
     for i, node in enumerate(graph_nodes(pipe)):
-        for attr in ("diagnostics", "stats"):
+        for attr in ("diagnostics", "stats", "buffers"):
             ledger = getattr(node, attr, None)
-            if isinstance(ledger, (Diagnostics, BatchStats, TokenStats)):
+            if isinstance(ledger, (Diagnostics, BatchStats, TokenStats, BufferStats)):
                 out.append((f"{i}:{type(node).__name__}.{attr}", ledger))
     return out
 
@@ -318,6 +320,9 @@ def _ledgers(pipe: Any) -> list[tuple[str, Any]]:
 def _write_report(folder: str, worker: int, pipe: Any) -> None:
     """In a worker at the end of its pass: its ledgers, for the main process to add up."""
     data = {path: ledger.to_dict() for path, ledger in _ledgers(pipe)}
+    for path, ledger in _ledgers(pipe):
+        if isinstance(ledger, BufferStats):  # kept per worker, not added up
+            data[path]["worker"] = worker
     final = os.path.join(folder, f"worker-{worker}.json")
     try:
         with open(final + ".tmp", "w", encoding="utf-8") as f:

@@ -246,9 +246,9 @@ def test_a_plain_stage_still_appears_in_torchs_profiler():
 # pinned: a name added or removed is a decision, made here.
 PUBLIC = [
     "AudioFormatError", "BatchConstraint", "BatchStats", "BatchView", "BudgetWarning",
-    "ChannelMismatchError", "CharTokenizer", "CmvnStats", "DataError", "Diagnostics",
-    "DistributedStepError", "EpochProgress", "EpochWarning", "EqualSteps", "FbankOptions",
-    "FrontEnd", "IterableWrapper", "Loader", "LogMelOptions", "MfccOptions",
+    "BufferStats", "ChannelMismatchError", "CharTokenizer", "CmvnStats", "DataError",
+    "Diagnostics", "DistributedStepError", "EpochProgress", "EpochWarning", "EqualSteps",
+    "FbankOptions", "FrontEnd", "IterableWrapper", "Loader", "LogMelOptions", "MfccOptions",
     "MissingDataError", "PackOptions", "PackReport", "PadCollate", "PaddedArea", "PipeDataset",
     "PipelineNode", "Quadratic", "RemoteOptions", "ResumeWarning", "SampleCount",
     "SampleRateError", "SentencePieceTokenizer", "SequenceWrapper", "ShardEntry", "ShardIndex",

@@ -31,7 +31,7 @@ import itertools
 from collections.abc import Mapping  # isinstance on typing.Mapping costs ~1 us per sample
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
-from ..diagnostics import Diagnostics
+from ..diagnostics import BufferStats, Diagnostics
 from ..errors import DataError
 from ..sample import KEY, SOURCE, Sample, estimate_boundaries, sample_duration
 from ._base import IterDataPipe, functional_datapipe
@@ -50,7 +50,7 @@ from .constraints import (  # the public ones re-exported: they were defined her
     _primary,
     batch_constraint,
 )
-from .order import shuffle_window
+from .order import drain_pool, shuffle_window
 
 __all__ = [
     "BatchConstraint",
@@ -159,6 +159,7 @@ def bucket_groups(
     measure: Callable[[Any], Length],
     rng,
     buckets: list[list] | None = None,
+    meter: Any = None,
 ) -> Iterator[list]:
     """Groups of similar-length samples from a stream, holding at most ``buffer_size``.
 
@@ -170,6 +171,8 @@ def bucket_groups(
     ``buckets`` (for resuming) is the list of ``len(boundaries) + 1`` buckets of
     ``(length, tie, sample)`` to start from; it is updated in place, and after the end of the
     stream it holds the groups still to be emitted, last first.
+    ``meter`` (a :class:`~speechpipe.diagnostics.BufferStats`) is told of each sample entering
+    and each group leaving (the caller counts ``buckets`` it starts from).
 
     >>> import random
     >>> groups = bucket_groups(iter([5, 1, 9, 2, 8, 3]), buffer_size=4, boundaries=[4],
@@ -186,17 +189,25 @@ def bucket_groups(
     for sample in samples:
         n = measure(sample)
         buckets[bisect.bisect_right(cuts, _primary(n))].append((n, rng.random(), sample))
+        if meter is not None:
+            meter.add(sample)
         held += 1
         if held >= buffer_size:
             fullest = max(range(len(buckets)), key=lambda i: len(buckets[i]))
             group, buckets[fullest] = buckets[fullest], []
             held -= len(group)
-            yield _sorted_group(group)
+            yield _leaving(_sorted_group(group), meter)
     rest = [b for b in buckets if b]
     rng.shuffle(rest)
     buckets[:] = rest[::-1]
     while buckets:
-        yield _sorted_group(buckets.pop())
+        yield _leaving(_sorted_group(buckets.pop()), meter)
+
+
+def _leaving(group: list, meter: Any) -> list:
+    if meter is not None:
+        meter.remove(group)
+    return group
 
 
 def _sorted_group(group: list) -> list:
@@ -213,7 +224,9 @@ class LengthBucketerIterDataPipe(Seeded, Resumable, IterDataPipe[list]):
 
     Consumes samples; yields **groups**: lists of samples of similar length, each sorted by
     length (see :func:`bucket_groups`). Feed the groups to ``block_batch``, which packs each
-    group into budget batches. At most ``buffer_size`` samples are held.
+    group into budget batches. At most ``buffer_size`` samples are held; ``self.buffers`` (a
+    :class:`~speechpipe.diagnostics.BufferStats`) says how many, and their array bytes, now and
+    at the pass's peak.
 
     Bucket boundaries are, in order of preference: the ``boundaries`` given; a callable
     returning them (called once, at the start of the first pass -- e.g. reading a shard index);
@@ -271,6 +284,7 @@ class LengthBucketerIterDataPipe(Seeded, Resumable, IterDataPipe[list]):
         self.seed = check_seed(seed)
         self.epoch = 0
         self._estimated: list[float] | None = None
+        self.buffers = BufferStats("bucket_by_length")
 
     def _boundaries(self, head: list) -> list[float] | None:
         if callable(self.boundaries):
@@ -318,18 +332,24 @@ class LengthBucketerIterDataPipe(Seeded, Resumable, IterDataPipe[list]):
             boundaries = None if live["drain"] else self._boundaries(head)
             it = iter(()) if live["drain"] else iter(self.source_datapipe)
         self._live = live
+        meter = self.buffers
+        meter.reset()
+        for bucket in buckets:  # resumed buckets
+            meter.add([sample for _, _, sample in bucket])
         try:
             if live["drain"]:  # the stream had ended: what is left, in the order drawn
                 while buckets:
-                    yield _sorted_group(buckets.pop())
+                    yield _leaving(_sorted_group(buckets.pop()), meter)
                 return
+            head.reverse()  # handed over one by one: the list keeps none alive for the pass
             yield from bucket_groups(
-                until_end(itertools.chain(head, it), live),
+                until_end(itertools.chain(drain_pool(head), it), live),
                 buffer_size=self.buffer_size,
                 boundaries=boundaries,
                 measure=measure,
                 rng=rng,
                 buckets=buckets,
+                meter=meter,
             )
         finally:
             self._live = None
@@ -389,6 +409,9 @@ class BlockBatcherIterDataPipe(Seeded, Resumable, IterDataPipe[list]):
 
     ``self.stats`` (a :class:`~speechpipe.pipes.constraints.BatchStats`) describes the last
     pass: padding efficiency, batch sizes, oversize samples; ``print(pipe.stats.report())``.
+    ``self.buffers`` (a :class:`~speechpipe.diagnostics.BufferStats`) counts the samples in the
+    shuffle window and their array bytes, now and at the pass's peak: with the default window of
+    100 batches that is 100 batches' worth of decoded samples.
 
     >>> from speechpipe import IterableWrapper
     >>> pipe = IterableWrapper([1, 7, 8, 2, 3, 9]).bucket_by_length(3).block_batch(
@@ -427,6 +450,7 @@ class BlockBatcherIterDataPipe(Seeded, Resumable, IterDataPipe[list]):
         self.seed = check_seed(seed)
         self.epoch = 0
         self.stats = BatchStats("block_batch")
+        self.buffers = BufferStats("block_batch")
 
     def _batches(self, live: dict) -> Iterator[list]:
         # live["pending"]: batches packed from the current group, not yet in the window;
@@ -476,14 +500,16 @@ class BlockBatcherIterDataPipe(Seeded, Resumable, IterDataPipe[list]):
                 open=[held_sample(samples, i) for i in state["open"]],
             )
         self._live = live
+        meter = self.buffers
+        meter.reset()
+        for batch in live["pool"]:  # a resumed window
+            meter.add(batch)
         try:
             if live["drain"]:  # the stream had ended: the window's rest, in the order drawn
-                pool = live["pool"]
-                while pool:
-                    yield pool.pop()
+                yield from drain_pool(live["pool"], meter)
                 return
             yield from shuffle_window(self._batches(live), self.shuffle_window, rng,
-                                      pool=live["pool"])
+                                      pool=live["pool"], meter=meter)
         finally:
             self._live = None
         self.stats.warn_if_budget_too_small(self.constraint)

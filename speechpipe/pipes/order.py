@@ -144,7 +144,7 @@ def _same(a, b) -> bool:
 
 
 def shuffle_window(
-    items: Iterable[Any], window: int, rng, pool: list | None = None
+    items: Iterable[Any], window: int, rng, pool: list | None = None, meter: Any = None
 ) -> Iterator[Any]:
     """Emit ``items`` in a random order within a sliding window of ``window`` items.
 
@@ -158,6 +158,8 @@ def shuffle_window(
 
     ``pool`` (for resuming) is the window to start from; it is updated in place, and after the
     end of ``items`` it holds the rest, last first (``pool.pop()`` gives the next).
+    ``meter`` (a :class:`~speechpipe.diagnostics.BufferStats`) is told of each item entering
+    and leaving the window (the caller counts a ``pool`` it starts from).
 
     >>> import random
     >>> sorted(shuffle_window(range(10), 4, random.Random(0))) == list(range(10))
@@ -170,20 +172,44 @@ def shuffle_window(
         return
     if pool is None:
         pool = []
-    for item in items:
-        pool.append(item)
-        if len(pool) >= window:
-            i = rng.randrange(len(pool))
-            pool[i], pool[-1] = pool[-1], pool[i]
-            yield pool.pop()
+    if meter is None:
+        for item in items:
+            pool.append(item)
+            if len(pool) >= window:
+                i = rng.randrange(len(pool))
+                pool[i], pool[-1] = pool[-1], pool[i]
+                yield pool.pop()
+    else:
+        for item in items:
+            pool.append(item)
+            meter.add(item)
+            if len(pool) >= window:
+                i = rng.randrange(len(pool))
+                pool[i], pool[-1] = pool[-1], pool[i]
+                item = pool.pop()
+                meter.remove(item)
+                yield item
     rng.shuffle(pool)
     pool.reverse()
+    yield from drain_pool(pool, meter)
+
+
+def drain_pool(pool: list, meter: Any = None) -> Iterator[Any]:
+    """Pop and yield ``pool``'s items, last first, telling ``meter`` of each that leaves.
+
+    >>> list(drain_pool([1, 2, 3]))
+    [3, 2, 1]
+    """
     while pool:
-        yield pool.pop()
+        item = pool.pop()
+        if meter is not None:
+            meter.remove(item)
+        yield item
 
 
 def shuffle_buffer(
-    samples: Iterable[Any], buffer_size: int, rng, buffer: list | None = None
+    samples: Iterable[Any], buffer_size: int, rng, buffer: list | None = None,
+    meter: Any = None,
 ) -> Iterator[Any]:
     """Shuffle a stream in a buffer of ``buffer_size`` items: :func:`shuffle_window` (the
     sample level of ``sharded_shuffle``), with ``buffer_size`` checked to be an int >= 1.
@@ -202,7 +228,7 @@ def shuffle_buffer(
     """
     if not isinstance(buffer_size, int) or buffer_size < 1:
         raise ValueError(f"buffer_size must be an int >= 1, got {buffer_size!r}")
-    yield from shuffle_window(samples, buffer_size, rng, pool=buffer)
+    yield from shuffle_window(samples, buffer_size, rng, pool=buffer, meter=meter)
 
 
 # --------------------------------------------------------------------------- pipes

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from typing import Iterable, Iterator
 
+from ..diagnostics import BufferStats
 from ..errors import DataError
 from ..sample import KEY, SOURCE, Sample
 from ..seeding import CarriesRank, derive_rng, process_position
@@ -61,6 +62,7 @@ class _SampleList(CarriesRank, SampleSource):
         self.split = split
         self._prepared: tuple[list, dict] | None = None
         self._replay_request: list | None = None
+        self.buffers = BufferStats(self._name)  # the whole list, for the pass
 
     def __getstate__(self) -> dict:
         state = super().__getstate__()  # CarriesRank's: the rank goes to spawned workers
@@ -104,12 +106,15 @@ class _SampleList(CarriesRank, SampleSource):
         mine = self._order(len(samples))
         start = 0 if state is None else self._resume_at(state, len(samples), len(mine))
         live = self._live = {"next": start, "total": len(samples), "count": len(mine)}
+        self.buffers.reset()
+        self.buffers.add(samples)  # held whole until the pass ends
         try:
             for i in range(start, len(mine)):
                 live["next"] = i + 1
                 yield samples[mine[i]]
         finally:
             self._live = None
+            self.buffers.remove(samples)
 
     def _resume_at(self, state: dict, total: int, count: int) -> int:
         if state.get("total") != total or state.get("count") != count:
@@ -171,6 +176,8 @@ class SampleShufflerIterDataPipe(Seeded, _SampleList, IterDataPipe[Sample]):
     Exactly resumable: its state is the position in this process's share, and samples held by
     the stages above are found again by key, so a restored loader repeats the uninterrupted
     run. Use ``sharded_shuffle`` for corpora stored as shards (it never holds the corpus).
+    It holds the whole source during a pass: ``self.buffers`` (a
+    :class:`~speechpipe.diagnostics.BufferStats`) says how many samples and array bytes.
 
     Args:
         source_datapipe: sample dicts (e.g. ``parse_manifest`` output), read again each pass.

@@ -46,7 +46,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
-from ..diagnostics import Diagnostics, check_on_error
+from ..diagnostics import BufferStats, Diagnostics, check_on_error
 from ..errors import DataError, MissingDataError, UnsafeInputError
 from ..index import ShardEntry, ShardIndex, length_seconds
 from ..sample import FEATS, KEY, SOURCE, Sample
@@ -58,7 +58,7 @@ from .assignment import (
     assign_shards, shuffle_shards, split_shards, uneven_split,
 )
 from .kaldi_ark import iter_ark, kaldi_arks
-from .order import shuffle_buffer
+from .order import drain_pool, shuffle_buffer
 from .plans import EpochPlan, EpochProgress, PlannedShard
 from .shards import ShardReadOptions, group_by_key, iter_tar_members
 from .sources import is_url, open_stream
@@ -362,7 +362,8 @@ class ShardedShufflerIterDataPipe(Seeded, SampleSource, IterDataPipe[Sample]):
         source_datapipe: shard names (an ``IterDataPipe`` or a list); listed again each pass.
         buffer_size: samples in the shuffle buffer (``1``: each shard in file order). Larger
             mixes more, costs memory (encoded samples) and a longer first fill. Use at least
-            a shard's worth of samples to mix shards with each other.
+            a shard's worth of samples to mix shards with each other. ``buffers`` counts what
+            it holds (:class:`~speechpipe.diagnostics.BufferStats`; a mapped view: its bytes).
         format: ``"tar"`` or ``"ark"``.
         seed: base seed of both shuffles.
         index: ``None``; ``True`` to read the ``index.jsonl`` beside the shards
@@ -457,6 +458,7 @@ class ShardedShufflerIterDataPipe(Seeded, SampleSource, IterDataPipe[Sample]):
                 f"read_options must be a ShardReadOptions or None, got {read_options!r}")
         self.read_options = read_options
         self.diagnostics = Diagnostics("sharded_shuffle")
+        self.buffers = BufferStats("sharded_shuffle")
         self._loaded_index: ShardIndex | None = None  # index=True: read lazily, then kept
 
     # -- helpers
@@ -598,13 +600,16 @@ class ShardedShufflerIterDataPipe(Seeded, SampleSource, IterDataPipe[Sample]):
             prepared = self._start(self._take_resume()[0], [])
         samples, draining, live = prepared
         self._live = live
+        meter = self.buffers
+        meter.reset()
+        for sample in live["buffer"]:  # a resumed buffer (undecoded: bytes or mapped views)
+            meter.add(sample)
         try:
             if draining:  # the shards had ended: the buffer's rest, in the order drawn
-                while live["buffer"]:
-                    yield live["buffer"].pop()
+                yield from drain_pool(live["buffer"], meter)
             else:
                 yield from shuffle_buffer(samples, self.buffer_size, live["rng"],
-                                          buffer=live["buffer"])
+                                          buffer=live["buffer"], meter=meter)
         finally:
             self._live = self._replay_cache = None
         self.diagnostics.warn_if_skipped()

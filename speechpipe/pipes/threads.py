@@ -49,7 +49,7 @@ import threading
 import time
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
-from ..diagnostics import Diagnostics, check_on_error
+from ..diagnostics import BufferStats, Diagnostics, check_on_error
 from ..errors import DataError
 from ..sample import KEY, SOURCE
 from ._base import IterDataPipe, functional_datapipe
@@ -114,6 +114,7 @@ def prefetch_items(
     threaded: bool = True,
     held: collections.deque | None = None,
     lock: threading.Lock | None = None,
+    meter: BufferStats | None = None,
 ) -> Iterator[Any]:
     """Iterate ``source`` in a background thread, ``buffer_size`` items ahead at most.
 
@@ -132,6 +133,7 @@ def prefetch_items(
         threaded: False iterates ``source`` in the calling thread (test mode).
         held: if given, a deque that holds the items read and not yet yielded (for resuming).
         lock: held by the thread while it reads one item (a state can be taken under it).
+        meter: told of each item read (entering) and yielded (leaving), under a lock of its own.
 
     >>> list(prefetch_items(range(5), 2))
     [0, 1, 2, 3, 4]
@@ -140,7 +142,7 @@ def prefetch_items(
     lock = lock or threading.Lock()
     it = iter(source)
     if threaded:
-        yield from _prefetch_threaded(it, buffer_size, held, lock)
+        yield from _prefetch_threaded(it, buffer_size, held, lock, meter)
         return
     # test mode, in this generator (one delegation less per item): one item at a time, each
     # read under ``lock`` and held in ``held`` until it is yielded
@@ -154,6 +156,9 @@ def prefetch_items(
                     held.append(item)
             if held is not None:
                 held.popleft()
+            if meter is not None:  # read and yielded at once: held for no time
+                meter.add(item)
+                meter.remove(item)
             yield item
     finally:
         _close(it)
@@ -220,10 +225,10 @@ class _Handoff:
 
 
 def _produce(it: Iterator, chan: _Handoff, held: collections.deque | None,
-             lock: threading.Lock) -> None:
+             lock: threading.Lock, meter: tuple | None) -> None:
     """The thread of :func:`prefetch_items`: reads ``it`` (each item under ``lock``, held in
     ``held``) into runs handed over through ``chan``; the last run ends with ``_END`` or the
-    source's exception as a :class:`_Failure`."""
+    source's exception as a :class:`_Failure`; ``meter``: ``(BufferStats, its lock)``."""
     buffer_size = chan.size
     run_max = max(1, buffer_size // 4)
     run: list = []
@@ -251,6 +256,9 @@ def _produce(it: Iterator, chan: _Handoff, held: collections.deque | None,
                     held.append(item)
             if item is _END:
                 break
+            if meter is not None:
+                with meter[1]:
+                    meter[0].add(item)
             run.append(item)
     except Exception as exc:  # handed to the consumer, raised there
         run.append(_Failure(exc))
@@ -260,12 +268,13 @@ def _produce(it: Iterator, chan: _Handoff, held: collections.deque | None,
 
 
 def _prefetch_threaded(it: Iterator, buffer_size: int, held: collections.deque | None,
-                       lock: threading.Lock) -> Iterator[Any]:
+                       lock: threading.Lock, meter: BufferStats | None) -> Iterator[Any]:
     """:func:`prefetch_items` with its thread (:func:`_produce`): yields the runs it takes,
     re-raises the source's exception; stops and joins the thread and closes ``it`` at the
     end, a ``break`` or an exception."""
     chan = _Handoff(buffer_size)
-    thread = threading.Thread(target=_produce, args=(it, chan, held, lock),
+    metered = None if meter is None else (meter, threading.Lock())
+    thread = threading.Thread(target=_produce, args=(it, chan, held, lock, metered),
                               name="speechpipe-prefetch", daemon=True)
     thread.start()
     try:
@@ -277,6 +286,9 @@ def _prefetch_threaded(it: Iterator, buffer_size: int, held: collections.deque |
                     raise item.error
                 if held is not None:
                     held.popleft()
+                if metered is not None:
+                    with metered[1]:
+                        meter.remove(item)
                 yield item
     finally:
         chan.close()
@@ -607,7 +619,8 @@ class ThreadPrefetcherIterDataPipe(_Threaded, IterDataPipe):
 
     Args:
         source_datapipe: any items.
-        buffer_size: items read ahead at most (memory: that many items).
+        buffer_size: items read ahead at most (memory: that many items; ``self.buffers``, a
+            :class:`~speechpipe.diagnostics.BufferStats`, counts them and their array bytes).
         threads: ``False`` reads in the consuming thread (test mode, as :meth:`start_test`).
 
     >>> from speechpipe import IterableWrapper
@@ -622,6 +635,7 @@ class ThreadPrefetcherIterDataPipe(_Threaded, IterDataPipe):
         if not isinstance(threads, bool):
             raise TypeError(f"threads must be a bool, got {threads!r}")
         self.threads = threads
+        self.buffers = BufferStats("prefetch_in_thread")
 
     def __iter__(self) -> Iterator:
         if self.passthrough:  # a replay pass for a stage below (speechpipe.loader)
@@ -632,10 +646,12 @@ class ThreadPrefetcherIterDataPipe(_Threaded, IterDataPipe):
         held: collections.deque = collections.deque()
         lock = threading.Lock()
         self._live = (held, lock)
+        self.buffers.reset()
         try:
             yield from prefetch_items(
                 itertools.chain(head, iter(self.source_datapipe)), self.buffer_size,
-                threaded=self.threads and not self._test_mode, held=held, lock=lock)
+                threaded=self.threads and not self._test_mode, held=held, lock=lock,
+                meter=self.buffers)
         finally:
             self._live = None
 

@@ -514,7 +514,9 @@ def semi_supervised_pipeline(
 
 def pipeline_report(pipe: Any) -> str:
     """The reports of every stage in ``pipe``'s graph that counts something: skipped or
-    filtered items (``diagnostics``), batch statistics and token counts (``stats``).
+    filtered items (``diagnostics``), batch statistics and token counts (``stats``), and what
+    each buffering stage held at its peak, in samples and MB of arrays (``buffers``; after a
+    loader pass with workers, per worker: :mod:`speechpipe.loader` brings them back).
 
     Call it after (or during) a pass. Stages are listed from the source to the output.
 
@@ -543,7 +545,7 @@ def pipeline_report(pipe: Any) -> str:
                 children.extend(v for v in value.values() if isinstance(v, IterDataPipe))
         for child in children:
             visit(child, depth + 1)
-        for name in ("diagnostics", "stats"):
+        for name in ("diagnostics", "stats", "buffers"):
             obj = getattr(node, name, None)
             if obj is not None and hasattr(obj, "report") and not isinstance(obj, type):
                 if name == "diagnostics" and not getattr(obj, "counts", None):
