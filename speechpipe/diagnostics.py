@@ -37,9 +37,9 @@ from typing import Any
 from .errors import DataError
 
 __all__ = [
-    "ON_ERROR",
     "BufferStats",
     "Diagnostics",
+    "ON_ERROR",
     "SkippedInputWarning",
     "check_on_error",
     "held_bytes",
