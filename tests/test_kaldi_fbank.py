@@ -11,16 +11,19 @@ recorded speech (alsa-utils' nine voice prompts, 48 kHz, at 48, 44.1, 16 and 8 k
 fbank option sets like those below, all five windows); MFCC 2.9e-5 (sums of 23 such logs);
 linear fbank (``use_log_fbank=False``) 1.6e-5 relative. The tests allow 1e-5 absolute (log
 fbank, log-mel), 1e-4 absolute + 1e-5 relative (MFCC), 1e-4 relative (linear). Test speech
-is the demo corpus's (shipped, synthesized), resampled for the other rates; the real
-recording stayed outside the repository (alsa-utils is GPL-2, speechpipe Apache-2.0).
+is the demo corpus's (shipped, synthesized), resampled for the other rates, and real recorded
+speech where the system has it (alsa-utils' voice prompts in /usr/share/sounds/alsa, read in
+place: alsa-utils is GPL-2, speechpipe Apache-2.0, so they are not copied into the repository).
 """
 
 from __future__ import annotations
 
 import math
+import pathlib
 
 import numpy as np
 import pytest
+import soundfile
 import torch
 import torchaudio.functional as taF
 import torchaudio.transforms as taT
@@ -108,6 +111,27 @@ def test_other_sample_rates_equal_torchaudio(speech, rate):
     got, _ = mfcc(wave, sample_rate=rate)
     torch.testing.assert_close(got, kaldi.mfcc(wave.unsqueeze(0), sample_frequency=rate),
                                rtol=MFCC_RTOL, atol=MFCC_ATOL)
+
+
+# Real recorded speech: the nine human-voice prompts alsa-utils installs (48 kHz, GPL-2: read
+# where the system has them, never copied into the repository; `apt-get install alsa-utils`).
+ALSA_SOUNDS = pathlib.Path("/usr/share/sounds/alsa")
+REAL = sorted(p for p in ALSA_SOUNDS.glob("*.wav") if p.name != "Noise.wav")
+
+
+@pytest.mark.skipif(not REAL, reason=f"no recorded speech in {ALSA_SOUNDS} (alsa-utils)")
+@pytest.mark.parametrize("rate", [48000, 16000, 8000])
+def test_fbank_and_mfcc_equal_torchaudio_on_real_recorded_speech(rate):
+    for path in REAL:
+        audio, native = soundfile.read(path, dtype="float32")
+        wave = torch.from_numpy(audio if audio.ndim == 1 else audio[:, 0]) * KALDI_SCALE
+        wave = taF.resample(wave, native, rate) if rate != native else wave
+        for options in FBANK_OPTIONS[:4]:
+            _same_fbank(wave, rate, **options)
+        got, count = mfcc(wave, sample_rate=rate)
+        expected = kaldi.mfcc(wave.unsqueeze(0), sample_frequency=rate)
+        assert int(count) == expected.shape[0]
+        torch.testing.assert_close(got, expected, rtol=MFCC_RTOL, atol=MFCC_ATOL)
 
 
 @pytest.mark.parametrize("options", [
