@@ -176,14 +176,6 @@ def read_durations(
 
 def _read(manifests_or_shards: Any, frame_shift: float, sample_rate: int,
           facts: _Facts | None) -> list[float]:
-    items = manifests_or_shards
-    if isinstance(items, Mapping):
-        items = list(items.values())
-    if isinstance(items, (str, os.PathLike)):
-        items = [items]
-    items = list(items)
-    if items and all(isinstance(s, Mapping) for s in items):
-        return _sample_durations(items, frame_shift, facts)
     out: list[float] = []
     for item in _sources(manifests_or_shards):
         if isinstance(item, list):
