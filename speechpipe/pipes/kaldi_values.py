@@ -153,6 +153,17 @@ def _read_matrix(
     return np.ascontiguousarray(array, dtype=np.float32)
 
 
+def _read_once(read: Any, value: str, root: Any, allow_commands: bool, where: _Where) -> Any:
+    """``read`` (``_read_matrix`` or ``_read_wav``) of one value, with a file cache of its own
+    that is closed after."""
+    files = _OpenFiles()
+    try:
+        return read(value, root=None if root is None else os.fspath(root),
+                    allow_commands=allow_commands, files=files, where=where)
+    finally:
+        files.close()
+
+
 def read_matrix(
     value: str,
     *,
@@ -192,17 +203,7 @@ def read_matrix(
            [6., 7., 8.]], dtype=float32)
     >>> tmp.cleanup()
     """
-    files = _OpenFiles()
-    try:
-        return _read_matrix(
-            value,
-            root=None if root is None else os.fspath(root),
-            allow_commands=allow_commands,
-            files=files,
-            where=_Where(source, line, key),
-        )
-    finally:
-        files.close()
+    return _read_once(_read_matrix, value, root, allow_commands, _Where(source, line, key))
 
 
 def _relocated(exc: DataError | MissingDataError, what: str, where: _Where) -> Exception:
@@ -272,15 +273,5 @@ def read_wav_value(
     ((800,), 8000)
     >>> tmp.cleanup()
     """
-    files = _OpenFiles()
-    try:
-        return _read_wav(
-            value,
-            root=None if root is None else os.fspath(root),
-            allow_commands=allow_commands,
-            files=files,
-            where=_Where(source, line, key),
-        )
-    finally:
-        files.close()
+    return _read_once(_read_wav, value, root, allow_commands, _Where(source, line, key))
 
