@@ -12,8 +12,7 @@ utterances (16 kHz, held in memory as float32 tensors).
   per batch with the lengths (frames past each row's end are not computed), lhotse's layer
   once on the padded ``(16, T)`` tensor (its batched form: it computes the padding too),
   torchaudio row by row on each row's real samples (it has no batched form);
-- **on CUDA** (when there is a device; else it says so): ours on the padded batches on the
-  GPU, wall time with the device synchronised.
+- on CUDA: ``bench_cuda_features`` (the batched fbank, SpecAugment and CMVN on the device).
 
 Method: one thread (``torch.set_num_threads(1)``), the garbage collector off while timing,
 CPU time of the thread (``time.thread_time_ns``) around each call. In each round every item
@@ -154,31 +153,6 @@ def profile(waves: list[torch.Tensor]) -> None:
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12))
 
 
-def on_cuda(waves: list[torch.Tensor], batch_size: int, runs: int) -> None:
-    """Ours on the padded batches on the GPU (``compute_batch_features(device="cuda")``'s
-    work), wall time with the device synchronised, against ours on one CPU thread."""
-    if not torch.cuda.is_available():
-        print("no CUDA device: features on the device not measured")
-        return
-    items = items_of(waves, batch_size)
-    on_gpu = [(padded.cuda(), lengths) for padded, lengths in items]
-
-    def run(batches) -> float:
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        for padded, lengths in batches:
-            fbank(padded, lengths, sample_rate=RATE, options=OPTIONS)
-        torch.cuda.synchronize()
-        return time.perf_counter() - start
-
-    run(on_gpu)  # warm-up: cuFFT plans, tables on the device
-    seconds = sum(w.shape[0] for w in waves) / RATE
-    gpu = statistics.median(run(on_gpu) for _ in range(runs))
-    cpu = statistics.median(run(items) for _ in range(runs))
-    print(f"padded batch of {batch_size} on {torch.cuda.get_device_name()}: "
-          f"{seconds / gpu:.0f} x real time (wall), CPU one thread {seconds / cpu:.0f}")
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tiny", action="store_true")
@@ -199,7 +173,6 @@ def main(argv: list[str] | None = None) -> None:
                               (f"padded batch of {args.batch_size}", args.batch_size)):
         impls = implementations(batch_size is not None)
         report(label, seconds, rounds(impls, items_of(waves, batch_size), runs))
-    on_cuda(waves, args.batch_size, runs)
     if args.profile:
         profile(waves)
 
