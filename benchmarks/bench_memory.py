@@ -7,7 +7,10 @@ features workload), warm page cache, each run in a fresh forked process; peak RS
 
 - speechpipe ``sharded_shuffle(1000) -> decode -> bucket_by_length(1000, 30 buckets) ->
   block_batch(PaddedArea, shuffle_window) -> PadCollate`` in ``build_loader``: shards mapped
-  (the default) with ``shuffle_window`` 100 (the default) and 10, and mapping off;
+  (the default) with ``shuffle_window`` 100 (the default) and 10, and mapping off; and with
+  webdataset's buffers (``sharded_shuffle(1000) ->
+  decode -> block_batch(SampleCount(n), shuffle_window=1) -> PadCollate``, the same fixed
+  ``n``);
 - webdataset: ``WebDataset(shards).shuffle(1000).decode()`` in fixed batches (no bucketing);
 - lhotse: ``DynamicBucketingSampler`` (30 buckets; it buffers cut *metadata*, not data) with a
   map-style dataset loading each batch's features from the ark (``kaldiio.load_mat``).
@@ -31,7 +34,7 @@ import numpy as np
 
 from speechpipe.pipes._base import IterableWrapper
 from speechpipe.pipes.collate import PadCollate
-from speechpipe.pipes.constraints import PaddedArea
+from speechpipe.pipes.constraints import PaddedArea, SampleCount
 from speechpipe.pipes.shards import ShardReadOptions
 from speechpipe.testing import sample_durations
 
@@ -59,15 +62,23 @@ class _Reporting:
             f.write("\n".join(lines))
 
 
-def speechpipe_loader(shards, workers: int, window: int, mmap: bool, report: str):
+def speechpipe_loader(shards, workers: int, window: int, mmap: bool, report: str,
+                      fixed: int | None = None):
+    """The issue's pipeline; with ``fixed``, webdataset's buffers instead (the sample shuffle
+    only, then fixed batches of ``fixed``): equal buffers."""
     from speechpipe.loader import build_loader
 
     c = PaddedArea(budget=BUDGET_S * FPS)
-    pipe = (IterableWrapper(shards).sharded_shuffle(buffer_size=SHUFFLE, seed=0,
-                                                    read_options=ShardReadOptions(mmap=mmap))
-            .decode().bucket_by_length(1000, num_buckets=NUM_BUCKETS, constraint=c, seed=0)
-            .block_batch(constraint=c, seed=0, shuffle_window=window)
-            .collate(collate_fn=PadCollate()))
+    options = ShardReadOptions(mmap=mmap)
+    pipe = IterableWrapper(shards).sharded_shuffle(buffer_size=SHUFFLE, seed=0,
+                                                   read_options=options).decode()
+    if fixed:
+        pipe = pipe.block_batch(constraint=SampleCount(fixed), shuffle_window=1).collate(
+            collate_fn=PadCollate())
+    else:
+        pipe = (pipe.bucket_by_length(1000, num_buckets=NUM_BUCKETS, constraint=c, seed=0)
+                .block_batch(constraint=c, seed=0, shuffle_window=window)
+                .collate(collate_fn=PadCollate()))
     return _Reporting(build_loader(pipe, num_workers=workers, seed=0), report)
 
 
@@ -88,6 +99,8 @@ def run(root: str, n: int, shard_size: int) -> list[dict]:
                 shards, w, 10, True, report)),
             ("speechpipe, mapping off, window 100", lambda w=workers: speechpipe_loader(
                 shards, w, 100, False, report)),
+            (f"speechpipe, webdataset's buffers", lambda w=workers: speechpipe_loader(
+                shards, w, 100, True, report, fixed=wds_batch)),
             (f"webdataset (fixed {wds_batch})", lambda w=workers: torch.utils.data.DataLoader(
                 webdataset_pipe(shards, "features", wds_batch), batch_size=None,
                 num_workers=w)),

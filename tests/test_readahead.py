@@ -5,11 +5,10 @@ What is checked, on real files with their pages evicted from the page cache
 
 - a helper starts for a large file, not for a small one or when not wanted
   (``ShardReadOptions(readahead=False)``, or ``SPEECHPIPE_SHARD_READAHEAD=0`` for the
-  default); it reads (copies) a file not all in the page cache, and
-  only populates one that is (residency sampled over the whole file);
-- it brings the pages ahead of the reader into the page cache (``mincore``) and into this
-  process's page table (``/proc/self/pagemap``'s present bit), no further than its window past
-  the reader, and follows the reader when told where it is;
+  default), nor for a file in the page cache (residency sampled over the whole file);
+- it brings the pages ahead of the reader into the page cache (``mincore``) but not into this
+  process's page table (``/proc/self/pagemap``'s present bit: they do not count in RSS), no
+  further than its window past the reader, and follows the reader when told where it is;
 - ``stop`` ends the thread and closes its descriptor, early or at the end;
 - through ``iter_tar_members`` and ``sharded_shuffle``, a cold shard is read with a helper and
   the members are those of the reading path; a reader that finishes first leaves its helper to
@@ -119,27 +118,25 @@ def open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
-def test_a_helper_reads_and_maps_a_window_ahead_of_the_reader_then_follows_it(tmp_path,
-                                                                               small_window):
+def test_a_helper_reads_a_window_ahead_of_the_reader_then_follows_it(tmp_path, small_window):
     path = cold_file(tmp_path / "big.bin", 16 * MIB)
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
         helper = _readahead.start(m, f.fileno(), 0)
-        assert helper is not None and helper.copies
+        assert helper is not None
         wait_until(lambda: waiting(helper))
         window = 4 * MIB // PAGE
-        assert helper.reached == helper.copied == helper.populated == 4 * MIB
-        cached, mapped = resident(m), present(m)
-        assert cached[:window].all() and mapped[:window].all()
-        # No further than its window (in the page cache, the kernel's own read-ahead of the
-        # helper's last read may have gone on, by up to the device's read_ahead_kb).
-        assert not mapped[window:].any()
+        assert helper.reached == helper.copied == 4 * MIB
+        assert resident(m)[:window].all()
+        # In the page cache, not in this process's page table: pages read ahead do not count
+        # in RSS (issue 23.8) -- the reader's buffers put them far from their first touch.
+        assert not present(m).any()
         helper.advance(6 * MIB)  # the reader has got to 6 MiB
         wait_until(lambda: helper.reached == 10 * MIB and waiting(helper))
-        assert present(m)[:10 * MIB // PAGE].all()
+        assert resident(m)[:10 * MIB // PAGE].all()
         helper.advance(16 * MIB)
         wait_until(lambda: not helper.alive)  # the end of the file ends it
-        assert helper.copied == helper.populated == 16 * MIB
-        assert resident(m).all() and present(m).all()
+        assert helper.copied == 16 * MIB
+        assert resident(m).all() and not present(m).any()
         helper.stop()
 
 
@@ -166,35 +163,28 @@ def test_no_helper_for_a_small_file_or_when_switched_off(tmp_path, small_window)
     assert helper_threads() == 0
 
 
-def test_a_file_in_the_page_cache_is_populated_not_read_again(tmp_path, small_window):
+def test_a_file_in_the_page_cache_gets_no_helper(tmp_path, small_window):
     path = cold_file(tmp_path / "big.bin", 8 * MIB)
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
         while f.read(MIB):  # now every page is in the page cache
             pass
-        assert resident(m).all() and not present(m).any()
-        helper = _readahead.start(m, f.fileno(), 0)
-        assert helper is not None and not helper.copies
-        helper.advance(8 * MIB)
-        wait_until(lambda: not helper.alive)
-        assert helper.copied == 0 and helper.populated == 8 * MIB
-        assert present(m).all()  # the reader will take no fault
+        assert resident(m).all()
+        assert _readahead.start(m, f.fileno(), 0) is None  # nothing to read
+    assert helper_threads() == 0
 
 
 def test_residency_is_sampled_over_the_whole_file(tmp_path, small_window):
-    """A file whose beginning only was read is read (copied) by its helper; one read through
-    is only populated."""
+    """A file whose beginning only was read is read by a helper; one read through gets none."""
     path = cold_file(tmp_path / "big.bin", 32 * MIB)
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
         f.read(4 * MIB)  # with the kernel's read-ahead, some MiB more
         assert resident(m)[:4 * MIB // PAGE].all() and not resident(m)[-MIB // PAGE:].any()
         helper = _readahead.start(m, f.fileno(), 0)
-        assert helper is not None and helper.copies
+        assert helper is not None
         helper.stop()
         while f.read(MIB):
             pass
-        helper = _readahead.start(m, f.fileno(), 0)
-        assert helper is not None and not helper.copies
-        helper.stop()
+        assert _readahead.start(m, f.fileno(), 0) is None
 
 
 def feature_shards(tmp_path, *, count: int, per_shard: int, frames: tuple[int, int],
@@ -250,7 +240,7 @@ def test_a_cold_shard_is_read_with_a_helper_and_gives_the_members_of_the_reading
     wait_until(lambda: not helper.alive)
     # The whole shard was read, once, with a 4 MiB window over 15 MB: the reader told the
     # helper where it was.
-    assert helper.copied == helper.populated == size
+    assert helper.copied == size
     with open(path, "rb") as f:
         read = [(name, bytes(data))
                 for name, data in iter_tar_members(f, read_options=ShardReadOptions(mmap=False))]
@@ -281,7 +271,7 @@ def test_a_reader_that_finishes_first_leaves_its_helper_to_read_the_rest(tmp_pat
     assert helper.alive and helper.copied == 0  # still in its first read
     gate.set()
     wait_until(lambda: not helper.alive)
-    assert helper.copied == helper.populated == size  # not stopped: it read the whole shard
+    assert helper.copied == size  # not stopped: it read the whole shard
     mapping_fd = 1 if sys.version_info < (3, 13) else 0  # the mapping's own (trackfd)
     assert open_fds() == before + mapping_fd  # the helper's descriptor is closed
     for key, value in feats.items():  # the views were valid all along
@@ -325,7 +315,7 @@ def test_a_shard_cut_while_its_helper_reads_it_raises_the_shrinking_error(tmp_pa
         members = iter_tar_members(f, source="d.tar", read_options=MAPPED)
         name, _ = next(members)
         assert name == "utt00.feats.npy"
-        os.truncate(path, size // 2)  # the helper meets a short read or a failed populate
+        os.truncate(path, size // 2)  # the helper meets a short read
         with pytest.raises(DataError, match=r"^d.tar: the shard file shrank from "):
             for _ in members:
                 pass

@@ -932,6 +932,35 @@ def test_pages_read_past_leave_the_page_table_while_held_views_still_read(tmp_pa
     assert all(bytes(v) == payloads[n] for (_, n), v in held.items())  # still the same bytes
 
 
+def test_collating_held_samples_after_the_last_shard_keeps_their_pages_out_of_rss(
+        tmp_path, monkeypatch):
+    # Issue 23.8: at an epoch's end the buffers (thousands of samples) drain with no reader
+    # left to drop pages, and collation read every held sample back into RSS (1.6 GB of the
+    # 2.3 GB peak of the issue's pipeline). Collation reports the bytes it copies out of
+    # read-only views; every _DROP_STEP of them the finished shards' pages leave the table.
+    from speechpipe.pipes import _mmap
+    from speechpipe.pipes.collate import pad_field
+
+    if not os.path.exists("/proc/self/smaps"):
+        pytest.skip("needs /proc/self/smaps")
+    monkeypatch.setattr(_mmap, "_DROP_STEP", 1 << 20)
+    path = tmp_path / "feats.tar"
+    rng = np.random.default_rng(0)
+    arrays = {f"u{i:02d}": rng.standard_normal((500 + 37 * i, 80)).astype(np.float32)
+              for i in range(40)}  # 7.8 MB of features
+    write_shard(str(path), [{"key": k, "feats.npy": a} for k, a in arrays.items()])
+    pipe = IterableWrapper([str(path)]).open().read_shards(
+        read_options=ShardReadOptions(mmap=True, readahead=False)).decode()
+    held = list(pipe)  # the whole shard read and finished, every sample held (a buffer)
+    assert not held[0]["feats"].flags.writeable  # views of the mapping
+    for start in range(0, len(held), 8):  # drain: batches collated one after another
+        batch = held[start:start + 8]
+        out, lengths = pad_field([s["feats"] for s in batch], name="feats")
+        for row, (sample, n) in enumerate(zip(batch, lengths.tolist())):
+            assert np.array_equal(out[row, :n].numpy(), arrays[sample["key"]])
+    assert _mapped_rss(path) < 2 << 20  # without the drops: the whole 7.8 MB
+
+
 def test_a_shard_shrinking_while_mapped_raises_instead_of_crashing(tmp_path):
     path = tmp_path / "shrink.tar"
     tar = make_tar([("u1.npy", b"a" * BIG), ("u2.npy", b"b" * BIG), ("u3.npy", b"c" * BIG)])

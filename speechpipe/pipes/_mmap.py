@@ -18,7 +18,10 @@ Resident pages: a sample held in a buffer keeps its shard's mapping alive, and e
 mapping that was touched counts in the process's RSS while it lives. So the reader drops the
 pages it has passed from the page table (``madvise(MADV_DONTNEED)``; they stay in the page
 cache, and a view read later faults its own pages back in) every ``_DROP_STEP`` bytes, and with
-them those of the finished shards whose views live on.
+them those of the finished shards whose views live on; consumers that copy views out
+(collation) report the bytes with :func:`copied_out`, which drops the finished shards' pages
+every ``_DROP_STEP`` bytes too, so draining the buffers at an epoch's end, when no reader is
+left, does not bring the held samples back into RSS.
 
 Descriptors: before Python 3.13 a mapping holds a duplicate of its file's descriptor until it
 is unmapped, which happens with its last payload view. Samples held in buffers keep their
@@ -42,17 +45,19 @@ from typing import Any
 
 from . import _readahead
 
-__all__ = ["MappedFile", "NETWORK_FILE_SYSTEMS"]
+__all__ = ["MappedFile", "NETWORK_FILE_SYSTEMS", "copied_out"]
 
 # Where no read-ahead thread runs, the kernel is asked to have the next _READ_AHEAD bytes read
 # (Measurements: benchmarks/README.md, "Shard reading", for the window's size).
 _READ_AHEAD = 1 << 23
-# Every _DROP_STEP bytes read, the pages more than _DROP_STEP behind the reader and those of the
-# finished mappings held alive by views leave the page table (module docs, "Resident pages";
-# Measurements: benchmarks/README.md, "Peak RSS of mapped shards").
-_DROP_STEP = 1 << 26
+# Every _DROP_STEP bytes read (or copied out by collation), the pages more than _DROP_STEP
+# behind the reader and those of the finished mappings held alive by views leave the page table
+# (module docs, "Resident pages"). 8 MiB: the issue's pipeline peaks at 387 MiB against 461 with
+# 64 MiB, no slower (Measurements: benchmarks/README.md, "Peak RSS of mapped shards").
+_DROP_STEP = 1 << 23
 _finished: weakref.WeakSet = weakref.WeakSet()  # mappings read to the end, still alive
 _finished_lock = threading.Lock()
+_copied = 0  # bytes consumers copied out of views since the finished mappings were dropped
 # Python 3.13+ can map without keeping a duplicate of the file descriptor; before, each
 # mapping holds one until it is unmapped.
 _MMAP_KWARGS: dict = {"trackfd": False} if sys.version_info >= (3, 13) else {}
@@ -234,10 +239,7 @@ class MappedFile:
         self.pos = end
         if end >= self.drop_at:
             _drop(self.map, end - _DROP_STEP)
-            with _finished_lock:  # readers may run in threads
-                finished = list(_finished)
-            for mapping in finished:
-                _drop(mapping)
+            _drop_finished()
             self.drop_at = end + _DROP_STEP
         return data
 
@@ -271,6 +273,25 @@ class MappedFile:
             if finished:
                 with _finished_lock:
                     _finished.add(self.map)
+
+
+def _drop_finished() -> None:
+    with _finished_lock:  # readers may run in threads
+        finished = list(_finished)
+    for mapping in finished:
+        _drop(mapping)
+
+
+def copied_out(nbytes: int) -> None:
+    """A consumer (collation) has copied ``nbytes`` out of read-only payload views: every
+    ``_DROP_STEP`` bytes, the pages of the finished mappings leave the page table again (module
+    docs, "Resident pages"). Without it, the samples still buffered when the last shard ends
+    -- thousands at the end of an epoch -- are read back in with no reader left to drop them."""
+    global _copied
+    _copied += nbytes
+    if _copied >= _DROP_STEP:
+        _copied = 0
+        _drop_finished()
 
 
 def _drop(mapping: mmap.mmap, end: int | None = None) -> None:

@@ -1,29 +1,28 @@
 """Reading a memory-mapped shard ahead of its reader, in a thread that does not hold the GIL.
 
-A mapped shard (:mod:`speechpipe.pipes.shards`) is read by touching its pages: each page not
-yet in this process's page table costs a fault, and a page not yet in the page cache a wait for
-the disk, both in the thread that touches it -- the training loop's own thread when there are
-no DataLoader workers. :class:`ReadAhead` moves that work to a helper thread that runs up to
-``_AHEAD`` bytes ahead of the reader, one ``_CHUNK`` at a time:
+A mapped shard (:mod:`speechpipe.pipes.shards`) is read by touching its pages: a page not yet
+in the page cache costs a wait for the disk in the thread that touches it -- the training
+loop's own thread when there are no DataLoader workers. :class:`ReadAhead` moves that wait to a
+helper thread that runs up to ``_AHEAD`` bytes ahead of the reader, one ``_CHUNK`` at a time,
+``os.preadv`` of the chunk into one small reused buffer: the kernel reads the file with its
+sequential read-ahead and copies each page once, so every page is in the page cache *and* has
+been touched by a CPU before the reader needs it (on a virtual machine whose memory the host
+backs lazily, the first CPU access to a page the disk has just filled costs the host's fault,
+charged to whichever thread touches it first).
 
-- for a file not in the page cache, ``os.preadv`` of the chunk into one small reused buffer:
-  the kernel reads the file with its sequential read-ahead and copies each page once, so every
-  page is in the page cache *and* has been touched by a CPU before the reader needs it (on a
-  virtual machine whose memory the host backs lazily, the first CPU access to a page the disk
-  has just filled costs the host's fault, charged to whichever thread touches it first);
-- ``madvise(MADV_POPULATE_READ)`` (Linux 5.14+) over the chunk: the pages are entered in the
-  mapping's page table, so the reader takes no fault at all.
+``os.preadv`` releases the GIL; the helper takes it only between chunks: a Python thread asking
+for the GIL while another runs Python code waits up to the switch interval, so a helper working
+in small steps falls behind a busy reader.
 
-Both are single calls that release the GIL (``os.preadv`` does; ``madvise`` is called through
-:mod:`ctypes`, which releases it around foreign calls -- ``mmap.madvise`` does not, and a
-helper calling it would stall the reader instead of helping it). The helper takes the GIL
-only between chunks, a few times per ``_CHUNK``: a Python thread asking for the GIL while
-another runs Python code waits up to the switch interval, so a helper working in small steps
-falls behind a busy reader.
+The helper does not enter pages in the mapping's page table (``MADV_POPULATE_READ``, as it did
+before issue 23.8): a pipeline's buffers put thousands of samples between the reader and the
+consumer that touches their bytes, pages passed by the reader leave the page table again
+(:mod:`speechpipe.pipes._mmap`, "Resident pages"), so pages populated ahead of the reader were
+dropped before they were used and only counted in the process's RSS meanwhile (370 MiB of
+the issue's pipeline's peak).
 
-A file found in the page cache when it is opened (``mincore`` at ``_PROBES`` places) is only
-populated, not copied: its pages were brought in by a read and touched then; populating moves
-the reader's minor faults to the helper.
+A file found in the page cache when it is opened (``mincore`` at ``_PROBES`` places) gets no
+helper: there is nothing to read.
 
 No helper (:func:`start` returns ``None``) for files under ``_MIN_SIZE``, on other systems
 than Linux, and when not wanted (``ShardReadOptions(readahead=False)``, or
@@ -31,13 +30,12 @@ than Linux, and when not wanted (``ShardReadOptions(readahead=False)``, or
 read-ahead (``MADV_WILLNEED``) as it reads.
 
 Measurements: benchmarks/README.md, "Shard reading" (why the copy, why large steps, and the
-throughput with and without the helper, cold and warm).
+throughput with and without the helper, cold and warm) and "Peak RSS of mapped shards".
 """
 
 from __future__ import annotations
 
 import ctypes
-import errno
 import mmap
 import os
 import sys
@@ -55,18 +53,14 @@ _BUFFER = 256 << 10
 # Residency is sampled at _PROBES places of _PROBE bytes.
 _PROBES = 16
 _PROBE = 256 << 10
-_MADV_POPULATE_READ = 22  # Linux 5.14+; not in Python's mmap module before 3.14
 
 _libc: Any = None
-_populate_works = True  # False once the kernel has said EINVAL (older than 5.14)
 
 
 def _load_libc() -> Any:
     global _libc
     if _libc is None:
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-        libc.madvise.restype = ctypes.c_int
         libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
         libc.mincore.restype = ctypes.c_int
         _libc = libc
@@ -100,22 +94,16 @@ class ReadAhead:
     when the helper and the payload views are gone.
 
     Attributes (for tests and diagnosis):
-        copies: the file was not all in the page cache: the helper reads it (else it only
-            populates).
         copied: bytes read with ``preadv``.
-        populated: bytes entered in the page table with ``MADV_POPULATE_READ``.
         reached: where the helper has got to (a byte offset).
     """
 
-    __slots__ = ("resume_at", "reader", "copies", "copied", "populated", "reached", "_stop",
-                 "_wake", "_thread")
+    __slots__ = ("resume_at", "reader", "copied", "reached", "_stop", "_wake", "_thread")
 
-    def __init__(self, reader: int, copies: bool) -> None:
+    def __init__(self, reader: int) -> None:
         self.resume_at = float("inf")  # the reader wakes the helper once it passes this
         self.reader = reader
-        self.copies = copies
         self.copied = 0
-        self.populated = 0
         self.reached = 0
         self._stop = False
         self._wake = threading.Event()
@@ -142,7 +130,8 @@ class ReadAhead:
 
 def start(mapping: mmap.mmap, fd: int, start: int, wanted: bool = True) -> ReadAhead | None:
     """Start a helper for ``mapping`` (of the file open as ``fd``) from ``start``; ``None``
-    when not ``wanted``, not :func:`supported` or the rest of the file is under ``_MIN_SIZE``."""
+    when not ``wanted``, not :func:`supported`, the rest of the file is under ``_MIN_SIZE`` or
+    in the page cache already."""
     size = len(mapping)
     if not wanted or size - start < _MIN_SIZE or not supported():
         return None
@@ -150,13 +139,14 @@ def start(mapping: mmap.mmap, fd: int, start: int, wanted: bool = True) -> ReadA
     try:
         libc = _load_libc()
         address = _address(mapping)
-        copies = not _resident(libc, address + first, size - first)
+        if _resident(libc, address + first, size - first):
+            return None
         own_fd = os.dup(fd)
     except (OSError, AttributeError, ValueError):
         return None
-    state = ReadAhead(start, copies)
+    state = ReadAhead(start)
     pin = memoryview(mapping)  # released by the thread when it ends
-    thread = threading.Thread(target=_run, args=(state, libc, pin, address, own_fd, first),
+    thread = threading.Thread(target=_run, args=(state, pin, own_fd, first),
                               name="speechpipe-shard-readahead", daemon=True)
     state._thread = thread
     try:
@@ -186,12 +176,10 @@ def _resident(libc: Any, address: int, length: int) -> bool:
     return True
 
 
-def _run(state: ReadAhead, libc: Any, pin: memoryview, address: int, fd: int,
-         pos: int) -> None:
+def _run(state: ReadAhead, pin: memoryview, fd: int, pos: int) -> None:
     """The helper's loop. ``pin`` (a view of the whole mapping) keeps the mapping mapped until
     the loop ends; ``fd`` is its own descriptor. It touches nothing of the reader's but
     ``state``."""
-    global _populate_works
     size = len(pin)
     try:
         buffers = [bytearray(_BUFFER)] * (_CHUNK // _BUFFER)
@@ -203,18 +191,10 @@ def _run(state: ReadAhead, libc: Any, pin: memoryview, address: int, fd: int,
                     state._wake.wait(1.0)
                 continue
             n = min(_CHUNK, size - pos)
-            if state.copies:
-                got = os.preadv(fd, buffers[:-(-n // _BUFFER)], pos)
-                state.copied += got
-                if got < n:  # the file shrank: the reader says so itself
-                    break
-            if _populate_works:
-                if libc.madvise(address + pos, n, _MADV_POPULATE_READ) == 0:
-                    state.populated += n
-                elif ctypes.get_errno() == errno.EINVAL:
-                    _populate_works = False
-                else:  # EFAULT: part of the range is beyond the file's end now
-                    break
+            got = os.preadv(fd, buffers[:-(-n // _BUFFER)], pos)
+            state.copied += got
+            if got < n:  # the file shrank: the reader says so itself
+                break
             pos += n
             state.reached = pos
     except OSError:  # an I/O error: the reader meets it itself (see shards' SIGBUS note)

@@ -35,6 +35,7 @@ import torch
 from ..errors import ChannelMismatchError, DataError, SampleRateError
 from ..sample import AUDIO, FEATS, KEY, SAMPLE_RATE, TOKENS, len_key
 from ..transfer import take
+from ._mmap import copied_out
 
 __all__ = [
     "DEFAULT_PAD_VALUES",
@@ -183,14 +184,18 @@ def _copy_rows(out: torch.Tensor, arrays: Sequence[Any], lengths: Sequence[int] 
     Writable native-order numpy arrays go through ``torch.from_numpy`` (no copy) and
     ``Tensor.copy_``; read-only ones (from ``np.frombuffer``) and other byte orders are assigned
     through numpy's view of the same output memory, which neither warns nor copies twice.
+    Read-only arrays are most often views of mapped shards: their bytes are reported to
+    :func:`~speechpipe.pipes._mmap.copied_out`, which keeps the pages read back out of RSS.
     """
     out_np = None
+    read_only = 0
     for i, array in enumerate(arrays):
         n = None if lengths is None else lengths[i]
         if n == 0:
             continue
         if isinstance(array, np.ndarray):
             if not (array.flags.writeable and array.dtype.isnative):
+                read_only += array.nbytes
                 if out_np is None:
                     try:
                         out_np = out.numpy()
@@ -202,6 +207,8 @@ def _copy_rows(out: torch.Tensor, arrays: Sequence[Any], lengths: Sequence[int] 
                 array = array.astype(array.dtype.newbyteorder("="), copy=True)
             array = torch.from_numpy(array)
         (out[i] if n is None else out[i, :n]).copy_(array)
+    if read_only:  # views of mapped shards among them: their pages may leave RSS again
+        copied_out(read_only)
 
 
 def _check_pad_value(pad_value: Any, dtype: torch.dtype, name: str) -> None:

@@ -36,9 +36,9 @@ them once into a batch -- and other payloads (text, JSON, labels, unknown member
 are copied into ``bytes``. A view is bytes-like (``np.frombuffer``, ``soundfile``,
 ``io.BytesIO`` take it); ``bytes(view)`` makes a copy for code that insists on ``bytes``. On
 Linux, a shard of 16 MiB or more gets a read-ahead thread (:mod:`speechpipe.pipes._readahead`):
-up to 256 MiB ahead of the reader, it reads the file sequentially (unless it is in the page
-cache already) and enters the pages in the mapping, without holding the GIL, so the reader
-(often the training loop's thread) neither waits for the disk nor takes page faults; a reader
+up to 256 MiB ahead of the reader, it reads the file sequentially into the page cache (unless
+it is there already), without holding the GIL, so the reader (often the training loop's
+thread) does not wait for the disk; a reader
 that finishes a shard lets its thread finish too (the views it handed out are still to be
 read), one stopped early stops it. Smaller shards, other systems and
 ``ShardReadOptions(readahead=False)`` ask the kernel for read-ahead
