@@ -123,6 +123,9 @@ from .seeding import CarriesRank, derive_seed, process_position
 __all__ = ["Loader", "PipeDataset", "ResumeWarning", "SharedEpoch", "as_tensors", "build_loader"]
 
 _VERSION = 1
+# A pass of a loader in this process ended by an exception or was left: collect garbage before
+# the next workers fork (Loader.__iter__).
+_collect_before_fork = False
 
 
 class SharedEpoch:
@@ -429,22 +432,31 @@ class Loader:
         reports = self.dataset._reports
         if reports is not None:
             _clear_reports(reports)  # left by a pass that was not run to its end
-        if self.dataloader.num_workers and not self.dataloader.persistent_workers:
+        global _collect_before_fork
+        if _collect_before_fork and self.dataloader.num_workers:
             # An earlier pass's DataLoader iterator still alive (held by an exception's
             # traceback) would be inherited by the workers about to fork and collected there:
             # its __del__ then asks whether its workers are alive, from a process that is not
-            # their parent ("AssertionError: can only test a child process"). Collected here.
+            # their parent ("AssertionError: can only test a child process"). Collected here,
+            # only after a pass (of any loader) that did not end: a full collection costs 80 ms
+            # in a process with torch and a few libraries imported, more beside a model.
             gc.collect()
+            _collect_before_fork = False
         iterator = iter(batches)
+        ended = False
         try:
             if self.device is None:
                 yield from iterator
             else:
                 for batch in iterator:
                     yield to_device(batch, self.device, non_blocking=self.non_blocking)
+            ended = True
         except Exception:
             _shut_down(iterator, self.dataloader)
             raise
+        finally:
+            if not ended:
+                _collect_before_fork = True
         if reports is not None:  # every worker has finished its pass: add up their counts
             _collect_reports(reports, self.dataset.pipe)
         if self.dataset._transfer is not None and not self.dataloader.persistent_workers:
