@@ -32,8 +32,9 @@ Audio workload only (issue 20), beside those three:
 
 - **sp-kaldifb**: speechpipe's road with :func:`speechpipe.pipes.kaldi_fbank.fbank` (the
   vectorised Kaldi fbank) once per padded batch with its lengths, in the workers;
-- **sp-device**: features on the device: the workers decode only (``map(decode) ->
-  collate(audio)``), and the same batched fbank runs in the main process after
+- **sp-device**: features on the device: the workers decode only (``collate(DecodeCollate)``:
+  soundfile decodes each utterance straight into the padded batch), and the same batched
+  fbank runs in the main process after
   ``build_loader(device="cpu")`` moved the batch (the CPU device here);
 - **lhotse-batch**: lhotse's road with its batched torch layer ``Wav2LogFilterBank`` on the
   padded ``(B, T)`` audio of each batch (it computes the padding too), in the workers.
@@ -92,7 +93,7 @@ import speechpipe  # noqa: F401  (registers the pipes)
 from speechpipe.index import ShardEntry, ShardIndex
 from speechpipe.loader import PipeDataset, build_loader
 from speechpipe.pipes._base import IterableWrapper
-from speechpipe.pipes.collate import PadCollate
+from speechpipe.pipes.collate import DecodeCollate, PadCollate
 from speechpipe.pipes.decode import decode_sample
 from speechpipe.pipes.features import KALDI_SCALE, compute_features
 from speechpipe.pipes.kaldi_fbank import FbankOptions
@@ -305,7 +306,8 @@ def fbank_of_batch(batch: dict) -> dict:
 _PER_BATCH = {
     "torchaudio": (featurize, PadCollate()),
     "kaldi_fbank": (featurize_batched, None),
-    "device": (decode_audio, PadCollate(fields=("key", "audio", "sample_rate"))),
+    # decoded by soundfile straight into the padded batch (the worker's shared memory)
+    "device": (None, DecodeCollate(fields=("key", "audio", "sample_rate"))),
 }
 
 
@@ -321,7 +323,8 @@ def speechpipe_pipe(kind: str, data: dict, setup: Setup, *, batches: bool = True
         pipe = pipe.map(functools.partial(with_num_frames, lengths))
         work, collate = _PER_BATCH[features]
         pipe = (pipe.bucket_by_length(setup.bucket, boundaries=_boundaries(data, setup), seed=0)
-                .block_batch(batch_len=setup.budget_frames, seed=0).map(work))
+                .block_batch(batch_len=setup.budget_frames, seed=0))
+        pipe = pipe if work is None else pipe.map(work)
         return pipe if collate is None else pipe.collate(collate_fn=collate)
     pipe = pipe.decode()
     if kind == "audio":

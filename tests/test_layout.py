@@ -24,7 +24,7 @@ FLOORS = [
               "pipes._restore"]),
     ("sources", ["pipes.sources", "pipes._tar", "pipes._mmap", "pipes._readahead",
                  "pipes.shards", "pipes.manifests"]),
-    ("parse/decode", ["pipes.codecs", "pipes.decode", "pipes.lhotse_io", "pipes.hf_datasets",
+    ("parse/decode", ["pipes.codecs", "pipes.audio_io", "pipes.decode", "pipes.lhotse_io", "pipes.hf_datasets",
                       "pipes.shard_writer", "pipes.kaldi_tables", "pipes.kaldi_ark",
                       "pipes.kaldi_values", "pipes.kaldi"]),
     ("transform", ["pipes._audio_common", "pipes.audio", "pipes.kaldi_fbank", "pipes.features",

@@ -36,9 +36,12 @@ from ..errors import ChannelMismatchError, DataError, SampleRateError
 from ..sample import AUDIO, FEATS, KEY, SAMPLE_RATE, TOKENS, len_key
 from ..transfer import take
 from ._mmap import copied_out
+from .decode import DeferredAudio, decode_sample
+from .codecs import check_channels
 
 __all__ = [
     "DEFAULT_PAD_VALUES",
+    "DecodeCollate",
     "PadCollate",
     "list_field",
     "pad_collate",
@@ -108,6 +111,8 @@ def _as_array(value: Any, name: str, keys: Sequence[Any] | None, i: int):
     """
     if isinstance(value, torch.Tensor):
         return value, value.dtype
+    if isinstance(value, DeferredAudio):  # decoded by _copy_rows into its row (DecodeCollate)
+        return value, torch.float32
     if isinstance(value, np.ndarray):
         array = value
     elif isinstance(value, (list, tuple, np.generic) + _PY_SCALARS):
@@ -191,6 +196,18 @@ def _copy_rows(out: torch.Tensor, arrays: Sequence[Any], lengths: Sequence[int] 
     read_only = 0
     for i, array in enumerate(arrays):
         n = None if lengths is None else lengths[i]
+        if isinstance(array, DeferredAudio):
+            if out_np is None:
+                try:
+                    out_np = out.numpy()
+                except (TypeError, RuntimeError):  # a dtype numpy lacks (bfloat16)
+                    out_np = False
+            if out_np is not False:
+                array.read_into(out_np[i] if n is None else out_np[i, :n])
+                continue
+            decoded = np.empty(array.shape, np.float32)
+            array.read_into(decoded)
+            array = decoded
         if n == 0:
             continue
         if isinstance(array, np.ndarray):
@@ -530,7 +547,7 @@ class PadCollate:
         if name in self.forced_pad:
             return "pad"
         value = next((v for v in values if v is not None), None)
-        if isinstance(value, (np.ndarray, torch.Tensor)):
+        if isinstance(value, (np.ndarray, torch.Tensor, DeferredAudio)):
             return "pad" if value.ndim >= 1 else "stack"
         if isinstance(value, _PY_SCALARS + (np.number, np.bool_)):
             return "stack"
@@ -570,6 +587,67 @@ class PadCollate:
             else:
                 batch[name] = values
         return batch
+
+
+class DecodeCollate(PadCollate):
+    """Decode raw samples and collate them in one step, each audio payload decoded straight
+    into its row of the padded batch.
+
+    ``pipe.block_batch(...).collate(collate_fn=DecodeCollate())`` over raw samples (as
+    ``read_shards`` or ``sharded_shuffle`` yield them, before ``decode``) gives the batch that
+    ``.map(decode_sample)`` then :class:`PadCollate` gives -- the same fields, names, sample
+    rates, errors -- but soundfile writes each utterance's samples once, into the batch (in a
+    DataLoader worker under :func:`~speechpipe.loader.build_loader`, the worker's reused
+    shared memory), instead of into an array of its own that collation copies: measured at the
+    decode's own cost against 1.3 x for decode + copy (benchmarks/README.md, "Features on the
+    device"). It is the worker side of features on the device: workers decode, the batched
+    fbank runs where the batch goes (:func:`~speechpipe.pipes.features.compute_batch_features`).
+    Batch on lengths known without decoding (a shard index's, or a manifest's).
+
+    Args:
+        unknown, rename, channels: as ``decode`` (:func:`~speechpipe.pipes.decode.decode_sample`).
+        **kwargs: :class:`PadCollate`'s (``pad_values``, ``fields``, ``stack``, ``as_list``,
+            ``drop``, ``dtype``).
+
+    >>> import io, soundfile
+    >>> def flac(n):
+    ...     buffer = io.BytesIO()
+    ...     soundfile.write(buffer, np.full(n, 0.5, np.float32), 16000, format="FLAC")
+    ...     return buffer.getvalue()
+    >>> batch = DecodeCollate()([{"key": "a", "flac": flac(3), "txt": b"hi"},
+    ...                          {"key": "b", "flac": flac(2), "txt": b"yo"}])
+    >>> batch["audio"], batch["audio_len"], batch["sample_rate"], batch["text"]
+    (tensor([[0.5000, 0.5000, 0.5000],
+            [0.5000, 0.5000, 0.0000]]), tensor([3, 2]), tensor([16000, 16000]), ['hi', 'yo'])
+    """
+
+    def __init__(self, *, unknown: str = "error", rename: Mapping[str, str] | None = None,
+                 channels: str | int = "keep", **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if unknown not in ("error", "keep", "drop"):
+            raise ValueError(f"unknown must be 'error', 'keep' or 'drop', got {unknown!r}")
+        self.unknown, self.rename, self.channels = unknown, dict(rename or {}), \
+            check_channels(channels)
+
+    def __repr__(self) -> str:
+        return (f"DecodeCollate(unknown={self.unknown!r}, rename={self.rename!r}, "
+                f"channels={self.channels!r}, {super().__repr__()[len('PadCollate('):]}")
+
+    def __call__(self, samples: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        decoded: list[dict] = []
+        try:
+            for sample in samples:
+                if not isinstance(sample, Mapping):
+                    raise TypeError(f"DecodeCollate expects sample dicts, got "
+                                    f"{type(sample).__name__}")
+                decoded.append(decode_sample(sample, unknown=self.unknown, rename=self.rename,
+                                             channels=self.channels, defer_audio=True))
+            return super().__call__(decoded)
+        finally:  # files not decoded (an error, a dropped field) are closed
+            for sample in decoded:
+                for value in sample.values():
+                    if isinstance(value, DeferredAudio):
+                        value.close()
 
 
 def _rate_order(item: tuple[Any, list[int]]) -> tuple[int, Any]:

@@ -18,7 +18,8 @@ anything else               ``unknown=``: error, keep bytes, drop
 
 Verbs and functions:
 
-- :func:`read_audio`: soundfile reading of a path, bytes or file object (shared entry point).
+- :func:`read_audio` (from :mod:`speechpipe.pipes.audio_io`): soundfile reading of a path,
+  bytes or file object (shared entry point).
 - :func:`decode_field` / :func:`decode_sample`: one field / one raw sample.
 - ``decode`` (:class:`DecoderIterDataPipe`): raw samples from ``read_shards`` to decoded ones.
 - :func:`read_audio_segment` and ``load_audio`` (:class:`AudioLoaderIterDataPipe`): audio
@@ -42,23 +43,25 @@ import json
 import math
 import os
 import re
-from typing import Any, BinaryIO, Callable, Iterator, Mapping, Union
+from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
 import soundfile
 
 from ..diagnostics import Diagnostics, check_on_error
-from ..errors import AudioFormatError, DataError, MissingDataError, UnsafeInputError
+from ..errors import DataError, MissingDataError, UnsafeInputError
 from ..remote import RemoteOptions, is_remote, join_url, read_remote_bytes
 from ..sample import AUDIO, FEATS, KEY, SAMPLE_RATE, SOURCE, TEXT, Sample
 from ._base import IterDataPipe, functional_datapipe
-from .codecs import check_channels, choose_channels, sniff_format
+from .audio_io import DeferredAudio, _open_audio, read_audio, short_wav
+from .codecs import check_channels, choose_channels
 from .shards import AUDIO_EXTENSIONS, NPY_EXTENSIONS
 
 __all__ = [
     "AUDIO_EXTENSIONS",
     "AudioLoaderIterDataPipe",
     "DecoderIterDataPipe",
+    "DeferredAudio",
     "INT_EXTENSIONS",
     "JSON_EXTENSIONS",
     "NPY_EXTENSIONS",
@@ -70,8 +73,6 @@ __all__ = [
     "read_audio_segment",
     "short_wav",
 ]
-
-AudioInput = Union[str, bytes, BinaryIO]
 
 TEXT_EXTENSIONS = ("text", "transcript", "txt")
 JSON_EXTENSIONS = ("json",)
@@ -90,112 +91,6 @@ _DEFAULT_NAMES = {
 _UNKNOWN = ("error", "keep", "drop")
 _NPY_MAGIC = b"\x93NUMPY"
 _BYTES = (bytes, bytearray, memoryview)
-
-
-def read_audio(
-    data: AudioInput,
-    *,
-    source: str | None = None,
-    key: str | None = None,
-    start: int = 0,
-    stop: int | None = None,
-) -> tuple[np.ndarray, int]:
-    """Read audio with soundfile: ``(float32 array, time first, sample_rate)``.
-
-    Args:
-        data: a path, the file's bytes, or a binary file object.
-        source: where the data came from, for error messages (defaults to the path).
-        key: utterance key, for error messages.
-        start: first sample (frame) to read.
-        stop: one past the last sample to read; ``None`` reads to the end.
-
-    Mono audio is returned as ``(samples,)``, multi-channel as ``(samples, channels)``.
-    Bytes soundfile cannot decode raise :class:`~speechpipe.errors.AudioFormatError` naming
-    the format their first bytes show (:func:`~speechpipe.pipes.codecs.sniff_format`).
-
-    >>> import tempfile, os
-    >>> path = os.path.join(tempfile.mkdtemp(), "a.flac")
-    >>> soundfile.write(path, np.zeros(1600, dtype=np.float32), 16000)
-    >>> audio, rate = read_audio(path, start=100, stop=900)
-    >>> audio.shape, audio.dtype, rate
-    ((800,), dtype('float32'), 16000)
-    """
-    where = source if source is not None else (data if isinstance(data, str) else None)
-    fileobj = io.BytesIO(data) if isinstance(data, (bytes, bytearray, memoryview)) else data
-    position = _tell(fileobj)
-    try:
-        with soundfile.SoundFile(fileobj) as f:  # soundfile.read, plus the header's promise
-            short = short_wav(f)
-            if start != 0 and not f.seekable():
-                raise ValueError("start is only allowed for seekable files")
-            begin, end, _ = slice(start, stop).indices(f.frames)
-            if f.seekable():
-                f.seek(begin)
-            audio = f.read(max(end, begin) - begin, dtype="float32", always_2d=False)
-            rate = f.samplerate
-    except FileNotFoundError as exc:
-        raise MissingDataError("audio file not found", source=where, key=key) from exc
-    except (soundfile.LibsndfileError, RuntimeError, TypeError, ValueError) as exc:
-        if isinstance(data, str) and not _exists(data):
-            raise MissingDataError("audio file not found", source=where, key=key) from exc
-        raise AudioFormatError(f"cannot decode audio (format: {_format_of(fileobj, position)}): "
-                               f"{exc}", source=where, key=key) from exc
-    if short is not None:
-        raise DataError(f"truncated WAV: its header promises {short[0]} bytes of audio but the "
-                        f"file holds {short[1]}", source=where, key=key)
-    if stop is not None and audio.shape[0] < stop - start:
-        raise DataError(
-            f"audio ends before the requested samples [{start}, {stop}): it has "
-            f"{start + audio.shape[0]} samples",
-            source=where,
-            key=key,
-        )
-    return audio, int(rate)
-
-
-_WAV_FORMATS = ("WAV", "WAVEX", "RF64", "W64")
-_DATA_CHUNK = re.compile(r"^data\s*:\s*(\d+)\s*\(should be (\d+)\)", re.M)
-_STREAMED_SIZE = 0x7FFF0000  # a writer that could not seek back (a pipe) puts ~2**31 or 2**32
-
-
-def short_wav(f: soundfile.SoundFile) -> tuple[int, int] | None:
-    """``(bytes promised, bytes present)`` of a WAV whose data chunk is shorter than its header
-    says (libsndfile reads what is there without an error), else None. A header written by a
-    streaming writer (size 0 or ~2**31/2**32: unknown length) promises nothing."""
-    if f.format not in _WAV_FORMATS:
-        return None
-    found = _DATA_CHUNK.search(f.extra_info)
-    if found is None:
-        return None
-    promised, present = int(found.group(1)), int(found.group(2))
-    if 0 < present < promised < _STREAMED_SIZE:
-        return promised, present
-    return None
-
-
-def _tell(fileobj: Any) -> int | None:
-    try:
-        return None if isinstance(fileobj, str) else fileobj.tell()
-    except (AttributeError, OSError, ValueError):
-        return None
-
-
-def _format_of(fileobj: Any, position: int | None) -> str:
-    """The format the first bytes of an undecodable input show (``unreadable`` if gone)."""
-    try:
-        if isinstance(fileobj, str):
-            with open(fileobj, "rb") as f:
-                return sniff_format(f.read(64))
-        fileobj.seek(position)
-        return sniff_format(fileobj.read(64))
-    except (AttributeError, OSError, TypeError, ValueError):
-        return "unreadable"
-
-
-def _exists(path: str) -> bool:
-    import os
-
-    return os.path.exists(path)
 
 
 # --------------------------------------------------------------------------------------------
@@ -376,6 +271,7 @@ def decode_sample(
     rename: Mapping[str, str] | None = None,
     on_drop: Callable[[str], None] | None = None,
     channels: str | int = "keep",
+    defer_audio: bool = False,
 ) -> Sample:
     """Decode the bytes fields of one raw sample (see :class:`DecoderIterDataPipe`).
 
@@ -391,6 +287,9 @@ def decode_sample(
         on_drop: called with each dropped field name.
         channels: ``"keep"`` every channel of decoded audio, ``"downmix"`` them to their mean
             or keep one by index (:func:`~speechpipe.pipes.codecs.choose_channels`).
+        defer_audio: open and check audio fields (and set their sample rates) but leave their
+            samples undecoded: each becomes a :class:`DeferredAudio` (what
+            :class:`~speechpipe.pipes.collate.DecodeCollate` decodes into the batch).
 
     >>> decode_sample({"key": "u1", "source": "a.tar", "txt": b"hi", "n.cls": b"3"})
     {'key': 'u1', 'source': 'a.tar', 'text': 'hi', 'n': 3}
@@ -419,10 +318,15 @@ def decode_sample(
             elif on_drop is not None:
                 on_drop(field)
             continue
-        decoded = decode_field(field, value, source=sample.get(SOURCE), key=sample.get(KEY))
         prefix, _, ext = field.rpartition(".")
         ext = ext.lower()
         name = rename.get(field) or prefix or _DEFAULT_NAMES.get(ext, ext)
+        if defer_audio and ext in AUDIO_EXTENSIONS:
+            deferred = _defer(value, channels, _where(sample, field))
+            put(name, deferred, field)
+            put(_rate_name(name), deferred.sample_rate, field)
+            continue
+        decoded = decode_field(field, value, source=sample.get(SOURCE), key=sample.get(KEY))
         if ext in AUDIO_EXTENSIONS:
             audio, rate = decoded
             if channels != "keep":
@@ -432,6 +336,18 @@ def decode_sample(
         else:
             put(name, decoded, field)
     return out
+
+
+def _defer(data: Any, channels: Any, where: dict) -> DeferredAudio:
+    try:
+        f, context = _open_audio(data, where["source"], where["key"])
+    except DataError as exc:
+        raise type(exc)(exc.reason, **where) from exc
+    deferred = DeferredAudio(f, context, channels, where)
+    if channels not in ("keep", "downmix") and not 0 <= channels < f.channels:
+        deferred.close()  # choose_channels names the channel the audio lacks
+        choose_channels(np.zeros((1, f.channels), np.float32), channels, **where)
+    return deferred
 
 
 @functional_datapipe("decode")

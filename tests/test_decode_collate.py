@@ -1,0 +1,196 @@
+"""DecodeCollate: raw samples decoded straight into the padded batch (issue 20).
+
+Checked on the demo corpus's recorded speech (FLAC) and on WAV/FLAC written here: the batch is
+the one ``decode_sample`` then ``PadCollate`` give (fields, names, rates, values bit for bit),
+for mono and multi-channel audio, every channel choice and output dtype; every bad payload
+raises what the decode road raises, naming the member and the key; in DataLoader workers the
+audio is decoded into the worker's shared memory and the batches equal the decode road's.
+"""
+
+from __future__ import annotations
+
+import glob
+import io
+
+import numpy as np
+import pytest
+import soundfile
+import torch
+
+import speechpipe as sp
+from speechpipe.demo import DEMO_CORPUS
+from speechpipe.errors import (
+    AudioFormatError, ChannelMismatchError, DataError, SampleRateError, UnsafeInputError,
+)
+from speechpipe.pipes.collate import DecodeCollate, PadCollate
+from speechpipe.pipes.decode import DeferredAudio, decode_sample
+from speechpipe.pipes.shard_writer import ShardWriter
+
+FLACS = sorted(glob.glob(f"{DEMO_CORPUS}/**/*.flac", recursive=True))
+
+
+def encoded(audio: np.ndarray, rate: int = 16000, fmt: str = "FLAC",
+            subtype: str = "PCM_16") -> bytes:
+    buffer = io.BytesIO()
+    soundfile.write(buffer, audio, rate, format=fmt, subtype=subtype)
+    return buffer.getvalue()
+
+
+def speech_samples(count: int = 6) -> list[dict]:
+    """Raw samples of the demo corpus's recorded speech, with a transcript and a label."""
+    out = []
+    for i, path in enumerate(FLACS[:count]):
+        with open(path, "rb") as f:
+            out.append({"key": f"u{i}", "source": "demo.tar", "flac": memoryview(f.read()),
+                        "txt": f"words {i}".encode(), "n.cls": str(i).encode()})
+    return out
+
+
+def assert_same_batch(got: dict, expected: dict) -> None:
+    assert list(got) == list(expected)
+    for name, value in expected.items():
+        if isinstance(value, torch.Tensor):
+            assert got[name].dtype == value.dtype, name
+            assert torch.equal(got[name], value), name
+        else:
+            assert got[name] == value, name
+
+
+def test_recorded_speech_decoded_into_the_batch_equals_decode_then_pad_collate():
+    raws = speech_samples()
+    expected = PadCollate()([decode_sample(r) for r in raws])
+    got = DecodeCollate()(raws)
+    assert_same_batch(got, expected)
+    assert list(got) == ["key", "source", "audio", "audio_len", "sample_rate", "text", "n"]
+    assert got["audio"].shape[0] == len(raws) and len(set(got["audio_len"].tolist())) > 1
+
+
+@pytest.mark.parametrize("channels", ["keep", "downmix", 0, 1])
+@pytest.mark.parametrize("fmt", ["FLAC", "WAV"])
+def test_multichannel_audio_and_every_channel_choice_equal_the_decode_road(channels, fmt):
+    rng = np.random.default_rng(0)
+    raws = [{"key": f"s{i}", f"{fmt.lower()}": encoded(
+        rng.uniform(-0.5, 0.5, (800 + 300 * i, 2)).astype(np.float32), fmt=fmt)}
+        for i in range(3)]
+    expected = PadCollate()([decode_sample(r, channels=channels) for r in raws])
+    got = DecodeCollate(channels=channels)(raws)
+    assert_same_batch(got, expected)
+    assert got["audio"].ndim == (3 if channels == "keep" else 2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
+def test_an_output_dtype_gives_the_decode_roads_values_in_it(dtype):
+    raws = speech_samples(3)
+    expected = PadCollate(dtype=dtype)([decode_sample(r) for r in raws])
+    assert_same_batch(DecodeCollate(dtype=dtype)(raws), expected)
+
+
+def test_renamed_and_second_audio_fields_get_their_own_rates_and_pads():
+    rng = np.random.default_rng(1)
+    raws = [{"key": f"k{i}", "mic1.flac": encoded(rng.uniform(-1, 1, 500 + i).astype(np.float32)),
+             "mic2.wav": encoded(rng.uniform(-1, 1, 700 - i).astype(np.float32), 8000, "WAV")}
+            for i in range(3)]
+    options = dict(rename={"mic1.flac": "audio"}, pad_values={"mic2": -1.0})
+    expected = PadCollate(pad_values={"mic2": -1.0})(
+        [decode_sample(r, rename=options["rename"]) for r in raws])
+    got = DecodeCollate(**options)(raws)
+    assert_same_batch(got, expected)
+    assert got["mic2_sample_rate"].tolist() == [8000] * 3
+    assert got["mic2"][2, -1].item() == -1.0  # the shortest row is padded with its value
+
+
+def test_deferred_audio_describes_the_array_it_decodes_to():
+    raw = speech_samples(1)[0]
+    deferred = decode_sample(raw, defer_audio=True)["audio"]
+    assert isinstance(deferred, DeferredAudio)
+    audio, rate = soundfile.read(io.BytesIO(bytes(raw["flac"])), dtype="float32")
+    assert deferred.shape == audio.shape and deferred.ndim == 1
+    assert deferred.sample_rate == rate and deferred.nbytes == audio.nbytes
+    out = np.empty(audio.shape, np.float32)
+    deferred.read_into(out)
+    assert np.array_equal(out, audio)
+
+
+def test_a_corrupt_payload_raises_the_decode_roads_error_naming_member_and_key():
+    raws = speech_samples(2)
+    raws[1]["flac"] = b"this is not audio at all, just text" * 20
+    with pytest.raises(AudioFormatError) as caught:
+        DecodeCollate()(raws)
+    with pytest.raises(AudioFormatError) as reference:
+        decode_sample(raws[1])
+    assert str(caught.value) == str(reference.value)
+    assert "u1.flac" in str(caught.value) and "'u1'" in str(caught.value)
+
+
+def test_a_truncated_wav_is_refused_not_padded():
+    whole = encoded(np.full(16000, 0.25, np.float32), fmt="WAV")
+    raws = [{"key": "ok", "wav": encoded(np.zeros(100, np.float32), fmt="WAV")},
+            {"key": "cut", "wav": whole[:len(whole) // 3]}]
+    with pytest.raises(DataError, match=r"truncated WAV: its header promises 32000 bytes"):
+        DecodeCollate()(raws)
+
+
+def test_a_flac_cut_short_raises_instead_of_giving_fewer_samples():
+    whole = encoded(np.random.default_rng(2).uniform(-1, 1, 48000).astype(np.float32))
+    raws = [{"key": "cut", "flac": whole[:len(whole) // 2]}]
+    with pytest.raises(DataError) as caught:
+        DecodeCollate()(raws)
+    assert "'cut'" in str(caught.value)
+
+
+def test_mixed_channel_counts_and_rates_are_refused_naming_the_keys():
+    mono = encoded(np.zeros(400, np.float32))
+    stereo = encoded(np.zeros((400, 2), np.float32))
+    with pytest.raises(ChannelMismatchError, match="'b'"):
+        DecodeCollate()([{"key": "a", "flac": mono}, {"key": "b", "flac": stereo}])
+    other_rate = encoded(np.zeros(400, np.float32), rate=8000)
+    with pytest.raises(SampleRateError, match=r"8000 Hz: 1 \['b'\]"):
+        DecodeCollate()([{"key": "a", "flac": mono}, {"key": "b", "flac": other_rate},
+                         {"key": "c", "flac": mono}])
+
+
+def test_a_channel_the_audio_lacks_and_unsafe_fields_are_refused():
+    mono = encoded(np.zeros(400, np.float32))
+    with pytest.raises(DataError, match=r"channel 1 does not exist: the audio has 1 channel"):
+        DecodeCollate(channels=1)([{"key": "a", "flac": mono}])
+    with pytest.raises(UnsafeInputError):
+        DecodeCollate()([{"key": "a", "flac": mono, "x.pkl": b"\x80\x04."}])
+    with pytest.raises(ValueError, match="unknown must be"):
+        DecodeCollate(unknown="ignore")
+
+
+class _Noting(DecodeCollate):
+    """Notes, in the worker, whether the audio was decoded into shared memory."""
+
+    def __call__(self, samples):
+        batch = super().__call__(samples)
+        batch["shared"] = batch["audio"].is_shared()
+        return batch
+
+
+def _one(sample) -> int:  # raw samples have no length to measure: batches of a count
+    return 1
+
+
+def test_in_dataloader_workers_audio_is_decoded_into_shared_memory_as_the_decode_road(
+        tmp_path):
+    raws = speech_samples(12)
+    with ShardWriter(str(tmp_path / "s-%03d.tar"), maxcount=6) as writer:
+        for raw in raws:
+            writer.write({"key": raw["key"], "flac": bytes(raw["flac"]), "txt": raw["txt"]})
+    shards = writer.paths
+
+    def loader(collate, decode_first):
+        pipe = sp.IterableWrapper(shards).sharded_shuffle(buffer_size=4, seed=3)
+        if decode_first:
+            pipe = pipe.decode()
+        pipe = pipe.block_batch(constraint=sp.SampleCount(4, length=_one), seed=3)
+        pipe = pipe.collate(collate_fn=collate)
+        return sp.build_loader(pipe, num_workers=2, seed=3)
+
+    got = list(loader(_Noting(), decode_first=False))
+    expected = list(loader(PadCollate(), decode_first=True))
+    assert len(got) == len(expected) == 4  # each worker: a shard of 6 in batches of 4 and 2
+    for batch, reference in zip(got, expected):
+        assert batch.pop("shared") is True  # the batch's memory, written once by soundfile
+        assert_same_batch(batch, reference)
