@@ -26,6 +26,11 @@ how fast is it per core next to the fbank?
    map of :mod:`speechpipe.pipes.threads`) applying :func:`speechpipe.pipes.decode.decode_sample`
    to raw samples ``{"key", "flac": bytes}`` -- with 0 (in the consuming thread), 2 and 4
    threads: wall × real time and parallelism of one process.
+4. **into the batch**: batches of 8 raw samples made into a padded audio batch, one thread's
+   CPU time per round, batches taking turns: the decode alone (``soundfile.read`` per file,
+   the reference), ``decode_sample`` then ``PadCollate`` (each utterance decoded into an array
+   of its own, then copied into the batch) and ``DecodeCollate`` (decoded straight into the
+   batch); × real time and the ratio of each to the decode alone.
 
 The machine's other load changes all of these; medians over rounds and ranges are printed, no
 speed is asserted.
@@ -53,6 +58,7 @@ from torchaudio.compliance import kaldi
 import speechpipe  # noqa: F401  (registers the functional names)
 from speechpipe.demo import DEMO_CORPUS
 from speechpipe.pipes._base import IterableWrapper
+from speechpipe.pipes.collate import DecodeCollate, PadCollate
 from speechpipe.pipes.decode import decode_sample
 from speechpipe.pipes.features import KALDI_SCALE
 from speechpipe.pipes.kaldi_fbank import FbankOptions, fbank
@@ -202,6 +208,28 @@ def in_worker(blobs: list[bytes], seconds: float, runs: int) -> list[str]:
     return lines
 
 
+def into_batch(blobs: list[bytes], seconds: float, runs: int) -> list[str]:
+    """Part 4: a padded audio batch from raw samples: decode alone, decode + copy, into it."""
+    raw = [{"key": f"u{i:03d}", "flac": b} for i, b in enumerate(blobs)]
+    batches = [raw[i:i + 8] for i in range(0, len(raw), 8)]
+    pad, into = PadCollate(), DecodeCollate()
+    impls = {
+        "decode alone (soundfile.read)": lambda batch: [
+            soundfile.read(io.BytesIO(s["flac"]), dtype="float32") for s in batch],
+        "decode_sample + PadCollate": lambda batch: pad([decode_sample(s) for s in batch]),
+        "DecodeCollate (into the batch)": lambda batch: into(batch),
+    }
+    spent = rounds(impls, batches, runs)
+    alone = statistics.median(spent["decode alone (soundfile.read)"])
+    lines = []
+    for name, times in spent.items():
+        speeds = [seconds / cpu for cpu in times]
+        lines.append(f"  {name:<32} {statistics.median(speeds):>7.0f} x real time "
+                     f"[{min(speeds):.0f}, {max(speeds):.0f}], "
+                     f"{statistics.median(times) / alone:.2f} x the decode's CPU")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tiny", action="store_true")
@@ -229,6 +257,9 @@ def main(argv: list[str] | None = None) -> None:
               f"[{min(speeds):.0f}, {max(speeds):.0f}]")
     print("3. the decode stage inside one worker")
     for line in in_worker(blobs, seconds, runs):
+        print(line)
+    print("4. a padded batch from raw samples (batches of 8, one thread's CPU time)")
+    for line in into_batch(blobs, seconds, runs):
         print(line)
 
 
