@@ -51,6 +51,25 @@ def test_split_false_gives_every_process_everything():
     assert len([s for s in loader]) == 2 * len(ROWS)
 
 
+def _tagged(sample: dict) -> dict:
+    return {**sample, "worker": torch.utils.data.get_worker_info().id}
+
+
+@pytest.mark.parametrize("per_process", [False, True])
+def test_per_process_gives_every_worker_everything_in_an_order_of_its_own(per_process):
+    # A noise source (augment_source) is read whole by every worker: with one order shared by
+    # all of them, each worker put the same noise at the same places of its stream.
+    pipe = IterableWrapper(ROWS).shuffle_samples(seed=1, split=False, per_process=per_process)
+    loader = torch.utils.data.DataLoader(pipe.map(_tagged), batch_size=None, num_workers=2)
+    out = [(s["worker"], s["key"]) for s in loader]
+    orders = [[k for w, k in out if w == worker] for worker in (0, 1)]
+    assert all(sorted(o) == sorted(r["key"] for r in ROWS) for o in orders)  # each whole
+    assert (orders[0] != orders[1]) is per_process
+    again = [(s["worker"], s["key"]) for s in loader]  # seeded: the same orders again
+    assert again == out
+    assert keys(pipe) == keys(IterableWrapper(ROWS).shuffle_samples(seed=1, split=False))
+
+
 def test_len_is_exact_with_a_sized_source_and_refused_without():
     assert len(IterableWrapper(ROWS).shuffle_samples()) == len(ROWS)
     unsized = IterableWrapper(ROWS).filter(_keep).shuffle_samples()
@@ -120,6 +139,8 @@ def test_bad_arguments_are_named():
         IterableWrapper(ROWS).shuffle_samples(seed="1")
     with pytest.raises(TypeError, match="split"):
         IterableWrapper(ROWS).shuffle_samples(split=1)
+    with pytest.raises(ValueError, match="per_process=True needs split=False"):
+        IterableWrapper(ROWS).shuffle_samples(per_process=True)
 
 
 def test_pickle_round_trip_gives_the_same_order_and_drops_a_pass_read():

@@ -184,6 +184,11 @@ class SampleShufflerIterDataPipe(Seeded, _SampleList, IterDataPipe[Sample]):
         seed: seed of the permutation (with the epoch).
         split: split the order between ranks and workers (``False``: every process yields
             all samples, e.g. for evaluation on each rank).
+        per_process: with ``split=False``, each process (rank, DataLoader worker) permutes
+            with ``(seed, epoch, rank, worker)``, an order of its own -- what a source every
+            worker reads whole wants, such as the noise of ``add_noise`` (the same order in
+            every worker would give the same noise to the same place of each worker's
+            stream).
 
     >>> import speechpipe
     >>> from speechpipe import IterableWrapper
@@ -199,13 +204,21 @@ class SampleShufflerIterDataPipe(Seeded, _SampleList, IterDataPipe[Sample]):
     _name = "shuffle_samples"
 
     def __init__(self, source_datapipe: Iterable[Sample], *, seed: int = 0,
-                 split: bool = True) -> None:
+                 split: bool = True, per_process: bool = False) -> None:
         super().__init__(source_datapipe, split=split)
         self.seed = check_seed(seed)
         self.epoch = 0
+        if not isinstance(per_process, bool):
+            raise TypeError(f"per_process must be a bool, got {per_process!r}")
+        if per_process and split:
+            raise ValueError("per_process=True needs split=False: a split order is one order "
+                             "shared by every process")
+        self.per_process = per_process
 
     def _permute(self, order: list[int]) -> None:
-        derive_rng(self.seed, self.epoch, 0, 0, "shuffle_samples").shuffle(order)
+        where = process_position() if self.per_process else None
+        rank, worker = (where.rank, where.worker) if where is not None else (0, 0)
+        derive_rng(self.seed, self.epoch, rank, worker, "shuffle_samples").shuffle(order)
 
     def _snapshot(self, live: dict) -> dict:
         return {"epoch": self.epoch, **live}

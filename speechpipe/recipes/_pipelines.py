@@ -249,8 +249,10 @@ def augment_source(source: Any, *, seed: int = 0,
 
     ``source`` is a pipe (used as it is), or manifests in any form :func:`resolve_manifests`
     takes (``prepare_musan(...)["noise"]``, paths, a folder...): their rows are shuffled at
-    each pass (``shuffle_samples(split=False)``: the stage gives each pass of its source an
-    epoch of its own, so the noise does not come in file order, the same in every worker) and
+    each pass (``shuffle_samples(split=False, per_process=True)``: the stage gives each pass
+    of its source an epoch of its own, so the noise does not come in file order, and each rank
+    and worker an order of its own, so that workers do not put the same noise at the same
+    places of their streams) and
     loaded as the training road loads utterances (``load_audio``; object-storage manifests
     and audio with ``remote``). Nothing is read here.
 
@@ -263,7 +265,8 @@ def augment_source(source: Any, *, seed: int = 0,
     """
     if isinstance(source, IterDataPipe):
         return source
-    rows = manifest_samples(source, remote=remote).shuffle_samples(seed=seed, split=False)
+    rows = manifest_samples(source, remote=remote).shuffle_samples(seed=seed, split=False,
+                                                                   per_process=True)
     return rows.load_audio(field=AUDIO_PATH, offset_field=OFFSET, duration_field=DURATION,
                            whole_without_offset=True, remote=remote)
 
