@@ -7,7 +7,7 @@ feature samples (``key``, ``source``, ``text`` and an 80-dim float32 ``feats`` a
 the meter and without (``meter=None``), side by side:
 
 - ``sharded_shuffle``: its sample buffer, :func:`~speechpipe.pipes.order.shuffle_window`
-  over samples, window 1,000;
+  over samples before ``decode`` (a ``memoryview`` of a mapped shard, ``bytes``), window 1,000;
 - ``bucket_by_length``: :func:`~speechpipe.pipes.batching.bucket_groups`, buffer 1,000,
   4 buckets;
 - ``block_batch``: its batch window, ``shuffle_window`` over batches of 30 samples,
@@ -40,24 +40,33 @@ DIM = 80
 BATCH = 30
 
 
-def make_samples(n: int) -> list[dict]:
-    """``n`` sample dicts; 1,000 distinct arrays of 50-549 frames shared among them."""
+def make_samples(n: int) -> tuple[list[dict], list[dict]]:
+    """``n`` decoded sample dicts (1,000 distinct arrays of 50-549 frames shared among them),
+    and the same ``n`` as a shard reader gives them before ``decode``: the ``.npy`` payload a
+    view of a mapped shard (a ``memoryview``), the transcript ``bytes``."""
     rng = np.random.default_rng(0)
     arrays = [np.zeros((int(f), DIM), np.float32) for f in rng.integers(50, 550, 1000)]
-    return [{"key": f"u{i:07d}", "source": "data-00000.tar", "text": "a short transcript",
-             "feats": arrays[i % len(arrays)]} for i in range(n)]
+    shard = memoryview(bytes(max(a.nbytes for a in arrays) + 128))
+    decoded, raw = [], []
+    for i in range(n):
+        feats = arrays[i % len(arrays)]
+        decoded.append({"key": f"u{i:07d}", "source": "data-00000.tar",
+                        "text": "a short transcript", "feats": feats})
+        raw.append({"key": f"u{i:07d}", "source": "data-00000.tar",
+                    "txt": b"a short transcript", "feats.npy": shard[:feats.nbytes + 128]})
+    return decoded, raw
 
 
 def _frames(sample: dict) -> int:
     return sample["feats"].shape[0]
 
 
-def stages(samples: list[dict]) -> dict[str, Callable[[BufferStats | None], int]]:
+def stages(samples: list[dict], raw: list[dict]) -> dict[str, Callable[[BufferStats | None], int]]:
     """Each stage as a function of its meter (or None), returning the items it emitted."""
     batches = [samples[i:i + BATCH] for i in range(0, len(samples), BATCH)]
 
-    def sharded_shuffle(meter):
-        return sum(1 for _ in shuffle_window(samples, 1000, random.Random(0), meter=meter))
+    def sharded_shuffle(meter):  # its buffer holds samples before decode
+        return sum(1 for _ in shuffle_window(raw, 1000, random.Random(0), meter=meter))
 
     def bucket_by_length(meter):
         groups = bucket_groups(iter(samples), buffer_size=1000, boundaries=[150, 300, 450],
@@ -108,11 +117,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args(argv)
     n, rounds = (2000, 2) if args.tiny else (args.samples, args.rounds)
-    samples = make_samples(n)
+    samples, raw = make_samples(n)
     print(f"{n:,} samples, {rounds} rounds; µs CPU per sample: min / median [range]")
     print("| stage | without meter | with meter | counting adds (min) | ratio (min) |")
     print("|---|---|---|---|---|")
-    for name, run in stages(samples).items():
+    for name, run in stages(samples, raw).items():
         times = measure(run, n, rounds)
         off, on = min(times["off"]), min(times["on"])
         print(f"| {name} | {_cell(times['off'])} | {_cell(times['on'])} | "

@@ -31,7 +31,7 @@ import itertools
 from collections.abc import Mapping  # isinstance on typing.Mapping costs ~1 us per sample
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
-from ..diagnostics import BufferStats, Diagnostics
+from ..diagnostics import BufferStats, Diagnostics, held_bytes
 from ..errors import DataError
 from ..sample import KEY, SOURCE, Sample, estimate_boundaries, sample_duration
 from ._base import IterDataPipe, functional_datapipe
@@ -186,17 +186,22 @@ def bucket_groups(
     elif len(buckets) != len(cuts) + 1:
         raise ValueError(f"buckets must hold {len(cuts) + 1} buckets, got {len(buckets)}")
     held = sum(len(b) for b in buckets)
+    add = None if meter is None else meter.add
+    # each bucket's bytes, summed as its samples enter: a group leaves without a second walk
+    sizes = [0 if add is None else held_bytes([s for _, _, s in b])[1] for b in buckets]
     for sample in samples:
         n = measure(sample)
-        buckets[bisect.bisect_right(cuts, _primary(n))].append((n, rng.random(), sample))
-        if meter is not None:
-            meter.add(sample)
+        i = bisect.bisect_right(cuts, _primary(n))
+        buckets[i].append((n, rng.random(), sample))
+        if add is not None:
+            sizes[i] += add(sample)
         held += 1
         if held >= buffer_size:
             fullest = max(range(len(buckets)), key=lambda i: len(buckets[i]))
             group, buckets[fullest] = buckets[fullest], []
             held -= len(group)
-            yield _leaving(_sorted_group(group), meter)
+            yield _leaving(_sorted_group(group), meter, sizes[fullest])
+            sizes[fullest] = 0
     rest = [b for b in buckets if b]
     rng.shuffle(rest)
     buckets[:] = rest[::-1]
@@ -204,9 +209,9 @@ def bucket_groups(
         yield _leaving(_sorted_group(buckets.pop()), meter)
 
 
-def _leaving(group: list, meter: Any) -> list:
+def _leaving(group: list, meter: Any, nbytes: int | None = None) -> list:
     if meter is not None:
-        meter.remove(group)
+        meter.remove(group, nbytes)
     return group
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Iterator, Mapping
 
-from ..diagnostics import Diagnostics, check_on_error
+from ..diagnostics import Diagnostics, check_on_error, held_bytes
 from ..errors import DataError, locate
 from ..sample import KEY, SOURCE
 from ._base import IterDataPipe, functional_datapipe
@@ -196,15 +196,18 @@ def shuffle_window(
                 i = rng.randrange(len(pool))
                 pool[i], pool[-1] = pool[-1], pool[i]
                 yield pool.pop()
-    else:
+    else:  # each item's bytes, counted once as it enters, kept beside it in ``sizes``
+        add, remove = meter.add, meter.remove
+        sizes = [held_bytes(item)[1] for item in pool]
         for item in items:
             pool.append(item)
-            meter.add(item)
+            sizes.append(add(item))
             if len(pool) >= window:
                 i = rng.randrange(len(pool))
                 pool[i], pool[-1] = pool[-1], pool[i]
+                sizes[i], sizes[-1] = sizes[-1], sizes[i]
                 item = pool.pop()
-                meter.remove(item)
+                remove(item, sizes.pop())
                 yield item
     rng.shuffle(pool)
     pool.reverse()
