@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import random
+import weakref
 
 import numpy as np
 import pytest
@@ -20,7 +21,7 @@ from speechpipe.diagnostics import BufferStats
 from speechpipe.loader import PipeDataset, build_loader
 from speechpipe.pipes._base import IterableWrapper
 from speechpipe.pipes._graph import graph_nodes
-from speechpipe.pipes.batching import bucket_groups
+from speechpipe.pipes.batching import BlockBatcher, LengthBucketer, bucket_groups
 from speechpipe.pipes.collate import PadCollate
 from speechpipe.pipes.order import shuffle_window
 from speechpipe.pipes.shard_writer import ShardWriter
@@ -277,3 +278,69 @@ def test_each_buffering_stage_measures_a_sample_once(stage):
     assert (meter.samples, meter.bytes) == (0, 0)  # everything counted out again
     assert meter.peak_bytes >= 10 * meter.peak_samples > 0
     assert Measured.reads <= 100 + 20  # once in each; a drained tail of < 20 walked again
+
+
+class Token:
+    """A sample field that can be weakly referenced: alive while its sample is."""
+
+
+class Watched:
+    """A plain iterable of samples (no torch hook around it: torch's own pipes keep the item
+    they yielded last while they make the next) that, at each read and as each output
+    arrives, counts the samples the consumer was handed and dropped which are still alive,
+    that is, kept by the stages."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.refs, self.dropped, self.kept = n, {}, set(), []
+
+    def __iter__(self):
+        for i in range(self.n):
+            self.kept.append(self.alive())
+            yield self.sample(i)  # no local here names it
+
+    def sample(self, i: int) -> dict:
+        token = Token()
+        self.refs[f"u{i:03d}"] = weakref.ref(token)
+        return {"key": f"u{i:03d}", "token": token,
+                "feats": np.zeros((1 + (i * 7) % 40, DIM), np.float32)}
+
+    def alive(self) -> int:
+        return sum(self.refs[k]() is not None for k in self.dropped)
+
+    def consume(self, pipe) -> int:
+        """Iterate ``pipe``, dropping each output at once (and counting, as each next one
+        arrives, the earlier ones still alive); the outputs' count."""
+        count = 0
+        for out in pipe:
+            self.kept.append(self.alive())
+            keys = [s["key"] for s in (out if isinstance(out, list) else [out])]
+            del out
+            self.dropped.update(keys)
+            count += 1
+        return count
+
+
+@pytest.mark.parametrize("build", [
+    lambda src: LengthBucketer(src, buffer_size=30, boundaries=[10, 20, 30]),
+    lambda src: LengthBucketer(src, buffer_size=30, num_buckets=3),
+    lambda src: BlockBatcher(src, batch_len=60, shuffle_window=1),
+    lambda src: BlockBatcher(src, batch_len=60, shuffle_window=5, seed=SEED),
+    lambda src: BlockBatcher(LengthBucketer(src, buffer_size=30, boundaries=[10, 20, 30]),
+                             batch_len=60, shuffle_window=1),
+    lambda src: BlockBatcher(LengthBucketer(src, buffer_size=30, num_buckets=3),
+                             batch_len=60, shuffle_window=5, seed=SEED),
+], ids=["bucket", "bucket-estimated", "block", "block-window", "bucket-block",
+        "bucket-estimated-block-window"])
+def test_samples_handed_over_are_not_kept_by_the_stages(build):
+    # Issue 23: "the second emitted group of bucket_by_length stays alive". It did, for the
+    # whole pass: the loop variable that counted the resumed buckets in (none, on a fresh
+    # pass) was left naming the last bucket, whose first group then stayed alive. Locals
+    # also kept what a stage had handed over last: bucket_by_length its last group (while
+    # block_batch handed out its batches and while it read on), block_batch the group its
+    # batches came from (the first one for the whole pass, through the chain that put it
+    # back in front) and its last batch; at the end of the stream, bucket_by_length kept
+    # every group left until the pass ended.
+    source = Watched(300)
+    assert source.consume(build(source)) > 10
+    assert max(source.kept) == 0, source.kept
+

@@ -127,10 +127,9 @@ def pack_batches(
             if batch:
                 if stats is not None:
                     stats.add_batch(batch_lengths, constraint)
-                full = batch[:]
-                batch[:] = [sample]  # the open batch while suspended: the sample just read
                 batch_lengths, state = [n], alone
-                yield full
+                # the open batch while suspended: the sample just read
+                yield _reopened(batch, [sample])
             else:
                 batch.append(sample)
                 batch_lengths, state = [n], alone
@@ -141,14 +140,21 @@ def pack_batches(
                 stats.oversize_emitted += 1
                 stats.add_batch([n], constraint)
             yield [sample]
+            del sample
         elif stats is not None:
             stats.oversize_dropped += 1
     if batch:
         if stats is not None:
             stats.add_batch(batch_lengths, constraint)
-        full = batch[:]
-        batch.clear()
-        yield full
+        yield _reopened(batch, [])
+
+
+def _reopened(batch: list, rest: list) -> list:
+    """A copy of the full ``batch``, which then holds ``rest``: the generator yields the copy
+    without a local naming it, so a batch handed over is not kept while it reads on."""
+    full = batch[:]
+    batch[:] = rest
+    return full
 
 
 def bucket_groups(
@@ -172,7 +178,9 @@ def bucket_groups(
     ``(length, tie, sample)`` to start from; it is updated in place, and after the end of the
     stream it holds the groups still to be emitted, last first.
     ``meter`` (a :class:`~speechpipe.diagnostics.BufferStats`) is told of each sample entering
-    and each group leaving (the caller counts ``buckets`` it starts from).
+    and each group leaving (the caller counts ``buckets`` it starts from). No local keeps a
+    group or sample once handed over: what a consumer drops is freed, even while this
+    generator is suspended or reading on.
 
     >>> import random
     >>> groups = bucket_groups(iter([5, 1, 9, 2, 8, 3]), buffer_size=4, boundaries=[4],
@@ -195,18 +203,25 @@ def bucket_groups(
         buckets[i].append((n, rng.random(), sample))
         if add is not None:
             sizes[i] += add(sample)
+        del sample  # no local names what was handed over (see the docstring)
         held += 1
         if held >= buffer_size:
-            fullest = max(range(len(buckets)), key=lambda i: len(buckets[i]))
-            group, buckets[fullest] = buckets[fullest], []
-            held -= len(group)
-            yield _leaving(_sorted_group(group), meter, sizes[fullest])
-            sizes[fullest] = 0
+            fullest = max(range(len(buckets)), key=lambda b: len(buckets[b]))
+            held -= len(buckets[fullest])
+            nbytes, sizes[fullest] = sizes[fullest], 0
+            yield _leaving(_sorted_group(_emptied(buckets, fullest)), meter, nbytes)
     rest = [b for b in buckets if b]
     rng.shuffle(rest)
     buckets[:] = rest[::-1]
+    del rest
     while buckets:
         yield _leaving(_sorted_group(buckets.pop()), meter)
+
+
+def _emptied(buckets: list[list], i: int) -> list:
+    """``buckets[i]``, replaced by a new empty bucket."""
+    group, buckets[i] = buckets[i], []
+    return group
 
 
 def _leaving(group: list, meter: Any, nbytes: int | None = None) -> list:
@@ -319,10 +334,7 @@ class LengthBucketerIterDataPipe(Seeded, Resumable, IterDataPipe[list]):
         if state is None:
             it = iter(self.source_datapipe)
             if self.num_buckets is not None and self.boundaries is None:
-                for sample in it:
-                    head.append(sample)
-                    if len(head) >= self.buffer_size:
-                        break
+                head = list(itertools.islice(it, self.buffer_size))
             boundaries = self._boundaries(head)
             buckets: list[list] = [[] for _ in range(len(boundaries or []) + 1)]
             live = {"rng": rng, "buckets": buckets, "drain": False}
@@ -339,8 +351,8 @@ class LengthBucketerIterDataPipe(Seeded, Resumable, IterDataPipe[list]):
         self._live = live
         meter = self.buffers
         meter.reset()
-        for bucket in buckets:  # resumed buckets
-            meter.add([sample for _, _, sample in bucket])
+        # resumed buckets (no loop variable here: it would keep a bucket alive for the pass)
+        meter.add([sample for bucket in buckets for _, _, sample in bucket])
         try:
             if live["drain"]:  # the stream had ended: what is left, in the order drawn
                 while buckets:
@@ -471,7 +483,10 @@ class BlockBatcherIterDataPipe(Seeded, Resumable, IterDataPipe[list]):
                 live["drain"] = True
                 return
             live["mode"] = "groups" if isinstance(first, list) else "samples"
-            it = itertools.chain([first], it)
+            # handed over by drain_pool and not kept: a chain over [first] would keep the
+            # first group alive while the next one is read, and the local for the whole pass
+            it = itertools.chain(drain_pool([first]), it)
+            del first
         if live["mode"] == "samples":  # a plain stream of samples
             # live["open"] is the packer's open batch, kept in place (a state reads it)
             yield from pack_batches(it, self.constraint, open_batch=live["open"], **kwargs)
@@ -483,6 +498,7 @@ class BlockBatcherIterDataPipe(Seeded, Resumable, IterDataPipe[list]):
                         "it either samples or the groups of bucket_by_length, not both"
                     )
                 pending.extend(pack_batches(group, self.constraint, **kwargs))
+                del group  # its batches leave one by one: none kept once handed over
                 while pending:
                     yield pending.pop(0)
         live["drain"] = True
@@ -507,8 +523,8 @@ class BlockBatcherIterDataPipe(Seeded, Resumable, IterDataPipe[list]):
         self._live = live
         meter = self.buffers
         meter.reset()
-        for batch in live["pool"]:  # a resumed window
-            meter.add(batch)
+        # a resumed window (no loop variable here: it would keep a batch alive for the pass)
+        meter.add([sample for batch in live["pool"] for sample in batch])
         try:
             if live["drain"]:  # the stream had ended: the window's rest, in the order drawn
                 yield from drain_pool(live["pool"], meter)

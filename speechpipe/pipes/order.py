@@ -176,7 +176,8 @@ def shuffle_window(
     ``pool`` (for resuming) is the window to start from; it is updated in place, and after the
     end of ``items`` it holds the rest, last first (``pool.pop()`` gives the next).
     ``meter`` (a :class:`~speechpipe.diagnostics.BufferStats`) is told of each item entering
-    and leaving the window (the caller counts a ``pool`` it starts from).
+    and leaving the window (the caller counts a ``pool`` it starts from). No local keeps an
+    item once handed over.
 
     >>> import random
     >>> sorted(shuffle_window(range(10), 4, random.Random(0))) == list(range(10))
@@ -189,9 +190,11 @@ def shuffle_window(
         return
     if pool is None:
         pool = []
+    # ``del item``: the item just read may be the one handed over next (see the docstring)
     if meter is None:
         for item in items:
             pool.append(item)
+            del item
             if len(pool) >= window:
                 i = rng.randrange(len(pool))
                 pool[i], pool[-1] = pool[-1], pool[i]
@@ -202,13 +205,13 @@ def shuffle_window(
         for item in items:
             pool.append(item)
             sizes.append(add(item))
+            del item
             if len(pool) >= window:
                 i = rng.randrange(len(pool))
                 pool[i], pool[-1] = pool[-1], pool[i]
                 sizes[i], sizes[-1] = sizes[-1], sizes[i]
-                item = pool.pop()
-                remove(item, sizes.pop())
-                yield item
+                remove(pool[-1], sizes.pop())
+                yield pool.pop()
     rng.shuffle(pool)
     pool.reverse()
     yield from drain_pool(pool, meter)
@@ -220,11 +223,11 @@ def drain_pool(pool: list, meter: Any = None) -> Iterator[Any]:
     >>> list(drain_pool([1, 2, 3]))
     [3, 2, 1]
     """
+    # no local names the item handed over: a group split downstream is freed as it goes
     while pool:
-        item = pool.pop()
         if meter is not None:
-            meter.remove(item)
-        yield item
+            meter.remove(pool[-1])
+        yield pool.pop()
 
 
 def shuffle_buffer(
