@@ -28,7 +28,7 @@ import argparse
 import random
 import statistics
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 

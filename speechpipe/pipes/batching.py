@@ -140,7 +140,7 @@ def pack_batches(
                 stats.oversize_emitted += 1
                 stats.add_batch([n], constraint)
             yield [sample]
-            del sample
+            del sample  # not kept while reading on
         elif stats is not None:
             stats.oversize_dropped += 1
     if batch:

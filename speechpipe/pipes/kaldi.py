@@ -197,9 +197,10 @@ class ScpLoaderIterDataPipe(IterDataPipe[Sample]):
       an ark, or an opt-in ``cmd |``;
     - ``kind="text"``: ``{"key", "text"}``;
 
-    and each with ``"source"``, the table's ``file:line`` (as ``parse_manifest`` gives it), when
-    the entry knows it. Errors name the table file, line and key, and the ark or audio path. For a ``segments``
-    file use ``load_segments``; to combine tables by key use ``join_by_key``.
+    and each with ``"source"``, the table's ``file:line`` (as ``parse_manifest`` gives it),
+    when the entry knows it. Errors name the table file, line and key, and the ark or audio
+    path. For a ``segments`` file use ``load_segments``; to combine tables by key use
+    ``join_by_key``.
 
     Args:
         source_datapipe: pipe of entries.
@@ -518,9 +519,8 @@ class SegmentLoaderIterDataPipe(IterDataPipe[Sample]):
     <recording-id> <start-sec> <end-sec>``, end ``-1`` = to the end) and yields one sample
     per segment, in order: ``{"key": utt, "audio", "sample_rate", "recording": recording-id}``
     holding only that slice, and ``"source"``, the segments file's ``file:line``
-    (:func:`slice_segments`). The ``wav_scp`` table is read at the
-    start of each pass, not when the pipe is built. For whole recordings use
-    ``load_scp("wav")``.
+    (:func:`slice_segments`). The ``wav_scp`` table is read at the start of each pass, not
+    when the pipe is built. For whole recordings use ``load_scp("wav")``.
 
     Args:
         source_datapipe: pipe of segments entries.
