@@ -344,3 +344,38 @@ def test_samples_handed_over_are_not_kept_by_the_stages(build):
     assert source.consume(build(source)) > 10
     assert max(source.kept) == 0, source.kept
 
+
+
+
+def test_a_resumed_pass_keeps_no_restored_sample_it_handed_over(shards):
+    # the samples read again for a resumed pass stayed in the stages' resume dict for the
+    # whole pass, and the loops that counted the resumed window and buckets in left their
+    # variables on the last restored batch and bucket
+    def pipe():
+        return (decoded(shards).bucket_by_length(buffer_size=12, seed=SEED)
+                .block_batch(batch_len=120, shuffle_window=5, seed=SEED))
+
+    first = PipeDataset(pipe(), seed=SEED)
+    it = iter(first)
+    for _ in range(4):
+        next(it)
+    state = first.state_dict()
+    restored: set[str] = set()  # the keys the state holds (every "uNNN" string in it)
+
+    def walk(value):
+        if isinstance(value, str) and len(value) == 4 and value.startswith("u"):
+            restored.add(value)
+        elif isinstance(value, (list, tuple, dict)):
+            for item in value.values() if isinstance(value, dict) else value:
+                walk(item)
+
+    walk(state["stages"])
+    assert len(restored) > 10
+    again = PipeDataset(pipe(), seed=SEED)
+    again.load_state_dict(state)
+    handed, kept = [], []
+    for batch in again:  # restored samples handed over earlier, still alive as each arrives
+        kept.append(sum(ref() is not None for ref in handed))
+        handed.extend(weakref.ref(s["feats"]) for s in batch if s["key"] in restored)
+        del batch
+    assert len(handed) == len(restored) and max(kept) == 0, kept

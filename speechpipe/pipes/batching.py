@@ -348,6 +348,7 @@ class LengthBucketerIterDataPipe(Seeded, Resumable, IterDataPipe[list]):
             live = {"rng": rng, "buckets": buckets, "drain": bool(state["drain"])}
             boundaries = None if live["drain"] else self._boundaries(head)
             it = iter(()) if live["drain"] else iter(self.source_datapipe)
+        del samples  # the re-read samples are in the buckets: kept no longer than there
         self._live = live
         meter = self.buffers
         meter.reset()
@@ -520,6 +521,7 @@ class BlockBatcherIterDataPipe(Seeded, Resumable, IterDataPipe[list]):
                 pending=[[held_sample(samples, i) for i in batch] for batch in state["pending"]],
                 open=[held_sample(samples, i) for i in state["open"]],
             )
+        del samples  # the re-read samples are in the window: kept no longer than there
         self._live = live
         meter = self.buffers
         meter.reset()
