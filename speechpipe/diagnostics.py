@@ -34,6 +34,8 @@ import warnings
 from collections import Counter
 from typing import Any
 
+import numpy as np
+
 from .errors import DataError
 
 __all__ = [
@@ -193,12 +195,20 @@ def held_bytes(item: Any) -> tuple[int, int]:
 
 
 _NO_BYTES = frozenset({str, int, float, bool, type(None)})
+_ARRAY = np.ndarray
 
 
 def _sample_bytes(sample: dict) -> int:
     total = 0
-    for value in sample.values():
-        if type(value) not in _NO_BYTES:  # the usual key, source, text: no lookup
+    for value in sample.values():  # the usual types without a call, the rest by _nbytes
+        kind = type(value)
+        if kind in _NO_BYTES:  # key, source, text
+            continue
+        if kind is _ARRAY or kind is memoryview:  # decoded arrays, mapped shard payloads
+            total += value.nbytes
+        elif kind is bytes:  # payloads read into memory
+            total += len(value)
+        else:
             total += _nbytes(value)
     return total
 
@@ -221,7 +231,9 @@ class BufferStats:
     >>> import numpy as np
     >>> b = BufferStats("block_batch")
     >>> batch = [{"feats": np.zeros((250, 80), np.float32)}] * 4
-    >>> b.add(batch); b.add(batch); b.remove(batch)
+    >>> b.add(batch), b.add(batch)  # each returns the bytes it counted
+    (320000, 320000)
+    >>> b.remove(batch, 320000)  # with what add returned, the batch is not walked again
     >>> b.samples, b.bytes, b.peak_samples, b.peak_bytes
     (4, 320000, 8, 640000)
     >>> print(b.report())
@@ -237,19 +249,31 @@ class BufferStats:
         self.samples = self.bytes = self.peak_samples = self.peak_bytes = 0
         self.workers = []
 
-    def add(self, item: Any) -> None:
-        n, b = held_bytes(item)
+    def add(self, item: Any) -> int:
+        """Count ``item`` (a sample, or a list or tuple of them) in; returns its bytes, for
+        :meth:`remove` to take it out again without walking it a second time."""
+        if type(item) is dict:  # a sample: the usual case, without held_bytes' tuple
+            n, b = 1, _sample_bytes(item)
+        else:
+            n, b = held_bytes(item)
         self.samples += n
         self.bytes += b
         if self.samples > self.peak_samples:  # noqa: PLR1730 (per item: cheaper than max())
             self.peak_samples = self.samples
         if self.bytes > self.peak_bytes:  # noqa: PLR1730
             self.peak_bytes = self.bytes
+        return b
 
-    def remove(self, item: Any) -> None:
-        n, b = held_bytes(item)
+    def remove(self, item: Any, nbytes: int | None = None) -> None:
+        """Count ``item`` out; ``nbytes``: what :meth:`add` returned for it, so that it is not
+        walked again."""
+        if nbytes is None:
+            n, nbytes = held_bytes(item)
+        else:
+            kind = type(item)
+            n = len(item) if kind is list or kind is tuple else 1
         self.samples -= n
-        self.bytes -= b
+        self.bytes -= nbytes
 
     def to_dict(self) -> dict:
         """The figures as plain data (what a DataLoader worker reports)."""

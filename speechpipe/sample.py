@@ -16,7 +16,8 @@ key                 value
 ``speaker``         speaker id, ``str``
 ``duration``        seconds, ``float`` (from a manifest, before any audio is read)
 ``num_frames``      ``int``: a length known before the data is read (index, data_len file)
-``source``          where the sample came from (file, shard), ``str``, for error messages
+``source``          where the sample came from (file, shard; ``file:line`` for a line of a
+                    manifest or Kaldi table), ``str``, for error messages
 ==================  ==========================================================================
 
 Every array is **time first** (axis 0), so padding always happens along axis 0 and a batch

@@ -9,6 +9,8 @@ output order, window / buffer sizes) and the arrays' own ``nbytes``, not from th
 from __future__ import annotations
 
 import os
+import random
+import weakref
 
 import numpy as np
 import pytest
@@ -19,7 +21,9 @@ from speechpipe.diagnostics import BufferStats
 from speechpipe.loader import PipeDataset, build_loader
 from speechpipe.pipes._base import IterableWrapper
 from speechpipe.pipes._graph import graph_nodes
+from speechpipe.pipes.batching import BlockBatcher, LengthBucketer, bucket_groups
 from speechpipe.pipes.collate import PadCollate
+from speechpipe.pipes.order import shuffle_window
 from speechpipe.pipes.shard_writer import ShardWriter
 from speechpipe.pipes.shards import ShardReadOptions
 
@@ -235,3 +239,143 @@ def test_bucket_by_length_keeps_no_head_sample_alive_after_it_left():
         next(it)
     gc.collect()
     assert [arrays[i]() for i in (0, 2, 4, 6)] == [None] * 4
+
+
+class Measured:
+    """A sample field with ``nbytes`` that counts how often it is read."""
+
+    reads = 0
+
+    def __init__(self, nbytes: int) -> None:
+        self._nbytes = nbytes
+
+    @property
+    def nbytes(self) -> int:
+        Measured.reads += 1
+        return self._nbytes
+
+
+@pytest.mark.parametrize("stage", ["sharded_shuffle", "bucket_by_length", "block_batch"])
+def test_each_buffering_stage_measures_a_sample_once(stage):
+    # Issue 23: counting walked every sample's values twice per stage (in and out), about
+    # 1 us per sample per stage; the bytes counted as an item enters are kept beside it and
+    # taken out with it, not walked again (only the tail drained at the end of the stream is).
+    rows = [{"key": f"u{i:03d}", "feats": Measured(10 * (1 + i % 7)), "n": i % 7}
+            for i in range(100)]
+    meter = BufferStats(stage)
+    Measured.reads = 0
+    if stage == "sharded_shuffle":  # its sample buffer: 10 samples
+        out = list(shuffle_window(rows, 10, random.Random(SEED), meter=meter))
+    elif stage == "bucket_by_length":  # 10 samples in 2 buckets
+        out = [s for g in bucket_groups(iter(rows), buffer_size=10, boundaries=[3],
+                                        measure=lambda s: s["n"], rng=random.Random(SEED),
+                                        meter=meter) for s in g]
+    else:  # block_batch's window: 5 batches of 4
+        batches = [rows[i:i + 4] for i in range(0, 100, 4)]
+        out = [s for b in shuffle_window(batches, 5, random.Random(SEED), meter=meter)
+               for s in b]
+    assert sorted(s["key"] for s in out) == [r["key"] for r in rows]
+    assert (meter.samples, meter.bytes) == (0, 0)  # everything counted out again
+    assert meter.peak_bytes >= 10 * meter.peak_samples > 0
+    assert Measured.reads <= 100 + 20  # once in each; a drained tail of < 20 walked again
+
+
+class Token:
+    """A sample field that can be weakly referenced: alive while its sample is."""
+
+
+class Watched:
+    """A plain iterable of samples (no torch hook around it: torch's own pipes keep the item
+    they yielded last while they make the next) that, at each read and as each output
+    arrives, counts the samples the consumer was handed and dropped which are still alive,
+    that is, kept by the stages."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.refs, self.dropped, self.kept = n, {}, set(), []
+
+    def __iter__(self):
+        for i in range(self.n):
+            self.kept.append(self.alive())
+            yield self.sample(i)  # no local here names it
+
+    def sample(self, i: int) -> dict:
+        token = Token()
+        self.refs[f"u{i:03d}"] = weakref.ref(token)
+        return {"key": f"u{i:03d}", "token": token,
+                "feats": np.zeros((1 + (i * 7) % 40, DIM), np.float32)}
+
+    def alive(self) -> int:
+        return sum(self.refs[k]() is not None for k in self.dropped)
+
+    def consume(self, pipe) -> int:
+        """Iterate ``pipe``, dropping each output at once (and counting, as each next one
+        arrives, the earlier ones still alive); the outputs' count."""
+        count = 0
+        for out in pipe:
+            self.kept.append(self.alive())
+            keys = [s["key"] for s in (out if isinstance(out, list) else [out])]
+            del out
+            self.dropped.update(keys)
+            count += 1
+        return count
+
+
+@pytest.mark.parametrize("build", [
+    lambda src: LengthBucketer(src, buffer_size=30, boundaries=[10, 20, 30]),
+    lambda src: LengthBucketer(src, buffer_size=30, num_buckets=3),
+    lambda src: BlockBatcher(src, batch_len=60, shuffle_window=1),
+    lambda src: BlockBatcher(src, batch_len=60, shuffle_window=5, seed=SEED),
+    lambda src: BlockBatcher(LengthBucketer(src, buffer_size=30, boundaries=[10, 20, 30]),
+                             batch_len=60, shuffle_window=1),
+    lambda src: BlockBatcher(LengthBucketer(src, buffer_size=30, num_buckets=3),
+                             batch_len=60, shuffle_window=5, seed=SEED),
+], ids=["bucket", "bucket-estimated", "block", "block-window", "bucket-block",
+        "bucket-estimated-block-window"])
+def test_samples_handed_over_are_not_kept_by_the_stages(build):
+    # Issue 23: "the second emitted group of bucket_by_length stays alive". It did, for the
+    # whole pass: the loop variable that counted the resumed buckets in (none, on a fresh
+    # pass) was left naming the last bucket, whose first group then stayed alive. Locals
+    # also kept what a stage had handed over last: bucket_by_length its last group (while
+    # block_batch handed out its batches and while it read on), block_batch the group its
+    # batches came from (the first one for the whole pass, through the chain that put it
+    # back in front) and its last batch; at the end of the stream, bucket_by_length kept
+    # every group left until the pass ended.
+    source = Watched(300)
+    assert source.consume(build(source)) > 10
+    assert max(source.kept) == 0, source.kept
+
+
+
+
+def test_a_resumed_pass_keeps_no_restored_sample_it_handed_over(shards):
+    # the samples read again for a resumed pass stayed in the stages' resume dict for the
+    # whole pass, and the loops that counted the resumed window and buckets in left their
+    # variables on the last restored batch and bucket
+    def pipe():
+        return (decoded(shards).bucket_by_length(buffer_size=12, seed=SEED)
+                .block_batch(batch_len=120, shuffle_window=5, seed=SEED))
+
+    first = PipeDataset(pipe(), seed=SEED)
+    it = iter(first)
+    for _ in range(4):
+        next(it)
+    state = first.state_dict()
+    restored: set[str] = set()  # the keys the state holds (every "uNNN" string in it)
+
+    def walk(value):
+        if isinstance(value, str) and len(value) == 4 and value.startswith("u"):
+            restored.add(value)
+        elif isinstance(value, (list, tuple, dict)):
+            for item in value.values() if isinstance(value, dict) else value:
+                walk(item)
+
+    walk(state["stages"])
+    assert len(restored) > 10
+    again = PipeDataset(pipe(), seed=SEED)
+    again.load_state_dict(state)
+    handed, kept = [], []
+    for batch in again:  # restored samples handed over earlier, still alive as each arrives
+        kept.append(sum(ref() is not None for ref in handed))
+        handed.extend(weakref.ref(s["feats"]) for s in batch if s["key"] in restored)
+        del batch
+    assert len(handed) == len(restored) and max(kept) == 0, kept

@@ -605,7 +605,22 @@ def test_output_pipe_value_is_malformed(tmp_path):
 def test_text_kind_keeps_the_transcript_including_empty_ones(tmp_path):
     path = write(tmp_path / "text", "u1 HELLO  WORLD\nu2\n")
     samples = list(scp_pipe(path, allow_empty=True).load_scp("text"))
-    assert samples == [{"key": "u1", "text": "HELLO  WORLD"}, {"key": "u2", "text": ""}]
+    # each sample's source is its table line (issue 23: join_by_key's errors name it)
+    assert samples == [{"key": "u1", "text": "HELLO  WORLD", "source": f"{path}:1"},
+                       {"key": "u2", "text": "", "source": f"{path}:2"}]
+
+
+def test_segments_and_feats_samples_carry_their_table_line(tmp_path):
+    matrices = {"u1": np.ones((2, 3), np.float32), "u2": np.zeros((4, 3), np.float32)}
+    scp = feats_ark(tmp_path, matrices)
+    feats = scp_pipe(scp).load_scp("feats")
+    assert [s["source"] for s in feats] == [f"{scp}:1", f"{scp}:2"]
+    wav = tmp_path / "r.wav"
+    soundfile.write(wav, np.zeros(100, np.float32), 10)
+    write(tmp_path / "wav.scp", f"r {wav}\n")
+    segments = write(tmp_path / "segments", "s1 r 0 1\n\ns2 r 1 2\n")
+    samples = scp_pipe(segments).load_segments(str(tmp_path / "wav.scp"))
+    assert [s["source"] for s in samples] == [f"{segments}:1", f"{segments}:3"]
 
 
 # --------------------------------------------------------------------------- segments

@@ -111,3 +111,58 @@ def test_a_missing_key_names_the_table_file_it_was_read_from(tmp_path):
     assert str(text) in str(info.value)
     with pytest.raises(DataError, match=rf"table #1 \({text}\) never appeared.*'c'"):
         list(stream("a").join_by_key(table))
+
+
+# Issue 23 ("join_by_key's missing-key error names the key but not the table file and
+# line"): rows of a Kaldi table carry "file:line" in their 'source', so an error about a
+# table row names the line, and a stream key missing from a table names where that stream
+# sample came from and the table's file (the table has no line for a key it lacks).
+
+
+def kaldi_table(path, text):
+    path.write_text(text)
+    return IterableWrapper([str(path)]).open().parse_scp(allow_empty=True)
+
+
+def test_a_stream_key_missing_from_a_table_names_the_stream_line_and_the_table_file(tmp_path):
+    stream_ = kaldi_table(tmp_path / "text", "a X\nb Y\n").load_scp("text")
+    table_ = kaldi_table(tmp_path / "utt2spk", "a s1\n").map(
+        lambda e: {"key": e.key, "speaker": e.value})
+    with pytest.raises(DataError) as info:
+        list(stream_.join_by_key(table_))
+    assert str(info.value).startswith(
+        f"{tmp_path / 'text'}:2 (key 'b'): key is missing from join_by_key table "
+        f"#1 ({tmp_path / 'utt2spk'})")
+
+
+def test_a_table_key_never_in_the_stream_names_its_file_and_line(tmp_path):
+    table_ = kaldi_table(tmp_path / "text", "a HELLO\n\nz ZED\n").load_scp("text")
+    with pytest.raises(DataError) as info:
+        list(stream("a").join_by_key(table_))
+    assert (info.value.source, info.value.key) == (f"{tmp_path / 'text'}:3", "z")
+    assert str(info.value).startswith(f"{tmp_path / 'text'}:3 (key 'z'): 1 key(s) of "
+                                      "join_by_key table #1")
+    pipe = stream("a").join_by_key(table_, on_missing="skip")
+    with pytest.warns(SkippedInputWarning):
+        list(pipe)
+    assert pipe.diagnostics.examples == {
+        "table #1 key not in stream": [f"{tmp_path / 'text'}:3 (key 'z')"]}
+
+
+def test_a_key_twice_across_table_files_names_both_lines(tmp_path):
+    (tmp_path / "a").write_text("u1 ONE\nu2 TWO\n")
+    (tmp_path / "b").write_text("u2 AGAIN\n")
+    table_ = IterableWrapper([str(tmp_path / "a"), str(tmp_path / "b")]).open().parse_scp()
+    with pytest.raises(DataError) as info:
+        list(stream("u1", "u2").join_by_key(table_.load_scp("text")))
+    assert str(info.value).startswith(
+        f"{tmp_path / 'b'}:1 (key 'u2'): key appears twice in join_by_key table #1")
+    assert f"first at {tmp_path / 'a'}:2" in str(info.value)
+
+
+def test_a_field_that_differs_names_the_table_line(tmp_path):
+    table_ = kaldi_table(tmp_path / "text", "a\nb OTHER\n").load_scp("text")
+    s = IterableWrapper([{"key": "b", "text": "B"}])
+    with pytest.raises(DataError, match=rf"field 'text' differs between the stream and "
+                                        rf"{tmp_path / 'text'}:2 \(join_by_key table #1\)"):
+        list(s.join_by_key(table_, on_missing="skip"))

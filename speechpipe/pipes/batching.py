@@ -31,7 +31,7 @@ import itertools
 from collections.abc import Mapping  # isinstance on typing.Mapping costs ~1 us per sample
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
-from ..diagnostics import BufferStats, Diagnostics
+from ..diagnostics import BufferStats, Diagnostics, held_bytes
 from ..errors import DataError
 from ..sample import KEY, SOURCE, Sample, estimate_boundaries, sample_duration
 from ._base import IterDataPipe, functional_datapipe
@@ -127,10 +127,9 @@ def pack_batches(
             if batch:
                 if stats is not None:
                     stats.add_batch(batch_lengths, constraint)
-                full = batch[:]
-                batch[:] = [sample]  # the open batch while suspended: the sample just read
                 batch_lengths, state = [n], alone
-                yield full
+                # the open batch while suspended: the sample just read
+                yield _reopened(batch, [sample])
             else:
                 batch.append(sample)
                 batch_lengths, state = [n], alone
@@ -141,14 +140,21 @@ def pack_batches(
                 stats.oversize_emitted += 1
                 stats.add_batch([n], constraint)
             yield [sample]
+            del sample  # not kept while reading on
         elif stats is not None:
             stats.oversize_dropped += 1
     if batch:
         if stats is not None:
             stats.add_batch(batch_lengths, constraint)
-        full = batch[:]
-        batch.clear()
-        yield full
+        yield _reopened(batch, [])
+
+
+def _reopened(batch: list, rest: list) -> list:
+    """A copy of the full ``batch``, which then holds ``rest``: the generator yields the copy
+    without a local naming it, so a batch handed over is not kept while it reads on."""
+    full = batch[:]
+    batch[:] = rest
+    return full
 
 
 def bucket_groups(
@@ -172,7 +178,9 @@ def bucket_groups(
     ``(length, tie, sample)`` to start from; it is updated in place, and after the end of the
     stream it holds the groups still to be emitted, last first.
     ``meter`` (a :class:`~speechpipe.diagnostics.BufferStats`) is told of each sample entering
-    and each group leaving (the caller counts ``buckets`` it starts from).
+    and each group leaving (the caller counts ``buckets`` it starts from). No local keeps a
+    group or sample once handed over: what a consumer drops is freed, even while this
+    generator is suspended or reading on.
 
     >>> import random
     >>> groups = bucket_groups(iter([5, 1, 9, 2, 8, 3]), buffer_size=4, boundaries=[4],
@@ -186,27 +194,39 @@ def bucket_groups(
     elif len(buckets) != len(cuts) + 1:
         raise ValueError(f"buckets must hold {len(cuts) + 1} buckets, got {len(buckets)}")
     held = sum(len(b) for b in buckets)
+    add = None if meter is None else meter.add
+    # each bucket's bytes, summed as its samples enter: a group leaves without a second walk
+    sizes = [0 if add is None else held_bytes([s for _, _, s in b])[1] for b in buckets]
     for sample in samples:
         n = measure(sample)
-        buckets[bisect.bisect_right(cuts, _primary(n))].append((n, rng.random(), sample))
-        if meter is not None:
-            meter.add(sample)
+        i = bisect.bisect_right(cuts, _primary(n))
+        buckets[i].append((n, rng.random(), sample))
+        if add is not None:
+            sizes[i] += add(sample)
+        del sample  # no local names what was handed over (see the docstring)
         held += 1
         if held >= buffer_size:
-            fullest = max(range(len(buckets)), key=lambda i: len(buckets[i]))
-            group, buckets[fullest] = buckets[fullest], []
-            held -= len(group)
-            yield _leaving(_sorted_group(group), meter)
+            fullest = max(range(len(buckets)), key=lambda b: len(buckets[b]))
+            held -= len(buckets[fullest])
+            nbytes, sizes[fullest] = sizes[fullest], 0
+            yield _leaving(_sorted_group(_emptied(buckets, fullest)), meter, nbytes)
     rest = [b for b in buckets if b]
     rng.shuffle(rest)
     buckets[:] = rest[::-1]
+    del rest
     while buckets:
         yield _leaving(_sorted_group(buckets.pop()), meter)
 
 
-def _leaving(group: list, meter: Any) -> list:
+def _emptied(buckets: list[list], i: int) -> list:
+    """``buckets[i]``, replaced by a new empty bucket."""
+    group, buckets[i] = buckets[i], []
+    return group
+
+
+def _leaving(group: list, meter: Any, nbytes: int | None = None) -> list:
     if meter is not None:
-        meter.remove(group)
+        meter.remove(group, nbytes)
     return group
 
 
@@ -314,10 +334,7 @@ class LengthBucketerIterDataPipe(Seeded, Resumable, IterDataPipe[list]):
         if state is None:
             it = iter(self.source_datapipe)
             if self.num_buckets is not None and self.boundaries is None:
-                for sample in it:
-                    head.append(sample)
-                    if len(head) >= self.buffer_size:
-                        break
+                head = list(itertools.islice(it, self.buffer_size))
             boundaries = self._boundaries(head)
             buckets: list[list] = [[] for _ in range(len(boundaries or []) + 1)]
             live = {"rng": rng, "buckets": buckets, "drain": False}
@@ -331,11 +348,12 @@ class LengthBucketerIterDataPipe(Seeded, Resumable, IterDataPipe[list]):
             live = {"rng": rng, "buckets": buckets, "drain": bool(state["drain"])}
             boundaries = None if live["drain"] else self._boundaries(head)
             it = iter(()) if live["drain"] else iter(self.source_datapipe)
+        del samples  # the re-read samples are in the buckets: kept no longer than there
         self._live = live
         meter = self.buffers
         meter.reset()
-        for bucket in buckets:  # resumed buckets
-            meter.add([sample for _, _, sample in bucket])
+        # resumed buckets (no loop variable here: it would keep a bucket alive for the pass)
+        meter.add([sample for bucket in buckets for _, _, sample in bucket])
         try:
             if live["drain"]:  # the stream had ended: what is left, in the order drawn
                 while buckets:
@@ -466,7 +484,10 @@ class BlockBatcherIterDataPipe(Seeded, Resumable, IterDataPipe[list]):
                 live["drain"] = True
                 return
             live["mode"] = "groups" if isinstance(first, list) else "samples"
-            it = itertools.chain([first], it)
+            # handed over by drain_pool and not kept: a chain over [first] would keep the
+            # first group alive while the next one is read, and the local for the whole pass
+            it = itertools.chain(drain_pool([first]), it)
+            del first
         if live["mode"] == "samples":  # a plain stream of samples
             # live["open"] is the packer's open batch, kept in place (a state reads it)
             yield from pack_batches(it, self.constraint, open_batch=live["open"], **kwargs)
@@ -478,6 +499,7 @@ class BlockBatcherIterDataPipe(Seeded, Resumable, IterDataPipe[list]):
                         "it either samples or the groups of bucket_by_length, not both"
                     )
                 pending.extend(pack_batches(group, self.constraint, **kwargs))
+                del group  # its batches leave one by one: none kept once handed over
                 while pending:
                     yield pending.pop(0)
         live["drain"] = True
@@ -499,11 +521,12 @@ class BlockBatcherIterDataPipe(Seeded, Resumable, IterDataPipe[list]):
                 pending=[[held_sample(samples, i) for i in batch] for batch in state["pending"]],
                 open=[held_sample(samples, i) for i in state["open"]],
             )
+        del samples  # the re-read samples are in the window: kept no longer than there
         self._live = live
         meter = self.buffers
         meter.reset()
-        for batch in live["pool"]:  # a resumed window
-            meter.add(batch)
+        # a resumed window (no loop variable here: it would keep a batch alive for the pass)
+        meter.add([sample for batch in live["pool"] for sample in batch])
         try:
             if live["drain"]:  # the stream had ended: the window's rest, in the order drawn
                 yield from drain_pool(live["pool"], meter)

@@ -45,8 +45,8 @@ import numpy as np
 import soundfile
 
 from ..diagnostics import Diagnostics, check_on_error
-from ..errors import DataError, MissingDataError, UnsafeInputError
-from ..sample import AUDIO, FEATS, KEY, SAMPLE_RATE, TEXT, Sample
+from ..errors import DataError, MissingDataError, UnsafeInputError, locate
+from ..sample import AUDIO, FEATS, KEY, SAMPLE_RATE, SOURCE, TEXT, Sample
 from ._base import IterDataPipe, functional_datapipe
 from .decode import read_audio
 from .kaldi_ark import _ARK_REF, iter_ark
@@ -117,7 +117,9 @@ def load_scp_entries(
 
     - ``"feats"``: ``{"key", "feats"}``, float32 ``(frames, dim)`` (:func:`read_matrix`);
     - ``"wav"``: ``{"key", "audio", "sample_rate"}`` (:func:`read_wav_value`);
-    - ``"text"``: ``{"key", "text"}``, the value as is.
+    - ``"text"``: ``{"key", "text"}``, the value as is;
+
+    plus ``"source"``, the entry's ``file:line``, for an :class:`ScpEntry`.
 
     Args:
         entries: :class:`ScpEntry` (errors then name file and line) or plain pairs.
@@ -161,9 +163,17 @@ def load_scp_entries(
             except (DataError, MissingDataError) as exc:
                 diagnostics.handle(on_error, exc, _reason(exc, kind))
                 continue
-            yield sample
+            yield _located(sample, where)
     finally:
         files.close()
+
+
+def _located(sample: Sample, where: _Where) -> Sample:
+    """``sample`` with ``source`` set to its table line, ``file:line`` (as manifests do), when
+    the entry it came from knows its file: later errors (``join_by_key``'s) name the line."""
+    if where.source is not None:
+        sample[SOURCE] = locate(where.source, line=where.line)
+    return sample
 
 
 def _reason(exc: Exception, kind: str) -> str:
@@ -185,10 +195,12 @@ class ScpLoaderIterDataPipe(IterDataPipe[Sample]):
       ``ark:offset`` values (float, double or compressed; Kaldi ranges ``[0:9]``);
     - ``kind="wav"``: ``{"key", "audio", "sample_rate"}`` from an audio path, a wav stored in
       an ark, or an opt-in ``cmd |``;
-    - ``kind="text"``: ``{"key", "text"}``.
+    - ``kind="text"``: ``{"key", "text"}``;
 
-    Errors name the table file, line and key, and the ark or audio path. For a ``segments``
-    file use ``load_segments``; to combine tables by key use ``join_by_key``.
+    and each with ``"source"``, the table's ``file:line`` (as ``parse_manifest`` gives it),
+    when the entry knows it. Errors name the table file, line and key, and the ark or audio
+    path. For a ``segments`` file use ``load_segments``; to combine tables by key use
+    ``join_by_key``.
 
     Args:
         source_datapipe: pipe of entries.
@@ -417,7 +429,8 @@ def slice_segments(
             further is an error.
 
     Yields:
-        ``{"key": utterance-id, "audio", "sample_rate", "recording": recording-id}``.
+        ``{"key": utterance-id, "audio", "sample_rate", "recording": recording-id}``, and
+        ``"source"``, the segments file's ``file:line``, for an :class:`ScpEntry`.
 
     Raises:
         DataError: a malformed segment (field count, non-numeric or negative time, end not
@@ -450,7 +463,7 @@ def slice_segments(
                 reason = "bad segment" if isinstance(exc, DataError) else "missing recording"
                 diagnostics.handle(on_error, exc, reason)
                 continue
-            yield sample
+            yield _located(sample, where)
     finally:
         lookup.close()
 
@@ -505,9 +518,9 @@ class SegmentLoaderIterDataPipe(IterDataPipe[Sample]):
     Consumes :class:`ScpEntry` from ``parse_scp`` over a ``segments`` file (``<utt>
     <recording-id> <start-sec> <end-sec>``, end ``-1`` = to the end) and yields one sample
     per segment, in order: ``{"key": utt, "audio", "sample_rate", "recording": recording-id}``
-    holding only that slice (:func:`slice_segments`). The ``wav_scp`` table is read at the
-    start of each pass, not when the pipe is built. For whole recordings use
-    ``load_scp("wav")``.
+    holding only that slice, and ``"source"``, the segments file's ``file:line``
+    (:func:`slice_segments`). The ``wav_scp`` table is read at the start of each pass, not
+    when the pipe is built. For whole recordings use ``load_scp("wav")``.
 
     Args:
         source_datapipe: pipe of segments entries.

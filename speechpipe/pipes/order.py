@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Iterator, Mapping
 
-from ..diagnostics import Diagnostics, check_on_error
-from ..errors import DataError
+from ..diagnostics import Diagnostics, check_on_error, held_bytes
+from ..errors import DataError, locate
 from ..sample import KEY, SOURCE
 from ._base import IterDataPipe, functional_datapipe
 from ._graph import graph_nodes
@@ -46,8 +46,10 @@ def _load_table(table: Iterable[Mapping], name: str) -> dict[str, Mapping]:
                 "string 'key' field; give it sample dicts"
             )
         if key in rows:
+            first = rows[key].get(SOURCE)
             raise DataError(
-                f"key appears twice in join_by_key table {name}",
+                f"key appears twice in join_by_key table {name}"
+                + (f", first at {first}" if first is not None else ""),
                 source=row.get(SOURCE),
                 key=key,
             )
@@ -66,7 +68,9 @@ def join_by_key(
 
     The tables are read into memory when iteration starts (they are transcripts and other
     small per-utterance tables; stream the big one). A field present in both with different
-    values is an error.
+    values is an error. An error names a table by its number and the files its pipe reads, and
+    the row at fault by its ``source`` (``load_scp`` gives ``file:line``); a stream key that a
+    table lacks is named with the stream sample's ``source``.
 
     Args:
         samples: the stream (dicts with ``key``).
@@ -106,31 +110,44 @@ def join_by_key(
                 complete = False
                 break
             seen[i].add(key)
-            for field, value in row.items():
-                if field in (KEY, SOURCE):
-                    continue
-                if field in merged and not _same(merged[field], value):
-                    raise DataError(
-                        f"field {field!r} differs between the stream and table {names[i]}: "
-                        f"{merged[field]!r} vs {value!r}",
-                        source=sample.get(SOURCE),
-                        key=key,
-                    )
-                merged[field] = value
+            _merge_row(merged, row, i + 1, names[i])
         if complete:
             yield merged
     for i, rows in enumerate(loaded):
-        unseen = [k for k in rows if k not in seen[i]]
+        unseen = [k for k in rows if k not in seen[i]]  # in the table's order
         if not unseen:
             continue
         if on_missing == "raise":
             raise DataError(
                 f"{len(unseen)} key(s) of join_by_key table {names[i]} never appeared in the "
-                f"stream, e.g. {sorted(unseen)[:_EXAMPLES]}; pass on_missing='skip' to count "
-                "and drop them"
+                f"stream, e.g. {unseen[:_EXAMPLES]}; pass on_missing='skip' to count "
+                "and drop them",
+                source=rows[unseen[0]].get(SOURCE),
+                key=unseen[0],
             )
         for k in unseen:
-            diagnostics.record(f"table #{i + 1} key not in stream", f"key {k!r}")
+            diagnostics.record(f"table #{i + 1} key not in stream",
+                               locate(rows[k].get(SOURCE), key=k))
+
+
+def _merge_row(merged: dict, row: Mapping, number: int, name: str) -> None:
+    """Add ``row``'s fields to the stream sample ``merged``; a field both hold with different
+    values is an error naming the sample and the row of table ``number`` (the row's
+    ``source``, else the table's ``name``)."""
+    for field, value in row.items():
+        if field in (KEY, SOURCE):
+            continue
+        if field in merged and not _same(merged[field], value):
+            at = row.get(SOURCE)
+            table = (f"{at} (join_by_key table #{number})" if at is not None
+                     else f"join_by_key table {name}")
+            raise DataError(
+                f"field {field!r} differs between the stream and {table}: "
+                f"{merged[field]!r} vs {value!r}",
+                source=merged.get(SOURCE),
+                key=merged.get(KEY),
+            )
+        merged[field] = value
 
 
 def _same(a, b) -> bool:
@@ -159,7 +176,8 @@ def shuffle_window(
     ``pool`` (for resuming) is the window to start from; it is updated in place, and after the
     end of ``items`` it holds the rest, last first (``pool.pop()`` gives the next).
     ``meter`` (a :class:`~speechpipe.diagnostics.BufferStats`) is told of each item entering
-    and leaving the window (the caller counts a ``pool`` it starts from).
+    and leaving the window (the caller counts a ``pool`` it starts from). No local keeps an
+    item once handed over.
 
     >>> import random
     >>> sorted(shuffle_window(range(10), 4, random.Random(0))) == list(range(10))
@@ -172,23 +190,28 @@ def shuffle_window(
         return
     if pool is None:
         pool = []
+    # ``del item``: the item just read may be the one handed over next (see the docstring)
     if meter is None:
         for item in items:
             pool.append(item)
+            del item
             if len(pool) >= window:
                 i = rng.randrange(len(pool))
                 pool[i], pool[-1] = pool[-1], pool[i]
                 yield pool.pop()
-    else:
+    else:  # each item's bytes, counted once as it enters, kept beside it in ``sizes``
+        add, remove = meter.add, meter.remove
+        sizes = [held_bytes(item)[1] for item in pool]
         for item in items:
             pool.append(item)
-            meter.add(item)
+            sizes.append(add(item))
+            del item
             if len(pool) >= window:
                 i = rng.randrange(len(pool))
                 pool[i], pool[-1] = pool[-1], pool[i]
-                item = pool.pop()
-                meter.remove(item)
-                yield item
+                sizes[i], sizes[-1] = sizes[-1], sizes[i]
+                remove(pool[-1], sizes.pop())
+                yield pool.pop()
     rng.shuffle(pool)
     pool.reverse()
     yield from drain_pool(pool, meter)
@@ -200,11 +223,11 @@ def drain_pool(pool: list, meter: Any = None) -> Iterator[Any]:
     >>> list(drain_pool([1, 2, 3]))
     [3, 2, 1]
     """
+    # no local names the item handed over: a group split downstream is freed as it goes
     while pool:
-        item = pool.pop()
         if meter is not None:
-            meter.remove(item)
-        yield item
+            meter.remove(pool[-1])
+        yield pool.pop()
 
 
 def shuffle_buffer(

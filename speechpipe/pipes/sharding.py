@@ -602,8 +602,7 @@ class ShardedShufflerIterDataPipe(Seeded, SampleSource, IterDataPipe[Sample]):
         self._live = live
         meter = self.buffers
         meter.reset()
-        for sample in live["buffer"]:  # a resumed buffer (undecoded: bytes or mapped views)
-            meter.add(sample)
+        meter.add(list(live["buffer"]))  # a resumed buffer (undecoded: bytes or mapped views)
         try:
             if draining:  # the shards had ended: the buffer's rest, in the order drawn
                 yield from drain_pool(live["buffer"], meter)

@@ -30,12 +30,12 @@ import re
 from pathlib import Path
 from typing import Any, Iterable
 
-from ..errors import DataError, MissingDataError
+from ..errors import DataError, MissingDataError, locate
 from ..pipes._base import IterableWrapper, IterDataPipe
 from ..pipes.kaldi import Segment, parse_segment
 from ..pipes.kaldi_tables import ScpEntry, read_scp_table
 from ..pipes.kaldi_values import read_matrix, read_wav_value
-from ..sample import DURATION, KEY, SPEAKER, TEXT
+from ..sample import DURATION, KEY, SOURCE, SPEAKER, TEXT
 from ._pipelines import eval_pipeline, train_pipeline
 from ._prepare import (
     AUDIO_PATH,
@@ -404,8 +404,9 @@ def _seconds(entry: ScpEntry) -> float:
     return value
 
 
-def _speaker_row(entry: tuple[str, str]) -> dict:
-    return {KEY: entry[0], SPEAKER: entry[1]}
+def _speaker_row(entry: ScpEntry) -> dict:
+    return {KEY: entry.key, SPEAKER: entry.value,
+            SOURCE: locate(entry.source, line=entry.line)}  # join_by_key's errors name it
 
 
 def _table_pipe(path: Path, *, allow_empty: bool = False) -> IterDataPipe:
@@ -430,7 +431,8 @@ def kaldi_dir_samples(
         join_by_key(text, utt2spk)                        + text, speaker
 
     The builder looks only at which tables exist; they are read when iteration starts.
-    Without ``text`` or ``utt2spk`` that field is absent.
+    Without ``text`` or ``utt2spk`` that field is absent. Each sample's ``source`` is the
+    ``file:line`` of its first table, which errors name.
 
     Args:
         data_dir: the data directory.
