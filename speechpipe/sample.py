@@ -37,6 +37,8 @@ is read, ``num_frames`` stands in for it.
 
 from __future__ import annotations
 
+import numbers
+
 from typing import Any, Mapping, Sequence
 
 __all__ = [
@@ -84,26 +86,30 @@ def len_key(name: str) -> str:
     return f"{name}_len"
 
 
-def sample_length(sample: Mapping[str, Any], field: str | None = None) -> int:
+def sample_length(sample: Mapping[str, Any], field: str | None = None) -> int | float:
     """Length of a sample along time: frames for ``feats``, samples for ``audio``.
 
     Args:
         sample: a sample dict.
-        field: measure this field; by default the first of ``feats``, ``audio``, ``tokens``
-            present, else ``num_frames``.
+        field: measure this field (an array's first axis, or a number as it is: ``duration``,
+            ``num_frames``); by default the first of ``feats``, ``audio``, ``tokens`` present,
+            else ``num_frames``.
 
     >>> import numpy as np
     >>> sample_length({"audio": np.zeros(16000), "feats": np.zeros((98, 80))})
     98
     >>> sample_length({"audio": np.zeros(16000)})
     16000
-    >>> sample_length({"num_frames": 412})
-    412
+    >>> sample_length({"num_frames": 412}), sample_length({"duration": 4.12}, "duration")
+    (412, 4.12)
     """
     if field is not None:
         if field not in sample:
             raise KeyError(f"sample {sample.get(KEY)!r} has no field {field!r} to measure")
-        return _axis0(sample[field])
+        value = sample[field]
+        if isinstance(value, numbers.Real) and not isinstance(value, bool):
+            return value
+        return _axis0(value)
     for name in LENGTH_FIELDS:
         if name in sample:
             return _axis0(sample[name])

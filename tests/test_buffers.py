@@ -121,19 +121,26 @@ def test_shard_buffer_counts_the_undecoded_bytes_it_holds(shards, big_shards, wh
     assert pipe.buffers.peak_bytes < 5 * max(sizes.values()) < sum(map(os.path.getsize, paths))
 
 
-def test_a_resumed_window_is_counted_and_leaves_nothing_behind(shards):
-    def pipe():
-        return (decoded(shards).bucket_by_length(buffer_size=12, seed=SEED)
-                .block_batch(batch_len=120, shuffle_window=5, seed=SEED))
+def _bucketed_window(shards):
+    return (decoded(shards).bucket_by_length(buffer_size=12, seed=SEED)
+            .block_batch(batch_len=120, shuffle_window=5, seed=SEED))
 
-    first = PipeDataset(pipe(), seed=SEED)
+
+def _resumed_after_four_batches(shards) -> tuple[dict, PipeDataset]:
+    """The state of ``_bucketed_window`` after 4 batches, and a new dataset it is loaded in."""
+    first = PipeDataset(_bucketed_window(shards), seed=SEED)
     it = iter(first)
     for _ in range(4):
         next(it)
     state = first.state_dict()
-    window = [b for b in state["stages"].values() if "pool" in b]
-    again = PipeDataset(pipe(), seed=SEED)
+    again = PipeDataset(_bucketed_window(shards), seed=SEED)
     again.load_state_dict(state)
+    return state, again
+
+
+def test_a_resumed_window_is_counted_and_leaves_nothing_behind(shards):
+    state, again = _resumed_after_four_batches(shards)
+    window = [b for b in state["stages"].values() if "pool" in b]
     rest = list(again)
     assert rest
     nodes = {type(n).__name__: n for n in graph_nodes(again.pipe)}
@@ -351,15 +358,7 @@ def test_a_resumed_pass_keeps_no_restored_sample_it_handed_over(shards):
     # the samples read again for a resumed pass stayed in the stages' resume dict for the
     # whole pass, and the loops that counted the resumed window and buckets in left their
     # variables on the last restored batch and bucket
-    def pipe():
-        return (decoded(shards).bucket_by_length(buffer_size=12, seed=SEED)
-                .block_batch(batch_len=120, shuffle_window=5, seed=SEED))
-
-    first = PipeDataset(pipe(), seed=SEED)
-    it = iter(first)
-    for _ in range(4):
-        next(it)
-    state = first.state_dict()
+    state, again = _resumed_after_four_batches(shards)
     restored: set[str] = set()  # the keys the state holds (every "uNNN" string in it)
 
     def walk(value):
@@ -371,8 +370,6 @@ def test_a_resumed_pass_keeps_no_restored_sample_it_handed_over(shards):
 
     walk(state["stages"])
     assert len(restored) > 10
-    again = PipeDataset(pipe(), seed=SEED)
-    again.load_state_dict(state)
     handed, kept = [], []
     for batch in again:  # restored samples handed over earlier, still alive as each arrives
         kept.append(sum(ref() is not None for ref in handed))

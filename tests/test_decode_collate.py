@@ -194,3 +194,78 @@ def test_in_dataloader_workers_audio_is_decoded_into_shared_memory_as_the_decode
     for batch, reference in zip(got, expected):
         assert batch.pop("shared") is True  # the batch's memory, written once by soundfile
         assert_same_batch(batch, reference)
+
+
+# ---------------------------------------------------------------------------------------------
+# The road: shards of recorded speech, batched on the index's durations, decoded in the batch
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory):
+    """The demo corpus's dev-clean speech packed by pack (FLAC members, index.jsonl)."""
+    root = tmp_path_factory.mktemp("packed")
+    manifests = sp.recipes.librispeech.prepare_librispeech(DEMO_CORPUS, root / "m",
+                                                           parts=["dev-clean"], progress=False)
+    sp.pack_data(None, None, root / "shards", manifests=[manifests["dev-clean"]],
+                 utts_per_shard=5, progress=False)
+    rows = {r["key"]: r for r in sp.recipes.manifest_samples([manifests["dev-clean"]])}
+    return root / "shards", rows
+
+
+def test_durations_from_the_index_are_the_manifests_durations(packed):
+    shards, rows = packed
+    raw = list(sp.IterableWrapper([str(shards)]).sharded_shuffle(buffer_size=4, seed=0)
+               .durations_from_index())
+    assert sorted(s["key"] for s in raw) == sorted(rows)
+    for sample in raw:
+        assert sample["duration"] == pytest.approx(rows[sample["key"]]["duration"], abs=1e-4)
+        assert isinstance(sample["flac"], (bytes, memoryview))  # nothing decoded
+
+
+def test_recorded_speech_batched_on_index_durations_decodes_into_batches_in_workers(packed):
+    # The road of features on the device (README): workers read, bucket and batch undecoded
+    # samples on the index's durations and decode each batch straight into shared memory.
+    shards, rows = packed
+    budget = sp.PaddedArea(budget=40.0, length="duration")
+    pipe = (sp.IterableWrapper([str(shards)]).sharded_shuffle(buffer_size=8, seed=1)
+            .durations_from_index().bucket_by_length(16, constraint=budget, seed=1)
+            .block_batch(constraint=budget, seed=1)
+            .collate(collate_fn=sp.DecodeCollate(drop=("source",))))
+    loader = sp.build_loader(pipe, num_workers=2, seed=1)
+    seen = []
+    for batch in loader:
+        assert list(batch) == ["key", "audio", "audio_len", "sample_rate", "text",
+                               "duration"]
+        assert batch["audio"].shape[1] * len(batch["key"]) <= 40.0 * 16000  # the budget
+        for row, key in enumerate(batch["key"]):
+            audio, rate = soundfile.read(rows[key]["audio_path"], dtype="float32")
+            n = int(batch["audio_len"][row])
+            assert n == len(audio) and rate == batch["sample_rate"][row]
+            assert torch.equal(batch["audio"][row, :n], torch.from_numpy(audio))
+            assert not batch["audio"][row, n:].any()
+        seen.extend(batch["key"])
+    assert sorted(seen) == sorted(rows)
+    [done] = sp.IterableWrapper([batch]).compute_batch_features("fbank", device="cpu")
+    assert done["feats"].shape[0] == len(batch["key"])  # then features on the device
+
+
+def test_a_key_or_shard_the_index_does_not_hold_is_named(packed, tmp_path):
+    shards, _ = packed
+    stranger = tmp_path / "other.tar"
+    with ShardWriter(str(tmp_path / "x-%03d.tar"), maxcount=5) as writer:  # no index beside
+        writer.write({"key": "nobody", "txt": b"hi"})
+    lonely = writer.paths[0]
+    with pytest.raises(sp.MissingDataError, match=r"no shard index for this shard") as caught:
+        list(sp.IterableWrapper([{"key": "nobody", "source": lonely}]).durations_from_index())
+    assert lonely in str(caught.value) and "'nobody'" in str(caught.value)
+    index = sp.ShardIndex.read(str(shards))
+    first = index.paths()[0]
+    with pytest.raises(DataError, match=r"key is not in its shard's entry") as caught:
+        list(sp.IterableWrapper([{"key": "ghost", "source": first}])
+             .durations_from_index(index))
+    assert "'ghost'" in str(caught.value) and first in str(caught.value)
+    with pytest.raises(DataError, match="the shard is not in the shard index"):
+        list(sp.IterableWrapper([{"key": "u", "source": str(stranger)}])
+             .durations_from_index(index))
+    with pytest.raises(DataError, match="has no shard 'source'"):
+        list(sp.IterableWrapper([{"key": "u"}]).durations_from_index(index))

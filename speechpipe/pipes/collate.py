@@ -198,10 +198,7 @@ def _copy_rows(out: torch.Tensor, arrays: Sequence[Any], lengths: Sequence[int] 
         n = None if lengths is None else lengths[i]
         if isinstance(array, DeferredAudio):
             if out_np is None:
-                try:
-                    out_np = out.numpy()
-                except (TypeError, RuntimeError):  # a dtype numpy lacks (bfloat16)
-                    out_np = False
+                out_np = _numpy_view(out)
             if out_np is not False:
                 array.read_into(out_np[i] if n is None else out_np[i, :n])
                 continue
@@ -214,10 +211,7 @@ def _copy_rows(out: torch.Tensor, arrays: Sequence[Any], lengths: Sequence[int] 
             if not (array.flags.writeable and array.dtype.isnative):
                 read_only += array.nbytes
                 if out_np is None:
-                    try:
-                        out_np = out.numpy()
-                    except (TypeError, RuntimeError):  # a dtype numpy lacks (bfloat16)
-                        out_np = False
+                    out_np = _numpy_view(out)
                 if out_np is not False:
                     out_np[i if n is None else (i, slice(0, n))] = array
                     continue
@@ -226,6 +220,14 @@ def _copy_rows(out: torch.Tensor, arrays: Sequence[Any], lengths: Sequence[int] 
         (out[i] if n is None else out[i, :n]).copy_(array)
     if read_only:  # views of mapped shards among them: their pages may leave RSS again
         copied_out(read_only)
+
+
+def _numpy_view(out: torch.Tensor) -> np.ndarray | bool:
+    """numpy's view of ``out``'s memory, or ``False`` for a dtype numpy lacks (bfloat16)."""
+    try:
+        return out.numpy()
+    except (TypeError, RuntimeError):
+        return False
 
 
 def _check_pad_value(pad_value: Any, dtype: torch.dtype, name: str) -> None:

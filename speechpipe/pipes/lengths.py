@@ -17,12 +17,16 @@ import os
 from collections.abc import Mapping
 from typing import Any, Callable, Hashable, Iterable, Union
 
-from ..errors import DataError
-from ..sample import sample_length
+from ..errors import DataError, MissingDataError
+from ..index import ShardIndex, length_seconds
+from ..remote import RemoteOptions, is_remote
+from ..sample import DURATION, KEY, SOURCE, Sample, sample_length
 from ..seeding import derive_rng
+from ._base import IterDataPipe, functional_datapipe
 from .kaldi_tables import read_scp_table
 
 __all__ = [
+    "IndexDurationsIterDataPipe",
     "SELECTION_MODES",
     "compute_lengths",
     "read_data_len",
@@ -418,3 +422,87 @@ def _check_lengths(lengths: Any) -> dict[Key, Length]:
     if len({isinstance(v, tuple) for v in checked.values()}) > 1:
         raise ValueError("lengths must be all numbers or all tuples, got a mix")
     return checked
+
+
+# --------------------------------------------------------------------------- index durations
+
+
+@functional_datapipe("durations_from_index")
+class IndexDurationsIterDataPipe(IterDataPipe[Sample]):
+    """Add each raw shard sample's ``duration`` from the shard index (functional name:
+    ``durations_from_index``).
+
+    ``pack`` writes every shard's keys and lengths into its folder's ``index.jsonl``. This
+    stage looks each sample up by its shard (``source``, as ``sharded_shuffle`` and
+    ``read_shards`` set it) and key, and adds ``duration`` in seconds (the index's lengths are
+    frames of 10 ms, samples at the index's rate, or seconds). Raw samples can then be bucketed
+    and batched on their durations before anything is decoded -- the buffers hold undecoded
+    payloads -- and decoded in their batch, straight into it, by
+    :class:`~speechpipe.pipes.collate.DecodeCollate`. Measure them with
+    ``PaddedArea(budget=seconds, length="duration")`` (or ``block_batch(max_duration=...)``).
+
+    Args:
+        source_datapipe: raw samples with ``key`` and ``source``.
+        index: a :class:`~speechpipe.index.ShardIndex` holding the shards, or ``None``: the
+            ``index.jsonl`` beside each shard, read when its first sample comes.
+        remote: options for reading the index of shards in object storage or at URLs.
+
+    Raises:
+        DataError: a sample whose shard has no entry in the index, or whose key is not in its
+            shard's entry (the index is not this shard's), naming the shard and the key.
+
+    >>> import os, tempfile
+    >>> from speechpipe import IterableWrapper
+    >>> from speechpipe.index import ShardEntry, ShardIndex
+    >>> root = tempfile.mkdtemp()
+    >>> index = ShardIndex(root, [ShardEntry("a.tar", 2, 0, ("u1", "u2"), (300.0, 150.0))])
+    >>> samples = [{"key": "u2", "source": os.path.join(root, "a.tar"), "flac": b"..."}]
+    >>> [s["duration"] for s in IterableWrapper(samples).durations_from_index(index)]
+    [1.5]
+    """
+
+    def __init__(self, source_datapipe: IterDataPipe, index: ShardIndex | None = None, *,
+                 remote: RemoteOptions | None = None) -> None:
+        if index is not None and not isinstance(index, ShardIndex):
+            raise TypeError(f"index must be a ShardIndex or None, got {index!r}")
+        self.source_datapipe = source_datapipe
+        self.index = index
+        self.remote = remote
+        self._shards: dict[str, tuple[dict[str, float], float]] = {}  # per process, lazily
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        state["_shards"] = {}  # read again where it is used
+        return state
+
+    def __iter__(self):
+        for sample in self.source_datapipe:
+            source, key = sample.get(SOURCE), sample.get(KEY)
+            lengths, seconds = self._shard(source, key)
+            length = lengths.get(key)
+            if length is None:
+                raise DataError("key is not in its shard's entry of the shard index (the "
+                                "index was written for other shards)", source=source, key=key)
+            yield {**sample, DURATION: length * seconds}
+
+    def _shard(self, source: Any, key: Any) -> tuple[dict[str, float], float]:
+        if not isinstance(source, str):
+            raise DataError("the sample has no shard 'source' to look up in the shard index "
+                            "(durations_from_index follows sharded_shuffle or read_shards)",
+                            key=key)
+        name = source if is_remote(source) else os.path.abspath(source)
+        found = self._shards.get(name)
+        if found is None:
+            try:
+                index = (self.index if self.index is not None
+                         else ShardIndex.for_shards([source], remote=self.remote))
+            except (DataError, MissingDataError) as exc:
+                raise type(exc)(f"no shard index for this shard: {exc.reason}", source=source,
+                                key=key) from exc
+            entry = index.by_path().get(name)
+            if entry is None:
+                raise DataError("the shard is not in the shard index", source=source, key=key)
+            seconds = length_seconds(1.0, index.length_unit,
+                                     sample_rate=index.sample_rate or 16000)
+            found = self._shards[name] = (dict(zip(entry.keys, entry.lengths)), seconds)
+        return found
