@@ -7,10 +7,10 @@ published durations, 100 frames/s), written as Kaldi arks + feats.scp and packed
 (a) raw sequential read of the shard bytes (4 MiB reads; the ceiling);
 (b) speechpipe: ``list of shards -> sharded_shuffle(1000) -> decode -> batch(16) ->
     collate(PadCollate)`` (two-level shuffle; local shards are memory-mapped and, cold, read
-    ahead by a thread without the GIL, the defaults -- ``SPEECHPIPE_SHARD_MMAP=0`` measures
-    the ``read`` path instead), with workers in ``speechpipe.loader.build_loader`` (its
+    ahead by a thread without the GIL, the defaults -- ``ShardReadOptions(mmap=False)``
+    measures the ``read`` path instead), with workers in ``speechpipe.loader.build_loader`` (its
     defaults: workers' state snapshots every 100 batches, batches collated into reused shared
-    memory); with ``--ablation``, also (b') the same with ``SPEECHPIPE_SHARD_READAHEAD=0``
+    memory); with ``--ablation``, also (b') the same with ``ShardReadOptions(readahead=False)``
     (the kernel asked for read-ahead with ``madvise`` from the reader's thread instead);
 (c) map-style random reads through feats.scp offsets (``kaldiio.load_mat``) with a
     shuffled ``torch.utils.data.DataLoader(batch_size=16, collate_fn=PadCollate)``;
@@ -263,24 +263,6 @@ def storage_table(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
-READAHEAD_ENV = "SPEECHPIPE_SHARD_READAHEAD"
-
-
-class _ReadAheadOff:
-    """``SPEECHPIPE_SHARD_READAHEAD=0`` while a run lasts (workers inherit it: they start
-    inside the run)."""
-
-    def __enter__(self):
-        self.saved = os.environ.get(READAHEAD_ENV)
-        os.environ[READAHEAD_ENV] = "0"
-
-    def __exit__(self, *exc):
-        if self.saved is None:
-            del os.environ[READAHEAD_ENV]
-        else:
-            os.environ[READAHEAD_ENV] = self.saved
-
-
 class ScpDataset(torch.utils.data.Dataset):
     """Map-style: one utterance per index, read through its feats.scp offset.
 
@@ -352,7 +334,6 @@ class Reader(NamedTuple):
     files: list[str]
     data_bytes: int
     map_style: bool = False
-    env: Any = None  # a context manager around each run
 
 
 def one_run(reader: Reader, workers: int, cold: bool) -> tuple[int, float, float]:
@@ -361,10 +342,9 @@ def one_run(reader: Reader, workers: int, cold: bool) -> tuple[int, float, float
         evict(reader.files)
     else:
         warm(reader.files)
-    with reader.env or contextlib.nullcontext():
-        start, cpu = time.perf_counter(), time.thread_time()
-        count = consume(reader.build(workers), workers, map_style=reader.map_style)
-        return count, time.perf_counter() - start, time.thread_time() - cpu
+    start, cpu = time.perf_counter(), time.thread_time()
+    count = consume(reader.build(workers), workers, map_style=reader.map_style)
+    return count, time.perf_counter() - start, time.thread_time() - cpu
 
 
 def measure(readers: list[Reader], workers: int, cold: bool, runs: int) -> list[dict]:
@@ -416,9 +396,10 @@ def _run(n: int, shard_size: int, runs: int, root: str, ablation: bool) -> list[
         Reader("(d) webdataset", lambda w: webdataset_reader(paths, w), paths, shard_bytes),
     ]
     if ablation:
+        off = ShardReadOptions(readahead=False)
         readers.insert(2, Reader("(b') speechpipe, read-ahead off",
-                                 lambda w: speechpipe_reader(paths, w), paths, shard_bytes,
-                                 env=_ReadAheadOff()))
+                                 lambda w: speechpipe_reader(paths, w, off), paths,
+                                 shard_bytes))
     rows = []
     for cold in (True, False):
         for workers in (0, 2):

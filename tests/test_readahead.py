@@ -4,8 +4,8 @@ What is checked, on real files with their pages evicted from the page cache
 (``posix_fadvise(DONTNEED)``; skipped where the file system keeps them, as tmpfs does):
 
 - a helper starts for a large file, not for a small one or when not wanted
-  (``ShardReadOptions(readahead=False)``, or ``SPEECHPIPE_SHARD_READAHEAD=0`` for the
-  default), nor for a file in the page cache (residency sampled over the whole file);
+  (``ShardReadOptions(readahead=False)``), nor for a file in the page cache (residency
+  sampled over the whole file);
 - it brings the pages ahead of the reader into the page cache (``mincore``) but not into this
   process's page table (``/proc/self/pagemap``'s present bit: they do not count in RSS), no
   further than its window past the reader, and follows the reader when told where it is;
@@ -292,18 +292,20 @@ def test_stopping_early_ends_the_helper(tmp_path, small_window):
     assert open_fds() == before
 
 
-def test_the_environment_variable_turns_the_default_off_not_an_explicit_request(
-        tmp_path, monkeypatch, small_window):
-    """``SPEECHPIPE_SHARD_READAHEAD=0`` overrides the default (``readahead=None``) only."""
+def test_readahead_false_turns_the_helper_off_and_the_default_starts_it(tmp_path, monkeypatch,
+                                                                        small_window):
+    """``readahead=False`` starts no helper; the default (``None``) and ``True`` do -- and the
+    environment variable earlier versions read changes nothing (settings are arguments)."""
     path, _ = big_shard(tmp_path)
     helpers = capture_helpers(monkeypatch)
     monkeypatch.setenv("SPEECHPIPE_SHARD_READAHEAD", "0")
-    for options in (MAPPED, ShardReadOptions(mmap=True, readahead=True)):
+    for options in (ShardReadOptions(mmap=True, readahead=False), MAPPED,
+                    ShardReadOptions(mmap=True, readahead=True)):
         evict(path)
         with open(path, "rb") as f:
             assert len(list(iter_tar_members(f, source=path, read_options=options))) == 24
-    assert helpers[0] is None and helpers[1] is not None
-    wait_until(lambda: not helpers[1].alive)
+    assert helpers[0] is None and helpers[1] is not None and helpers[2] is not None
+    wait_until(lambda: not helpers[1].alive and not helpers[2].alive)
     assert helper_threads() == 0
 
 

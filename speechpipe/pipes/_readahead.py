@@ -25,9 +25,8 @@ A file found in the page cache when it is opened (``mincore`` at ``_PROBES`` pla
 helper: there is nothing to read.
 
 No helper (:func:`start` returns ``None``) for files under ``_MIN_SIZE``, on other systems
-than Linux, and when not wanted (``ShardReadOptions(readahead=False)``, or
-``SPEECHPIPE_SHARD_READAHEAD=0`` for its default): the caller then asks the kernel for
-read-ahead (``MADV_WILLNEED``) as it reads.
+than Linux, and when not wanted (``ShardReadOptions(readahead=False)``): the caller then
+asks the kernel for read-ahead (``MADV_WILLNEED``) as it reads.
 
 Measurements: benchmarks/README.md, "Shard reading" (why the copy, why large steps, and the
 throughput with and without the helper, cold and warm) and "Peak RSS of mapped shards".

@@ -67,10 +67,9 @@ read from ``/proc/self/mounts``) are read, not mapped, unless mapping is asked f
 storage that reports read errors turn mapping off with ``ShardReadOptions(mmap=False)``
 (the ``read_options`` of ``iter_tar_members``, ``read_shards`` and ``sharded_shuffle``).
 
-Both settings are :class:`ShardReadOptions`; their defaults can be overridden for a whole
-process (DataLoader workers included) by the environment variables ``SPEECHPIPE_SHARD_MMAP=0``
-(mapping off) and ``SPEECHPIPE_SHARD_READAHEAD=0`` (read-ahead thread off). Measurements:
-benchmarks/README.md, "Shard reading".
+Both settings are :class:`ShardReadOptions` (the ``read_options`` of ``iter_tar_members``,
+``read_shards`` and ``sharded_shuffle``). Measurements: benchmarks/README.md, "Shard
+reading".
 
 Compressed shards
 -----------------
@@ -123,10 +122,6 @@ _RESERVED_FIELDS = (KEY, SOURCE)
 # Reading options
 # --------------------------------------------------------------------------------------------
 
-_MMAP_ENV = "SPEECHPIPE_SHARD_MMAP"
-_READAHEAD_ENV = "SPEECHPIPE_SHARD_READAHEAD"
-
-
 @dataclass(frozen=True)
 class ShardReadOptions:
     """How local tar shards are read: by :func:`iter_tar_members`, ``read_shards`` and
@@ -134,20 +129,18 @@ class ShardReadOptions:
     what mapping and reading ahead do).
 
     Args:
-        mmap: ``None`` (default): map local files unless the environment variable
-            ``SPEECHPIPE_SHARD_MMAP`` is ``0`` or the file is on a network or FUSE file system
-            (:data:`NETWORK_FILE_SYSTEMS`, from ``/proc/self/mounts``); ``True``: map local
-            files wherever they are; ``False``: always read, every payload ``bytes``.
-        readahead: a thread reading a mapped shard of 16 MiB or more ahead of its reader
-            (Linux). ``None`` (default): yes, unless the environment variable
-            ``SPEECHPIPE_SHARD_READAHEAD`` is ``0``; ``True``: yes; ``False``: no, the kernel
-            is asked for read-ahead (``madvise``) as the reader goes.
+        mmap: ``None`` (default): map local files unless the file is on a network or FUSE file
+            system (:data:`NETWORK_FILE_SYSTEMS`, from ``/proc/self/mounts``); ``True``: map
+            local files wherever they are; ``False``: always read, every payload ``bytes``.
+        readahead: a thread reading a cold mapped shard of 16 MiB or more ahead of its reader
+            (Linux). ``None`` (default) or ``True``: yes; ``False``: no, the kernel is asked for
+            read-ahead (``madvise``) as the reader goes.
         remote: how object-storage shards (``s3://``...) are read
             (:class:`~speechpipe.remote.RemoteOptions`: ``storage_options``, retries, block
             size, timeout); ``None``: its defaults.
 
-    The environment variables (``0``, ``false``, ``no`` or ``off``) only change the ``None``
-    defaults; they are read when a shard is opened, so DataLoader workers see their parent's.
+    The options travel with the pipe (``read_options`` of its reading stage), so DataLoader
+    workers read as their parent's pipeline says.
 
     >>> ShardReadOptions(mmap=False)
     ShardReadOptions(mmap=False, readahead=None, remote=None)
@@ -182,21 +175,13 @@ def _check_read_options(read_options: Any) -> ShardReadOptions:
     return read_options
 
 
-def _switched_on(variable: str) -> bool:
-    """Whether the environment variable ``variable`` is unset or not one of 0/false/no/off."""
-    return os.environ.get(variable, "1").strip().lower() not in ("0", "false", "no", "off")
-
-
 def _open_mapped(stream: Any, options: ShardReadOptions) -> MappedFile | None:
-    """The mapping of the local file behind ``stream`` when ``options`` (or, for their
-    defaults, the environment) say to map it and it can be; else ``None``."""
-    mmap = options.mmap
-    if mmap is False or (mmap is None and not _switched_on(_MMAP_ENV)):
+    """The mapping of the local file behind ``stream`` when ``options`` say to map it and it
+    can be; else ``None``."""
+    if options.mmap is False:
         return None
-    readahead = options.readahead
-    if readahead is None:
-        readahead = _switched_on(_READAHEAD_ENV)
-    return MappedFile.open(stream, check_fs=mmap is None, readahead=readahead)
+    return MappedFile.open(stream, check_fs=options.mmap is None,
+                           readahead=options.readahead is not False)
 
 
 # --------------------------------------------------------------------------------------------
