@@ -421,6 +421,32 @@ def _release(corpus: Path, server: Path, password: str) -> Path:
     return listing
 
 
+def test_a_wrong_password_that_passes_openssls_padding_check_is_still_named(tmp_path):
+    # AES-CBC's padding check passes for about 1 wrong key in 256: openssl then exits 0 with
+    # garbage, and the download failed later with "cannot extract" (a CI run met it).
+    plain = tmp_path / "plain.tgz"
+    with tarfile.open(plain, "w:gz") as tar:
+        tar.add(FIXTURE / "TERMS_OF_ACCESS", arcname="TERMS_OF_ACCESS")
+    archive = tmp_path / "WenetSpeech.json.aes.tgz"
+    subprocess.run([_openssl(), "enc", "-e", "-aes-256-cbc", "-salt", "-pbkdf2", "-pass",
+                    "pass:right", "-in", str(plain), "-out", str(archive)],
+                   check=True, capture_output=True)
+    out = tmp_path / "decrypted"
+    for i in range(4000):  # a wrong password openssl accepts (expected after ~256 tries)
+        done = subprocess.run([_openssl(), "aes-256-cbc", "-d", "-salt", "-pbkdf2", "-pass",
+                               f"pass:wrong{i}", "-in", str(archive), "-out", str(out)],
+                              capture_output=True)
+        if done.returncode == 0:
+            break
+    else:
+        pytest.skip("no wrong password passed the padding check in 4000 tries")
+    with pytest.raises(DataError, match=r"cannot decrypt \(the output is not the gzip archive "
+                                        r"it should be\): a wrong password\?"):
+        ws._openssl_decrypt(f"wrong{i}")(archive, out)
+    ws._openssl_decrypt("right")(archive, out)  # the right one still passes
+    assert out.read_bytes() == plain.read_bytes()
+
+
 def _tree(root: Path) -> dict[str, bytes]:
     return {p.relative_to(root).as_posix(): p.read_bytes()
             for p in root.rglob("*") if p.is_file()}

@@ -553,13 +553,24 @@ def _openssl_decrypt(password: str) -> Callable[[Path, Path], None]:
             [command, "aes-256-cbc", "-d", "-salt", "-pbkdf2", "-pass", f"env:{_PASSWORD_ENV}",
              "-in", str(archive), "-out", str(output)],
             env=env, capture_output=True, text=True, check=False)
+        reason = None
         if done.returncode != 0:
-            reason = done.stderr.strip().splitlines()[:1]
-            raise DataError(f"cannot decrypt ({reason[0] if reason else 'openssl failed'}): a "
-                            "wrong password? (the one the WenetSpeech owners sent you)",
-                            source=str(archive))
+            first = done.stderr.strip().splitlines()[:1]
+            reason = first[0] if first else "openssl failed"
+        elif archive.name.endswith((".tgz", ".tar.gz")) and not _gzip_at_start(output):
+            # AES-CBC padding checks pass for about 1 wrong key in 256: openssl then writes
+            # garbage and succeeds, so the gzip magic is checked too
+            reason = "the output is not the gzip archive it should be"
+        if reason is not None:
+            raise DataError(f"cannot decrypt ({reason}): a wrong password? (the one the "
+                            "WenetSpeech owners sent you)", source=str(archive))
 
     return decrypt
+
+
+def _gzip_at_start(path: Path) -> bool:
+    with open(path, "rb") as f:
+        return f.read(2) == b"\x1f\x8b"
 
 
 def download_wenetspeech(
