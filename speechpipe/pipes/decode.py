@@ -53,6 +53,7 @@ from ..errors import DataError, MissingDataError, UnsafeInputError
 from ..remote import RemoteOptions, is_remote, join_url, read_remote_bytes
 from ..sample import AUDIO, FEATS, KEY, SAMPLE_RATE, SOURCE, TEXT, Sample
 from ._base import IterDataPipe, functional_datapipe
+from ._mmap import copied_out
 from .audio_io import DeferredAudio, _open_audio, read_audio, short_wav
 from .codecs import check_channels, choose_channels
 from .shards import AUDIO_EXTENSIONS, NPY_EXTENSIONS
@@ -228,6 +229,8 @@ def decode_field(
         )
     if ext in AUDIO_EXTENSIONS:
         try:
+            if isinstance(data, memoryview):  # a mapped shard's pages, copied out here
+                copied_out(len(data))
             return read_audio(bytes(data), source=source, key=key)
         except DataError as exc:
             raise type(exc)(exc.reason, **where) from exc
@@ -339,6 +342,8 @@ def decode_sample(
 
 
 def _defer(data: Any, channels: Any, where: dict) -> DeferredAudio:
+    if isinstance(data, memoryview):  # a mapped shard's pages, copied out by the open
+        copied_out(len(data))
     try:
         f, context = _open_audio(data, where["source"], where["key"])
     except DataError as exc:
