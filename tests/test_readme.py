@@ -233,3 +233,9 @@ def test_lhotse_and_datasets_corpora_train_and_a_nodes_loader_resumes(readme_run
     assert sorted(cut.id for cut in cuts) == sorted(demo_transcripts())
     at = readme_run.index("36")  # the lhotse corpus's utterances, all in batches
     assert readme_run[at + 1] == "True"  # the torchdata.nodes loader resumed exactly
+
+
+def test_device_road_block_batches_undecoded_shards_and_computes_fbank_after(readme_run):
+    # pack -> durations_from_index -> DecodeCollate in two workers -> fbank on the device
+    found = _line(readme_run, r"\((\d+), 80\) (.*)$")
+    assert found.groups() == ("15", "SCROOGE SIGNED IT")  # as the block says

@@ -26,7 +26,7 @@ from ._base import IterDataPipe, functional_datapipe
 from .kaldi_tables import read_scp_table
 
 __all__ = [
-    "IndexDurationsIterDataPipe",
+    "IndexDurationReaderIterDataPipe",
     "SELECTION_MODES",
     "compute_lengths",
     "read_data_len",
@@ -428,9 +428,8 @@ def _check_lengths(lengths: Any) -> dict[Key, Length]:
 
 
 @functional_datapipe("durations_from_index")
-class IndexDurationsIterDataPipe(IterDataPipe[Sample]):
-    """Add each raw shard sample's ``duration`` from the shard index (functional name:
-    ``durations_from_index``).
+class IndexDurationReaderIterDataPipe(IterDataPipe[Sample]):
+    """Durations of raw shard samples from the index (functional name: ``durations_from_index``).
 
     ``pack`` writes every shard's keys and lengths into its folder's ``index.jsonl``. This
     stage looks each sample up by its shard (``source``, as ``sharded_shuffle`` and
@@ -506,3 +505,6 @@ class IndexDurationsIterDataPipe(IterDataPipe[Sample]):
                                      sample_rate=index.sample_rate or 16000)
             found = self._shards[name] = (dict(zip(entry.keys, entry.lengths)), seconds)
         return found
+
+
+IndexDurationReader = IndexDurationReaderIterDataPipe
