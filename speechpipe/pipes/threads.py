@@ -80,12 +80,13 @@ class _Failure:
         self.error = error
 
 
-def _drain(q: queue.SimpleQueue) -> None:
-    """Drop what ``q`` holds."""
+def _drain(q: queue.SimpleQueue, _empty: type = queue.Empty) -> None:
+    """Drop what ``q`` holds. (``queue.Empty`` is bound here: a pass left unfinished is
+    closed at interpreter exit, when module globals may already be gone.)"""
     while True:
         try:
             q.get_nowait()
-        except queue.Empty:
+        except _empty:
             return
 
 
@@ -94,6 +95,12 @@ def _close(it: Any) -> None:
     close = getattr(it, "close", None)
     if callable(close):
         close()
+
+
+def _popping(items: list) -> Iterator:
+    """``items`` from the last to the first, each removed from the list as it is yielded."""
+    while items:
+        yield items.pop()
 
 
 def _check_count(name: str, value: Any, minimum: int) -> int:
@@ -279,7 +286,9 @@ def _prefetch_threaded(it: Iterator, buffer_size: int, held: collections.deque |
     thread.start()
     try:
         while True:
-            for item in chan.take():
+            run = chan.take()
+            while run:  # each item leaves the run as it is yielded: none is kept after
+                item = run.popleft()
                 if item is _END:
                     return
                 if isinstance(item, _Failure):
@@ -290,6 +299,7 @@ def _prefetch_threaded(it: Iterator, buffer_size: int, held: collections.deque |
                     with metered[1]:
                         meter.remove(item)
                 yield item
+                del item
     finally:
         chan.close()
         thread.join()
@@ -597,6 +607,16 @@ class _Threaded(Resumable):
         """The held samples of a resumed pass, in the order they were read."""
         return [] if state is None else [held_sample(samples, i) for i in self._needs(state)]
 
+    def _resumed_source(self) -> Iterator:
+        """The source of a pass: a resumed pass's held samples first, each let go once handed
+        over (neither the list nor the resume dict stays alive for the pass), then the
+        source's own items."""
+        state, samples = self._take_resume()
+        head = self._restored(state, samples)
+        del samples
+        head.reverse()
+        return itertools.chain(_popping(head), iter(self.source_datapipe))
+
 
 # --------------------------------------------------------------------------------------------
 # The pipes
@@ -641,15 +661,14 @@ class ThreadPrefetcherIterDataPipe(_Threaded, IterDataPipe):
         if self.passthrough:  # a replay pass for a stage below (speechpipe.loader)
             yield from self.source_datapipe
             return
-        state, samples = self._take_resume()
-        head = self._restored(state, samples)
+        source = self._resumed_source()
         held: collections.deque = collections.deque()
         lock = threading.Lock()
         self._live = (held, lock)
         self.buffers.reset()
         try:
             yield from prefetch_items(
-                itertools.chain(head, iter(self.source_datapipe)), self.buffer_size,
+                source, self.buffer_size,
                 threaded=self.threads and not self._test_mode, held=held, lock=lock,
                 meter=self.buffers)
         finally:
@@ -733,14 +752,13 @@ class ThreadMapperIterDataPipe(_Threaded, IterDataPipe):
             for item in self.source_datapipe:
                 yield self.fn(item)
             return
-        state, samples = self._take_resume()
-        head = self._restored(state, samples)
+        source = self._resumed_source()
         self.diagnostics.reset()
         flight: collections.deque = collections.deque()
         self._live = flight
         try:
             yield from map_items_in_threads(
-                itertools.chain(head, iter(self.source_datapipe)), self.fn,
+                source, self.fn,
                 num_threads=0 if self._test_mode else self.num_threads,
                 buffer_size=self.buffer_size or max(1, 2 * self.num_threads),
                 ordered=self.ordered, on_error=self.on_error, diagnostics=self.diagnostics,
