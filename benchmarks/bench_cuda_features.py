@@ -17,7 +17,6 @@ thread. Printed: audio seconds per second (× real time) of each step, median ov
 from __future__ import annotations
 
 import argparse
-import random
 import statistics
 import time
 from typing import Callable
@@ -25,27 +24,14 @@ from typing import Callable
 import torch
 
 import speechpipe  # noqa: F401  (registers the functional names)
-from speechpipe.demo import DEMO_CORPUS
 from speechpipe.pipes.augment import spec_augment_batch
 from speechpipe.pipes.cmvn import normalize_batch
-from speechpipe.pipes.features import KALDI_SCALE
 from speechpipe.pipes.kaldi_fbank import FbankOptions, fbank
-from speechpipe.recipes.librispeech import librispeech_samples
+
+from .bench_fbank import demo_waves, items_of
 
 RATE = 16000
 OPTIONS = FbankOptions(num_mel_bins=80)
-
-
-def padded_batches(waves: list[torch.Tensor], size: int, seed: int = 0
-                   ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    order = list(waves)
-    random.Random(seed).shuffle(order)
-    out = []
-    for i in range(0, len(order), size):
-        rows = order[i:i + size]
-        lengths = torch.tensor([r.shape[0] for r in rows])
-        out.append((torch.nn.utils.rnn.pad_sequence(rows, batch_first=True), lengths))
-    return out
 
 
 def steps(device: torch.device) -> dict[str, Callable[[tuple], object]]:
@@ -95,14 +81,9 @@ def main(argv: list[str] | None = None) -> None:
         print("no CUDA device")
         return
     torch.set_num_threads(1)
-    samples = sorted(librispeech_samples(DEMO_CORPUS), key=lambda s: s["key"])
-    runs = args.runs
-    if args.tiny:
-        samples, runs = samples[::6], 2
-    waves = [torch.from_numpy(s["audio"]) * KALDI_SCALE for s in samples]
-    seconds = sum(w.shape[0] for w in waves) / RATE
+    waves, seconds, runs = demo_waves(args.tiny, args.runs)
     device = torch.device("cuda")
-    on_cpu = padded_batches(waves, args.batch_size)
+    on_cpu = items_of(waves, args.batch_size)
     on_gpu = [(audio.to(device), lengths) for audio, lengths in on_cpu]
     print(f"{len(waves)} utterances, {seconds:.1f} s; batches of {args.batch_size}; "
           f"{torch.cuda.get_device_name(device)}; x real time, median [range] of {runs} passes")

@@ -91,6 +91,16 @@ def implementations(batched: bool) -> dict[str, Callable[[tuple], object]]:
     return impls
 
 
+def demo_waves(tiny: bool, runs: int) -> tuple[list[torch.Tensor], float, int]:
+    """The demo corpus's utterances on the 16-bit scale (every 6th with ``tiny``), their
+    seconds, and the rounds to run (2 with ``tiny``)."""
+    samples = sorted(librispeech_samples(DEMO_CORPUS), key=lambda s: s["key"])
+    if tiny:
+        samples, runs = samples[::6], 2
+    waves = [torch.from_numpy(s["audio"]) * KALDI_SCALE for s in samples]
+    return waves, sum(w.shape[0] for w in waves) / RATE, runs
+
+
 def items_of(waves: list[torch.Tensor], batch_size: int | None, seed: int = 0) -> list[tuple]:
     if batch_size is None:
         return [(w, w.shape[0]) for w in waves]
@@ -161,12 +171,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--profile", action="store_true")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    samples = sorted(librispeech_samples(DEMO_CORPUS), key=lambda s: s["key"])
-    runs = args.runs
-    if args.tiny:
-        samples, runs = samples[::6], 2
-    waves = [torch.from_numpy(s["audio"]) * KALDI_SCALE for s in samples]
-    seconds = sum(w.shape[0] for w in waves) / RATE
+    waves, seconds, runs = demo_waves(args.tiny, args.runs)
     print(f"fbank, {BINS} bins, {len(waves)} utterances of 16 kHz audio; one thread; "
           "x real time = audio s per CPU s; median [slowest, fastest round]")
     for label, batch_size in (("single utterance", None),

@@ -17,11 +17,10 @@ from pathlib import Path
 
 import pytest
 import soundfile
-from test_recipes_common import range_server
+from test_recipes_common import manifest_rows, range_server
 
 from speechpipe.diagnostics import SkippedInputWarning
 from speechpipe.errors import DataError, MissingDataError
-from speechpipe.pipes.manifests import read_manifest
 from speechpipe.pipes.tokenizers import CharTokenizer
 from speechpipe.recipes import manifest_path, pipeline_report
 from speechpipe.recipes.aishell import (
@@ -63,13 +62,6 @@ def _expected(corpus: Path, part: str) -> list[dict]:
     return sorted(rows, key=lambda r: r["key"])
 
 
-def _read(path) -> list[dict]:
-    rows = list(read_manifest(path))
-    for r in rows:
-        r.pop("source")
-    return rows
-
-
 def test_fixture_is_16_khz_mono_16_bit_wav_under_300_kb():
     wavs = sorted(CORPUS.rglob("*.wav"))
     assert len(wavs) == 7
@@ -86,13 +78,13 @@ def test_fixture_is_16_khz_mono_16_bit_wav_under_300_kb():
 def test_prepare_writes_exact_manifests_keeping_spaces_and_folder_speakers(corpus, tmp_path):
     out = prepare_aishell(corpus, tmp_path / "m", parts=["train", "dev"], progress=False)
     assert out == {p: manifest_path(tmp_path / "m", "aishell", p) for p in ("train", "dev")}
-    rows = _read(out["train"])
+    rows = manifest_rows(out["train"])
     assert rows == _expected(corpus, "train")
     assert [(r["key"], r["speaker"]) for r in rows] == [
         ("BAC009S0002W0122", "S0002"), ("BAC009S0002W0123", "S0002"),
         ("BAC009S0003W0121", "S0003"), ("BAC009S0003W0122", "S0003")]
     assert rows[0]["text"] == "今天 天气 很 好"
-    assert _read(out["dev"]) == _expected(corpus, "dev")
+    assert manifest_rows(out["dev"]) == _expected(corpus, "dev")
 
 
 def test_prepare_reports_both_mismatches_as_an_error_by_default(corpus, tmp_path):
@@ -114,8 +106,8 @@ def test_prepare_skip_policy_leaves_them_out_counted_in_a_warning(corpus, tmp_pa
     report = str(record[0].message)
     assert "audio without transcript: 1" in report and "BAC009S0764W0122.wav" in report
     assert "transcript without audio: 1" in report and "'BAC009S0764W0123'" in report
-    assert _read(out["test"]) == _expected(corpus, "test")
-    assert [r["key"] for r in _read(out["test"])] == ["BAC009S0764W0121"]
+    assert manifest_rows(out["test"]) == _expected(corpus, "test")
+    assert [r["key"] for r in manifest_rows(out["test"])] == ["BAC009S0764W0121"]
 
 
 def test_transcript_lines_of_other_splits_are_not_mismatches(corpus):
@@ -246,7 +238,7 @@ def test_download_extracts_speaker_tars_then_prepare(tmp_path):
     # idempotent: the server is gone, the sentinels make the call a no-op
     assert download_aishell(tmp_path / "data", base_url=url, progress=False) == target
     out = prepare_aishell(target, tmp_path / "m", parts="train", progress=False)
-    assert _read(out["train"]) == _expected(corpus, "train")
+    assert manifest_rows(out["train"]) == _expected(corpus, "train")
 
 
 def test_an_unsafe_speaker_tar_is_refused_naming_the_member(tmp_path):
@@ -280,7 +272,7 @@ def manifests(corpus, tmp_path):
 
 def test_train_keeps_1_to_12_s_padded_batches_within_budget_cjk_spaces_removed(manifests,
                                                                                tmp_path):
-    rows = _read(manifests["train"])
+    rows = manifest_rows(manifests["train"])
     tok = CharTokenizer.build([TEXT_NORMALIZER(r["text"]) for r in rows])
     assert "▁" not in tok.vocab  # the normalized texts have no space left
     pipe = aishell_train(tmp_path / "m", budget_seconds=3.0, tokenizer=tok)

@@ -15,11 +15,10 @@ from pathlib import Path
 
 import pytest
 import soundfile
-from test_recipes_common import range_server
+from test_recipes_common import manifest_rows, range_server
 
 from speechpipe.diagnostics import SkippedInputWarning
 from speechpipe.errors import DataError, MissingDataError
-from speechpipe.pipes.manifests import read_manifest
 from speechpipe.recipes import commonvoice, get_recipe, manifest_path, pipeline_report
 from speechpipe.recipes.commonvoice import (
     CLIP_DURATIONS,
@@ -68,13 +67,6 @@ def _expected(corpus: Path, part: str, *, from_header: bool) -> list[dict]:
     return out
 
 
-def _read(path) -> list[dict]:
-    rows = list(read_manifest(path))
-    for r in rows:
-        r.pop("source")
-    return rows
-
-
 def test_fixture_is_48_khz_mono_mp3_with_quotes_and_semicolons_under_300_kb():
     clips = sorted((FIXTURE / "clips").glob("*.mp3"))
     assert len(clips) == 4
@@ -93,7 +85,7 @@ def test_prepare_uses_clip_durations_and_keeps_sentences_as_written(corpus, tmp_
     out = prepare_commonvoice(corpus, tmp_path / "m", progress=False)
     assert out == {p: manifest_path(tmp_path / "m", "commonvoice_en", p)
                    for p in ("train", "dev", "test")}
-    rows = _read(out["train"])
+    rows = manifest_rows(out["train"])
     assert rows == _expected(corpus, "train", from_header=False)
     assert [(r["key"], r["speaker"], r["text"]) for r in rows] == [
         ("common_voice_en_1001", "c1a2", '"Hello," she said; then left.'),
@@ -201,7 +193,7 @@ def test_a_rounded_up_clip_duration_reads_the_whole_clip(corpus, tmp_path):
     table = corpus / CLIP_DURATIONS
     table.write_text(table.read_text().replace("\t2285", "\t2400"))  # dev clip, 2.285 s
     manifests = prepare_commonvoice(corpus, tmp_path / "m", parts="dev", progress=False)
-    assert _read(manifests["dev"])[0]["duration"] == 2.4
+    assert manifest_rows(manifests["dev"])[0]["duration"] == 2.4
     [batch] = commonvoice_valid(manifests, features=None, sample_rate=None)
     info = soundfile.info(str(corpus / "clips" / "common_voice_en_1003.mp3"))
     assert int(batch["audio_len"][0]) == info.frames
@@ -283,7 +275,7 @@ def test_cli_download_with_url_and_checksum(tmp_path, capsys):
 
 def test_train_gives_padded_batches_within_budget_and_valid_test_keep_order(corpus, tmp_path):
     manifests = prepare_commonvoice(corpus, tmp_path / "m", progress=False)
-    rows = _read(manifests["train"])
+    rows = manifest_rows(manifests["train"])
     pipe = commonvoice_train(tmp_path / "m", budget_seconds=6.0, max_duration=2.5)
     with pytest.warns(SkippedInputWarning, match="longer than 2.5 s: 1"):
         batches = list(pipe)

@@ -17,10 +17,11 @@ import numpy as np
 import pytest
 import soundfile
 
+from test_recipes_common import manifest_rows
+
 from speechpipe.cli.prepare import add_command as add_prepare_command
 from speechpipe.diagnostics import SkippedInputWarning
 from speechpipe.errors import DataError, MissingDataError
-from speechpipe.pipes.manifests import read_manifest
 from speechpipe.recipes import kaldi_dir, manifest_path
 from speechpipe.recipes.kaldi_dir import (
     kaldi_dir_eval,
@@ -42,18 +43,11 @@ def _table(path: Path) -> dict[str, str]:
     return dict(line.split(maxsplit=1) for line in path.read_text().splitlines())
 
 
-def _read(path) -> list[dict]:
-    rows = list(read_manifest(path))
-    for r in rows:
-        r.pop("source")
-    return rows
-
-
 def test_prepare_segments_dir_gives_exact_samples(recipe, tmp_path, monkeypatch):
     out = prepare_kaldi_dir(recipe / "data", tmp_path / "m", root=recipe, progress=False)
     assert list(out) == ["dev", "train"]
     assert out["train"] == manifest_path(tmp_path / "m", "kaldi_dir", "train")
-    rows = _read(out["train"])
+    rows = manifest_rows(out["train"])
     data = recipe / "data" / "train"
     segments, text = _table(data / "segments"), _table(data / "text")
     monkeypatch.chdir(recipe)  # feats.scp paths are relative to the recipe folder
@@ -225,7 +219,7 @@ def test_kaldi_dir_samples_needs_a_data_dir(tmp_path):
 
 def test_pipelines_on_audio_and_on_feature_manifests(recipe, tmp_path):
     out = prepare_kaldi_dir(recipe / "data", tmp_path / "m", root=recipe, progress=False)
-    rows = {r["key"]: r for r in _read(out["train"])}
+    rows = {r["key"]: r for r in manifest_rows(out["train"])}
     [batch] = list(kaldi_dir_eval(tmp_path / "m", parts=["train"], batch_size=4,
                                   features=None))
     assert batch["key"] == sorted(rows)

@@ -15,9 +15,10 @@ from pathlib import Path
 import pytest
 import soundfile
 
+from test_recipes_common import manifest_rows
+
 from speechpipe.diagnostics import SkippedInputWarning
 from speechpipe.errors import DataError, MissingDataError
-from speechpipe.pipes.manifests import read_manifest
 from speechpipe.pipes.tokenizers import CharTokenizer
 from speechpipe.recipes import librispeech, manifest_path, pipeline_report
 from speechpipe.recipes.librispeech import (
@@ -58,20 +59,13 @@ def _expected(corpus: Path, part: str) -> list[dict]:
     return rows
 
 
-def _read(path) -> list[dict]:
-    rows = list(read_manifest(path))
-    for r in rows:
-        r.pop("source")
-    return rows
-
-
 # --------------------------------------------------------------------------- prepare
 
 
 def test_prepare_writes_exact_manifests_with_soundfile_durations(corpus, tmp_path):
     out = prepare_librispeech(corpus, tmp_path / "m", parts=["dev-clean"], progress=False)
     assert out == {"dev-clean": manifest_path(tmp_path / "m", "librispeech", "dev-clean")}
-    rows = _read(out["dev-clean"])
+    rows = manifest_rows(out["dev-clean"])
     assert rows == _expected(corpus, "dev-clean")
     assert [r["key"] for r in rows] == ["2001-200101-0000", "2001-200101-0001",
                                         "2001-200101-0002"]
@@ -95,9 +89,9 @@ def test_prepare_skip_policy_leaves_them_out_counted_in_a_warning(corpus, tmp_pa
     report = str(record[0].message)
     assert "audio without transcript: 1" in report and "2002-200201-0002.flac" in report
     assert "transcript without audio: 1" in report and "(key '2002-200201-0003')" in report
-    assert [r["key"] for r in _read(out["test-clean"])] == ["2002-200201-0000",
+    assert [r["key"] for r in manifest_rows(out["test-clean"])] == ["2002-200201-0000",
                                                            "2002-200201-0001"]
-    assert _read(out["test-clean"]) == _expected(corpus, "test-clean")
+    assert manifest_rows(out["test-clean"]) == _expected(corpus, "test-clean")
 
 
 def test_auto_parts_are_the_part_folders_present(corpus, tmp_path):
@@ -234,7 +228,7 @@ def test_download_from_a_local_mirror_then_prepare(tmp_path):
     assert download_librispeech(tmp_path / "data", ["dev-clean", "test-clean"], base_url=url,
                                 checksums=sums, progress=False) == corpus
     out = prepare_librispeech(corpus, tmp_path / "m", parts="dev-clean", progress=False)
-    assert [r["key"] for r in _read(out["dev-clean"])] == [
+    assert [r["key"] for r in manifest_rows(out["dev-clean"])] == [
         "2001-200101-0000", "2001-200101-0001", "2001-200101-0002"]
 
 
@@ -253,7 +247,7 @@ def manifests(corpus, tmp_path):
 
 
 def test_train_defaults_keep_1_to_20_s_and_count_the_rest(manifests, tmp_path):
-    rows = _read(manifests["dev-clean"]) + _read(manifests["test-clean"])
+    rows = manifest_rows(manifests["dev-clean"]) + manifest_rows(manifests["test-clean"])
     tok = CharTokenizer.build([r["text"] for r in rows])
     pipe = librispeech_train(tmp_path / "m", parts=["dev-clean", "test-clean"],
                              budget_seconds=4.5, tokenizer=tok)
@@ -274,7 +268,7 @@ def test_valid_and_test_keep_every_utterance_in_order(manifests, tmp_path):
     valid = list(librispeech_valid(manifests, parts=["dev-clean"], batch_size=2,
                                    features=None))
     assert [k for b in valid for k in b["key"]] == [r["key"] for r in
-                                                     _read(manifests["dev-clean"])]
+                                                     manifest_rows(manifests["dev-clean"])]
     test = list(librispeech_test(tmp_path / "m", part="test-clean", batch_size=5))
     assert [len(b["key"]) for b in test] == [2] and test[0]["feats"].shape[2] == 80
 

@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 import soundfile
 
+from test_recipes_common import manifest_rows
+
 from speechpipe.diagnostics import SkippedInputWarning
 from speechpipe.errors import DataError, MissingDataError
-from speechpipe.pipes.manifests import read_manifest
 from speechpipe.pipes.tokenizers import CharTokenizer
 from speechpipe.recipes import ljspeech, manifest_path
 from speechpipe.recipes.ljspeech import (
@@ -47,13 +48,6 @@ def _expected(corpus: Path) -> list[dict]:
     return rows
 
 
-def _read(path) -> list[dict]:
-    rows = list(read_manifest(path))
-    for r in rows:
-        r.pop("source")
-    return rows
-
-
 def test_fixture_is_22050_hz_mono_16_bit_with_quotes_and_semicolons():
     for wav in sorted((FIXTURE / "wavs").glob("*.wav")):
         info = soundfile.info(str(wav))
@@ -65,7 +59,7 @@ def test_fixture_is_22050_hz_mono_16_bit_with_quotes_and_semicolons():
 def test_prepare_writes_exact_manifest_keeping_quotes_and_both_texts(corpus, tmp_path):
     out = prepare_ljspeech(corpus, tmp_path / "m", progress=False)
     assert out == {"all": manifest_path(tmp_path / "m", "ljspeech", "all")}
-    rows = _read(out["all"])
+    rows = manifest_rows(out["all"])
     assert rows == _expected(corpus)
     assert rows[0]["text"] == '"Printing," he said; "is an art."'
     assert rows[1]["text"] == "Mr. Smith came in 1850."
@@ -111,7 +105,7 @@ def test_missing_wav_and_wav_without_line_under_both_policies(corpus, tmp_path):
     assert f"{corpus / 'metadata.csv'}:3 (key 'LJ001-0003')" in msg
     with pytest.warns(SkippedInputWarning, match="transcript without audio: 1"):
         out = prepare_ljspeech(corpus, tmp_path / "m", on_mismatch="skip", progress=False)
-    assert [r["key"] for r in _read(out["all"])] == ["LJ001-0001", "LJ001-0002", "LJ001-0004"]
+    assert [r["key"] for r in manifest_rows(out["all"])] == ["LJ001-0001", "LJ001-0002", "LJ001-0004"]
 
 
 def test_missing_metadata_and_missing_wavs_folder_are_named(corpus):
@@ -154,7 +148,7 @@ def test_download_bz2_archive_from_a_local_mirror(tmp_path):
 def test_train_pipeline_keeps_all_and_gives_mel_batches_with_normalized_tokens(corpus,
                                                                                tmp_path):
     out = prepare_ljspeech(corpus, tmp_path / "m", progress=False)
-    rows = _read(out["all"])
+    rows = manifest_rows(out["all"])
     tok = CharTokenizer.build([r["normalized_text"] for r in rows])
     batches = list(ljspeech_train(out, budget_seconds=7.0, tokenizer=tok, seed=0))
     assert sorted(k for b in batches for k in b["key"]) == [r["key"] for r in rows]
@@ -171,5 +165,5 @@ def test_train_pipeline_keeps_all_and_gives_mel_batches_with_normalized_tokens(c
 def test_eval_pipeline_keeps_metadata_order(corpus, tmp_path):
     out = prepare_ljspeech(corpus, tmp_path / "m", progress=False)
     batches = list(ljspeech_eval(tmp_path / "m", batch_size=3, features=None))
-    assert [k for b in batches for k in b["key"]] == [r["key"] for r in _read(out["all"])]
+    assert [k for b in batches for k in b["key"]] == [r["key"] for r in manifest_rows(out["all"])]
     assert int(batches[0]["sample_rate"][0]) == 22050

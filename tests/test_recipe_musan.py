@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 import soundfile
 
+from test_recipes_common import manifest_rows
+
 import speechpipe  # noqa: F401  (registers the pipes)
 from speechpipe.errors import DataError, MissingDataError
 from speechpipe.pipes._base import IterableWrapper
-from speechpipe.pipes.manifests import read_manifest
 from speechpipe.pipes.noise import snr_db
 from speechpipe.recipes import augment_source, get_recipe, manifest_path
 from speechpipe.recipes.musan import ARCHIVES, PARTS, download_musan, prepare_musan
@@ -24,13 +25,6 @@ from speechpipe.testing import MUSAN_FIXTURE, serve_directory, write_musan
 @pytest.fixture
 def corpus(tmp_path):
     return write_musan(tmp_path / "data")
-
-
-def _read(path) -> list[dict]:
-    rows = list(read_manifest(path))
-    for row in rows:
-        row.pop("source")
-    return rows
 
 
 def test_prepare_writes_one_exact_manifest_per_part(corpus, tmp_path):
@@ -44,7 +38,7 @@ def test_prepare_writes_one_exact_manifest_per_part(corpus, tmp_path):
                 expected.append({"audio_path": str(wav.resolve()), "category": source,
                                  "duration": info.frames / info.samplerate, "key": wav.stem,
                                  "sample_rate": 16000})
-        assert _read(out[part]) == expected
+        assert manifest_rows(out[part]) == expected
         assert len(expected) == sum(MUSAN_FIXTURE[part].values())
 
 

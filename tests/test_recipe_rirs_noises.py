@@ -12,10 +12,11 @@ import numpy as np
 import pytest
 import soundfile
 
+from test_recipes_common import manifest_rows
+
 import speechpipe  # noqa: F401  (registers the pipes)
 from speechpipe.errors import DataError, MissingDataError
 from speechpipe.pipes._base import IterableWrapper
-from speechpipe.pipes.manifests import read_manifest
 from speechpipe.recipes import augment_source, get_recipe, manifest_path
 from speechpipe.recipes.rirs_noises import (
     ARCHIVES,
@@ -35,13 +36,6 @@ def corpus(tmp_path):
     return write_rirs_noises(tmp_path / "data")
 
 
-def _read(path) -> list[dict]:
-    rows = list(read_manifest(path))
-    for row in rows:
-        row.pop("source")
-    return rows
-
-
 def _info(path: str) -> dict:
     info = soundfile.info(path)
     return {"duration": info.frames / info.samplerate, "sample_rate": info.samplerate}
@@ -51,16 +45,16 @@ def test_prepare_reads_each_list_into_an_exact_manifest(corpus, tmp_path):
     out = prepare_rirs_noises(corpus, tmp_path / "m", progress=False)
     assert list(out) == PRESENT  # largeroom is absent from the fixture: "auto" skips it
     assert out["smallroom"] == manifest_path(tmp_path / "m", "rirs_noises", "smallroom")
-    small = _read(out["smallroom"])
+    small = manifest_rows(out["smallroom"])
     path = str((corpus / "simulated_rirs/smallroom/Room001/Room001-00001.wav").resolve())
     assert small[0] == {"key": "smallroom-Room001-00001", "audio_path": path,
                         "room": "smallroom-Room001", **_info(path)}
     assert [r["key"] for r in small] == [f"smallroom-Room00{r}-0000{k}" for r in (1, 2)
                                          for k in (1, 2)]
-    [iso] = _read(out["isotropic_noises"])
+    [iso] = manifest_rows(out["isotropic_noises"])
     assert iso["noise_type"] == "isotropic"
     assert iso["room"] == "RVB2014_type1_rir_largeroom1_near_angla"
-    point = _read(out["pointsource_noises"])
+    point = manifest_rows(out["pointsource_noises"])
     assert [(r["key"], r["bg_fg_type"]) for r in point] == [("noise1", "background"),
                                                             ("noise2", "foreground")]
     assert all(r["noise_type"] == "point-source" and r["duration"] > 0 for r in point)

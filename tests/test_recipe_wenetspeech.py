@@ -23,7 +23,7 @@ import pytest
 import soundfile
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_recipes_common import range_server
+from test_recipes_common import manifest_rows, range_server
 
 from speechpipe.cli import main as cli_main
 from speechpipe.diagnostics import SkippedInputWarning
@@ -81,11 +81,6 @@ def _expected(corpus: Path, part: str) -> list[dict]:
     return out
 
 
-def _read(manifest: Path) -> list[dict]:
-    """A manifest's samples without ``source`` (the line read_manifest adds)."""
-    return [{k: v for k, v in s.items() if k != "source"} for s in read_manifest(manifest)]
-
-
 def _write_doc(corpus: Path, doc: dict) -> None:
     (corpus / "WenetSpeech.json").write_text(json.dumps(doc, indent=4, ensure_ascii=False),
                                              encoding="utf-8")
@@ -115,7 +110,7 @@ def test_fixture_is_16_khz_opus_with_segments_inside_their_recordings():
 def test_prepare_writes_every_part_in_one_pass_matching_the_json(manifests, corpus, tmp_path):
     assert manifests == {p: manifest_path(tmp_path / "m", "wenetspeech", p) for p in PARTS}
     for part in PARTS:
-        assert _read(manifests[part]) == _expected(corpus, part), part
+        assert manifest_rows(manifests[part]) == _expected(corpus, part), part
     keys = {p: {s["key"] for s in read_manifest(manifests[p])} for p in ("S", "M", "L")}
     assert keys["S"] < keys["M"] < keys["L"]  # nested subsets
 

@@ -94,6 +94,14 @@ class _RangeHandler(http.server.SimpleHTTPRequestHandler):
         self.wfile.write(body)
 
 
+def manifest_rows(path) -> list[dict]:
+    """A manifest's rows without ``source`` (each row's file:line, which tests do not pin)."""
+    rows = list(read_manifest(path))
+    for row in rows:
+        row.pop("source")
+    return rows
+
+
 @contextlib.contextmanager
 def range_server(directory):
     handler = functools.partial(_RangeHandler, directory=str(directory))
