@@ -283,11 +283,11 @@ def _drop_finished() -> None:
 
 
 def copied_out(nbytes: int) -> None:
-    """A consumer (collation; the audio decoder, which reads a payload from a copy) has copied
-    ``nbytes`` out of read-only payload views: every
-    ``_DROP_STEP`` bytes, the pages of the finished mappings leave the page table again (module
-    docs, "Resident pages"). Without it, the samples still buffered when the last shard ends
-    -- thousands at the end of an epoch -- are read back in with no reader left to drop them."""
+    """A consumer (collation; the audio decoders, which read a payload from a copy) has copied
+    ``nbytes`` out of read-only payload views: every ``_DROP_STEP`` bytes, the pages of the
+    finished mappings leave the page table again (module docs, "Resident pages"). Without it,
+    the samples still buffered when the last shard ends -- thousands at the end of an epoch --
+    are read back in with no reader left to drop them."""
     global _copied
     _copied += nbytes
     if _copied >= _DROP_STEP:

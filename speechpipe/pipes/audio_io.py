@@ -144,10 +144,7 @@ class DeferredAudio:
             with f:
                 direct = self._channels == "keep" and out.dtype in (np.float32, np.float64)
                 target = out if direct else np.empty((f.frames, f.channels), np.float32)
-                if not direct or f.channels > 1:
-                    got = f.read(f.frames, out=target.reshape(f.frames, f.channels))
-                else:
-                    got = f.read(f.frames, out=target)
+                got = f.read(f.frames, out=target)
         except (soundfile.LibsndfileError, RuntimeError, TypeError, ValueError) as exc:
             error = _audio_error(exc, *self._context)
             raise type(error)(error.reason, **self._where) from exc

@@ -36,8 +36,7 @@ from ..errors import ChannelMismatchError, DataError, SampleRateError
 from ..sample import AUDIO, FEATS, KEY, SAMPLE_RATE, TOKENS, len_key
 from ..transfer import take
 from ._mmap import copied_out
-from .decode import DeferredAudio, decode_sample
-from .codecs import check_channels
+from .decode import DeferredAudio, check_decode_options, decode_sample
 
 __all__ = [
     "DEFAULT_PAD_VALUES",
@@ -600,9 +599,9 @@ class DecodeCollate(PadCollate):
     ``.map(decode_sample)`` then :class:`PadCollate` gives -- the same fields, names, sample
     rates, errors -- but soundfile writes each utterance's samples once, into the batch (in a
     DataLoader worker under :func:`~speechpipe.loader.build_loader`, the worker's reused
-    shared memory), instead of into an array of its own that collation copies: measured at the
-    decode's own cost against 1.3 x for decode + copy (benchmarks/README.md, "Features on the
-    device"). It is the worker side of features on the device: workers decode, the batched
+    shared memory), instead of into an array of its own that collation copies: 1.03-1.07 x the
+    decode's own CPU against 1.15-1.30 x for decode + copy (``bench_decode`` part 4;
+    benchmarks/README.md, "Session 9"). It is the worker side of features on the device: workers decode, the batched
     fbank runs where the batch goes (:func:`~speechpipe.pipes.features.compute_batch_features`).
     Batch on lengths known without decoding (a shard index's, or a manifest's).
 
@@ -626,10 +625,8 @@ class DecodeCollate(PadCollate):
     def __init__(self, *, unknown: str = "error", rename: Mapping[str, str] | None = None,
                  channels: str | int = "keep", **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        if unknown not in ("error", "keep", "drop"):
-            raise ValueError(f"unknown must be 'error', 'keep' or 'drop', got {unknown!r}")
-        self.unknown, self.rename, self.channels = unknown, dict(rename or {}), \
-            check_channels(channels)
+        self.unknown, self.rename, self.channels = check_decode_options(unknown, rename,
+                                                                        channels)
 
     def __repr__(self) -> str:
         return (f"DecodeCollate(unknown={self.unknown!r}, rename={self.rename!r}, "

@@ -68,6 +68,7 @@ __all__ = [
     "NPY_EXTENSIONS",
     "TEXT_EXTENSIONS",
     "UNSAFE_EXTENSIONS",
+    "check_decode_options",
     "decode_field",
     "decode_sample",
     "read_audio",
@@ -341,6 +342,21 @@ def decode_sample(
     return out
 
 
+def check_decode_options(unknown: Any, rename: Any, channels: Any
+                         ) -> tuple[str, dict | None, Any]:
+    """``decode``'s ``unknown``, ``rename`` (copied) and ``channels``, checked; ``ValueError``
+    or ``TypeError`` naming the bad one."""
+    if unknown not in _UNKNOWN:
+        raise ValueError(f"unknown must be one of {_UNKNOWN}, got {unknown!r}")
+    if rename is not None:
+        if not isinstance(rename, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, str) and v for k, v in rename.items()
+        ):
+            raise TypeError(f"rename must map field names to non-empty str, got {rename!r}")
+        rename = dict(rename)
+    return unknown, rename, check_channels(channels)
+
+
 def _defer(data: Any, channels: Any, where: dict) -> DeferredAudio:
     if isinstance(data, memoryview):  # a mapped shard's pages, copied out by the open
         copied_out(len(data))
@@ -417,18 +433,8 @@ class DecoderIterDataPipe(IterDataPipe[Sample]):
         channels: str | int = "keep",
         on_error: str = "raise",
     ) -> None:
-        if unknown not in _UNKNOWN:
-            raise ValueError(f"unknown must be one of {_UNKNOWN}, got {unknown!r}")
-        if rename is not None:
-            if not isinstance(rename, Mapping) or not all(
-                isinstance(k, str) and isinstance(v, str) and v for k, v in rename.items()
-            ):
-                raise TypeError(f"rename must map field names to non-empty str, got {rename!r}")
-            rename = dict(rename)
         self.source_datapipe = source_datapipe
-        self.unknown = unknown
-        self.rename = rename
-        self.channels = check_channels(channels)
+        self.unknown, self.rename, self.channels = check_decode_options(unknown, rename, channels)
         self.on_error = check_on_error(on_error)
         self.diagnostics = Diagnostics("decode")
 

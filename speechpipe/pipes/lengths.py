@@ -467,11 +467,15 @@ class IndexDurationReaderIterDataPipe(IterDataPipe[Sample]):
         self.source_datapipe = source_datapipe
         self.index = index
         self.remote = remote
-        self._shards: dict[str, tuple[dict[str, float], float]] = {}  # per process, lazily
+        # per process, filled as shards come: the index entries read (by shard path), the
+        # folders whose index was read, the key -> length tables of the shards seen
+        self._entries: dict[str, tuple[Any, float]] = {}
+        self._folders: set[str] = set()
+        self._shards: dict[str, tuple[dict[str, float], float]] = {}
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
-        state["_shards"] = {}  # read again where it is used
+        state.update(_entries={}, _folders=set(), _shards={})  # read again where it is used
         return state
 
     def __iter__(self):
@@ -485,26 +489,36 @@ class IndexDurationReaderIterDataPipe(IterDataPipe[Sample]):
             yield {**sample, DURATION: length * seconds}
 
     def _shard(self, source: Any, key: Any) -> tuple[dict[str, float], float]:
+        """``({key: length}, seconds per length)`` of the shard ``source``; each index is read
+        once (a folder's ``index.jsonl`` when its first shard comes), each shard's keys looked
+        up once."""
         if not isinstance(source, str):
             raise DataError("the sample has no shard 'source' to look up in the shard index "
                             "(durations_from_index follows sharded_shuffle or read_shards)",
                             key=key)
         name = source if is_remote(source) else os.path.abspath(source)
         found = self._shards.get(name)
-        if found is None:
+        if found is not None:
+            return found
+        folder = name.rsplit("/", 1)[0] if is_remote(name) else os.path.dirname(name)
+        if self.index is not None and not self._entries:
+            self._add_index(self.index)
+        elif self.index is None and folder not in self._folders:
+            self._folders.add(folder)
             try:
-                index = (self.index if self.index is not None
-                         else ShardIndex.for_shards([source], remote=self.remote))
+                self._add_index(ShardIndex.read(folder, remote=self.remote))
             except (DataError, MissingDataError) as exc:
                 raise type(exc)(f"no shard index for this shard: {exc.reason}", source=source,
                                 key=key) from exc
-            entry = index.by_path().get(name)
-            if entry is None:
-                raise DataError("the shard is not in the shard index", source=source, key=key)
-            seconds = length_seconds(1.0, index.length_unit,
-                                     sample_rate=index.sample_rate or 16000)
-            found = self._shards[name] = (dict(zip(entry.keys, entry.lengths)), seconds)
+        entry = self._entries.get(name)
+        if entry is None:
+            raise DataError("the shard is not in the shard index", source=source, key=key)
+        found = self._shards[name] = (dict(zip(entry[0].keys, entry[0].lengths)), entry[1])
         return found
+
+    def _add_index(self, index: ShardIndex) -> None:
+        seconds = length_seconds(1.0, index.length_unit, sample_rate=index.sample_rate or 16000)
+        self._entries.update((path, (entry, seconds)) for path, entry in index.by_path().items())
 
 
 IndexDurationReader = IndexDurationReaderIterDataPipe
