@@ -16,6 +16,7 @@ from .pipes import (  # noqa: E402,F401  (registration)
     hf_datasets, kaldi, kaldi_tables, lhotse_io, manifests, mixing, noise, order, sample_lists,
     sharding, shards, sources, text, text_normalization, threads, tokenizers, views,
 )
+from .demo import DEMO_CORPUS  # noqa: E402
 from .diagnostics import BufferStats, Diagnostics, SkippedInputWarning  # noqa: E402
 from .epochs import set_epoch  # noqa: E402
 from .errors import (  # noqa: E402
@@ -74,6 +75,7 @@ __all__ = [
     "ChannelMismatchError",
     "CharTokenizer",
     "CmvnStats",
+    "DEMO_CORPUS",
     "DataError",
     "DecodeCollate",
     "Diagnostics",

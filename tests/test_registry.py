@@ -254,6 +254,7 @@ PUBLIC = [
     "ChannelMismatchError",
     "CharTokenizer",
     "CmvnStats",
+    "DEMO_CORPUS",
     "DataError",
     "DecodeCollate",
     "Diagnostics",
