@@ -1,6 +1,6 @@
 """Cost of the audio stages, in × real time per core, against torchaudio called directly.
 
-For each stage of ``speechpipe.pipes.audio`` (resample, perturb_speed, perturb_volume,
+For each stage of ``speechpipe.pipes.audio._channels`` (resample, perturb_speed, perturb_volume,
 compute_features fbank / mfcc / mel, per sample and per collated batch, spec_augment,
 apply_cmvn), the pipe over the demo corpus's utterances (16 kHz speech, held in memory) is
 timed against a "direct" loop doing the same work without the stage: the torchaudio function
@@ -48,11 +48,11 @@ torchaudio's ``MelSpectrogram`` called once on the whole padded ``(B, T)`` tenso
 ("stacked": the alternative the loop was chosen over; it also differs from per-sample frames
 near each row's end): the fastest of the passes. Beside them, for fbank, the two batched
 torch implementations on the padded ``(B, T)`` audio: speechpipe's vectorised Kaldi fbank
-(:func:`speechpipe.pipes.kaldi_fbank.fbank` with the rows' lengths: padding not computed) and
+(:func:`speechpipe.pipes.audio._fbank.fbank` with the rows' lengths: padding not computed) and
 lhotse's ``Wav2LogFilterBank`` (its batched form, padding computed). The rows
 ``spec_augment`` / ``apply_cmvn`` ``batched`` are the stages on collated ``(B, T, 80)``
 feature batches (features on the device, the CPU device here) against
-:func:`~speechpipe.pipes.augment.spec_augment_batch` / ``normalize_batch`` called directly.
+:func:`~speechpipe.pipes.audio._augment.spec_augment_batch` / ``normalize_batch`` called directly.
 Last, the decode: soundfile decoding these utterances from FLAC bytes, × real time per core,
 next to one utterance's vectorised fbank and torchaudio's (``bench_decode``'s part 2). No
 timing is asserted.
@@ -86,13 +86,13 @@ from torchaudio.compliance import kaldi
 
 import speechpipe  # noqa: F401  (registers the functional names)
 from speechpipe.demo import DEMO_CORPUS
-from speechpipe.pipes._base import IterableWrapper
-from speechpipe.pipes.augment import spec_augment, spec_augment_batch
-from speechpipe.pipes.cmvn import compute_cmvn_stats, normalize_batch
+from speechpipe.pipes._core import IterableWrapper
+from speechpipe.pipes.audio import spec_augment, spec_augment_batch
+from speechpipe.pipes.audio import compute_cmvn_stats, normalize_batch
 from speechpipe.pipes.collate import PadCollate
-from speechpipe.pipes.features import KALDI_SCALE, compute_features, mel_num_frames, num_frames
-from speechpipe.pipes.kaldi_fbank import FbankOptions
-from speechpipe.pipes.kaldi_fbank import fbank as kaldi_fbank
+from speechpipe.pipes.audio import compute_features, KALDI_SCALE, mel_num_frames, num_frames
+from speechpipe.pipes.audio import FbankOptions
+from speechpipe.pipes.audio import fbank as kaldi_fbank
 from speechpipe.recipes.librispeech import librispeech_samples
 from speechpipe.seeding import derive_rng, derive_seed
 

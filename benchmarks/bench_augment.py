@@ -34,8 +34,8 @@ import torch
 
 import speechpipe  # noqa: F401  (registers the functional names)
 from speechpipe.demo import DEMO_CORPUS
-from speechpipe.pipes._base import IterableWrapper
-from speechpipe.pipes.noise import AUGMENT, snr_db
+from speechpipe.pipes._core import IterableWrapper
+from speechpipe.pipes.audio import AUGMENT, snr_db
 from speechpipe.recipes import augment_source
 from speechpipe.recipes.librispeech import librispeech_samples
 from speechpipe.recipes.musan import prepare_musan

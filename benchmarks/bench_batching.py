@@ -29,8 +29,8 @@ import time
 
 import numpy as np
 
-from speechpipe.pipes._base import IterableWrapper
-from speechpipe.pipes.constraints import PaddedArea
+from speechpipe.pipes._core import IterableWrapper
+from speechpipe.pipes.batching import PaddedArea
 from speechpipe.seeding import derive_rng
 from speechpipe.testing import sample_durations
 
@@ -101,7 +101,7 @@ def streaming(lengths, budget, epochs, seed, buffer_size, num_buckets=None):
 
 
 def global_sort(lengths, budget, epochs, seed):
-    from speechpipe.pipes.views import BatchView
+    from speechpipe.pipes.batching import BatchView
 
     keys = {str(i): float(n) for i, n in enumerate(lengths)}
     view = BatchView(keys, constraint=PaddedArea(budget=budget), seed=seed)

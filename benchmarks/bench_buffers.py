@@ -6,9 +6,9 @@ buffering algorithms of a streaming pipeline on in-memory samples shaped like de
 feature samples (``key``, ``source``, ``text`` and an 80-dim float32 ``feats`` array), with
 the meter and without (``meter=None``), side by side:
 
-- ``sharded_shuffle``: its sample buffer, :func:`~speechpipe.pipes.order.shuffle_window`
+- ``sharded_shuffle``: its sample buffer, :func:`~speechpipe.pipes.order._window.shuffle_window`
   over samples before ``decode`` (a ``memoryview`` of a mapped shard, ``bytes``), window 1,000;
-- ``bucket_by_length``: :func:`~speechpipe.pipes.batching.bucket_groups`, buffer 1,000,
+- ``bucket_by_length``: :func:`~speechpipe.pipes.batching._buckets.bucket_groups`, buffer 1,000,
   4 buckets;
 - ``block_batch``: its batch window, ``shuffle_window`` over batches of 30 samples,
   window 100 (the default);

@@ -3,7 +3,7 @@
 For each codec soundfile writes and speechpipe reads (WAV 16/24-bit and float, FLAC 16/24-bit,
 Ogg/Vorbis, Ogg/Opus, MP3), the demo corpus's speech (espeak, 16 kHz, resampled with
 torchaudio to each rate; :func:`speechpipe.testing.demo_speech`) is encoded once with
-:func:`speechpipe.encode_audio` and decoded with :func:`speechpipe.pipes.decode.read_audio`, the
+:func:`speechpipe.encode_audio` and decoded with :func:`speechpipe.pipes.decode._decode.read_audio`, the
 one decoder behind ``load_audio``, ``decode`` (tar shards) and ``load_scp("wav")``.
 
 Method: one thread; the codecs take turns within each round in a shuffled order (so that a
@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from speechpipe import encode_audio
-from speechpipe.pipes.codecs import OPUS_RATES
+from speechpipe.pipes.decode import OPUS_RATES
 from speechpipe.pipes.decode import read_audio
 from speechpipe.testing import demo_speech, on_pcm_grid, snr_db
 

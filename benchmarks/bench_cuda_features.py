@@ -3,9 +3,9 @@
 Without a CUDA device it prints "no CUDA device" and exits 0 (the CPU device is what the
 tests cover). With one: the demo corpus's utterances (16 kHz speech) in padded batches of
 ``--batch-size`` (random order), moved to the device once, then per batch
-:func:`speechpipe.pipes.kaldi_fbank.fbank` (80 bins, with the rows' lengths),
-:func:`~speechpipe.pipes.augment.spec_augment_batch` and
-:func:`~speechpipe.pipes.cmvn.normalize_batch` (per-utterance statistics), each timed with CUDA
+:func:`speechpipe.pipes.audio._fbank.fbank` (80 bins, with the rows' lengths),
+:func:`~speechpipe.pipes.audio._augment.spec_augment_batch` and
+:func:`~speechpipe.pipes.audio._cmvn.normalize_batch` (per-utterance statistics), each timed with CUDA
 events (``torch.cuda.synchronize`` after each batch), against the same fbank on one CPU
 thread. Printed: audio seconds per second (× real time) of each step, median over
 ``--runs`` passes after a warm-up, and the per-pass range. No speed is asserted.
@@ -24,9 +24,9 @@ from typing import Callable
 import torch
 
 import speechpipe  # noqa: F401  (registers the functional names)
-from speechpipe.pipes.augment import spec_augment_batch
-from speechpipe.pipes.cmvn import normalize_batch
-from speechpipe.pipes.kaldi_fbank import FbankOptions, fbank
+from speechpipe.pipes.audio import spec_augment_batch
+from speechpipe.pipes.audio import normalize_batch
+from speechpipe.pipes.audio import fbank, FbankOptions
 
 from .bench_fbank import demo_waves, items_of
 

@@ -23,7 +23,7 @@ how fast is it per core next to the fbank?
    what a worker does per utterance when the features are computed there, the decode alone
    when they are computed on the device).
 3. **in a worker**: the decode stage as a pipeline uses it -- ``map_in_threads`` (the thread
-   map of :mod:`speechpipe.pipes.threads`) applying :func:`speechpipe.pipes.decode.decode_sample`
+   map of :mod:`speechpipe.pipes.concurrency._threads`) applying :func:`speechpipe.pipes.decode._decode.decode_sample`
    to raw samples ``{"key", "flac": bytes}`` -- with 0 (in the consuming thread), 2 and 4
    threads: wall × real time and parallelism of one process.
 4. **into the batch**: batches of 8 raw samples made into a padded audio batch, one thread's
@@ -57,11 +57,11 @@ from torchaudio.compliance import kaldi
 
 import speechpipe  # noqa: F401  (registers the functional names)
 from speechpipe.demo import DEMO_CORPUS
-from speechpipe.pipes._base import IterableWrapper
+from speechpipe.pipes._core import IterableWrapper
 from speechpipe.pipes.collate import DecodeCollate, PadCollate
 from speechpipe.pipes.decode import decode_sample
-from speechpipe.pipes.features import KALDI_SCALE
-from speechpipe.pipes.kaldi_fbank import FbankOptions, fbank
+from speechpipe.pipes.audio import KALDI_SCALE
+from speechpipe.pipes.audio import fbank, FbankOptions
 
 from .bench_fbank import rounds
 

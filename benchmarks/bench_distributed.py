@@ -12,7 +12,7 @@ Table 1, **split balance** (frames per rank, mean over epochs, and the worst epo
 - count round robin over the epoch's shuffled order (speechpipe without an index, CAT);
 - webdataset ``split_by_node`` (``urls[rank::world]`` on the listed order, before its shard
   shuffle: the same shards on a rank every epoch);
-- speechpipe's duration-balanced split (:func:`speechpipe.pipes.assignment.assign_shards`
+- speechpipe's duration-balanced split (:func:`speechpipe.pipes.order._assignment.assign_shards`
   with the index's lengths).
 
 Table 2, **uneven-input policies** (one epoch per row, averaged over epochs): each rank's
@@ -61,11 +61,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from speechpipe.pipes.assignment import ShardSplit, assign_shards, shuffle_shards, split_balance
-from speechpipe.pipes.batching import bucket_groups, estimate_boundaries, pack_batches
-from speechpipe.pipes.constraints import PaddedArea
+from speechpipe.pipes.order import assign_shards, ShardSplit, shuffle_shards, split_balance
+from speechpipe.pipes.batching import bucket_groups, pack_batches
+from speechpipe.sample import estimate_boundaries
+from speechpipe.pipes.batching import PaddedArea
 from speechpipe.pipes.order import shuffle_buffer
-from speechpipe.pipes.sharding import _SAMPLES_SALT
+from speechpipe.pipes.order._streaming import _SAMPLES_SALT
 from speechpipe.seeding import derive_rng
 from speechpipe.testing import sample_durations
 

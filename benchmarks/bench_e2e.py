@@ -69,8 +69,8 @@ import numpy as np
 import torch
 
 import speechpipe  # noqa: F401  (registers the pipes)
-from speechpipe.pipes._base import IterableWrapper
-from speechpipe.pipes.constraints import PaddedArea
+from speechpipe.pipes._core import IterableWrapper
+from speechpipe.pipes.batching import PaddedArea
 from speechpipe.pipes.collate import PadCollate
 from speechpipe.testing import sample_durations
 
@@ -91,7 +91,7 @@ def make_audio(root: str, n: int, shard_size: int, seed: int = 1) -> tuple[list[
     where ``files`` maps key -> (path, duration)."""
     import soundfile as sf
 
-    from speechpipe.pipes.shard_writer import ShardWriter
+    from speechpipe.pipes.shards import ShardWriter
 
     files_dir = os.path.join(root, "flac")
     shards_dir = os.path.join(root, "audio_shards")

@@ -1,4 +1,4 @@
-"""Kaldi fbank per audio second: speechpipe's :func:`~speechpipe.pipes.kaldi_fbank.fbank`
+"""Kaldi fbank per audio second: speechpipe's :func:`~speechpipe.pipes.audio._fbank.fbank`
 against :func:`torchaudio.compliance.kaldi.fbank` and lhotse's ``Wav2LogFilterBank``.
 
 Same options for all three: 80 bins, 25/10 ms povey frames, pre-emphasis 0.97, DC removal,
@@ -42,8 +42,8 @@ from torchaudio.compliance import kaldi
 
 import speechpipe  # noqa: F401  (registers the functional names)
 from speechpipe.demo import DEMO_CORPUS
-from speechpipe.pipes.features import KALDI_SCALE
-from speechpipe.pipes.kaldi_fbank import FbankOptions, fbank
+from speechpipe.pipes.audio import KALDI_SCALE
+from speechpipe.pipes.audio import fbank, FbankOptions
 from speechpipe.recipes.librispeech import librispeech_samples
 
 RATE = 16000

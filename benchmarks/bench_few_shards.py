@@ -30,10 +30,10 @@ import numpy as np
 
 import speechpipe  # noqa: F401  (registers the pipes)
 from speechpipe.index import ShardEntry, ShardIndex
-from speechpipe.pipes import sharding
-from speechpipe.pipes._base import IterableWrapper
-from speechpipe.pipes.assignment import ShardSplit
-from speechpipe.pipes.shard_writer import ShardWriter
+from speechpipe.pipes.order import _streaming as sharding
+from speechpipe.pipes._core import IterableWrapper
+from speechpipe.pipes.order import ShardSplit
+from speechpipe.pipes.shards import ShardWriter
 from speechpipe.seeding import Position
 
 DIM = 80

@@ -32,9 +32,9 @@ import tempfile
 
 import numpy as np
 
-from speechpipe.pipes._base import IterableWrapper
+from speechpipe.pipes._core import IterableWrapper
 from speechpipe.pipes.collate import PadCollate
-from speechpipe.pipes.constraints import PaddedArea, SampleCount
+from speechpipe.pipes.batching import PaddedArea, SampleCount
 from speechpipe.pipes.shards import ShardReadOptions
 from speechpipe.testing import sample_durations
 

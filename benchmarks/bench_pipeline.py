@@ -8,7 +8,7 @@ published percentiles), doing the same work in all three:
    -> length bucketing -> batches within a padded budget -> padded ``(B, T, 80)`` tensors;
 2. **audio**: 16 kHz FLAC (speech cut from the demo corpus) in tar shards (lhotse: Shar) ->
    decode with soundfile -> Kaldi fbank, 80 bins, one call per utterance in all three
-   (speechpipe: its default, ``speechpipe.pipes.features.compute_features``; webdataset and
+   (speechpipe: its default, ``speechpipe.pipes.audio._features.compute_features``; webdataset and
    lhotse: :func:`torchaudio.compliance.kaldi.fbank`, as WeNet's and lhotse's recipes call
    it) -> the same batching. speechpipe and lhotse batch on
    lengths known beforehand (the shard index, the cuts' durations) and decode each batch's
@@ -30,7 +30,7 @@ Contenders (shuffle buffer, bucketing buffer and budget the same for all):
 
 Audio workload only (issue 20), beside those three:
 
-- **sp-kaldifb**: speechpipe's road with :func:`speechpipe.pipes.kaldi_fbank.fbank` (the
+- **sp-kaldifb**: speechpipe's road with :func:`speechpipe.pipes.audio._fbank.fbank` (the
   vectorised Kaldi fbank) once per padded batch with its lengths, in the workers;
 - **sp-device**: features on the device: the workers decode only (``collate(DecodeCollate)``:
   soundfile decodes each utterance straight into the padded batch), and the same batched
@@ -95,13 +95,13 @@ from torchaudio.compliance import kaldi
 import speechpipe  # noqa: F401  (registers the pipes)
 from speechpipe.index import ShardEntry, ShardIndex
 from speechpipe.loader import PipeDataset, build_loader
-from speechpipe.pipes._base import IterableWrapper
+from speechpipe.pipes._core import IterableWrapper
 from speechpipe.pipes.collate import DecodeCollate, PadCollate
 from speechpipe.pipes.decode import decode_sample
-from speechpipe.pipes.features import KALDI_SCALE, compute_features
-from speechpipe.pipes.kaldi_fbank import FbankOptions
-from speechpipe.pipes.kaldi_fbank import fbank as kaldi_fbank
-from speechpipe.pipes.shard_writer import ShardWriter
+from speechpipe.pipes.audio import compute_features, KALDI_SCALE
+from speechpipe.pipes.audio import FbankOptions
+from speechpipe.pipes.audio import fbank as kaldi_fbank
+from speechpipe.pipes.shards import ShardWriter
 from speechpipe.testing import sample_durations
 
 from .bench_shards import evict, warm
@@ -239,7 +239,7 @@ def make_audio(root: str, n: int, setup: Setup, seed: int = 1) -> dict:
     if not os.path.exists(shar + ".done"):
         from lhotse import CutSet, MonoCut, Recording
 
-        from speechpipe.pipes.sharding import read_shard
+        from speechpipe.pipes.order import read_shard
 
         cuts = []
         for path in paths:
@@ -578,7 +578,7 @@ def run_one(system: str, kind: str, data: dict, workers: int, cold: bool, setup:
 
 
 def _flac_blobs(data: dict) -> list[bytes]:
-    from speechpipe.pipes.sharding import read_shard
+    from speechpipe.pipes.order import read_shard
 
     return [bytes(sample["flac"]) for path in data["shards"] for sample in read_shard(path)]
 

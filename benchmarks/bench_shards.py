@@ -79,7 +79,7 @@ import torch
 import speechpipe  # noqa: F401  (registers the pipes)
 from speechpipe.index import ShardIndex
 from speechpipe.loader import build_loader
-from speechpipe.pipes._base import IterableWrapper
+from speechpipe.pipes._core import IterableWrapper
 from speechpipe.pipes.collate import PadCollate
 from speechpipe.pipes.shards import ShardReadOptions
 from speechpipe.remote import RemoteOptions

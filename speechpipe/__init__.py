@@ -11,11 +11,7 @@ wrote (lhotse, Hugging Face datasets, object storage), the errors, and the recip
 
 __version__ = "0.1.0"
 
-from .pipes import (  # noqa: E402,F401  (registration)
-    audio, augment, batching, cmvn, collate, decode, device, distributed, features,
-    hf_datasets, kaldi, kaldi_tables, lhotse_io, manifests, mixing, noise, order, sample_lists,
-    sharding, shards, sources, text, text_normalization, threads, tokenizers, views,
-)
+from . import pipes  # noqa: F401  (registration: every functional name)
 from .demo import DEMO_CORPUS  # noqa: E402
 from .diagnostics import BufferStats, Diagnostics, SkippedInputWarning  # noqa: E402
 from .epochs import set_epoch  # noqa: E402
@@ -26,34 +22,31 @@ from .errors import (  # noqa: E402
 from .index import ShardEntry, ShardIndex  # noqa: E402
 from .loader import Loader, PipeDataset, build_loader  # noqa: E402
 from .pack import PackOptions, PackReport, pack_data  # noqa: E402
-from .pipes._base import IterableWrapper, SequenceWrapper  # noqa: E402
-from .pipes._restore import ResumeWarning  # noqa: E402
-from .pipes._state import EpochWarning  # noqa: E402
-from .pipes.assignment import UnevenSplitWarning  # noqa: E402
-from .pipes.cmvn import CmvnStats, compute_cmvn_stats  # noqa: E402
-from .pipes.codecs import encode_audio  # noqa: E402
+from .pipes._core import IterableWrapper, SequenceWrapper
+from .pipes._core import ResumeWarning
+from .pipes._core import EpochWarning
+from .pipes.order import UnevenSplitWarning
+from .pipes.audio import CmvnStats, compute_cmvn_stats
+from .pipes.decode import encode_audio
 from .pipes.collate import DecodeCollate, PadCollate  # noqa: E402
 from .pipes.concurrency import start, to_device  # noqa: E402
-from .pipes.constraints import (  # noqa: E402
-    BatchConstraint, BatchStats, BudgetWarning, PaddedArea, Quadratic, SampleCount, SumOfLengths,
-    TwoDimensional,
+from .pipes.batching import (
+    BatchConstraint, BatchStats, BudgetWarning, PaddedArea, Quadratic, SampleCount, SumOfLengths, TwoDimensional,
 )
-from .pipes.distributed import (  # noqa: E402
-    DistributedStepError, EqualSteps, ShardSplit, StepPlanner, StepStats, shard_assignment,
-)
-from .pipes.hf_datasets import read_hf_dataset  # noqa: E402
-from .pipes.kaldi_fbank import (  # noqa: E402
-    FbankOptions, LogMelOptions, MfccOptions, fbank, log_mel, mfcc,
-)
-from .pipes.lhotse_io import read_lhotse, read_lhotse_shar, write_lhotse  # noqa: E402
-from .pipes.shard_writer import ShardWriter  # noqa: E402
-from .pipes.sharding import EpochProgress, kaldi_arks  # noqa: E402
+from .pipes.distributed import DistributedStepError, EqualSteps, StepPlanner, StepStats
+from .pipes.order import shard_assignment, ShardSplit
+from .pipes.interop import read_hf_dataset
+from .pipes.audio import fbank, FbankOptions, log_mel, LogMelOptions, mfcc, MfccOptions
+from .pipes.interop import read_lhotse, read_lhotse_shar, write_lhotse
+from .pipes.shards import ShardWriter
+from .pipes.order import EpochProgress
+from .pipes.kaldi import kaldi_arks
 from .pipes.shards import ShardReadOptions  # noqa: E402
-from .pipes.text_normalization import TextNormalizer  # noqa: E402
-from .pipes.tokenizers import (  # noqa: E402
-    CharTokenizer, SentencePieceTokenizer, WordTokenizer, build_tokenizer, load_tokenizer,
+from .pipes.text import TextNormalizer
+from .pipes.text import (
+    build_tokenizer, CharTokenizer, load_tokenizer, SentencePieceTokenizer, WordTokenizer,
 )
-from .pipes.views import BatchView, compute_lengths, read_data_len, select_keys  # noqa: E402
+from .pipes.batching import BatchView, compute_lengths, read_data_len, select_keys
 from .recipes import (  # noqa: E402
     FrontEnd, eval_pipeline, get_recipe, manifest_path, pipeline_report, train_pipeline,
 )

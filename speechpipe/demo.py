@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .pipes.constraints import PaddedArea
+from .pipes.batching import PaddedArea
 from .pipes.collate import PadCollate
 from .recipes.librispeech import librispeech_samples
 from .sample import AUDIO, len_key, sample_duration

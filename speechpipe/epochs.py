@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from .pipes._base import apply_random_seed
-from .pipes._graph import propagate_epoch
+from .pipes._core import apply_random_seed
+from .pipes._core import propagate_epoch
 from .seeding import derive_seed
 
 __all__ = ["set_epoch"]

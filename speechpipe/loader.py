@@ -21,7 +21,7 @@ epoch to continue).
 processes carries a whole padded batch (``benchmarks/bench_e2e.py`` measures the difference
 with per-utterance transfers). Pinning happens in the DataLoader's pin thread, the move to
 ``device`` (``non_blocking`` when pinned) and the uneven-input stage
-(:class:`~speechpipe.pipes.distributed.EqualSteps`) in the main process.
+(:class:`~speechpipe.pipes.distributed._equal.EqualSteps`) in the main process.
 
 **Workers, sharding, seeds.** In worker ``w`` of ``n`` (rank ``r`` of ``W``), speechpipe's
 pipes find their position themselves (``sharded_shuffle`` splits shards, ``batch_by_view``
@@ -107,20 +107,26 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 import torch
 import torch.utils.data
 
-from . import transfer
+from .memory import (
+    MAX_BYTES, forget_segments, install, keep_table_while, new_table, release_now,
+)
 from .diagnostics import BufferStats, Diagnostics
 from .errors import SpeechpipeError, mark_location
-from .pipes._base import IterDataPipe, MapDataPipe
-from .pipes._graph import graph_nodes, propagate_epoch
-from .pipes._restore import (  # noqa: F401  (ResumeWarning: public here too)
-    ResumeWarning, end_pass, restore, resumable_stages, take_states, unresumable_reason,
-)
-from .pipes.concurrency import _LEAVES, to_device
-from .pipes.constraints import BatchStats
+from .pipes._core import IterDataPipe, MapDataPipe
+from .pipes._core import graph_nodes, propagate_epoch
+from .pipes._core import end_pass, restore, resumable_stages, take_states, unresumable_reason
+from .pipes.concurrency import LEAVES, to_device
+from .pipes.batching import BatchStats
 from .pipes.text import TokenStats
 from .seeding import CarriesRank, derive_seed, process_position
 
-__all__ = ["Loader", "PipeDataset", "ResumeWarning", "SharedEpoch", "as_tensors", "build_loader"]
+__all__ = [
+    "Loader",
+    "PipeDataset",
+    "SharedEpoch",
+    "as_tensors",
+    "build_loader",
+]
 
 _VERSION = 1
 # A pass of a loader in this process ended by an exception or was left: collect garbage before
@@ -248,7 +254,7 @@ class PipeDataset(CarriesRank, torch.utils.data.IterableDataset):
                                  "unsaveable": unresumable_reason(self.pipe)}
             info = torch.utils.data.get_worker_info()
             if self._transfer is not None and info is not None:
-                pool = transfer.install(info.id, *self._transfer)
+                pool = install(info.id, *self._transfer)
                 for item in self.pipe:
                     yield pool.wrap(item)  # batches collated in reused shared memory
             else:
@@ -307,8 +313,8 @@ class PipeDataset(CarriesRank, torch.utils.data.IterableDataset):
 
 def _ledgers(pipe: Any) -> list[tuple[str, Any]]:
     """``(path, ledger)`` of every skip count (:class:`~speechpipe.diagnostics.Diagnostics`),
-    batching record (:class:`~speechpipe.pipes.batching.BatchStats`), token count
-    (:class:`~speechpipe.pipes.text.TokenStats`) and buffer record
+    batching record (:class:`~speechpipe.pipes.batching._buckets.BatchStats`), token count
+    (:class:`~speechpipe.pipes.text._tokenize.TokenStats`) and buffer record
     (:class:`~speechpipe.diagnostics.BufferStats`) in the graph; the path is the same in every
     process that holds a copy of the pipeline."""
     out = []
@@ -426,9 +432,9 @@ class Loader:
             self.set_epoch(self.epoch + 1)
         self._epoch_given = self._between_epochs = False
         batches = self.uneven if self.uneven is not None else self.dataloader
-        transfer.release_now()  # slots of batches dropped since the last arrival
+        release_now()  # slots of batches dropped since the last arrival
         if self.dataset._transfer is not None and not self.dataloader.persistent_workers:
-            transfer.forget_segments(self.dataset._transfer[0])  # the last pass's workers
+            forget_segments(self.dataset._transfer[0])  # the last pass's workers
         reports = self.dataset._reports
         if reports is not None:
             _clear_reports(reports)  # left by a pass that was not run to its end
@@ -460,7 +466,7 @@ class Loader:
         if reports is not None:  # every worker has finished its pass: add up their counts
             _collect_reports(reports, self.dataset.pipe)
         if self.dataset._transfer is not None and not self.dataloader.persistent_workers:
-            transfer.forget_segments(self.dataset._transfer[0])  # its workers have exited
+            forget_segments(self.dataset._transfer[0])  # its workers have exited
         self.set_epoch(self.epoch + 1)  # the pass ran to its end: the next one is a new epoch
         self._between_epochs = True
 
@@ -504,7 +510,7 @@ def as_tensors(item: Any) -> Any:
     kind = type(item)
     if kind is dict:
         return {k: as_tensors(v) for k, v in item.items()}
-    if kind is list and all(type(v) in _LEAVES for v in item):
+    if kind is list and all(type(v) in LEAVES for v in item):
         return item
     return to_device(item)
 
@@ -541,7 +547,7 @@ def build_loader(
         device: move each batch there in the main process (``non_blocking`` when pinned).
         seed: seeds torch's ``shuffle`` stages and the workers' global random generators.
         uneven: the uneven-input stage for ``torch.distributed`` (in the main process, after
-            the DataLoader): a policy of :class:`~speechpipe.pipes.distributed.EqualSteps`
+            the DataLoader): a policy of :class:`~speechpipe.pipes.distributed._equal.EqualSteps`
             (``"stop"``, ``"pad"``), or a callable taking the DataLoader and returning the
             iterable to use (e.g. ``lambda dl: EqualSteps(dl, "plan", steps=planner)``).
         snapshot_every: how often workers send their state to the main process, in batches
@@ -556,9 +562,9 @@ def build_loader(
             segments it reuses once the main process has let go of their batches, instead of
             a fresh segment per batch; each segment reaches the main process once and stays
             mapped there, and small tensors travel inline, so a batch costs no connection to
-            the worker (:mod:`speechpipe.transfer`; measurements: ``benchmarks/README.md``,
+            the worker (:mod:`speechpipe.memory._transfer`; measurements: ``benchmarks/README.md``,
             "Worker transfer"). Turn off where ``/dev/shm``
-            is small (up to :data:`speechpipe.transfer.MAX_BYTES` stays allocated per worker,
+            is small (up to :data:`speechpipe.memory._transfer.MAX_BYTES` stays allocated per worker,
             and mapped in the main process too).
         resumable: the loader can save its position (``state_dict()``) and resume exactly.
             A pipeline with a stage that cannot be resumed (torch's ``shuffle``, ``batch``...,
@@ -568,7 +574,7 @@ def build_loader(
     >>> import numpy as np, speechpipe
     >>> from speechpipe import SequenceWrapper
     >>> from speechpipe.pipes.collate import PadCollate
-    >>> from speechpipe.pipes.views import BatchView
+    >>> from speechpipe.pipes.batching._views import BatchView
     >>> data = {f"u{i}": {"key": f"u{i}", "feats": np.ones((i + 1, 2), np.float32)}
     ...         for i in range(5)}
     >>> view = BatchView({k: len(s["feats"]) for k, s in data.items()}, batch_len=6, seed=0)
@@ -586,7 +592,7 @@ def build_loader(
         raise TypeError(f"{reason} (or build_loader(..., resumable=False) to train without "
                         "saving the loader's position)")
     if num_workers and reuse_shared_memory:
-        dataset._transfer = transfer.new_table(num_workers)
+        dataset._transfer = new_table(num_workers)
     if num_workers:
         dataset._reports = tempfile.mkdtemp(prefix="speechpipe-reports-")
     generator = torch.Generator().manual_seed(derive_seed(seed, 0, 0, 0, "loader") % 2**63)
@@ -608,7 +614,7 @@ def build_loader(
     loader = Loader(dataset, dataloader, device=device, non_blocking=pin_memory and device is
                     not None and device.type != "cpu", uneven=wrapped)
     if dataset._transfer is not None:
-        transfer.keep_table_while(loader, dataset._transfer[0])
+        keep_table_while(loader, dataset._transfer[0])
     if dataset._reports is not None:
         weakref.finalize(loader, shutil.rmtree, dataset._reports, True)
     return loader

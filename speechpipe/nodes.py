@@ -20,7 +20,7 @@ from typing import Any
 from torchdata.nodes import BaseNode
 
 from .loader import PipeDataset
-from .pipes._restore import unresumable_reason
+from .pipes._core import unresumable_reason
 
 __all__ = ["PipelineNode"]
 

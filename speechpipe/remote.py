@@ -21,7 +21,7 @@ instance role); ``storage_options`` of :class:`RemoteOptions` go to the file sys
 are (``endpoint_url``, ``profile``, ``key``/``secret``, ``anon``...). Their values are never
 put in an error message or a ``repr``.
 
-Used by :func:`speechpipe.pipes.sources.open_stream` (and so by ``open``, ``read_shard``,
+Used by :func:`speechpipe.pipes.sources._files.open_stream` (and so by ``open``, ``read_shard``,
 ``sharded_shuffle``, the manifest parsers) and by :class:`speechpipe.index.ShardIndex` for an
 index kept in the bucket.
 """

@@ -43,17 +43,23 @@ from typing import Any, Mapping, Sequence
 
 __all__ = [
     "AUDIO",
+    "AUDIO_EXTENSIONS",
     "DURATION",
     "FEATS",
+    "INT_EXTENSIONS",
+    "JSON_EXTENSIONS",
     "KEY",
     "LENGTH_FIELDS",
+    "NPY_EXTENSIONS",
     "NUM_FRAMES",
     "SAMPLE_RATE",
     "SOURCE",
     "SPEAKER",
     "Sample",
     "TEXT",
+    "TEXT_EXTENSIONS",
     "TOKENS",
+    "UNSAFE_EXTENSIONS",
     "estimate_boundaries",
     "len_key",
     "sample_duration",
@@ -75,6 +81,17 @@ SOURCE = "source"
 LENGTH_FIELDS = (FEATS, AUDIO, TOKENS)
 
 Sample = dict  # a dict[str, Any] with the keys above
+
+# The file-extension vocabularies: what a member, field or file suffix means, shared by the
+# shard reader and writer and the decoders.
+#: Audio and arrays: decoded by ``decode``, mapped as views by the shard reader.
+AUDIO_EXTENSIONS = ("flac", "mp3", "ogg", "opus", "wav")
+NPY_EXTENSIONS = ("npy",)
+TEXT_EXTENSIONS = ("text", "transcript", "txt")
+JSON_EXTENSIONS = ("json",)
+INT_EXTENSIONS = ("cls", "id", "index")
+#: Extensions whose only decoder would be ``pickle``: always refused.
+UNSAFE_EXTENSIONS = ("pickle", "pkl", "pt", "pth", "pyd")
 
 
 def len_key(name: str) -> str:

@@ -14,9 +14,9 @@ durations from what a pipeline would read -- manifests (``.jsonl``/``.tsv``, opt
 - the **padding efficiency** (real ÷ padded seconds) of budget batches at ``budget_seconds``
   padded seconds per batch, simulated on the durations alone with speechpipe's own batching
   functions, as the training pipelines batch: a seeded shuffle, length-sorted buffers of
-  ``buffer_size`` utterances (:func:`~speechpipe.pipes.batching.bucket_groups`), greedy packing
-  (:func:`~speechpipe.pipes.batching.pack_batches` with
-  :class:`~speechpipe.pipes.batching.PaddedArea`);
+  ``buffer_size`` utterances (:func:`~speechpipe.pipes.batching._buckets.bucket_groups`), greedy packing
+  (:func:`~speechpipe.pipes.batching._buckets.pack_batches` with
+  :class:`~speechpipe.pipes.batching._buckets.PaddedArea`);
 - shards missing or shorter than their index says (:func:`shard_problems`);
 - a length histogram: as text (:func:`text_histogram`), and as a PNG with matplotlib when it
   is installed (``pip install 'speechpipe[plot]'``; :func:`write_histogram_png`: axis titles,
@@ -89,7 +89,7 @@ class _Facts:
 
 def _manifest_durations(path: str, frame_shift: float, facts: _Facts | None = None
                         ) -> list[float]:
-    from .pipes.manifests import read_manifest
+    from .pipes.sources import read_manifest
 
     out = []
     for sample in read_manifest(path):
@@ -215,7 +215,7 @@ def read_sample_rates(manifests_or_shards: Any) -> dict[int, int]:
     from collections import Counter
 
     from .index import ShardIndex
-    from .pipes.manifests import read_manifest
+    from .pipes.sources import read_manifest
     from .pipes.sources import expand_patterns
 
     counts: Counter[int] = Counter()
@@ -262,8 +262,8 @@ def padding_efficiency(
 
     As the training pipelines batch: the durations in a seeded random order, held in a
     buffer of ``buffer_size`` and emitted as length-sorted groups
-    (:func:`~speechpipe.pipes.batching.bucket_groups`, one bucket), each group packed greedily
-    while ``n × longest <= budget_seconds`` (:func:`~speechpipe.pipes.batching.pack_batches`,
+    (:func:`~speechpipe.pipes.batching._buckets.bucket_groups`, one bucket), each group packed greedily
+    while ``n × longest <= budget_seconds`` (:func:`~speechpipe.pipes.batching._buckets.pack_batches`,
     an utterance longer than the budget makes a batch of its own). ``.efficiency`` is real ÷
     padded seconds.
 

@@ -1,4 +1,4 @@
-"""speechpipe.pipes.audio: exact against the references, seeded, picklable.
+"""speechpipe.pipes.audio._channels: exact against the references, seeded, picklable.
 
 Invariants:
 - with dither 0, every stage yields the numbers of the torchaudio function it wraps, called
@@ -33,18 +33,13 @@ from speechpipe.cli.cmvn import add_command as add_cmvn_command
 from speechpipe.demo import DEMO_CORPUS
 from speechpipe.diagnostics import SkippedInputWarning
 from speechpipe.errors import DataError, MissingDataError
-from speechpipe.pipes._base import IterableWrapper
+from speechpipe.pipes._core import IterableWrapper
 from speechpipe.pipes.audio import resample_audio
-from speechpipe.pipes.augment import change_speed, spec_augment, time_warp
-from speechpipe.pipes.cmvn import CmvnStats, compute_cmvn_stats, normalize_features
+from speechpipe.pipes.audio import change_speed, spec_augment, time_warp
+from speechpipe.pipes.audio import CmvnStats, compute_cmvn_stats, normalize_features
 from speechpipe.pipes.collate import PadCollate
-from speechpipe.pipes.features import (
-    KALDI_SCALE,
-    FeatureComputer,
-    batch_features,
-    compute_features,
-    mel_num_frames,
-    num_frames,
+from speechpipe.pipes.audio import (
+    batch_features, compute_features, FeatureComputer, KALDI_SCALE, mel_num_frames, num_frames,
 )
 from speechpipe.recipes.librispeech import librispeech_samples
 from speechpipe.seeding import derive_seed
@@ -825,7 +820,7 @@ def test_dataloader_with_two_workers_yields_every_sample_once_reproducibly(corpu
 
 
 def test_every_pipe_is_exported_under_its_alias():
-    import speechpipe.pipes.audio as audio
+    import speechpipe.pipes.audio._channels as audio
 
     for name in ("Resampler", "SpeedPerturber", "VolumePerturber", "FeatureComputer",
                  "SpecAugmenter", "CmvnApplier"):

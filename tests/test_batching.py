@@ -19,14 +19,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import speechpipe  # noqa: F401
-from speechpipe.pipes._base import IterableWrapper, IterDataPipe
+from speechpipe.pipes._core import IterableWrapper, IterDataPipe
+from speechpipe.pipes.batching._buckets import BlockBatcher, LengthBucketer
+from speechpipe.sample import estimate_boundaries
+from speechpipe.pipes.batching import pack_batches
 from speechpipe.pipes.batching import (
-    BlockBatcher,
-    LengthBucketer,
-    estimate_boundaries,
-    pack_batches,
-)
-from speechpipe.pipes.constraints import (
     BatchStats, BudgetWarning, PaddedArea, Quadratic, SumOfLengths,
 )
 
@@ -78,7 +75,7 @@ def streaming(lengths, *, budget, buffer=64, seed=0, epoch=0, window=8, **kw):
     return pipe
 
 
-@pytest.mark.filterwarnings("ignore::speechpipe.pipes.constraints.BudgetWarning")  # tiny budgets
+@pytest.mark.filterwarnings("ignore::speechpipe.pipes.batching._constraints.BudgetWarning")  # tiny budgets
 @settings(max_examples=60, deadline=None)
 @given(lengths=lengths_st, budget=budget_st, buffer=st.integers(1, 80),
        buckets=st.one_of(st.none(), st.integers(1, 8)))
@@ -94,7 +91,7 @@ def test_streaming_every_sample_once_and_within_budget(lengths, budget, buffer, 
     assert pipe.stats.oversize_emitted == sum(1 for n in lengths if n > budget)
 
 
-@pytest.mark.filterwarnings("ignore::speechpipe.pipes.constraints.BudgetWarning")  # tiny budgets
+@pytest.mark.filterwarnings("ignore::speechpipe.pipes.batching._constraints.BudgetWarning")  # tiny budgets
 @settings(max_examples=30, deadline=None)
 @given(lengths=st.lists(st.integers(1, 3000), min_size=1, max_size=200), budget=budget_st)
 def test_same_seed_same_batches(lengths, budget):

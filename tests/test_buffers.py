@@ -19,12 +19,13 @@ import torch
 import speechpipe
 from speechpipe.diagnostics import BufferStats
 from speechpipe.loader import PipeDataset, build_loader
-from speechpipe.pipes._base import IterableWrapper
-from speechpipe.pipes._graph import graph_nodes
-from speechpipe.pipes.batching import BlockBatcher, LengthBucketer, bucket_groups
+from speechpipe.pipes._core import IterableWrapper
+from speechpipe.pipes._core import graph_nodes
+from speechpipe.pipes.batching._buckets import BlockBatcher, LengthBucketer
+from speechpipe.pipes.batching import bucket_groups
 from speechpipe.pipes.collate import PadCollate
 from speechpipe.pipes.order import shuffle_window
-from speechpipe.pipes.shard_writer import ShardWriter
+from speechpipe.pipes.shards import ShardWriter
 from speechpipe.pipes.shards import ShardReadOptions
 
 DIM = 8

@@ -23,11 +23,11 @@ import torch
 import speechpipe  # noqa: F401  (registers the pipes)
 from speechpipe.errors import DataError
 from speechpipe.loader import PipeDataset
-from speechpipe.pipes._base import IterableWrapper
-from speechpipe.pipes.augment import spec_augment
-from speechpipe.pipes.cmvn import CmvnStats, compute_cmvn_stats, normalize_features
+from speechpipe.pipes._core import IterableWrapper
+from speechpipe.pipes.audio import spec_augment
+from speechpipe.pipes.audio import CmvnStats, compute_cmvn_stats, normalize_features
 from speechpipe.pipes.collate import PadCollate
-from speechpipe.pipes.noise import AUGMENT, convolve_rir, snr_db
+from speechpipe.pipes.audio import AUGMENT, convolve_rir, snr_db
 
 RATE = 16000
 #: The SNR achieved equals the SNR drawn to this many dB (float32 rounding of the mixture).

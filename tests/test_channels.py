@@ -21,10 +21,10 @@ import soundfile
 import speechpipe as sp
 from speechpipe.errors import ChannelMismatchError, DataError
 from speechpipe.loader import PipeDataset
-from speechpipe.pipes._base import IterableWrapper
-from speechpipe.pipes.codecs import choose_channels
-from speechpipe.pipes.features import compute_features
-from speechpipe.pipes.shard_writer import write_shard
+from speechpipe.pipes._core import IterableWrapper
+from speechpipe.pipes.decode import choose_channels
+from speechpipe.pipes.audio import compute_features
+from speechpipe.pipes.shards import write_shard
 from speechpipe.sample import sample_duration, sample_length
 from speechpipe.demo import DEMO_CORPUS
 

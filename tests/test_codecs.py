@@ -25,10 +25,10 @@ import soundfile
 
 import speechpipe as sp
 from speechpipe.errors import AudioFormatError, DataError, UnsupportedCodecError
-from speechpipe.pipes._base import IterableWrapper
-from speechpipe.pipes.codecs import CODECS, OPUS_RATES, sniff_format
+from speechpipe.pipes._core import IterableWrapper
+from speechpipe.pipes.decode import CODECS, OPUS_RATES, sniff_format
 from speechpipe.pipes.decode import read_audio
-from speechpipe.pipes.shard_writer import write_shard
+from speechpipe.pipes.shards import write_shard
 from speechpipe.testing import demo_speech, on_pcm_grid, snr_db
 
 RATES = (8000, 16000, 22050, 44100, 48000)

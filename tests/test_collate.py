@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from speechpipe.errors import DataError
-from speechpipe.pipes._base import IterableWrapper
+from speechpipe.pipes._core import IterableWrapper
 from speechpipe.pipes.collate import (
     PadCollate,
     list_field,

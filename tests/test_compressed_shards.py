@@ -25,9 +25,9 @@ from speechpipe.cli.pack import add_command as add_pack_command
 from speechpipe.errors import DataError
 from speechpipe.index import ShardIndex
 from speechpipe.pack import PackOptions, pack_data
-from speechpipe.pipes._base import IterableWrapper
-from speechpipe.pipes.shard_writer import ShardWriter, write_shard
-from speechpipe.pipes.sharding import read_shard
+from speechpipe.pipes._core import IterableWrapper
+from speechpipe.pipes.shards import ShardWriter, write_shard
+from speechpipe.pipes.order import read_shard
 from speechpipe.pipes.shards import ShardReadOptions
 
 zstandard = pytest.importorskip("zstandard")

@@ -11,17 +11,12 @@ import numpy as np
 import pytest
 
 import speechpipe  # noqa: F401
-from speechpipe.pipes._base import IterableWrapper
+from speechpipe.pipes._core import IterableWrapper
 from speechpipe.pipes.batching import pack_batches
-from speechpipe.pipes.constraints import (
-    PaddedArea,
-    Quadratic,
-    SampleCount,
-    SumOfLengths,
-    TwoDimensional,
-    batch_constraint,
+from speechpipe.pipes.batching import (
+    batch_constraint, PaddedArea, Quadratic, SampleCount, SumOfLengths, TwoDimensional,
 )
-from speechpipe.pipes.views import BatchView, form_batches
+from speechpipe.pipes.batching import BatchView, form_batches
 
 # --- cost models ------------------------------------------------------------------------
 

@@ -19,8 +19,8 @@ import soundfile
 import speechpipe  # noqa: F401
 from speechpipe.diagnostics import SkippedInputWarning
 from speechpipe.errors import DataError, MissingDataError, UnsafeInputError
-from speechpipe.pipes import shards as _shards  # noqa: F401  (registers read_shards)
-from speechpipe.pipes._base import IterableWrapper
+from speechpipe.pipes.shards import _reader as _shards
+from speechpipe.pipes._core import IterableWrapper
 from speechpipe.pipes.decode import (
     AudioLoaderIterDataPipe,
     DecoderIterDataPipe,
@@ -29,7 +29,7 @@ from speechpipe.pipes.decode import (
     read_audio,
     read_audio_segment,
 )
-from speechpipe.pipes.shard_writer import encode_field, write_shard
+from speechpipe.pipes.shards import encode_field, write_shard
 
 SRC = "shards/a-00003.tar"
 

@@ -24,7 +24,7 @@ from speechpipe.errors import (
 )
 from speechpipe.pipes.collate import DecodeCollate, PadCollate
 from speechpipe.pipes.decode import DeferredAudio, decode_sample
-from speechpipe.pipes.shard_writer import ShardWriter
+from speechpipe.pipes.shards import ShardWriter
 
 FLACS = sorted(glob.glob(f"{DEMO_CORPUS}/**/*.flac", recursive=True))
 

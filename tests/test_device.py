@@ -1,4 +1,4 @@
-"""The device converter (speechpipe.pipes.device).
+"""The device converter (speechpipe.pipes.concurrency._device).
 
 Invariants: numeric numpy arrays become torch tensors in the same containers (sharing memory
 with writable arrays), other values pass unchanged; the move to a device passes
@@ -15,8 +15,8 @@ import pytest
 import torch
 
 import speechpipe  # noqa: F401  (registers the pipes)
-from speechpipe.pipes._base import IterableWrapper
-from speechpipe.pipes.device import DeviceMover, to_device
+from speechpipe.pipes._core import IterableWrapper
+from speechpipe.pipes.concurrency import DeviceMover, to_device
 
 
 def test_to_device_converts_arrays_in_nested_containers_and_keeps_the_rest():
@@ -63,7 +63,7 @@ def test_move_to_device_pipe_on_cpu():
 
 
 def test_pin_memory_without_an_accelerator_warns_and_leaves_tensors_unpinned(monkeypatch):
-    import speechpipe.pipes.device as device
+    import speechpipe.pipes.concurrency._device as device
 
     monkeypatch.setattr(device, "_can_pin", lambda: False)
     pipe = IterableWrapper([{"x": np.ones(2, np.float32)}]).move_to_device("cpu",

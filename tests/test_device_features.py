@@ -18,12 +18,13 @@ import torch
 import speechpipe  # noqa: F401  (registers the functional names)
 from speechpipe.demo import DEMO_CORPUS
 from speechpipe.errors import DataError
-from speechpipe.loader import PipeDataset, ResumeWarning
-from speechpipe.pipes._base import IterableWrapper, SequenceWrapper
-from speechpipe.pipes.augment import spec_augment, spec_augment_batch
-from speechpipe.pipes.cmvn import CmvnStats, compute_cmvn_stats, normalize_batch
+from speechpipe import ResumeWarning
+from speechpipe.loader import PipeDataset
+from speechpipe.pipes._core import IterableWrapper, SequenceWrapper
+from speechpipe.pipes.audio import spec_augment, spec_augment_batch
+from speechpipe.pipes.audio import CmvnStats, compute_cmvn_stats, normalize_batch
 from speechpipe.pipes.collate import PadCollate
-from speechpipe.pipes.views import BatchView
+from speechpipe.pipes.batching import BatchView
 from speechpipe.recipes.librispeech import librispeech_samples
 
 PAD = 7.0  # a padding value no mask or normalisation writes
@@ -120,7 +121,7 @@ def test_masks_stay_within_each_rows_length():
 def test_the_accelerator_masking_equals_the_cpu_masking(monkeypatch, mask_value):
     # Off the CPU the masks are applied with one torch.where instead of slice by slice; the
     # same draws must give the same batch (the CPU path is the one compared with spec_augment).
-    from speechpipe.pipes import augment
+    from speechpipe.pipes.audio import _augment as augment
 
     lengths = [120, 30, 9, 1]
     batch = _padded_batch(lengths)

@@ -45,20 +45,16 @@ import torch
 import speechpipe
 from speechpipe.errors import DataError
 from speechpipe.index import ShardEntry, ShardIndex
-from speechpipe.pipes import sharding
-from speechpipe.pipes._base import IterableWrapper
-from speechpipe.pipes.assignment import (
-    ShardSplit,
-    assign_shards,
-    shuffle_shards,
-    split_balance,
-    split_shards,
+from speechpipe.pipes.order import _streaming as sharding
+from speechpipe.pipes._core import IterableWrapper
+from speechpipe.pipes.order import (
+    assign_shards, ShardSplit, shuffle_shards, split_balance, split_shards,
 )
-from speechpipe.pipes.constraints import PaddedArea
+from speechpipe.pipes.batching import PaddedArea
 from speechpipe.pipes.distributed import DistributedStepError, EqualSteps
-from speechpipe.pipes.shard_writer import ShardWriter
-from speechpipe.pipes.sharding import shard_assignment
-from speechpipe.pipes.steps import StepPlanner, batch_samples
+from speechpipe.pipes.shards import ShardWriter
+from speechpipe.pipes.order import shard_assignment
+from speechpipe.pipes.distributed import batch_samples, StepPlanner
 from speechpipe.seeding import Position
 
 # (count, shortest, longest) frames per shard: uneven counts, skewed lengths.
@@ -337,7 +333,7 @@ def test_step_planner_with_a_batch_size_counts_ceil_per_worker(corpus):
 
 
 def test_step_plan_targets_take_the_min_mean_or_max_and_count_drops_and_repeats():
-    from speechpipe.pipes.steps import StepPlan
+    from speechpipe.pipes.distributed import StepPlan
 
     plans = {t: StepPlan(0, (10, 13, 20), True, t) for t in ("min", "mean", "max")}
     assert {t: p.steps for t, p in plans.items()} == {"min": 10, "mean": 14, "max": 20}
@@ -524,7 +520,7 @@ def _seed_scenario(ctx, rank, world):
 def _map_scenario(ctx, rank, world, workers):
     import torch.distributed as dist
 
-    from speechpipe.pipes.views import BatchView
+    from speechpipe.pipes.batching import BatchView
 
     index = ShardIndex.read(os.path.dirname(ctx["paths"][0]))
     lengths = dict(zip((k for s in index.shards for k in s.keys), index.lengths()))
@@ -729,7 +725,7 @@ def _scenario(name: str, ctx: dict, rank: int, world: int, write):
 
 def _plain_spawn_scenario(ctx: dict) -> dict:
     """Keys each rank reads through a plain torch DataLoader with 2 spawned workers."""
-    from speechpipe.pipes._base import IterableWrapper
+    from speechpipe.pipes._core import IterableWrapper
 
     pipe = IterableWrapper(ctx["paths"]).sharded_shuffle(buffer_size=1, seed=SEED)
     loader = torch.utils.data.DataLoader(pipe, batch_size=None, num_workers=2,
@@ -740,7 +736,7 @@ def _plain_spawn_scenario(ctx: dict) -> dict:
 def _spawn_scenario(context: str) -> dict:
     """Items each rank reads through build_loader with 2 workers started by ``context``."""
     from speechpipe.loader import build_loader
-    from speechpipe.pipes._base import IterableWrapper
+    from speechpipe.pipes._core import IterableWrapper
 
     pipe = IterableWrapper(range(48)).sharding_filter().batch(3)
     loader = build_loader(pipe, num_workers=2, multiprocessing_context=context,

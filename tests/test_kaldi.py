@@ -22,14 +22,14 @@ from hypothesis import strategies as st
 
 from speechpipe.diagnostics import SkippedInputWarning
 from speechpipe.errors import DataError, MissingDataError, UnsafeInputError
-from speechpipe.pipes._base import IterableWrapper
+from speechpipe.pipes._core import IterableWrapper
 from speechpipe.pipes.kaldi import (
     ScpLoader,
     SegmentLoader,
     load_scp_entries,
     slice_segments,
 )
-from speechpipe.pipes.kaldi_tables import ScpEntry, ScpParser, parse_scp_lines, read_scp_table
+from speechpipe.pipes.kaldi import parse_scp_lines, read_scp_table, ScpEntry, ScpParser
 
 RNG = np.random.default_rng(1234)
 
@@ -414,7 +414,7 @@ def test_pickled_object_in_an_ark_is_refused_unread(tmp_path, monkeypatch):
 def test_object_npy_in_an_ark_is_unsafe_input_read_by_offset_or_whole(tmp_path, monkeypatch):
     # Issue 23: kaldiio stores an object array with np.save's pickle; np.load refuses it, which
     # said DataError where the README promises UnsafeInputError. Both ark readers say the same.
-    from speechpipe.pipes.kaldi_ark import iter_ark
+    from speechpipe.pipes.kaldi import iter_ark
 
     values = np.empty(2, dtype=object)
     values[:] = [{"a": 1}, [2]]
@@ -922,7 +922,7 @@ def test_random_bytes_as_a_wav_raise_only_documented_errors(scratch, data):
 
 
 def test_module_all_is_sorted_and_the_verbs_are_registered():
-    import speechpipe.pipes.kaldi as kaldi
+    import speechpipe.pipes.kaldi._loaders as kaldi
 
     assert kaldi.__all__ == sorted(kaldi.__all__)
     assert {"parse_scp", "load_scp", "load_segments"} <= set(type(IterableWrapper([])).functions)

@@ -1,4 +1,4 @@
-"""Reading Kaldi arks in sequence: iter_ark (speechpipe.pipes.kaldi_ark).
+"""Reading Kaldi arks in sequence: iter_ark (speechpipe.pipes.kaldi._ark).
 
 Arks are written with kaldiio.save_ark. Invariants: an ark cut between objects reads the
 objects before the cut, as float32 (frames, dim); an object that is not a numeric matrix, a
@@ -19,8 +19,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from speechpipe.errors import DataError, UnsafeInputError
-from speechpipe.pipes.kaldi_ark import iter_ark
-from speechpipe.pipes.kaldi_values import read_matrix
+from speechpipe.pipes.kaldi import iter_ark
+from speechpipe.pipes.kaldi import read_matrix
 
 
 @pytest.mark.parametrize("kind, value, match", [

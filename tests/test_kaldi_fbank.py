@@ -1,6 +1,6 @@
 """speechpipe's vectorised Kaldi fbank / MFCC against torchaudio's (issue 20).
 
-Invariant: for every option set, sample rate and input, :func:`speechpipe.pipes.kaldi_fbank.fbank`
+Invariant: for every option set, sample rate and input, :func:`speechpipe.pipes.audio._fbank.fbank`
 / ``mfcc`` give exactly torchaudio's frame count and its numbers to float32 rounding; a batch
 row gives what the row alone gives, whatever the padding holds (the same frame count, the same
 numbers to float32 rounding: a sum's order can follow the row's alignment in memory).
@@ -32,15 +32,9 @@ from torchaudio.compliance import kaldi
 import speechpipe as sp
 from speechpipe.demo import DEMO_CORPUS
 from speechpipe.pipes.collate import PadCollate
-from speechpipe.pipes.features import KALDI_SCALE
-from speechpipe.pipes.kaldi_fbank import (
-    FbankOptions,
-    LogMelOptions,
-    MfccOptions,
-    fbank,
-    fbank_frames,
-    log_mel,
-    mfcc,
+from speechpipe.pipes.audio import KALDI_SCALE
+from speechpipe.pipes.audio import (
+    fbank, fbank_frames, FbankOptions, log_mel, LogMelOptions, mfcc, MfccOptions,
 )
 from speechpipe.recipes.librispeech import librispeech_samples
 

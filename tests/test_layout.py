@@ -1,10 +1,18 @@
-"""The house (issue 19): speechpipe imports in one direction, and no room is too big.
+"""The house (issues 19 and 31): one package per stage of the flow, imports in one direction.
 
-Invariant: every module sits on a floor -- base -> sources -> parse/decode -> transform ->
-order/batch -> collate -> loader/distributed -> recipes -> tools -> CLI -- and imports only
-from its own floor or lower ones, at module level or inside a function; the import graph has
-no cycle. No module is over ~800 lines and no function over ~80 lines, unless the line above
-its ``def`` says why (``# long: <reason>``).
+Invariants, each a test below:
+- every module sits on a floor -- base -> sources -> shards -> decode -> kaldi/interop ->
+  audio/text -> order -> batching -> collate -> concurrency -> distributed -> loader ->
+  recipes -> tools -> CLI -- and imports only from its own floor or lower ones, at module
+  level or inside a function; the import graph has no cycle;
+- a stage package (``speechpipe/pipes/<stage>/``, ``speechpipe/memory/``) holds only private
+  ``_modules`` and its face, ``__init__``; code outside a package imports from its face, never
+  from one of its ``_modules``, and no name starting with ``_`` is imported from another
+  module (privacy by module: what a sibling module needs is a plain name);
+- one import path per public name: a module's ``__all__`` lists only what it defines (faces,
+  the package ``__init__``s, excepted), and the faces list only what their modules define;
+- no room is too big: no module over ~800 lines, no function over ~80 lines unless the line
+  above its ``def`` says why (``# long: <reason>``).
 """
 
 from __future__ import annotations
@@ -20,27 +28,26 @@ ROOT = pathlib.Path(speechpipe.__file__).parent
 
 FLOORS = [
     ("base", ["errors", "sample", "seeding", "diagnostics", "remote", "index", "progress",
-              "transfer", "testing", "pipes._base", "pipes._state", "pipes._graph",
-              "pipes._restore"]),
-    ("sources", ["pipes.sources", "pipes._tar", "pipes._mmap", "pipes._readahead",
-                 "pipes.shards", "pipes.manifests"]),
-    ("parse/decode", ["pipes.codecs", "pipes.audio_io", "pipes.decode", "pipes.lhotse_io", "pipes.hf_datasets",
-                      "pipes.shard_writer", "pipes.kaldi_tables", "pipes.kaldi_ark",
-                      "pipes.kaldi_values", "pipes.kaldi"]),
-    ("transform", ["pipes._audio_common", "pipes.audio", "pipes.kaldi_fbank", "pipes.features",
-                   "pipes.augment", "pipes.noise", "pipes.cmvn", "pipes.text_normalization",
-                   "pipes.tokenizers",
-                   "pipes.text"]),
-    ("order/batch", ["pipes.constraints", "pipes.lengths", "pipes.batching",
-                     "pipes.sample_lists", "pipes.assignment", "pipes.plans", "pipes.sharding", "pipes.order",
-                     "pipes.mixing", "pipes.views", "pipes.threads", "pipes.device",
-                     "pipes.concurrency"]),
+              "memory", "testing", "pipes._core"]),
+    ("sources", ["pipes.sources"]),
+    ("shards", ["pipes.shards"]),
+    ("decode", ["pipes.decode"]),
+    ("kaldi/interop", ["pipes.kaldi", "pipes.interop"]),
+    ("audio/text", ["pipes.audio", "pipes.text"]),
+    ("order", ["pipes.order"]),
+    ("batching", ["pipes.batching"]),
     ("collate", ["pipes.collate"]),
-    ("loader/distributed", ["pipes.steps", "pipes.distributed", "epochs", "loader", "nodes"]),
+    ("concurrency", ["pipes.concurrency"]),
+    ("distributed", ["pipes.distributed"]),
+    ("loader", ["epochs", "loader", "nodes"]),
     ("recipes", ["recipes"]),
     ("tools", ["pack", "stats", "demo"]),
     ("CLI", ["cli"]),
 ]
+# packages whose modules are all private (``_x.py``) behind a face
+STAGE_PACKAGES = ["memory"] + [f"pipes.{name}" for name in (
+    "_core", "sources", "shards", "decode", "kaldi", "interop", "audio", "text", "order",
+    "batching", "concurrency", "distributed")]
 MAX_MODULE_LINES = 820
 MAX_FUNCTION_LINES = 80
 
@@ -67,29 +74,34 @@ def _floor(module: str) -> int | None:
     return None if best is None else best[0]
 
 
-def _imports(module: str, path: pathlib.Path, known: set[str]) -> set[str]:
-    """The speechpipe modules ``module`` imports, anywhere in its file."""
+def _import_nodes(module: str, path: pathlib.Path):
+    """``(target module, [imported names], node)`` for each speechpipe import of ``module``."""
     package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
-    out = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
+            for alias in node.names:
+                if alias.name.startswith("speechpipe."):
+                    yield alias.name[len("speechpipe."):], [], node
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 base = package[: len(package) - node.level + 1] if node.level > 1 else package
-                target = ".".join(["speechpipe"] + base + ([node.module] if node.module else []))
+                target = ".".join(base + ([node.module] if node.module else []))
+            elif (node.module or "").startswith("speechpipe"):
+                target = node.module[len("speechpipe."):] if node.module != "speechpipe" else ""
             else:
-                target = node.module or ""
-            names = [target] + [f"{target}.{a.name}" for a in node.names]
-        else:
-            continue
-        for name in names:
-            if not name.startswith("speechpipe."):
                 continue
-            name = name[len("speechpipe."):]
+            yield target, [alias.name for alias in node.names], node
+
+
+def _imports(module: str, path: pathlib.Path, known: set[str]) -> set[str]:
+    """The speechpipe modules ``module`` imports, anywhere in its file."""
+    out = set()
+    for target, names, _ in _import_nodes(module, path):
+        submodules = [f"{target}.{n}" for n in names if f"{target}.{n}" in known]
+        for name in submodules or [target]:
             while name not in known and "." in name:
                 name = name.rsplit(".", 1)[0]
-            if name in known and name != module and name not in ("pipes", "recipes"):
+            if name in known and name != module and name not in ("pipes", "recipes", ""):
                 out.add(name)
     return out
 
@@ -98,6 +110,10 @@ def _graph() -> dict[str, set[str]]:
     modules = _modules()
     known = set(modules) - {""}
     return {m: _imports(m, p, known) for m, p in modules.items() if m}
+
+
+def _package(module: str, path: pathlib.Path) -> str:
+    return module if path.name == "__init__.py" else module.rsplit(".", 1)[0] if "." in module else ""
 
 
 def test_every_module_sits_on_a_floor():
@@ -135,6 +151,107 @@ def test_the_import_graph_has_no_cycle():
         if node not in state:
             visit(node, [node])
     assert cycles == []
+
+
+def test_the_flow_is_a_dozen_rooms_not_a_hallway():
+    # Invariant: speechpipe/pipes/ holds stage packages (and collate.py), no flat modules
+    pipes = ROOT / "pipes"
+    flat = sorted(p.name for p in pipes.glob("*.py") if p.name not in ("__init__.py", "collate.py"))
+    assert flat == []
+    rooms = sorted(p.name for p in pipes.iterdir() if (p / "__init__.py").exists())
+    assert len(rooms) >= 12, rooms
+
+
+@pytest.mark.parametrize("package", STAGE_PACKAGES)
+def test_a_stage_package_is_private_modules_behind_a_face(package):
+    folder = ROOT.joinpath(*package.split("."))
+    assert (folder / "__init__.py").exists()
+    public = sorted(p.name for p in folder.glob("*.py")
+                    if p.name != "__init__.py" and not p.name.startswith("_"))
+    assert public == [], f"{package}: modules outside the face must be private: {public}"
+
+
+def test_no_module_reaches_into_another_packages_private_modules():
+    modules = _modules()
+    reaching = []
+    for module, path in modules.items():
+        here = _package(module, path)
+        for target, names, node in _import_nodes(module, path):
+            for full in [target] + [f"{target}.{n}" for n in names]:
+                if full not in modules:
+                    continue
+                parts = full.split(".")
+                private = [i for i, part in enumerate(parts) if part.startswith("_")]
+                if not private:
+                    continue
+                owner = ".".join(parts[: private[-1]])  # the package holding the _module
+                if full in STAGE_PACKAGES or (full == "pipes._core"):
+                    continue  # a face (pipes._core is the core's face)
+                if here != owner and not here.startswith(owner + "."):
+                    reaching.append(f"{module}:{node.lineno} -> {full}")
+    assert sorted(set(reaching)) == []
+
+
+def test_no_private_name_crosses_a_module_boundary():
+    # Invariant: a name another module imports is plain; a leading underscore means "this
+    # module only". (Importing a private *module* of one's own package is fine.)
+    modules = _modules()
+    crossing = []
+    for module, path in modules.items():
+        for target, names, node in _import_nodes(module, path):
+            for name in names:
+                if name.startswith("_") and f"{target}.{name}" not in modules \
+                        and not name.startswith("__"):
+                    crossing.append(f"{module}:{node.lineno} imports {name} from {target}")
+    assert sorted(crossing) == []
+
+
+def _all_of(path: pathlib.Path) -> list[str] | None:
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Assign) and any(
+                isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
+            return list(ast.literal_eval(node.value))
+    return None
+
+
+def _defined(path: pathlib.Path) -> set[str]:
+    out = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            out.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                out.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
+        elif isinstance(node, ast.ImportFrom) and not node.level \
+                and not (node.module or "").startswith("speechpipe"):
+            # a third-party name made ours (torch's IterDataPipe in the core) is ours to list
+            out.update(alias.asname or alias.name for alias in node.names)
+    return out
+
+
+@pytest.mark.parametrize("module", sorted(m for m, p in _modules().items()
+                                          if p.name != "__init__.py"))
+def test_a_modules_all_lists_only_what_it_defines(module):
+    path = _modules()[module]
+    names = _all_of(path)
+    if names is None:
+        return
+    assert sorted(set(names) - _defined(path)) == [], f"{module} re-exports"
+    assert names == sorted(names), f"{module}: __all__ is not sorted"
+
+
+def test_each_public_name_has_one_defining_module():
+    # Invariant: outside the faces, exactly one module lists a public name in its __all__
+    listed: dict[str, list[str]] = {}
+    for module, path in _modules().items():
+        if path.name == "__init__.py":
+            continue
+        for name in _all_of(path) or []:
+            listed.setdefault(name, []).append(module)
+    twice = {name: where for name, where in listed.items()
+             if name in speechpipe.__all__ and len(where) > 1}
+    assert twice == {}
 
 
 @pytest.mark.parametrize("module", sorted(m for m in _modules() if m))

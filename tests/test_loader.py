@@ -17,10 +17,10 @@ import torch
 import speechpipe  # noqa: F401  (registers the pipes)
 from speechpipe.errors import DataError, MissingDataError
 from speechpipe.loader import Loader, PipeDataset, SharedEpoch, build_loader
-from speechpipe.pipes._base import IterableWrapper, SequenceWrapper
+from speechpipe.pipes._core import IterableWrapper, SequenceWrapper
 from speechpipe.pipes.collate import PadCollate
-from speechpipe.pipes.shard_writer import ShardWriter
-from speechpipe.pipes.views import BatchView
+from speechpipe.pipes.shards import ShardWriter
+from speechpipe.pipes.batching import BatchView
 
 DIM = 4
 
@@ -311,8 +311,8 @@ def _skipping(paths):
 
 def _ledgers_of(pipe):
     from speechpipe.diagnostics import Diagnostics
-    from speechpipe.pipes._graph import graph_nodes
-    from speechpipe.pipes.constraints import BatchStats
+    from speechpipe.pipes._core import graph_nodes
+    from speechpipe.pipes.batching import BatchStats
 
     out = {}
     for node in graph_nodes(pipe):
@@ -365,7 +365,7 @@ def test_a_pass_left_early_reports_nothing_and_the_next_full_pass_counts_alone(s
 def test_token_counts_of_the_workers_reach_the_main_process_tokenize(tmp_path):
     """tokenize's stats (what pipeline_report prints) are summed over the workers too, as
     the README's recipe block shows: not zero in the main process after a pass."""
-    from speechpipe.pipes.tokenizers import CharTokenizer
+    from speechpipe.pipes.text import CharTokenizer
 
     texts = ["ab ba", "abc", "a", "bca b", "cab", "b a c", "ab", "zz"]
     tok = CharTokenizer.build(texts[:-1])  # "z" is unknown: <unk> counted
@@ -437,7 +437,7 @@ def test_the_end_of_epoch_report_shows_what_a_skipped_shard_lost(tmp_path):
 
 _AFTER_A_WORKER_ERROR = """
 import speechpipe as sp
-from speechpipe.pipes._base import IterableWrapper
+from speechpipe.pipes._core._base import IterableWrapper
 
 def boom(x):
     if x == 3:

@@ -19,12 +19,9 @@ from hypothesis import strategies as st
 
 from speechpipe.diagnostics import SkippedInputWarning
 from speechpipe.errors import DataError, MissingDataError
-from speechpipe.pipes._base import IterableWrapper
-from speechpipe.pipes.manifests import (
-    ManifestParserIterDataPipe,
-    iter_manifest,
-    read_manifest,
-    write_manifest,
+from speechpipe.pipes._core import IterableWrapper
+from speechpipe.pipes.sources import (
+    iter_manifest, ManifestParserIterDataPipe, read_manifest, write_manifest,
 )
 
 CV_HEADER = (

@@ -22,20 +22,13 @@ from hypothesis import strategies as st
 
 import speechpipe  # noqa: F401
 from speechpipe.errors import DataError
-from speechpipe.pipes._base import IterableWrapper, SequenceWrapper, registered_iter_names
-from speechpipe.pipes._base import registered_map_names
-from speechpipe.pipes._graph import propagate_epoch
-from speechpipe.pipes.constraints import PaddedArea
+from speechpipe.pipes._core import IterableWrapper, registered_iter_names, SequenceWrapper
+from speechpipe.pipes._core import registered_map_names
+from speechpipe.pipes._core import propagate_epoch
+from speechpipe.pipes.batching import PaddedArea
 from speechpipe.pipes.collate import PadCollate
-from speechpipe.pipes.mixing import (
-    NamedZipper,
-    ReplacementSampler,
-    SourceStats,
-    WeightedMixer,
-    mix_by_weight,
-    pass_epoch,
-    zip_by_name,
-)
+from speechpipe.pipes.order._mixing import NamedZipper, ReplacementSampler, WeightedMixer
+from speechpipe.pipes.order import mix_by_weight, pass_epoch, SourceStats, zip_by_name
 
 
 def items(prefix, n):

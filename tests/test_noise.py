@@ -1,4 +1,4 @@
-"""add_noise and reverberate (speechpipe.pipes.noise), issue 21 part A.
+"""add_noise and reverberate (speechpipe.pipes.audio._noise), issue 21 part A.
 
 Invariants: the SNR achieved (computed from the clean and the mixed signal) is the SNR drawn,
 to float32 rounding (tolerance 0.01 dB); ``p`` is the share of utterances changed; the same
@@ -19,9 +19,9 @@ import soundfile
 import speechpipe  # noqa: F401  (registers the pipes)
 from speechpipe.errors import DataError
 from speechpipe.loader import PipeDataset, build_loader
-from speechpipe.pipes._base import IterableWrapper
+from speechpipe.pipes._core import IterableWrapper
 from speechpipe.pipes.collate import PadCollate
-from speechpipe.pipes.noise import AUGMENT, convolve_rir, snr_db
+from speechpipe.pipes.audio import AUGMENT, convolve_rir, snr_db
 
 RATE = 16000
 #: The SNR achieved equals the SNR drawn to this many dB (float32 rounding of the mixture).

@@ -10,8 +10,8 @@ import pytest
 import speechpipe  # noqa: F401
 from speechpipe.diagnostics import SkippedInputWarning
 from speechpipe.errors import DataError
-from speechpipe.pipes._base import IterableWrapper
-from speechpipe.pipes.order import KeyJoiner
+from speechpipe.pipes._core import IterableWrapper
+from speechpipe.pipes.order._window import KeyJoiner
 
 
 def stream(*keys):

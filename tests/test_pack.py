@@ -26,8 +26,8 @@ from speechpipe.cli.pack import add_command as add_pack_command
 from speechpipe.errors import DataError, MissingDataError, UnsafeInputError
 from speechpipe.index import INDEX_NAME, ShardIndex
 from speechpipe.pack import PackOptions, PackReport, pack_data, parse_length_groups
-from speechpipe.pipes import shard_writer as shards_module
-from speechpipe.pipes._base import IterableWrapper
+from speechpipe.pipes.shards import _writer as shards_module
+from speechpipe.pipes._core import IterableWrapper
 from speechpipe.pipes.shards import iter_tar_members
 
 # --------------------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from speechpipe.cli.prepare import add_command as add_prepare_command
 from speechpipe.diagnostics import SkippedInputWarning
 from speechpipe.errors import DataError, UnsafeInputError
 from speechpipe.pack import pack_data
-from speechpipe.pipes.manifests import read_manifest
+from speechpipe.pipes.sources import read_manifest
 from speechpipe.recipes import eval_pipeline, pipeline_report, verify_audio
 from speechpipe.recipes.kaldi_dir import prepare_kaldi_dir
 from speechpipe.recipes.librispeech import prepare_librispeech

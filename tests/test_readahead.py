@@ -1,4 +1,4 @@
-"""The read-ahead thread of mapped shards (speechpipe.pipes._readahead).
+"""The read-ahead thread of mapped shards (speechpipe.memory._readahead).
 
 What is checked, on real files with their pages evicted from the page cache
 (``posix_fadvise(DONTNEED)``; skipped where the file system keeps them, as tmpfs does):
@@ -34,10 +34,10 @@ import torch
 
 import speechpipe  # noqa: F401  (registers the pipes)
 from speechpipe.errors import DataError
-from speechpipe.pipes import _readahead
-from speechpipe.pipes._base import IterableWrapper
+from speechpipe.memory import _readahead
+from speechpipe.pipes._core import IterableWrapper
 from speechpipe.pipes.shards import ShardReadOptions, iter_tar_members
-from speechpipe.pipes.shard_writer import ShardWriter
+from speechpipe.pipes.shards import ShardWriter
 
 MIB = 1 << 20
 PAGE = mmap.PAGESIZE
@@ -121,7 +121,7 @@ def open_fds() -> int:
 def test_a_helper_reads_a_window_ahead_of_the_reader_then_follows_it(tmp_path, small_window):
     path = cold_file(tmp_path / "big.bin", 16 * MIB)
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
-        helper = _readahead.start(m, f.fileno(), 0)
+        helper = _readahead.start_readahead(m, f.fileno(), 0)
         assert helper is not None
         wait_until(lambda: waiting(helper))
         window = 4 * MIB // PAGE
@@ -145,7 +145,7 @@ def test_stop_ends_the_helper_and_closes_its_descriptor(tmp_path, small_window):
     before = open_fds()
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
         mapped_fds = open_fds()
-        helper = _readahead.start(m, f.fileno(), 0)
+        helper = _readahead.start_readahead(m, f.fileno(), 0)
         assert open_fds() == mapped_fds + 1  # the helper's own descriptor
         wait_until(lambda: waiting(helper))  # it waits for a reader that never comes
         helper.stop()
@@ -158,8 +158,8 @@ def test_stop_ends_the_helper_and_closes_its_descriptor(tmp_path, small_window):
 def test_no_helper_for_a_small_file_or_when_switched_off(tmp_path, small_window):
     path = cold_file(tmp_path / "big.bin", 8 * MIB)
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
-        assert _readahead.start(m, f.fileno(), 7 * MIB) is None  # 1 MiB left: under 2 MiB
-        assert _readahead.start(m, f.fileno(), 0, False) is None
+        assert _readahead.start_readahead(m, f.fileno(), 7 * MIB) is None  # 1 MiB left: under 2 MiB
+        assert _readahead.start_readahead(m, f.fileno(), 0, False) is None
     assert helper_threads() == 0
 
 
@@ -169,7 +169,7 @@ def test_a_file_in_the_page_cache_gets_no_helper(tmp_path, small_window):
         while f.read(MIB):  # now every page is in the page cache
             pass
         assert resident(m).all()
-        assert _readahead.start(m, f.fileno(), 0) is None  # nothing to read
+        assert _readahead.start_readahead(m, f.fileno(), 0) is None  # nothing to read
     assert helper_threads() == 0
 
 
@@ -179,12 +179,12 @@ def test_residency_is_sampled_over_the_whole_file(tmp_path, small_window):
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
         f.read(4 * MIB)  # with the kernel's read-ahead, some MiB more
         assert resident(m)[:4 * MIB // PAGE].all() and not resident(m)[-MIB // PAGE:].any()
-        helper = _readahead.start(m, f.fileno(), 0)
+        helper = _readahead.start_readahead(m, f.fileno(), 0)
         assert helper is not None
         helper.stop()
         while f.read(MIB):
             pass
-        assert _readahead.start(m, f.fileno(), 0) is None
+        assert _readahead.start_readahead(m, f.fileno(), 0) is None
 
 
 def feature_shards(tmp_path, *, count: int, per_shard: int, frames: tuple[int, int],

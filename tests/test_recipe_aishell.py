@@ -21,7 +21,7 @@ from test_recipes_common import manifest_rows, range_server
 
 from speechpipe.diagnostics import SkippedInputWarning
 from speechpipe.errors import DataError, MissingDataError
-from speechpipe.pipes.tokenizers import CharTokenizer
+from speechpipe.pipes.text import CharTokenizer
 from speechpipe.recipes import manifest_path, pipeline_report
 from speechpipe.recipes.aishell import (
     ARCHIVES,

@@ -19,7 +19,7 @@ from test_recipes_common import manifest_rows
 
 from speechpipe.diagnostics import SkippedInputWarning
 from speechpipe.errors import DataError, MissingDataError
-from speechpipe.pipes.tokenizers import CharTokenizer
+from speechpipe.pipes.text import CharTokenizer
 from speechpipe.recipes import librispeech, manifest_path, pipeline_report
 from speechpipe.recipes.librispeech import (
     ARCHIVES,

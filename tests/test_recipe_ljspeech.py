@@ -15,7 +15,7 @@ from test_recipes_common import manifest_rows
 
 from speechpipe.diagnostics import SkippedInputWarning
 from speechpipe.errors import DataError, MissingDataError
-from speechpipe.pipes.tokenizers import CharTokenizer
+from speechpipe.pipes.text import CharTokenizer
 from speechpipe.recipes import ljspeech, manifest_path
 from speechpipe.recipes.ljspeech import (
     ARCHIVES,

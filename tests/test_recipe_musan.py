@@ -15,8 +15,8 @@ from test_recipes_common import manifest_rows
 
 import speechpipe  # noqa: F401  (registers the pipes)
 from speechpipe.errors import DataError, MissingDataError
-from speechpipe.pipes._base import IterableWrapper
-from speechpipe.pipes.noise import snr_db
+from speechpipe.pipes._core import IterableWrapper
+from speechpipe.pipes.audio import snr_db
 from speechpipe.recipes import augment_source, get_recipe, manifest_path
 from speechpipe.recipes.musan import ARCHIVES, PARTS, download_musan, prepare_musan
 from speechpipe.testing import MUSAN_FIXTURE, serve_directory, write_musan
@@ -109,7 +109,7 @@ def test_the_recipe_is_registered():
 
 
 def test_a_manifest_source_is_shuffled_at_each_pass_the_same_in_every_process(corpus):
-    from speechpipe.pipes._graph import propagate_epoch
+    from speechpipe.pipes._core import propagate_epoch
 
     source = augment_source(prepare_musan(corpus, parts="speech", progress=False)["speech"])
     orders = []

@@ -16,7 +16,7 @@ from test_recipes_common import manifest_rows
 
 import speechpipe  # noqa: F401  (registers the pipes)
 from speechpipe.errors import DataError, MissingDataError
-from speechpipe.pipes._base import IterableWrapper
+from speechpipe.pipes._core import IterableWrapper
 from speechpipe.recipes import augment_source, get_recipe, manifest_path
 from speechpipe.recipes.rirs_noises import (
     ARCHIVES,

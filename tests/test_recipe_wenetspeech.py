@@ -28,8 +28,8 @@ from test_recipes_common import manifest_rows, range_server
 from speechpipe.cli import main as cli_main
 from speechpipe.diagnostics import SkippedInputWarning
 from speechpipe.errors import DataError, MissingDataError
-from speechpipe.pipes.manifests import read_manifest
-from speechpipe.pipes.tokenizers import CharTokenizer
+from speechpipe.pipes.sources import read_manifest
+from speechpipe.pipes.text import CharTokenizer
 from speechpipe.recipes import wenetspeech as ws
 from speechpipe.recipes import get_recipe, manifest_path, pipeline_report
 from speechpipe.recipes.wenetspeech import (
@@ -363,7 +363,7 @@ def test_valid_and_test_keep_every_segment_in_order(manifests, tmp_path):
 def test_pack_cuts_the_segments_into_16_bit_flac_shards(manifests, tmp_path):
     from speechpipe.index import ShardIndex
     from speechpipe.pack import pack_data
-    from speechpipe.pipes._base import IterableWrapper
+    from speechpipe.pipes._core import IterableWrapper
 
     report = pack_data(None, None, tmp_path / "shards", manifests=manifests["L"],
                        audio_format="flac16", progress=False)

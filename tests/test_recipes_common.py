@@ -31,8 +31,8 @@ from speechpipe.cli.download import add_command as add_download_command
 from speechpipe.cli.prepare import add_command as add_prepare_command
 from speechpipe.diagnostics import SkippedInputWarning
 from speechpipe.errors import DataError, MissingDataError
-from speechpipe.pipes.manifests import read_manifest, write_manifest
-from speechpipe.pipes.tokenizers import CharTokenizer
+from speechpipe.pipes.sources import read_manifest, write_manifest
+from speechpipe.pipes.text import CharTokenizer
 from speechpipe.recipes import _download, _pipelines, _prepare
 from speechpipe.recipes import (
     RECIPES,
@@ -415,7 +415,7 @@ def test_measure_audio_in_parallel_equals_serial(tmp_path):
 def test_filter_by_duration_counts_and_warns():
     rows = [{"key": "a", "duration": 0.5}, {"key": "b", "duration": 2.0},
             {"key": "c", "duration": 30.0}]
-    pipe = speechpipe.pipes._base.IterableWrapper(rows).filter_by_duration(1.0, 20.0)
+    pipe = speechpipe.pipes._core._base.IterableWrapper(rows).filter_by_duration(1.0, 20.0)
     with pytest.warns(SkippedInputWarning, match="filter_by_duration skipped 2"):
         kept = [s["key"] for s in pipe]
     assert kept == ["b"]
@@ -423,7 +423,7 @@ def test_filter_by_duration_counts_and_warns():
 
 
 def test_filter_by_duration_rejects_bad_arguments_and_samples_without_duration():
-    wrap = speechpipe.pipes._base.IterableWrapper
+    wrap = speechpipe.pipes._core._base.IterableWrapper
     with pytest.raises(ValueError, match="min_duration must be seconds >= 0 or None, got -1"):
         wrap([]).filter_by_duration(-1)
     with pytest.raises(ValueError, match="above max_duration"):
@@ -615,7 +615,7 @@ def test_download_command_for_a_corpus_without_download(tmp_path, capsys):
 
 def test_recipe_modules_keep_sorted_complete_all_and_the_pipe_naming_rule():
     from speechpipe import stats
-    from speechpipe.pipes._base import IterDataPipe
+    from speechpipe.pipes._core import IterDataPipe
 
     for module in [speechpipe.recipes, _download, _prepare, _pipelines, stats] + [get_recipe(name) for name in RECIPES]:
         assert list(module.__all__) == sorted(module.__all__), module.__name__
@@ -648,7 +648,7 @@ def test_every_recipe_builder_gives_a_pipeline_the_loader_can_resume(corpus, nam
     valid, eval and test builder of every recipe passes (new-process resume of the shared
     builders: tests/test_resume.py::test_a_recipes_loader_resumes_exactly_in_a_new_process)."""
     from speechpipe.loader import build_loader
-    from speechpipe.pipes._restore import unresumable_reason
+    from speechpipe.pipes._core import unresumable_reason
 
     rows = [[{"key": "u1", "audio_path": "u1.flac", "duration": 1.0, "text": "a",
               "normalized_text": "a"}]]

@@ -76,7 +76,7 @@ def _pipe_modules():
 
 
 def _our_pipe_classes():
-    from speechpipe.pipes._base import IterDataPipe, MapDataPipe
+    from speechpipe.pipes._core import IterDataPipe, MapDataPipe
 
     for module in _pipe_modules():
         for obj in vars(module).values():
@@ -86,7 +86,7 @@ def _our_pipe_classes():
 
 
 def test_pipe_classes_and_functional_names_follow_the_naming_rule():
-    from speechpipe.pipes._base import IterDataPipe, MapDataPipe
+    from speechpipe.pipes._core import IterDataPipe, MapDataPipe
 
     classes = list(_our_pipe_classes())
     assert classes
@@ -171,7 +171,7 @@ def test_child_pipes_of_fork_and_demux_still_enforce_their_rules():
     """speechpipe's own stages have ``_is_child_datapipe = False`` (set by _base's
     plain_iterator: a per-item cost of torch's hook); torch's IterDataPipe is left without it,
     and fork's and demux's children keep True, so torch still checks them."""
-    from speechpipe.pipes._base import IterableWrapper, IterDataPipe
+    from speechpipe.pipes._core import IterableWrapper, IterDataPipe
 
     assert "_is_child_datapipe" not in vars(IterDataPipe)
     classes = _speechpipe_pipe_classes()
@@ -194,7 +194,7 @@ def _parity(x: int) -> int:
 
 
 def _speechpipe_pipe_classes() -> list[type]:
-    from speechpipe.pipes._base import IterDataPipe
+    from speechpipe.pipes._core import IterDataPipe
 
     classes = []
     for info in pkgutil.walk_packages(speechpipe.__path__, "speechpipe."):
@@ -215,7 +215,7 @@ def test_every_speechpipe_stage_iterates_outside_torchs_per_item_hook():
     hooked = [c.__qualname__ for c in classes
               if vars(c)["__iter__"].__code__.co_name == "wrap_generator"]
     assert hooked == []
-    from speechpipe.pipes._base import IterableWrapper
+    from speechpipe.pipes._core import IterableWrapper
 
     rows = [{"key": "a", "text": "x"}]
     it = iter(IterableWrapper(rows).normalize_text())
@@ -227,7 +227,7 @@ def test_a_plain_stage_still_appears_in_torchs_profiler():
     """With torch's profiler on, a pass goes through torch's hook, which records a
     ``record_function`` entry per stage; iteration gives the same items."""
     import torch
-    from speechpipe.pipes._base import IterableWrapper
+    from speechpipe.pipes._core import IterableWrapper
 
     rows = [{"key": f"u{i}", "text": "ab"} for i in range(3)]
     pipe = IterableWrapper(rows).normalize_text()

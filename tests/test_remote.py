@@ -35,14 +35,14 @@ import pytest
 
 from speechpipe.errors import DataError, MissingDataError
 from speechpipe.index import ShardEntry, ShardIndex
-from speechpipe.pipes._base import IterableWrapper
-from speechpipe.pipes.manifests import read_manifest, write_manifest
-from speechpipe.pipes.shard_writer import ShardWriter
-from speechpipe.pipes.sharding import read_shard
+from speechpipe.pipes._core import IterableWrapper
+from speechpipe.pipes.sources import read_manifest, write_manifest
+from speechpipe.pipes.shards import ShardWriter
+from speechpipe.pipes.order import read_shard
 from speechpipe.pipes.shards import ShardReadOptions
-from speechpipe.pipes.constraints import PaddedArea
+from speechpipe.pipes.batching import PaddedArea
 from speechpipe.pipes.sources import expand_patterns, open_stream
-from speechpipe.pipes.steps import StepPlanner
+from speechpipe.pipes.distributed import StepPlanner
 from speechpipe.remote import RemoteOptions
 from speechpipe.seeding import Position
 from speechpipe.testing import S3_TEST_CREDENTIALS, FaultProxy, serve_s3, upload_folder

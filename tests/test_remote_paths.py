@@ -31,11 +31,11 @@ import torch
 
 import speechpipe as sp
 from speechpipe.errors import DataError, MissingDataError
-from speechpipe.pipes._base import IterableWrapper
+from speechpipe.pipes._core import IterableWrapper
 from speechpipe.pipes.kaldi import load_scp_entries, read_scp_table
-from speechpipe.pipes.kaldi_ark import kaldi_arks
-from speechpipe.pipes.manifests import write_manifest
-from speechpipe.pipes.sharding import read_shard
+from speechpipe.pipes.kaldi import kaldi_arks
+from speechpipe.pipes.sources import write_manifest
+from speechpipe.pipes.order import read_shard
 from speechpipe.pipes.shards import ShardReadOptions
 from speechpipe.recipes import augment_source
 from speechpipe.remote import RemoteOptions

@@ -26,11 +26,12 @@ import torch
 import speechpipe  # noqa: F401  (registers the pipes)
 from speechpipe.errors import DataError
 from speechpipe.index import ShardEntry, ShardIndex
-from speechpipe.loader import PipeDataset, ResumeWarning, build_loader
-from speechpipe.pipes._base import IterableWrapper, SequenceWrapper
+from speechpipe import ResumeWarning
+from speechpipe.loader import PipeDataset, build_loader
+from speechpipe.pipes._core import IterableWrapper, SequenceWrapper
 from speechpipe.pipes.collate import PadCollate
-from speechpipe.pipes.shard_writer import ShardWriter
-from speechpipe.pipes.views import BatchView
+from speechpipe.pipes.shards import ShardWriter
+from speechpipe.pipes.batching import BatchView
 
 DIM = 4
 EPOCHS = 2
@@ -355,7 +356,7 @@ def test_kaldi_arks_resume_exactly(tmp_path):
 
 
 def test_a_restore_reads_again_only_held_samples_and_the_current_prefix(corpus, monkeypatch):
-    import speechpipe.pipes.sharding as sharding
+    import speechpipe.pipes.order._streaming as sharding
 
     reads: collections.Counter = collections.Counter()
     original = sharding.read_shard

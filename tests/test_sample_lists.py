@@ -15,8 +15,8 @@ import torch
 import speechpipe  # noqa: F401  (registers the pipes)
 from speechpipe.errors import DataError
 from speechpipe.loader import build_loader
-from speechpipe.pipes._base import IterableWrapper
-from speechpipe.pipes.sample_lists import SampleShufflerIterDataPipe
+from speechpipe.pipes._core import IterableWrapper
+from speechpipe.pipes.order import SampleShufflerIterDataPipe
 
 ROWS = [{"key": f"u{i:02d}", "text": f"t{i}", "num_frames": i + 1} for i in range(23)]
 

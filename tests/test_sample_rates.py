@@ -11,7 +11,7 @@ import soundfile
 import speechpipe as sp
 from speechpipe.pack import pack_data
 from speechpipe.pipes.collate import PadCollate
-from speechpipe.pipes.manifests import write_manifest
+from speechpipe.pipes.sources import write_manifest
 from speechpipe.recipes import eval_pipeline
 from speechpipe.stats import read_durations
 

@@ -31,13 +31,14 @@ import speechpipe
 from speechpipe.diagnostics import SkippedInputWarning
 from speechpipe.errors import DataError, MissingDataError, UnsafeInputError
 from speechpipe.index import ShardEntry, ShardIndex
-from speechpipe.pipes import sharding
-from speechpipe.pipes._base import IterableWrapper
-from speechpipe.pipes.assignment import shuffle_shards, split_shards
+from speechpipe.pipes.order import _streaming as sharding
+from speechpipe.pipes._core import IterableWrapper
+from speechpipe.pipes.order import shuffle_shards, split_shards
 from speechpipe.pipes.order import shuffle_buffer
-from speechpipe.pipes.plans import EpochPlan, EpochProgress, PlannedShard
-from speechpipe.pipes.shard_writer import ShardWriter
-from speechpipe.pipes.sharding import ShardedShuffler, kaldi_arks, read_shard
+from speechpipe.pipes.order import EpochPlan, EpochProgress, PlannedShard
+from speechpipe.pipes.shards import ShardWriter
+from speechpipe.pipes.order import read_shard, ShardedShuffler
+from speechpipe.pipes.kaldi import kaldi_arks
 from speechpipe.seeding import Position
 from speechpipe.testing import serve_directory
 

@@ -25,10 +25,10 @@ from hypothesis import strategies as st
 import speechpipe  # noqa: F401  (registers open)
 from speechpipe.diagnostics import SkippedInputWarning
 from speechpipe.errors import DataError
-from speechpipe.pipes import decode as _decode  # noqa: F401  (registers decode)
-from speechpipe.pipes._base import IterableWrapper
+from speechpipe.pipes.decode import _decode
+from speechpipe.pipes._core import IterableWrapper
 from speechpipe.pipes.shards import ShardReaderIterDataPipe, ShardReadOptions, group_by_key, iter_tar_members, split_member_name
-from speechpipe.pipes.shard_writer import ShardWriter, write_shard
+from speechpipe.pipes.shards import ShardWriter, write_shard
 
 # --------------------------------------------------------------------------------------------
 # helpers: tars built with tarfile (reading side under test) and raw headers built by hand
@@ -771,7 +771,7 @@ def test_held_samples_map_no_more_shards_than_the_descriptor_budget(tmp_path, mo
     """Every sample is held (as a buffer would), each keeping its shard's mapping -- and on
     Python < 3.13 a file descriptor -- alive: with a budget of 3, the first shards are mapped
     and the rest read (copied), and the samples are the same as with mapping off."""
-    from speechpipe.pipes import _mmap as mmap_module
+    from speechpipe.memory import _mmap as mmap_module
 
     rng = np.random.default_rng(0)
     samples = [{"key": f"utt{i:02d}", "feats.npy": rng.standard_normal((300, 80),
@@ -909,7 +909,7 @@ def test_pages_read_past_leave_the_page_table_while_held_views_still_read(tmp_pa
     # (every shard of an epoch, 3.3 GB file-backed). Pages the reader has passed are dropped
     # from the page table every _DROP_STEP bytes, and so are finished shards' whose views live
     # on; the views still read the same bytes (faulted back in from the page cache).
-    from speechpipe.pipes import _mmap
+    from speechpipe.memory import _mmap
 
     if not os.path.exists("/proc/self/smaps"):
         pytest.skip("needs /proc/self/smaps")
@@ -938,7 +938,7 @@ def test_collating_held_samples_after_the_last_shard_keeps_their_pages_out_of_rs
     # left to drop pages, and collation read every held sample back into RSS (1.6 GB of the
     # 2.3 GB peak of the issue's pipeline). Collation reports the bytes it copies out of
     # read-only views; every _DROP_STEP of them the finished shards' pages leave the table.
-    from speechpipe.pipes import _mmap
+    from speechpipe.memory import _mmap
     from speechpipe.pipes.collate import pad_field
 
     if not os.path.exists("/proc/self/smaps"):
@@ -966,7 +966,7 @@ def test_decoding_held_audio_after_the_last_shard_keeps_its_pages_out_of_rss(
         tmp_path, monkeypatch, road):
     # As collation for arrays: the audio decoders copy a mapped payload out (soundfile reads a
     # copy) and report it, so a drain of held audio samples does not fill RSS either.
-    from speechpipe.pipes import _mmap
+    from speechpipe.memory import _mmap
     from speechpipe.pipes.collate import DecodeCollate
     from speechpipe.pipes.decode import decode_sample
 
@@ -1097,7 +1097,7 @@ def test_mapped_text_and_unknown_members_stay_bytes_whatever_their_size(tmp_path
 
 def test_shards_on_a_network_file_system_are_read_unless_mapping_is_asked_for(
         tmp_path, monkeypatch):
-    from speechpipe.pipes import _mmap as mmap_module
+    from speechpipe.memory import _mmap as mmap_module
 
     path = str(tmp_path / "d-00000.tar")
     write_shard(path, [{"key": "u1", "feats.npy": np.zeros((300, 80), np.float32)}])
@@ -1118,7 +1118,7 @@ def test_shards_on_a_network_file_system_are_read_unless_mapping_is_asked_for(
 
 
 def test_the_mount_table_is_read_from_proc():
-    from speechpipe.pipes import _mmap as mmap_module
+    from speechpipe.memory import _mmap as mmap_module
 
     table = mmap_module._mounts()
     if not os.path.exists("/proc/self/mounts"):

@@ -10,14 +10,9 @@ import pytest
 
 import speechpipe  # noqa: F401  (registers the functional names)
 from speechpipe.errors import DataError, MissingDataError, UnsafeInputError
-from speechpipe.pipes._base import IterableWrapper
-from speechpipe.pipes.sources import (
-    ShardLister,
-    StreamOpener,
-    check_path_stream,
-    expand_patterns,
-    iter_text_lines,
-)
+from speechpipe.pipes._core import IterableWrapper
+from speechpipe.pipes.sources._files import ShardLister, StreamOpener
+from speechpipe.pipes.sources import check_path_stream, expand_patterns, iter_text_lines
 from speechpipe.testing import serve_directory
 
 

@@ -13,7 +13,7 @@ import soundfile
 from speechpipe.cli.stats import add_command as add_stats_command
 from speechpipe.errors import DataError, MissingDataError
 from speechpipe.index import ShardEntry, ShardIndex
-from speechpipe.pipes.manifests import write_manifest
+from speechpipe.pipes.sources import write_manifest
 from speechpipe.recipes.librispeech import prepare_librispeech
 from speechpipe.stats import (
     PERCENTILES,

@@ -23,24 +23,16 @@ from hypothesis import strategies as st
 from speechpipe.cli.tokenizer import add_command as add_tokenizer_command
 from speechpipe.diagnostics import SkippedInputWarning
 from speechpipe.errors import DataError, MissingDataError
-from speechpipe.pipes._base import IterableWrapper, registered_iter_names
+from speechpipe.pipes._core import IterableWrapper, registered_iter_names
 from speechpipe.pipes.text import (
     TokenizerIterDataPipe,
     TokenStats,
     UnknownTokenWarning,
     read_transcripts,
 )
-from speechpipe.pipes.text_normalization import (
-    TextNormalizer,
-    TranscriptNormalizerIterDataPipe,
-    is_cjk,
-)
-from speechpipe.pipes.tokenizers import (
-    CharTokenizer,
-    SentencePieceTokenizer,
-    WordTokenizer,
-    build_tokenizer,
-    load_tokenizer,
+from speechpipe.pipes.text import is_cjk, TextNormalizer, TranscriptNormalizerIterDataPipe
+from speechpipe.pipes.text import (
+    build_tokenizer, CharTokenizer, load_tokenizer, SentencePieceTokenizer, WordTokenizer,
 )
 
 ZH = ["我爱北京天安门", "今天天气很好", "我们在北京", "你好世界", "天安门广场很大"]
@@ -581,7 +573,7 @@ def test_token_stats_coverage_counts_non_space_characters():
 
 
 def test_names_are_registered_to_our_classes_and_not_torchs():
-    from speechpipe.pipes._base import IterDataPipe
+    from speechpipe.pipes._core import IterDataPipe
 
     assert {"normalize_text", "tokenize"} <= registered_iter_names()
     assert IterDataPipe.functions["tokenize"].args[0] is TokenizerIterDataPipe

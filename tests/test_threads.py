@@ -1,4 +1,4 @@
-"""Thread stages (speechpipe.pipes.threads).
+"""Thread stages (speechpipe.pipes.concurrency._threads).
 
 Invariants: a thread stage yields what its single-threaded form yields, in the same order
 (ordered by default); its queues are bounded by its arguments; its threads are joined and its
@@ -21,16 +21,12 @@ import pytest
 import speechpipe  # noqa: F401  (registers the pipes)
 from speechpipe.diagnostics import SkippedInputWarning
 from speechpipe.errors import DataError
-from speechpipe.pipes._base import IterableWrapper
-from speechpipe.pipes._graph import graph_nodes
-from speechpipe.pipes.threads import (
-    ThreadMapper,
-    ThreadPrefetcher,
-    map_items_in_threads,
-    prefetch_items,
-    start,
+from speechpipe.pipes._core import IterableWrapper
+from speechpipe.pipes._core import graph_nodes
+from speechpipe.pipes.concurrency import (
+    map_items_in_threads, prefetch_items, start, ThreadMapper, ThreadPrefetcher,
 )
-from speechpipe.pipes.shard_writer import ShardWriter
+from speechpipe.pipes.shards import ShardWriter
 
 
 def _samples(n: int) -> list[dict]:
@@ -422,7 +418,7 @@ def test_a_pass_left_unfinished_at_exit_ends_without_an_ignored_exception(tmp_pa
     script = tmp_path / "left.py"
     script.write_text(
         "import speechpipe\n"
-        "from speechpipe.pipes._base import IterableWrapper\n"
+        "from speechpipe.pipes._core._base import IterableWrapper\n"
         "it = iter(IterableWrapper(list(range(100))).map_in_threads(abs, num_threads=2))\n"
         "print(next(it), next(it))\n")
     env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(speechpipe.__file__))}

@@ -1,4 +1,4 @@
-"""Reused shared memory for worker batches (speechpipe.transfer), with real DataLoader workers."""
+"""Reused shared memory for worker batches (speechpipe.memory._transfer), with real DataLoader workers."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import pytest
 import torch
 
 import speechpipe  # noqa: F401  (registers the pipes)
-from speechpipe import transfer
+from speechpipe.memory import _transfer as transfer
 from speechpipe.loader import build_loader
-from speechpipe.pipes._base import IterableWrapper
+from speechpipe.pipes._core import IterableWrapper
 from speechpipe.pipes.collate import PadCollate
 
 ROWS = 16 * 24  # utterances; batches of 16

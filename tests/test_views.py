@@ -25,11 +25,11 @@ from hypothesis import strategies as st
 
 import speechpipe  # noqa: F401
 from speechpipe.errors import DataError, MissingDataError
-from speechpipe.pipes._base import IterDataPipe, MapDataPipe, SequenceWrapper
-from speechpipe.pipes.constraints import PaddedArea, SumOfLengths, TwoDimensional
+from speechpipe.pipes._core import IterDataPipe, MapDataPipe, SequenceWrapper
+from speechpipe.pipes.batching import PaddedArea, SumOfLengths, TwoDimensional
 from speechpipe.pipes.collate import PadCollate
-from speechpipe.pipes.lengths import compute_lengths, read_data_len, select_keys
-from speechpipe.pipes.views import BatchView, ViewLoaderIterDataPipe, epoch_batches, shard_batch
+from speechpipe.pipes.batching import compute_lengths, read_data_len, select_keys
+from speechpipe.pipes.batching import BatchView, epoch_batches, shard_batch, ViewLoaderIterDataPipe
 
 FAST = settings(max_examples=40, deadline=None)
 

@@ -7,9 +7,9 @@ import argparse
 import os
 from typing import Any, Iterable, Iterator
 
-from ..pipes._audio_common import audio_of
-from ..pipes.cmvn import compute_cmvn_stats
-from ..pipes.features import FEATURE_KINDS, _extract_one, _Extractor
+from ..pipes.audio import audio_of
+from ..pipes.audio import compute_cmvn_stats
+from ..pipes.audio import extract_features, FeatureExtractor, FEATURE_KINDS
 from ..sample import FEATS, KEY, Sample
 
 __all__ = ["add_command"]
@@ -51,21 +51,15 @@ def add_command(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def _cmvn_samples(args: argparse.Namespace) -> Iterable[Sample]:
-    from ..pipes._base import IterableWrapper
+    from ..pipes._core import IterableWrapper
 
     if args.scp:
-        from ..pipes import kaldi as _kaldi  # noqa: F401  (registers parse_scp, load_scp)
-
         return IterableWrapper([args.scp]).open_files(mode="b").parse_scp().load_scp("feats")
     if args.manifest:
-        from ..pipes import decode as _decode, manifests as _manifests  # noqa: F401
-
         root = os.path.dirname(os.path.abspath(args.manifest))
         return (IterableWrapper([args.manifest]).open_files(mode="b").parse_manifest()
                 .load_audio(field=args.audio_field, root=root))
     if args.shards:
-        from ..pipes import decode as _decode, shards as _shards, sources as _sources  # noqa: F401
-
         return IterableWrapper([args.shards]).list_shards().open().read_shards().decode()
     from ..demo import DEMO_CORPUS
     from ..recipes.librispeech import librispeech_samples
@@ -77,7 +71,7 @@ def _cmvn_command(args: argparse.Namespace) -> int:
     options = {"n_mels" if args.kind == "mel" else "num_mel_bins": args.num_mel_bins}
     if args.kind == "mfcc":
         options["num_ceps"] = min(13, args.num_mel_bins)
-    extractor = _Extractor(args.kind, None, options)
+    extractor = FeatureExtractor(args.kind, None, options)
 
     def features() -> Iterator[Any]:
         for sample in _cmvn_samples(args):
@@ -86,7 +80,7 @@ def _cmvn_command(args: argparse.Namespace) -> int:
                 continue
             audio, rate = audio_of(sample, "cmvn", mono=True)
             yield {KEY: sample.get(KEY),
-                   FEATS: _extract_one(audio, rate, extractor, 0.0, None, sample)}
+                   FEATS: extract_features(audio, rate, extractor, 0.0, None, sample)}
 
     stats = compute_cmvn_stats(features(), progress=not args.no_progress)
     stats.save(args.out)

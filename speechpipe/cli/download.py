@@ -9,14 +9,14 @@ from pathlib import Path
 from typing import Any
 
 from ..recipes import RECIPES
-from .prepare import _recipe_function
+from .prepare import recipe_function
 
 __all__ = ["add_command"]
 
 
 def _run_download(args: argparse.Namespace) -> int:
     try:
-        download = _recipe_function(args.corpus, "download")
+        download = recipe_function(args.corpus, "download")
     except ValueError as exc:
         print(f"speechpipe download: error: {exc}", file=sys.stderr)
         return 2

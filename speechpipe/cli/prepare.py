@@ -12,7 +12,7 @@ from ..recipes import EMPTY_TEXT, ON_MISMATCH, RECIPES, get_recipe
 __all__ = ["add_command"]
 
 
-def _recipe_function(corpus: str, verb: str) -> Callable[..., Any]:
+def recipe_function(corpus: str, verb: str) -> Callable[..., Any]:
     """The ``<verb>_<corpus>`` function of a recipe; a ValueError (with the recipe's
     ``NO_<VERB>`` reason) if it has none."""
     module = get_recipe(corpus)
@@ -35,7 +35,7 @@ def _accepts(fn: Callable[..., Any], name: str) -> bool:
 
 
 def _run_prepare(args: argparse.Namespace) -> int:
-    prepare = _recipe_function(args.corpus, "prepare")
+    prepare = recipe_function(args.corpus, "prepare")
     kwargs: dict[str, Any] = dict(parts=args.parts or "auto", num_jobs=args.jobs,
                                   on_mismatch=args.on_mismatch, force=args.force,
                                   progress=not args.no_progress)

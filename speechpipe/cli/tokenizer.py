@@ -8,13 +8,8 @@ import sys
 from typing import Any
 
 from ..pipes.text import TokenStats, read_transcripts
-from ..pipes.text_normalization import CASES, REMOVE_SPACES, UNICODE_FORMS, TextNormalizer
-from ..pipes.tokenizers import (
-    _SP_MODEL_TYPES,
-    CharTokenizer,
-    SentencePieceTokenizer,
-    WordTokenizer,
-)
+from ..pipes.text import CASES, REMOVE_SPACES, TextNormalizer, UNICODE_FORMS
+from ..pipes.text import SP_MODEL_TYPES, CharTokenizer, SentencePieceTokenizer, WordTokenizer
 from ..sample import TEXT
 
 __all__ = ["add_command"]
@@ -50,7 +45,7 @@ def add_command(subparsers: Any) -> argparse.ArgumentParser:
     build.add_argument("--vocab-size", type=int, default=None, metavar="N",
                        help="sentencepiece: number of pieces (required unless --model-type "
                        "char); char/word: keep at most the N-3 most frequent symbols")
-    build.add_argument("--model-type", default="unigram", choices=_SP_MODEL_TYPES,
+    build.add_argument("--model-type", default="unigram", choices=SP_MODEL_TYPES,
                        help="sentencepiece model type (default: unigram)")
     build.add_argument("--character-coverage", type=float, default=0.9995, metavar="F",
                        help="sentencepiece: share of characters covered (default 0.9995)")

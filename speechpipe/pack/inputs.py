@@ -15,7 +15,7 @@ from typing import Any, NamedTuple, Sequence
 
 from ..errors import DataError, MissingDataError, UnsafeInputError
 from ..pipes.kaldi import ScpEntry, read_scp_table
-from ..pipes.manifests import read_manifest
+from ..pipes.sources import read_manifest
 from .report import _EXAMPLES
 
 __all__ = ["KINDS", "MANIFEST_AUDIO_FIELDS", "MANIFEST_TEXT_FIELDS"]

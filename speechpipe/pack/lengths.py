@@ -218,7 +218,7 @@ def _measure_chunk(mode: str, items: Sequence[_Item],
 
 
 def _segment_length(item: _Item, infos: dict, allow_commands: bool = False) -> tuple[int, int]:
-    """Samples of a segment, by the rules of :func:`~speechpipe.pipes.kaldi.slice_segments`."""
+    """Samples of a segment, by the rules of :func:`~speechpipe.pipes.kaldi._loaders.slice_segments`."""
     segment = parse_segment(ScpEntry(item.key, item.value, item.source, item.line))
     reco = item.recording
     info = None if reco.value.endswith("|") else _audio_info(reco.value, infos)
@@ -248,7 +248,7 @@ def _segment_length(item: _Item, infos: dict, allow_commands: bool = False) -> t
 
 
 def _manifest_length(item: _Item, infos: dict) -> tuple[int, int]:
-    """Samples :func:`~speechpipe.pipes.decode.read_audio_segment` will read for a line."""
+    """Samples :func:`~speechpipe.pipes.decode._decode.read_audio_segment` will read for a line."""
     info = _audio_info(item.value, infos)
     if info is None:  # missing or undecodable: let the reader say which, naming the line
         try:

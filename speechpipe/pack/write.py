@@ -16,7 +16,7 @@ from ..errors import DataError, MissingDataError, UnsafeInputError
 from ..pipes.decode import read_audio_segment
 from ..pipes.kaldi import ScpEntry, load_scp_entries, slice_segments
 from ..pipes.shards import iter_tar_members, split_member_name
-from ..pipes.shard_writer import write_shard
+from ..pipes.shards import write_shard
 from .inputs import _FEATS, _MANIFEST, _SEGMENT, _Item, _no_commands
 
 __all__ = ["AUDIO_FORMATS"]
@@ -106,7 +106,7 @@ class _ShardTask(NamedTuple):
 def _shard_is_complete(task: _ShardTask) -> bool:
     """Whether the shard on disk is a complete tar holding exactly the planned members.
 
-    Reads the shard once with :func:`~speechpipe.pipes.shards.iter_tar_members` (sequential
+    Reads the shard once with :func:`~speechpipe.pipes.shards._reader.iter_tar_members` (sequential
     I/O, no decoding): it checks every header checksum and the end-of-archive marker, so a
     truncated or damaged file is rewritten.
     """

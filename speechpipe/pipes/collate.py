@@ -34,8 +34,8 @@ import torch
 
 from ..errors import ChannelMismatchError, DataError, SampleRateError
 from ..sample import AUDIO, FEATS, KEY, SAMPLE_RATE, TOKENS, len_key
-from ..transfer import take
-from ._mmap import copied_out
+from ..memory import take
+from ..memory import copied_out
 from .decode import DeferredAudio, check_decode_options, decode_sample
 
 __all__ = [
@@ -189,7 +189,7 @@ def _copy_rows(out: torch.Tensor, arrays: Sequence[Any], lengths: Sequence[int] 
     ``Tensor.copy_``; read-only ones (from ``np.frombuffer``) and other byte orders are assigned
     through numpy's view of the same output memory, which neither warns nor copies twice.
     Read-only arrays are most often views of mapped shards: their bytes are reported to
-    :func:`~speechpipe.pipes._mmap.copied_out`, which keeps the pages read back out of RSS.
+    :func:`~speechpipe.memory._mmap.copied_out`, which keeps the pages read back out of RSS.
     """
     out_np = None
     read_only = 0
@@ -602,11 +602,11 @@ class DecodeCollate(PadCollate):
     shared memory), instead of into an array of its own that collation copies: 1.03-1.07 x the
     decode's own CPU against 1.15-1.30 x for decode + copy (``bench_decode`` part 4;
     benchmarks/README.md, "Session 9"). It is the worker side of features on the device: workers decode, the batched
-    fbank runs where the batch goes (:func:`~speechpipe.pipes.features.compute_batch_features`).
+    fbank runs where the batch goes (:func:`~speechpipe.pipes.audio._features.compute_batch_features`).
     Batch on lengths known without decoding (a shard index's, or a manifest's).
 
     Args:
-        unknown, rename, channels: as ``decode`` (:func:`~speechpipe.pipes.decode.decode_sample`).
+        unknown, rename, channels: as ``decode`` (:func:`~speechpipe.pipes.decode._decode.decode_sample`).
         **kwargs: :class:`PadCollate`'s (``pad_values``, ``fields``, ``stack``, ``as_list``,
             ``drop``, ``dtype``).
 

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator, Mapping, Sequence
 
 from ..errors import DataError, MissingDataError
-from ._prepare import _as_names
+from ._prepare import as_names
 
 __all__ = [
     "Archive",
@@ -109,7 +109,7 @@ def _open_url(url: str, offset: int, timeout: float):
         ) from exc
 
 
-def _fetch(url: str, part: Path, *, resume: bool, progress: bool, timeout: float) -> None:
+def fetch_url(url: str, part: Path, *, resume: bool, progress: bool, timeout: float) -> None:
     """Download ``url`` into ``part``, continuing a partial file with a Range request."""
     from ..progress import progress_bar
 
@@ -354,7 +354,7 @@ def download_and_extract(
         return target
     target.mkdir(parents=True, exist_ok=True)
     if not archive.exists():
-        _fetch(url, part, resume=resume, progress=progress, timeout=timeout)
+        fetch_url(url, part, resume=resume, progress=progress, timeout=timeout)
         os.replace(part, archive)
     if checksum is not None:
         _verify_checksum(archive, algo, digest)
@@ -448,7 +448,7 @@ def download_parts(
             mirror of other files, tests); ``None`` skips verification of that part.
         progress: progress bars on a terminal, else lines every 30 s.
     """
-    names = list(archives) if parts == "all" else _as_names(parts, "parts")
+    names = list(archives) if parts == "all" else as_names(parts, "parts")
     unknown = [p for p in names if p not in archives]
     if unknown:
         raise ValueError(f"unknown part(s) {unknown}; known: {list(archives)}")

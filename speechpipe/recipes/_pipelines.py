@@ -4,7 +4,7 @@
 length buckets, budget batches, padding), :func:`eval_pipeline` (fixed order) and
 :func:`semi_supervised_pipeline` (``{"sup": batch, "unsup": batch}`` per step) build on
 manifests (:func:`manifest_samples`); ``filter_by_duration``
-(:class:`~speechpipe.pipes.batching.DurationFilterIterDataPipe`) counts what it drops, and
+(:class:`~speechpipe.pipes.batching._buckets.DurationFilterIterDataPipe`) counts what it drops, and
 :func:`pipeline_report` prints every count of a built pipeline.
 """
 
@@ -16,18 +16,14 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from ..diagnostics import check_on_error
 from ..errors import DataError
-from ..pipes._base import IterableWrapper, IterDataPipe
-from ..pipes.batching import (  # noqa: F401  (DurationFilter*: re-exported)
-    DurationFilter, DurationFilterIterDataPipe, PaddedArea, SumOfLengths,
-)
+from ..pipes._core import IterableWrapper, IterDataPipe
+from ..pipes.batching import PaddedArea, SumOfLengths
 from ..pipes.collate import PadCollate
 from ..remote import RemoteOptions, is_remote
 from ..sample import DURATION, FEATS, KEY, SOURCE, TEXT, Sample, sample_duration
 from ._prepare import AUDIO_PATH, FEATS_PATH, OFFSET, ManifestsArg, resolve_manifests
 
 __all__ = [
-    "DurationFilter",
-    "DurationFilterIterDataPipe",
     "FEATURE_KINDS",
     "FrontEnd",
     "augment_source",

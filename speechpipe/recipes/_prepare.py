@@ -9,7 +9,7 @@ One manifest kind, ``samples``: a gzipped JSON-lines file per part,
 
 with ``offset`` (seconds) when the utterance is a segment of a longer recording, and the
 corpus's extra fields (``chapter``, ``normalized_text``, ``feats_path``...). Read it back with
-:func:`~speechpipe.pipes.manifests.read_manifest` or feed it to the pipelines of
+:func:`~speechpipe.pipes.sources._manifests.read_manifest` or feed it to the pipelines of
 :mod:`speechpipe.recipes._pipelines`; ``speechpipe pack --manifest`` packs it into shards.
 :func:`prepare_parts` reuses a part whose manifest is up to date (a record beside it says
 what it was made from; manifests are written to a temporary name and renamed when complete)
@@ -38,7 +38,7 @@ import soundfile
 
 from ..diagnostics import Diagnostics, SkippedInputWarning, check_on_error
 from ..errors import DataError, MissingDataError
-from ..pipes.manifests import write_manifest
+from ..pipes.sources import write_manifest
 from ..sample import Sample
 from ._checks import (
     PartReport,
@@ -91,7 +91,7 @@ def manifest_path(output_dir: str | os.PathLike, corpus: str, part: str,
     return Path(output_dir) / f"{corpus}_{kind}_{part}.jsonl.gz"
 
 
-def _as_names(value: str | Iterable[str], arg: str) -> list[str]:
+def as_names(value: str | Iterable[str], arg: str) -> list[str]:
     names = [value] if isinstance(value, str) else list(value)
     for n in names:
         if not isinstance(n, str) or not n:
@@ -134,7 +134,7 @@ def resolve_parts(
                 source=os.fspath(corpus_dir),
             )
         return found
-    names = _as_names(parts, "parts")
+    names = as_names(parts, "parts")
     unknown = [p for p in names if p not in known]
     if unknown:
         raise ValueError(f"unknown {corpus} part(s) {unknown}; known: {list(known)}")
@@ -397,7 +397,7 @@ _VERIFYING: contextvars.ContextVar[bool] = contextvars.ContextVar(
     "speechpipe_prepare_verifying", default=False)
 
 
-def _files_under(folder: str | os.PathLike, *, recursive: bool = True) -> list[str]:
+def files_under(folder: str | os.PathLike, *, recursive: bool = True) -> list[str]:
     """The files in ``folder`` (and below, if ``recursive``), absolute: a part's inputs."""
     base = Path(folder).resolve()
     found = base.rglob("*") if recursive else base.iterdir()
@@ -421,7 +421,7 @@ def _up_to_date(path: Path, extra: list[str], options: Mapping[str, Any]) -> tup
                             for k in sorted(set(old) | set(options))
                             if old.get(k) != options.get(k))
         return False, f"options changed: {changed}"
-    from ..pipes.manifests import read_manifest
+    from ..pipes.sources import read_manifest
 
     try:
         listed = _audio_paths(read_manifest(path))
@@ -439,7 +439,7 @@ def _write_json(path: Path, value: Any) -> None:
     os.replace(tmp, path)
 
 
-def _check_prepare_args(on_mismatch: str, num_jobs: int) -> None:
+def check_prepare_args(on_mismatch: str, num_jobs: int) -> None:
     if on_mismatch not in ON_MISMATCH:
         raise ValueError(f"on_mismatch must be one of {ON_MISMATCH}, got {on_mismatch!r}")
     if not isinstance(num_jobs, int) or num_jobs < 1:

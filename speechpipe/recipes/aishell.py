@@ -40,15 +40,15 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from ..errors import DataError, MissingDataError
-from ..pipes._base import IterDataPipe
-from ..pipes.kaldi_tables import parse_scp_lines
-from ..pipes.text_normalization import TextNormalizer
+from ..pipes._core import IterDataPipe
+from ..pipes.kaldi import parse_scp_lines
+from ..pipes.text import TextNormalizer
 from ..sample import DURATION, KEY, SPEAKER, TEXT
 from ._download import Archive, download_and_extract, safe_extract
 from ._pipelines import eval_pipeline, train_pipeline
 from ._prepare import (
     AUDIO_PATH,
-    _check_prepare_args,
+    check_prepare_args,
     check_pairs,
     measure_audio,
     prepare_parts,
@@ -258,7 +258,7 @@ def prepare_aishell(
     >>> s["key"], s["speaker"], s["text"], s["duration"]
     ('BAC009S0724W0121', 'S0724', '明天 见', 0.5)
     """
-    _check_prepare_args(on_mismatch, num_jobs)
+    check_prepare_args(on_mismatch, num_jobs)
     data = _data_dir(corpus_dir)
     wav = _extracted_wav_dir(data)
     names = resolve_parts(parts, PARTS, lambda p: (wav / p).is_dir(), corpus=CORPUS,

@@ -36,14 +36,14 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from ..errors import DataError, MissingDataError
-from ..pipes._base import IterDataPipe
+from ..pipes._core import IterDataPipe
 from ..pipes.sources import iter_text_lines
 from ..sample import DURATION, KEY, SPEAKER, TEXT
 from ._download import download_and_extract
 from ._pipelines import eval_pipeline, train_pipeline
 from ._prepare import (
     AUDIO_PATH,
-    _check_prepare_args,
+    check_prepare_args,
     check_pairs,
     measure_audio,
     prepare_parts,
@@ -298,7 +298,7 @@ def prepare_commonvoice(
         DataError: a malformed table line or header, a repeated clip in a table, a bad
             ``clip_durations.tsv`` line, an unreadable MP3 header, a mismatch under ``"error"``.
     """
-    _check_prepare_args(on_mismatch, num_jobs)
+    check_prepare_args(on_mismatch, num_jobs)
     root = Path(corpus_dir)
     if not root.is_dir():
         raise MissingDataError("Common Voice language folder not found", source=str(root))

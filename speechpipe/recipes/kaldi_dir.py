@@ -31,19 +31,19 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from ..errors import DataError, MissingDataError, locate
-from ..pipes._base import IterableWrapper, IterDataPipe
+from ..pipes._core import IterableWrapper, IterDataPipe
 from ..pipes.kaldi import Segment, parse_segment
-from ..pipes.kaldi_tables import ScpEntry, read_scp_table
-from ..pipes.kaldi_values import read_matrix, read_wav_value
+from ..pipes.kaldi import read_scp_table, ScpEntry
+from ..pipes.kaldi import read_matrix, read_wav_value
 from ..sample import DURATION, KEY, SOURCE, SPEAKER, TEXT
 from ._pipelines import eval_pipeline, train_pipeline
 from ._prepare import (
     AUDIO_PATH,
     FEATS_PATH,
     OFFSET,
-    _as_names,
-    _check_prepare_args,
-    _files_under,
+    as_names,
+    check_prepare_args,
+    files_under,
     check_pairs,
     measure_audio,
     prepare_parts,
@@ -93,7 +93,7 @@ def _data_dirs(root: Path, parts: str | Iterable[str]) -> dict[str, Path]:
                 "wav.scp or feats.scp", source=str(root))
         return found
     out = {}
-    for name in _as_names(parts, "parts"):
+    for name in as_names(parts, "parts"):
         path = root if (name == own_name and _is_data_dir(root)) else root / name
         if not path.is_dir():
             raise MissingDataError("Kaldi data directory not found", source=str(path))
@@ -156,7 +156,7 @@ def prepare_kaldi_dir(
             ``utt2spk``, ``spk2utt`` disagreeing with ``utt2spk``, ``feats.scp`` keys that are
             not the utterances, a mismatch under ``"error"``.
     """
-    _check_prepare_args(on_mismatch, num_jobs)
+    check_prepare_args(on_mismatch, num_jobs)
     dirs = _data_dirs(Path(corpus_dir), parts)
     base = None if root is None else os.fspath(root)
     if not isinstance(allow_commands, bool):
@@ -174,7 +174,7 @@ def prepare_kaldi_dir(
                                   on_mismatch=on_mismatch, progress=progress,
                                   commands=commands(part)),
         force=force, num_jobs=num_jobs, progress=progress,
-        inputs=lambda part: _files_under(dirs[part], recursive=False),
+        inputs=lambda part: files_under(dirs[part], recursive=False),
         settings={"on_mismatch": on_mismatch, "root": base, "allow_commands": allow_commands},
         **checks,
     )

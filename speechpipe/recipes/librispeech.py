@@ -33,15 +33,15 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from ..errors import DataError, MissingDataError
-from ..pipes._base import IterableWrapper, IterDataPipe
-from ..pipes.kaldi_tables import parse_scp_lines
+from ..pipes._core import IterableWrapper, IterDataPipe
+from ..pipes.kaldi import parse_scp_lines
 from ..sample import DURATION, KEY, SPEAKER, TEXT
 from ._download import Archive, download_parts
 from ._pipelines import eval_pipeline, train_pipeline
 from ._prepare import (
     AUDIO_PATH,
-    _check_prepare_args,
-    _files_under,
+    check_prepare_args,
+    files_under,
     check_pairs,
     measure_audio,
     prepare_parts,
@@ -108,7 +108,7 @@ ARCHIVES = {
 def transcript_to_sample(entry) -> dict:
     """One ``*.trans.txt`` entry (from ``parse_scp``) to a sample pointing at its FLAC file.
 
-    >>> from speechpipe.pipes.kaldi_tables import ScpEntry
+    >>> from speechpipe.pipes.kaldi._tables import ScpEntry
     >>> s = transcript_to_sample(ScpEntry("19-198-0001", "HELLO", "/c/19/198/19-198.trans.txt", 2))
     >>> s["key"], s["speaker"], s["audio_path"]
     ('19-198-0001', '19', '/c/19/198/19-198-0001.flac')
@@ -249,7 +249,7 @@ def prepare_librispeech(
     >>> s["key"], s["speaker"], s["chapter"], s["sample_rate"], round(s["duration"], 2)
     ('1001-100101-0000', '1001', '100101', 16000, 5.89)
     """
-    _check_prepare_args(on_mismatch, num_jobs)
+    check_prepare_args(on_mismatch, num_jobs)
     root = Path(corpus_dir)
     if not root.is_dir():
         raise MissingDataError("LibriSpeech folder not found", source=str(root))
@@ -261,7 +261,7 @@ def prepare_librispeech(
                                    progress=progress),
         force=force, num_jobs=num_jobs, progress=progress,
         settings={"on_mismatch": on_mismatch},
-        inputs=lambda part: _files_under(root / part), **checks,
+        inputs=lambda part: files_under(root / part), **checks,
     )
 
 

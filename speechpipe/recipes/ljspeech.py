@@ -31,14 +31,14 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from ..errors import DataError, MissingDataError
-from ..pipes._base import IterDataPipe
+from ..pipes._core import IterDataPipe
 from ..pipes.sources import iter_text_lines
 from ..sample import DURATION, KEY, SPEAKER, TEXT
 from ._download import Archive, download_parts
 from ._pipelines import eval_pipeline, train_pipeline
 from ._prepare import (
     AUDIO_PATH,
-    _check_prepare_args,
+    check_prepare_args,
     check_pairs,
     measure_audio,
     prepare_parts,
@@ -165,7 +165,7 @@ def prepare_ljspeech(
         DataError: a line without three fields, an empty or repeated id, invalid UTF-8, an
             unreadable WAV header, a mismatch under ``"error"``.
     """
-    _check_prepare_args(on_mismatch, num_jobs)
+    check_prepare_args(on_mismatch, num_jobs)
     root = Path(corpus_dir)
     if not root.is_dir():
         raise MissingDataError("LJSpeech folder not found", source=str(root))

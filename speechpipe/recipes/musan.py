@@ -32,7 +32,7 @@ from ..sample import DURATION, KEY
 from ._download import Archive, download_parts
 from ._prepare import (
     AUDIO_PATH,
-    _check_prepare_args,
+    check_prepare_args,
     measure_audio,
     prepare_parts,
     resolve_parts,
@@ -111,7 +111,7 @@ def prepare_musan(
             ``ANNOTATIONS`` file (not MUSAN's layout), the same key twice, an unreadable
             header.
     """
-    _check_prepare_args(on_mismatch, num_jobs)
+    check_prepare_args(on_mismatch, num_jobs)
     root = Path(corpus_dir)
     if not root.is_dir():
         raise MissingDataError("MUSAN folder not found", source=str(root))

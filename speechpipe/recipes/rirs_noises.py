@@ -43,7 +43,7 @@ from ..sample import DURATION, KEY
 from ._download import Archive, download_parts
 from ._prepare import (
     AUDIO_PATH,
-    _check_prepare_args,
+    check_prepare_args,
     measure_audio,
     prepare_parts,
     resolve_parts,
@@ -164,7 +164,7 @@ def prepare_rirs_noises(
             a list names is absent.
         DataError: a malformed list line, the same id twice in a list, an unreadable header.
     """
-    _check_prepare_args(on_mismatch, num_jobs)
+    check_prepare_args(on_mismatch, num_jobs)
     root = Path(corpus_dir)
     if not root.is_dir():
         raise MissingDataError("RIRS_NOISES folder not found", source=str(root))

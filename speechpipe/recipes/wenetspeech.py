@@ -50,16 +50,16 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
 from ..errors import DataError, MissingDataError
-from ..pipes._base import IterDataPipe
-from ..pipes.manifests import ManifestWriter
-from ..pipes.text_normalization import TextNormalizer
+from ..pipes._core import IterDataPipe
+from ..pipes.sources import ManifestWriter
+from ..pipes.text import TextNormalizer
 from ..sample import DURATION, KEY, TEXT
-from ._download import _fetch, download_and_extract
+from ._download import fetch_url, download_and_extract
 from ._pipelines import eval_pipeline, train_pipeline
 from ._prepare import (
     AUDIO_PATH,
     OFFSET,
-    _check_prepare_args,
+    check_prepare_args,
     check_pairs,
     manifest_path,
     resolve_manifests,
@@ -364,7 +364,7 @@ def prepare_wenetspeech(
             ``file:line`` and the ``aid``/``sid``), a repeated segment id, a mismatch under
             ``"error"``, a part without any segment.
     """
-    _check_prepare_args(on_mismatch, num_jobs)
+    check_prepare_args(on_mismatch, num_jobs)
     root = _corpus_root(corpus_dir)
     names = resolve_parts(parts, PARTS, lambda p: (root / "audio" / PART_FOLDERS[p]).is_dir(),
                           corpus=CORPUS, corpus_dir=root,
@@ -661,7 +661,7 @@ def _fetch_terms(corpus: Path, base_url: str, *, force: bool) -> None:
     if force or not terms.exists():
         corpus.mkdir(parents=True, exist_ok=True)
         partial = terms.with_name("TERMS_OF_ACCESS.part")
-        _fetch(f"{base_url.rstrip('/')}/TERMS_OF_ACCESS", partial, resume=False,
+        fetch_url(f"{base_url.rstrip('/')}/TERMS_OF_ACCESS", partial, resume=False,
                progress=False, timeout=60.0)
         os.replace(partial, terms)
         log.warning("WenetSpeech is downloaded under its terms of access: read %s", terms)

@@ -1,0 +1,52 @@
+"""The DataPipe base, the state protocol, the restore driver and the graph walk.
+
+This is the package's face: other packages and
+users import from here, never from its ``_modules``.
+"""
+
+from ._base import (
+    apply_random_seed, functional_datapipe, IterableWrapper, IterDataPipe, MapDataPipe,
+    plain_iterator, registered_iter_names, registered_map_names, SequenceWrapper,
+)
+from ._graph import GRAPH_CONTAINER_MAX, graph_nodes, propagate_epoch
+from ._restore import (
+    end_pass, restore, resumable_stages, ResumeWarning, take_states, UNRESUMABLE,
+    unresumable_reason,
+)
+from ._state import (
+    check_seed, EpochWarning, held_sample, Identity, identity, identity_list, Resumable,
+    rng_state, SampleSource, Seeded, until_end,
+)
+
+__all__ = [
+    "EpochWarning",
+    "GRAPH_CONTAINER_MAX",
+    "Identity",
+    "IterDataPipe",
+    "IterableWrapper",
+    "MapDataPipe",
+    "Resumable",
+    "ResumeWarning",
+    "SampleSource",
+    "Seeded",
+    "SequenceWrapper",
+    "UNRESUMABLE",
+    "apply_random_seed",
+    "check_seed",
+    "end_pass",
+    "functional_datapipe",
+    "graph_nodes",
+    "held_sample",
+    "identity",
+    "identity_list",
+    "plain_iterator",
+    "propagate_epoch",
+    "registered_iter_names",
+    "registered_map_names",
+    "restore",
+    "resumable_stages",
+    "rng_state",
+    "take_states",
+    "unresumable_reason",
+    "until_end",
+]

@@ -1,0 +1,52 @@
+"""Batching: budgets (constraints), lengths tables, buckets and block batches, batching views.
+
+This is the package's face: other packages and
+users import from here, never from its ``_modules``.
+"""
+
+from ._buckets import (
+    BlockBatcherIterDataPipe, bucket_groups, DurationFilterIterDataPipe,
+    LengthBucketerIterDataPipe, pack_batches,
+)
+from ._constraints import (
+    batch_constraint, BatchConstraint, BatchStats, BudgetWarning, OVERSIZE, PaddedArea,
+    Quadratic, SampleCount, SumOfLengths, TwoDimensional,
+)
+from ._lengths import (
+    compute_lengths, IndexDurationReaderIterDataPipe, read_data_len, select_keys,
+    SELECTION_MODES,
+)
+from ._views import (
+    BatchView, epoch_batches, form_batches, shard_batch, ViewLoader, ViewLoaderIterDataPipe,
+    ViewSampler,
+)
+
+__all__ = [
+    "BatchConstraint",
+    "BatchStats",
+    "BatchView",
+    "BlockBatcherIterDataPipe",
+    "BudgetWarning",
+    "DurationFilterIterDataPipe",
+    "IndexDurationReaderIterDataPipe",
+    "LengthBucketerIterDataPipe",
+    "OVERSIZE",
+    "PaddedArea",
+    "Quadratic",
+    "SELECTION_MODES",
+    "SampleCount",
+    "SumOfLengths",
+    "TwoDimensional",
+    "ViewLoader",
+    "ViewLoaderIterDataPipe",
+    "ViewSampler",
+    "batch_constraint",
+    "bucket_groups",
+    "compute_lengths",
+    "epoch_batches",
+    "form_batches",
+    "pack_batches",
+    "read_data_len",
+    "select_keys",
+    "shard_batch",
+]

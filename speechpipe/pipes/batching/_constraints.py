@@ -1,0 +1,498 @@
+"""Batch budgets: the cost models that size a batch, and the statistics of a batching pass.
+
+Speech utterances run from 1 s to 30 s. Fixed-size batches either waste the GPU on padding or
+run out of memory; speechpipe batches by a **budget** instead, measured by a cost model, a
+**constraint**:
+
+=====================  ===================================================================
+constraint             cost of a batch of ``n`` samples, kept within the budget
+=====================  ===================================================================
+:class:`PaddedArea`    ``n × max_len`` -- the padded tensor's size (SpeeChain's "rectangles
+                       of similar area", lhotse's ``max_duration``); the default
+:class:`SumOfLengths`  ``Σ len`` -- the real frames, ignoring padding
+:class:`Quadratic`     ``n × (max_len + max_len² / q)`` -- attention's quadratic memory
+:class:`TwoDimensional` ``n × max_in ≤ budget_in`` and ``n × max_out ≤ budget_out`` (e.g.
+                       frames and tokens, both bounded)
+:class:`SampleCount`   ``n`` -- a fixed number of samples whatever their lengths
+                       (SpeeChain's piece batches)
+=====================  ===================================================================
+
+Each budget model takes an optional ``max_samples`` cap. A batch of two or more samples never
+exceeds its budget; a single sample whose cost alone exceeds it is an **oversize** sample,
+emitted alone (``oversize="emit"``) or dropped (``oversize="drop"``), and counted either way
+in :class:`BatchStats`.
+
+Every batching stage is sized by ``constraint=``. Two shorthands name the common constraints:
+``batch_len=B`` (with an optional ``max_samples=N``) is ``PaddedArea(budget=B,
+max_samples=N)``, and ``batch_size=N`` (where a stage takes it) is ``SampleCount(N)``;
+:func:`batch_constraint` turns whichever was given into the constraint, for every stage.
+
+The algorithms and pipes that pack batches under a budget are in
+:mod:`speechpipe.pipes.batching._buckets` (streaming) and :mod:`speechpipe.pipes.batching._views` (planned from
+lengths).
+"""
+
+from __future__ import annotations
+
+import statistics
+import warnings
+from abc import ABC, abstractmethod
+from collections.abc import Mapping  # isinstance on typing.Mapping costs ~1 us per sample
+from dataclasses import dataclass, field
+from numbers import Integral, Real
+from typing import Any, Callable, Sequence, Union
+
+from ...sample import sample_duration, sample_length
+
+__all__ = [
+    "BatchConstraint",
+    "BatchStats",
+    "BudgetWarning",
+    "OVERSIZE",
+    "PaddedArea",
+    "Quadratic",
+    "SampleCount",
+    "SumOfLengths",
+    "TwoDimensional",
+    "batch_constraint",
+]
+
+Length = Union[int, float, tuple]
+LengthFn = Union[str, Callable[[Any], Length], None]
+
+#: What to do with a sample whose cost alone exceeds the budget.
+OVERSIZE = ("emit", "drop")
+
+
+# --------------------------------------------------------------------------- cost models
+
+
+class BatchConstraint(ABC):
+    """A batch budget. Subclasses are small frozen dataclasses with ``budget`` and
+    ``max_samples``; packing keeps an immutable tuple *state* per open batch.
+
+    Subclasses implement :meth:`empty`, :meth:`add`, :meth:`within` and :meth:`cost`.
+    :meth:`measure` gives a sample's length: by default :func:`speechpipe.sample.sample_length`
+    (frames if the sample has ``feats``, else audio samples), or the field / callable given as
+    ``length``.
+    """
+
+    length: LengthFn = None
+    max_samples: int | None = None
+
+    def measure(self, sample: Any) -> Length:
+        if self.length is None:
+            if type(sample) is not dict and not isinstance(sample, Mapping):
+                return sample  # a bare length (planning from an index)
+            return sample_length(sample)
+        if isinstance(self.length, str):
+            return sample_length(sample, self.length)
+        return self.length(sample)
+
+    @abstractmethod
+    def empty(self) -> tuple:
+        """State of an empty batch."""
+
+    @abstractmethod
+    def add(self, state: tuple, length: Length) -> tuple:
+        """State after adding a sample of ``length``."""
+
+    @abstractmethod
+    def within(self, state: tuple) -> bool:
+        """True if a batch in ``state`` respects the budget (and the sample cap)."""
+
+    @abstractmethod
+    def cost(self, lengths: Sequence[Length]) -> float:
+        """The cost of a batch with these lengths, in the budget's unit."""
+
+    def fits(self, lengths: Sequence[Length]) -> bool:
+        """True if a batch of these lengths respects the budget."""
+        state = self.empty()
+        for n in lengths:
+            state = self.add(state, n)
+        return self.within(state)
+
+    def __post_init__(self) -> None:  # run by every dataclass subclass
+        self._check()
+
+    def _check(self) -> None:
+        for name in ("budget", "budget_in", "budget_out"):
+            value = getattr(self, name, None)
+            if value is not None and not value > 0:
+                raise ValueError(f"{name} must be > 0, got {value!r}")
+        if self.max_samples is not None and (
+            not isinstance(self.max_samples, int) or self.max_samples < 1
+        ):
+            raise ValueError(f"max_samples must be a positive int or None, got {self.max_samples!r}")
+        if self.length is not None and not (isinstance(self.length, str) or callable(self.length)):
+            raise TypeError(f"length must be a field name, a callable or None, got {self.length!r}")
+
+    def _count_ok(self, n: int) -> bool:
+        return self.max_samples is None or n <= self.max_samples
+
+
+@dataclass(frozen=True)
+class PaddedArea(BatchConstraint):
+    """Budget on the padded area ``n × max_len`` (the default cost model).
+
+    Args:
+        budget: largest ``n × max_len`` allowed, in the length's unit (frames, samples).
+        max_samples: optional cap on ``n``.
+        length: field name or callable measuring a sample (default: ``sample_length``).
+
+    >>> c = PaddedArea(budget=1000)
+    >>> c.cost([100, 300, 200]), c.fits([100, 300, 200]), c.fits([400, 400, 400])
+    (900, True, False)
+    """
+
+    budget: float
+    max_samples: int | None = None
+    length: LengthFn = None
+
+    def empty(self):
+        return (0, 0)
+
+    def add(self, state, length):
+        n, top = state
+        return (n + 1, length if length > top else top)
+
+    def within(self, state):
+        n, top = state
+        return n * top <= self.budget and self._count_ok(n)
+
+    def cost(self, lengths):
+        return len(lengths) * max(lengths) if lengths else 0
+
+
+@dataclass(frozen=True)
+class SumOfLengths(BatchConstraint):
+    """Budget on the sum of lengths (real frames; padding not counted).
+
+    >>> SumOfLengths(budget=500).fits([100, 300, 100]), SumOfLengths(budget=499).fits([100, 300, 100])
+    (True, False)
+    """
+
+    budget: float
+    max_samples: int | None = None
+    length: LengthFn = None
+
+    def empty(self):
+        return (0, 0)
+
+    def add(self, state, length):
+        return (state[0] + 1, state[1] + length)
+
+    def within(self, state):
+        return state[1] <= self.budget and self._count_ok(state[0])
+
+    def cost(self, lengths):
+        return sum(lengths)
+
+
+@dataclass(frozen=True)
+class Quadratic(BatchConstraint):
+    """Budget for attention: each sample counts ``len + len² / q``, then padded.
+
+    The cost is ``n × (max_len + max_len² / q)``; with a large ``q`` it tends to
+    :class:`PaddedArea`.
+
+    >>> Quadratic(budget=2000, q=100).cost([100, 50])
+    400.0
+    """
+
+    budget: float
+    q: float = 1000.0
+    max_samples: int | None = None
+    length: LengthFn = None
+
+    def __post_init__(self):
+        super().__post_init__()
+        if not self.q > 0:
+            raise ValueError(f"q must be > 0, got {self.q!r}")
+
+    def empty(self):
+        return (0, 0)
+
+    def add(self, state, length):
+        n, top = state
+        return (n + 1, length if length > top else top)
+
+    def within(self, state):
+        n, top = state
+        return n * (top + top * top / self.q) <= self.budget and self._count_ok(n)
+
+    def cost(self, lengths):
+        if not lengths:
+            return 0.0
+        top = max(lengths)
+        return len(lengths) * (top + top * top / self.q)
+
+
+@dataclass(frozen=True)
+class TwoDimensional(BatchConstraint):
+    """Two padded budgets at once: inputs (e.g. frames) and outputs (e.g. tokens).
+
+    A sample's length is a pair ``(input, output)``; by default input is
+    :func:`~speechpipe.sample.sample_length` and output is the length of ``tokens`` (or the
+    ``output`` field named).
+
+    >>> c = TwoDimensional(budget_in=1000, budget_out=40)
+    >>> c.fits([(300, 10), (200, 12)]), c.fits([(300, 10), (200, 25)])
+    (True, False)
+    """
+
+    budget_in: float
+    budget_out: float
+    max_samples: int | None = None
+    length: LengthFn = None
+    output: str = "tokens"
+
+    def measure(self, sample):
+        if not isinstance(sample, Mapping):
+            return tuple(sample)
+        if self.length is not None and not isinstance(self.length, str):
+            return self.length(sample)
+        return (sample_length(sample, self.length), sample_length(sample, self.output))
+
+    def empty(self):
+        return (0, 0, 0)
+
+    def add(self, state, length):
+        n, a, b = state
+        x, y = length
+        return (n + 1, x if x > a else a, y if y > b else b)
+
+    def within(self, state):
+        n, a, b = state
+        return n * a <= self.budget_in and n * b <= self.budget_out and self._count_ok(n)
+
+    def cost(self, lengths):
+        if not lengths:
+            return 0
+        return len(lengths) * max(x for x, _ in lengths)
+
+
+@dataclass(frozen=True)
+class SampleCount(BatchConstraint):
+    """A fixed number of samples per batch, whatever their lengths (SpeeChain's piece batches;
+    what the ``batch_size`` shorthand names).
+
+    A batch holds at most ``size`` samples, so packing fills each batch with ``size`` samples
+    (the last one fewer). Lengths never count against it: no sample is oversize. ``size`` is
+    also the batch's ``max_samples``. Its :meth:`cost` is the padded area ``n × max_len`` (the
+    input side of a pair), what :class:`BatchStats` reports as a batch's cost.
+
+    Args:
+        size: samples per batch, an int >= 1.
+        length: field name or callable measuring a sample (used only for statistics).
+
+    >>> c = SampleCount(2)
+    >>> c.fits([100, 300]), c.fits([1, 1, 1]), c.cost([100, 300]), c.max_samples
+    (True, False, 600, 2)
+    """
+
+    size: int
+    length: LengthFn = None
+
+    def __post_init__(self):
+        if not isinstance(self.size, Integral) or isinstance(self.size, bool) or self.size < 1:
+            raise ValueError(f"size must be an int >= 1, got {self.size!r}")
+        super().__post_init__()
+
+    @property
+    def max_samples(self) -> int:
+        return self.size
+
+    def empty(self):
+        return (0,)
+
+    def add(self, state, length):
+        return (state[0] + 1,)
+
+    def within(self, state):
+        return state[0] <= self.size
+
+    def cost(self, lengths):
+        return len(lengths) * max(primary_measure(n) for n in lengths) if lengths else 0
+
+
+def primary_measure(length: Length) -> float:
+    """The time length used for padding statistics (the input side of a pair)."""
+    return length[0] if isinstance(length, tuple) else length
+
+
+# --------------------------------------------------------------------------- the one way
+
+
+# long: a 45-line docstring (each shorthand, its errors, examples); the body is 35 lines
+def batch_constraint(
+    constraint: BatchConstraint | None = None,
+    *,
+    batch_len: float | None = None,
+    max_samples: int | None = None,
+    batch_size: int | None = None,
+    required: bool = False,
+    max_duration: float | None = None,
+) -> BatchConstraint | None:
+    """The constraint that sizes a batch, from whichever way a stage was told.
+
+    ``constraint`` is the one way to say it; the others are shorthands for named constraints:
+    ``max_duration=S`` (seconds, lhotse's spelling; with an optional ``max_samples=N``) is
+    ``PaddedArea(budget=S, max_samples=N, length=sample_duration)`` -- ``n ×`` the longest
+    duration -- ``batch_len=B`` is the same in the sample's own length unit (frames of
+    ``feats``, else audio samples) and ``batch_size=N`` is ``SampleCount(N)``. At most one of
+    ``constraint``, ``max_duration``, ``batch_len`` and ``batch_size`` may be given.
+    ``block_batch``, ``bucket_by_length`` and ``BatchView`` size their batches with it.
+
+    Args:
+        constraint: a :class:`BatchConstraint`.
+        batch_len: budget of a :class:`PaddedArea` (``n × max_len``), a number > 0, in frames
+            (samples with ``feats``) or audio samples.
+        max_samples: cap on samples per batch, with ``batch_len`` or ``max_duration`` only.
+        max_duration: budget of a :class:`PaddedArea` over durations, in seconds.
+        batch_size: samples per batch (:class:`SampleCount`), an int >= 1.
+        required: one of ``constraint`` and ``batch_len`` must be given.
+
+    Returns:
+        The constraint, or None if none was given and none is required.
+
+    Raises:
+        ValueError: two ways at once, naming them (``required`` says "give exactly one of
+            batch_len and constraint", also when none is given); ``max_samples`` without
+            ``batch_len``; ``batch_size < 1`` or a budget that is not > 0.
+        TypeError: ``batch_len`` is not a number, ``batch_size`` not an int, or
+            ``constraint`` not a :class:`BatchConstraint`.
+
+    >>> batch_constraint(batch_len=6000, max_samples=32)
+    PaddedArea(budget=6000, max_samples=32, length=None)
+    >>> batch_constraint(max_duration=200.0).length.__name__
+    'sample_duration'
+    >>> batch_constraint(batch_size=8)
+    SampleCount(size=8, length=None)
+    >>> batch_constraint(SumOfLengths(budget=500)) == SumOfLengths(budget=500)
+    True
+    >>> batch_constraint(PaddedArea(budget=10), batch_len=10)
+    Traceback (most recent call last):
+    ValueError: give batch_len or constraint, not both
+    """
+    if max_duration is not None:
+        if batch_len is not None or constraint is not None:
+            raise ValueError("give one of max_duration, batch_len and constraint")
+        if isinstance(max_duration, bool) or not isinstance(max_duration, Real):
+            raise TypeError(f"max_duration must be seconds (a number), got {max_duration!r}")
+        constraint = PaddedArea(budget=max_duration, max_samples=max_samples,
+                                length=sample_duration)
+        max_samples = None
+    if constraint is not None and batch_len is not None:
+        raise ValueError("give exactly one of batch_len and constraint" if required
+                         else "give batch_len or constraint, not both")
+    if required and constraint is None and batch_len is None:
+        raise ValueError("give exactly one of batch_len and constraint")
+    if max_samples is not None and batch_len is None:
+        raise ValueError("max_samples goes with batch_len or max_duration; set it on the "
+                         "constraint instead")
+    if batch_len is not None:
+        if isinstance(batch_len, bool) or not isinstance(batch_len, Real):
+            raise TypeError(f"batch_len must be a number, got {batch_len!r}")
+        constraint = PaddedArea(budget=batch_len, max_samples=max_samples)
+    elif constraint is not None and not isinstance(constraint, BatchConstraint):
+        raise TypeError(f"constraint must be a BatchConstraint, got {constraint!r}")
+    if batch_size is None:
+        return constraint
+    if isinstance(batch_size, bool) or not isinstance(batch_size, Integral):
+        raise TypeError(f"batch_size must be an int, got {batch_size!r}")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size!r}")
+    if constraint is not None:
+        raise ValueError(
+            "give batch_size (piece batches) or batch_len/constraint (block batches), not both"
+        )
+    return SampleCount(int(batch_size))
+
+
+# --------------------------------------------------------------------------- statistics
+
+
+class BudgetWarning(UserWarning):
+    """Most batches of a pass were a single sample longer than the budget."""
+
+
+@dataclass
+class BatchStats:
+    """What a batching pass produced; :meth:`report` prints it.
+
+    Padding efficiency is real ÷ padded length (frames or samples, the input side for
+    two-dimensional budgets): 1.0 means no padding at all.
+    """
+
+    stage: str = "batching"
+    batches: int = 0
+    samples: int = 0
+    real: float = 0.0
+    padded: float = 0.0
+    largest_cost: float = 0.0
+    over_budget: int = 0
+    oversize_emitted: int = 0
+    oversize_dropped: int = 0
+    sizes: list[int] = field(default_factory=list)
+
+    def add_batch(self, lengths: Sequence[Length], constraint: BatchConstraint) -> None:
+        primary = [primary_measure(n) for n in lengths]
+        self.batches += 1
+        self.samples += len(lengths)
+        self.real += sum(primary)
+        self.padded += len(primary) * max(primary)
+        cost = constraint.cost(list(lengths))
+        self.largest_cost = max(self.largest_cost, cost)
+        if len(lengths) > 1 and not constraint.fits(lengths):
+            self.over_budget += 1
+        self.sizes.append(len(lengths))
+
+    @property
+    def efficiency(self) -> float:
+        return self.real / self.padded if self.padded else 1.0
+
+    def reset(self) -> None:
+        self.__init__(self.stage)
+
+    def to_dict(self) -> dict:
+        """The figures as plain data (what a DataLoader worker reports)."""
+        return {name: getattr(self, name) for name in self.__dataclass_fields__
+                if name != "stage"}
+
+    def merge(self, data: dict) -> None:
+        """Add another pass's figures (:meth:`to_dict` of another worker's stats)."""
+        for name in ("batches", "samples", "real", "padded", "over_budget", "oversize_emitted",
+                     "oversize_dropped"):
+            setattr(self, name, getattr(self, name) + data[name])
+        self.largest_cost = max(self.largest_cost, data["largest_cost"])
+        self.sizes.extend(data["sizes"])
+
+    def warn_if_budget_too_small(self, constraint: BatchConstraint) -> None:
+        """Warn (:class:`BudgetWarning`, with the figures) when most batches of the pass were
+        one sample too long for the budget on its own: the budget is then in the wrong unit
+        or too small, and batching does nothing."""
+        if self.batches >= 4 and self.oversize_emitted * 2 > self.batches:
+            warnings.warn(
+                f"{self.stage}: {self.oversize_emitted} of {self.batches} batches are one "
+                f"sample whose cost alone exceeds the budget ({constraint!r}; the largest cost "
+                f"was {self.largest_cost:g}); the budget is too small or in another unit than "
+                "the samples' lengths -- batch_len counts frames of feats, else audio samples; "
+                "max_duration counts seconds", BudgetWarning, stacklevel=3)
+
+    def report(self) -> str:
+        if not self.batches:
+            return f"{self.stage}: no batches"
+        sizes = sorted(self.sizes)
+        return "\n".join(
+            [
+                f"{self.stage}: {self.batches} batches, {self.samples} samples",
+                f"  padding efficiency {self.efficiency:.4f} (real / padded length)",
+                f"  batch size min {sizes[0]} / median {statistics.median(sizes):g} / "
+                f"max {sizes[-1]}",
+                f"  largest batch cost {self.largest_cost:g}; batches over budget "
+                f"{self.over_budget}",
+                f"  oversize samples: {self.oversize_emitted} emitted alone, "
+                f"{self.oversize_dropped} dropped",
+            ]
+        )

@@ -1,0 +1,23 @@
+"""Distribution: step planning and equal steps on every rank.
+
+This is the package's face: other packages and
+users import from here, never from its ``_modules``.
+"""
+
+from ._equal import (
+    DistributedStepError, EqualSteps, POLICIES, StepEqualizer, StepEqualizerIterDataPipe,
+)
+from ._steps import batch_samples, StepPlan, StepPlanner, StepStats, TARGETS
+
+__all__ = [
+    "DistributedStepError",
+    "EqualSteps",
+    "POLICIES",
+    "StepEqualizer",
+    "StepEqualizerIterDataPipe",
+    "StepPlan",
+    "StepPlanner",
+    "StepStats",
+    "TARGETS",
+    "batch_samples",
+]

@@ -1,0 +1,328 @@
+"""Step planning: how many batches each rank yields in an epoch, from the shard index.
+
+Data-parallel ranks must take the same number of steps (see :mod:`speechpipe.pipes.
+distributed`). The ``"plan"`` policy of :class:`~speechpipe.pipes.distributed._equal.EqualSteps`
+knows that number before the epoch, with no collective per step:
+
+- :class:`StepPlanner` / :class:`StepPlan`: the epoch's batch count per rank, from the
+  index, the split and the batching run on lengths alone; the plan takes the min, mean or
+  max over ranks (its ``target``).
+- :class:`StepStats`: what a pass of ``EqualSteps`` dropped and repeated, per epoch;
+  ``print(stats.report())``; :func:`batch_samples`: the samples of a batch it counts.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable
+
+from ..order import check_count, dist_world
+from ..batching import BatchConstraint, OVERSIZE, TwoDimensional
+from ..order import EpochPlan
+from ..order import ShardedShufflerIterDataPipe
+
+__all__ = [
+    "StepPlan",
+    "StepPlanner",
+    "StepStats",
+    "TARGETS",
+    "batch_samples",
+]
+
+
+#: Which rank's batch count a plan takes: the fewest (drop only), the mean, the most (repeat).
+TARGETS = ("min", "mean", "max")
+
+
+# --------------------------------------------------------------------------------------------
+# Planning the steps of an epoch from the index
+# --------------------------------------------------------------------------------------------
+
+
+def target_steps(target: str, low: int, high: int, total: int, world: int) -> int:
+    if target == "min":
+        return low
+    if target == "max":
+        return high
+    return total // world
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """Batches per rank in one epoch and the steps every rank takes.
+
+    Attributes:
+        epoch: the epoch planned.
+        rank_batches: batches each rank's loader yields (a lower bound when not ``exact``).
+        exact: whether ``rank_batches`` are exact.
+        target: ``"min"``, ``"mean"`` or ``"max"`` (see :class:`StepPlanner`).
+    """
+
+    epoch: int
+    rank_batches: tuple[int, ...]
+    exact: bool
+    target: str = "min"
+
+    @property
+    def steps(self) -> int:
+        """The steps every rank takes: the min, mean (rounded down) or max of the ranks'."""
+        if not self.rank_batches:
+            return 0
+        return target_steps(self.target, min(self.rank_batches), max(self.rank_batches),
+                             sum(self.rank_batches), len(self.rank_batches))
+
+    @property
+    def dropped_batches(self) -> int:
+        """Batches left unused over all ranks (a lower bound when not ``exact``)."""
+        return sum(max(0, b - self.steps) for b in self.rank_batches)
+
+    @property
+    def repeated_batches(self) -> int:
+        """Batches repeated over all ranks (by ranks with fewer batches than the steps)."""
+        return sum(max(0, self.steps - b) for b in self.rank_batches)
+
+
+class StepPlanner:
+    """The number of batches each rank yields in an epoch, computed from the shard index.
+
+    Re-does on metadata what the ranks' pipelines will do on data, through the reader's own
+    plan: the shards every worker of every rank reads (``sharded.epoch_plans``: the pipe's
+    shard order, seed, epoch and ``split``, with ``num_workers`` workers per rank), each
+    worker's sample order through the same seeded shuffle buffer (``sharded.sample_order``),
+    and then ``batching`` on the **lengths** of the index.
+
+    ``batching`` is one of:
+
+    - an ``int`` ``B``: torch's ``batch(B)`` (``drop_last=False``): ``ceil(n / B)`` batches
+      per worker. **Exact.**
+    - a callable ``lengths (list of numbers, in the worker's sample order) -> iterable of
+      batches``, e.g. ``lambda ls: IterableWrapper(ls, deepcopy=False).bucket_by_length(2000,
+      boundaries=b).block_batch(batch_len=60000)`` -- the same batching stages as the pipeline,
+      with a constraint whose ``length`` is ``None`` (bare lengths are measured as they are).
+      **Exact** when (a) the stages between ``sharded_shuffle`` and the batching are 1:1 (e.g.
+      ``decode``, ``map``; no ``filter``, no torch ``shuffle``), (b) the batching measures the
+      same lengths as the index holds (same unit), (c) its batch count depends only on the
+      order of the lengths (true of ``bucket_by_length`` with fixed ``boundaries`` or
+      ``boundaries_fn``, ``block_batch`` and ``batch``; not of ``bucket_by_length``'s
+      ``num_buckets``, estimated from the data after epoch 0), and (d) no shard is skipped
+      (``on_error="raise"``).
+    - a :class:`~speechpipe.pipes.batching._buckets.BatchConstraint`: a **lower bound** for any order:
+      a batch never holds more than the budget of real length, so a worker yields at least
+      ``max(ceil(sum / budget), ceil(n / max_samples))`` batches plus one per oversize
+      sample (``oversize="emit"``). Conservative: use it when the pipeline filters or the
+      lengths differ; the plan then drops the batches above the bound, counted.
+
+    **Target.** The steps every rank takes: ``"min"`` (default) the fewest batches of any
+    rank -- the others drop the rest, nothing is repeated; ``"max"`` the most -- the others
+    repeat batches (as ``pad``, with no collective per step); ``"mean"`` the mean, rounded
+    down -- ranks above drop, ranks below repeat (the trade webdataset's ``with_epoch`` makes,
+    here with each rank's exact count). All three are counted in :class:`StepStats`.
+
+    Args:
+        sharded: the ``sharded_shuffle`` pipe, with an index.
+        batching: see above.
+        num_workers: the DataLoader's ``num_workers`` (0 or more).
+        world_size: ranks (default: ``torch.distributed``'s, else 1).
+        oversize: the batching's ``oversize`` (for the lower bound).
+        target: ``"min"``, ``"mean"`` or ``"max"``.
+
+    >>> import os, tempfile
+    >>> from speechpipe.index import ShardEntry, ShardIndex
+    >>> from speechpipe import IterableWrapper
+    >>> from speechpipe.pipes.shards._writer import ShardWriter
+    >>> out = tempfile.mkdtemp()
+    >>> with ShardWriter(os.path.join(out, "data-%05d.tar"), maxcount=4) as writer:
+    ...     for i in range(10):  # shards of 4, 4 and 2 utterances
+    ...         writer.write({"key": f"u{i}", "txt": "x"})
+    >>> entries = [ShardEntry(os.path.basename(p), c, 0, tuple(f"k{j}" for j in range(c)),
+    ...                       tuple([100.0] * c)) for p, c in zip(writer.paths, [4, 4, 2])]
+    >>> _ = ShardIndex(out, entries).write()
+    >>> pipe = IterableWrapper(writer.paths).sharded_shuffle(buffer_size=1, index=True)
+    >>> plan = StepPlanner(pipe, 3, world_size=2).plan(0)  # batches of 3 utterances
+    >>> plan.rank_batches, plan.steps  # 4 + 2 utterances on one rank, 4 on the other
+    ((2, 2), 2)
+    """
+
+    def __init__(
+        self,
+        sharded: Any,
+        batching: int | Callable[[list], Iterable] | Any,
+        *,
+        num_workers: int = 0,
+        world_size: int | None = None,
+        oversize: str = "emit",
+        target: str = "min",
+    ) -> None:
+        if not isinstance(sharded, ShardedShufflerIterDataPipe):
+            raise TypeError(f"sharded must be a sharded_shuffle pipe, got {sharded!r}")
+        if sharded.index is None:
+            raise ValueError(
+                "StepPlanner needs the shard index: build the pipe with "
+                "sharded_shuffle(..., index=True) (or index=ShardIndex(...))"
+            )
+        if isinstance(batching, bool) or not (
+            isinstance(batching, (int, BatchConstraint)) or callable(batching)
+        ):
+            raise TypeError(
+                f"batching must be a batch size, a BatchConstraint or a callable, got {batching!r}"
+            )
+        if isinstance(batching, int) and batching < 1:
+            raise ValueError(f"batching must be >= 1 as a batch size, got {batching!r}")
+        check_count(num_workers, "num_workers", 0)
+        if world_size is not None:
+            check_count(world_size, "world_size", 1)
+        if oversize not in OVERSIZE:
+            raise ValueError(f"oversize must be one of {OVERSIZE}, got {oversize!r}")
+        if target not in TARGETS:
+            raise ValueError(f"target must be one of {TARGETS}, got {target!r}")
+        self.sharded = sharded
+        self.batching = batching
+        self.num_workers = num_workers
+        self.world_size = world_size
+        self.oversize = oversize
+        self.target = target
+
+    @property
+    def exact(self) -> bool:
+        """True if the count is exact (batch size or callable), False for a lower bound."""
+        return not isinstance(self.batching, BatchConstraint)
+
+    def _plans(self, epoch: int | None) -> tuple[tuple[EpochPlan, ...], ...]:
+        """Every worker's epoch plan, ``plans[rank][worker]``, from the pipe (one split)."""
+        sharded = self.sharded
+        epoch = sharded.epoch if epoch is None else check_count(epoch, "epoch", 0)
+        world = self.world_size if self.world_size is not None else dist_world()[1]
+        return sharded.epoch_plans(epoch, world_size=world, num_workers=max(1, self.num_workers))
+
+    def _worker_batches(self, plan: EpochPlan) -> int:
+        lengths = [n for shard in plan.shards for n in shard.lengths]
+        if isinstance(self.batching, int):
+            return -(-len(lengths) // self.batching)
+        if isinstance(self.batching, BatchConstraint):
+            return _lower_bound(lengths, self.batching, self.oversize)
+        ordered = list(self.sharded.sample_order(plan, lengths))
+        return sum(1 for _ in self.batching(ordered))
+
+    def rank_batches(self, epoch: int | None = None, rank: int | None = None) -> int:
+        """Batches ``rank`` (default: this process's) yields in ``epoch`` (default: the pipe's
+        current epoch), over its workers."""
+        plans = self._plans(epoch)
+        rank = dist_world()[0] if rank is None else rank
+        if not 0 <= rank < len(plans):
+            raise ValueError(f"rank must be in [0, {len(plans)}), got {rank!r}")
+        return sum(self._worker_batches(plan) for plan in plans[rank])
+
+    def plan(self, epoch: int | None = None) -> StepPlan:
+        """Batches of every rank in ``epoch`` (computes all ranks: ``world_size`` times the
+        work of :meth:`rank_batches`)."""
+        plans = self._plans(epoch)
+        per_rank = tuple(sum(self._worker_batches(plan) for plan in rank) for rank in plans)
+        return StepPlan(plans[0][0].epoch, per_rank, self.exact, self.target)
+
+    def steps(self, epoch: int | None = None) -> int:
+        """Steps every rank takes in ``epoch`` (:attr:`StepPlan.steps` of :meth:`plan`)."""
+        return self.plan(epoch).steps
+
+
+def _lower_bound(lengths: Sequence, constraint: Any, oversize: str) -> int:
+    """Fewest batches any order of ``lengths`` can be packed into under ``constraint``."""
+    if not lengths:
+        return 0
+    empty = constraint.empty()
+    normal = [n for n in lengths if constraint.within(constraint.add(empty, n))]
+    over = len(lengths) - len(normal)
+    bound = 0
+    if normal:
+        if isinstance(constraint, TwoDimensional):
+            bound = max(math.ceil(sum(n[0] for n in normal) / constraint.budget_in),
+                        math.ceil(sum(n[1] for n in normal) / constraint.budget_out))
+        else:
+            budget = getattr(constraint, "budget", math.inf)
+            total = sum(n[0] if isinstance(n, tuple) else n for n in normal)
+            bound = math.ceil(total / budget) if math.isfinite(budget) else 1
+        if constraint.max_samples is not None:
+            bound = max(bound, math.ceil(len(normal) / constraint.max_samples))
+        bound = max(bound, 1)
+    return bound + (over if oversize == "emit" else 0)
+
+def batch_samples(batch: Any) -> int:
+    """Samples in a batch: ``len`` of a list, of a dict's ``"key"`` list (as ``PadCollate``
+    keeps it) or of its first field, or the first dimension of a tensor.
+
+    >>> batch_samples([{"key": "a"}, {"key": "b"}]), batch_samples({"key": ["a", "b", "c"]})
+    (2, 3)
+    """
+    if isinstance(batch, Mapping):
+        value = batch["key"] if "key" in batch else next(iter(batch.values()), None)
+        return batch_samples(value) if value is not None else 0
+    shape = getattr(batch, "shape", None)
+    if shape is not None and len(shape) >= 1:
+        return int(shape[0])
+    if isinstance(batch, Sequence) and not isinstance(batch, (str, bytes)):
+        return len(batch)
+    raise TypeError(
+        f"cannot count the samples of a {type(batch).__name__} batch; pass count_fn= to "
+        "EqualSteps"
+    )
+
+
+@dataclass
+class StepStats:
+    """What one pass of :class:`~speechpipe.pipes.distributed._equal.EqualSteps` did on this rank.
+
+    Attributes:
+        policy, rank, world_size, epoch: the pass.
+        steps: steps taken (the same on every rank).
+        batches / samples: batches and samples of this rank's own data yielded.
+        dropped_batches / dropped_samples: batches of this rank's data not yielded (``stop``
+            and ``plan``: the ones after the last step).
+        drained: True if the dropped counts are complete (the loader was read to its end);
+            False if it was left unread (``count_dropped=False``): they are then lower bounds.
+        repeated_batches / repeated_samples: batches yielded a second time (``pad``, and
+            ``plan`` when the loader ran short of the plan).
+        ended_by: ``stop``: the lowest rank that ran out first.
+        planned: ``plan``: the steps agreed on.
+        collectives / wait_seconds: all-reduces made and time spent in them.
+        checks: ``plan``: store checks for a failed rank (see ``EqualSteps``' ``check_every``).
+    """
+
+    policy: str
+    rank: int = 0
+    world_size: int = 1
+    epoch: int | None = None
+    steps: int = 0
+    batches: int = 0
+    samples: int = 0
+    dropped_batches: int = 0
+    dropped_samples: int = 0
+    drained: bool = True
+    repeated_batches: int = 0
+    repeated_samples: int = 0
+    ended_by: int | None = None
+    planned: int | None = None
+    collectives: int = 0
+    wait_seconds: float = 0.0
+    checks: int = 0
+
+    def report(self) -> str:
+        where = f"rank {self.rank}/{self.world_size}"
+        epoch = "" if self.epoch is None else f" epoch {self.epoch}"
+        lines = [f"equalize_steps ({self.policy}){epoch}, {where}: {self.steps} steps, "
+                 f"{self.batches} batches / {self.samples} samples of its own data"]
+        more = "" if self.drained else " at least (loader not drained)"
+        if self.dropped_batches or not self.drained:
+            lines.append(f"  dropped{more}: {self.dropped_batches} batches, "
+                         f"{self.dropped_samples} samples")
+        if self.repeated_batches:
+            lines.append(f"  repeated: {self.repeated_batches} batches, "
+                         f"{self.repeated_samples} samples")
+        if self.ended_by is not None:
+            lines.append(f"  ended when rank {self.ended_by} ran out")
+        if self.planned is not None:
+            lines.append(f"  planned steps: {self.planned}")
+        lines.append(f"  {self.collectives} collective(s), {self.wait_seconds:.3f} s waiting"
+                     + (f", {self.checks} store check(s)" if self.checks else ""))
+        return "\n".join(lines)
+

@@ -1,0 +1,250 @@
+"""Sources over sample lists held in memory, split between processes, resumable exactly.
+
+A pipeline over manifests starts from one of these: manifest rows (paths, transcripts,
+durations -- not audio) fit in memory, so each pass reads them all and yields this process's
+share of one order, the same in every process:
+
+- ``shuffle_samples`` (:class:`SampleShufflerIterDataPipe`): a permutation drawn from
+  ``(seed, epoch)`` -- for training. It replaces torch's ``shuffle`` (whose buffer lives in
+  its generator and cannot be saved) followed by ``sharding_filter``.
+- ``split_samples`` (:class:`SampleSplitterIterDataPipe`): the source's order -- for
+  evaluation. It replaces ``sharding_filter``.
+
+Their state is a position, so a resumed pass starts at the next sample, and the stages above
+that held samples (``bucket_by_length``, ``block_batch``) get them back by key
+(:mod:`speechpipe.pipes._core._restore`).
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Iterator
+
+from ...diagnostics import BufferStats
+from ...errors import DataError
+from ...sample import KEY, SOURCE, Sample
+from ...seeding import CarriesRank, derive_rng, process_position
+from .._core import functional_datapipe, IterDataPipe
+from .._core import check_seed, SampleSource, Seeded
+
+__all__ = ["SampleShuffler", "SampleShufflerIterDataPipe", "SampleSplitter",
+           "SampleSplitterIterDataPipe"]
+
+
+def _keyed(samples: list, name: str) -> dict[str, int]:
+    """Position of each sample by key; a sample without a string key or a repeated key is a
+    ``DataError`` naming it (held samples are found again by key)."""
+    where: dict[str, int] = {}
+    for i, sample in enumerate(samples):
+        key = sample.get(KEY) if isinstance(sample, dict) else None
+        if not isinstance(key, str):
+            raise DataError(f"{name} needs sample dicts with a string 'key'; item {i} "
+                            f"is {type(sample).__name__}"
+                            + (f" with key {key!r}" if isinstance(sample, dict) else ""),
+                            source=sample.get(SOURCE) if isinstance(sample, dict) else None)
+        if key in where:
+            raise DataError(f"{name}: the same key twice in the source (keys must be "
+                            "unique to resume exactly)", key=key, source=sample.get(SOURCE))
+        where[key] = i
+    return where
+
+
+class _SampleList(CarriesRank, SampleSource):
+    """A source yielding this process's share of an order over a sample list read whole each
+    pass; resumable at any sample (the position), held samples found again by key. A mixin
+    of the two pipes below (its ``__iter__`` is a plain generator, outside torch's hook)."""
+
+    rereads_held = True
+
+    def __init__(self, source_datapipe: Iterable[Sample], *, split: bool = True) -> None:
+        if not isinstance(split, bool):
+            raise TypeError(f"split must be a bool, got {split!r}")
+        self.source_datapipe = source_datapipe
+        self.split = split
+        self._prepared: tuple[list, dict] | None = None
+        self._replay_request: list | None = None
+        self.buffers = BufferStats(self._name)  # the whole list, for the pass
+
+    def __getstate__(self) -> dict:
+        state = super().__getstate__()  # CarriesRank's: the rank goes to spawned workers
+        state["_prepared"] = None  # a pass's samples stay in the process that read them
+        return state
+
+    # -- the order
+
+    def _share(self) -> tuple[int, int]:
+        """``(first, step)``: this process's positions in the epoch's order."""
+        if not self.split:
+            return 0, 1
+        where = process_position()
+        return where.worker * where.world_size + where.rank, where.world_size * where.num_workers
+
+    def _permute(self, order: list[int]) -> None:
+        """Reorder ``order`` (the source's positions) in place: the epoch's order."""
+
+    def _order(self, n: int) -> list[int]:
+        order = list(range(n))
+        self._permute(order)
+        first, step = self._share()
+        return order[first::step]
+
+    def _read(self) -> tuple[list, dict]:
+        samples = list(self.source_datapipe)
+        return samples, _keyed(samples, self._name)
+
+    # -- passes
+
+    def __iter__(self) -> Iterator[Sample]:
+        if self._replay_request is not None:  # samples held above, again (request_replay)
+            request, self._replay_request = self._replay_request, None
+            yield from self._replay(request)
+            return
+        if isinstance(self, Seeded):
+            self._begin_pass()
+        prepared, self._prepared = self._prepared, None
+        state, _ = self._take_resume()
+        samples, _ = prepared if prepared is not None else self._read()
+        mine = self._order(len(samples))
+        start = 0 if state is None else self._resume_at(state, len(samples), len(mine))
+        live = self._live = {"next": start, "total": len(samples), "count": len(mine)}
+        self.buffers.reset()
+        self.buffers.add(samples)  # held whole until the pass ends
+        try:
+            for i in range(start, len(mine)):
+                live["next"] = i + 1
+                yield samples[mine[i]]
+        finally:
+            self._live = None
+            self.buffers.remove(samples)
+
+    def _resume_at(self, state: dict, total: int, count: int) -> int:
+        if state.get("total") != total or state.get("count") != count:
+            raise DataError(
+                f"resume: {self._name} reads {total} samples ({count} for this process) but "
+                f"the state was saved with {state.get('total')} ({state.get('count')}); the "
+                "source, split or number of workers changed")
+        return int(state["next"])
+
+    def _snapshot(self, live: dict) -> dict:
+        return dict(live)
+
+    def __len__(self) -> int:
+        try:
+            total = len(self.source_datapipe)  # type: ignore[arg-type]
+        except TypeError:
+            raise TypeError(f"{self._name} has no len() when its source has none (e.g. "
+                            "parse_manifest): the count is known after the first pass") from None
+        first, step = self._share()
+        return len(range(first, total, step))
+
+    # -- resume (the SampleSource protocol)
+
+    def prepare_resume(self, needs: list) -> None:
+        """Read the source once for the resumed pass and the replays of the stages above."""
+        if self._resume_state is not None and self._prepared is None:
+            self._prepared = self._read()
+
+    def request_replay(self, needs: list | None) -> None:
+        """The next pass yields exactly the samples ``needs`` names (found by key)."""
+        self._replay_request = None if needs is None else list(needs)
+
+    def _replay(self, request: list) -> Iterator[Sample]:
+        if self._prepared is None:
+            self._prepared = self._read()
+        samples, where = self._prepared
+        for _, key in request:
+            if key not in where:
+                raise DataError(f"resume: a held sample is no longer in the source of "
+                                f"{self._name}", key=key)
+            yield samples[where[key]]
+
+    def end_pass(self) -> None:
+        super().end_pass()
+        self._prepared = self._replay_request = None
+
+
+@functional_datapipe("shuffle_samples")
+class SampleShufflerIterDataPipe(Seeded, _SampleList, IterDataPipe[Sample]):
+    """Shuffle all samples of a finite source at once (functional name: ``shuffle_samples``).
+
+    Consumes sample dicts with unique ``key`` s, few enough to hold in memory (manifest rows,
+    not decoded audio); yields the same dicts. Each pass reads the whole source, permutes it
+    with ``(seed, epoch)`` -- one order, the same in every process -- and, with ``split``,
+    yields only this process's share: every ``n``-th sample of the order for the ``n`` =
+    ranks × DataLoader workers (do not add ``sharding_filter``). Over all processes, every
+    sample comes out once per epoch.
+
+    Exactly resumable: its state is the position in this process's share, and samples held by
+    the stages above are found again by key, so a restored loader repeats the uninterrupted
+    run. Use ``sharded_shuffle`` for corpora stored as shards (it never holds the corpus).
+    It holds the whole source during a pass: ``self.buffers`` (a
+    :class:`~speechpipe.diagnostics.BufferStats`) says how many samples and array bytes.
+
+    Args:
+        source_datapipe: sample dicts (e.g. ``parse_manifest`` output), read again each pass.
+        seed: seed of the permutation (with the epoch).
+        split: split the order between ranks and workers (``False``: every process yields
+            all samples, e.g. for evaluation on each rank).
+        per_process: with ``split=False``, each process (rank, DataLoader worker) permutes
+            with ``(seed, epoch, rank, worker)``, an order of its own -- what a source every
+            worker reads whole wants, such as the noise of ``add_noise`` (the same order in
+            every worker would give the same noise to the same place of each worker's
+            stream).
+
+    >>> import speechpipe
+    >>> from speechpipe import IterableWrapper
+    >>> rows = [{"key": f"u{i}"} for i in range(6)]
+    >>> pipe = IterableWrapper(rows).shuffle_samples(seed=0)
+    >>> first = [s["key"] for s in pipe]
+    >>> sorted(first) == [f"u{i}" for i in range(6)], first != [s["key"] for s in pipe]
+    (True, True)
+    >>> first == [s["key"] for s in pipe.set_epoch(0)]  # a new pass is the next epoch
+    True
+    """
+
+    _name = "shuffle_samples"
+
+    def __init__(self, source_datapipe: Iterable[Sample], *, seed: int = 0,
+                 split: bool = True, per_process: bool = False) -> None:
+        super().__init__(source_datapipe, split=split)
+        self.seed = check_seed(seed)
+        self.epoch = 0
+        if not isinstance(per_process, bool):
+            raise TypeError(f"per_process must be a bool, got {per_process!r}")
+        if per_process and split:
+            raise ValueError("per_process=True needs split=False: a split order is one order "
+                             "shared by every process")
+        self.per_process = per_process
+
+    def _permute(self, order: list[int]) -> None:
+        where = process_position() if self.per_process else None
+        rank, worker = (where.rank, where.worker) if where is not None else (0, 0)
+        derive_rng(self.seed, self.epoch, rank, worker, "shuffle_samples").shuffle(order)
+
+    def _snapshot(self, live: dict) -> dict:
+        return {"epoch": self.epoch, **live}
+
+
+@functional_datapipe("split_samples")
+class SampleSplitterIterDataPipe(_SampleList, IterDataPipe[Sample]):
+    """Split a sample list between processes, in order (functional name: ``split_samples``).
+
+    Consumes sample dicts with unique ``key`` s (manifest rows); each pass reads the whole
+    source and, with ``split``, yields every ``n``-th sample for the ``n`` = ranks × DataLoader
+    workers (as ``sharding_filter``, which it replaces), in the source's order. Exactly
+    resumable, like ``shuffle_samples``: the evaluation road of the recipes.
+
+    Args:
+        source_datapipe: sample dicts (e.g. ``parse_manifest`` output), read again each pass.
+        split: split between ranks and workers (``False``: every process yields all samples).
+
+    >>> import speechpipe
+    >>> from speechpipe import IterableWrapper
+    >>> [s["key"] for s in IterableWrapper([{"key": "a"}, {"key": "b"}]).split_samples()]
+    ['a', 'b']
+    """
+
+    _name = "split_samples"
+
+
+SampleShuffler = SampleShufflerIterDataPipe
+SampleSplitter = SampleSplitterIterDataPipe
