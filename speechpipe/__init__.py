@@ -22,7 +22,7 @@ from .errors import (  # noqa: E402
 from .index import ShardEntry, ShardIndex  # noqa: E402
 from .loader import Loader, PipeDataset, build_loader  # noqa: E402
 from .pack import PackOptions, PackReport, pack_data  # noqa: E402
-from .pipes._core import IterableWrapper, SequenceWrapper
+from .pipes._core import Buffering, IterableWrapper, SequenceWrapper
 from .pipes._core import ResumeWarning
 from .pipes._core import EpochWarning
 from .pipes.order import UnevenSplitWarning
@@ -64,6 +64,7 @@ __all__ = [
     "BatchStats",
     "BatchView",
     "BudgetWarning",
+    "Buffering",
     "BufferStats",
     "ChannelMismatchError",
     "CharTokenizer",

@@ -41,6 +41,7 @@ from .errors import DataError
 __all__ = [
     "BufferStats",
     "Diagnostics",
+    "Ledger",
     "ON_ERROR",
     "SkippedInputWarning",
     "check_on_error",
@@ -61,7 +62,33 @@ def check_on_error(on_error: str, name: str = "on_error") -> str:
     return on_error
 
 
-class Diagnostics:
+class Ledger:
+    """The counters protocol: a record a stage keeps of its pass (skips, batches, tokens,
+    buffers), which the loader gathers from its workers without knowing the stage.
+
+    A stage exposes its ledgers as attributes; the loader finds every :class:`Ledger` in a
+    pipeline's graph, writes each worker's ``to_dict()`` at the end of its pass, and in the main
+    process ``reset()``\ s its own copy and ``merge()``\ s the workers' into it: added up, or,
+    for a ledger with ``per_worker = True``, kept worker by worker.
+    """
+
+    #: Kept worker by worker (each entry tagged with its worker), not added up.
+    per_worker: bool = False
+
+    def reset(self) -> None:
+        """Forget what the last pass recorded."""
+        raise NotImplementedError
+
+    def to_dict(self) -> dict:
+        """What this process recorded, as JSON-friendly data."""
+        raise NotImplementedError
+
+    def merge(self, data: dict) -> None:
+        """Add what another process recorded (a ``to_dict()`` of it)."""
+        raise NotImplementedError
+
+
+class Diagnostics(Ledger):
     """Counts of skipped items by reason, with up to ``max_examples`` examples each.
 
     Args:
@@ -220,7 +247,7 @@ def _nbytes(value: Any) -> int:
     return nbytes if type(nbytes) is int else 0
 
 
-class BufferStats:
+class BufferStats(Ledger):
     """What a buffering stage holds: samples and their array bytes (:func:`held_bytes`), now
     and at the peak of the pass. Counted when an item enters (:meth:`add`) and leaves
     (:meth:`remove`), not by walking the buffer.
@@ -239,6 +266,8 @@ class BufferStats:
     >>> print(b.report())
     block_batch buffers: 8 sample(s), 0.6 MB at peak (array bytes; 4 held now)
     """
+
+    per_worker = True  # buffers are a worker's own: summing them would mean nothing
 
     def __init__(self, stage: str) -> None:
         self.stage = stage

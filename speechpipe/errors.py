@@ -22,11 +22,36 @@ like a compiler's: ``data/wav.scp:17: expected '<key> <value>', got 'utt1'``.
 from __future__ import annotations
 
 import json
+import numbers
 import re
+from typing import Any
 
 __all__ = ["AudioFormatError", "ChannelMismatchError", "DataError", "MissingDataError",
            "SampleRateError", "SpeechpipeError", "UnsafeInputError", "UnsupportedCodecError",
-           "locate", "mark_location"]
+           "check_int", "locate", "mark_location"]
+
+
+def check_int(name: str, value: Any, minimum: int | None = None, *,
+              optional: bool = False) -> int | None:
+    """``value`` as an int, checked: the one validator of integer arguments.
+
+    A ``TypeError`` names ``name`` and the value if it is not an int (a bool is not one); a
+    ``ValueError`` if it is below ``minimum``; ``None`` passes when ``optional``.
+
+    >>> check_int("num_workers", 2, 0)
+    2
+    >>> check_int("buffer_size", 0, 1)
+    Traceback (most recent call last):
+    ValueError: buffer_size must be an int >= 1, got 0
+    """
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        extra = " or None" if optional else ""
+        raise TypeError(f"{name} must be an int{extra}, got {value!r}")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+    return int(value)
 
 
 def locate(

@@ -110,14 +110,12 @@ import torch.utils.data
 from .memory import (
     MAX_BYTES, forget_segments, install, keep_table_while, new_table, release_now,
 )
-from .diagnostics import BufferStats, Diagnostics
+from .diagnostics import Ledger
 from .errors import SpeechpipeError, mark_location
 from .pipes._core import IterDataPipe, MapDataPipe
 from .pipes._core import graph_nodes, propagate_epoch
 from .pipes._core import end_pass, restore, resumable_stages, take_states, unresumable_reason
 from .pipes.concurrency import LEAVES, to_device
-from .pipes.batching import BatchStats
-from .pipes.text import TokenStats
 from .seeding import CarriesRank, derive_seed, process_position
 
 __all__ = [
@@ -312,16 +310,13 @@ class PipeDataset(CarriesRank, torch.utils.data.IterableDataset):
 
 
 def _ledgers(pipe: Any) -> list[tuple[str, Any]]:
-    """``(path, ledger)`` of every skip count (:class:`~speechpipe.diagnostics.Diagnostics`),
-    batching record (:class:`~speechpipe.pipes.batching._buckets.BatchStats`), token count
-    (:class:`~speechpipe.pipes.text._tokenize.TokenStats`) and buffer record
-    (:class:`~speechpipe.diagnostics.BufferStats`) in the graph; the path is the same in every
-    process that holds a copy of the pipeline."""
+    """``(path, ledger)`` of every :class:`~speechpipe.diagnostics.Ledger` a stage of the graph
+    holds as an attribute (skip counts, batching records, token counts, buffer records...); the
+    path is the same in every process that holds a copy of the pipeline."""
     out = []
     for i, node in enumerate(graph_nodes(pipe)):
-        for attr in ("diagnostics", "stats", "buffers"):
-            ledger = getattr(node, attr, None)
-            if isinstance(ledger, (Diagnostics, BatchStats, TokenStats, BufferStats)):
+        for attr, ledger in sorted(vars(node).items()):
+            if isinstance(ledger, Ledger):
                 out.append((f"{i}:{type(node).__name__}.{attr}", ledger))
     return out
 
@@ -330,7 +325,7 @@ def _write_report(folder: str, worker: int, pipe: Any) -> None:
     """In a worker at the end of its pass: its ledgers, for the main process to add up."""
     data = {path: ledger.to_dict() for path, ledger in _ledgers(pipe)}
     for path, ledger in _ledgers(pipe):
-        if isinstance(ledger, BufferStats):  # kept per worker, not added up
+        if ledger.per_worker:  # kept per worker, not added up
             data[path]["worker"] = worker
     final = os.path.join(folder, f"worker-{worker}.json")
     try:

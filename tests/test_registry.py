@@ -250,6 +250,7 @@ PUBLIC = [
     "BatchStats",
     "BatchView",
     "BudgetWarning",
+    "Buffering",
     "BufferStats",
     "ChannelMismatchError",
     "CharTokenizer",

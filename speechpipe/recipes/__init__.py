@@ -43,7 +43,6 @@ from types import ModuleType
 
 from ._download import Archive, download_and_extract, download_parts, parse_checksum, safe_extract
 from ._pipelines import (
-    FEATURE_KINDS,
     FrontEnd,
     augment_source,
     eval_pipeline,
@@ -73,7 +72,6 @@ __all__ = [
     "Archive",
     "EMPTY_TEXT",
     "FEATS_PATH",
-    "FEATURE_KINDS",
     "FrontEnd",
     "MANIFEST_KIND",
     "OFFSET",

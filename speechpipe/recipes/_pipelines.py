@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 from ..diagnostics import check_on_error
 from ..errors import DataError
 from ..pipes._core import IterableWrapper, IterDataPipe
+from ..pipes.audio import FEATURE_KINDS
 from ..pipes.batching import PaddedArea, SumOfLengths
 from ..pipes.collate import PadCollate
 from ..remote import RemoteOptions, is_remote
@@ -24,7 +25,6 @@ from ..sample import DURATION, FEATS, KEY, SOURCE, TEXT, Sample, sample_duration
 from ._prepare import AUDIO_PATH, FEATS_PATH, OFFSET, ManifestsArg, resolve_manifests
 
 __all__ = [
-    "FEATURE_KINDS",
     "FrontEnd",
     "augment_source",
     "eval_pipeline",
@@ -34,8 +34,6 @@ __all__ = [
     "train_pipeline",
 ]
 
-#: Values of ``features`` in the pipelines (``None``: no features, batches hold audio).
-FEATURE_KINDS = ("fbank", "mfcc", "mel")
 #: Values of ``features_on``: per utterance in the workers, or per batch on the device.
 FEATURES_ON = ("workers", "device")
 

@@ -26,7 +26,6 @@ from (the parent of ``data/``), so both functions take ``root`` (default: the cu
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -34,7 +33,7 @@ from ..errors import DataError, MissingDataError, locate
 from ..pipes._core import IterableWrapper, IterDataPipe
 from ..pipes.kaldi import Segment, parse_segment
 from ..pipes.kaldi import read_scp_table, ScpEntry
-from ..pipes.kaldi import read_matrix, read_wav_value
+from ..pipes.kaldi import parse_ark_ref, read_matrix, read_wav_value
 from ..sample import DURATION, KEY, SOURCE, SPEAKER, TEXT
 from ._pipelines import eval_pipeline, train_pipeline
 from ._prepare import (
@@ -72,7 +71,6 @@ FRAME_SHIFT = 0.01
 #: Seconds a segment may end past its recording and be truncated (Kaldi's extract-segments).
 MAX_OVERSHOOT = 0.5
 
-_ARK_REF = re.compile(r"(?P<path>.+?):(?P<offset>[0-9]+)(?:\[[^\[\]]*\])?")
 
 
 def _is_data_dir(path: Path) -> bool:
@@ -204,8 +202,9 @@ def _audio_file(entry: ScpEntry, root: str | None, commands: Path | None = None)
             "manifest, or read this directory with kaldi_dir_samples(..., "
             "allow_commands=True)", source=entry.source, line=entry.line, key=entry.key)
     path = _resolve(value, root)
-    match = _ARK_REF.fullmatch(value)
-    if not os.path.exists(path) and match and os.path.isfile(_resolve(match["path"], root)):
+    ref = parse_ark_ref(value)
+    if not os.path.exists(path) and ref and ref.offset is not None \
+            and os.path.isfile(_resolve(ref.path, root)):
         raise DataError(
             "this wav.scp value is audio stored in an ark: a manifest names audio files. "
             "Read this directory with kaldi_dir_samples(), or pack it with 'speechpipe pack'",
@@ -233,11 +232,11 @@ def _command_audio(entry: ScpEntry, root: str | None, folder: Path) -> str:
 
 
 def _feats_value(entry: ScpEntry, root: str | None) -> str:
-    match = _ARK_REF.fullmatch(entry.value)
-    if match is None or entry.value.endswith("|"):
-        raise DataError("expected '<ark path>:<offset>' in feats.scp", source=entry.source,
+    ref = parse_ark_ref(entry.value)
+    if ref is None or entry.value.endswith("|"):
+        raise DataError("expected '<ark path>[:<offset>]' in feats.scp", source=entry.source,
                         line=entry.line, key=entry.key)
-    return _resolve(match["path"], root) + entry.value[len(match["path"]):]
+    return _resolve(ref.path, root) + entry.value[len(ref.path):]
 
 
 def _speakers(data_dir: Path, utts: Iterable[str]) -> dict[str, str] | None:

@@ -8,10 +8,11 @@ from ._base import (
     apply_random_seed, functional_datapipe, IterableWrapper, IterDataPipe, MapDataPipe,
     plain_iterator, registered_iter_names, registered_map_names, SequenceWrapper,
 )
+from ._buffering import Buffering, decode_held, encode_held, held_identities
 from ._graph import GRAPH_CONTAINER_MAX, graph_nodes, propagate_epoch
 from ._restore import (
-    end_pass, restore, resumable_stages, ResumeWarning, take_states, UNRESUMABLE,
-    unresumable_reason,
+    end_pass, HOLDING_NOTHING, holds_nothing, restore, resumable_stages, ResumeWarning,
+    take_states, UNRESUMABLE, unresumable_reason,
 )
 from ._state import (
     check_seed, EpochWarning, held_sample, Identity, identity, identity_list, Resumable,
@@ -19,8 +20,10 @@ from ._state import (
 )
 
 __all__ = [
+    "Buffering",
     "EpochWarning",
     "GRAPH_CONTAINER_MAX",
+    "HOLDING_NOTHING",
     "Identity",
     "IterDataPipe",
     "IterableWrapper",
@@ -33,10 +36,14 @@ __all__ = [
     "UNRESUMABLE",
     "apply_random_seed",
     "check_seed",
+    "decode_held",
+    "encode_held",
     "end_pass",
     "functional_datapipe",
     "graph_nodes",
+    "held_identities",
     "held_sample",
+    "holds_nothing",
     "identity",
     "identity_list",
     "plain_iterator",

@@ -23,8 +23,8 @@ from typing import Any, Mapping
 from ._graph import graph_nodes
 from ._state import Identity, identity, Resumable, SampleSource, Seeded
 
-__all__ = ["ResumeWarning", "UNRESUMABLE", "end_pass", "restore", "resumable_stages",
-           "take_states", "unresumable_reason"]
+__all__ = ["HOLDING_NOTHING", "ResumeWarning", "UNRESUMABLE", "end_pass", "holds_nothing", "restore",
+           "resumable_stages", "take_states", "unresumable_reason"]
 
 #: torch stages that hold items in their generator's locals (a state cannot include them):
 #: class name -> what it holds and what to use instead.
@@ -62,13 +62,38 @@ def resumable_stages(pipe: Any) -> list[tuple[str, Resumable]]:
             if isinstance(n, Resumable)]
 
 
+#: torch stages that hold nothing between two of their yields (a plain map, filter, collate).
+HOLDING_NOTHING = {"MapperIterDataPipe", "FilterIterDataPipe", "CollatorIterDataPipe"}
+
+
+def holds_nothing(node: Any) -> bool:
+    """Whether ``node`` declares that it holds nothing between two of its yields."""
+    cls = type(node)
+    if cls.__name__ in HOLDING_NOTHING and cls.__module__.startswith("torch."):
+        return True
+    return bool(getattr(cls, "holds_nothing", False))
+
+
 def unresumable_reason(pipe: Any) -> str | None:
-    """Why a state of ``pipe`` could not resume it exactly (naming the stage), or None."""
+    """Why a state of ``pipe`` could not resume it exactly (naming the stage), or None.
+
+    An allow-list: every stage above the source is resumable (it keeps a state:
+    :class:`~speechpipe.pipes._core._buffering.Buffering`) or declares that it holds nothing
+    (``holds_nothing = True``); anything else is named."""
     nodes = _walk(pipe)
     for node in nodes:
-        reason = UNRESUMABLE.get(type(node).__name__)
-        if reason is not None and type(node).__module__.startswith("torch."):
+        cls = type(node)
+        reason = UNRESUMABLE.get(cls.__name__)
+        if reason is not None and cls.__module__.startswith("torch."):
             return f"this pipeline cannot be resumed exactly: torch's {reason}"
+    sourced = any(_is_source(n) for n in nodes)
+    for node in nodes if sourced else ():
+        cls = type(node)
+        if not isinstance(node, Resumable) and not holds_nothing(node):
+            return (f"this pipeline cannot be resumed exactly: {cls.__name__} "
+                    f"({cls.__module__}) neither keeps a resumable state (subclass "
+                    "speechpipe.Buffering) nor declares that it holds nothing between two of "
+                    "its yields (class attribute holds_nothing = True)")
     if not any(_is_source(n) for n in nodes):
         return ("this pipeline cannot be resumed exactly: its samples do not come from a source "
                 "that knows its position; start it with shuffle_samples or split_samples (a "

@@ -18,7 +18,7 @@ from ._cmvn import (
     normalize_features, VAR_FLOOR,
 )
 from ._common import (
-    audio_of, batch_feats_of, batch_where, channels_first, check_int, check_real, check_sample,
+    audio_of, batch_feats_of, batch_where, channels_first, check_real, check_sample,
     checked_audio, feats_of, FLOAT32, resampler, sample_where, source_len, time_first,
     to_tensor, torch_generator, valid_frames,
 )
@@ -82,7 +82,6 @@ __all__ = [
     "batch_where",
     "change_speed",
     "channels_first",
-    "check_int",
     "check_real",
     "check_sample",
     "checked_audio",

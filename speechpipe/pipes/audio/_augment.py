@@ -15,9 +15,10 @@ import numpy as np
 import torch
 import torchaudio.transforms as taT
 
+from ...errors import check_int
 from ...sample import AUDIO, DURATION, FEATS, Sample
 from ._common import (
-    audio_of, batch_feats_of, channels_first, check_int, check_real, feats_of, resampler, source_len, time_first, to_tensor, torch_generator, valid_frames,
+    audio_of, batch_feats_of, channels_first, check_real, feats_of, resampler, source_len, time_first, to_tensor, torch_generator, valid_frames,
 )
 from .._core import functional_datapipe, IterDataPipe
 from .._core import check_seed, Seeded
@@ -117,6 +118,8 @@ class SpeedPerturberIterDataPipe(Seeded, IterDataPipe[Sample]):
     ((12800,), 1.25)
     """
 
+    holds_nothing = True  # item by item: nothing kept between two yields
+
     def __init__(
         self,
         source_datapipe: IterDataPipe,
@@ -178,6 +181,8 @@ class VolumePerturberIterDataPipe(Seeded, IterDataPipe[Sample]):
     >>> s["audio"], s["gain"]
     (array([0.5, 0.5, 0.5, 0.5], dtype=float32), 0.5)
     """
+
+    holds_nothing = True  # item by item: nothing kept between two yields
 
     def __init__(
         self,
@@ -500,6 +505,8 @@ class SpecAugmenterIterDataPipe(Seeded, IterDataPipe[Sample]):
     >>> s["feats"].shape, s["feats"].dtype, int((s["feats"] == 0).all(axis=0).sum()) < 10
     ((100, 80), dtype('float32'), True)
     """
+
+    holds_nothing = True  # item by item: nothing kept between two yields
 
     def __init__(
         self,

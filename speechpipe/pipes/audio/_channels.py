@@ -61,9 +61,10 @@ from typing import Iterator
 import numpy as np
 import torchaudio.transforms as taT
 
+from ...errors import check_int
 from ...sample import AUDIO, KEY, SAMPLE_RATE, Sample
 from ._common import (
-    audio_of, channels_first, check_int, check_real, resampler, sample_where, source_len, time_first,
+    audio_of, channels_first, check_real, resampler, sample_where, source_len, time_first,
 )
 from .._core import functional_datapipe, IterDataPipe
 from ..decode import check_channels, choose_channels
@@ -152,6 +153,8 @@ class ResamplerIterDataPipe(IterDataPipe[Sample]):
     [((800,), 8000)]
     """
 
+    holds_nothing = True  # item by item: nothing kept between two yields
+
     def __init__(
         self,
         source_datapipe: IterDataPipe,
@@ -224,6 +227,8 @@ class ChannelPickerIterDataPipe(IterDataPipe[Sample]):
     [array([1., 1., 1.], dtype=float32)]
     """
 
+    holds_nothing = True  # item by item: nothing kept between two yields
+
     def __init__(self, source_datapipe: IterDataPipe, channel: int = 0) -> None:
         if isinstance(channel, str):
             raise TypeError(f"channel must be an int index, got {channel!r}")
@@ -259,6 +264,8 @@ class DownmixerIterDataPipe(IterDataPipe[Sample]):
     ...                                        "sample_rate": 8000}]).downmix()]
     [array([0.5, 0.5, 0.5], dtype=float32)]
     """
+
+    holds_nothing = True  # item by item: nothing kept between two yields
 
     def __init__(self, source_datapipe: IterDataPipe) -> None:
         self.source_datapipe = source_datapipe

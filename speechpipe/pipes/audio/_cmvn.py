@@ -388,6 +388,8 @@ class CmvnApplierIterDataPipe(IterDataPipe[Sample]):
     [[[0.0], [2.0]]]
     """
 
+    holds_nothing = True  # item by item: nothing kept between two yields
+
     def __init__(
         self,
         source_datapipe: IterDataPipe,

@@ -19,7 +19,7 @@ from ...errors import DataError
 from ...sample import AUDIO, FEATS, KEY, SAMPLE_RATE, SOURCE, len_key
 from ...seeding import derive_seed, process_position
 
-__all__ = ["FLOAT32", "audio_of", "batch_feats_of", "batch_where", "channels_first", "check_int",
+__all__ = ["FLOAT32", "audio_of", "batch_feats_of", "batch_where", "channels_first",
            "check_real", "check_sample", "checked_audio", "feats_of", "resampler", "sample_where",
            "source_len", "time_first", "to_tensor", "torch_generator", "valid_frames"]
 
@@ -94,14 +94,6 @@ def time_first(waveform: torch.Tensor) -> np.ndarray:
 def torch_generator(seed: int, epoch: int, salt: str) -> torch.Generator:
     where = process_position()
     return torch.Generator().manual_seed(derive_seed(seed, epoch, where.rank, where.worker, salt))
-
-
-def check_int(name: str, value: Any, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an int, got {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value!r}")
-    return int(value)
 
 
 def check_real(name: str, value: Any) -> float:

@@ -19,10 +19,10 @@ import torchaudio.transforms as taT
 from torchaudio.compliance import kaldi
 
 from ...diagnostics import Diagnostics, check_on_error
-from ...errors import DataError, SampleRateError
+from ...errors import check_int, DataError, SampleRateError
 from ...sample import AUDIO, FEATS, KEY, SAMPLE_RATE, Sample, len_key
 from ._common import (
-    audio_of, check_int, check_real, check_sample, sample_where, source_len, to_tensor, torch_generator,
+    audio_of, check_real, check_sample, sample_where, source_len, to_tensor, torch_generator,
 )
 from .._core import functional_datapipe, IterDataPipe
 from .._core import check_seed, Seeded
@@ -562,6 +562,8 @@ class FeatureComputerIterDataPipe(Seeded, IterDataPipe[Sample]):
     ([(98, 80)], 98)
     """
 
+    holds_nothing = True  # item by item: nothing kept between two yields
+
     def __init__(
         self,
         source_datapipe: IterDataPipe,
@@ -699,6 +701,8 @@ class BatchFeatureComputerIterDataPipe(FeatureComputerIterDataPipe):
     >>> tuple(batch["feats"].shape), batch["feats_len"].tolist(), batch["feats"].device.type
     ((2, 98, 80), [98, 48], 'cpu')
     """
+
+    holds_nothing = True  # item by item: nothing kept between two yields
 
     def __init__(
         self,

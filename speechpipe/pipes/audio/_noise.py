@@ -55,11 +55,11 @@ import numpy as np
 import torch
 import torchaudio.functional as taF
 
-from ...errors import DataError
+from ...errors import check_int, DataError
 from ...sample import AUDIO, KEY, SOURCE, Sample
 from ...seeding import derive_seed
 from ._common import (
-    audio_of, channels_first, check_int, check_real, resampler, sample_where, source_len, time_first,
+    audio_of, channels_first, check_real, resampler, sample_where, source_len, time_first,
 )
 from .._core import functional_datapipe, IterDataPipe
 from .._core import propagate_epoch

@@ -593,6 +593,8 @@ class DurationFilterIterDataPipe(IterDataPipe[Sample]):
     (['b'], {'shorter than 1.0 s': 1, 'longer than 20.0 s': 1})
     """
 
+    holds_nothing = True  # item by item: nothing kept between two yields
+
     def __init__(self, source_datapipe: IterDataPipe, min_duration: float | None = None,
                  max_duration: float | None = None, *, warn: bool = True) -> None:
         self.min_duration = _check_duration(min_duration, "min_duration")

@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from numbers import Integral, Real
 from typing import Any, Callable, Sequence, Union
 
+from ...diagnostics import Ledger
 from ...sample import sample_duration, sample_length
 
 __all__ = [
@@ -418,7 +419,7 @@ class BudgetWarning(UserWarning):
 
 
 @dataclass
-class BatchStats:
+class BatchStats(Ledger):
     """What a batching pass produced; :meth:`report` prints it.
 
     Padding efficiency is real ÷ padded length (frames or samples, the input side for

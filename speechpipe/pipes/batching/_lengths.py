@@ -17,7 +17,7 @@ import os
 from collections.abc import Mapping
 from typing import Any, Callable, Hashable, Iterable, Union
 
-from ...errors import DataError, MissingDataError
+from ...errors import check_int, DataError, MissingDataError
 from ...index import ShardIndex, length_seconds
 from ...remote import RemoteOptions, is_remote
 from ...sample import DURATION, KEY, SOURCE, Sample, sample_length
@@ -313,7 +313,7 @@ def select_keys(
     elif mode == "rev_order":
         kept = keys[len(keys) - count:]
     elif mode == "random":
-        kept = derive_rng(check_int(seed, "seed"), 0, 0, 0, "select_keys").sample(keys, count)
+        kept = derive_rng(check_int("seed", seed), 0, 0, 0, "select_keys").sample(keys, count)
     else:
         values = _meta_values(meta, keys)
         ranked = sorted(keys, key=lambda k: values[k])
@@ -388,14 +388,6 @@ def read_group_labels(sources: Mapping[str, Any], keys: Iterable[Key]
 # --------------------------------------------------------------------------- checks
 
 
-def check_int(value: Any, name: str, minimum: int | None = None) -> int:
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise TypeError(f"{name} must be an int, got {value!r}")
-    if minimum is not None and value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value!r}")
-    return value
-
-
 def _check_length(key: Key, value: Any) -> Length:
     parts = value if isinstance(value, tuple) else (value,)
     ok = bool(parts) and all(
@@ -459,6 +451,8 @@ class IndexDurationReaderIterDataPipe(IterDataPipe[Sample]):
     >>> [s["duration"] for s in IterableWrapper(samples).durations_from_index(index)]
     [1.5]
     """
+
+    holds_nothing = True  # item by item: nothing kept between two yields
 
     def __init__(self, source_datapipe: IterDataPipe, index: ShardIndex | None = None, *,
                  remote: RemoteOptions | None = None) -> None:

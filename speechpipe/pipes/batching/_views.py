@@ -34,7 +34,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Callable, Hashable, Iterable, Iterator, Union
 
-from ...errors import DataError
+from ...errors import check_int, DataError
 from ...seeding import derive_rng, derive_seed, process_position
 from .._core import IterDataPipe, MapDataPipe, plain_iterator
 from .._core import SampleSource
@@ -42,7 +42,7 @@ from ._buckets import pack_batches
 from ._constraints import (
     primary_measure, batch_constraint, BatchConstraint, BatchStats, OVERSIZE, PaddedArea, SampleCount, TwoDimensional,
 )
-from ._lengths import check_group_info, check_int, check_lengths, read_group_labels
+from ._lengths import check_group_info, check_lengths, read_group_labels
 
 __all__ = [
     "BatchView",
@@ -281,7 +281,7 @@ def shard_batch(
     >>> shard_batch(["l1", "l2", "l3", "l4"], 0, 2), shard_batch(["l1", "l2", "l3", "l4"], 1, 2)
     (['l2', 'l4'], ['l1', 'l3'])
     """
-    world_size = check_int(world_size, "world_size", 1)
+    world_size = check_int("world_size", world_size, 1)
     if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < world_size:
         raise ValueError(f"rank must be an int in [0, {world_size}), got {rank!r}")
     if len(batch) % world_size:
@@ -420,7 +420,7 @@ class BatchView:
         world_size: int = 1,
     ) -> None:
         self.lengths = check_lengths(lengths)
-        self.world_size = check_int(world_size, "world_size", 1)
+        self.world_size = check_int("world_size", world_size, 1)
         if batches_fn is not None and not callable(batches_fn):
             raise TypeError(f"batches_fn must be callable, got {batches_fn!r}")
         if batches_fn is None and constraint is None and batch_len is None and batch_size is None:
@@ -430,7 +430,7 @@ class BatchView:
         if oversize not in OVERSIZE:
             raise ValueError(f"oversize must be one of {OVERSIZE}, got {oversize!r}")
         if batches_per_epoch is not None:
-            check_int(batches_per_epoch, "batches_per_epoch", 1)
+            check_int("batches_per_epoch", batches_per_epoch, 1)
         check_group_info(group_info)
         self.constraint = constraint
         self.batch_len = batch_len
@@ -438,7 +438,7 @@ class BatchView:
         self.batches_fn = batches_fn
         self.descending = _check_bool(descending, "descending")
         self.shuffle = _check_bool(shuffle, "shuffle")
-        self.seed = check_int(seed, "seed")
+        self.seed = check_int("seed", seed)
         self.batches_per_epoch = batches_per_epoch
         self.oversize = oversize
         self._group_sources = dict(group_info) if group_info is not None else None
@@ -537,7 +537,7 @@ class BatchView:
             raise ValueError(f"rank must be an int in [0, {self.world_size}), got {rank!r}")
 
     def _check_start(self, start_step: Any) -> int:
-        check_int(start_step, "start_step", 0)
+        check_int("start_step", start_step, 0)
         if start_step > len(self):
             raise ValueError(
                 f"start_step must be <= {len(self)} (batches per epoch), got {start_step!r}"
@@ -562,7 +562,7 @@ class BatchView:
             start_step: skip this many batches (resuming); the rest equals the tail of the
                 uninterrupted epoch.
         """
-        check_int(epoch, "epoch", 0)
+        check_int("epoch", epoch, 0)
         self._check_rank(rank, world_size)
         start_step = self._check_start(start_step)
         out = epoch_batches(self._view, epoch, shuffle=self.shuffle, seed=self.seed,
@@ -615,7 +615,7 @@ class ViewSampler:
 
     def set_epoch(self, epoch: int, *, start_step: int = 0) -> ViewSampler:
         """Draw ``epoch`` next, skipping ``start_step`` batches (returns the sampler)."""
-        self.epoch = check_int(epoch, "epoch", 0)
+        self.epoch = check_int("epoch", epoch, 0)
         self.start_step = self.view._check_start(start_step)
         return self
 
@@ -702,7 +702,7 @@ class ViewLoaderIterDataPipe(SampleSource, IterDataPipe[list]):
 
     def set_epoch(self, epoch: int, *, start_step: int = 0) -> ViewLoaderIterDataPipe:
         """Draw ``epoch`` in the next pass, skipping ``start_step`` batches (returns the pipe)."""
-        self.epoch = check_int(epoch, "epoch", 0)
+        self.epoch = check_int("epoch", epoch, 0)
         self.start_step = self.view._check_start(start_step)
         return self
 

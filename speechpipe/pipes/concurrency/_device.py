@@ -143,6 +143,8 @@ class DeviceMoverIterDataPipe(IterDataPipe):
     (device(type='cpu'), torch.float32)
     """
 
+    holds_nothing = True  # item by item: nothing kept between two yields
+
     def __init__(self, source_datapipe: Iterable, device: str | torch.device | None = None, *,
                  pin_memory: bool = False, non_blocking: bool = False) -> None:
         if device is not None:

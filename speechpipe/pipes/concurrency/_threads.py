@@ -50,7 +50,7 @@ import time
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from ...diagnostics import BufferStats, Diagnostics, check_on_error
-from ...errors import DataError
+from ...errors import check_int, DataError
 from ...sample import KEY, SOURCE
 from .._core import functional_datapipe, IterDataPipe
 from .._core import graph_nodes
@@ -103,12 +103,6 @@ def _popping(items: list) -> Iterator:
         yield items.pop()
 
 
-def _check_count(name: str, value: Any, minimum: int) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
-    return value
-
-
 # --------------------------------------------------------------------------------------------
 # Algorithms
 # --------------------------------------------------------------------------------------------
@@ -145,7 +139,7 @@ def prefetch_items(
     >>> list(prefetch_items(range(5), 2))
     [0, 1, 2, 3, 4]
     """
-    _check_count("buffer_size", buffer_size, 1)
+    check_int("buffer_size", buffer_size, 1)
     lock = lock or threading.Lock()
     it = iter(source)
     if threaded:
@@ -363,10 +357,10 @@ def map_items_in_threads(
     >>> list(map_items_in_threads(range(6), lambda x: x * x, num_threads=3))
     [0, 1, 4, 9, 16, 25]
     """
-    _check_count("num_threads", num_threads, 0)
+    check_int("num_threads", num_threads, 0)
     if buffer_size is None:
         buffer_size = max(1, 2 * num_threads)
-    _check_count("buffer_size", buffer_size, 1)
+    check_int("buffer_size", buffer_size, 1)
     check_on_error(on_error)
     diagnostics = diagnostics or Diagnostics("map_in_threads")
     flight = in_flight if in_flight is not None else collections.deque()
@@ -651,7 +645,7 @@ class ThreadPrefetcherIterDataPipe(_Threaded, IterDataPipe):
     def __init__(self, source_datapipe: Iterable, buffer_size: int = 16, *,
                  threads: bool = True) -> None:
         self.source_datapipe = source_datapipe
-        self.buffer_size = _check_count("buffer_size", buffer_size, 1)
+        self.buffer_size = check_int("buffer_size", buffer_size, 1)
         if not isinstance(threads, bool):
             raise TypeError(f"threads must be a bool, got {threads!r}")
         self.threads = threads
@@ -737,9 +731,9 @@ class ThreadMapperIterDataPipe(_Threaded, IterDataPipe):
             raise TypeError(f"fn must be callable, got {fn!r}")
         self.source_datapipe = source_datapipe
         self.fn = fn
-        self.num_threads = _check_count("num_threads", num_threads, 0)
+        self.num_threads = check_int("num_threads", num_threads, 0)
         if buffer_size is not None:
-            _check_count("buffer_size", buffer_size, 1)
+            check_int("buffer_size", buffer_size, 1)
         self.buffer_size = buffer_size
         if not isinstance(ordered, bool):
             raise TypeError(f"ordered must be a bool, got {ordered!r}")

@@ -412,6 +412,8 @@ class DecoderIterDataPipe(IterDataPipe[Sample]):
     ('u1', 'hello', (2, 3), dtype('float32'))
     """
 
+    holds_nothing = True  # item by item: nothing kept between two yields
+
     def __init__(
         self,
         source_datapipe: IterDataPipe,
@@ -577,6 +579,8 @@ class AudioLoaderIterDataPipe(IterDataPipe[Sample]):
     >>> s["audio"].shape, s["sample_rate"], s["audio_path"]
     ((400,), 16000, 'u1.wav')
     """
+
+    holds_nothing = True  # item by item: nothing kept between two yields
 
     def __init__(
         self,

@@ -46,9 +46,8 @@ import warnings
 from datetime import timedelta
 from typing import Any, Callable, Iterable, Iterator
 
-from ...errors import SpeechpipeError
+from ...errors import check_int, SpeechpipeError
 from .._core import functional_datapipe, IterDataPipe
-from ..order import check_count
 from ._steps import target_steps, batch_samples, StepPlanner, StepStats
 
 __all__ = [
@@ -332,8 +331,8 @@ class EqualSteps:
                     )
         elif steps is not None:
             raise ValueError(f"steps= is for policy='plan', not {policy!r}")
-        check_count(pad_cache, "pad_cache", 1)
-        check_count(check_every, "check_every", 0)
+        check_int("pad_cache", pad_cache, 1)
+        check_int("check_every", check_every, 0)
         if count_fn is not None and not callable(count_fn):
             raise TypeError(f"count_fn must be callable, got {count_fn!r}")
         self.loader = loader
@@ -350,7 +349,7 @@ class EqualSteps:
 
     def set_epoch(self, epoch: int) -> EqualSteps:
         """The epoch of the next pass (for ``steps`` callables and planners, and the report)."""
-        self.epoch = check_count(epoch, "epoch", 0)
+        self.epoch = check_int("epoch", epoch, 0)
         return self
 
     def __len__(self) -> int:

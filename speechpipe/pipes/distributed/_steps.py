@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
-from ..order import check_count, dist_world
+from ..order import dist_world
 from ..batching import BatchConstraint, OVERSIZE, TwoDimensional
 from ..order import EpochPlan
 from ..order import ShardedShufflerIterDataPipe
@@ -170,9 +170,9 @@ class StepPlanner:
             )
         if isinstance(batching, int) and batching < 1:
             raise ValueError(f"batching must be >= 1 as a batch size, got {batching!r}")
-        check_count(num_workers, "num_workers", 0)
+        check_int("num_workers", num_workers, 0)
         if world_size is not None:
-            check_count(world_size, "world_size", 1)
+            check_int("world_size", world_size, 1)
         if oversize not in OVERSIZE:
             raise ValueError(f"oversize must be one of {OVERSIZE}, got {oversize!r}")
         if target not in TARGETS:
@@ -192,7 +192,7 @@ class StepPlanner:
     def _plans(self, epoch: int | None) -> tuple[tuple[EpochPlan, ...], ...]:
         """Every worker's epoch plan, ``plans[rank][worker]``, from the pipe (one split)."""
         sharded = self.sharded
-        epoch = sharded.epoch if epoch is None else check_count(epoch, "epoch", 0)
+        epoch = sharded.epoch if epoch is None else check_int("epoch", epoch, 0)
         world = self.world_size if self.world_size is not None else dist_world()[1]
         return sharded.epoch_plans(epoch, world_size=world, num_workers=max(1, self.num_workers))
 

@@ -225,6 +225,8 @@ class HfAudioLoaderIterDataPipe(IterDataPipe[Sample]):
     [(0, 0.1, (800,))]
     """
 
+    holds_nothing = True  # item by item: nothing kept between two yields
+
     def __init__(self, source_datapipe: IterDataPipe, dataset: Any, *,
                  audio_column: str = "audio") -> None:
         if not _map_style(dataset):

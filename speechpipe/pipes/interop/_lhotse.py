@@ -371,6 +371,8 @@ class LhotseLoaderIterDataPipe(IterDataPipe[Sample]):
     ((4000,), 16000, 0.5)
     """
 
+    holds_nothing = True  # item by item: nothing kept between two yields
+
     def __init__(self, source_datapipe: IterDataPipe, what: str = "audio") -> None:
         if what not in ("audio", "feats"):
             raise ValueError(f"what must be 'audio' or 'feats', got {what!r}")

@@ -1,6 +1,6 @@
 """Kaldi ark files: ark references, the objects stored in arks, and one header parser.
 
-An scp value ``raw.ark:1234[0:9]`` names an ark file (:data:`ARK_REF`), the byte offset of
+An scp value ``raw.ark:1234[0:9]`` names an ark file (:func:`parse_ark_ref`), the byte offset of
 an object in it and an optional Kaldi range of rows and columns (:func:`parse_range`). The
 objects are binary float/double matrices (``FM``, ``DM``), compressed matrices (``CM``,
 ``CM2``, ``CM3``), kaldiio's ``NPY`` arrays, text matrices ``[ ... ]``, or audio.
@@ -22,7 +22,7 @@ import io
 import os
 import re
 import struct
-from typing import Any, BinaryIO, Callable, Iterator, Protocol
+from typing import Any, BinaryIO, Callable, Iterator, NamedTuple, Protocol
 
 import numpy as np
 from kaldiio.matio import read_kaldi
@@ -32,12 +32,38 @@ from ...remote import RemoteOptions
 from ._tables import table_error, Location, WHITESPACE, read_scp_table
 
 __all__ = [
+    "ArkRef",
     "iter_ark",
     "kaldi_arks",
+    "parse_ark_ref",
 ]
 
 # <path>[:<offset>][<range>]; the lazy path lets a trailing ":<digits>" be the offset.
-ARK_REF = re.compile(r"(?P<path>.+?)(?::(?P<offset>[0-9]+))?(?:\[(?P<range>[^\[\]]*)\])?", re.S)
+_ARK_REF = re.compile(r"(?P<path>.+?)(?::(?P<offset>[0-9]+))?(?:\[(?P<range>[^\[\]]*)\])?", re.S)
+
+
+class ArkRef(NamedTuple):
+    """An scp value read as an ark reference: the ark's path, the byte offset of the object
+    (None: none given, the object at the start) and the matrix range (``"0:9"``, or None)."""
+
+    path: str
+    offset: int | None
+    range: str | None
+
+
+def parse_ark_ref(value: str) -> ArkRef | None:
+    """The one grammar of an ark reference, ``<path>[:<offset>][[<range>]]`` (None for "").
+
+    >>> parse_ark_ref("raw.ark:1234[0:9]")
+    ArkRef(path='raw.ark', offset=1234, range='0:9')
+    >>> parse_ark_ref("feats.mat")
+    ArkRef(path='feats.mat', offset=None, range=None)
+    """
+    match = _ARK_REF.fullmatch(value)
+    if match is None:
+        return None
+    offset = match["offset"]
+    return ArkRef(match["path"], None if offset is None else int(offset), match["range"])
 
 # Binary object types (the token after "\0B"): float and double matrices and vectors, and
 # Kaldi's three compressed matrix formats. _BINARY_TYPES is in the order errors list them.
@@ -603,15 +629,15 @@ def kaldi_arks(data_dir_or_feats_scp: str | os.PathLike, *,
         where = {"source": entry.source, "line": entry.line, "key": entry.key}
         if value.endswith("|"):
             raise DataError(f"a command cannot be streamed as a shard: {value!r}", **where)
-        match = ARK_REF.fullmatch(value)
-        if match is None or match["offset"] is None:
+        ref = parse_ark_ref(value)
+        if ref is None or ref.offset is None:
             raise DataError(f"expected an ark reference '<ark>:<offset>', got {value!r}",
                             **where)
-        if match["range"] is not None:
+        if ref.range is not None:
             raise DataError(
                 f"a range ({value!r}) selects part of a matrix; streaming reads whole "
                 "matrices (load this table with load_scp instead)",
                 **where,
             )
-        arks.setdefault(match["path"], None)
+        arks.setdefault(ref.path, None)
     return list(arks)

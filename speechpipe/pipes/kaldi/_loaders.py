@@ -49,7 +49,7 @@ from ...errors import DataError, MissingDataError, UnsafeInputError, locate
 from ...sample import AUDIO, FEATS, KEY, SAMPLE_RATE, SOURCE, TEXT, Sample
 from .._core import functional_datapipe, IterDataPipe
 from ..decode import read_audio
-from ._ark import ARK_REF
+from ._ark import parse_ark_ref
 from ._tables import (
     check_pair, table_error, SPLIT, Location, location, WHITESPACE, read_scp_table, ScpEntry,
 )
@@ -198,6 +198,8 @@ class ScpLoaderIterDataPipe(IterDataPipe[Sample]):
     >>> tmp.cleanup()
     """
 
+    holds_nothing = True  # item by item: nothing kept between two yields
+
     def __init__(
         self,
         source_datapipe: IterDataPipe,
@@ -321,9 +323,9 @@ class _Recordings:
         if not value or is_command(value) or value.startswith("|"):
             return None
         path = resolve(value, self.root)
-        match = ARK_REF.fullmatch(value)
-        if not os.path.exists(path) and match and match["offset"] and match["range"] is None \
-                and os.path.isfile(resolve(match["path"], self.root)):
+        ref = parse_ark_ref(value)
+        if not os.path.exists(path) and ref and ref.offset is not None and ref.range is None \
+                and os.path.isfile(resolve(ref.path, self.root)):
             return None
         return path
 

@@ -18,7 +18,7 @@ import numpy as np
 from ...errors import DataError, MissingDataError, UnsafeInputError
 from ...remote import is_remote
 from ..decode import read_audio
-from ._ark import ARK_REF, audio_bytes_in_ark, decode_matrix, parse_range
+from ._ark import audio_bytes_in_ark, decode_matrix, parse_ark_ref, parse_range
 from ._tables import table_error, Location, WHITESPACE
 
 __all__ = [
@@ -129,12 +129,12 @@ def read_matrix_value(
         return decode_matrix(io.BytesIO(stdout), f"output of {value!r}", where).astype(
             np.float32
         )
-    match = ARK_REF.fullmatch(value)
-    if match is None:  # cannot happen: the pattern matches every non-empty string
+    ref = parse_ark_ref(value)
+    if ref is None:  # cannot happen: the grammar reads every non-empty string
         raise table_error(DataError, f"cannot parse ark reference {value!r}", where)
-    path = resolve(match["path"], root)
+    path = resolve(ref.path, root)
     _refuse_remote(path, "ark", where)
-    offset = int(match["offset"] or 0)
+    offset = ref.offset or 0
     name = f"{path}:{offset}"
     stream = files.get(path, where, "ark file")
     try:
@@ -148,8 +148,8 @@ def read_matrix_value(
         )
     stream.seek(offset)
     array = decode_matrix(stream, name, where)
-    if match["range"] is not None:
-        array = array[parse_range(match["range"], array.shape, name, where)]
+    if ref.range is not None:
+        array = array[parse_range(ref.range, array.shape, name, where)]
     return np.ascontiguousarray(array, dtype=np.float32)
 
 
@@ -221,11 +221,11 @@ def read_wav(
     else:
         path = resolve(value, root)
         _refuse_remote(path, "audio", where)
-        match = ARK_REF.fullmatch(value)
-        ark = resolve(match["path"], root) if match and match["offset"] else None
-        if not os.path.exists(path) and ark is not None and match["range"] is None \
+        ref = parse_ark_ref(value)
+        ark = resolve(ref.path, root) if ref and ref.offset is not None else None
+        if not os.path.exists(path) and ark is not None and ref.range is None \
                 and os.path.isfile(ark):
-            offset = int(match["offset"])
+            offset = ref.offset
             what = f"{ark}:{offset}"
             stream = files.get(ark, where, "ark file")
             stream.seek(offset)

@@ -5,9 +5,8 @@ users import from here, never from its ``_modules``.
 """
 
 from ._assignment import (
-    assign_shards, BALANCE, check_count, dist_world, EQUALIZE, LEVELS, ShardAssignment,
-    ShardSplit, shuffle_shards, split_balance, split_shards, SplitBalance, uneven_split,
-    UnevenSplitWarning,
+    assign_shards, BALANCE, dist_world, EQUALIZE, LEVELS, ShardAssignment, ShardSplit,
+    shuffle_shards, split_balance, split_shards, SplitBalance, uneven_split, UnevenSplitWarning,
 )
 from ._lists import (
     SampleShuffler, SampleShufflerIterDataPipe, SampleSplitter, SampleSplitterIterDataPipe,

@@ -34,6 +34,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Iterable, NamedTuple
 
+from ...errors import check_int
 from ...seeding import Position, derive_rng
 
 __all__ = [
@@ -480,12 +481,6 @@ def dist_world() -> tuple[int, int]:
     return 0, 1
 
 
-def check_count(value: Any, name: str, minimum: int) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
-    return value
-
-
 # long: the docstring is the split's specification; the code is 26 lines
 def assign_shards(
     names: Sequence[str],
@@ -546,8 +541,8 @@ def assign_shards(
     names = [str(n) for n in names]
     if world_size is None:
         world_size = dist_world()[1]
-    check_count(world_size, "world_size", 1)
-    check_count(num_workers, "num_workers", 1)
+    check_int("world_size", world_size, 1)
+    check_int("num_workers", num_workers, 1)
     split = ShardSplit() if split is None else split
     if not isinstance(split, ShardSplit):
         raise TypeError(f"split must be a ShardSplit, got {split!r}")

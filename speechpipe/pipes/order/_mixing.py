@@ -43,7 +43,7 @@ import numbers
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
-from ...errors import DataError
+from ...errors import check_int, DataError
 from ...sample import KEY
 from ...seeding import derive_seed
 from .._core import functional_datapipe, IterDataPipe, MapDataPipe
@@ -241,15 +241,6 @@ def _check_source_weights(weights: Any, names: Sequence[str]) -> dict[str, float
             f"weights must be a mapping {{name: weight}} or a sequence, got {weights!r}"
         )
     return {n: _check_weight(f"weights[{n!r}]", w, allow_zero=False) for n, w in items}
-
-
-def _check_count(label: str, value: Any, *, optional: bool) -> int | None:
-    if value is None and optional:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        extra = " or None" if optional else ""
-        raise ValueError(f"{label} must be an int >= 1{extra}, got {value!r}")
-    return value
 
 
 # --------------------------------------------------------------------------- algorithms
@@ -647,7 +638,7 @@ class WeightedMixerIterDataPipe(_SourceEpochs, IterDataPipe):
                 f"stop={stop!r} has no effect with endless=True (sources are read again and "
                 "the mix never stops by itself); use samples_per_epoch to end each pass"
             )
-        samples_per_epoch = _check_count("samples_per_epoch", samples_per_epoch, optional=True)
+        samples_per_epoch = check_int("samples_per_epoch", samples_per_epoch, 1, optional=True)
         if samples_per_epoch is not None and not endless:
             raise ValueError(
                 f"samples_per_epoch={samples_per_epoch} needs endless=True: without "
@@ -751,7 +742,7 @@ class ReplacementSamplerIterDataPipe(Seeded, IterDataPipe):
                 "source must be a MapDataPipe, a list/tuple or an IterDataPipe, "
                 f"got {type(source).__name__}"
             )
-        self.num_samples = _check_count("num_samples", num_samples, optional=True)
+        self.num_samples = check_int("num_samples", num_samples, 1, optional=True)
         if weights is not None:
             if isinstance(weights, (str, bytes)) or not isinstance(weights, Sequence):
                 raise TypeError(f"weights must be a sequence of numbers or None, got {weights!r}")

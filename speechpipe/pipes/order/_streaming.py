@@ -47,14 +47,14 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from ...diagnostics import BufferStats, Diagnostics, check_on_error
-from ...errors import DataError, MissingDataError, UnsafeInputError
+from ...errors import check_int, DataError, MissingDataError, UnsafeInputError
 from ...index import ShardEntry, ShardIndex, length_seconds
 from ...sample import FEATS, KEY, SOURCE, Sample
 from ...seeding import Position, derive_rng, process_position
 from .._core import functional_datapipe, IterDataPipe
 from .._core import check_seed, held_sample, identity_list, rng_state, SampleSource, Seeded
 from ._assignment import (
-    check_count, check_position, assign_shards, ShardAssignment, ShardSplit, shuffle_shards, uneven_split, UnevenSplitWarning,
+    check_position, assign_shards, ShardAssignment, ShardSplit, shuffle_shards, uneven_split, UnevenSplitWarning,
 )
 from ..kaldi import iter_ark
 from ._window import drain_pool, shuffle_buffer
@@ -522,7 +522,7 @@ class ShardedShufflerIterDataPipe(Seeded, SampleSource, IterDataPipe[Sample]):
             world_size: ranks (default: ``torch.distributed``'s world size, else 1).
             num_workers: DataLoader workers per rank (1 without workers).
         """
-        epoch = self.epoch if epoch is None else check_count(epoch, "epoch", 0)
+        epoch = self.epoch if epoch is None else check_int("epoch", epoch, 0)
         names = self._names()
         entries = self._entries(names)
         split = self._assignment(names, entries, epoch, world_size=world_size,
@@ -764,7 +764,7 @@ def shard_assignment(
     """
     if not isinstance(sharded, ShardedShufflerIterDataPipe):
         raise TypeError(f"sharded must be a sharded_shuffle pipe, got {sharded!r}")
-    epoch = sharded.epoch if epoch is None else check_count(epoch, "epoch", 0)
+    epoch = sharded.epoch if epoch is None else check_int("epoch", epoch, 0)
     names = sharded._names()
     return sharded._assignment(names, sharded._entries(names), epoch, world_size=world_size,
                                num_workers=num_workers)

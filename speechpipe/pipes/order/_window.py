@@ -279,6 +279,8 @@ class KeyJoinerIterDataPipe(IterDataPipe[dict]):
     [{'key': 'u1', 'audio': [0.1], 'text': 'HELLO'}]
     """
 
+    holds_nothing = True  # item by item: nothing kept between two yields
+
     def __init__(self, source_datapipe: IterDataPipe, *tables, on_missing: str = "raise"):
         if not tables:
             raise ValueError("join_by_key needs at least one table to join")

@@ -345,6 +345,8 @@ class StreamOpenerIterDataPipe(IterDataPipe[tuple[str, BinaryIO]]):
     [('x.bin', b'abc')]
     """
 
+    holds_nothing = True  # item by item: nothing kept between two yields
+
     def __init__(
         self,
         source_datapipe: IterDataPipe[str],

@@ -258,6 +258,8 @@ class TranscriptNormalizerIterDataPipe(IterDataPipe[Sample]):
     ['我爱NLP和speech']
     """
 
+    holds_nothing = True  # item by item: nothing kept between two yields
+
     def __init__(
         self,
         source_datapipe: IterDataPipe,

@@ -50,7 +50,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
-from ...diagnostics import Diagnostics, check_on_error
+from ...diagnostics import Diagnostics, Ledger, check_on_error
 from ...errors import DataError, MissingDataError
 from ...sample import KEY, SOURCE, TEXT, TOKENS, Sample
 from .._core import functional_datapipe, IterDataPipe
@@ -73,7 +73,7 @@ class UnknownTokenWarning(UserWarning):
     """Warned at the end of a ``tokenize`` pass whose share of ``<unk>`` tokens was too high."""
 
 
-class TokenStats:
+class TokenStats(Ledger):
     """Counts of tokens and ``<unk>`` tokens, with the unknown symbols, for a report.
 
     ``tokenize`` keeps one per pass (per process: each DataLoader worker counts its own share);
@@ -211,6 +211,8 @@ class TokenizerIterDataPipe(IterDataPipe[Sample]):
     >>> [s["tokens"].tolist() for s in pipe], pipe.stats.unk_tokens
     ([[4, 5]], 0)
     """
+
+    holds_nothing = True  # item by item: nothing kept between two yields
 
     def __init__(
         self,
