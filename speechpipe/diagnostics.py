@@ -68,7 +68,7 @@ class Ledger:
 
     A stage exposes its ledgers as attributes; the loader finds every :class:`Ledger` in a
     pipeline's graph, writes each worker's ``to_dict()`` at the end of its pass, and in the main
-    process ``reset()``\ s its own copy and ``merge()``\ s the workers' into it: added up, or,
+    process resets its own copy and merges the workers' into it: added up, or,
     for a ledger with ``per_worker = True``, kept worker by worker.
     """
 
