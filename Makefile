@@ -8,7 +8,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.speechpipe-installed
 PIP    := $(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt
 
-.PHONY: demo test install bench clean
+.PHONY: demo test quick install bench clean
 
 $(STAMP): setup.cfg pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -24,6 +24,10 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m benchmarks --tiny
 	$(PY) -m pytest -q
+
+# The edit-test loop: the suite without the tests marked slow (tests/conftest.py), no benchmarks.
+quick: $(STAMP)
+	$(PY) -m pytest -q -m "not slow" -x
 
 bench: $(STAMP)
 	$(PY) -m benchmarks

@@ -108,7 +108,7 @@ import torch
 import torch.utils.data
 
 from .memory import (
-    MAX_BYTES, forget_segments, install, keep_table_while, new_table, release_now,
+    forget_segments, install, keep_table_while, new_table, release_now,
 )
 from .diagnostics import Ledger
 from .errors import SpeechpipeError, mark_location
@@ -569,7 +569,7 @@ def build_loader(
     >>> import numpy as np, speechpipe
     >>> from speechpipe import SequenceWrapper
     >>> from speechpipe.pipes.collate import PadCollate
-    >>> from speechpipe.pipes.batching._views import BatchView
+    >>> from speechpipe.pipes.batching import BatchView
     >>> data = {f"u{i}": {"key": f"u{i}", "feats": np.ones((i + 1, 2), np.float32)}
     ...         for i in range(5)}
     >>> view = BatchView({k: len(s["feats"]) for k, s in data.items()}, batch_len=6, seed=0)

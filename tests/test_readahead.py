@@ -212,14 +212,14 @@ def big_shard(tmp_path):
 def capture_helpers(monkeypatch) -> list:
     """Record the helper (or ``None``) of every ``_readahead.start`` call."""
     started = []
-    real_start = _readahead.start
+    real_start = _readahead.start_readahead
 
     def recording_start(*args):
         helper = real_start(*args)
         started.append(helper)
         return helper
 
-    monkeypatch.setattr(_readahead, "start", recording_start)
+    monkeypatch.setattr(_readahead, "start_readahead", recording_start)
     return started
 
 
@@ -357,7 +357,7 @@ def test_dataloader_workers_read_cold_shards_with_helpers_and_give_the_same_batc
     paths, feats = feature_shards(tmp_path, count=32, per_shard=8, frames=(1500, 53), seed=4)
     assert all(os.path.getsize(p) > 2 * MIB for p in paths)  # above _MIN_SIZE here
     log = tmp_path / "helpers.log"
-    real_start = _readahead.start
+    real_start = _readahead.start_readahead
 
     def logging_start(*args):  # forked workers inherit it: each appends its pid per helper
         helper = real_start(*args)
@@ -366,7 +366,7 @@ def test_dataloader_workers_read_cold_shards_with_helpers_and_give_the_same_batc
                 f.write(f"{os.getpid()}\n")
         return helper
 
-    monkeypatch.setattr(_readahead, "start", logging_start)
+    monkeypatch.setattr(_readahead, "start_readahead", logging_start)
 
     def batches(options=None):
         for path in paths:

@@ -621,7 +621,7 @@ def test_recipe_modules_keep_sorted_complete_all_and_the_pipe_naming_rule():
         assert list(module.__all__) == sorted(module.__all__), module.__name__
         assert all(hasattr(module, name) for name in module.__all__), module.__name__
     fn = IterDataPipe.functions["filter_by_duration"]
-    assert fn.args[0] is _pipelines.DurationFilterIterDataPipe
+    assert fn.args[0] is speechpipe.pipes.batching.DurationFilterIterDataPipe
     assert re.fullmatch(r"[A-Z]\w*erIterDataPipe", fn.args[0].__name__)
 
 

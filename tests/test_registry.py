@@ -71,8 +71,8 @@ def test_torch_core_verbs_are_reused_not_rewritten():
 
 
 def _pipe_modules():
-    for info in pkgutil.iter_modules(speechpipe.pipes.__path__):
-        yield importlib.import_module(f"speechpipe.pipes.{info.name}")
+    for info in pkgutil.walk_packages(speechpipe.pipes.__path__, "speechpipe.pipes."):
+        yield importlib.import_module(info.name)
 
 
 def _our_pipe_classes():

@@ -108,7 +108,7 @@ ARCHIVES = {
 def transcript_to_sample(entry) -> dict:
     """One ``*.trans.txt`` entry (from ``parse_scp``) to a sample pointing at its FLAC file.
 
-    >>> from speechpipe.pipes.kaldi._tables import ScpEntry
+    >>> from speechpipe.pipes.kaldi import ScpEntry
     >>> s = transcript_to_sample(ScpEntry("19-198-0001", "HELLO", "/c/19/198/19-198.trans.txt", 2))
     >>> s["key"], s["speaker"], s["audio_path"]
     ('19-198-0001', '19', '/c/19/198/19-198-0001.flac')

@@ -18,10 +18,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
-from ..order import dist_world
+from ...errors import check_int
 from ..batching import BatchConstraint, OVERSIZE, TwoDimensional
-from ..order import EpochPlan
-from ..order import ShardedShufflerIterDataPipe
+from ..order import dist_world, EpochPlan, ShardedShufflerIterDataPipe
 
 __all__ = [
     "StepPlan",
@@ -131,7 +130,7 @@ class StepPlanner:
     >>> import os, tempfile
     >>> from speechpipe.index import ShardEntry, ShardIndex
     >>> from speechpipe import IterableWrapper
-    >>> from speechpipe.pipes.shards._writer import ShardWriter
+    >>> from speechpipe.pipes.shards import ShardWriter
     >>> out = tempfile.mkdtemp()
     >>> with ShardWriter(os.path.join(out, "data-%05d.tar"), maxcount=4) as writer:
     ...     for i in range(10):  # shards of 4, 4 and 2 utterances

@@ -32,7 +32,7 @@ import heapq
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, NamedTuple
+from typing import Iterable, NamedTuple
 
 from ...errors import check_int
 from ...seeding import Position, derive_rng

@@ -105,7 +105,7 @@ def read_shard(
         UnsafeInputError: ``pipe:`` without ``allow_pipes``; a pickled object in an ark.
 
     >>> import os, tempfile
-    >>> from speechpipe.pipes.shards._writer import write_shard
+    >>> from speechpipe.pipes.shards import write_shard
     >>> path = os.path.join(tempfile.mkdtemp(), "data-00000.tar")
     >>> write_shard(path, [{"key": "u1", "txt": "hi"}, {"key": "u2", "txt": "yo"}])
     2
@@ -379,7 +379,7 @@ class ShardedShufflerIterDataPipe(Seeded, SampleSource, IterDataPipe[Sample]):
 
     >>> import os, tempfile
     >>> from speechpipe import IterableWrapper
-    >>> from speechpipe.pipes.shards._writer import ShardWriter
+    >>> from speechpipe.pipes.shards import ShardWriter
     >>> out = tempfile.mkdtemp()
     >>> with ShardWriter(os.path.join(out, "data-%05d.tar"), maxcount=3) as writer:
     ...     for i in range(9):

@@ -472,7 +472,7 @@ class ShardReaderIterDataPipe(IterDataPipe[Sample]):
 
     >>> import os, tempfile
     >>> from speechpipe import IterableWrapper
-    >>> from speechpipe.pipes.shards._writer import write_shard
+    >>> from speechpipe.pipes.shards import write_shard
     >>> path = os.path.join(tempfile.mkdtemp(), "shard-00000.tar")
     >>> write_shard(path, [{"key": "utt1", "txt": "hello"}, {"key": "utt2", "txt": "world"}])
     2
