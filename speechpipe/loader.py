@@ -559,7 +559,7 @@ def build_loader(
             mapped there, and small tensors travel inline, so a batch costs no connection to
             the worker (:mod:`speechpipe.memory._transfer`; measurements: ``benchmarks/README.md``,
             "Worker transfer"). Turn off where ``/dev/shm``
-            is small (up to :data:`speechpipe.memory._transfer.MAX_BYTES` stays allocated per worker,
+            is small (up to :data:`speechpipe.memory.MAX_BYTES` stays allocated per worker,
             and mapped in the main process too).
         resumable: the loader can save its position (``state_dict()``) and resume exactly.
             A pipeline with a stage that cannot be resumed (torch's ``shuffle``, ``batch``...,
