@@ -1,0 +1,58 @@
+"""A griffe extension for the API reference (docs/reference.md): doctests as code blocks.
+
+speechpipe's docstrings carry their executed examples as bare ``>>>`` lines (pytest's
+``--doctest-modules`` runs them), outside any ``Examples:`` section. Rendered as Markdown,
+a ``>>>`` line is a triple block quote and ``x[a][b]`` a reference link, so mkdocs would show
+the examples as quotes and ``--strict`` would fail on links that are not links. This
+extension fences each run of doctest lines (a ``>>>`` line, its ``...`` continuations and the
+output that follows, up to a blank line) as a ```` ```pycon ```` block before the docstring is
+parsed. Loaded by ``mkdocs.yml`` (``extensions:`` of the mkdocstrings python handler); it
+changes what the site shows, never the docstrings themselves.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import griffe
+
+
+def fence_doctests(text: str) -> str:
+    """Wrap each run of doctest lines in ``text`` in a ```` ```pycon ```` fence.
+
+    >>> print(fence_doctests("Example.\\n\\n>>> 1 + 1\\n2\\n\\nMore."))
+    Example.
+    <BLANKLINE>
+    ```pycon
+    >>> 1 + 1
+    2
+    ```
+    <BLANKLINE>
+    More.
+    """
+    out: list[str] = []
+    inside = False
+    fence = False
+    for line in text.splitlines():
+        stripped = line.strip()
+        if stripped.startswith("```"):
+            fence = not fence  # a block the docstring fences itself: left alone
+        if not fence and not inside and stripped.startswith(">>>"):
+            indent = line[: len(line) - len(line.lstrip())]
+            out.append(f"{indent}```pycon")
+            inside = True
+        elif inside and not stripped:
+            out.append(f"{indent}```")
+            inside = False
+        out.append(line)
+    if inside:
+        out.append(f"{indent}```")
+    return "\n".join(out)
+
+
+class DoctestBlocks(griffe.Extension):
+    """Fence the doctests of every docstring griffe loads."""
+
+    def on_instance(self, *, obj: griffe.Object, **kwargs: Any) -> None:
+        if obj.docstring is not None and ">>>" in obj.docstring.value:
+            obj.docstring.value = fence_doctests(obj.docstring.value)
