@@ -6,10 +6,17 @@ reference page (docs/reference.md) holds a placeholder line, ``<!-- functional n
 :func:`on_page_markdown` replaces it with one mkdocstrings entry per name speechpipe registers,
 read from the registry of the speechpipe being documented, so the page follows the code when
 a pipe class moves to another module and lists a new verb without an edit.
+
+The benchmarks page (docs/guide/benchmarks.md) is made the same way: ``<!-- benchmark list
+-->`` becomes a table of ``benchmarks/bench_*.py`` with each module's summary, and
+``<!-- include benchmarks/README.md -->`` the figures themselves, which live in that file only.
 """
 
 from __future__ import annotations
 
+import ast
+import pathlib
+import re
 from typing import Any
 
 PLACEHOLDER = "<!-- functional names -->"
@@ -40,7 +47,40 @@ def verb_reference() -> str:
     return "\n".join(parts)
 
 
-def on_page_markdown(markdown: str, page: Any, **kwargs: Any) -> str:
+def on_page_markdown(markdown: str, page: Any, config: Any, **kwargs: Any) -> str:
+    root = pathlib.Path(config.config_file_path).parent
     if PLACEHOLDER in markdown:
         markdown = markdown.replace(PLACEHOLDER, verb_reference())
-    return markdown
+    if BENCHMARK_LIST in markdown:
+        markdown = markdown.replace(BENCHMARK_LIST, benchmark_list(root))
+    return INCLUDE.sub(lambda found: include(root, found.group(1)), markdown)
+
+
+# --------------------------------------------------------------------------- benchmarks page
+
+BENCHMARK_LIST = "<!-- benchmark list -->"
+INCLUDE = re.compile(r"^<!-- include (\S+) -->$", re.M)
+
+
+def _plain(text: str) -> str:
+    """A docstring's reStructuredText roles and double backticks as Markdown code."""
+    text = re.sub(r":\w+:`~?(?:[\w.]*\.)?([^`]+)`", r"`\1`", text)
+    return text.replace("``", "`")
+
+
+def benchmark_list(root: pathlib.Path) -> str:
+    """A table of the benchmark modules and the first paragraph of each one's docstring
+    (read with ``ast``, nothing imported)."""
+    rows = ["| benchmark | what it measures |", "|---|---|"]
+    for path in sorted((root / "benchmarks").glob("bench_*.py")):
+        doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
+        summary = " ".join(doc.split("\n\n")[0].split())
+        rows.append(f"| `python -m benchmarks {path.stem}` | {_plain(summary)} |")
+    return "\n".join(rows)
+
+
+def include(root: pathlib.Path, name: str) -> str:
+    """The Markdown file ``name`` (relative to the repository root), its headings one level
+    down, so that it sits under the including page's title."""
+    text = (root / name).read_text(encoding="utf-8")
+    return re.sub(r"^(#+) ", r"#\1 ", text, flags=re.M)
