@@ -180,3 +180,218 @@ def test_doctest_fences_leave_fenced_blocks_and_prose_alone():
         "Summary.\n\n    ```pycon\n    >>> x = [1][0]\n    >>> x\n    1\n    ```\n\n"
         "```python\n>>> kept\n```\nEnd.")
     assert fence_doctests(">>> 1") == "```pycon\n>>> 1\n```"
+
+
+# --------------------------------------------------------------------------- README.md
+
+
+def test_readme_shows_the_two_commands_first():
+    text = README.read_text()
+    first_block = re.search(r"```sh\n(.*?)```", text, re.S).group(1)
+    assert [line.split()[:2] for line in first_block.splitlines()] == [
+        ["make", "demo"], ["make", "test"]]
+    assert text.index("make demo") < text.index("```python")
+
+
+def test_readme_is_short_and_points_to_every_guide_page():
+    text = README.read_text()
+    assert len(text.splitlines()) <= 220  # what it is, the two commands, a pipeline, the docs
+    for page in sorted((DOCS / "guide").glob("*.md")):
+        if page.name != "benchmarks.md":  # the README points to benchmarks/README.md itself
+            assert f"(docs/guide/{page.name})" in text, page.name
+
+
+def test_readme_pipeline_batches_every_utterance_twice(run_page):
+    ran = run_page("README.md")
+    assert ran.line(r"80 36$")  # fbank 80, and the loader's second pass had every utterance
+
+
+def test_no_figure_outside_benchmarks_readme():
+    """Measured figures (speeds, RSS, times) live in benchmarks/README.md only."""
+    figure = re.compile(r"\d[\d,.]* ?(?:MiB|GB|× real time|audio-s/s|utt/s|MB/s)|\d+ s on")
+    for page in PAGES:
+        text = (ROOT / page).read_text(encoding="utf-8")
+        assert not figure.findall(text), (page, figure.findall(text))
+
+
+# --------------------------------------------------------------------------- the pages
+
+
+def test_getting_started(run_page):
+    ran = run_page("docs/guide/getting-started.md")
+    shape = ran.line(r"torch\.Size\(\[(\d+), (\d+), (\d+)\]\) \[([\d, ]+)\]")
+    n, longest, dim = map(int, shape.groups()[:3])
+    lengths = [int(x) for x in shape.group(4).split(",")]
+    assert (n, dim) == (8, 80) and len(lengths) == 8 and max(lengths) == longest
+    assert ran.line(r"block_batch: (\d+) batches, 36 samples")
+    cost = int(ran.line(r"  largest batch cost (\d+); batches over budget 0").group(1))
+    assert cost <= 3000
+    assert ran.line(r"out/text:2: expected '<key> <value>', got only the key 'utt2'")
+
+
+def test_getting_started_lists_every_functional_name():
+    """The stage table names every verb speechpipe registers (issue 31: six were missing)."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        import mkdocs_hooks
+    finally:
+        sys.path.remove(str(ROOT / "tools"))
+    text = (DOCS / "guide" / "getting-started.md").read_text()
+    table = text[text.index("## The stages"):text.index("## Bad input")]
+    for _, name, _ in mkdocs_hooks.functional_names():
+        assert f"`{name}`" in table, name
+
+
+def test_recipes_page_trains_two_epochs_on_the_prepared_manifest(run_page):
+    ran = run_page("docs/guide/recipes.md")
+    manifest = ran.folder / "out" / "manifests" / "librispeech_samples_dev-clean.jsonl.gz"
+    with gzip.open(manifest, "rt", encoding="utf-8") as f:
+        rows = [json.loads(line) for line in f]
+    assert [r["key"] for r in rows] == sorted(demo_transcripts())
+    assert round(sum(r["duration"] for r in rows)) == 174
+    tokenizer = sp.load_tokenizer(ran.folder / "out" / "bpe60.model")
+    text = rows[0]["text"]
+    assert tokenizer.decode(tokenizer.encode(text)) == text
+    assert ran.lines[0] == "2"  # loader.epoch after two passes
+    report = ran.line(r"tokenize: (\d+) sample\(s\), (\d+) token\(s\)")
+    assert int(report.group(1)) == 36 and int(report.group(2)) > 36  # summed over the workers
+    assert ran.line(r"block_batch: \d+ batches, 36 samples")
+    assert "[16, 16, 4]" in ran.lines  # eval_pipeline: every utterance, batches of 16
+    assert ran.line(r"utterances +36$") and ran.line(r"hours +0\.0483 \(174\.0 s\)")
+
+
+def test_resuming_page_resumes_exactly(run_page):
+    ran = run_page("docs/guide/resuming.md")
+    assert ran.lines[0] == "True"
+    assert ran.line(r"TypeError this pipeline cannot be resumed exactly: torch's batch")
+    assert ran.lines[-1] == "36"  # resumable=False takes it
+    # The checkpoint, loaded into a loader built as the page builds it, gives the batches an
+    # uninterrupted epoch 0 gives after its second.
+    state = torch.load(ran.folder / "out" / "checkpoint.pt")["loader"]
+    assert state["epoch"] == 0 and state["dataloader"] is not None  # mid-epoch 0
+    manifests = {"dev-clean": str(ran.folder / "out" / "manifests"
+                                  / "librispeech_samples_dev-clean.jsonl.gz")}
+    train = sp.recipes.librispeech.librispeech_train(manifests, ["dev-clean"],
+                                                     budget_seconds=30, seed=0)
+    keys = [b["key"] for b in sp.build_loader(train, num_workers=2, seed=0)]
+    resumed = sp.build_loader(train, num_workers=2, seed=0)
+    resumed.load_state_dict(state)
+    assert len(keys) > 4 and [b["key"] for b in resumed] == keys[2:]
+
+
+def test_shards_page_packs_every_utterance_and_reads_them_back(run_page):
+    ran = run_page("docs/guide/shards.md")
+    out = ran.folder / "out"
+    assert ran.line(r"pack: 36 utterances \(feats, lengths in frames\) in 5 shard")
+    assert "36 36" in ran.lines  # len() from the index, and every utterance through the loader
+    groups = {p.parent.name: [json.loads(line) for line in p.read_text().splitlines()]
+              for p in (out / "shards").glob("*/index.jsonl")}
+    assert sorted(groups) == ["100_800", "800_2000"]
+    feats = kaldiio.load_scp(str(out / "data/train/feats.scp"))
+    transcripts = demo_transcripts()
+    shards = sorted(str(p) for p in (out / "shards").glob("*/data-*.tar"))
+    seen = {}
+    for sample in sp.IterableWrapper(shards).sharded_shuffle(buffer_size=1).decode():
+        np.testing.assert_array_equal(sample["feats"], feats[sample["key"]])
+        seen[sample["key"]] = sample["text"]
+    assert seen == transcripts
+    # pack -> durations_from_index -> DecodeCollate in two workers -> fbank on the device
+    assert ran.line(r"\((\d+), 80\) (.*)$").groups() == ("15", "SCROOGE SIGNED IT")
+    for stage in ("sharded_shuffle", "bucket_by_length", "block_batch"):
+        assert ran.line(rf"{stage} buffers at peak \(array bytes\), per worker: worker 0: ")
+
+
+def test_gpus_page_takes_the_planned_steps(run_page):
+    ran = run_page("docs/guide/gpus.md")
+    reports = [line for line in ran.lines if line.startswith("equalize_steps (plan)")]
+    assert len(reports) == 2  # one per epoch, world size 1
+    for report in reports:
+        steps, batches = map(int, re.search(r"(\d+) steps, (\d+) batches", report).groups())
+        assert steps == batches > 0
+    assert ran.line(r"  planned steps: \d+")
+    assert ran.line(r"shard split: 1 ranks, .* max/min 1\.0000")
+
+
+def test_interop_page(run_page):
+    ran = run_page("docs/guide/interop.md")
+    data = ran.folder / "out" / "data" / "train"
+    transcripts = demo_transcripts()
+    # Kaldi: the directory written, its features speechpipe's fbank of the demo audio
+    feats = kaldiio.load_scp(str(data / "feats.scp"))
+    assert list(feats) == sorted(transcripts)  # sorted, as Kaldi wants
+    text = dict(line.split(" ", 1) for line in (data / "text").read_text().splitlines())
+    assert text == transcripts
+    assert sp.read_data_len(data / "utt2num_frames") == {k: feats[k].shape[0] for k in feats}
+    assert all(feats[k].shape[1] == 80 and feats[k].dtype == np.float32 for k in feats)
+    key = "1001-100101-0000"
+    sample = next(iter(sp.IterableWrapper([{"key": key, "path": str(
+        CORPUS / "dev-clean/1001/100101" / f"{key}.flac")}]).load_audio(field="path")
+        .compute_features("fbank", num_mel_bins=80)))
+    np.testing.assert_array_equal(np.asarray(sample["feats"]), feats[key])
+    batches = ast.literal_eval(ran.line(r"\[\((\d+), \d+, 80\)").string)
+    assert sum(b[0] for b in batches) == 36 and all(b[0] <= 8 for b in batches)
+    assert "2 True" in ran.lines  # the batch view resumed without reading skipped batches
+    # webdataset, both ways
+    assert ran.line(r"1001-100101-0000 \(94178,\) ALICE WAS BEGINNING$")
+    assert "8" in ran.lines
+    # lhotse reads the cuts written; lhotse and HF corpora train; the nodes loader resumes
+    lhotse = pytest.importorskip("lhotse")
+    cuts = lhotse.CutSet.from_file(ran.folder / "out" / "lhotse" / "cuts.jsonl.gz")
+    assert sorted(cut.id for cut in cuts) == sorted(transcripts)
+    assert ran.lines[-3:] == ["36", "36", "True"]
+
+
+def test_features_page(run_page):
+    ran = run_page("docs/guide/features.md")
+    assert ran.lines[0] == "80 float32"
+    count, mean, std = ran.line(r"(\d+) (-?[\d.]+) ([\d.]+)$").groups()
+    assert int(count) == 17332 and abs(float(mean)) < 0.01 and abs(float(std) - 1) < 0.05
+    stats = sp.CmvnStats.load(ran.folder / "out" / "cmvn.json")
+    assert stats.count == 17332 and stats.dim == 80
+    augment = ast.literal_eval(next(line for line in ran.lines if "'kind'" in line))
+    assert augment and {e["kind"] for e in augment} <= {"noise", "reverb"}
+    for entry in augment:
+        if entry["kind"] == "noise":
+            assert entry["keys"][0].startswith("noise-free-sound-")
+            assert 5 <= entry["snr_db"] <= 15
+        else:
+            assert entry["keys"] == ["room"]
+    with gzip.open(ran.folder / "out/manifests/musan_samples_noise.jsonl.gz", "rt") as f:
+        assert len(f.readlines()) == 3
+    assert ran.line(r"\(8000, 2\) \(8000,\) 0\.25$")
+
+
+def test_object_storage_page_reads_compressed_shards_and_audio_from_a_bucket(run_page):
+    # issue 22: .tar.zst shards and their index through fsspec (a memory:// "bucket")
+    ran = run_page("docs/guide/object-storage.md")
+    assert ran.lines[0] == "36 36"
+    names = sorted(p.name for p in (ran.folder / "out" / "shards_zst").iterdir())
+    assert names[-1] == "index.jsonl" and all(n.endswith(".tar.zst") for n in names[:-1])
+    index = [json.loads(line) for line in
+             (ran.folder / "out" / "shards_zst" / "index.jsonl").read_text().splitlines()][1:]
+    assert sum(e["count"] for e in index) == 36
+    # a manifest row whose audio_path is a URL, through eval_pipeline(remote=)
+    assert "['u1'] (1, 48, 80)" in ran.lines
+
+
+def test_cli_page_runs_every_command(run_page):
+    ran = run_page("docs/guide/cli.md")
+    out = ran.folder / "out"
+    assert [line.split()[2] for line in ran.lines if line.startswith("$ speechpipe")] == [
+        "prepare", "stats", "tokenizer", "cmvn", "pack", "stats"]
+    assert ran.line(r"pack: 36 utterances \(wav, lengths in samples\) in 5 shard")
+    assert sum(json.loads(line).get("count", 0) for line in
+               (out / "shards" / "index.jsonl").read_text().splitlines()[1:]) == 36
+    assert sp.CmvnStats.load(out / "cmvn.json").count == 17332
+    assert ran.lines[-1] == "5 80 True"
+
+
+def test_doctest_roles_become_code():
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        from griffe_doctest_blocks import plain_roles
+    finally:
+        sys.path.remove(str(ROOT / "tools"))
+    assert plain_roles("see :func:`~speechpipe.loader.build_loader`, :class:`torch.Tensor` "
+                       "and :meth:`ShardIndex.read`") == (
+        "see `build_loader`, `torch.Tensor` and `ShardIndex.read`")
