@@ -43,7 +43,8 @@ def verb_reference() -> str:
     for kind, name, cls in functional_names():
         heading = f"### `{name}`" + (" (map-style)" if kind == "MapDataPipe" else "")
         parts.append(f"{heading}\n\n::: {cls.__module__}.{cls.__qualname__}\n"
-                     "    options:\n      show_root_heading: false\n      members: false\n")
+                     "    options:\n      show_root_heading: false\n      show_root_toc_entry: false\n"
+                     "      members: false\n")
     return "\n".join(parts)
 
 
