@@ -7,9 +7,9 @@ the examples as quotes and ``--strict`` would fail on links that are not links. 
 extension fences each run of doctest lines (a ``>>>`` line, its ``...`` continuations and the
 output that follows, up to a blank line) as a ```` ```pycon ```` block before the docstring is
 parsed, and writes the reStructuredText roles the docstrings use for cross-references
-(``:func:`~speechpipe.loader.build_loader```) as Markdown code (`` `build_loader` ``): left as
-they are, they show as raw text. Loaded by ``mkdocs.yml`` (``extensions:`` of the mkdocstrings python handler); it
-changes what the site shows, never the docstrings themselves.
+(``:func:`~speechpipe.loader.build_loader```) as Markdown code (`` `build_loader` ``): left
+as they are, they show as raw text. Loaded by ``mkdocs.yml`` (``extensions:`` of the
+mkdocstrings python handler); it changes what the site shows, never the docstrings.
 """
 
 from __future__ import annotations

@@ -9,7 +9,8 @@ a pipe class moves to another module and lists a new verb without an edit.
 
 The benchmarks page (docs/guide/benchmarks.md) is made the same way: ``<!-- benchmark list
 -->`` becomes a table of ``benchmarks/bench_*.py`` with each module's summary, and
-``<!-- include benchmarks/README.md -->`` the figures themselves, which live in that file only.
+``<!-- include benchmarks/README.md -->`` the figures themselves (that file's sections,
+without its title line): they live in that file only.
 """
 
 from __future__ import annotations
@@ -43,8 +44,8 @@ def verb_reference() -> str:
     for kind, name, cls in functional_names():
         heading = f"### `{name}`" + (" (map-style)" if kind == "MapDataPipe" else "")
         parts.append(f"{heading}\n\n::: {cls.__module__}.{cls.__qualname__}\n"
-                     "    options:\n      show_root_heading: false\n      show_root_toc_entry: false\n"
-                     "      members: false\n")
+                     "    options:\n      show_root_heading: false\n"
+                     "      show_root_toc_entry: false\n      members: false\n")
     return "\n".join(parts)
 
 
@@ -81,7 +82,7 @@ def benchmark_list(root: pathlib.Path) -> str:
 
 
 def include(root: pathlib.Path, name: str) -> str:
-    """The Markdown file ``name`` (relative to the repository root), its headings one level
-    down, so that it sits under the including page's title."""
+    """The Markdown file ``name`` (relative to the repository root) without its title line,
+    so that its sections sit under the including page's title."""
     text = (root / name).read_text(encoding="utf-8")
-    return re.sub(r"^(#+) ", r"#\1 ", text, flags=re.M)
+    return re.sub(r"\A# .*\n", "", text)
