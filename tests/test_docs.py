@@ -402,3 +402,11 @@ def test_doctest_roles_become_code():
     assert plain_roles("see :func:`~speechpipe.loader.build_loader`, :class:`torch.Tensor` "
                        "and :meth:`ShardIndex.read`") == (
         "see `build_loader`, `torch.Tensor` and `ShardIndex.read`")
+
+
+@pytest.mark.slow  # runs a page: seconds to a minute
+def test_index_page_reads_the_demo_rows(run_page):
+    ran = run_page("docs/index.md")
+    count, fields = ran.line(r"(\d+) (\[.*\])$").groups()
+    assert int(count) == 36
+    assert {"key", "audio_path", "duration", "text"} <= set(ast.literal_eval(fields))
