@@ -152,13 +152,17 @@ def test_every_page_is_in_the_nav_or_waits_for_its_author():
 
 @pytest.mark.slow
 def test_site_builds_strict(tmp_path):
-    """``mkdocs build --strict`` (offline, warnings are errors) and a reference that holds
-    every public name, every registered functional name and every recipe."""
+    """``mkdocs build --strict`` (offline, warnings are errors), pages that load nothing from
+    elsewhere, and a reference that holds every public name, every registered functional name
+    and every recipe."""
     site = tmp_path / "site"
     result = subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)],
         cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT)
     assert result.returncode == 0, result.stderr
+    external = re.compile(r'(?:<script[^>]*src|<link[^>]*href)="(?:https?:)?//[^"]*"')
+    for html in site.rglob("*.html"):  # viewed offline too: no script or style from elsewhere
+        assert not external.findall(html.read_text(encoding="utf-8")), html
     reference = (site / "reference" / "index.html").read_text(encoding="utf-8")
     anchors = set(re.findall(r'id="([\w.]+)"', reference))
     documented = {a.rsplit(".", 1)[-1] for a in anchors if a.startswith("speechpipe.")}
@@ -207,7 +211,7 @@ def test_readme_is_short_and_points_to_every_guide_page():
 @pytest.mark.slow  # runs a page: seconds to a minute
 def test_readme_pipeline_batches_every_utterance_twice(run_page):
     ran = run_page("README.md")
-    assert ran.line(r"80 36$")  # fbank 80, and the loader's second pass had every utterance
+    assert ran.line(r"80 36$")  # fbank 80, and a third pass (epoch 2) had every utterance
 
 
 def test_no_figure_outside_benchmarks_readme():
