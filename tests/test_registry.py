@@ -95,6 +95,7 @@ def test_pipe_classes_and_functional_names_follow_the_naming_rule():
                   for table in (IterDataPipe.functions, MapDataPipe.functions)
                   for name, fn in table.items() if getattr(fn, "args", None)}
     ours = [name for cls, name in registered.items() if cls.__module__.startswith("speechpipe.")]
+    classes = [cls for cls in classes if cls is not speechpipe.Buffering]  # a base class
     for cls in classes:
         if issubclass(cls, IterDataPipe):
             assert cls in registered, f"{cls.__name__} has no functional name"

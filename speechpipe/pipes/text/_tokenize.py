@@ -80,6 +80,7 @@ class TokenStats(Ledger):
     ``speechpipe tokenizer build`` uses one for its coverage summary.
 
     >>> stats = TokenStats("tokenize")
+    >>> from speechpipe import CharTokenizer
     >>> tok = CharTokenizer.build(["我爱"])
     >>> stats.add("u1", "我 爱", tok.encode("我 爱"), tok)
     >>> print(stats.report())  # doctest: +NORMALIZE_WHITESPACE
@@ -131,6 +132,7 @@ class TokenStats(Ledger):
         """Add the counts of :meth:`to_dict` output (another worker's pass).
 
         >>> a, b = TokenStats(), TokenStats()
+        >>> from speechpipe import CharTokenizer
         >>> tok = CharTokenizer.build(["ab"])
         >>> a.add("u1", "ab", tok.encode("ab"), tok); b.add("u2", "ac", tok.encode("ac"), tok)
         >>> a.merge(b.to_dict()); a.samples, a.tokens, a.unk_tokens, a.examples
@@ -205,6 +207,7 @@ class TokenizerIterDataPipe(IterDataPipe[Sample]):
             count it in ``self.diagnostics``.
 
     >>> from speechpipe import IterableWrapper
+    >>> from speechpipe import CharTokenizer, TextNormalizer
     >>> tok = CharTokenizer.build(["我爱北京"])
     >>> pipe = IterableWrapper([{"key": "u1", "text": "我 爱"}]).tokenize(
     ...     tok, normalizer=TextNormalizer(remove_spaces="cjk"))
