@@ -46,11 +46,11 @@ def check_int(name: str, value: Any, minimum: int | None = None, *,
     """
     if value is None and optional:
         return None
+    extra = " or None" if optional else ""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        extra = " or None" if optional else ""
         raise TypeError(f"{name} must be an int{extra}, got {value!r}")
     if minimum is not None and value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+        raise ValueError(f"{name} must be an int >= {minimum}{extra}, got {value!r}")
     return int(value)
 
 

@@ -297,7 +297,7 @@ def test_audio_of_three_dims_for_features_names_the_key():
 @pytest.mark.parametrize("kind, options, error, message", [
     ("spectrogram", {}, ValueError, "kind must be one of"),
     ("fbank", {"num_mel_bin": 80}, TypeError, "unknown fbank option 'num_mel_bin'"),
-    ("mel", {"sample_rate": 0}, ValueError, "sample_rate must be >= 1"),
+    ("mel", {"sample_rate": 0}, ValueError, "sample_rate must be an int >= 1"),
     ("fbank", {"min_duration": 1.0}, TypeError, "filter"),
     ("fbank", {"sample_frequency": 8000}, TypeError, "read from each sample"),
     ("mfcc", {"num_ceps": 40, "num_mel_bins": 23}, ValueError, "rejected: num_ceps must be"),

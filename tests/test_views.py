@@ -497,9 +497,9 @@ def test_pipe_in_a_dataloader_with_two_workers_keeps_the_view_order():
     (dict(batch_len=10, batch_size=2), ValueError, "not both"),
     (dict(batch_len=10, constraint=PaddedArea(5)), ValueError, "batch_len or constraint"),
     (dict(constraint=10), TypeError, "constraint must be a BatchConstraint, got 10"),
-    (dict(batches_per_epoch=0), ValueError, "batches_per_epoch must be >= 1, got 0"),
+    (dict(batches_per_epoch=0), ValueError, "batches_per_epoch must be an int >= 1, got 0"),
     (dict(oversize="keep"), ValueError, "oversize must be one of .*got 'keep'"),
-    (dict(world_size=0), ValueError, "world_size must be >= 1, got 0"),
+    (dict(world_size=0), ValueError, "world_size must be an int >= 1, got 0"),
     (dict(seed=1.5), TypeError, "seed must be an int, got 1.5"),
     (dict(shuffle="yes"), TypeError, "shuffle must be a bool, got 'yes'"),
     (dict(batches_fn=3), TypeError, "batches_fn must be callable, got 3"),
@@ -532,7 +532,7 @@ def test_pipe_rejects_bad_arguments():
         ViewLoaderIterDataPipe({}, 3)
     with pytest.raises(TypeError, match="source_datapipe must be a MapDataPipe or a mapping"):
         ViewLoaderIterDataPipe(5, view)
-    with pytest.raises(ValueError, match="epoch must be >= 0, got -1"):
+    with pytest.raises(ValueError, match="epoch must be an int >= 0, got -1"):
         ViewLoaderIterDataPipe({}, view, epoch=-1)
     with pytest.raises(ValueError, match=r"start_step must be <= 1 .*got 2"):
         ViewLoaderIterDataPipe({}, view, start_step=2)
