@@ -277,6 +277,7 @@ PUBLIC = [
     "PipelineNode",
     "Quadratic",
     "RemoteOptions",
+    "ResumeError",
     "ResumeWarning",
     "SampleCount",
     "SampleRateError",
