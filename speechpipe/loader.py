@@ -90,6 +90,17 @@ that draw in sequence (``perturb_speed``, ``spec_augment``) resume with a fresh 
 (a warning says so); torch's ``shuffle``, ``batch`` and other buffering stages cannot be saved:
 :func:`build_loader` refuses them when it is built, naming them (``resumable=False`` builds a
 loader without a position to save).
+
+**A state knows what it belongs to.** ``loader.state_dict()`` carries a fingerprint of what
+decides the batches (:meth:`Loader.fingerprint`): the pipeline's stages in graph order with
+their deciding settings (seeds, budgets, buffer sizes, boundaries, a digest of the shard list
+or manifest: :mod:`speechpipe.pipes._fingerprint`) and the loader's ``seed``, world size and
+``num_workers``. :meth:`Loader.load_state_dict` compares it with its own before anything is
+restored or fetched again (whatever ``snapshot_every``), and raises
+:class:`~speechpipe.errors.ResumeError` listing each difference, saved -> current; a change
+made on purpose is accepted with ``allow_changes=(...)`` and takes effect from the next epoch.
+A position that cannot have been saved (an offset past its shard's count) is refused too,
+naming the shard, when the workers restore it.
 """
 
 from __future__ import annotations

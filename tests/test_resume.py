@@ -573,14 +573,15 @@ def _edited(make, edit) -> PipeDataset:
     return again
 
 
+def _shard_stream(paths: list[str], index: bool):
+    return lambda: (IterableWrapper(paths).sharded_shuffle(buffer_size=6, seed=1, index=index)
+                    .decode().block_batch(batch_len=120, shuffle_window=2, seed=3))
+
+
 @pytest.mark.parametrize("index", [True, False])
 def test_a_shard_offset_past_the_shards_count_is_refused(tmp_path, index):
     # issue 29: an offset edited past the shard's count read 21 of 48 keys without a word
-    paths = write_corpus(str(tmp_path), n=48, per_shard=8)
-
-    def make():
-        return (IterableWrapper(paths).sharded_shuffle(buffer_size=6, seed=1, index=index)
-                .decode().block_batch(batch_len=120, shuffle_window=2, seed=3))
+    make = _shard_stream(write_corpus(str(tmp_path), n=48, per_shard=8), index)
 
     def edit(path, stage):
         if "ShardedShuffler" in path:
@@ -599,11 +600,7 @@ def test_a_shard_offset_past_the_shards_count_is_refused(tmp_path, index):
     ("offset", 40, "the state has read 40 samples of its shard but \\d+ in all"),
 ])
 def test_an_impossible_shard_position_is_refused(tmp_path, field, value, said):
-    paths = write_corpus(str(tmp_path), n=48, per_shard=8)
-
-    def make():
-        return (IterableWrapper(paths).sharded_shuffle(buffer_size=6, seed=1, index=True)
-                .decode().block_batch(batch_len=120, shuffle_window=2, seed=3))
+    make = _shard_stream(write_corpus(str(tmp_path), n=48, per_shard=8), True)
 
     def edit(path, stage):
         if "ShardedShuffler" in path:
