@@ -294,3 +294,16 @@ def test_settings_are_read_from_declared_fields_and_reprs_with_addresses_are_lef
         "0:ThreadMapperIterDataPipe fn: 'str' -> 'repr'"]
     a, b = sp.IterableWrapper(["a"]).map(Opaque()), sp.IterableWrapper(["a"]).map(Opaque())
     assert differences(fingerprint(a), fingerprint(b)) == []  # '<... at 0x...>' is not kept
+
+
+def test_a_local_path_given_relative_or_absolute_is_the_same_source(tmp_path, monkeypatch):
+    # test_readme: a manifest saved as 'out/m.jsonl.gz' and resumed as its absolute path was
+    # refused as another source list
+    monkeypatch.chdir(tmp_path)
+    relative = fingerprint(sp.IterableWrapper(["out/m.jsonl.gz"]).shuffle_samples())
+    absolute = fingerprint(sp.IterableWrapper([str(tmp_path / "out" / "m.jsonl.gz")])
+                           .shuffle_samples())
+    assert differences(relative, absolute) == []
+    urls = [fingerprint(sp.IterableWrapper([u]).shuffle_samples())
+            for u in ("s3://b/out/m.jsonl.gz", "s3://b/m.jsonl.gz")]
+    assert [d[1] for d in differences(*urls)] == ["iterable"]

@@ -33,6 +33,7 @@ import difflib
 import enum
 import hashlib
 import math
+import os
 from typing import Any, Iterable, Mapping
 
 from ._base import IterDataPipe, MapDataPipe
@@ -74,11 +75,21 @@ def _data_summary(value: Any) -> dict | None:
     if not isinstance(value, (list, tuple)):
         return None
     if all(isinstance(v, str) for v in value):
-        return {"items": len(value), "digest": _digest(value)}
+        return {"items": len(value), "digest": _digest(_paths(value))}
     keys = [v.get("key") if isinstance(v, Mapping) else None for v in value]
     if all(isinstance(k, str) for k in keys):
         return {"items": len(value), "digest": _digest(keys)}  # type: ignore[arg-type]
     return {"items": len(value)}
+
+
+def _paths(names: Any) -> list[str]:
+    """Strings as given, except a list of local paths (each with a ``/``, none a URL): made
+    absolute, so that ``out/a.tar`` and ``/home/me/out/a.tar`` from the same folder match."""
+    names = list(names)
+    if all(os.sep in n or "/" in n for n in names) and not any("://" in n or n.startswith(
+            "pipe:") for n in names):
+        return [os.path.abspath(n) for n in names]
+    return names
 
 
 #: What :func:`_value` returns for a value that is not a setting.
@@ -108,6 +119,8 @@ def _value(value: Any, depth: int = 0) -> Any:
     if isinstance(value, (list, tuple, dict)):
         if len(value) > _SHORT:
             return _data_summary(value)
+        if isinstance(value, (list, tuple)) and value and all(isinstance(v, str) for v in value):
+            return _paths(value)
         if isinstance(value, dict):
             items = {str(k): _value(v, depth + 1) for k, v in value.items()}
             return items if _SKIP not in items.values() else _data_summary(value)
