@@ -307,3 +307,32 @@ def test_a_local_path_given_relative_or_absolute_is_the_same_source(tmp_path, mo
     urls = [fingerprint(sp.IterableWrapper([u]).shuffle_samples())
             for u in ("s3://b/out/m.jsonl.gz", "s3://b/m.jsonl.gz")]
     assert [d[1] for d in differences(*urls)] == ["iterable"]
+
+
+# ------------------------------------------------------------------------------ the docs page
+
+
+def test_the_resume_page_runs_and_says_what_it_shows(tmp_path):
+    """docs/resume.md's python blocks, top to bottom, in a fresh interpreter in an empty
+    folder: the resumed batches equal the unbroken run's, the refusal it quotes is the one
+    raised, and the allowed change starts epoch 1 with each utterance once."""
+    import re
+    import subprocess
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(sp.__file__)))
+    with open(os.path.join(root, "docs", "resume.md"), encoding="utf-8") as f:
+        page = f.read()
+    script = tmp_path / "page.py"
+    script.write_text("\n".join(re.findall(r"```python\n(.*?)```", page, re.S)))
+    work = tmp_path / "work"
+    work.mkdir()
+    env = dict(os.environ, PYTHONPATH=root)
+    out = subprocess.run([sys.executable, str(script)], cwd=work, env=env, capture_output=True,
+                         text=True, timeout=240)
+    assert out.returncode == 0, out.stderr[-3000:]
+    quoted = re.search(r"prints\n\n```text\n(.*?)```", page, re.S).group(1)
+    lines = out.stdout.splitlines()
+    assert lines[:2] == ["0", "True"]
+    assert quoted in out.stdout
+    assert "They take effect from epoch 1, which starts now" in out.stdout
+    assert lines[-2:] == ["1", "True"]
