@@ -336,3 +336,24 @@ def test_the_resume_page_runs_and_says_what_it_shows(tmp_path):
     assert quoted in out.stdout
     assert "They take effect from epoch 1, which starts now" in out.stdout
     assert lines[-2:] == ["1", "True"]
+
+
+def test_a_fingerprint_holds_no_credentials_and_a_resigned_url_is_the_same_file():
+    import json
+
+    def pipe(url, secret):
+        options = sp.ShardReadOptions(remote=sp.RemoteOptions(
+            storage_options={"key": "AKIA", "secret": secret}))
+        return sp.IterableWrapper([url]).sharded_shuffle(read_options=options)
+
+    a = fingerprint(pipe("https://me:hunter2@host:8080/a.tar?X-Amz-Signature=s1#f", "hush"))
+    b = fingerprint(pipe("https://host:8080/a.tar?X-Amz-Signature=s2", "other"))
+    text = json.dumps(a)
+    for secret in ("hunter2", "me:", "Signature", "hush", "AKIA"):
+        assert secret not in text
+    assert "https://host:8080/a.tar" in text
+    assert differences(a, b) == []
+    c = fingerprint(pipe("https://host:8080/b.tar", "hush"))
+    assert describe_differences(differences(a, c)) == [
+        "1:IterableWrapperIterDataPipe iterable: ['https://host:8080/a.tar'] -> "
+        "['https://host:8080/b.tar']"]

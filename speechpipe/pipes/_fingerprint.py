@@ -14,7 +14,9 @@ qualified name) -- and not the pipes below it, the ledgers it counts in (``diagn
 ``stats``, ``buffers``), nor ``epoch``/``start_step`` (a pass's position, not a setting).
 A list of data a source holds (the shard names or manifest paths of an ``IterableWrapper``,
 the rows of a sample list, the keys of a ``SequenceWrapper``) is recorded as its count and a
-digest of the names or keys, never of what the files contain; nothing is opened or read.
+digest of the names or keys, never of what the files contain; nothing is opened or read. A URL
+is recorded without its user, password and query (a state holds no credentials), a dataclass
+without its ``repr=False`` fields, and how files are read (``read_options``) is not recorded.
 
 >>> from speechpipe import IterableWrapper
 >>> import speechpipe
@@ -34,6 +36,7 @@ import enum
 import hashlib
 import math
 import os
+import urllib.parse
 from typing import Any, Iterable, Mapping
 
 from ._base import IterDataPipe, MapDataPipe
@@ -50,7 +53,7 @@ Difference = tuple[str, str, Any, Any]
 
 #: Attributes never recorded by the derived default: a pass's position and the ledgers.
 _NOT_SETTINGS = frozenset({"epoch", "start_step", "diagnostics", "stats", "buffers",
-                           "passthrough"})
+                           "passthrough", "read_options"})
 #: Containers up to this length are settings (recorded item by item); longer ones are data
 #: (recorded as a count and a digest).
 _SHORT = 8
@@ -82,10 +85,27 @@ def _data_summary(value: Any) -> dict | None:
     return {"items": len(value)}
 
 
+def _name(text: str) -> str:
+    """A URL without what is not its name: user and password, query (a presigned URL's
+    signature) and fragment are left out, so that a state never holds credentials and a
+    re-signed URL names the same file."""
+    if "://" not in text:
+        return text
+    try:
+        parts = urllib.parse.urlsplit(text)
+        host = parts.hostname or ""
+        if parts.port is not None:
+            host = f"{host}:{parts.port}"
+    except ValueError:  # not a URL after all
+        return text
+    return urllib.parse.urlunsplit((parts.scheme, host, parts.path, "", ""))
+
+
 def _paths(names: Any) -> list[str]:
-    """Strings as given, except a list of local paths (each with a ``/``, none a URL): made
-    absolute, so that ``out/a.tar`` and ``/home/me/out/a.tar`` from the same folder match."""
-    names = list(names)
+    """Strings as :func:`_name` gives them, and a list of local paths (each with a ``/``, none
+    a URL) made absolute, so that ``out/a.tar`` and ``/home/me/out/a.tar`` from the same folder
+    match."""
+    names = [_name(n) for n in names]
     if all(os.sep in n or "/" in n for n in names) and not any("://" in n or n.startswith(
             "pipe:") for n in names):
         return [os.path.abspath(n) for n in names]
@@ -98,7 +118,9 @@ _SKIP = object()
 
 def _value(value: Any, depth: int = 0) -> Any:
     """``value`` as a small, comparable, JSON-friendly record, or ``_SKIP`` (not a setting)."""
-    if value is None or isinstance(value, (bool, int, str)):
+    if isinstance(value, str):
+        return _name(value)
+    if value is None or isinstance(value, (bool, int)):
         return value
     if isinstance(value, float):
         return value if math.isfinite(value) else repr(value)
@@ -111,7 +133,7 @@ def _value(value: Any, depth: int = 0) -> Any:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         out: dict = {"type": type(value).__name__}
         for field in dataclasses.fields(value):
-            if not field.name.startswith("_"):
+            if field.repr and not field.name.startswith("_"):  # repr=False: e.g. credentials
                 described = _value(getattr(value, field.name), depth + 1)
                 if described is not _SKIP:
                     out[field.name] = described
