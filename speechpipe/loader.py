@@ -547,11 +547,21 @@ class Loader:
                 f"resuming with changes (allow_changes): {'; '.join(describe_differences(found))}"
                 f". They take effect from epoch {start}, which starts now{skipped}",
                 ResumeWarning, stacklevel=2)
+            self._forget_loaded_state()
             self.set_epoch(start)
             return
         self.set_epoch(epoch)
         if state["dataloader"] is not None:  # None: at the start of that epoch
             self.dataloader.load_state_dict(state["dataloader"])
+        else:
+            self._forget_loaded_state()
+
+    def _forget_loaded_state(self) -> None:
+        """Drop a position an earlier ``load_state_dict`` left for the next pass (the next
+        pass starts its epoch afresh)."""
+        if getattr(self.dataloader, "next_iter_state", None) is not None:
+            self.dataloader.next_iter_state = None
+        self.dataset._pending = None
 
     def _differences(self, state: Mapping) -> list:
         """What differs between the loader ``state`` was saved from and this one: the

@@ -357,3 +357,17 @@ def test_a_fingerprint_holds_no_credentials_and_a_resigned_url_is_the_same_file(
     assert describe_differences(differences(a, c)) == [
         "1:IterableWrapperIterDataPipe iterable: ['https://host:8080/a.tar'] -> "
         "['https://host:8080/b.tar']"]
+
+
+def test_a_state_at_an_epoch_start_replaces_a_position_loaded_before(corpus):
+    # a second load_state_dict (a state saved between epochs, or an accepted change) left
+    # the first one's mid-epoch position in the DataLoader: the next pass resumed it
+    mid = saved_mid_epoch(stream(corpus), workers=0)
+    loader = sp.build_loader(stream(corpus))
+    list(loader)
+    boundary = loader.state_dict()
+    again = sp.build_loader(stream(corpus))
+    again.load_state_dict(mid)
+    again.load_state_dict(boundary)
+    assert again.epoch == 1
+    assert keys(again) == keys(sp.build_loader(stream(corpus)).set_epoch(1))
