@@ -24,7 +24,7 @@ import pytest
 import torch
 
 import speechpipe  # noqa: F401  (registers the pipes)
-from speechpipe.errors import DataError
+from speechpipe.errors import DataError, ResumeError
 from speechpipe.index import ShardEntry, ShardIndex
 from speechpipe.loader import PipeDataset, ResumeWarning, build_loader
 from speechpipe.pipes._base import IterableWrapper, SequenceWrapper
@@ -455,7 +455,7 @@ def test_a_state_of_another_pipeline_is_refused(corpus):
     it.close()
     other = PipeDataset(stream_pipe(corpus))
     other.load_state_dict(state)
-    with pytest.raises(ValueError, match="saved from another pipeline"):
+    with pytest.raises(ResumeError, match="saved from another pipeline"):  # a ValueError
         next(iter(other))
 
 
