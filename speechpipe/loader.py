@@ -417,7 +417,8 @@ class Loader:
         self.uneven = uneven
         self._epoch_given = True  # the first pass uses the epoch the loader starts at
         self._between_epochs = False  # the last pass ran to its end; none has started since
-        self._stages_fingerprint: dict | None = None  # the pipeline's part, taken once
+        self._stages_fingerprint: dict | None = None  # the pipeline's part, taken once, before
+        # the first pass (stages of a loader without workers run in this process)
 
     @property
     def epoch(self) -> int:
@@ -439,6 +440,8 @@ class Loader:
     def __iter__(self) -> Iterator[Any]:
         if not self._epoch_given:  # the last pass was left early and no epoch was set since
             self.set_epoch(self.epoch + 1)
+        if self._stages_fingerprint is None and hasattr(self.dataloader, "state_dict"):
+            self.fingerprint()  # the pipeline as built, before a pass changes any attribute
         self._epoch_given = self._between_epochs = False
         batches = self.uneven if self.uneven is not None else self.dataloader
         transfer.release_now()  # slots of batches dropped since the last arrival
@@ -503,7 +506,7 @@ class Loader:
         the settings that decide its output (seed, budget, buffer sizes, boundaries, a digest of
         the shard list or manifest...: :mod:`speechpipe.pipes._fingerprint`) and the loader's
         ``seed``, ``world_size`` and ``num_workers``. Reads no data."""
-        if self._stages_fingerprint is None:  # the pipeline does not change once built
+        if self._stages_fingerprint is None:
             self._stages_fingerprint = fingerprint(self.dataset.pipe)
         where = process_position()
         return {**self._stages_fingerprint,

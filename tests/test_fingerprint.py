@@ -371,3 +371,28 @@ def test_a_state_at_an_epoch_start_replaces_a_position_loaded_before(corpus):
     again.load_state_dict(boundary)
     assert again.epoch == 1
     assert keys(again) == keys(sp.build_loader(stream(corpus)).set_epoch(1))
+
+
+def test_a_public_counter_a_pass_changes_is_taken_before_the_first_pass():
+    # without workers the stages run in the loader's process: a public attribute a pass
+    # changes (a stage's own counter) must not make the state refuse a freshly built loader
+    from torch.utils.data import IterDataPipe
+
+    class Counting(IterDataPipe):
+        def __init__(self, source):
+            self.source = source
+            self.count = 0
+
+        def __iter__(self):
+            for item in self.source:
+                self.count += 1
+                yield item
+
+    def pipe():
+        return (Counting(sp.IterableWrapper(rows()).shuffle_samples(seed=6)).map(_with_feats)
+                .block_batch(batch_len=150, shuffle_window=2, seed=3)
+                .collate(collate_fn=PadCollate()))
+
+    state = saved_mid_epoch(pipe(), workers=0, steps=3)
+    assert any(fields.get("count") == 0 for _, fields in state["fingerprint"]["stages"])
+    sp.build_loader(pipe()).load_state_dict(state)  # no ResumeError
