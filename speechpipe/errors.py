@@ -17,6 +17,10 @@ like a compiler's: ``data/wav.scp:17: expected '<key> <value>', got 'utt1'``.
   Opus at a rate other than 8, 12, 16, 24 or 48 kHz.
 - :class:`SampleRateError` (a ``DataError``): audio at a sample rate a stage was not told
   about (features set up for 16 kHz given 8 kHz audio, a batch mixing rates); resample first.
+- :class:`ResumeError` (a ``ValueError``): a loader state that does not belong to the loader
+  asked to resume it (another pipeline, budget, seed, shard list, number of workers or world
+  size), or that could not have been saved (a position past its shard's end); the message
+  lists each difference, saved -> current.
 """
 
 from __future__ import annotations
@@ -27,8 +31,8 @@ import re
 from typing import Any
 
 __all__ = ["AudioFormatError", "ChannelMismatchError", "DataError", "MissingDataError",
-           "SampleRateError", "SpeechpipeError", "UnsafeInputError", "UnsupportedCodecError",
-           "check_int", "locate", "mark_location"]
+           "ResumeError", "SampleRateError", "SpeechpipeError", "UnsafeInputError",
+           "UnsupportedCodecError", "check_int", "locate", "mark_location"]
 
 
 def check_int(name: str, value: Any, minimum: int | None = None, *,
@@ -195,6 +199,28 @@ class SampleRateError(DataError):
     >>> str(SampleRateError("8000 Hz audio, expected 16000 Hz", key="u1"))
     "(key 'u1'): 8000 Hz audio, expected 16000 Hz"
     """
+
+
+class ResumeError(SpeechpipeError, ValueError):
+    """A loader state that cannot resume this loader exactly; ``differences`` lists why.
+
+    Each difference is ``(stage, field, saved, current)``: the stage (``"loader"`` for the
+    topology, else the pipe's place and class in the graph), the field that decides the
+    batches, and its value in the saved state and in this loader.
+
+    >>> error = ResumeError("the state belongs to another loader",
+    ...                     [("loader", "num_workers", 2, 0)])
+    >>> error.differences
+    [('loader', 'num_workers', 2, 0)]
+    """
+
+    def __init__(self, message: str, differences=()) -> None:
+        super().__init__(message)
+        self.differences = [tuple(d) for d in differences]
+
+    def __reduce__(self):
+        # Keep the differences when the error crosses a DataLoader worker boundary.
+        return (type(self), (self.args[0], self.differences))
 
 
 class MissingDataError(_Located, SpeechpipeError, FileNotFoundError):

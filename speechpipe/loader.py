@@ -90,6 +90,17 @@ that draw in sequence (``perturb_speed``, ``spec_augment``) resume with a fresh 
 (a warning says so); torch's ``shuffle``, ``batch`` and other buffering stages cannot be saved:
 :func:`build_loader` refuses them when it is built, naming them (``resumable=False`` builds a
 loader without a position to save).
+
+**A state knows what it belongs to.** ``loader.state_dict()`` carries a fingerprint of what
+decides the batches (:meth:`Loader.fingerprint`): the pipeline's stages in graph order with
+their deciding settings (seeds, budgets, buffer sizes, boundaries, a digest of the shard list
+or manifest: :mod:`speechpipe.pipes._fingerprint`) and the loader's ``seed``, world size and
+``num_workers``. :meth:`Loader.load_state_dict` compares it with its own before anything is
+restored or fetched again (whatever ``snapshot_every``), and raises
+:class:`~speechpipe.errors.ResumeError` listing each difference, saved -> current; a change
+made on purpose is accepted with ``allow_changes=(...)`` and takes effect from the next epoch.
+A position that cannot have been saved (an offset past its shard's count) is refused too,
+naming the shard, when the workers restore it.
 """
 
 from __future__ import annotations
@@ -111,10 +122,15 @@ from .memory import (
     forget_segments, install, keep_table_while, new_table, release_now,
 )
 from .diagnostics import Ledger
-from .errors import SpeechpipeError, mark_location
+from .errors import ResumeError, SpeechpipeError, mark_location
 from .pipes._core import IterDataPipe, MapDataPipe
 from .pipes._core import graph_nodes, propagate_epoch
-from .pipes._core import end_pass, restore, resumable_stages, take_states, unresumable_reason
+from .pipes._core import (
+    ResumeWarning, end_pass, restore, resumable_stages, take_states, unresumable_reason,
+)
+from .pipes._core import (
+    FINGERPRINT_VERSION, describe_differences, differences, fingerprint,
+)
 from .pipes.concurrency import LEAVES, to_device
 from .seeding import CarriesRank, derive_seed, process_position
 
@@ -404,6 +420,8 @@ class Loader:
         self.uneven = uneven
         self._epoch_given = True  # the first pass uses the epoch the loader starts at
         self._between_epochs = False  # the last pass ran to its end; none has started since
+        self._stages_fingerprint: dict | None = None  # the pipeline's part, taken once, before
+        # the first pass (stages of a loader without workers run in this process)
 
     @property
     def epoch(self) -> int:
@@ -425,6 +443,8 @@ class Loader:
     def __iter__(self) -> Iterator[Any]:
         if not self._epoch_given:  # the last pass was left early and no epoch was set since
             self.set_epoch(self.epoch + 1)
+        if self._stages_fingerprint is None and hasattr(self.dataloader, "state_dict"):
+            self.fingerprint()  # the pipeline as built, before a pass changes any attribute
         self._epoch_given = self._between_epochs = False
         batches = self.uneven if self.uneven is not None else self.dataloader
         release_now()  # slots of batches dropped since the last arrival
@@ -470,26 +490,147 @@ class Loader:
 
     def state_dict(self) -> dict:
         """The position after the last batch yielded (``StatefulDataLoader.state_dict``); after
-        a pass that ran to its end, the start of the next epoch."""
+        a pass that ran to its end, the start of the next epoch. It carries the loader's
+        ``fingerprint``: what decides the batches (:meth:`load_state_dict` compares it)."""
         state = getattr(self.dataloader, "state_dict", None)
         if state is None:
             raise TypeError("this loader cannot save its position: it was built with "
                             "resumable=False (or without torchdata>=0.10's StatefulDataLoader)")
         if self._between_epochs:
-            return {"epoch": self.epoch, "dataloader": None}
+            return {"epoch": self.epoch, "dataloader": None, "fingerprint": self.fingerprint()}
         saved = state()
         reason = _find_unresumable(saved)
         if reason:
             raise TypeError(reason)
-        return {"epoch": self.epoch, "dataloader": saved}
+        return {"epoch": self.epoch, "dataloader": saved, "fingerprint": self.fingerprint()}
 
-    def load_state_dict(self, state: Mapping) -> None:
-        """Continue where ``state`` was saved: the next batches are the ones that followed."""
+    def fingerprint(self) -> dict:
+        """What decides this loader's batches: each stage of the pipeline in graph order with
+        the settings that decide its output (seed, budget, buffer sizes, boundaries, a digest of
+        the shard list or manifest...: :mod:`speechpipe.pipes._fingerprint`) and the loader's
+        ``seed``, ``world_size`` and ``num_workers``. Reads no data."""
+        if self._stages_fingerprint is None:
+            self._stages_fingerprint = fingerprint(self.dataset.pipe)
+        where = process_position()
+        return {**self._stages_fingerprint,
+                "loader": {"seed": self.dataset.seed, "world_size": where.world_size,
+                           "num_workers": self.dataloader.num_workers}}
+
+    def load_state_dict(self, state: Mapping, *, allow_changes: Iterable[str] = ()) -> None:
+        """Continue where ``state`` was saved: the next batches are the ones that followed.
+
+        The state must belong to this loader: its fingerprint (:meth:`fingerprint`) is
+        compared with this loader's before anything is restored or fetched again, and a
+        :class:`~speechpipe.errors.ResumeError` lists each difference (stage, field, saved ->
+        current) -- another pipeline, budget, seed, shard list or manifest, number of workers or
+        world size.
+
+        Args:
+            state: a dict from :meth:`state_dict`.
+            allow_changes: differences to accept, each named as the error names its field
+                (``"budget"`` or ``"constraint.budget"``, ``"seed"``, ``"num_workers"``,
+                ``"world_size"``, ``"iterable"`` for a source's list, ``"stages"`` for stages
+                added or removed). An accepted change takes effect from the next epoch: a
+                state saved inside epoch ``e`` resumes at the start of epoch ``e + 1`` (the
+                rest of epoch ``e`` is skipped: under the new settings it would not be the
+                saved run's), a state saved between epochs at the start of the next one; a
+                :class:`ResumeWarning` says so, listing the changes.
+        """
         if not isinstance(state, Mapping) or "dataloader" not in state:
             raise TypeError(f"state must be a dict from Loader.state_dict(), got {state!r}")
-        self.set_epoch(_check_epoch(state["epoch"]))
+        allowed = _check_allow_changes(allow_changes)
+        epoch = _check_epoch(state["epoch"])
+        found = self._differences(state)
+        refused = [d for d in found if not _allows(allowed, d)]
+        if refused:
+            raise ResumeError(_refusal(refused), refused)
+        if found:
+            mid_epoch = state["dataloader"] is not None
+            start = epoch + 1 if mid_epoch else epoch
+            skipped = (f"; the rest of epoch {epoch} after the saved step is skipped"
+                       if mid_epoch else "")
+            warnings.warn(
+                f"resuming with changes (allow_changes): {'; '.join(describe_differences(found))}"
+                f". They take effect from epoch {start}, which starts now{skipped}",
+                ResumeWarning, stacklevel=2)
+            self._forget_loaded_state()
+            self.set_epoch(start)
+            return
+        self.set_epoch(epoch)
         if state["dataloader"] is not None:  # None: at the start of that epoch
             self.dataloader.load_state_dict(state["dataloader"])
+        else:
+            self._forget_loaded_state()
+
+    def _forget_loaded_state(self) -> None:
+        """Drop a position an earlier ``load_state_dict`` left for the next pass (the next
+        pass starts its epoch afresh)."""
+        if getattr(self.dataloader, "next_iter_state", None) is not None:
+            self.dataloader.next_iter_state = None
+        self.dataset._pending = None
+
+    def _differences(self, state: Mapping) -> list:
+        """What differs between the loader ``state`` was saved from and this one: the
+        fingerprints, and the number of workers the DataLoader's own state was shaped for."""
+        current = self.fingerprint()
+        saved = state.get("fingerprint")
+        if saved is None:  # saved by a speechpipe before fingerprints: only the shape is known
+            found = []
+            warnings.warn("the state has no fingerprint (saved by an older speechpipe): only "
+                          "its number of workers can be checked against this loader",
+                          ResumeWarning, stacklevel=3)
+        elif not isinstance(saved, Mapping) or saved.get("version") != FINGERPRINT_VERSION:
+            raise ResumeError(
+                f"the state's fingerprint has version "
+                f"{saved.get('version') if isinstance(saved, Mapping) else saved!r}; this "
+                f"speechpipe writes version {FINGERPRINT_VERSION} and cannot compare it")
+        else:
+            found = differences(saved, current)
+        workers = _saved_workers(state["dataloader"])
+        here = current["loader"]["num_workers"]
+        if workers is not None and workers != here and not any(
+                d[:2] == ("loader", "num_workers") for d in found):
+            found.insert(0, ("loader", "num_workers", workers, here))
+        return found
+
+
+def _check_allow_changes(names: Any) -> frozenset:
+    if isinstance(names, str) or not all(isinstance(n, str) for n in names):
+        raise TypeError(f"allow_changes must be a tuple of field names, e.g. ('budget',), "
+                        f"got {names!r}")
+    return frozenset(names)
+
+
+def _allows(allowed: frozenset, difference: tuple) -> bool:
+    """Whether a name in ``allowed`` accepts ``difference``: its field (``constraint.budget``),
+    the field's first or last part (``constraint``, ``budget``)."""
+    field = difference[1]
+    parts = field.split(".")
+    return field in allowed or parts[0] in allowed or parts[-1] in allowed
+
+
+def _refusal(refused: list) -> str:
+    names = sorted({d[1].split(".")[-1] for d in refused})
+    lines = "\n".join(f"  - {line}" for line in describe_differences(refused))
+    return (f"this state belongs to another loader: {len(refused)} "
+            f"difference{'s' if len(refused) != 1 else ''} in what decides the batches "
+            f"(saved -> current):\n{lines}\nResume it with the pipeline and loader it was "
+            "saved with, or accept the changes from the next epoch on: "
+            f"loader.load_state_dict(state, allow_changes={tuple(names)!r})")
+
+
+def _saved_workers(state: Any) -> int | None:
+    """The number of workers a ``StatefulDataLoader`` state was saved with (its shape says:
+    0 has ``_num_yielded`` at the top, more have ``_snapshot``), or None (at an epoch's start,
+    or a shape this speechpipe does not know)."""
+    if not isinstance(state, Mapping):
+        return None
+    if "_snapshot" in state:
+        main = state["_snapshot"].get("_main_snapshot") if isinstance(
+            state["_snapshot"], Mapping) else None
+        workers = main.get("_num_workers") if isinstance(main, Mapping) else None
+        return workers if isinstance(workers, int) else None
+    return 0 if "_num_yielded" in state else None
 
 
 def as_tensors(item: Any) -> Any:

@@ -279,6 +279,7 @@ PUBLIC = [
     "PipelineNode",
     "Quadratic",
     "RemoteOptions",
+    "ResumeError",
     "ResumeWarning",
     "SampleCount",
     "SampleRateError",

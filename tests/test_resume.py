@@ -24,7 +24,7 @@ import pytest
 import torch
 
 import speechpipe  # noqa: F401  (registers the pipes)
-from speechpipe.errors import DataError
+from speechpipe.errors import DataError, ResumeError
 from speechpipe.index import ShardEntry, ShardIndex
 from speechpipe import ResumeWarning
 from speechpipe.loader import PipeDataset, build_loader
@@ -456,7 +456,7 @@ def test_a_state_of_another_pipeline_is_refused(corpus):
     it.close()
     other = PipeDataset(stream_pipe(corpus))
     other.load_state_dict(state)
-    with pytest.raises(ValueError, match="saved from another pipeline"):
+    with pytest.raises(ResumeError, match="saved from another pipeline"):  # a ValueError
         next(iter(other))
 
 
@@ -555,6 +555,73 @@ def test_features_warn_on_resume_only_when_they_dither(tmp_path, dither, batched
         next(iter(again), None)
     said = [w for w in caught if issubclass(w.category, ResumeWarning)]
     assert bool(said) == bool(dither)
+
+
+# ------------------------------------------------------------------------------ impossible states
+
+
+def _edited(make, edit) -> PipeDataset:
+    """A new dataset of ``make()`` loaded with the state taken after 2 batches, edited."""
+    dataset = PipeDataset(make())
+    it = iter(dataset)
+    next(it), next(it)
+    state = dataset.state_dict()
+    it.close()
+    for path, stage in state["stages"].items():
+        edit(path, stage)
+    again = PipeDataset(make())
+    again.load_state_dict(state)
+    return again
+
+
+def _shard_stream(paths: list[str], index: bool):
+    return lambda: (IterableWrapper(paths).sharded_shuffle(buffer_size=6, seed=1, index=index)
+                    .decode().block_batch(batch_len=120, shuffle_window=2, seed=3))
+
+
+@pytest.mark.parametrize("index", [True, False])
+def test_a_shard_offset_past_the_shards_count_is_refused(tmp_path, index):
+    # issue 29: an offset edited past the shard's count read 21 of 48 keys without a word
+    make = _shard_stream(write_corpus(str(tmp_path), n=48, per_shard=8), index)
+
+    def edit(path, stage):
+        if "ShardedShuffler" in path:
+            assert stage["seen"] >= 9 and stage["offset"] < 8
+            stage["offset"] = 9
+
+    said = "but the index counts 8" if index else "but it has 8"
+    with pytest.raises(DataError, match=rf"data-0000\d\.tar: resume: the state says 9 samples "
+                                        rf"of this shard were read, {said}; the state was edited"):
+        list(_edited(make, edit))
+
+
+@pytest.mark.parametrize("field, value, said", [
+    ("offset", -1, "the state's offset must be an int >= 0, got -1"),
+    ("shard", 6, "the state is at shard 6 of 6, past the last one"),
+    ("offset", 40, "the state has read 40 samples of its shard but \\d+ in all"),
+])
+def test_an_impossible_shard_position_is_refused(tmp_path, field, value, said):
+    make = _shard_stream(write_corpus(str(tmp_path), n=48, per_shard=8), True)
+
+    def edit(path, stage):
+        if "ShardedShuffler" in path:
+            stage[field] = value
+
+    with pytest.raises(DataError, match=f"resume: {said}"):
+        list(_edited(make, edit))
+
+
+@pytest.mark.parametrize("value", [-1, 200, "3"])
+def test_a_sample_list_position_past_its_count_is_refused(value):
+    make = manifest_pipe  # 150 rows, one process
+
+    def edit(path, stage):
+        if "SampleShuffler" in path:
+            stage["next"] = value
+
+    with pytest.raises(DataError, match=f"resume: shuffle_samples's state is at sample "
+                                        f"{value!r} of this process's 150; the state was edited"):
+        list(_edited(make, edit))
 
 
 if __name__ == "__main__":

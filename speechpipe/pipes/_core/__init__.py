@@ -9,6 +9,10 @@ from ._base import (
     plain_iterator, registered_iter_names, registered_map_names, SequenceWrapper,
 )
 from ._buffering import Buffering, decode_held, encode_held, held_identities
+from ._fingerprint import (
+    describe_differences, Difference, differences, fingerprint, FINGERPRINT_VERSION,
+    stage_fields,
+)
 from ._graph import GRAPH_CONTAINER_MAX, graph_nodes, propagate_epoch
 from ._restore import (
     end_pass, HOLDING_NOTHING, holds_nothing, restore, resumable_stages, ResumeWarning,
@@ -21,7 +25,9 @@ from ._state import (
 
 __all__ = [
     "Buffering",
+    "Difference",
     "EpochWarning",
+    "FINGERPRINT_VERSION",
     "GRAPH_CONTAINER_MAX",
     "HOLDING_NOTHING",
     "Identity",
@@ -37,8 +43,11 @@ __all__ = [
     "apply_random_seed",
     "check_seed",
     "decode_held",
+    "describe_differences",
+    "differences",
     "encode_held",
     "end_pass",
+    "fingerprint",
     "functional_datapipe",
     "graph_nodes",
     "held_identities",
@@ -53,6 +62,7 @@ __all__ = [
     "restore",
     "resumable_stages",
     "rng_state",
+    "stage_fields",
     "take_states",
     "unresumable_reason",
     "until_end",

@@ -20,6 +20,7 @@ import contextlib
 import warnings
 from typing import Any, Mapping
 
+from ...errors import ResumeError
 from ._graph import graph_nodes
 from ._state import Identity, identity, Resumable, SampleSource, Seeded
 
@@ -114,10 +115,10 @@ def restore(stages: list[tuple[str, Resumable]], states: Mapping[str, Any], pipe
     paths = {path for path, _ in stages}
     unknown = sorted(set(states) - paths)
     if unknown:
-        raise ValueError(
+        raise ResumeError(
             f"the state was saved from another pipeline: it has {unknown[:3]} but this one's "
-            f"resumable pipes are {sorted(paths)}"
-        )
+            f"resumable pipes are {sorted(paths)}",
+            [("pipeline", "stages", sorted(states), sorted(paths))])
     drawing = [type(n).__name__ for n in _walk(pipe)
                if isinstance(n, Seeded) and not isinstance(n, Resumable) and n.draws_in_sequence]
     if drawing:

@@ -17,6 +17,11 @@ Declared here and nowhere else:
   stages above can be resumed. ``sharded_shuffle`` re-reads held samples by identity
   (``rereads_held``); ``batch_by_view`` holds none.
 
+Every stage may also say which of its attributes decide the batches (``decides_batches``, a
+tuple of attribute names; None, the default, derives them: the public attributes that hold
+settings, see :mod:`speechpipe.pipes._fingerprint`). A loader state carries their values, and
+a state is refused by a pipeline whose values differ.
+
 A stage that keeps items in its generator's locals and is none of these (torch's ``shuffle``,
 ``batch``...) cannot be resumed: :func:`speechpipe.pipes._core._restore.unresumable_reason` names it.
 """
@@ -48,6 +53,8 @@ class Seeded(CarriesRank):
     #: Its draws follow one another within a pass, so a resumed pass cannot repeat them (the
     #: restore warns); a stage whose configuration draws nothing says False.
     draws_in_sequence: bool = True
+    #: The attributes that decide the batches (None: derived, see the module documentation).
+    decides_batches: tuple[str, ...] | None = None
 
     def set_epoch(self, epoch: int) -> "Seeded":
         """Use ``epoch`` for the next pass's random order (returns the pipe, for chaining).
@@ -169,6 +176,8 @@ class Resumable:
     _resume_samples: dict | None = None
     #: True while the driver replays held samples for a stage below: pass items through.
     passthrough: bool = False
+    #: The attributes that decide the batches (None: derived, see the module documentation).
+    decides_batches: tuple[str, ...] | None = None
 
     def state_dict(self) -> dict:
         """The state of the running pass (a small dict of ints, identities, rng states)."""

@@ -642,6 +642,9 @@ class ThreadPrefetcherIterDataPipe(_Threaded, IterDataPipe):
     [0, 1, 2, 3, 4]
     """
 
+    #: The batches do not depend on how far ahead it reads (a loader state's fingerprint).
+    decides_batches = ()
+
     def __init__(self, source_datapipe: Iterable, buffer_size: int = 16, *,
                  threads: bool = True) -> None:
         self.source_datapipe = source_datapipe
@@ -716,6 +719,9 @@ class ThreadMapperIterDataPipe(_Threaded, IterDataPipe):
     >>> list(IterableWrapper(range(6)).map_in_threads(lambda x: 10 * x, num_threads=3))
     [0, 10, 20, 30, 40, 50]
     """
+
+    #: The function and the order decide the batches, not the number of threads.
+    decides_batches = ("fn", "ordered", "on_error")
 
     def __init__(
         self,

@@ -122,7 +122,12 @@ class _SampleList(CarriesRank, SampleSource):
                 f"resume: {self._name} reads {total} samples ({count} for this process) but "
                 f"the state was saved with {state.get('total')} ({state.get('count')}); the "
                 "source, split or number of workers changed")
-        return int(state["next"])
+        position = state.get("next")
+        if not isinstance(position, int) or isinstance(position, bool) \
+                or not 0 <= position <= count:
+            raise DataError(f"resume: {self._name}'s state is at sample {position!r} of this "
+                            f"process's {count}; the state was edited or damaged")
+        return position
 
     def _snapshot(self, live: dict) -> dict:
         return dict(live)

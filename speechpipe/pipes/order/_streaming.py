@@ -214,6 +214,11 @@ def _read_shards(names: Sequence[str], reading: _Reading, live: dict,
         except (DataError, MissingDataError) as err:
             reading.diagnostics.handle(reading.on_error, err, _skip_reason(err),
                                        **_loss(name, err, live))
+        else:
+            if live["offset"] < skip:  # a resumed position past the shard's end
+                raise DataError(f"resume: the state says {skip} samples of this shard were "
+                                f"read, but it has {live['offset']}; the state was edited or "
+                                "the shard changed since it was saved", source=name)
         skip = 0
     live["drain"] = True
 
@@ -692,6 +697,7 @@ class ShardedShufflerIterDataPipe(Seeded, SampleSource, IterDataPipe[Sample]):
         start up to its last held sample. The current shard's first ``offset`` samples are read
         once (held ones kept) and not yielded; with an index, a finished shard is not opened.
         """
+        _check_position_state(state, entries)
         start, skip = state["shard"], state["offset"]
         name = mine[start] if start < len(mine) else None
         if len(mine) != state["shards"] or name != state["name"]:
@@ -742,6 +748,27 @@ class ShardedShufflerIterDataPipe(Seeded, SampleSource, IterDataPipe[Sample]):
                 "writes beside the shards) or index=ShardIndex(...)"
             )
         return self.epoch_plan().total_count
+
+
+def _check_position_state(state: Mapping, entries: dict | None) -> None:
+    """A ``DataError`` naming what is impossible in a saved position (a state edited by hand or
+    damaged): numbers out of range, an offset past its shard's count (with an index)."""
+    fields = {name: state.get(name) for name in ("shards", "shard", "offset", "seen")}
+    for field, value in fields.items():
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise DataError(f"resume: the state's {field} must be an int >= 0, got {value!r}",
+                            source=state.get("name"))
+    if fields["shard"] >= fields["shards"] > 0 or fields["shard"] > fields["shards"]:
+        raise DataError(f"resume: the state is at shard {fields['shard']} of "
+                        f"{fields['shards']}, past the last one", source=state.get("name"))
+    if fields["offset"] > fields["seen"]:
+        raise DataError(f"resume: the state has read {fields['offset']} samples of its shard "
+                        f"but {fields['seen']} in all", source=state.get("name"))
+    entry = None if entries is None else entries.get(state.get("name"))
+    if entry is not None and fields["offset"] > entry.count:
+        raise DataError(f"resume: the state says {fields['offset']} samples of this shard were "
+                        f"read, but the index counts {entry.count}; the state was edited or "
+                        "the shard changed since it was saved", source=state.get("name"))
 
 
 def shard_assignment(
