@@ -379,6 +379,8 @@ def test_a_public_counter_a_pass_changes_is_taken_before_the_first_pass():
     from torch.utils.data import IterDataPipe
 
     class Counting(IterDataPipe):
+        holds_nothing = True  # it counts, item by item
+
         def __init__(self, source):
             self.source = source
             self.count = 0
