@@ -17,6 +17,8 @@ like a compiler's: ``data/wav.scp:17: expected '<key> <value>', got 'utt1'``.
   Opus at a rate other than 8, 12, 16, 24 or 48 kHz.
 - :class:`SampleRateError` (a ``DataError``): audio at a sample rate a stage was not told
   about (features set up for 16 kHz given 8 kHz audio, a batch mixing rates); resample first.
+- :class:`FolderLockedError` (a ``RuntimeError``): a pack folder (or one task of it) is being
+  written by another run; the message names the lock file and its holder (pid, host).
 """
 
 from __future__ import annotations
@@ -24,9 +26,9 @@ from __future__ import annotations
 import json
 import re
 
-__all__ = ["AudioFormatError", "ChannelMismatchError", "DataError", "MissingDataError",
-           "SampleRateError", "SpeechpipeError", "UnsafeInputError", "UnsupportedCodecError",
-           "locate", "mark_location"]
+__all__ = ["AudioFormatError", "ChannelMismatchError", "DataError", "FolderLockedError",
+           "MissingDataError", "SampleRateError", "SpeechpipeError", "UnsafeInputError",
+           "UnsupportedCodecError", "locate", "mark_location"]
 
 
 def locate(
@@ -185,3 +187,15 @@ class MissingDataError(_Located, SpeechpipeError, FileNotFoundError):
 
     def __str__(self) -> str:
         return self.args[0]
+
+
+class FolderLockedError(_Located, SpeechpipeError, RuntimeError):
+    """A pack folder (or one task of a pack) that another run is writing: the message names the
+    lock file and its holder.
+
+    >>> str(FolderLockedError("in use by pid 12 on host 'n1'", source="out/.speechpipe-pack.lock"))
+    "out/.speechpipe-pack.lock: in use by pid 12 on host 'n1'"
+    """
+
+    def __init__(self, message: str, *, source=None, line=None, member=None, key=None):
+        super().__init__(self._init_location(message, source, line, member, key))

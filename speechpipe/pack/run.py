@@ -10,21 +10,22 @@ import multiprocessing
 import os
 import time
 from collections import Counter
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Iterator, Mapping, NamedTuple, Sequence
 
-from ..errors import DataError
+from ..errors import DataError, FolderLockedError
 from ..index import ShardIndex
 from ..progress import progress_bar
 from .inputs import _input_files, _Inputs, _Item, _match_keys, _read_inputs
 from .lengths import _measure_chunk_args
+from .lock import LOCK_NAME, FolderLock, live_locks, refuse_if_locked, task_lock_name
 from .options import PackOptions
 from .plan import (
-    _group_by_length, _Measured, _other_packs, _plan_shards, _refuse_or_clean, _ShardPlan,
+    PLAN_NAME, _group_by_length, _Measured, _other_packs, _plan_shards, _refuse_or_clean, _ShardPlan,
 )
 from .report import _EXAMPLES, PackReport
-from .write import _run_shard_task
+from .write import _remove_tmp_files, _run_shard_task, _shard_is_complete
 
-__all__ = ["pack_data"]
+__all__ = ["merge_pack", "pack_data", "pack_task", "plan_pack"]
 
 
 class _Default:
@@ -62,6 +63,7 @@ def pack_data(
     empty_text: str = _Default("empty_text"),
     compress: str | None = _Default("compress"),
     options: PackOptions | None = None,
+    executor: Any = None,
 ) -> PackReport:
     """Pack Kaldi tables (or manifests) and their labels into tar shards with an index.
 
@@ -180,23 +182,166 @@ def pack_data(
     >>> tmp.cleanup()
     """
     started = time.monotonic()
+    files, out_dir, options = _arguments(f_scps, f_labels, segments, manifests, d_out, options,
+                                         fmt=fmt, filter_group=filter_group,
+                                         utts_per_shard=utts_per_shard, kind=kind,
+                                         on_mismatch=on_mismatch, num_workers=num_workers,
+                                         progress=progress, length_unit=length_unit,
+                                         audio_format=audio_format, force=force,
+                                         allow_commands=allow_commands,
+                                         empty_text=empty_text, compress=compress)
+    pool, owned = _executor(options.num_workers, executor)
+    try:
+        # 1. Tables, keys and lengths (read only); 2. groups and shards (under the lock);
+        # 3. the shards; 4. the merge: shards checked, then the indexes.
+        measured = _measure_inputs(files, out_dir, options, pool)
+        with FolderLock(out_dir, "pack"):
+            refuse_if_locked(out_dir, ignore=LOCK_NAME)  # no task of a plan is running
+            plan, report = _plan(measured, out_dir, options)
+            sizes = _write_shards(pool, plan, report, options.progress)
+            _merge(plan, report, sizes)
+    finally:
+        if owned:
+            pool.shutdown(wait=True, cancel_futures=True)
+    report.seconds = time.monotonic() - started
+    return report
+
+
+def plan_pack(
+    f_scps: str | os.PathLike | Sequence[str | os.PathLike] | None,
+    f_labels: str | os.PathLike | Sequence[str | os.PathLike] | None,
+    d_out: str | os.PathLike,
+    *,
+    segments: str | os.PathLike | Sequence[str | os.PathLike] | None = None,
+    manifests: str | os.PathLike | Sequence[str | os.PathLike] | None = None,
+    options: PackOptions | None = None,
+    executor: Any = None,
+) -> PackReport:
+    """The first step of a pack run as a job array (CLI: ``pack ... --plan-only``): read and
+    measure the inputs as :func:`pack_data` does and write the plan, ``d_out/pack_plan.jsonl``
+    -- which keys go to which shard, with what the tasks need to write them -- instead of the
+    shards. Then :func:`pack_task` ``(d_out, i, n)`` for ``i`` in 1 to ``n`` (any machine
+    seeing ``d_out`` and the inputs by the same paths, any order, reruns welcome) and
+    :func:`merge_pack` write the very bytes :func:`pack_data` writes.
+
+    The plan is deterministic (the same inputs and options give the same file); relative
+    paths of the tables are kept as written, so tasks must run in the same directory as the
+    planning (as Kaldi's ``queue.pl`` jobs do). Arguments as :func:`pack_data` (settings in
+    ``options``; ``executor`` measures the utterances).
+
+    Returns:
+        The report of the planning (``shards_skipped``: shards an earlier run left complete).
+    """
+    files, out_dir, options = _arguments(f_scps, f_labels, segments, manifests, d_out, options)
+    pool, owned = _executor(options.num_workers, executor)
+    try:
+        measured = _measure_inputs(files, out_dir, options, pool)
+    finally:
+        if owned:
+            pool.shutdown(wait=True, cancel_futures=True)
+    with FolderLock(out_dir, "pack --plan-only"):
+        refuse_if_locked(out_dir, ignore=LOCK_NAME)  # no task of an earlier plan is running
+        plan, report = _plan(measured, out_dir, options)
+        plan.write(out_dir, report)
+    return report
+
+
+def pack_task(d_out: str | os.PathLike, task: int, tasks: int, *, num_workers: int = 1,
+              executor: Any = None, progress: bool = True) -> PackReport:
+    """Write the shards of task ``task`` (1 to ``tasks``) of the plan in ``d_out`` (CLI:
+    ``pack --out DIR --task i/N``): every ``tasks``-th shard to write, in plan order, each
+    under a temporary name and renamed when complete; shards already complete are kept (a
+    killed task is simply run again). Two runs of one task at once are refused
+    (:class:`~speechpipe.errors.FolderLockedError`), as is a task beside a whole run.
+
+    Raises:
+        MissingDataError: no plan in ``d_out``.
+        FolderLockedError: this task (or a whole pack of the folder) runs elsewhere.
+    """
+    out_dir = _out_dir(d_out)
+    for name, value in (("task", task), ("tasks", tasks)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+    if task > tasks:
+        raise ValueError(f"task must be in 1..{tasks}, got {task}")
+    pool, owned = _executor(num_workers, executor)
+    try:
+        with FolderLock(out_dir, f"pack --task {task}/{tasks}",
+                        name=task_lock_name(task, tasks)):
+            held = [h for h in live_locks(out_dir) if os.path.basename(h[0]) == LOCK_NAME]
+            if held:
+                raise FolderLockedError(f"this pack folder is in use by {held[0][1]}: tasks "
+                                        "run after the planning ends", source=held[0][0])
+            plan, report = _ShardPlan.read(out_dir)
+            report.groups = {}
+            mine = [j for j, n in enumerate(plan.task_numbers(tasks)) if n == task]
+            for j in mine:
+                _remove_tmp_files(*os.path.split(plan.tasks[j].path))
+            _write_shards(pool, plan, report, progress, mine)
+    finally:
+        if owned:
+            pool.shutdown(wait=True, cancel_futures=True)
+    return report
+
+
+def merge_pack(d_out: str | os.PathLike) -> PackReport:
+    """The last step of a job array (CLI: ``pack --out DIR --merge``): check every shard of
+    the plan in ``d_out`` (present, complete, the planned utterances) and write each folder's
+    ``index.jsonl``; the plan file is then deleted (the index replaces it).
+
+    Raises:
+        DataError: shards missing or not as planned, each named with the task that writes it;
+            nothing is written then.
+        FolderLockedError: a task (or a pack) is still writing the folder.
+    """
+    out_dir = _out_dir(d_out)
+    with FolderLock(out_dir, "pack --merge"):
+        refuse_if_locked(out_dir, ignore=LOCK_NAME)
+        plan, report = _ShardPlan.read(out_dir)
+        _merge(plan, report)
+        report.shards_skipped = sum(len(e) for e in plan.entries.values())
+        report.bytes_total = sum(e.bytes for f in plan.entries.values() for e in f.values())
+        for folder, by_name in plan.entries.items():
+            _remove_tmp_files(folder, by_name)
+        os.remove(os.path.join(out_dir, PLAN_NAME))
+    return report
+
+
+class _MeasuredInputs(NamedTuple):
+    inputs: _Inputs
+    unit: str
+    measured: _Measured
+    report: PackReport
+    sample_rate: int | None
+    others: list[str]
+
+
+def _arguments(f_scps, f_labels, segments, manifests, d_out, options, **keywords):
+    """The checked inputs, output folder and settings of a pack (the errors of
+    :func:`pack_data`'s arguments)."""
     files = _input_files(f_scps, f_labels, segments, manifests)
+    out_dir = _out_dir(d_out)
+    options = _settings(options, **keywords)
+    if files.manifests and options.kind == "feats":
+        raise ValueError("manifests name audio files: kind must be 'auto' or 'wav'")
+    return files, out_dir, options
+
+
+def _out_dir(d_out) -> str:
     if not isinstance(d_out, (str, os.PathLike)) or not os.fspath(d_out):
         raise TypeError(f"d_out must be a folder path, got {d_out!r}")
-    out_dir = os.fspath(d_out)
-    options = _settings(options, fmt=fmt, filter_group=filter_group,
-                        utts_per_shard=utts_per_shard, kind=kind, on_mismatch=on_mismatch,
-                        num_workers=num_workers, progress=progress, length_unit=length_unit,
-                        audio_format=audio_format, force=force,
-                        allow_commands=allow_commands, empty_text=empty_text,
-                        compress=compress)
+    return os.fspath(d_out)
+
+
+def _measure_inputs(files, out_dir: str, options: PackOptions,
+                    pool: concurrent.futures.Executor | None) -> _MeasuredInputs:
+    """Read the tables, match keys and measure every utterance: nothing is written (a run
+    already writing ``out_dir``, or another pack there, is refused first)."""
+    if os.path.isdir(out_dir):
+        refuse_if_locked(out_dir)
     others = _other_packs(out_dir, options)
     if not options.force:
         _refuse_or_clean(others, out_dir, options)  # refuses, before anything is read
-    if files.manifests and options.kind == "feats":
-        raise ValueError("manifests name audio files: kind must be 'auto' or 'wav'")
-
-    # 1. Tables and keys.
     inputs = _read_inputs(files.scps, files.labels, files.segments, files.manifests,
                           options.kind, options.allow_commands)
     unit = _length_unit(options.length_unit, inputs.kind)
@@ -209,24 +354,33 @@ def pack_data(
         empty_text=len(empty), empty_text_examples=empty[:_EXAMPLES],
         empty_text_policy=options.empty_text,
     )
-    executor = _executor(options.num_workers)
-    try:
-        # 2. Lengths; 3. groups and shards; 4. shards, then indexes.
-        measured = _measure(executor, inputs, items, unit, options)
-        sample_rate = _sample_rates(measured, unit, report, inputs.data_files)
-        by_group = _group_by_length(measured, options.groups, report)
-        report.removed.extend(_refuse_or_clean(others, out_dir, options))
-        plan = _plan_shards(by_group, measured, out_dir, inputs, unit, options, report)
-        _write_shards(executor, plan, report, options.progress)
-    finally:
-        if executor is not None:
-            executor.shutdown(wait=True, cancel_futures=True)
-    rates = {item.key: rate for item, (_, rate) in zip(measured.items, measured.native)
+    measured = _measure(pool, inputs, items, unit, options)
+    sample_rate = _sample_rates(measured, unit, report, inputs.data_files)
+    return _MeasuredInputs(inputs, unit, measured, report, sample_rate, others)
+
+
+def _plan(m: _MeasuredInputs, out_dir: str, options: PackOptions) -> tuple[_ShardPlan,
+                                                                          PackReport]:
+    """Groups and shards, under the folder's lock: what another pack left is refused (or
+    removed with ``force``), stale indexes and wrong shards are removed, temporary files of
+    dead runs deleted."""
+    report = m.report
+    others = _other_packs(out_dir, options) if os.path.isdir(out_dir) else []
+    if not options.force:
+        _refuse_or_clean(others, out_dir, options)
+    by_group = _group_by_length(m.measured, options.groups, report)
+    report.removed.extend(_refuse_or_clean(others, out_dir, options))
+    plan = _plan_shards(by_group, m.measured, out_dir, m.inputs, m.unit, options, report)
+    plan.unit, plan.sample_rate = m.unit, m.sample_rate
+    plan.audio_format = None if m.inputs.kind == "feats" else options.audio_format
+    rates = {item.key: rate for item, (_, rate) in zip(m.measured.items, m.measured.native)
              if rate is not None}
-    _write_indexes(plan, unit, None if inputs.kind == "feats" else options.audio_format, report,
-                   sample_rate, rates)
-    report.seconds = time.monotonic() - started
-    return report
+    for folder, by_name in plan.entries.items():
+        # audio: the rates of this folder's utterances, for readers of the index
+        plan.rates[folder] = (dict(Counter(rates[k] for e in by_name.values() for k in e.keys))
+                              if rates else None)
+        _remove_tmp_files(folder, by_name)
+    return plan, report
 
 
 def _settings(options: PackOptions | None, **keywords: Any) -> PackOptions:
@@ -320,47 +474,100 @@ def _sample_rates(measured: _Measured, unit: str, report: PackReport,
 
 
 def _write_shards(executor: concurrent.futures.Executor | None, plan: _ShardPlan,
-                  report: PackReport, progress: bool) -> None:
-    """Run the plan's shard tasks (in the workers, if any); record each shard's size in its
-    index entry and count it in ``report``."""
-    with progress_bar(total=len(plan.tasks) + report.shards_skipped,
+                  report: PackReport, progress: bool,
+                  numbers: Sequence[int] | None = None) -> dict[str, int]:
+    """Run the plan's shard tasks (``numbers``: those of one task of a job array; all by
+    default), in the executor if any; count them in ``report``; return each shard's size."""
+    numbers = range(len(plan.tasks)) if numbers is None else numbers
+    tasks = [plan.tasks[j] for j in numbers]
+    sizes = {}
+    with progress_bar(total=len(tasks) + report.shards_skipped,
                       initial=report.shards_skipped, desc="pack: write", unit="shard",
                       disable=not progress) as bar:
-        for i, (written, size, clipped) in _run_all(executor, _run_shard_task, plan.tasks, bar):
+        for i, (written, size, clipped) in _run_all(executor, _run_shard_task, tasks, bar):
             report.clipped += clipped
-            name = os.path.basename(plan.tasks[i].path)
-            folder = plan.folders[i]
-            plan.entries[folder][name] = dataclasses.replace(plan.entries[folder][name],
-                                                             bytes=size)
+            sizes[tasks[i].path] = size
             report.bytes_total += size
             if written:
                 report.shards_written += 1
                 report.bytes_written += size
             else:
                 report.shards_skipped += 1
+    return sizes
 
 
-def _write_indexes(plan: _ShardPlan, unit: str, audio_format: str | None,
-                   report: PackReport, sample_rate: int | None = None,
-                   rates: Mapping[str, int] | None = None) -> None:
-    """Write each folder's ``index.jsonl``, last: an index means a complete pack."""
+def _merge(plan: _ShardPlan, report: PackReport, sizes: Mapping[str, int] | None = None
+           ) -> None:
+    """Check every shard of the plan against its entry, then write each folder's
+    ``index.jsonl`` (last: an index means a complete pack).
+
+    A shard a task wrote must be there, complete (its tar read through: headers, end marker)
+    and hold exactly its planned members, and -- when the task's report is at hand
+    (``sizes``) -- have the size it reported; a kept shard must have its indexed size.
+
+    Raises:
+        DataError: shards missing or not as planned, naming each (and the task of a job array
+            that writes it); no index is written then.
+    """
+    problems = []
+    number_of = {t.path: j for j, t in enumerate(plan.tasks)}
+    for folder, by_name in plan.entries.items():
+        for name, entry in by_name.items():
+            path = os.path.join(folder, name)
+            try:
+                size = os.path.getsize(path)
+            except OSError:
+                j = number_of.get(path)
+                problems.append((path, "missing" if j is None else
+                                 f"missing (written by task {j} % N + 1 of a job array of N)"))
+                continue
+            j = number_of.get(path)
+            if j is None:
+                if size != entry.bytes:
+                    problems.append((path, f"{size} bytes, indexed {entry.bytes}"))
+                continue
+            if sizes is not None and path in sizes and sizes[path] != size:
+                problems.append((path, f"{size} bytes, but its task wrote {sizes[path]}: "
+                                       "rewritten by another run?"))
+            elif not _shard_is_complete(plan.tasks[j]):
+                problems.append((path, "incomplete, or not the planned utterances"))
+            else:
+                by_name[name] = dataclasses.replace(entry, bytes=size)
+    if problems:
+        shown = "; ".join(f"{path}: {why}" for path, why in problems[:_EXAMPLES])
+        raise DataError(
+            f"{len(problems)} shard(s) of the plan are not as planned, so no index is written "
+            f"({shown}{'; ...' if len(problems) > _EXAMPLES else ''}): run the task(s) that "
+            "write them again (a rerun skips complete shards), then merge again",
+            source=report.out_dir)
     for folder, by_name in plan.entries.items():
         # In shard-number order (the plan's), which is also sorted key order.
-        counts = None
-        if rates:  # audio: the rates of this folder's utterances, for readers of the index
-            counts = dict(Counter(rates[k] for entry in by_name.values() for k in entry.keys))
-        index = ShardIndex(folder, list(by_name.values()), length_unit=unit,
-                           audio_format=audio_format, sample_rate=sample_rate,
-                           sample_rates=counts)
+        index = ShardIndex(folder, list(by_name.values()), length_unit=plan.unit,
+                           audio_format=plan.audio_format, sample_rate=plan.sample_rate,
+                           sample_rates=plan.rates.get(folder))
         report.index_paths.append(index.write())
 
 
-def _executor(num_workers: int) -> concurrent.futures.Executor | None:
+def _executor(num_workers: int, executor: Any = None
+              ) -> tuple[concurrent.futures.Executor | None, bool]:
+    """``(executor to use, whether it is ours to shut down)``: the caller's executor (a Dask
+    ``distributed.Client`` through its ``get_executor()``), else a spawn pool of
+    ``num_workers`` processes, else none (this process)."""
+    if executor is not None:
+        if num_workers != 1:
+            raise ValueError(f"pass executor= or num_workers={num_workers}, not both")
+        if isinstance(executor, concurrent.futures.Executor):
+            return executor, False
+        get = getattr(executor, "get_executor", None)  # distributed.Client
+        if callable(get):
+            return get(), False
+        raise TypeError(f"executor must be a concurrent.futures.Executor or a Dask "
+                        f"distributed.Client, got {executor!r}")
     if num_workers == 1:
-        return None
+        return None, False
     # spawn: workers start clean (no inherited threads or locks from torch or tqdm).
     return concurrent.futures.ProcessPoolExecutor(
-        max_workers=num_workers, mp_context=multiprocessing.get_context("spawn"))
+        max_workers=num_workers, mp_context=multiprocessing.get_context("spawn")), True
 
 
 def _run_all(executor, fn, args: Sequence, bar) -> Iterator[tuple[int, Any]]:

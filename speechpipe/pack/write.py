@@ -1,12 +1,15 @@
 """Writing the shards of :func:`~speechpipe.pack.pack_data`: one ``_ShardTask`` per shard,
-run in this process or in a worker; each shard is written as ``<name>.tmp`` and renamed when
-complete, and a complete shard from an earlier run is kept.
+run in this process or in a worker (a process pool, Dask, a task of a job array); each shard is
+written under a temporary name unique to the attempt (``.tmp-<pid>-<random>-<name>``) and
+renamed when complete, and a complete shard from an earlier run is kept.
 """
 
 from __future__ import annotations
 
 import io
 import os
+import re
+import uuid
 from typing import Iterator, NamedTuple, Sequence
 
 import numpy as np
@@ -103,6 +106,43 @@ class _ShardTask(NamedTuple):
     allow_commands: bool = False
 
 
+_TMP_PREFIX = ".tmp-"
+
+
+def _tmp_name(name: str) -> str:
+    """A temporary name for writing shard ``name``, unique to this attempt (two runs or two
+    attempts of one task never write the same file); it keeps the shard's suffix, which says
+    how the shard is compressed."""
+    return f"{_TMP_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:12]}-{name}"
+
+
+def _is_tmp_of(name: str, shard_name_re: re.Pattern) -> bool:
+    """Whether ``name`` is a temporary file of a shard named by ``shard_name_re`` (an attempt
+    that did not finish, or is running)."""
+    match = re.fullmatch(re.escape(_TMP_PREFIX) + r"\d+-[0-9a-f]{12}-(.+?)(\.tmp)?", name)
+    return match is not None and bool(shard_name_re.fullmatch(match.group(1)))
+
+
+def _remove_tmp_files(folder: str, shard_names) -> list[str]:
+    """Delete the temporary files of the shards ``shard_names`` in ``folder`` (left by killed
+    attempts: call only while owning the shards, under their lock); return them."""
+    wanted = set(shard_names)
+    removed = []
+    try:
+        names = os.listdir(folder)
+    except FileNotFoundError:
+        return []
+    for name in sorted(names):
+        match = re.fullmatch(re.escape(_TMP_PREFIX) + r"\d+-[0-9a-f]{12}-(.+?)(\.tmp)?", name)
+        if match is not None and match.group(1) in wanted:
+            try:
+                os.remove(os.path.join(folder, name))
+                removed.append(os.path.join(folder, name))
+            except FileNotFoundError:
+                pass
+    return removed
+
+
 def _shard_is_complete(task: _ShardTask) -> bool:
     """Whether the shard on disk is a complete tar holding exactly the planned members.
 
@@ -141,7 +181,7 @@ def _run_shard_task(task: _ShardTask) -> tuple[bool, int, int]:
     clipped)``.
 
     Runs in worker processes (module level, picklable arguments: spawn-safe). The shard is
-    written as ``<path>.tmp`` and renamed when complete (:func:`write_shard`).
+    written under a temporary name unique to this attempt and renamed when complete.
     """
     if task.check_existing and os.path.isfile(task.path) and _shard_is_complete(task):
         return False, os.path.getsize(task.path), 0
@@ -166,9 +206,17 @@ def _run_shard_task(task: _ShardTask) -> tuple[bool, int, int]:
                 clipped += cut
             yield out
 
+    folder, name = os.path.split(task.path)
+    tmp = os.path.join(folder, _tmp_name(name))
     reader = _read_items(task.mode, task.items, task.allow_commands)
     try:
-        write_shard(task.path, samples(reader))
+        write_shard(tmp, samples(reader))  # itself via <tmp>.tmp: nothing left on an error
     finally:
         reader.close()
+    try:
+        os.replace(tmp, task.path)  # the final name appears only when the shard is complete
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
     return True, os.path.getsize(task.path), clipped

@@ -1,0 +1,336 @@
+"""pack beyond one run: one run owns a folder (the lock), plan -> tasks -> merge as a job array,
+any executor (a process pool, Dask's LocalCluster).
+
+Invariants: whatever the executor, the number of tasks, their order, or a task killed and run
+again, the shards and indexes are byte-identical to one plain ``pack_data``; two runs never
+write one folder (or one task) at once; an index is written only over the shards it lists.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+import speechpipe as sp
+from test_pack import pack_feats, read_back, run_cli, tree_digest, write_feats, write_text
+
+GROUPS = ["10:30", "30:100"]
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    """9 utterances of features (two length groups), one label in Chinese."""
+    shapes = {f"utt{i}": (10 + 7 * i, 3) for i in range(9)}
+    scp, arrays = write_feats(str(tmp_path), "feats", shapes, seed=3)
+    labels = {k: f"text of {k}" for k in shapes}
+    labels["utt4"] = "你好 世界"
+    text = write_text(tmp_path / "text", labels)
+    return {"scps": [scp], "labels": [text], "arrays": arrays, "out": str(tmp_path / "out"),
+            "tmp": tmp_path}
+
+
+def reference(corpus, **kwargs):
+    """The folder one plain pack_data writes, and its digest."""
+    out = str(corpus["tmp"] / "reference")
+    pack_feats(corpus, out=out, filter_group=GROUPS, utts_per_shard=2, **kwargs)
+    return out, tree_digest(out)
+
+
+def slow_pack_script(corpus, out, marker, *, task=None, delay=0.15):
+    """Python code packing ``corpus`` (or running one task of the plan in ``out``) slowly:
+    each member takes ``delay`` seconds, and ``marker`` is created when writing starts."""
+    call = (f"sp.pack_task({out!r}, {task[0]}, {task[1]}, progress=False)" if task else
+            f"sp.pack_data({corpus['scps']!r}, {corpus['labels']!r}, {out!r}, "
+            f"filter_group={GROUPS!r}, utts_per_shard=2, progress=False)")
+    return textwrap.dedent(f"""
+        import time
+        import speechpipe as sp
+        import speechpipe.pipes.shard_writer as writer
+        real = writer.encode_field
+        def slow(*args, **kwargs):
+            open({marker!r}, "a").close()
+            time.sleep({delay})
+            return real(*args, **kwargs)
+        writer.encode_field = slow
+        {call}
+    """)
+
+
+def start(code):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [os.path.dirname(os.path.dirname(os.path.abspath(sp.__file__)))]
+        + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+    return subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def finish(process):
+    """Wait for ``process``; it must have succeeded (its stderr shown if not)."""
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == 0, err
+
+
+def wait_for(predicate, seconds=60.0):
+    deadline = time.monotonic() + seconds
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def dead_pid():
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def write_lock(path, pid, host=None):
+    with open(path, "w") as f:
+        f.write(json.dumps({"pid": pid, "host": host or socket.gethostname(), "what": "pack",
+                            "started": 0}) + "\n")
+
+
+def shard_files(folder):
+    return sorted(os.path.relpath(os.path.join(root, n), folder)
+                  for root, _, names in os.walk(folder) for n in names)
+
+
+# --------------------------------------------------------------------------------------------
+# one run owns a folder (issue 34 item 1)
+# --------------------------------------------------------------------------------------------
+
+
+def test_a_second_pack_into_a_folder_being_packed_fails_naming_the_holder(corpus, capsys):
+    # Issue 34, 1: two packs into one folder wrote the same .tmp names; one died on a rename,
+    # the other wrote an index listing keys that its shards did not hold.
+    out, marker = corpus["out"], str(corpus["tmp"] / "started")
+    first = start(slow_pack_script(corpus, out, marker))
+    try:
+        wait_for(lambda: os.path.exists(marker))
+        with pytest.raises(sp.FolderLockedError) as info:
+            pack_feats(corpus, filter_group=GROUPS, utts_per_shard=2)
+        message = str(info.value)
+        assert f"pid {first.pid} on host {socket.gethostname()!r}" in message
+        assert message.startswith(os.path.join(out, ".speechpipe-pack.lock"))
+        # the CLI: one line, exit 2
+        argv = ["pack", "--scp", corpus["scps"][0], "--labels", corpus["labels"][0],
+                "--out", out, "--no-progress"]
+        assert run_cli(argv) == 2
+        err = capsys.readouterr().err
+        assert f"in use by pid {first.pid}" in err and "Traceback" not in err
+    finally:
+        finish(first)
+    # the first run's pack is whole: every key once, its index true to its shards
+    _, digest = reference(corpus)
+    assert tree_digest(out) == digest
+    assert sorted(s["key"] for s in read_back(out)) == sorted(corpus["arrays"])
+
+
+def test_a_stale_lock_of_a_dead_process_is_taken_over_with_a_warning(corpus):
+    _, digest = reference(corpus)
+    out = corpus["out"]
+    os.makedirs(os.path.join(out, "10_30"))
+    pid = dead_pid()
+    write_lock(os.path.join(out, ".speechpipe-pack.lock"), pid)
+    leftover = os.path.join(out, "10_30", f".tmp-{pid}-0123456789ab-data-00000.tar.tmp")
+    with open(leftover, "wb") as f:
+        f.write(b"half a shard")
+    with pytest.warns(UserWarning, match=rf"taking over a stale lock of pid {pid} on host"):
+        pack_feats(corpus, filter_group=GROUPS, utts_per_shard=2)
+    assert tree_digest(out) == digest  # no lock, no leftover temporary file
+
+
+def test_a_lock_of_another_host_is_not_taken_over(corpus):
+    os.makedirs(corpus["out"])
+    lock = os.path.join(corpus["out"], ".speechpipe-pack.lock")
+    write_lock(lock, 1, host="node-17.cluster")
+    with pytest.raises(sp.FolderLockedError,
+                       match=r"locked by pid 1 on host 'node-17.cluster'.*another host: if that "
+                             r"run is gone, delete .*\.speechpipe-pack\.lock"):
+        pack_feats(corpus)
+    assert os.listdir(corpus["out"]) == [".speechpipe-pack.lock"]
+
+
+def test_two_runs_of_one_task_at_once_the_second_is_refused(corpus):
+    out, marker = corpus["out"], str(corpus["tmp"] / "started")
+    sp.plan_pack(corpus["scps"], corpus["labels"], out,
+                 options=sp.PackOptions(filter_group=GROUPS, utts_per_shard=2, progress=False))
+    first = start(slow_pack_script(corpus, out, marker, task=(1, 2)))
+    try:
+        wait_for(lambda: os.path.exists(marker))
+        with pytest.raises(sp.FolderLockedError, match=rf"pid {first.pid} .*pack --task 1/2"):
+            sp.pack_task(out, 1, 2, progress=False)
+        with pytest.raises(sp.FolderLockedError, match=rf"in use by pid {first.pid}"):
+            sp.merge_pack(out)  # a task still writes
+        with pytest.raises(sp.FolderLockedError, match=rf"in use by pid {first.pid}"):
+            pack_feats(corpus, filter_group=GROUPS, utts_per_shard=2)
+        sp.pack_task(out, 2, 2, progress=False)  # another task of the plan runs beside it
+    finally:
+        finish(first)
+    sp.merge_pack(out)
+    assert tree_digest(out) == reference(corpus)[1]
+
+
+# --------------------------------------------------------------------------------------------
+# plan, tasks, merge
+# --------------------------------------------------------------------------------------------
+
+
+def plan(corpus, out=None):
+    return sp.plan_pack(corpus["scps"], corpus["labels"], out or corpus["out"],
+                        options=sp.PackOptions(filter_group=GROUPS, utts_per_shard=2,
+                                               progress=False))
+
+
+def test_the_plan_is_deterministic_and_writes_no_shard(corpus):
+    plan(corpus, str(corpus["tmp"] / "a"))
+    report = plan(corpus, str(corpus["tmp"] / "b"))
+    assert report.groups == {"10_30": 3, "30_100": 6}
+    assert shard_files(corpus["tmp"] / "a") == ["pack_plan.jsonl"]
+    with open(corpus["tmp"] / "a" / "pack_plan.jsonl", "rb") as f, \
+            open(corpus["tmp"] / "b" / "pack_plan.jsonl", "rb") as g:
+        assert f.read() == g.read()
+
+
+@pytest.mark.parametrize("tasks,order", [(1, [1]), (3, [3, 1, 2]), (7, [7, 5, 3, 1, 2, 4, 6])])
+def test_a_job_array_writes_the_bytes_of_one_pack(corpus, tasks, order):
+    _, digest = reference(corpus)
+    plan(corpus)
+    for task in order:
+        sp.pack_task(corpus["out"], task, tasks, progress=False)
+    report = sp.merge_pack(corpus["out"])
+    assert tree_digest(corpus["out"]) == digest  # shards, indexes; plan and locks gone
+    assert report.groups == {"10_30": 3, "30_100": 6} and report.utterances == 9
+
+
+def test_a_task_killed_mid_shard_is_run_again_and_the_bytes_are_those_of_one_pack(corpus):
+    _, digest = reference(corpus)
+    out, marker = corpus["out"], str(corpus["tmp"] / "started")
+    plan(corpus)
+    sp.pack_task(out, 3, 3, progress=False)
+    killed = start(slow_pack_script(corpus, out, marker, task=(2, 3), delay=0.3))
+
+    def writing():
+        return any(n.startswith(".tmp-") for _, _, names in os.walk(out) for n in names)
+
+    wait_for(writing)
+    os.kill(killed.pid, signal.SIGKILL)
+    killed.communicate()
+    left = shard_files(out)
+    assert any(os.path.basename(n).startswith(".tmp-") for n in left)  # killed mid-shard
+    assert ".speechpipe-pack-task-2-of-3.lock" in left
+    with pytest.raises(sp.DataError, match=r"not as planned, so no index is written .*missing "
+                                           r"\(written by task \d+ % N \+ 1"):
+        sp.merge_pack(out)
+    sp.pack_task(out, 1, 3, progress=False)
+    with pytest.warns(UserWarning, match=rf"stale lock of pid {killed.pid}"):
+        report = sp.pack_task(out, 2, 3, progress=False)
+    assert report.shards_written >= 1
+    again = sp.pack_task(out, 2, 3, progress=False)  # finished shards are skipped
+    assert (again.shards_written, again.shards_skipped) == (0, report.shards_written
+                                                              + report.shards_skipped)
+    sp.merge_pack(out)
+    assert tree_digest(out) == digest
+
+
+def test_the_merge_checks_the_shards_against_the_plan_and_names_the_wrong_ones(corpus):
+    out = corpus["out"]
+    plan(corpus)
+    for task in (1, 2):
+        sp.pack_task(out, task, 2, progress=False)
+    group = os.path.join(out, "30_100")
+    os.replace(os.path.join(group, "data-00001.tar"), os.path.join(group, "data-00000.tar"))
+    with pytest.raises(sp.DataError) as info:
+        sp.merge_pack(out)
+    message = str(info.value)
+    assert "2 shard(s) of the plan are not as planned" in message
+    assert f"{group}/data-00000.tar: incomplete, or not the planned utterances" in message
+    assert f"{group}/data-00001.tar: missing (written by task" in message
+    assert not any(n.endswith("index.jsonl") for n in shard_files(out))
+    os.remove(os.path.join(group, "data-00000.tar"))
+    for task in (1, 2):
+        sp.pack_task(out, task, 2, progress=False)
+    sp.merge_pack(out)
+    assert tree_digest(out) == reference(corpus)[1]
+
+
+def test_task_and_merge_without_a_plan_say_what_is_missing(corpus):
+    with pytest.raises(sp.MissingDataError, match=r"pack_plan.jsonl: no pack plan here: write "
+                                                  r"one with 'speechpipe pack \.\.\. --plan-only"):
+        sp.pack_task(corpus["out"], 1, 2, progress=False)
+    with pytest.raises(ValueError, match="task must be in 1..2, got 3"):
+        sp.pack_task(corpus["out"], 3, 2)
+
+
+def test_cli_plan_tasks_and_merge(corpus, capsys):
+    _, digest = reference(corpus)
+    out = corpus["out"]
+    base = ["pack", "--out", out, "--no-progress"]
+    assert run_cli(base + ["--scp", corpus["scps"][0], "--labels", corpus["labels"][0],
+                           "--group", "10:30", "--group", "30:100", "--utts-per-shard", "2",
+                           "--plan-only"]) == 0
+    assert "now run --task I/N" in capsys.readouterr().out
+    for task in ("2/2", "1/2"):
+        assert run_cli(base + ["--task", task]) == 0
+    assert run_cli(base + ["--merge"]) == 0
+    assert "pack: 9 utterances" in capsys.readouterr().out
+    assert tree_digest(out) == digest
+    assert run_cli(base + ["--merge", "--scp", corpus["scps"][0]]) == 2
+    assert "--merge reads the plan in --out: drop --scp" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        run_cli(base + ["--task", "3/2"])
+    assert "expected 1 <= I <= N, got '3/2'" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------------------------
+# executors
+# --------------------------------------------------------------------------------------------
+
+
+def test_any_executor_writes_the_bytes_of_one_pack(corpus):
+    import concurrent.futures
+
+    _, digest = reference(corpus)
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        pack_feats(corpus, filter_group=GROUPS, utts_per_shard=2, executor=pool)
+    assert tree_digest(corpus["out"]) == digest
+    with pytest.raises(ValueError, match="pass executor= or num_workers=2, not both"):
+        pack_feats(corpus, executor=pool, num_workers=2)
+    with pytest.raises(TypeError, match="executor must be a concurrent.futures.Executor"):
+        pack_feats(corpus, executor="local")
+
+
+def test_a_process_pool_of_two_writes_the_bytes_of_one_pack(corpus):
+    _, digest = reference(corpus)
+    pack_feats(corpus, filter_group=GROUPS, utts_per_shard=2, num_workers=2)
+    assert tree_digest(corpus["out"]) == digest
+
+
+@pytest.fixture(scope="module")
+def dask_cluster():
+    distributed = pytest.importorskip("distributed")
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                  host="127.0.0.1", dashboard_address=None) as cluster:
+        yield cluster
+
+
+def test_dask_local_cluster_writes_the_bytes_of_one_pack(corpus, dask_cluster, capsys):
+    import distributed
+
+    _, digest = reference(corpus)
+    with distributed.Client(dask_cluster) as client:
+        pack_feats(corpus, filter_group=GROUPS, utts_per_shard=2, executor=client)
+    assert tree_digest(corpus["out"]) == digest
+    out = str(corpus["tmp"] / "cli")
+    assert run_cli(["pack", "--scp", corpus["scps"][0], "--labels", corpus["labels"][0],
+                    "--out", out, "--group", "10:30", "--group", "30:100",
+                    "--utts-per-shard", "2", "--no-progress",
+                    "--dask", dask_cluster.scheduler_address]) == 0
+    assert tree_digest(out) == digest
