@@ -317,7 +317,8 @@ def test_a_process_pool_of_two_writes_the_bytes_of_one_pack(corpus):
 def dask_cluster():
     distributed = pytest.importorskip("distributed")
     with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                                  host="127.0.0.1", dashboard_address=None) as cluster:
+                                  host="127.0.0.1",
+                                  dashboard_address="127.0.0.1:0") as cluster:
         yield cluster
 
 
@@ -334,3 +335,77 @@ def test_dask_local_cluster_writes_the_bytes_of_one_pack(corpus, dask_cluster, c
                     "--utts-per-shard", "2", "--no-progress",
                     "--dask", dask_cluster.scheduler_address]) == 0
     assert tree_digest(out) == digest
+
+
+# --------------------------------------------------------------------------------------------
+# a pack folder in object storage (moto's S3 server on 127.0.0.1)
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def s3():
+    pytest.importorskip("moto")
+    pytest.importorskip("s3fs")
+    from speechpipe.testing import S3_TEST_CREDENTIALS, serve_s3
+
+    with serve_s3() as endpoint:
+        options = sp.RemoteOptions(
+            storage_options={"endpoint_url": endpoint, **S3_TEST_CREDENTIALS,
+                             "config_kwargs": {"retries": {"total_max_attempts": 1}}},
+            retries=2, backoff=0.01)
+        yield {"endpoint": endpoint, "options": options, "credentials": S3_TEST_CREDENTIALS}
+
+
+def upload_pack(s3, local, bucket):
+    """Upload a grouped pack folder to s3://bucket/corpus/shards/<group>/; return its URL."""
+    from speechpipe.testing import upload_folder
+
+    for group in sorted(os.listdir(local)):
+        upload_folder(s3["endpoint"], os.path.join(local, group), bucket,
+                      f"corpus/shards/{group}")
+    return f"s3://{bucket}/corpus/shards"
+
+
+def test_a_pack_folder_url_stands_for_every_length_group(corpus, s3):
+    # Issue 30: s3://bucket/corpus/shards was taken as one shard, then "no shard index here"
+    # although every group's index was there.
+    from speechpipe.pipes.sources import expand_patterns
+
+    local, _ = reference(corpus)
+    url = upload_pack(s3, local, "folder-url")
+    index = sp.ShardIndex.read(url, remote=s3["options"])
+    assert index.shards == sp.ShardIndex.read(local).shards
+    expected = [p.replace(local, url) for p in sp.ShardIndex.read(local).paths()]
+    assert index.paths() == expected
+    assert expand_patterns(url, remote=s3["options"]) == sorted(expected)
+    read = sp.ShardReadOptions(remote=s3["options"])
+    keys = [s["key"] for s in sp.IterableWrapper([url]).sharded_shuffle(
+        buffer_size=2, index=True, seed=0, read_options=read)]
+    assert sorted(keys) == sorted(corpus["arrays"])
+
+
+def test_no_index_in_a_bucket_folder_names_what_is_missing(s3):
+    with pytest.raises(sp.MissingDataError) as info:
+        sp.ShardIndex.read("s3://folder-url/nowhere", remote=s3["options"])
+    assert str(info.value) == (
+        "s3://folder-url/nowhere: no shard index here: neither "
+        "s3://folder-url/nowhere/index.jsonl nor a length group's "
+        "(s3://folder-url/nowhere/*/index.jsonl); write one with 'speechpipe pack' (--out may "
+        "be this URL), or upload the whole pack folder")
+
+
+def test_stats_reads_a_pack_folder_url_with_storage_options(corpus, s3, capsys):
+    from speechpipe.cli import main
+
+    local, _ = reference(corpus)
+    url = upload_pack(s3, local, "stats-url")
+    argv = ["stats", url, "--no-histogram", "--storage-option",
+            f"endpoint_url={s3['endpoint']}", "--storage-option",
+            f"key={s3['credentials']['key']}", "--storage-option",
+            f"secret={s3['credentials']['secret']}"]
+    assert main(argv) == 0
+    remote = capsys.readouterr().out
+    assert main(["stats", local, "--no-histogram"]) == 0
+    assert remote.replace(url, local) == capsys.readouterr().out
+    assert "utterances          9" in remote
+    assert f"length group        {url}/30_100/: 6 utterances" in remote

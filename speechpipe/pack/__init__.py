@@ -27,7 +27,9 @@ holder's pid and host; a second run fails with :class:`~speechpipe.errors.Folder
 
 Each utterance ``<key>`` becomes two members: ``<key>.feats.npy`` (float32 ``(frames, dim)``)
 or ``<key>.flac`` / ``<key>.wav`` (audio), and ``<key>.txt`` (the label, UTF-8, unchanged:
-tokenization happens when the shards are read). Read them back with
+tokenization happens when the shards are read); from a manifest, a third, ``<key>.json``,
+keeps the line's other fields (speaker, chapter, gender, age, accent, language...), decoded
+with :mod:`json` when read. Read them back with
 ``IterableWrapper(paths).open().read_shards().decode()``, or with webdataset.
 
 The work happens in four steps, so that nothing is written when the inputs are inconsistent:
@@ -44,7 +46,7 @@ job: :mod:`~speechpipe.pack.inputs` (reading the tables, matching keys),
 
 from __future__ import annotations
 
-from .inputs import KINDS, MANIFEST_AUDIO_FIELDS, MANIFEST_TEXT_FIELDS
+from .inputs import KINDS, MANIFEST_AUDIO_FIELDS, MANIFEST_FIELDS_NOT_KEPT, MANIFEST_TEXT_FIELDS
 from .lengths import LENGTH_UNITS, LengthGroup, parse_length_groups
 from .options import COMPRESS, ON_MISMATCH, UTTS_PER_SHARD, PackOptions
 from .report import PackReport
@@ -58,6 +60,7 @@ __all__ = [
     "LENGTH_UNITS",
     "LengthGroup",
     "MANIFEST_AUDIO_FIELDS",
+    "MANIFEST_FIELDS_NOT_KEPT",
     "MANIFEST_TEXT_FIELDS",
     "ON_MISMATCH",
     "PackOptions",

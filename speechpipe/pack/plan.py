@@ -160,7 +160,7 @@ def _item_fields(item: _Item) -> list:
     reco = item.recording
     return [item.key, item.value, item.source, item.line, item.text,
             None if reco is None else [reco.key, reco.value, reco.source, reco.line],
-            item.offset, item.duration]
+            item.offset, item.duration, item.meta]
 
 
 def _task_fields(task: _ShardTask) -> dict[str, Any]:
@@ -171,8 +171,9 @@ def _task_fields(task: _ShardTask) -> dict[str, Any]:
 
 def _task_from(row: dict[str, Any], path: str) -> _ShardTask:
     items = tuple(_Item(key, value, source, line, text,
-                        None if reco is None else ScpEntry(*reco), offset, duration)
-                  for key, value, source, line, text, reco, offset, duration in row["items"])
+                        None if reco is None else ScpEntry(*reco), offset, duration, meta)
+                  for key, value, source, line, text, reco, offset, duration, meta
+                  in row["items"])
     return _ShardTask(path, row["mode"], items, tuple(row["native"]), True,
                       row["audio_format"], row["allow_commands"])
 

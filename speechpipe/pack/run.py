@@ -77,7 +77,12 @@ def pack_data(
       FLAC -- lossless, exact int16 values; other audio (24-bit, float) as ``<key>.wav``,
       32-bit float. The sample rate is in the audio header: no other member is written;
     - ``<key>.txt``: the label as in the label file (UTF-8, inner spaces kept: tokenize when
-      reading, so that the tokenizer can change without packing again).
+      reading, so that the tokenizer can change without packing again);
+    - ``<key>.json``, from manifests only: the line's other fields (``speaker``, ``chapter``,
+      Common Voice's ``age``, ``gender``, ``accent``, ``locale``...; all but those in
+      :data:`~speechpipe.pack.MANIFEST_FIELDS_NOT_KEPT`) as a JSON object with sorted keys;
+      ``decode`` reads it with :mod:`json` (never pickle) as ``meta``. No member when there
+      are none.
 
     Each folder gets ``index.jsonl`` (:class:`~speechpipe.index.ShardIndex`): per shard its
     name, count, byte size, keys and lengths (frames for features, samples for audio, or
@@ -87,7 +92,21 @@ def pack_data(
     **Determinism**: the same inputs give byte-identical shards and indexes, whatever
     ``num_workers`` (each shard depends only on its own utterances; tar headers are fixed).
 
-    **Interrupted runs**: each shard is written as ``<name>.tmp`` and renamed when complete,
+    **One run per folder**: a run holds ``d_out/.speechpipe-pack.lock`` (its pid and host)
+    while it writes there; a second run fails with
+    :class:`~speechpipe.errors.FolderLockedError` naming the holder. A lock left by a
+    process of this host that no longer runs is taken over with a warning. Before the index
+    is written, every shard written is checked against its plan (present, complete, the
+    planned members, the size its task reported).
+
+    **Beyond one machine**: ``executor=`` runs the measuring and writing on any
+    :class:`concurrent.futures.Executor`, or on a Dask cluster (a ``distributed.Client``;
+    ``pip install 'speechpipe[dask]'``); :func:`~speechpipe.pack.plan_pack`,
+    :func:`~speechpipe.pack.pack_task` and :func:`~speechpipe.pack.merge_pack` run the same
+    steps as a job array. The bytes are the same in every case.
+
+    **Interrupted runs**: each shard is written under a temporary name unique to the attempt
+    (``.tmp-<pid>-<random>-<name>``) and renamed when complete,
     so a killed run leaves no partial shard under a shard name. A rerun with the same inputs
     keeps the shards already complete: a shard listed in an existing ``index.jsonl`` is kept
     if its keys and lengths are those planned and its size is the indexed size (one ``stat``);
@@ -151,6 +170,10 @@ def pack_data(
             (smaller to store and send, slower to read: benchmarks/README.md).
         options: all the settings above (``fmt`` to ``compress``) in one
             :class:`~speechpipe.pack.PackOptions`, instead of the keyword arguments.
+        executor: where utterances are measured and shards written: a
+            :class:`concurrent.futures.Executor` (left running), or a Dask
+            ``distributed.Client`` (its ``get_executor()``); ``None``: ``num_workers``
+            processes (or this one). Not together with ``num_workers > 1``.
 
     Returns:
         A :class:`PackReport` (``print(report.report())``).
@@ -159,6 +182,7 @@ def pack_data(
         ValueError: a bad argument (overlapping groups, bad ``fmt``, both scps and manifests).
         TypeError: an argument of the wrong type, or ``options`` together with settings passed
             as keyword arguments (naming them).
+        FolderLockedError: another run writes ``d_out`` (naming its pid and host).
         MissingDataError: an input file, ark or audio file that does not exist.
         UnsafeInputError: a ``cmd |`` value (pack runs no commands from tables).
         DataError: a malformed table line, a duplicate key within or across input files

@@ -30,6 +30,7 @@ AUDIO_FORMATS = ("lossless", "flac16")
 
 _FEATS_FIELD = "feats.npy"
 _TEXT_FIELD = "txt"
+_META_FIELD = "json"
 _AUDIO_FIELDS = ("flac", "wav")
 _INT16_SCALE = np.float32(32768.0)
 
@@ -153,27 +154,29 @@ def _shard_is_complete(task: _ShardTask) -> bool:
     allowed = (_FEATS_FIELD,) if task.mode == _FEATS else (
         ("flac",) if task.audio_format == "flac16" else _AUDIO_FIELDS)
     expected = iter(task.items)
-    current: tuple[str, set] | None = None
+    current: tuple[_Item, set] | None = None
     try:
         with open(task.path, "rb") as f:
             for name, _ in iter_tar_members(f, source=task.path):
                 key, fld = split_member_name(name, source=task.path)
-                if current is None or key != current[0]:
-                    if current is not None and not _fields_ok(current[1], allowed):
+                if current is None or key != current[0].key:
+                    if current is not None and not _fields_ok(*current, allowed):
                         return False
                     item = next(expected, None)
                     if item is None or item.key != key:
                         return False
-                    current = (key, set())
+                    current = (item, set())
                 current[1].add(fld)
     except (OSError, DataError):
         return False
-    return (current is not None and _fields_ok(current[1], allowed)
+    return (current is not None and _fields_ok(*current, allowed)
             and next(expected, None) is None)
 
 
-def _fields_ok(fields: set, allowed: Sequence[str]) -> bool:
-    return len(fields) == 2 and _TEXT_FIELD in fields and bool(fields & set(allowed))
+def _fields_ok(item: _Item, fields: set, allowed: Sequence[str]) -> bool:
+    meta = item.meta is not None
+    return (len(fields) == 2 + meta and _TEXT_FIELD in fields and bool(fields & set(allowed))
+            and (_META_FIELD in fields) == meta)
 
 
 def _run_shard_task(task: _ShardTask) -> tuple[bool, int, int]:
@@ -197,6 +200,8 @@ def _run_shard_task(task: _ShardTask) -> tuple[bool, int, int]:
                     f"measured {planned} when planning: did the data change during packing?",
                     source=item.source, line=item.line, key=item.key)
             out = {"key": item.key, _TEXT_FIELD: item.text}
+            if item.meta is not None:
+                out[_META_FIELD] = item.meta.encode("utf-8")
             if task.mode == _FEATS:
                 out[_FEATS_FIELD] = data
             else:

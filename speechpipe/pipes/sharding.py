@@ -48,7 +48,7 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from ..diagnostics import BufferStats, Diagnostics, check_on_error
 from ..errors import DataError, MissingDataError, UnsafeInputError
-from ..index import ShardEntry, ShardIndex, length_seconds
+from ..index import ShardEntry, ShardIndex, is_folder_url, length_seconds
 from ..sample import FEATS, KEY, SOURCE, Sample
 from ..seeding import Position, derive_rng, process_position
 from ._base import IterDataPipe, functional_datapipe
@@ -473,6 +473,9 @@ class ShardedShufflerIterDataPipe(Seeded, SampleSource, IterDataPipe[Sample]):
             name = os.fspath(name)
             if os.path.isdir(name):  # pack's output folder: its shards, every group's
                 names.extend(ShardIndex.read(name).paths())
+            elif is_folder_url(name):  # the same in a bucket
+                remote = self.read_options.remote if self.read_options is not None else None
+                names.extend(ShardIndex.read(name, remote=remote).paths())
             else:
                 names.append(name)
         return names
