@@ -409,3 +409,116 @@ def test_stats_reads_a_pack_folder_url_with_storage_options(corpus, s3, capsys):
     assert remote.replace(url, local) == capsys.readouterr().out
     assert "utterances          9" in remote
     assert f"length group        {url}/30_100/: 6 utterances" in remote
+
+
+# --------------------------------------------------------------------------------------------
+# straight into object storage
+# --------------------------------------------------------------------------------------------
+
+
+def bucket_files(s3, url, options=None):
+    """``{relative name: bytes}`` of every object under ``url``."""
+    from speechpipe.remote import remote_filesystem
+
+    fs, path = remote_filesystem(url, options or s3["options"])
+    fs.invalidate_cache()
+    return {p[len(path) + 1:]: fs.cat_file(p) for p in sorted(fs.find(path))}
+
+
+def local_files(folder):
+    out = {}
+    for name in shard_files(folder):
+        with open(os.path.join(folder, name), "rb") as f:
+            out[name.replace(os.sep, "/")] = f.read()
+    return out
+
+
+def make_bucket(s3, name):
+    import boto3
+
+    boto3.client("s3", endpoint_url=s3["endpoint"], region_name="us-east-1",
+                 aws_access_key_id=s3["credentials"]["key"],
+                 aws_secret_access_key=s3["credentials"]["secret"]).create_bucket(Bucket=name)
+
+
+def test_pack_straight_into_a_bucket_writes_the_bytes_of_a_local_pack(corpus, s3):
+    local, _ = reference(corpus)
+    make_bucket(s3, "pack-out")
+    url = "s3://pack-out/corpus"
+    report = pack_feats(corpus, out=url, filter_group=GROUPS, utts_per_shard=2,
+                        remote=s3["options"])
+    assert report.shards_written == 5
+    assert bucket_files(s3, url) == local_files(local)  # shards and indexes, nothing else
+    again = pack_feats(corpus, out=url, filter_group=GROUPS, utts_per_shard=2,
+                       remote=s3["options"])
+    assert (again.shards_written, again.shards_skipped) == (0, 5)
+    # and it reads back as a folder
+    read = sp.ShardReadOptions(remote=s3["options"])
+    keys = [s["key"] for s in sp.IterableWrapper([url]).sharded_shuffle(
+        buffer_size=2, index=True, seed=0, read_options=read)]
+    assert sorted(keys) == sorted(corpus["arrays"])
+
+
+def test_a_job_array_into_a_bucket_through_the_cli(corpus, s3, capsys):
+    local, _ = reference(corpus)
+    make_bucket(s3, "array-out")
+    url = "s3://array-out/corpus"
+    base = ["pack", "--out", url, "--no-progress", "--storage-option",
+            f"endpoint_url={s3['endpoint']}", "--storage-option",
+            f"key={s3['credentials']['key']}", "--storage-option",
+            f"secret={s3['credentials']['secret']}"]
+    assert run_cli(base + ["--scp", corpus["scps"][0], "--labels", corpus["labels"][0],
+                           "--group", "10:30", "--group", "30:100", "--utts-per-shard", "2",
+                           "--plan-only"]) == 0
+    assert sorted(bucket_files(s3, url)) == ["pack_plan.jsonl"]
+    for task in ("3/3", "1/3"):
+        assert run_cli(base + ["--task", task]) == 0
+    assert run_cli(base + ["--merge"]) == 2
+    assert "missing (written by task" in capsys.readouterr().err
+    assert run_cli(base + ["--task", "2/3"]) == 0
+    assert run_cli(base + ["--merge"]) == 0
+    assert bucket_files(s3, url) == local_files(local)
+
+
+def test_the_object_store_gone_during_a_write_is_named_and_a_rerun_completes(
+        corpus, s3, monkeypatch):
+    from moto.server import ThreadedMotoServer
+
+    from speechpipe.pack.storage import Storage
+
+    local, _ = reference(corpus)
+    make_bucket(s3, "gone")
+    url = "s3://gone/corpus"
+    # a second server of the same buckets (moto keeps them per process), stopped mid-pack
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    options = sp.RemoteOptions(
+        storage_options={**s3["options"].storage_options, "endpoint_url": f"http://{host}:{port}"},
+        retries=2, backoff=0.01)
+    real = Storage.publish
+    published = []
+
+    def publish(self, tmp, final):
+        if len(published) == 2:
+            server.stop()  # the store goes away after two shards
+        real(self, tmp, final)
+        published.append(final)
+
+    monkeypatch.setattr(Storage, "publish", publish)
+    try:
+        with pytest.raises(sp.DataError) as info:
+            pack_feats(corpus, out=url, filter_group=GROUPS, utts_per_shard=2,
+                       remote=options)
+    finally:
+        if len(published) < 2:
+            server.stop()
+    message = str(info.value)
+    assert message.startswith(f"{url}/30_100/data-00000.tar: cannot upload the shard after 2 "
+                              "attempts")
+    monkeypatch.setattr(Storage, "publish", real)
+    assert sorted(bucket_files(s3, url)) == ["10_30/data-00000.tar", "10_30/data-00001.tar"]
+    report = pack_feats(corpus, out=url, filter_group=GROUPS, utts_per_shard=2,
+                        remote=s3["options"])
+    assert (report.shards_written, report.shards_skipped) == (3, 2)
+    assert bucket_files(s3, url) == local_files(local)

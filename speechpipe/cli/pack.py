@@ -22,6 +22,8 @@ from ..pack import (
     plan_pack,
 )
 from ..recipes import EMPTY_TEXT
+from ..remote import RemoteOptions
+from .stats import _storage_option
 
 __all__ = ["add_command", "run_command"]
 
@@ -86,7 +88,14 @@ def add_command(subparsers: Any) -> argparse.ArgumentParser:
     inputs.add_argument("--kind", choices=KINDS, default="auto",
                         help="what the scp files hold (default: auto-detect)")
     output = parser.add_argument_group("output")
-    output.add_argument("--out", required=True, metavar="DIR", help="output folder")
+    output.add_argument("--out", required=True, metavar="DIR",
+                        help="output folder, or a folder URL (s3://bucket/corpus, any fsspec "
+                        "URL: shards uploaded whole, the index last)")
+    output.add_argument("--storage-option", action="append", type=_storage_option, default=[],
+                        metavar="KEY=VALUE",
+                        help="an option of the object store's file system for a URL --out "
+                        "(s3fs: endpoint_url=http://..., profile=...; repeatable); credentials "
+                        "also come from the usual AWS_* variables and files")
     output.add_argument("--fmt", default="data-%05d.tar",
                         help="shard file name with one number (default: data-%%05d.tar)")
     output.add_argument("--group", action="append", default=[], metavar="LO:HI",
@@ -159,16 +168,18 @@ def _dask_client(address: str):
 
 
 def _run(args: argparse.Namespace, executor: Any) -> Any:
+    remote = (RemoteOptions(storage_options=dict(args.storage_option))
+              if args.storage_option else None)
     inputs = [f"--{name}" for name in ("scp", "labels", "segments", "manifest")
               if getattr(args, name)]
     if (args.task or args.merge) and inputs:
         raise ValueError(f"{'--task' if args.task else '--merge'} reads the plan in --out: "
                          f"drop {', '.join(inputs)} (they were read by --plan-only)")
     if args.merge:
-        return merge_pack(args.out)
+        return merge_pack(args.out, remote=remote)
     if args.task:
         return pack_task(args.out, *args.task, num_workers=1 if executor else args.workers,
-                         executor=executor, progress=not args.no_progress)
+                         executor=executor, progress=not args.no_progress, remote=remote)
     options = PackOptions(
         fmt=args.fmt, filter_group=args.group or None, utts_per_shard=args.utts_per_shard,
         kind=args.kind, on_mismatch=args.on_mismatch,
@@ -178,7 +189,7 @@ def _run(args: argparse.Namespace, executor: Any) -> Any:
     step = plan_pack if args.plan_only else pack_data
     return step(args.scp or None, args.labels or None, args.out,
                 segments=args.segments or None, manifests=args.manifest or None,
-                options=options, executor=executor)
+                options=options, executor=executor, remote=remote)
 
 
 def run_command(args: argparse.Namespace) -> int:

@@ -5,15 +5,18 @@ worker processes or here), write each folder's index."""
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import multiprocessing
 import os
+import tempfile
 import time
 from collections import Counter
 from typing import Any, Iterator, Mapping, NamedTuple, Sequence
 
 from ..errors import DataError, FolderLockedError
-from ..index import ShardIndex
+from ..index import INDEX_NAME, ShardIndex
+from ..remote import RemoteOptions
 from ..progress import progress_bar
 from .inputs import _input_files, _Inputs, _Item, _match_keys, _read_inputs
 from .lengths import _measure_chunk_args
@@ -23,6 +26,7 @@ from .plan import (
     PLAN_NAME, _group_by_length, _Measured, _other_packs, _plan_shards, _refuse_or_clean, _ShardPlan,
 )
 from .report import _EXAMPLES, PackReport
+from .storage import Storage
 from .write import _remove_tmp_files, _run_shard_task, _shard_is_complete
 
 __all__ = ["merge_pack", "pack_data", "pack_task", "plan_pack"]
@@ -64,6 +68,7 @@ def pack_data(
     compress: str | None = _Default("compress"),
     options: PackOptions | None = None,
     executor: Any = None,
+    remote: RemoteOptions | None = None,
 ) -> PackReport:
     """Pack Kaldi tables (or manifests) and their labels into tar shards with an index.
 
@@ -170,6 +175,10 @@ def pack_data(
             (smaller to store and send, slower to read: benchmarks/README.md).
         options: all the settings above (``fmt`` to ``compress``) in one
             :class:`~speechpipe.pack.PackOptions`, instead of the keyword arguments.
+        remote: how ``d_out`` is written when it is a URL (``s3://bucket/corpus``, any fsspec
+            URL; :class:`~speechpipe.remote.RemoteOptions`, e.g. its ``storage_options``):
+            each shard is written locally, then uploaded under its final name (an object
+            appears only when complete); the index last. No lock is taken in object storage.
         executor: where utterances are measured and shards written: a
             :class:`concurrent.futures.Executor` (left running), or a Dask
             ``distributed.Client`` (its ``get_executor()``); ``None``: ``num_workers``
@@ -218,12 +227,15 @@ def pack_data(
     try:
         # 1. Tables, keys and lengths (read only); 2. groups and shards (under the lock);
         # 3. the shards; 4. the merge: shards checked, then the indexes.
-        measured = _measure_inputs(files, out_dir, options, pool)
-        with FolderLock(out_dir, "pack"):
-            refuse_if_locked(out_dir, ignore=LOCK_NAME)  # no task of a plan is running
-            plan, report = _plan(measured, out_dir, options)
+        store = _storage(out_dir, remote)
+        measured = _measure_inputs(files, store, options, pool)
+        with _owning(store, "pack"):
+            _refuse_if_locked(store, ignore=LOCK_NAME)  # no task of a plan is running
+            plan, report = _plan(measured, store, options)
+            if store.isfile(store.join(out_dir, PLAN_NAME)):  # a job array's, superseded
+                store.remove(store.join(out_dir, PLAN_NAME))
             sizes = _write_shards(pool, plan, report, options.progress)
-            _merge(plan, report, sizes)
+            _merge(plan, report, store, sizes)
     finally:
         if owned:
             pool.shutdown(wait=True, cancel_futures=True)
@@ -240,6 +252,7 @@ def plan_pack(
     manifests: str | os.PathLike | Sequence[str | os.PathLike] | None = None,
     options: PackOptions | None = None,
     executor: Any = None,
+    remote: RemoteOptions | None = None,
 ) -> PackReport:
     """The first step of a pack run as a job array (CLI: ``pack ... --plan-only``): read and
     measure the inputs as :func:`pack_data` does and write the plan, ``d_out/pack_plan.jsonl``
@@ -257,21 +270,23 @@ def plan_pack(
         The report of the planning (``shards_skipped``: shards an earlier run left complete).
     """
     files, out_dir, options = _arguments(f_scps, f_labels, segments, manifests, d_out, options)
+    store = _storage(out_dir, remote)
     pool, owned = _executor(options.num_workers, executor)
     try:
-        measured = _measure_inputs(files, out_dir, options, pool)
+        measured = _measure_inputs(files, store, options, pool)
     finally:
         if owned:
             pool.shutdown(wait=True, cancel_futures=True)
-    with FolderLock(out_dir, "pack --plan-only"):
-        refuse_if_locked(out_dir, ignore=LOCK_NAME)  # no task of an earlier plan is running
-        plan, report = _plan(measured, out_dir, options)
-        plan.write(out_dir, report)
+    with _owning(store, "pack --plan-only"):
+        _refuse_if_locked(store, ignore=LOCK_NAME)  # no task of an earlier plan is running
+        plan, report = _plan(measured, store, options)
+        plan.write(store, report)
     return report
 
 
 def pack_task(d_out: str | os.PathLike, task: int, tasks: int, *, num_workers: int = 1,
-              executor: Any = None, progress: bool = True) -> PackReport:
+              executor: Any = None, progress: bool = True,
+              remote: RemoteOptions | None = None) -> PackReport:
     """Write the shards of task ``task`` (1 to ``tasks``) of the plan in ``d_out`` (CLI:
     ``pack --out DIR --task i/N``): every ``tasks``-th shard to write, in plan order, each
     under a temporary name and renamed when complete; shards already complete are kept (a
@@ -288,19 +303,20 @@ def pack_task(d_out: str | os.PathLike, task: int, tasks: int, *, num_workers: i
             raise ValueError(f"{name} must be an int >= 1, got {value!r}")
     if task > tasks:
         raise ValueError(f"task must be in 1..{tasks}, got {task}")
+    store = _storage(out_dir, remote)
     pool, owned = _executor(num_workers, executor)
     try:
-        with FolderLock(out_dir, f"pack --task {task}/{tasks}",
-                        name=task_lock_name(task, tasks)):
-            held = [h for h in live_locks(out_dir) if os.path.basename(h[0]) == LOCK_NAME]
+        with _owning(store, f"pack --task {task}/{tasks}", task_lock_name(task, tasks)):
+            held = [h for h in (() if store.is_url else live_locks(out_dir))
+                    if os.path.basename(h[0]) == LOCK_NAME]
             if held:
                 raise FolderLockedError(f"this pack folder is in use by {held[0][1]}: tasks "
                                         "run after the planning ends", source=held[0][0])
-            plan, report = _ShardPlan.read(out_dir)
+            plan, report = _ShardPlan.read(store)
             report.groups = {}
             mine = [j for j, n in enumerate(plan.task_numbers(tasks)) if n == task]
             for j in mine:
-                _remove_tmp_files(*os.path.split(plan.tasks[j].path))
+                _remove_tmp_files(*store.split(plan.tasks[j].path))
             _write_shards(pool, plan, report, progress, mine)
     finally:
         if owned:
@@ -308,7 +324,8 @@ def pack_task(d_out: str | os.PathLike, task: int, tasks: int, *, num_workers: i
     return report
 
 
-def merge_pack(d_out: str | os.PathLike) -> PackReport:
+def merge_pack(d_out: str | os.PathLike, *, remote: RemoteOptions | None = None
+               ) -> PackReport:
     """The last step of a job array (CLI: ``pack --out DIR --merge``): check every shard of
     the plan in ``d_out`` (present, complete, the planned utterances) and write each folder's
     ``index.jsonl``; the plan file is then deleted (the index replaces it).
@@ -319,15 +336,16 @@ def merge_pack(d_out: str | os.PathLike) -> PackReport:
         FolderLockedError: a task (or a pack) is still writing the folder.
     """
     out_dir = _out_dir(d_out)
-    with FolderLock(out_dir, "pack --merge"):
-        refuse_if_locked(out_dir, ignore=LOCK_NAME)
-        plan, report = _ShardPlan.read(out_dir)
-        _merge(plan, report)
+    store = _storage(out_dir, remote)
+    with _owning(store, "pack --merge"):
+        _refuse_if_locked(store, ignore=LOCK_NAME)
+        plan, report = _ShardPlan.read(store)
+        _merge(plan, report, store)
         report.shards_skipped = sum(len(e) for e in plan.entries.values())
         report.bytes_total = sum(e.bytes for f in plan.entries.values() for e in f.values())
         for folder, by_name in plan.entries.items():
             _remove_tmp_files(folder, by_name)
-        os.remove(os.path.join(out_dir, PLAN_NAME))
+        store.remove(store.join(out_dir, PLAN_NAME))
     return report
 
 
@@ -351,28 +369,43 @@ def _arguments(f_scps, f_labels, segments, manifests, d_out, options, **keywords
     return files, out_dir, options
 
 
+def _storage(out_dir: str, remote: RemoteOptions | None) -> Storage:
+    if remote is not None and not isinstance(remote, RemoteOptions):
+        raise TypeError(f"remote must be a RemoteOptions or None, got {remote!r}")
+    return Storage(out_dir, remote)
+
+
+def _owning(store: Storage, what: str, name: str = LOCK_NAME):
+    """The folder's lock (a local one; object storage has none here)."""
+    return contextlib.nullcontext() if store.is_url else FolderLock(store.root, what, name)
+
+
+def _refuse_if_locked(store: Storage, *, ignore: str | None = None) -> None:
+    if not store.is_url and os.path.isdir(store.root):
+        refuse_if_locked(store.root, ignore=ignore)
+
+
 def _out_dir(d_out) -> str:
     if not isinstance(d_out, (str, os.PathLike)) or not os.fspath(d_out):
         raise TypeError(f"d_out must be a folder path, got {d_out!r}")
     return os.fspath(d_out)
 
 
-def _measure_inputs(files, out_dir: str, options: PackOptions,
+def _measure_inputs(files, store: Storage, options: PackOptions,
                     pool: concurrent.futures.Executor | None) -> _MeasuredInputs:
     """Read the tables, match keys and measure every utterance: nothing is written (a run
-    already writing ``out_dir``, or another pack there, is refused first)."""
-    if os.path.isdir(out_dir):
-        refuse_if_locked(out_dir)
-    others = _other_packs(out_dir, options)
+    already writing the output folder, or another pack there, is refused first)."""
+    _refuse_if_locked(store)
+    others = _other_packs(store, options)
     if not options.force:
-        _refuse_or_clean(others, out_dir, options)  # refuses, before anything is read
+        _refuse_or_clean(others, store, options)  # refuses, before anything is read
     inputs = _read_inputs(files.scps, files.labels, files.segments, files.manifests,
                           options.kind, options.allow_commands)
     unit = _length_unit(options.length_unit, inputs.kind)
     items, no_label, no_data = _match_keys(inputs, options.on_mismatch)
     items, empty = _empty_labels(items, options.empty_text, inputs)
     report = PackReport(
-        out_dir, inputs.kind, unit,
+        store.root, inputs.kind, unit,
         keys_without_label=len(no_label), keys_without_label_examples=no_label[:_EXAMPLES],
         labels_without_data=len(no_data), labels_without_data_examples=no_data[:_EXAMPLES],
         empty_text=len(empty), empty_text_examples=empty[:_EXAMPLES],
@@ -383,18 +416,18 @@ def _measure_inputs(files, out_dir: str, options: PackOptions,
     return _MeasuredInputs(inputs, unit, measured, report, sample_rate, others)
 
 
-def _plan(m: _MeasuredInputs, out_dir: str, options: PackOptions) -> tuple[_ShardPlan,
-                                                                          PackReport]:
+def _plan(m: _MeasuredInputs, store: Storage, options: PackOptions
+          ) -> tuple[_ShardPlan, PackReport]:
     """Groups and shards, under the folder's lock: what another pack left is refused (or
     removed with ``force``), stale indexes and wrong shards are removed, temporary files of
     dead runs deleted."""
     report = m.report
-    others = _other_packs(out_dir, options) if os.path.isdir(out_dir) else []
+    others = _other_packs(store, options)
     if not options.force:
-        _refuse_or_clean(others, out_dir, options)
+        _refuse_or_clean(others, store, options)
     by_group = _group_by_length(m.measured, options.groups, report)
-    report.removed.extend(_refuse_or_clean(others, out_dir, options))
-    plan = _plan_shards(by_group, m.measured, out_dir, m.inputs, m.unit, options, report)
+    report.removed.extend(_refuse_or_clean(others, store, options))
+    plan = _plan_shards(by_group, m.measured, store, m.inputs, m.unit, options, report)
     plan.unit, plan.sample_rate = m.unit, m.sample_rate
     plan.audio_format = None if m.inputs.kind == "feats" else options.audio_format
     rates = {item.key: rate for item, (_, rate) in zip(m.measured.items, m.measured.native)
@@ -520,8 +553,8 @@ def _write_shards(executor: concurrent.futures.Executor | None, plan: _ShardPlan
     return sizes
 
 
-def _merge(plan: _ShardPlan, report: PackReport, sizes: Mapping[str, int] | None = None
-           ) -> None:
+def _merge(plan: _ShardPlan, report: PackReport, store: Storage,
+           sizes: Mapping[str, int] | None = None) -> None:
     """Check every shard of the plan against its entry, then write each folder's
     ``index.jsonl`` (last: an index means a complete pack).
 
@@ -537,9 +570,9 @@ def _merge(plan: _ShardPlan, report: PackReport, sizes: Mapping[str, int] | None
     number_of = {t.path: j for j, t in enumerate(plan.tasks)}
     for folder, by_name in plan.entries.items():
         for name, entry in by_name.items():
-            path = os.path.join(folder, name)
+            path = store.join(folder, name)
             try:
-                size = os.path.getsize(path)
+                size = store.size(path)
             except OSError:
                 j = number_of.get(path)
                 problems.append((path, "missing" if j is None else
@@ -553,7 +586,9 @@ def _merge(plan: _ShardPlan, report: PackReport, sizes: Mapping[str, int] | None
             if sizes is not None and path in sizes and sizes[path] != size:
                 problems.append((path, f"{size} bytes, but its task wrote {sizes[path]}: "
                                        "rewritten by another run?"))
-            elif not _shard_is_complete(plan.tasks[j]):
+            elif not store.is_url and not _shard_is_complete(plan.tasks[j]):
+                # (an object in a bucket was uploaded whole, by one PUT, under its final name
+                # only: present with the size its task wrote is complete; not read back)
                 problems.append((path, "incomplete, or not the planned utterances"))
             else:
                 by_name[name] = dataclasses.replace(entry, bytes=size)
@@ -569,7 +604,14 @@ def _merge(plan: _ShardPlan, report: PackReport, sizes: Mapping[str, int] | None
         index = ShardIndex(folder, list(by_name.values()), length_unit=plan.unit,
                            audio_format=plan.audio_format, sample_rate=plan.sample_rate,
                            sample_rates=plan.rates.get(folder))
-        report.index_paths.append(index.write())
+        if store.is_url:  # the same bytes as a local index, in one PUT
+            with tempfile.TemporaryDirectory() as tmp:
+                with open(index.write(os.path.join(tmp, INDEX_NAME)), "rb") as f:
+                    data = f.read()
+            store.write_bytes(store.join(folder, INDEX_NAME), data)
+            report.index_paths.append(store.join(folder, INDEX_NAME))
+        else:
+            report.index_paths.append(index.write())
 
 
 def _executor(num_workers: int, executor: Any = None

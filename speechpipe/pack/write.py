@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import os
 import re
+import shutil
 import uuid
 from typing import Iterator, NamedTuple, Sequence
 
@@ -20,7 +21,9 @@ from ..pipes.decode import read_audio_segment
 from ..pipes.kaldi import ScpEntry, load_scp_entries, slice_segments
 from ..pipes.shards import iter_tar_members, split_member_name
 from ..pipes.shard_writer import write_shard
+from ..remote import RemoteOptions, is_remote, open_remote
 from .inputs import _FEATS, _MANIFEST, _SEGMENT, _Item, _no_commands
+from .storage import Storage
 
 __all__ = ["AUDIO_FORMATS"]
 
@@ -105,6 +108,7 @@ class _ShardTask(NamedTuple):
     check_existing: bool  # an existing shard may be kept if its member names are right
     audio_format: str = "lossless"
     allow_commands: bool = False
+    remote: RemoteOptions | None = None  # how a URL path is written and read
 
 
 _TMP_PREFIX = ".tmp-"
@@ -125,8 +129,11 @@ def _is_tmp_of(name: str, shard_name_re: re.Pattern) -> bool:
 
 
 def _remove_tmp_files(folder: str, shard_names) -> list[str]:
-    """Delete the temporary files of the shards ``shard_names`` in ``folder`` (left by killed
-    attempts: call only while owning the shards, under their lock); return them."""
+    """Delete the temporary files of the shards ``shard_names`` in the local ``folder`` (left
+    by killed attempts: call only while owning the shards, under their lock); return them.
+    (Shards for object storage are written in local temporary folders: nothing to do.)"""
+    if is_remote(folder):
+        return []
     wanted = set(shard_names)
     removed = []
     try:
@@ -156,7 +163,8 @@ def _shard_is_complete(task: _ShardTask) -> bool:
     expected = iter(task.items)
     current: tuple[_Item, set] | None = None
     try:
-        with open(task.path, "rb") as f:
+        with (open_remote(task.path, task.remote) if is_remote(task.path)
+              else open(task.path, "rb")) as f:
             for name, _ in iter_tar_members(f, source=task.path):
                 key, fld = split_member_name(name, source=task.path)
                 if current is None or key != current[0].key:
@@ -186,8 +194,15 @@ def _run_shard_task(task: _ShardTask) -> tuple[bool, int, int]:
     Runs in worker processes (module level, picklable arguments: spawn-safe). The shard is
     written under a temporary name unique to this attempt and renamed when complete.
     """
-    if task.check_existing and os.path.isfile(task.path) and _shard_is_complete(task):
-        return False, os.path.getsize(task.path), 0
+    store = Storage(task.path, task.remote)
+    folder, name = store.split(task.path)
+    if task.check_existing:
+        try:
+            size = store.size(task.path)
+        except FileNotFoundError:
+            size = None
+        if size is not None and _shard_is_complete(task):
+            return False, size, 0
     clipped = 0
 
     def samples(reader: Iterator[tuple[_Item, dict]]) -> Iterator[dict]:
@@ -211,17 +226,19 @@ def _run_shard_task(task: _ShardTask) -> tuple[bool, int, int]:
                 clipped += cut
             yield out
 
-    folder, name = os.path.split(task.path)
-    tmp = os.path.join(folder, _tmp_name(name))
+    tmp = store.local_tmp(task.path, _tmp_name(name))
     reader = _read_items(task.mode, task.items, task.allow_commands)
     try:
-        write_shard(tmp, samples(reader))  # itself via <tmp>.tmp: nothing left on an error
-    finally:
-        reader.close()
-    try:
-        os.replace(tmp, task.path)  # the final name appears only when the shard is complete
+        try:
+            write_shard(tmp, samples(reader))  # itself via <tmp>.tmp: nothing left on error
+        finally:
+            reader.close()
+        size = os.path.getsize(tmp)
+        store.publish(tmp, task.path)  # under the final name only when complete
     except BaseException:
         if os.path.exists(tmp):
             os.remove(tmp)
+        if store.is_url:  # its own temporary folder
+            shutil.rmtree(os.path.dirname(tmp), ignore_errors=True)
         raise
-    return True, os.path.getsize(task.path), clipped
+    return True, size, clipped
