@@ -269,6 +269,31 @@ def test_task_and_merge_without_a_plan_say_what_is_missing(corpus):
         sp.pack_task(corpus["out"], 3, 2)
 
 
+def test_a_malformed_plan_is_named_with_its_line(corpus):
+    plan(corpus)
+    path = os.path.join(corpus["out"], "pack_plan.jsonl")
+    with open(path, encoding="utf-8") as f:
+        lines = f.readlines()
+    with open(path, "w", encoding="utf-8") as f:
+        f.writelines(lines[:2] + ['{"folder": "10_30", "name": 7}\n'] + lines[3:])
+    with pytest.raises(sp.DataError, match=rf"{path}:3: malformed pack plan \(KeyError: "
+                                           r"'keys'\); plan again with --plan-only"):
+        sp.pack_task(corpus["out"], 1, 2, progress=False)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write('{"format": "something else"}\n')
+    with pytest.raises(sp.DataError, match=rf"{path}:1: not a speechpipe pack plan"):
+        sp.merge_pack(corpus["out"])
+
+
+def test_a_lock_file_without_details_is_taken_over_with_a_warning(corpus):
+    os.makedirs(corpus["out"])
+    with open(os.path.join(corpus["out"], ".speechpipe-pack.lock"), "w") as f:
+        f.write("\x00garbage")
+    with pytest.warns(UserWarning, match="stale lock of a run that left no details"):
+        pack_feats(corpus)
+    assert not os.path.exists(os.path.join(corpus["out"], ".speechpipe-pack.lock"))
+
+
 def test_cli_plan_tasks_and_merge(corpus, capsys):
     _, digest = reference(corpus)
     out = corpus["out"]
@@ -522,3 +547,51 @@ def test_the_object_store_gone_during_a_write_is_named_and_a_rerun_completes(
                         remote=s3["options"])
     assert (report.shards_written, report.shards_skipped) == (3, 2)
     assert bucket_files(s3, url) == local_files(local)
+
+
+def _slow_writes(seconds):
+    import speechpipe.pipes.shard_writer as writer
+
+    real = getattr(writer, "_real_encode_field", writer.encode_field)
+    writer._real_encode_field = real
+
+    def slow(*args, **kwargs):
+        time.sleep(seconds)
+        return real(*args, **kwargs)
+
+    writer.encode_field = slow
+    return os.getpid()
+
+
+def test_a_dask_worker_killed_mid_task_the_task_reruns_and_the_bytes_are_the_same(corpus):
+    import threading
+
+    distributed = pytest.importorskip("distributed")
+    _, digest = reference(corpus)
+    out = corpus["out"]
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                  host="127.0.0.1",
+                                  dashboard_address="127.0.0.1:0") as cluster, \
+            distributed.Client(cluster) as client:
+        pids = client.run(_slow_writes, 0.2)  # every member takes 0.2 s in the workers
+        errors = []
+
+        def pack():
+            try:
+                pack_feats(corpus, filter_group=GROUPS, utts_per_shard=2, executor=client)
+            except BaseException as exc:  # noqa: BLE001 - shown by the assertion below
+                errors.append(exc)
+
+        thread = threading.Thread(target=pack)
+        thread.start()
+
+        def writing():
+            return [n for _, _, names in os.walk(out) for n in names if n.startswith(".tmp-")]
+
+        wait_for(writing)
+        victim = int(writing()[0].split("-")[1])  # .tmp-<pid>-...: the worker writing it
+        assert victim in pids.values()
+        os.kill(victim, signal.SIGKILL)
+        thread.join(timeout=180)
+        assert not thread.is_alive() and not errors, errors
+    assert tree_digest(out) == digest  # the killed attempt's temporary file is gone too

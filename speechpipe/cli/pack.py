@@ -215,6 +215,11 @@ def run_command(args: argparse.Namespace) -> int:
     finally:
         if client is not None:
             client.close()
+    if args.task:
+        print(f"pack --task {args.task[0]}/{args.task[1]}: {report.shards_written} shard(s) "
+              f"written, {report.shards_skipped} already complete (kept) under {args.out}; "
+              "when every task is done: --merge")
+        return 0
     print(report.report())
     if args.plan_only:
         print(f"  plan: {args.out}/pack_plan.jsonl; now run --task I/N for I = 1..N, then "

@@ -236,6 +236,8 @@ def pack_data(
                 store.remove(store.join(out_dir, PLAN_NAME))
             sizes = _write_shards(pool, plan, report, options.progress)
             _merge(plan, report, store, sizes)
+            for folder, by_name in plan.entries.items():  # of attempts that died (a worker
+                _remove_tmp_files(folder, by_name)  # killed mid-shard: its task ran again)
     finally:
         if owned:
             pool.shutdown(wait=True, cancel_futures=True)
@@ -292,6 +294,10 @@ def pack_task(d_out: str | os.PathLike, task: int, tasks: int, *, num_workers: i
     under a temporary name and renamed when complete; shards already complete are kept (a
     killed task is simply run again). Two runs of one task at once are refused
     (:class:`~speechpipe.errors.FolderLockedError`), as is a task beside a whole run.
+
+    Returns:
+        What this task did: ``shards_written``, ``shards_skipped`` (complete already),
+        bytes, clipped utterances; its ``groups`` are empty (the merge reports the pack).
 
     Raises:
         MissingDataError: no plan in ``d_out``.
@@ -355,7 +361,6 @@ class _MeasuredInputs(NamedTuple):
     measured: _Measured
     report: PackReport
     sample_rate: int | None
-    others: list[str]
 
 
 def _arguments(f_scps, f_labels, segments, manifests, d_out, options, **keywords):
@@ -413,7 +418,7 @@ def _measure_inputs(files, store: Storage, options: PackOptions,
     )
     measured = _measure(pool, inputs, items, unit, options)
     sample_rate = _sample_rates(measured, unit, report, inputs.data_files)
-    return _MeasuredInputs(inputs, unit, measured, report, sample_rate, others)
+    return _MeasuredInputs(inputs, unit, measured, report, sample_rate)
 
 
 def _plan(m: _MeasuredInputs, store: Storage, options: PackOptions
