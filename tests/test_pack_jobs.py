@@ -261,6 +261,35 @@ def test_the_merge_checks_the_shards_against_the_plan_and_names_the_wrong_ones(c
     assert tree_digest(out) == reference(corpus)[1]
 
 
+def test_an_index_is_not_written_over_a_shard_changed_after_its_task(corpus, monkeypatch):
+    # Issue 34, 1: an index listing keys b* over a data-00000.tar holding keys a*. A shard
+    # replaced between its task and the index (here by the test; there by a second run) is
+    # named, and no index is written.
+    import speechpipe.pack.run as run_module
+
+    real = run_module._merge
+
+    def merge_after_a_swap(plan, report, store, sizes=None):
+        group = os.path.join(corpus["out"], "30_100")
+        os.replace(os.path.join(group, "data-00000.tar"), os.path.join(group, "data-00002.tar"))
+        with open(os.path.join(corpus["out"], "10_30", "data-00001.tar"), "r+b") as f:
+            f.truncate(1500)
+        return real(plan, report, store, sizes)
+
+    monkeypatch.setattr(run_module, "_merge", merge_after_a_swap)
+    with pytest.raises(sp.DataError) as info:
+        pack_feats(corpus, filter_group=GROUPS, utts_per_shard=2)
+    group = os.path.join(corpus["out"], "30_100")
+    assert "3 shard(s) of the plan are not as planned" in str(info.value)
+    assert f"{group}/data-00000.tar: missing" in str(info.value)
+    assert (f"{corpus['out']}/10_30/data-00001.tar: 1500 bytes, but its task wrote 10240: "
+            "rewritten by another run?" in str(info.value))
+    # (tar shards of these sizes are padded to the same 10,240 bytes: the keys tell them apart)
+    assert (f"{group}/data-00002.tar: incomplete, or not the planned utterances"
+            in str(info.value))
+    assert not any(n.endswith("index.jsonl") for n in shard_files(corpus["out"]))
+
+
 def test_task_and_merge_without_a_plan_say_what_is_missing(corpus):
     with pytest.raises(sp.MissingDataError, match=r"pack_plan.jsonl: no pack plan here: write "
                                                   r"one with 'speechpipe pack \.\.\. --plan-only"):
