@@ -23,7 +23,8 @@ from .lengths import _measure_chunk_args
 from .lock import LOCK_NAME, FolderLock, live_locks, refuse_if_locked, task_lock_name
 from .options import PackOptions
 from .plan import (
-    PLAN_NAME, _group_by_length, _Measured, _other_packs, _plan_shards, _refuse_or_clean, _ShardPlan,
+    PLAN_NAME, _group_by_length, _Measured, _other_packs, _plan_shards, _refuse_or_clean,
+    _ShardPlan,
 )
 from .report import _EXAMPLES, PackReport
 from .storage import Storage

@@ -79,8 +79,9 @@ def expand_patterns(patterns: str | os.PathLike | Iterable[str | os.PathLike], *
     beside them by another pack are never read; the same for such a folder in a bucket
     (``s3://bucket/corpus/shards``: a URL ending in ``/`` or whose last part has no dot). An
     object-storage URL (``s3://bucket/corpus/data-*.tar``) is globbed by listing the bucket;
-    a shard URL without glob characters is kept unchecked (opening it says if it is missing). ``http(s)://`` URLs and
-    ``pipe:`` commands are brace-expanded only. ``~`` is expanded.
+    a shard URL without glob characters is kept unchecked (opening it says if it is
+    missing). ``http(s)://`` URLs and ``pipe:`` commands are brace-expanded only. ``~`` is
+    expanded.
 
     Args:
         patterns: one pattern or several.
