@@ -16,12 +16,15 @@ from .demo import DEMO_CORPUS  # noqa: E402
 from .diagnostics import BufferStats, Diagnostics, SkippedInputWarning  # noqa: E402
 from .epochs import set_epoch  # noqa: E402
 from .errors import (  # noqa: E402
-    AudioFormatError, ChannelMismatchError, DataError, MissingDataError, ResumeError,
+    AudioFormatError, ChannelMismatchError, DataError, FolderLockedError, MissingDataError,
+    ResumeError,
     SampleRateError, SpeechpipeError, UnsafeInputError, UnsupportedCodecError,
 )
 from .index import ShardEntry, ShardIndex  # noqa: E402
 from .loader import Loader, PipeDataset, build_loader  # noqa: E402
-from .pack import PackOptions, PackReport, pack_data  # noqa: E402
+from .pack import (  # noqa: E402
+    PackOptions, PackReport, merge_pack, pack_data, pack_task, plan_pack,
+)
 from .pipes._core import Buffering, IterableWrapper, SequenceWrapper
 from .pipes._core import ResumeWarning
 from .pipes._core import EpochWarning
@@ -78,6 +81,7 @@ __all__ = [
     "EpochWarning",
     "EqualSteps",
     "FbankOptions",
+    "FolderLockedError",
     "FrontEnd",
     "IterableWrapper",
     "Loader",
@@ -127,9 +131,12 @@ __all__ = [
     "load_tokenizer",
     "log_mel",
     "manifest_path",
+    "merge_pack",
     "mfcc",
     "pack_data",
+    "pack_task",
     "pipeline_report",
+    "plan_pack",
     "read_data_len",
     "read_hf_dataset",
     "read_lhotse",

@@ -21,6 +21,8 @@ like a compiler's: ``data/wav.scp:17: expected '<key> <value>', got 'utt1'``.
   asked to resume it (another pipeline, budget, seed, shard list, number of workers or world
   size), or that could not have been saved (a position past its shard's end); the message
   lists each difference, saved -> current.
+- :class:`FolderLockedError` (a ``RuntimeError``): a pack folder (or one task of it) is being
+  written by another run; the message names the lock file and its holder (pid, host).
 """
 
 from __future__ import annotations
@@ -30,8 +32,8 @@ import numbers
 import re
 from typing import Any
 
-__all__ = ["AudioFormatError", "ChannelMismatchError", "DataError", "MissingDataError",
-           "ResumeError", "SampleRateError", "SpeechpipeError", "UnsafeInputError",
+__all__ = ["AudioFormatError", "ChannelMismatchError", "DataError", "FolderLockedError",
+           "MissingDataError", "ResumeError", "SampleRateError", "SpeechpipeError", "UnsafeInputError",
            "UnsupportedCodecError", "check_int", "locate", "mark_location"]
 
 
@@ -236,3 +238,15 @@ class MissingDataError(_Located, SpeechpipeError, FileNotFoundError):
 
     def __str__(self) -> str:
         return self.args[0]
+
+
+class FolderLockedError(_Located, SpeechpipeError, RuntimeError):
+    """A pack folder (or one task of a pack) that another run is writing: the message names the
+    lock file and its holder.
+
+    >>> str(FolderLockedError("in use by pid 12 on host 'n1'", source="out/.speechpipe-pack.lock"))
+    "out/.speechpipe-pack.lock: in use by pid 12 on host 'n1'"
+    """
+
+    def __init__(self, message: str, *, source=None, line=None, member=None, key=None):
+        super().__init__(self._init_location(message, source, line, member, key))

@@ -31,11 +31,11 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from .errors import DataError, MissingDataError
-from .remote import RemoteOptions, is_remote, join_url, read_remote_bytes
+from .remote import RemoteOptions, is_remote, join_url, read_remote_bytes, remote_glob
 from .sample import estimate_boundaries
 
 __all__ = ["COMPRESSIONS", "INDEX_NAME", "ShardEntry", "ShardIndex", "index_folders",
-           "length_seconds", "shard_compression"]
+           "is_folder_url", "length_seconds", "shard_compression"]
 
 INDEX_NAME = "index.jsonl"
 _FORMAT = "speechpipe-shard-index"
@@ -55,6 +55,19 @@ def shard_compression(name: str) -> str | None:
         if lower.endswith(suffix):
             return kind
     return None
+
+
+def is_folder_url(name: str) -> bool:
+    """Whether ``name`` is an object-storage URL naming a folder (as ``pack`` writes one):
+    it ends with ``/``, or its last part has no dot (``s3://bucket/corpus/shards``); a shard
+    (``.../data-00000.tar``) or an index is not one, nor is an ``http(s)://`` URL.
+
+    >>> is_folder_url("s3://bucket/corpus/shards"), is_folder_url("s3://b/c/data-00000.tar")
+    (True, False)
+    """
+    if not is_remote(name) or name.startswith(("http://", "https://")):
+        return False
+    return name.endswith("/") or "." not in name.rstrip("/").rsplit("/", 1)[-1]
 
 
 @dataclass(frozen=True)
@@ -176,6 +189,8 @@ class ShardIndex:
         utterances)"``. Reads no shard (one ``stat`` each)."""
         problems = []
         for path, entry in zip(self.paths(), self.shards):
+            if is_remote(path):
+                continue  # an object in a bucket: a stat is a request; read errors name it
             try:
                 size = os.path.getsize(path)
             except OSError:
@@ -191,8 +206,9 @@ class ShardIndex:
              ) -> "ShardIndex":
         """Read ``index.jsonl`` (give the file or its folder; a folder URL such as
         ``s3://bucket/corpus`` reads ``s3://bucket/corpus/index.jsonl``), or every index of a
-        local folder ``pack`` wrote with length groups (one per group folder,
-        :func:`index_folders`; the entries are then named ``<group>/<shard>``).
+        folder ``pack`` wrote with length groups, local or a URL (one per group folder,
+        :func:`index_folders`; in a bucket, ``<url>/*/index.jsonl`` when the folder has no
+        index of its own; the entries are then named ``<group>/<shard>``).
 
         Args:
             path: the file or folder, local or a URL.
@@ -208,7 +224,21 @@ class ShardIndex:
             folders = index_folders(path)
             if len(folders) > 1 or (folders and folders[0] != path):
                 return cls._read_groups(path, folders)
-        lines, path = _index_lines(path, remote)
+        if is_remote(path) and not path.endswith(".jsonl"):
+            folder = path.rstrip("/")
+            try:
+                lines, path = _index_lines(join_url(folder, INDEX_NAME), remote)
+            except MissingDataError:
+                groups = remote_glob(join_url(folder, f"*/{INDEX_NAME}"), remote)
+                if not groups:
+                    raise MissingDataError(
+                        f"no shard index here: neither {join_url(folder, INDEX_NAME)} nor a "
+                        f"length group's ({join_url(folder, '*/' + INDEX_NAME)}); write one "
+                        "with 'speechpipe pack' (--out may be this URL), or upload the whole "
+                        "pack folder", source=folder) from None
+                return cls._read_groups(folder, [g.rsplit("/", 1)[0] for g in groups], remote)
+        else:
+            lines, path = _index_lines(path, remote)
         if not lines:
             raise DataError("empty shard index", source=path)
         header = _json_line(lines[0], path, 1)
@@ -232,21 +262,28 @@ class ShardIndex:
                    _rate_counts(header.get("sample_rates"), path))
 
     @classmethod
-    def _read_groups(cls, root: str, folders: list[str]) -> "ShardIndex":
-        parts = [cls.read(os.path.join(folder, INDEX_NAME)) for folder in folders]
+    def _read_groups(cls, root: str, folders: list[str], remote: RemoteOptions | None = None
+                     ) -> "ShardIndex":
+        if is_remote(root):
+            parts = [cls.read(join_url(folder, INDEX_NAME), remote=remote) for folder in folders]
+            names = [p.root[len(root) + 1:] + "/" + s.name for p in parts for s in p.shards]
+        else:
+            parts = [cls.read(os.path.join(folder, INDEX_NAME)) for folder in folders]
+            names = [os.path.join(os.path.relpath(p.root, root), s.name)
+                     for p in parts for s in p.shards]
         units = {p.length_unit for p in parts}
         if len(units) > 1:
             raise DataError(f"these group folders count lengths in different units: "
                             f"{sorted(units)}", source=root)
         formats = {p.audio_format for p in parts}
-        entries = [ShardEntry(os.path.join(os.path.relpath(p.root, root), s.name), s.count,
-                              s.bytes, s.keys, s.lengths) for p in parts for s in p.shards]
+        entries = [ShardEntry(name, s.count, s.bytes, s.keys, s.lengths)
+                   for name, s in zip(names, (s for p in parts for s in p.shards))]
         rates = {p.sample_rate for p in parts}
         counts: dict[int, int] = {}
         for part in parts:
             for hz, n in (part.sample_rates or {}).items():
                 counts[hz] = counts.get(hz, 0) + n
-        return cls(os.path.abspath(root), entries, units.pop(),
+        return cls(root if is_remote(root) else os.path.abspath(root), entries, units.pop(),
                    formats.pop() if len(formats) == 1 else None,
                    rates.pop() if len(rates) == 1 else None, dict(sorted(counts.items())) or None)
 

@@ -37,7 +37,7 @@ from typing import Any, Mapping
 from .errors import DataError, MissingDataError
 
 __all__ = ["RemoteOptions", "is_remote", "join_url", "open_remote", "read_remote_bytes",
-           "remote_glob"]
+           "remote_filesystem", "remote_glob"]
 
 _SCHEME = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]+)://")
 _INSTALL = "pip install 'speechpipe[s3]' (fsspec and s3fs), or the fsspec package of {0}://"
@@ -161,6 +161,13 @@ def _filesystem(url: str, options: RemoteOptions):
                           f"{_INSTALL.format(protocol)} ({exc})") from exc
     except ValueError as exc:
         raise ValueError(f"{url}: {_redact(str(exc), options)}") from None
+
+
+def remote_filesystem(url: str, options: RemoteOptions | None = None):
+    """``(fsspec file system, path)`` for ``url`` with ``options``' storage options (for
+    writers: ``pack --out s3://...``); the install line when the protocol's package is
+    missing."""
+    return _filesystem(url, _options(options))
 
 
 def _describe(exc: BaseException, options: RemoteOptions) -> str:

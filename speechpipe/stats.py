@@ -34,6 +34,7 @@ import numpy as np
 
 from .errors import DataError, MissingDataError
 from .pipes.batching import BatchStats, PaddedArea, bucket_groups, pack_batches
+from .remote import RemoteOptions, is_remote
 from .sample import DURATION, KEY, NUM_FRAMES, SAMPLE_RATE, SOURCE, SPEAKER, TEXT
 from .seeding import derive_rng
 
@@ -110,28 +111,58 @@ def _manifest_durations(path: str, frame_shift: float, facts: _Facts | None = No
     return out
 
 
-def _index_durations(source: str, frame_shift: float, sample_rate: int) -> list[float]:
+def _index_durations(source: str, frame_shift: float, sample_rate: int,
+                     remote: RemoteOptions | None = None) -> list[float]:
     from .index import length_seconds
 
-    index = _shard_index(source)
+    index = _shard_index(source, remote)
     rate = index.sample_rate or sample_rate  # the rate pack recorded wins (issue 18)
     scale = length_seconds(1.0, index.length_unit, frame_shift=frame_shift, sample_rate=rate)
     return [n * scale for n in index.lengths()]
 
 
-def _shard_index(source: str):
-    from .index import ShardIndex
+def _shard_index(source: str, remote: RemoteOptions | None = None):
+    from .index import ShardIndex, is_folder_url
     from .pipes.sources import expand_patterns
 
-    if os.path.isdir(source):
-        return ShardIndex.read(source)
-    return ShardIndex.for_shards(expand_patterns(source))
+    if os.path.isdir(source) or is_folder_url(source):
+        return ShardIndex.read(source, remote=remote)
+    return ShardIndex.for_shards(expand_patterns(source, remote=remote), remote=remote)
 
 
-def shard_problems(manifests_or_shards: Any) -> list[str]:
-    """One line per indexed shard that is missing or shorter than its index says (truncated
-    by a full disk or an interrupted copy: reading it would stop, or skip the utterances
-    after the break), for the shard sources among ``manifests_or_shards``."""
+def _length_groups(manifests_or_shards: Any, frame_shift: float, sample_rate: int,
+                   remote: RemoteOptions | None) -> dict[str, tuple[int, float, float, float]]:
+    """Per length group of each pack folder among the sources (local or a URL): utterances,
+    seconds, shortest and longest (seconds)."""
+    from .index import ShardIndex, is_folder_url, length_seconds
+
+    out: dict[str, tuple[int, float, float, float]] = {}
+    for item in _sources(manifests_or_shards):
+        if isinstance(item, list):
+            continue
+        source = os.fspath(item)
+        if not (os.path.isdir(source) or is_folder_url(source)):
+            continue
+        index = ShardIndex.read(source, remote=remote)
+        scale = length_seconds(1.0, index.length_unit, frame_shift=frame_shift,
+                               sample_rate=index.sample_rate or sample_rate)
+        lengths: dict[str, list[float]] = {}
+        for entry in index.shards:
+            if "/" in entry.name:  # "<group>/<shard>": a folder pack wrote with groups
+                group = entry.name.rsplit("/", 1)[0]
+                lengths.setdefault(f"{source.rstrip('/')}/{group}/", []).extend(
+                    n * scale for n in entry.lengths)
+        for name, values in lengths.items():
+            out[name] = (len(values), float(sum(values)), min(values, default=0.0),
+                         max(values, default=0.0))
+    return out
+
+
+def shard_problems(manifests_or_shards: Any, *, remote: RemoteOptions | None = None
+                   ) -> list[str]:
+    """One line per indexed local shard that is missing or shorter than its index says
+    (truncated by a full disk or an interrupted copy: reading it would stop, or skip the
+    utterances after the break), for the shard sources among ``manifests_or_shards``."""
     items = manifests_or_shards
     if isinstance(items, (str, os.PathLike)):
         items = [items]
@@ -139,18 +170,21 @@ def shard_problems(manifests_or_shards: Any) -> list[str]:
         items = list(items.values())
     return [problem for item in items if isinstance(item, (str, os.PathLike))
             and _is_shards(os.fspath(item))
-            for problem in _shard_index(os.fspath(item)).missing_or_short()]
+            for problem in _shard_index(os.fspath(item), remote).missing_or_short()]
 
 
 def _is_shards(source: str) -> bool:
-    if os.path.isdir(source):
+    from .index import is_folder_url
+
+    if os.path.isdir(source) or is_folder_url(source):
         return True
     name = source.lower()
     return name.endswith(_SHARD_SUFFIXES) or ("{" in name and ".tar" in name)
 
 
 def read_durations(
-    manifests_or_shards: Any, *, frame_shift: float = 0.01, sample_rate: int = 16000
+    manifests_or_shards: Any, *, frame_shift: float = 0.01, sample_rate: int = 16000,
+    remote: RemoteOptions | None = None,
 ) -> list[float]:
     """Utterance durations (seconds) of manifests or shards, in reading order.
 
@@ -162,6 +196,8 @@ def read_durations(
         frame_shift: seconds per frame, for lengths counted in frames.
         sample_rate: Hz, for shard lengths counted in samples by an index that does not
             record its rate (``pack`` records it, and the recorded rate is the one used).
+        remote: how shards and indexes in object storage are read (a pack folder URL
+            ``s3://bucket/corpus/shards`` stands for every length group, as a local folder).
 
     Raises:
         MissingDataError: a file, folder or pattern is absent.
@@ -171,11 +207,11 @@ def read_durations(
     >>> read_durations([{"key": "a", "duration": 1.5}, {"key": "b", "num_frames": 250}])
     [1.5, 2.5]
     """
-    return _read(manifests_or_shards, frame_shift, sample_rate, None)
+    return _read(manifests_or_shards, frame_shift, sample_rate, None, remote)
 
 
 def _read(manifests_or_shards: Any, frame_shift: float, sample_rate: int,
-          facts: _Facts | None) -> list[float]:
+          facts: _Facts | None, remote: RemoteOptions | None = None) -> list[float]:
     out: list[float] = []
     for item in _sources(manifests_or_shards):
         if isinstance(item, list):
@@ -183,7 +219,7 @@ def _read(manifests_or_shards: Any, frame_shift: float, sample_rate: int,
             continue
         source = os.fspath(item)
         if _is_shards(source):
-            out.extend(_index_durations(source, frame_shift, sample_rate))
+            out.extend(_index_durations(source, frame_shift, sample_rate, remote))
         elif not os.path.exists(source):
             raise MissingDataError("no such manifest, shard folder or shard", source=source)
         else:
@@ -202,7 +238,8 @@ def _sources(manifests_or_shards: Any) -> list:
     return [items] if items and all(isinstance(s, Mapping) for s in items) else items
 
 
-def read_sample_rates(manifests_or_shards: Any) -> dict[int, int]:
+def read_sample_rates(manifests_or_shards: Any, *, remote: RemoteOptions | None = None
+                      ) -> dict[int, int]:
     """``{Hz: utterances}`` of manifests (their ``sample_rate`` field), sample lists, or shard
     folders (the counts ``pack`` records in each folder's ``index.jsonl``; a shard pattern
     counts the whole folders of its shards), sorted by rate. Utterances whose rate is not
@@ -216,6 +253,7 @@ def read_sample_rates(manifests_or_shards: Any) -> dict[int, int]:
 
     from .index import ShardIndex
     from .pipes.sources import read_manifest
+    from .index import is_folder_url
     from .pipes.sources import expand_patterns
 
     counts: Counter[int] = Counter()
@@ -228,11 +266,14 @@ def read_sample_rates(manifests_or_shards: Any) -> dict[int, int]:
             counts.update(int(s["sample_rate"]) for s in read_manifest(source)
                           if "sample_rate" in s)
             continue
-        folders = ([source] if os.path.isdir(source) else
-                   sorted({os.path.dirname(os.path.abspath(p))
-                           for p in expand_patterns(source)}))
+        if os.path.isdir(source) or is_folder_url(source):
+            counts.update(ShardIndex.read(source, remote=remote).sample_rates or {})
+            continue
+        folders = sorted({p.rsplit("/", 1)[0] if is_remote(p) else
+                          os.path.dirname(os.path.abspath(p))
+                          for p in expand_patterns(source, remote=remote)})
         for folder in folders:
-            counts.update(ShardIndex.read(folder).sample_rates or {})
+            counts.update(ShardIndex.read(folder, remote=remote).sample_rates or {})
     return dict(sorted(counts.items()))
 
 
@@ -344,6 +385,9 @@ class CorpusStats:
     described: int = 0  # utterances whose manifest fields were read
     log_y: bool = False
     note: str | None = None
+    #: ``{"<folder>/<group>": (utterances, seconds, shortest, longest)}`` of each length group
+    #: of the pack folders read (``pack --group``), in folder and group order.
+    groups: dict[str, tuple[int, float, float, float]] = field(default_factory=dict)
 
     @property
     def hours(self) -> float:
@@ -372,6 +416,9 @@ class CorpusStats:
         if self.max_seconds is not None:
             lines.append(f"oversize            {self.oversize} longer than "
                          f"{self.max_seconds:g} s")
+        for name, (count, seconds, low, high) in self.groups.items():
+            lines.append(f"length group        {name}: {count} utterances, "
+                         f"{seconds / 3600:.4f} h ({seconds:.1f} s), {low:.2f}-{high:.2f} s")
         if self.utterances:
             lines.append(f"duration (s)        mean {self.mean:.2f} / std {self.std:.2f}")
             lines.append("percentiles (s)     " + " / ".join(
@@ -410,6 +457,7 @@ def corpus_stats(
     min_seconds: float = 0.1,
     max_seconds: float | None = None,
     log_y: bool = False,
+    remote: RemoteOptions | None = None,
 ) -> CorpusStats:
     """Statistics of the utterances of manifests or shards (see :func:`read_durations`).
 
@@ -425,6 +473,8 @@ def corpus_stats(
         max_seconds: utterances longer than this are counted as oversize (default: the
             budget, if any: such an utterance makes a batch alone, or is dropped).
         log_y: a log-scaled count axis in the histograms (shows the long tail).
+        remote: how shards and indexes in object storage are read
+            (:class:`~speechpipe.remote.RemoteOptions`, e.g. ``storage_options``).
 
     >>> s = corpus_stats([{"key": str(i), "duration": d} for i, d in enumerate([1, 2, 2, 4])],
     ...                  budget_seconds=4.0)
@@ -432,7 +482,7 @@ def corpus_stats(
     (4, 9.0, 2.0, 0.9)
     """
     facts = _Facts()
-    durations = _read(manifests_or_shards, frame_shift, sample_rate, facts)
+    durations = _read(manifests_or_shards, frame_shift, sample_rate, facts, remote)
     values = np.asarray(durations, dtype=np.float64)
     percentiles = ({q: float(np.percentile(values, q)) for q in PERCENTILES}
                    if len(values) else {})
@@ -440,11 +490,12 @@ def corpus_stats(
     stats = CorpusStats(len(durations), float(values.sum()), percentiles, counts, edges)
     if isinstance(manifests_or_shards, (str, os.PathLike)):
         stats.sources = [os.fspath(manifests_or_shards)]
-    stats.problems = shard_problems(manifests_or_shards)
+    stats.problems = shard_problems(manifests_or_shards, remote=remote)
+    stats.groups = _length_groups(manifests_or_shards, frame_shift, sample_rate, remote)
     _describe(stats, values, facts, min_seconds,
               budget_seconds if max_seconds is None else max_seconds)
     if not stats.sample_rates:  # shards: the counts pack recorded in their index
-        stats.sample_rates = read_sample_rates(manifests_or_shards)
+        stats.sample_rates = read_sample_rates(manifests_or_shards, remote=remote)
     stats.log_y = bool(log_y)
     if budget_seconds is not None:
         batched = padding_efficiency(durations, budget_seconds, buffer_size=buffer_size,

@@ -316,6 +316,39 @@ def test_manifests_instead_of_scp_and_labels(tmp_path):
     assert report.kind == "wav"
 
 
+def test_the_other_fields_of_a_manifest_are_kept_as_a_json_member(tmp_path):
+    # Issue 32, 9: pack kept audio and text only; speaker, chapter, Common Voice's age,
+    # gender, accent were dropped.
+    write_wavs(str(tmp_path), {"m1": 800, "m2": 800, "m3": 400})
+    rows = [{"key": "m1", "audio_path": str(tmp_path / "m1.wav"), "text": "a", "speaker": "103",
+             "chapter": "1240", "duration": 0.1, "sample_rate": 8000},
+            {"key": "m2", "path": str(tmp_path / "m2.wav"), "sentence": "b", "age": "twenties",
+             "gender": "female", "accent": "Écosse", "locale": "fr", "up_votes": 2},
+            {"key": "m3", "audio_path": str(tmp_path / "m3.wav"), "text": "c"}]
+    manifest = tmp_path / "train.jsonl"
+    manifest.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows),
+                        encoding="utf-8")
+    pack_data(None, None, tmp_path / "out", manifests=manifest, progress=False)
+    with tarfile.open(tmp_path / "out" / "data-00000.tar") as tar:
+        members = tar.getnames()
+        m2 = tar.extractfile("m2.json").read()
+    assert members == ["m1.flac", "m1.json", "m1.txt", "m2.flac", "m2.json", "m2.txt",
+                       "m3.flac", "m3.txt"]
+    assert m2 == ('{"accent": "Écosse", "age": "twenties", "gender": "female", "locale": "fr", '
+                  '"up_votes": 2}').encode("utf-8")
+    got = {s["key"]: s.get("meta") for s in read_back(str(tmp_path / "out"))}
+    assert got == {"m1": {"chapter": "1240", "speaker": "103"},
+                   "m2": {"accent": "Écosse", "age": "twenties", "gender": "female",
+                          "locale": "fr", "up_votes": 2},
+                   "m3": None}
+    # a rerun recognises the three-member samples as complete
+    report = pack_data(None, None, tmp_path / "out", manifests=manifest, progress=False)
+    assert (report.shards_written, report.shards_skipped) == (0, 1)
+    os.remove(tmp_path / "out" / INDEX_NAME)
+    report = pack_data(None, None, tmp_path / "out", manifests=manifest, progress=False)
+    assert (report.shards_written, report.shards_skipped) == (0, 1)
+
+
 def test_manifest_line_without_text_is_a_key_without_label(tmp_path):
     write_wavs(str(tmp_path), {"m1": 800, "m2": 800})
     manifest = tmp_path / "m.jsonl"

@@ -224,3 +224,22 @@ def test_stats_notices_a_truncated_or_missing_shard(tmp_path):
     (tmp_path / "data-00001.tar").write_bytes(b"\0" * 2048)
     (tmp_path / "data-00002.tar").write_bytes(b"\0" * 2048)
     assert corpus_stats(tmp_path).problems == []
+
+
+def test_stats_shows_the_length_groups_of_a_pack_folder_one_by_one(tmp_path, capsys):
+    # Issue 32, 9: stats of a pack folder gave the totals only.
+    for group, lengths in (("100_300", [100, 200]), ("300_900", [300, 400, 800])):
+        folder = tmp_path / "shards" / group
+        folder.mkdir(parents=True)
+        ShardIndex(str(folder), [ShardEntry("data-00000.tar", len(lengths), 0,
+                                            tuple(f"{group}-{i}" for i in range(len(lengths))),
+                                            tuple(lengths))]).write()
+    stats = corpus_stats(str(tmp_path / "shards"))
+    root = str(tmp_path / "shards")
+    assert stats.groups == {f"{root}/100_300/": (2, 3.0, 1.0, 2.0),
+                            f"{root}/300_900/": (3, 15.0, 3.0, 8.0)}
+    report = stats.report(histogram=False)
+    assert f"length group        {root}/100_300/: 2 utterances, 0.0008 h (3.0 s), 1.00-2.00 s" \
+        in report
+    assert f"length group        {root}/300_900/: 3 utterances" in report
+    assert "length group" not in corpus_stats(str(tmp_path / "shards" / "100_300")).report()

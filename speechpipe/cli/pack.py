@@ -7,7 +7,7 @@ import argparse
 import sys
 from typing import Any
 
-from ..errors import MissingDataError, SpeechpipeError
+from ..errors import FolderLockedError, MissingDataError, SpeechpipeError
 from ..pack import (
     AUDIO_FORMATS,
     COMPRESS,
@@ -15,9 +15,15 @@ from ..pack import (
     LENGTH_UNITS,
     ON_MISMATCH,
     UTTS_PER_SHARD,
+    PackOptions,
+    merge_pack,
     pack_data,
+    pack_task,
+    plan_pack,
 )
 from ..recipes import EMPTY_TEXT
+from ..remote import RemoteOptions
+from .stats import _storage_option
 
 __all__ = ["add_command", "run_command"]
 
@@ -30,6 +36,13 @@ examples:
   speechpipe pack --manifest train.jsonl --out shards/train
   speechpipe pack --scp data/train/wav.scp --labels data/train/text --out shards/train \\
       --allow-commands --length-unit seconds
+
+as a job array (any machines seeing the same paths; tasks in any order, reruns welcome):
+  speechpipe pack --manifest train.jsonl --out shards/train --plan-only
+  speechpipe pack --out shards/train --task $JOB/3      # JOB = 1, 2, 3
+  speechpipe pack --out shards/train --merge
+on a Dask cluster (pip install 'speechpipe[dask]'):
+  speechpipe pack --manifest train.jsonl --out shards/train --dask tcp://scheduler:8786
 
 read the result with:
   IterableWrapper(["shards/train"]).list_shards().open().read_shards().decode()
@@ -75,7 +88,14 @@ def add_command(subparsers: Any) -> argparse.ArgumentParser:
     inputs.add_argument("--kind", choices=KINDS, default="auto",
                         help="what the scp files hold (default: auto-detect)")
     output = parser.add_argument_group("output")
-    output.add_argument("--out", required=True, metavar="DIR", help="output folder")
+    output.add_argument("--out", required=True, metavar="DIR",
+                        help="output folder, or a folder URL (s3://bucket/corpus, any fsspec "
+                        "URL: shards uploaded whole, the index last)")
+    output.add_argument("--storage-option", action="append", type=_storage_option, default=[],
+                        metavar="KEY=VALUE",
+                        help="an option of the object store's file system for a URL --out "
+                        "(s3fs: endpoint_url=http://..., profile=...; repeatable); credentials "
+                        "also come from the usual AWS_* variables and files")
     output.add_argument("--fmt", default="data-%05d.tar",
                         help="shard file name with one number (default: data-%%05d.tar)")
     output.add_argument("--group", action="append", default=[], metavar="LO:HI",
@@ -105,6 +125,20 @@ def add_command(subparsers: Any) -> argparse.ArgumentParser:
                      "flac -c -d -s x.flac |) and pack their audio")
     run.add_argument("--workers", type=int, default=1, metavar="N",
                      help="worker processes (default: 1)")
+    run.add_argument("--dask", metavar="SCHEDULER",
+                     help="run the measuring and writing on the Dask cluster of this "
+                     "scheduler address (tcp://host:8786) instead of --workers")
+    steps = parser.add_argument_group(
+        "job arrays (plan, tasks, merge: the same bytes as one run)")
+    step = steps.add_mutually_exclusive_group()
+    step.add_argument("--plan-only", action="store_true",
+                      help="read and measure the inputs, write DIR/pack_plan.jsonl, no shard")
+    step.add_argument("--task", metavar="I/N", type=_task,
+                      help="write the shards of task I of N (1 <= I <= N) of the plan in DIR; "
+                      "complete shards are kept")
+    step.add_argument("--merge", action="store_true",
+                      help="check every planned shard and write the indexes (names any "
+                      "missing shard)")
     run.add_argument("--no-progress", action="store_true", help="hide the progress bars")
     run.add_argument("--force", action="store_true",
                      help="delete the shards of another pack found in --out (other length "
@@ -113,27 +147,81 @@ def add_command(subparsers: Any) -> argparse.ArgumentParser:
     return parser
 
 
+def _task(text: str) -> tuple[int, int]:
+    """``"2/3"`` to ``(2, 3)``."""
+    try:
+        task, tasks = (int(part) for part in text.split("/"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected I/N such as 2/3, got {text!r}") from None
+    if not 1 <= task <= tasks:
+        raise argparse.ArgumentTypeError(f"expected 1 <= I <= N, got {text!r}")
+    return task, tasks
+
+
+def _dask_client(address: str):
+    try:
+        from distributed import Client
+    except ImportError as exc:
+        raise ImportError("--dask needs Dask's distributed: pip install 'speechpipe[dask]'"
+                          ) from exc
+    return Client(address)
+
+
+def _run(args: argparse.Namespace, executor: Any) -> Any:
+    remote = (RemoteOptions(storage_options=dict(args.storage_option))
+              if args.storage_option else None)
+    inputs = [f"--{name}" for name in ("scp", "labels", "segments", "manifest")
+              if getattr(args, name)]
+    if (args.task or args.merge) and inputs:
+        raise ValueError(f"{'--task' if args.task else '--merge'} reads the plan in --out: "
+                         f"drop {', '.join(inputs)} (they were read by --plan-only)")
+    if args.merge:
+        return merge_pack(args.out, remote=remote)
+    if args.task:
+        return pack_task(args.out, *args.task, num_workers=1 if executor else args.workers,
+                         executor=executor, progress=not args.no_progress, remote=remote)
+    options = PackOptions(
+        fmt=args.fmt, filter_group=args.group or None, utts_per_shard=args.utts_per_shard,
+        kind=args.kind, on_mismatch=args.on_mismatch,
+        num_workers=1 if executor else args.workers, progress=not args.no_progress,
+        length_unit=args.length_unit, audio_format=args.audio_format, force=args.force,
+        allow_commands=args.allow_commands, empty_text=args.empty_text, compress=args.compress)
+    step = plan_pack if args.plan_only else pack_data
+    return step(args.scp or None, args.labels or None, args.out,
+                segments=args.segments or None, manifests=args.manifest or None,
+                options=options, executor=executor, remote=remote)
+
+
 def run_command(args: argparse.Namespace) -> int:
     """Run ``pack`` from parsed arguments: print the report, return the exit status."""
+    client = None
     try:
-        report = pack_data(
-            args.scp or None, args.labels or None, args.out, args.fmt, args.group or None,
-            utts_per_shard=args.utts_per_shard, kind=args.kind,
-            segments=args.segments or None, manifests=args.manifest or None,
-            on_mismatch=args.on_mismatch, num_workers=args.workers,
-            progress=not args.no_progress, length_unit=args.length_unit,
-            audio_format=args.audio_format, force=args.force, allow_commands=args.allow_commands,
-            empty_text=args.empty_text, compress=args.compress,
-        )
+        if args.dask:
+            client = _dask_client(args.dask)
+        report = _run(args, client)
+    except FolderLockedError as exc:
+        print(f"speechpipe pack: error: {exc}", file=sys.stderr)
+        return 2
     except MissingDataError as exc:
         print(f"speechpipe pack: error: {exc}\n  check the path, then run the same command "
               "again (complete shards are kept)", file=sys.stderr)
         return 2
-    except (SpeechpipeError, ValueError, TypeError) as exc:
+    except (SpeechpipeError, ValueError, TypeError, ImportError) as exc:
         hint = ("fix the file at the place named above and run the same command again: "
                 "complete shards are kept" if isinstance(exc, SpeechpipeError)
                 else "see 'speechpipe pack --help'")
         print(f"speechpipe pack: error: {exc}\n  {hint}", file=sys.stderr)
         return 2
+    finally:
+        if client is not None:
+            client.close()
+    if args.task:
+        print(f"pack --task {args.task[0]}/{args.task[1]}: {report.shards_written} shard(s) "
+              f"written, {report.shards_skipped} already complete (kept) under {args.out}; "
+              "when every task is done: --merge")
+        return 0
     print(report.report())
+    if args.plan_only:
+        print(f"  plan: {args.out}/pack_plan.jsonl; now run --task I/N for I = 1..N, then "
+              "--merge")
     return 0

@@ -5,9 +5,11 @@ manifests or shards (:func:`~speechpipe.stats.corpus_stats`)."""
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from typing import Any
 
+from ..remote import RemoteOptions
 from ..stats import corpus_stats
 
 __all__ = ["add_command", "run_command"]
@@ -16,16 +18,33 @@ __all__ = ["add_command", "run_command"]
 def run_command(args: argparse.Namespace) -> int:
     """Run ``stats`` from parsed arguments: print the report, return the exit status."""
     try:
+        remote = (RemoteOptions(storage_options=dict(args.storage_option))
+                  if args.storage_option else None)
         stats = corpus_stats(args.inputs, None if args.budget <= 0 else args.budget,
                              png=args.png, bins=args.bins, buffer_size=args.buffer,
                              seed=args.seed, frame_shift=args.frame_shift,
                              sample_rate=args.sample_rate, min_seconds=args.min_seconds,
-                             max_seconds=args.max_seconds, log_y=args.log_y)
-    except (ValueError, OSError) as exc:  # DataError, MissingDataError included
+                             max_seconds=args.max_seconds, log_y=args.log_y, remote=remote)
+    except (ValueError, OSError, ImportError) as exc:  # DataError, MissingDataError included
         print(f"speechpipe stats: error: {exc}", file=sys.stderr)
         return 2
     print(stats.report(histogram=not args.no_histogram))
     return 0
+
+
+def _storage_option(text: str) -> tuple[str, Any]:
+    """``"key=value"`` to ``(key, value)``; ``true``/``false``/numbers/JSON as such.
+
+    >>> _storage_option("anon=true"), _storage_option("endpoint_url=http://h:9000")
+    (('anon', True), ('endpoint_url', 'http://h:9000'))
+    """
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    try:
+        return key, json.loads(value)
+    except ValueError:
+        return key, value
 
 
 def add_command(subparsers: Any) -> argparse.ArgumentParser:
@@ -82,5 +101,10 @@ def add_command(subparsers: Any) -> argparse.ArgumentParser:
                         help="seconds per frame, for lengths in frames (default 0.01)")
     parser.add_argument("--sample-rate", type=int, default=16000, metavar="HZ",
                         help="for shard lengths in samples (default 16000)")
+    parser.add_argument("--storage-option", action="append", type=_storage_option, default=[],
+                        metavar="KEY=VALUE",
+                        help="an option of the object store's file system for URLs (s3fs: "
+                        "endpoint_url=http://..., anon=true, profile=...; repeatable); "
+                        "credentials also come from the usual AWS_* variables and files")
     parser.set_defaults(func=run_command)
     return parser

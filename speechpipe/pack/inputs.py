@@ -8,6 +8,7 @@ nothing is written when the inputs are inconsistent.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
@@ -18,7 +19,7 @@ from ..pipes.kaldi import ScpEntry, read_scp_table
 from ..pipes.sources import read_manifest
 from .report import _EXAMPLES
 
-__all__ = ["KINDS", "MANIFEST_AUDIO_FIELDS", "MANIFEST_TEXT_FIELDS"]
+__all__ = ["KINDS", "MANIFEST_AUDIO_FIELDS", "MANIFEST_FIELDS_NOT_KEPT", "MANIFEST_TEXT_FIELDS"]
 
 #: Values of ``kind=``: what the scp files hold (``"auto"``: look at the first value).
 KINDS = ("auto", "feats", "wav")
@@ -26,6 +27,11 @@ KINDS = ("auto", "feats", "wav")
 MANIFEST_AUDIO_FIELDS = ("audio_path", "audio_filepath", "path", "wav")
 #: Manifest fields holding the transcript, in the order they are looked for.
 MANIFEST_TEXT_FIELDS = ("text", "sentence", "transcript")
+#: Manifest fields not kept in the ``<key>.json`` member: where the audio is and what its
+#: header says (the shard's audio member holds it), the transcript, the reader's ``source``.
+MANIFEST_FIELDS_NOT_KEPT = (("key", "source", "offset", "duration", "num_samples", "num_frames",
+                             "sample_rate", "channels", "num_channels")
+                            + MANIFEST_AUDIO_FIELDS + MANIFEST_TEXT_FIELDS)
 
 _ARK_REF = re.compile(r"(?P<path>.+?)(?::(?P<offset>[0-9]+))?(?:\[(?P<range>[^\[\]]*)\])?", re.S)
 _AUDIO_MAGIC = (b"RIFF", b"fLaC", b"AUDI", b"OggS", b"FORM", b"ID3")
@@ -45,6 +51,7 @@ class _Item(NamedTuple):
     recording: ScpEntry | None = None  # segment: the wav.scp entry of its recording
     offset: float | None = None  # manifest: segment start, seconds
     duration: float | None = None  # manifest: segment length, seconds
+    meta: str | None = None  # manifest: its other fields, as JSON (the member <key>.json)
 
 
 def _as_list(value: str | os.PathLike | Sequence[str | os.PathLike] | None, name: str) -> list[str]:
@@ -168,6 +175,19 @@ def _read_scps(scps: list[str], kind: str, segments: list[str],
     return resolved, _SEGMENT, data
 
 
+def _meta(row: dict, source: str, line: int | None, key: str) -> str | None:
+    """The manifest line's other fields (speaker, chapter, gender, age, accent, language...)
+    as JSON text with sorted keys (the same bytes every time), or ``None`` if there are none."""
+    other = {k: v for k, v in row.items() if k not in MANIFEST_FIELDS_NOT_KEPT}
+    if not other:
+        return None
+    try:
+        return json.dumps(other, ensure_ascii=False, sort_keys=True, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise DataError(f"the other fields of this line cannot be kept as JSON: {exc}",
+                        source=source, line=line, key=key) from None
+
+
 def _manifest_field(row: dict, names: Sequence[str]) -> str | None:
     return next((n for n in names if n in row), None)
 
@@ -195,7 +215,8 @@ def _read_manifests(manifests: list[str]) -> tuple[dict[str, _Item], dict[str, S
                         value, (int, float)) or not value >= 0 or not math.isfinite(value)):
                     raise DataError(f"field {name!r} must be a number of seconds >= 0, got "
                                     f"{value!r}", source=source, line=line, key=key)
-            item = _Item(key, audio, source, line, offset=offset, duration=duration)
+            item = _Item(key, audio, source, line, offset=offset, duration=duration,
+                         meta=_meta(row, source, line, key))
             _add_unique(data, key, item, "key")
             text_field = _manifest_field(row, MANIFEST_TEXT_FIELDS)
             if text_field is not None:

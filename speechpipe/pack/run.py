@@ -5,26 +5,32 @@ worker processes or here), write each folder's index."""
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import multiprocessing
 import os
+import tempfile
 import time
 from collections import Counter
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Iterator, Mapping, NamedTuple, Sequence
 
-from ..errors import DataError
-from ..index import ShardIndex
+from ..errors import DataError, FolderLockedError
+from ..index import INDEX_NAME, ShardIndex
+from ..remote import RemoteOptions
 from ..progress import progress_bar
 from .inputs import _input_files, _Inputs, _Item, _match_keys, _read_inputs
 from .lengths import _measure_chunk_args
+from .lock import LOCK_NAME, FolderLock, live_locks, refuse_if_locked, task_lock_name
 from .options import PackOptions
 from .plan import (
-    _group_by_length, _Measured, _other_packs, _plan_shards, _refuse_or_clean, _ShardPlan,
+    PLAN_NAME, _group_by_length, _Measured, _other_packs, _plan_shards, _refuse_or_clean,
+    _ShardPlan,
 )
 from .report import _EXAMPLES, PackReport
-from .write import _run_shard_task
+from .storage import Storage
+from .write import _remove_tmp_files, _run_shard_task, _shard_is_complete
 
-__all__ = ["pack_data"]
+__all__ = ["merge_pack", "pack_data", "pack_task", "plan_pack"]
 
 
 class _Default:
@@ -62,6 +68,8 @@ def pack_data(
     empty_text: str = _Default("empty_text"),
     compress: str | None = _Default("compress"),
     options: PackOptions | None = None,
+    executor: Any = None,
+    remote: RemoteOptions | None = None,
 ) -> PackReport:
     """Pack Kaldi tables (or manifests) and their labels into tar shards with an index.
 
@@ -75,7 +83,12 @@ def pack_data(
       FLAC -- lossless, exact int16 values; other audio (24-bit, float) as ``<key>.wav``,
       32-bit float. The sample rate is in the audio header: no other member is written;
     - ``<key>.txt``: the label as in the label file (UTF-8, inner spaces kept: tokenize when
-      reading, so that the tokenizer can change without packing again).
+      reading, so that the tokenizer can change without packing again);
+    - ``<key>.json``, from manifests only: the line's other fields (``speaker``, ``chapter``,
+      Common Voice's ``age``, ``gender``, ``accent``, ``locale``...; all but those in
+      :data:`~speechpipe.pack.MANIFEST_FIELDS_NOT_KEPT`) as a JSON object with sorted keys;
+      ``decode`` reads it with :mod:`json` (never pickle) as ``meta``. No member when there
+      are none.
 
     Each folder gets ``index.jsonl`` (:class:`~speechpipe.index.ShardIndex`): per shard its
     name, count, byte size, keys and lengths (frames for features, samples for audio, or
@@ -85,7 +98,21 @@ def pack_data(
     **Determinism**: the same inputs give byte-identical shards and indexes, whatever
     ``num_workers`` (each shard depends only on its own utterances; tar headers are fixed).
 
-    **Interrupted runs**: each shard is written as ``<name>.tmp`` and renamed when complete,
+    **One run per folder**: a run holds ``d_out/.speechpipe-pack.lock`` (its pid and host)
+    while it writes there; a second run fails with
+    :class:`~speechpipe.errors.FolderLockedError` naming the holder. A lock left by a
+    process of this host that no longer runs is taken over with a warning. Before the index
+    is written, every shard written is checked against its plan (present, complete, the
+    planned members, the size its task reported).
+
+    **Beyond one machine**: ``executor=`` runs the measuring and writing on any
+    :class:`concurrent.futures.Executor`, or on a Dask cluster (a ``distributed.Client``;
+    ``pip install 'speechpipe[dask]'``); :func:`~speechpipe.pack.plan_pack`,
+    :func:`~speechpipe.pack.pack_task` and :func:`~speechpipe.pack.merge_pack` run the same
+    steps as a job array. The bytes are the same in every case.
+
+    **Interrupted runs**: each shard is written under a temporary name unique to the attempt
+    (``.tmp-<pid>-<random>-<name>``) and renamed when complete,
     so a killed run leaves no partial shard under a shard name. A rerun with the same inputs
     keeps the shards already complete: a shard listed in an existing ``index.jsonl`` is kept
     if its keys and lengths are those planned and its size is the indexed size (one ``stat``);
@@ -149,6 +176,14 @@ def pack_data(
             (smaller to store and send, slower to read: benchmarks/README.md).
         options: all the settings above (``fmt`` to ``compress``) in one
             :class:`~speechpipe.pack.PackOptions`, instead of the keyword arguments.
+        remote: how ``d_out`` is written when it is a URL (``s3://bucket/corpus``, any fsspec
+            URL; :class:`~speechpipe.remote.RemoteOptions`, e.g. its ``storage_options``):
+            each shard is written locally, then uploaded under its final name (an object
+            appears only when complete); the index last. No lock is taken in object storage.
+        executor: where utterances are measured and shards written: a
+            :class:`concurrent.futures.Executor` (left running), or a Dask
+            ``distributed.Client`` (its ``get_executor()``); ``None``: ``num_workers``
+            processes (or this one). Not together with ``num_workers > 1``.
 
     Returns:
         A :class:`PackReport` (``print(report.report())``).
@@ -157,6 +192,7 @@ def pack_data(
         ValueError: a bad argument (overlapping groups, bad ``fmt``, both scps and manifests).
         TypeError: an argument of the wrong type, or ``options`` together with settings passed
             as keyword arguments (naming them).
+        FolderLockedError: another run writes ``d_out`` (naming its pid and host).
         MissingDataError: an input file, ark or audio file that does not exist.
         UnsafeInputError: a ``cmd |`` value (pack runs no commands from tables).
         DataError: a malformed table line, a duplicate key within or across input files
@@ -180,53 +216,234 @@ def pack_data(
     >>> tmp.cleanup()
     """
     started = time.monotonic()
+    files, out_dir, options = _arguments(f_scps, f_labels, segments, manifests, d_out, options,
+                                         fmt=fmt, filter_group=filter_group,
+                                         utts_per_shard=utts_per_shard, kind=kind,
+                                         on_mismatch=on_mismatch, num_workers=num_workers,
+                                         progress=progress, length_unit=length_unit,
+                                         audio_format=audio_format, force=force,
+                                         allow_commands=allow_commands,
+                                         empty_text=empty_text, compress=compress)
+    pool, owned = _executor(options.num_workers, executor)
+    try:
+        # 1. Tables, keys and lengths (read only); 2. groups and shards (under the lock);
+        # 3. the shards; 4. the merge: shards checked, then the indexes.
+        store = _storage(out_dir, remote)
+        measured = _measure_inputs(files, store, options, pool)
+        with _owning(store, "pack"):
+            _refuse_if_locked(store, ignore=LOCK_NAME)  # no task of a plan is running
+            plan, report = _plan(measured, store, options)
+            if store.isfile(store.join(out_dir, PLAN_NAME)):  # a job array's, superseded
+                store.remove(store.join(out_dir, PLAN_NAME))
+            sizes = _write_shards(pool, plan, report, options.progress)
+            _merge(plan, report, store, sizes)
+            for folder, by_name in plan.entries.items():  # of attempts that died (a worker
+                _remove_tmp_files(folder, by_name)  # killed mid-shard: its task ran again)
+    finally:
+        if owned:
+            pool.shutdown(wait=True, cancel_futures=True)
+    report.seconds = time.monotonic() - started
+    return report
+
+
+def plan_pack(
+    f_scps: str | os.PathLike | Sequence[str | os.PathLike] | None,
+    f_labels: str | os.PathLike | Sequence[str | os.PathLike] | None,
+    d_out: str | os.PathLike,
+    *,
+    segments: str | os.PathLike | Sequence[str | os.PathLike] | None = None,
+    manifests: str | os.PathLike | Sequence[str | os.PathLike] | None = None,
+    options: PackOptions | None = None,
+    executor: Any = None,
+    remote: RemoteOptions | None = None,
+) -> PackReport:
+    """The first step of a pack run as a job array (CLI: ``pack ... --plan-only``): read and
+    measure the inputs as :func:`pack_data` does and write the plan, ``d_out/pack_plan.jsonl``
+    -- which keys go to which shard, with what the tasks need to write them -- instead of the
+    shards. Then :func:`pack_task` ``(d_out, i, n)`` for ``i`` in 1 to ``n`` (any machine
+    seeing ``d_out`` and the inputs by the same paths, any order, reruns welcome) and
+    :func:`merge_pack` write the very bytes :func:`pack_data` writes.
+
+    The plan is deterministic (the same inputs and options give the same file); relative
+    paths of the tables are kept as written, so tasks must run in the same directory as the
+    planning (as Kaldi's ``queue.pl`` jobs do). Arguments as :func:`pack_data` (settings in
+    ``options``; ``executor`` measures the utterances).
+
+    Returns:
+        The report of the planning (``shards_skipped``: shards an earlier run left complete).
+    """
+    files, out_dir, options = _arguments(f_scps, f_labels, segments, manifests, d_out, options)
+    store = _storage(out_dir, remote)
+    pool, owned = _executor(options.num_workers, executor)
+    try:
+        measured = _measure_inputs(files, store, options, pool)
+    finally:
+        if owned:
+            pool.shutdown(wait=True, cancel_futures=True)
+    with _owning(store, "pack --plan-only"):
+        _refuse_if_locked(store, ignore=LOCK_NAME)  # no task of an earlier plan is running
+        plan, report = _plan(measured, store, options)
+        plan.write(store, report)
+    return report
+
+
+def pack_task(d_out: str | os.PathLike, task: int, tasks: int, *, num_workers: int = 1,
+              executor: Any = None, progress: bool = True,
+              remote: RemoteOptions | None = None) -> PackReport:
+    """Write the shards of task ``task`` (1 to ``tasks``) of the plan in ``d_out`` (CLI:
+    ``pack --out DIR --task i/N``): every ``tasks``-th shard to write, in plan order, each
+    under a temporary name and renamed when complete; shards already complete are kept (a
+    killed task is simply run again). Two runs of one task at once are refused
+    (:class:`~speechpipe.errors.FolderLockedError`), as is a task beside a whole run.
+
+    Returns:
+        What this task did: ``shards_written``, ``shards_skipped`` (complete already),
+        bytes, clipped utterances; its ``groups`` are empty (the merge reports the pack).
+
+    Raises:
+        MissingDataError: no plan in ``d_out``.
+        FolderLockedError: this task (or a whole pack of the folder) runs elsewhere.
+    """
+    out_dir = _out_dir(d_out)
+    for name, value in (("task", task), ("tasks", tasks)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+    if task > tasks:
+        raise ValueError(f"task must be in 1..{tasks}, got {task}")
+    store = _storage(out_dir, remote)
+    pool, owned = _executor(num_workers, executor)
+    try:
+        with _owning(store, f"pack --task {task}/{tasks}", task_lock_name(task, tasks)):
+            held = [h for h in (() if store.is_url else live_locks(out_dir))
+                    if os.path.basename(h[0]) == LOCK_NAME]
+            if held:
+                raise FolderLockedError(f"this pack folder is in use by {held[0][1]}: tasks "
+                                        "run after the planning ends", source=held[0][0])
+            plan, report = _ShardPlan.read(store)
+            report.groups = {}
+            mine = [j for j, n in enumerate(plan.task_numbers(tasks)) if n == task]
+            for j in mine:
+                _remove_tmp_files(*store.split(plan.tasks[j].path))
+            _write_shards(pool, plan, report, progress, mine)
+    finally:
+        if owned:
+            pool.shutdown(wait=True, cancel_futures=True)
+    return report
+
+
+def merge_pack(d_out: str | os.PathLike, *, remote: RemoteOptions | None = None
+               ) -> PackReport:
+    """The last step of a job array (CLI: ``pack --out DIR --merge``): check every shard of
+    the plan in ``d_out`` (present, complete, the planned utterances) and write each folder's
+    ``index.jsonl``; the plan file is then deleted (the index replaces it).
+
+    Raises:
+        DataError: shards missing or not as planned, each named with the task that writes it;
+            nothing is written then.
+        FolderLockedError: a task (or a pack) is still writing the folder.
+    """
+    out_dir = _out_dir(d_out)
+    store = _storage(out_dir, remote)
+    with _owning(store, "pack --merge"):
+        _refuse_if_locked(store, ignore=LOCK_NAME)
+        plan, report = _ShardPlan.read(store)
+        _merge(plan, report, store)
+        report.shards_skipped = sum(len(e) for e in plan.entries.values())
+        report.bytes_total = sum(e.bytes for f in plan.entries.values() for e in f.values())
+        for folder, by_name in plan.entries.items():
+            _remove_tmp_files(folder, by_name)
+        store.remove(store.join(out_dir, PLAN_NAME))
+    return report
+
+
+class _MeasuredInputs(NamedTuple):
+    inputs: _Inputs
+    unit: str
+    measured: _Measured
+    report: PackReport
+    sample_rate: int | None
+
+
+def _arguments(f_scps, f_labels, segments, manifests, d_out, options, **keywords):
+    """The checked inputs, output folder and settings of a pack (the errors of
+    :func:`pack_data`'s arguments)."""
     files = _input_files(f_scps, f_labels, segments, manifests)
-    if not isinstance(d_out, (str, os.PathLike)) or not os.fspath(d_out):
-        raise TypeError(f"d_out must be a folder path, got {d_out!r}")
-    out_dir = os.fspath(d_out)
-    options = _settings(options, fmt=fmt, filter_group=filter_group,
-                        utts_per_shard=utts_per_shard, kind=kind, on_mismatch=on_mismatch,
-                        num_workers=num_workers, progress=progress, length_unit=length_unit,
-                        audio_format=audio_format, force=force,
-                        allow_commands=allow_commands, empty_text=empty_text,
-                        compress=compress)
-    others = _other_packs(out_dir, options)
-    if not options.force:
-        _refuse_or_clean(others, out_dir, options)  # refuses, before anything is read
+    out_dir = _out_dir(d_out)
+    options = _settings(options, **keywords)
     if files.manifests and options.kind == "feats":
         raise ValueError("manifests name audio files: kind must be 'auto' or 'wav'")
+    return files, out_dir, options
 
-    # 1. Tables and keys.
+
+def _storage(out_dir: str, remote: RemoteOptions | None) -> Storage:
+    if remote is not None and not isinstance(remote, RemoteOptions):
+        raise TypeError(f"remote must be a RemoteOptions or None, got {remote!r}")
+    return Storage(out_dir, remote)
+
+
+def _owning(store: Storage, what: str, name: str = LOCK_NAME):
+    """The folder's lock (a local one; object storage has none here)."""
+    return contextlib.nullcontext() if store.is_url else FolderLock(store.root, what, name)
+
+
+def _refuse_if_locked(store: Storage, *, ignore: str | None = None) -> None:
+    if not store.is_url and os.path.isdir(store.root):
+        refuse_if_locked(store.root, ignore=ignore)
+
+
+def _out_dir(d_out) -> str:
+    if not isinstance(d_out, (str, os.PathLike)) or not os.fspath(d_out):
+        raise TypeError(f"d_out must be a folder path, got {d_out!r}")
+    return os.fspath(d_out)
+
+
+def _measure_inputs(files, store: Storage, options: PackOptions,
+                    pool: concurrent.futures.Executor | None) -> _MeasuredInputs:
+    """Read the tables, match keys and measure every utterance: nothing is written (a run
+    already writing the output folder, or another pack there, is refused first)."""
+    _refuse_if_locked(store)
+    others = _other_packs(store, options)
+    if not options.force:
+        _refuse_or_clean(others, store, options)  # refuses, before anything is read
     inputs = _read_inputs(files.scps, files.labels, files.segments, files.manifests,
                           options.kind, options.allow_commands)
     unit = _length_unit(options.length_unit, inputs.kind)
     items, no_label, no_data = _match_keys(inputs, options.on_mismatch)
     items, empty = _empty_labels(items, options.empty_text, inputs)
     report = PackReport(
-        out_dir, inputs.kind, unit,
+        store.root, inputs.kind, unit,
         keys_without_label=len(no_label), keys_without_label_examples=no_label[:_EXAMPLES],
         labels_without_data=len(no_data), labels_without_data_examples=no_data[:_EXAMPLES],
         empty_text=len(empty), empty_text_examples=empty[:_EXAMPLES],
         empty_text_policy=options.empty_text,
     )
-    executor = _executor(options.num_workers)
-    try:
-        # 2. Lengths; 3. groups and shards; 4. shards, then indexes.
-        measured = _measure(executor, inputs, items, unit, options)
-        sample_rate = _sample_rates(measured, unit, report, inputs.data_files)
-        by_group = _group_by_length(measured, options.groups, report)
-        report.removed.extend(_refuse_or_clean(others, out_dir, options))
-        plan = _plan_shards(by_group, measured, out_dir, inputs, unit, options, report)
-        _write_shards(executor, plan, report, options.progress)
-    finally:
-        if executor is not None:
-            executor.shutdown(wait=True, cancel_futures=True)
-    rates = {item.key: rate for item, (_, rate) in zip(measured.items, measured.native)
+    measured = _measure(pool, inputs, items, unit, options)
+    sample_rate = _sample_rates(measured, unit, report, inputs.data_files)
+    return _MeasuredInputs(inputs, unit, measured, report, sample_rate)
+
+
+def _plan(m: _MeasuredInputs, store: Storage, options: PackOptions
+          ) -> tuple[_ShardPlan, PackReport]:
+    """Groups and shards, under the folder's lock: what another pack left is refused (or
+    removed with ``force``), stale indexes and wrong shards are removed, temporary files of
+    dead runs deleted."""
+    report = m.report
+    others = _other_packs(store, options)
+    if not options.force:
+        _refuse_or_clean(others, store, options)
+    by_group = _group_by_length(m.measured, options.groups, report)
+    report.removed.extend(_refuse_or_clean(others, store, options))
+    plan = _plan_shards(by_group, m.measured, store, m.inputs, m.unit, options, report)
+    plan.unit, plan.sample_rate = m.unit, m.sample_rate
+    plan.audio_format = None if m.inputs.kind == "feats" else options.audio_format
+    rates = {item.key: rate for item, (_, rate) in zip(m.measured.items, m.measured.native)
              if rate is not None}
-    _write_indexes(plan, unit, None if inputs.kind == "feats" else options.audio_format, report,
-                   sample_rate, rates)
-    report.seconds = time.monotonic() - started
-    return report
+    for folder, by_name in plan.entries.items():
+        # audio: the rates of this folder's utterances, for readers of the index
+        plan.rates[folder] = (dict(Counter(rates[k] for e in by_name.values() for k in e.keys))
+                              if rates else None)
+        _remove_tmp_files(folder, by_name)
+    return plan, report
 
 
 def _settings(options: PackOptions | None, **keywords: Any) -> PackOptions:
@@ -320,47 +537,109 @@ def _sample_rates(measured: _Measured, unit: str, report: PackReport,
 
 
 def _write_shards(executor: concurrent.futures.Executor | None, plan: _ShardPlan,
-                  report: PackReport, progress: bool) -> None:
-    """Run the plan's shard tasks (in the workers, if any); record each shard's size in its
-    index entry and count it in ``report``."""
-    with progress_bar(total=len(plan.tasks) + report.shards_skipped,
+                  report: PackReport, progress: bool,
+                  numbers: Sequence[int] | None = None) -> dict[str, int]:
+    """Run the plan's shard tasks (``numbers``: those of one task of a job array; all by
+    default), in the executor if any; count them in ``report``; return each shard's size."""
+    numbers = range(len(plan.tasks)) if numbers is None else numbers
+    tasks = [plan.tasks[j] for j in numbers]
+    sizes = {}
+    with progress_bar(total=len(tasks) + report.shards_skipped,
                       initial=report.shards_skipped, desc="pack: write", unit="shard",
                       disable=not progress) as bar:
-        for i, (written, size, clipped) in _run_all(executor, _run_shard_task, plan.tasks, bar):
+        for i, (written, size, clipped) in _run_all(executor, _run_shard_task, tasks, bar):
             report.clipped += clipped
-            name = os.path.basename(plan.tasks[i].path)
-            folder = plan.folders[i]
-            plan.entries[folder][name] = dataclasses.replace(plan.entries[folder][name],
-                                                             bytes=size)
+            sizes[tasks[i].path] = size
             report.bytes_total += size
             if written:
                 report.shards_written += 1
                 report.bytes_written += size
             else:
                 report.shards_skipped += 1
+    return sizes
 
 
-def _write_indexes(plan: _ShardPlan, unit: str, audio_format: str | None,
-                   report: PackReport, sample_rate: int | None = None,
-                   rates: Mapping[str, int] | None = None) -> None:
-    """Write each folder's ``index.jsonl``, last: an index means a complete pack."""
+def _merge(plan: _ShardPlan, report: PackReport, store: Storage,
+           sizes: Mapping[str, int] | None = None) -> None:
+    """Check every shard of the plan against its entry, then write each folder's
+    ``index.jsonl`` (last: an index means a complete pack).
+
+    A shard a task wrote must be there, complete (its tar read through: headers, end marker)
+    and hold exactly its planned members, and -- when the task's report is at hand
+    (``sizes``) -- have the size it reported; a kept shard must have its indexed size.
+
+    Raises:
+        DataError: shards missing or not as planned, naming each (and the task of a job array
+            that writes it); no index is written then.
+    """
+    problems = []
+    number_of = {t.path: j for j, t in enumerate(plan.tasks)}
+    for folder, by_name in plan.entries.items():
+        for name, entry in by_name.items():
+            path = store.join(folder, name)
+            try:
+                size = store.size(path)
+            except OSError:
+                j = number_of.get(path)
+                problems.append((path, "missing" if j is None else
+                                 f"missing (written by task {j} % N + 1 of a job array of N)"))
+                continue
+            j = number_of.get(path)
+            if j is None:
+                if size != entry.bytes:
+                    problems.append((path, f"{size} bytes, indexed {entry.bytes}"))
+                continue
+            if sizes is not None and path in sizes and sizes[path] != size:
+                problems.append((path, f"{size} bytes, but its task wrote {sizes[path]}: "
+                                       "rewritten by another run?"))
+            elif not store.is_url and not _shard_is_complete(plan.tasks[j]):
+                # (an object in a bucket was uploaded whole, by one PUT, under its final name
+                # only: present with the size its task wrote is complete; not read back)
+                problems.append((path, "incomplete, or not the planned utterances"))
+            else:
+                by_name[name] = dataclasses.replace(entry, bytes=size)
+    if problems:
+        shown = "; ".join(f"{path}: {why}" for path, why in problems[:_EXAMPLES])
+        raise DataError(
+            f"{len(problems)} shard(s) of the plan are not as planned, so no index is written "
+            f"({shown}{'; ...' if len(problems) > _EXAMPLES else ''}): run the task(s) that "
+            "write them again (a rerun skips complete shards), then merge again",
+            source=report.out_dir)
     for folder, by_name in plan.entries.items():
         # In shard-number order (the plan's), which is also sorted key order.
-        counts = None
-        if rates:  # audio: the rates of this folder's utterances, for readers of the index
-            counts = dict(Counter(rates[k] for entry in by_name.values() for k in entry.keys))
-        index = ShardIndex(folder, list(by_name.values()), length_unit=unit,
-                           audio_format=audio_format, sample_rate=sample_rate,
-                           sample_rates=counts)
-        report.index_paths.append(index.write())
+        index = ShardIndex(folder, list(by_name.values()), length_unit=plan.unit,
+                           audio_format=plan.audio_format, sample_rate=plan.sample_rate,
+                           sample_rates=plan.rates.get(folder))
+        if store.is_url:  # the same bytes as a local index, in one PUT
+            with tempfile.TemporaryDirectory() as tmp:
+                with open(index.write(os.path.join(tmp, INDEX_NAME)), "rb") as f:
+                    data = f.read()
+            store.write_bytes(store.join(folder, INDEX_NAME), data)
+            report.index_paths.append(store.join(folder, INDEX_NAME))
+        else:
+            report.index_paths.append(index.write())
 
 
-def _executor(num_workers: int) -> concurrent.futures.Executor | None:
+def _executor(num_workers: int, executor: Any = None
+              ) -> tuple[concurrent.futures.Executor | None, bool]:
+    """``(executor to use, whether it is ours to shut down)``: the caller's executor (a Dask
+    ``distributed.Client`` through its ``get_executor()``), else a spawn pool of
+    ``num_workers`` processes, else none (this process)."""
+    if executor is not None:
+        if num_workers != 1:
+            raise ValueError(f"pass executor= or num_workers={num_workers}, not both")
+        if isinstance(executor, concurrent.futures.Executor):
+            return executor, False
+        get = getattr(executor, "get_executor", None)  # distributed.Client
+        if callable(get):
+            return get(), False
+        raise TypeError(f"executor must be a concurrent.futures.Executor or a Dask "
+                        f"distributed.Client, got {executor!r}")
     if num_workers == 1:
-        return None
+        return None, False
     # spawn: workers start clean (no inherited threads or locks from torch or tqdm).
     return concurrent.futures.ProcessPoolExecutor(
-        max_workers=num_workers, mp_context=multiprocessing.get_context("spawn"))
+        max_workers=num_workers, mp_context=multiprocessing.get_context("spawn")), True
 
 
 def _run_all(executor, fn, args: Sequence, bar) -> Iterator[tuple[int, Any]]:

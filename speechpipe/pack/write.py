@@ -1,12 +1,16 @@
 """Writing the shards of :func:`~speechpipe.pack.pack_data`: one ``_ShardTask`` per shard,
-run in this process or in a worker; each shard is written as ``<name>.tmp`` and renamed when
-complete, and a complete shard from an earlier run is kept.
+run in this process or in a worker (a process pool, Dask, a task of a job array); each shard is
+written under a temporary name unique to the attempt (``.tmp-<pid>-<random>-<name>``) and
+renamed when complete, and a complete shard from an earlier run is kept.
 """
 
 from __future__ import annotations
 
 import io
 import os
+import re
+import shutil
+import uuid
 from typing import Iterator, NamedTuple, Sequence
 
 import numpy as np
@@ -17,7 +21,11 @@ from ..pipes.decode import read_audio_segment
 from ..pipes.kaldi import ScpEntry, load_scp_entries, slice_segments
 from ..pipes.shards import iter_tar_members, split_member_name
 from ..pipes.shards import write_shard
+from ..remote import RemoteOptions
+from ..remote import is_remote
+from ..remote import open_remote
 from .inputs import _FEATS, _MANIFEST, _SEGMENT, _Item, _no_commands
+from .storage import Storage
 
 __all__ = ["AUDIO_FORMATS"]
 
@@ -27,6 +35,7 @@ AUDIO_FORMATS = ("lossless", "flac16")
 
 _FEATS_FIELD = "feats.npy"
 _TEXT_FIELD = "txt"
+_META_FIELD = "json"
 _AUDIO_FIELDS = ("flac", "wav")
 _INT16_SCALE = np.float32(32768.0)
 
@@ -101,6 +110,47 @@ class _ShardTask(NamedTuple):
     check_existing: bool  # an existing shard may be kept if its member names are right
     audio_format: str = "lossless"
     allow_commands: bool = False
+    remote: RemoteOptions | None = None  # how a URL path is written and read
+
+
+_TMP_PREFIX = ".tmp-"
+
+
+def _tmp_name(name: str) -> str:
+    """A temporary name for writing shard ``name``, unique to this attempt (two runs or two
+    attempts of one task never write the same file); it keeps the shard's suffix, which says
+    how the shard is compressed."""
+    return f"{_TMP_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:12]}-{name}"
+
+
+def _is_tmp_of(name: str, shard_name_re: re.Pattern) -> bool:
+    """Whether ``name`` is a temporary file of a shard named by ``shard_name_re`` (an attempt
+    that did not finish, or is running)."""
+    match = re.fullmatch(re.escape(_TMP_PREFIX) + r"\d+-[0-9a-f]{12}-(.+?)(\.tmp)?", name)
+    return match is not None and bool(shard_name_re.fullmatch(match.group(1)))
+
+
+def _remove_tmp_files(folder: str, shard_names) -> list[str]:
+    """Delete the temporary files of the shards ``shard_names`` in the local ``folder`` (left
+    by killed attempts: call only while owning the shards, under their lock); return them.
+    (Shards for object storage are written in local temporary folders: nothing to do.)"""
+    if is_remote(folder):
+        return []
+    wanted = set(shard_names)
+    removed = []
+    try:
+        names = os.listdir(folder)
+    except FileNotFoundError:
+        return []
+    for name in sorted(names):
+        match = re.fullmatch(re.escape(_TMP_PREFIX) + r"\d+-[0-9a-f]{12}-(.+?)(\.tmp)?", name)
+        if match is not None and match.group(1) in wanted:
+            try:
+                os.remove(os.path.join(folder, name))
+                removed.append(os.path.join(folder, name))
+            except FileNotFoundError:
+                pass
+    return removed
 
 
 def _shard_is_complete(task: _ShardTask) -> bool:
@@ -113,27 +163,30 @@ def _shard_is_complete(task: _ShardTask) -> bool:
     allowed = (_FEATS_FIELD,) if task.mode == _FEATS else (
         ("flac",) if task.audio_format == "flac16" else _AUDIO_FIELDS)
     expected = iter(task.items)
-    current: tuple[str, set] | None = None
+    current: tuple[_Item, set] | None = None
     try:
-        with open(task.path, "rb") as f:
+        with (open_remote(task.path, task.remote) if is_remote(task.path)
+              else open(task.path, "rb")) as f:
             for name, _ in iter_tar_members(f, source=task.path):
                 key, fld = split_member_name(name, source=task.path)
-                if current is None or key != current[0]:
-                    if current is not None and not _fields_ok(current[1], allowed):
+                if current is None or key != current[0].key:
+                    if current is not None and not _fields_ok(*current, allowed):
                         return False
                     item = next(expected, None)
                     if item is None or item.key != key:
                         return False
-                    current = (key, set())
+                    current = (item, set())
                 current[1].add(fld)
     except (OSError, DataError):
         return False
-    return (current is not None and _fields_ok(current[1], allowed)
+    return (current is not None and _fields_ok(*current, allowed)
             and next(expected, None) is None)
 
 
-def _fields_ok(fields: set, allowed: Sequence[str]) -> bool:
-    return len(fields) == 2 and _TEXT_FIELD in fields and bool(fields & set(allowed))
+def _fields_ok(item: _Item, fields: set, allowed: Sequence[str]) -> bool:
+    meta = item.meta is not None
+    return (len(fields) == 2 + meta and _TEXT_FIELD in fields and bool(fields & set(allowed))
+            and (_META_FIELD in fields) == meta)
 
 
 def _run_shard_task(task: _ShardTask) -> tuple[bool, int, int]:
@@ -141,10 +194,17 @@ def _run_shard_task(task: _ShardTask) -> tuple[bool, int, int]:
     clipped)``.
 
     Runs in worker processes (module level, picklable arguments: spawn-safe). The shard is
-    written as ``<path>.tmp`` and renamed when complete (:func:`write_shard`).
+    written under a temporary name unique to this attempt and renamed when complete.
     """
-    if task.check_existing and os.path.isfile(task.path) and _shard_is_complete(task):
-        return False, os.path.getsize(task.path), 0
+    store = Storage(task.path, task.remote)
+    folder, name = store.split(task.path)
+    if task.check_existing:
+        try:
+            size = store.size(task.path)
+        except FileNotFoundError:
+            size = None
+        if size is not None and _shard_is_complete(task):
+            return False, size, 0
     clipped = 0
 
     def samples(reader: Iterator[tuple[_Item, dict]]) -> Iterator[dict]:
@@ -157,6 +217,8 @@ def _run_shard_task(task: _ShardTask) -> tuple[bool, int, int]:
                     f"measured {planned} when planning: did the data change during packing?",
                     source=item.source, line=item.line, key=item.key)
             out = {"key": item.key, _TEXT_FIELD: item.text}
+            if item.meta is not None:
+                out[_META_FIELD] = item.meta.encode("utf-8")
             if task.mode == _FEATS:
                 out[_FEATS_FIELD] = data
             else:
@@ -166,9 +228,19 @@ def _run_shard_task(task: _ShardTask) -> tuple[bool, int, int]:
                 clipped += cut
             yield out
 
+    tmp = store.local_tmp(task.path, _tmp_name(name))
     reader = _read_items(task.mode, task.items, task.allow_commands)
     try:
-        write_shard(task.path, samples(reader))
-    finally:
-        reader.close()
-    return True, os.path.getsize(task.path), clipped
+        try:
+            write_shard(tmp, samples(reader))  # itself via <tmp>.tmp: nothing left on error
+        finally:
+            reader.close()
+        size = os.path.getsize(tmp)
+        store.publish(tmp, task.path)  # under the final name only when complete
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        if store.is_url:  # its own temporary folder
+            shutil.rmtree(os.path.dirname(tmp), ignore_errors=True)
+        raise
+    return True, size, clipped

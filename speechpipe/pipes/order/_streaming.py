@@ -46,6 +46,8 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
+from ...index import is_folder_url
+from ._assignment import split_shards
 from ...diagnostics import BufferStats, Diagnostics, check_on_error
 from ...errors import check_int, DataError, MissingDataError, UnsafeInputError
 from ...index import ShardEntry, ShardIndex, length_seconds
@@ -469,6 +471,9 @@ class ShardedShufflerIterDataPipe(Seeded, SampleSource, IterDataPipe[Sample]):
             name = os.fspath(name)
             if os.path.isdir(name):  # pack's output folder: its shards, every group's
                 names.extend(ShardIndex.read(name).paths())
+            elif is_folder_url(name):  # the same in a bucket
+                remote = self.read_options.remote if self.read_options is not None else None
+                names.extend(ShardIndex.read(name, remote=remote).paths())
             else:
                 names.append(name)
         return names

@@ -43,6 +43,7 @@ from ...errors import DataError, MissingDataError, UnsafeInputError
 from ...index import ShardIndex
 from ...remote import RemoteOptions, is_remote, open_remote, remote_glob
 from .._core import functional_datapipe, IterDataPipe
+from ...index import is_folder_url
 
 __all__ = [
     "ShardListerIterDataPipe",
@@ -76,10 +77,12 @@ def expand_patterns(patterns: str | os.PathLike | Iterable[str | os.PathLike], *
     with ``*``, ``?`` or ``[`` is globbed; a result without them must exist. A folder written
     by ``pack`` stands for its shards, as its index lists them -- every length group's when
     it holds group folders (:meth:`~speechpipe.index.ShardIndex.read`), so that files left
-    beside them by another pack are never read. An object-storage URL
-    (``s3://bucket/corpus/data-*.tar``) is globbed by listing the bucket; one without glob
-    characters is kept unchecked (opening it says if it is missing). ``http(s)://`` URLs and
-    ``pipe:`` commands are brace-expanded only. ``~`` is expanded.
+    beside them by another pack are never read; the same for such a folder in a bucket
+    (``s3://bucket/corpus/shards``: a URL ending in ``/`` or whose last part has no dot). An
+    object-storage URL (``s3://bucket/corpus/data-*.tar``) is globbed by listing the bucket;
+    a shard URL without glob characters is kept unchecked (opening it says if it is
+    missing). ``http(s)://`` URLs and ``pipe:`` commands are brace-expanded only. ``~`` is
+    expanded.
 
     Args:
         patterns: one pattern or several.
@@ -124,6 +127,8 @@ def _expand_one(name: str, pattern: str, remote: RemoteOptions | None) -> list[s
             where = pattern if name == pattern else f"{pattern} (expanded to {name})"
             raise MissingDataError("no object matches this pattern", source=where)
         return matches
+    if is_folder_url(name):  # pack's output folder in a bucket: as a local one
+        return ShardIndex.read(name, remote=remote).paths()
     if is_url(name) or name.startswith(_PIPE_PREFIX):
         return [name]
     name = os.path.expanduser(name)
