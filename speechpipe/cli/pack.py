@@ -23,7 +23,7 @@ from ..pack import (
 )
 from ..recipes import EMPTY_TEXT
 from ..remote import RemoteOptions
-from .stats import _storage_option
+from .stats import storage_option
 
 __all__ = ["add_command", "run_command"]
 
@@ -91,7 +91,7 @@ def add_command(subparsers: Any) -> argparse.ArgumentParser:
     output.add_argument("--out", required=True, metavar="DIR",
                         help="output folder, or a folder URL (s3://bucket/corpus, any fsspec "
                         "URL: shards uploaded whole, the index last)")
-    output.add_argument("--storage-option", action="append", type=_storage_option, default=[],
+    output.add_argument("--storage-option", action="append", type=storage_option, default=[],
                         metavar="KEY=VALUE",
                         help="an option of the object store's file system for a URL --out "
                         "(s3fs: endpoint_url=http://..., profile=...; repeatable); credentials "

@@ -32,10 +32,10 @@ def run_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def _storage_option(text: str) -> tuple[str, Any]:
+def storage_option(text: str) -> tuple[str, Any]:
     """``"key=value"`` to ``(key, value)``; ``true``/``false``/numbers/JSON as such.
 
-    >>> _storage_option("anon=true"), _storage_option("endpoint_url=http://h:9000")
+    >>> storage_option("anon=true"), storage_option("endpoint_url=http://h:9000")
     (('anon', True), ('endpoint_url', 'http://h:9000'))
     """
     key, sep, value = text.partition("=")
@@ -101,7 +101,7 @@ def add_command(subparsers: Any) -> argparse.ArgumentParser:
                         help="seconds per frame, for lengths in frames (default 0.01)")
     parser.add_argument("--sample-rate", type=int, default=16000, metavar="HZ",
                         help="for shard lengths in samples (default 16000)")
-    parser.add_argument("--storage-option", action="append", type=_storage_option, default=[],
+    parser.add_argument("--storage-option", action="append", type=storage_option, default=[],
                         metavar="KEY=VALUE",
                         help="an option of the object store's file system for URLs (s3fs: "
                         "endpoint_url=http://..., anon=true, profile=...; repeatable); "

@@ -1,6 +1,6 @@
 """Reading what :func:`~speechpipe.pack.pack_data` packs: Kaldi tables (``feats.scp`` or
 ``wav.scp``, ``segments``, ``text`` label files) or JSON-lines manifests, with the kind of an scp
-table told from its first value; each utterance becomes an ``_Item`` (picklable, for workers).
+table told from its first value; each utterance becomes an ``Item`` (picklable, for workers).
 
 Keys are checked here (unique across all input files, usable as tar member names), so that
 nothing is written when the inputs are inconsistent.
@@ -15,9 +15,9 @@ import re
 from typing import Any, NamedTuple, Sequence
 
 from ..errors import DataError, MissingDataError, UnsafeInputError
-from ..pipes.kaldi import ScpEntry, read_scp_table
+from ..pipes.kaldi import ScpEntry, parse_ark_ref, read_scp_table
 from ..pipes.sources import read_manifest
-from .report import _EXAMPLES
+from .report import EXAMPLES
 
 __all__ = ["KINDS", "MANIFEST_AUDIO_FIELDS", "MANIFEST_FIELDS_NOT_KEPT", "MANIFEST_TEXT_FIELDS"]
 
@@ -33,14 +33,13 @@ MANIFEST_FIELDS_NOT_KEPT = (("key", "source", "offset", "duration", "num_samples
                              "sample_rate", "channels", "num_channels")
                             + MANIFEST_AUDIO_FIELDS + MANIFEST_TEXT_FIELDS)
 
-_ARK_REF = re.compile(r"(?P<path>.+?)(?::(?P<offset>[0-9]+))?(?:\[(?P<range>[^\[\]]*)\])?", re.S)
 _AUDIO_MAGIC = (b"RIFF", b"fLaC", b"AUDI", b"OggS", b"FORM", b"ID3")
 
 # Internal modes: what each utterance's reference points to.
-_FEATS, _WAV, _SEGMENT, _MANIFEST = "feats", "wav", "segment", "manifest"
+FEATS, WAV, SEGMENT, MANIFEST = "feats", "wav", "segment", "manifest"
 
 
-class _Item(NamedTuple):
+class Item(NamedTuple):
     """One utterance to pack: where its data is, and its label (picklable, for workers)."""
 
     key: str
@@ -103,11 +102,11 @@ def _detect_kind(entry: ScpEntry, allow_commands: bool = False) -> str:
         raise DataError(
             f"cannot tell what {value!r} produces (a shell command): pass kind='feats' or "
             "kind='wav' (CLI: --kind)", **where)
-    match = _ARK_REF.fullmatch(value)
+    ref = parse_ark_ref(value)
     if os.path.isfile(value):
         path, offset = value, 0
-    elif match is not None and match["offset"] and os.path.isfile(match["path"]):
-        path, offset = match["path"], int(match["offset"])
+    elif ref is not None and ref.offset is not None and os.path.isfile(ref.path):
+        path, offset = ref.path, ref.offset
     else:
         raise MissingDataError(
             f"{value!r} names no existing file, so the kind of this table cannot be told (and "
@@ -124,10 +123,10 @@ def _detect_kind(entry: ScpEntry, allow_commands: bool = False) -> str:
     return "feats"
 
 
-class _Inputs(NamedTuple):
+class Inputs(NamedTuple):
     kind: str  # "feats" or "wav"
-    mode: str  # _FEATS, _WAV, _SEGMENT or _MANIFEST
-    data: dict[str, _Item]
+    mode: str  # FEATS, WAV, SEGMENT or MANIFEST
+    data: dict[str, Item]
     labels: dict[str, ScpEntry]
     data_files: list[str]
     label_files: list[str]
@@ -156,23 +155,23 @@ def _read_scps(scps: list[str], kind: str, segments: list[str],
     for _, table in tables:
         for key, entry in table.items():
             _add_unique(entries, key, entry, "recording" if segments else "key")
-    data: dict[str, _Item] = {}
+    data: dict[str, Item] = {}
     if not segments:
         for key, entry in entries.items():
             _check_key(key, entry.source, entry.line)
-            data[key] = _Item(key, entry.value, entry.source, entry.line)
-        return resolved, (_FEATS if resolved == "feats" else _WAV), data
+            data[key] = Item(key, entry.value, entry.source, entry.line)
+        return resolved, (FEATS if resolved == "feats" else WAV), data
     for path in segments:
         for key, entry in read_scp_table(path).items():
             _check_key(key, entry.source, entry.line)
-            item = _Item(key, entry.value, entry.source, entry.line)
+            item = Item(key, entry.value, entry.source, entry.line)
             _add_unique(data, key, item, "segment")
             reco = entry.value.split(maxsplit=1)[0]
             if reco not in entries:
                 raise DataError(f"unknown recording {reco!r}: not in {', '.join(scps)}",
                                 source=path, line=entry.line, key=key)
             data[key] = item._replace(recording=entries[reco])
-    return resolved, _SEGMENT, data
+    return resolved, SEGMENT, data
 
 
 def _meta(row: dict, source: str, line: int | None, key: str) -> str | None:
@@ -192,8 +191,8 @@ def _manifest_field(row: dict, names: Sequence[str]) -> str | None:
     return next((n for n in names if n in row), None)
 
 
-def _read_manifests(manifests: list[str]) -> tuple[dict[str, _Item], dict[str, ScpEntry]]:
-    data: dict[str, _Item] = {}
+def _read_manifests(manifests: list[str]) -> tuple[dict[str, Item], dict[str, ScpEntry]]:
+    data: dict[str, Item] = {}
     labels: dict[str, ScpEntry] = {}
     for path in manifests:
         for row in read_manifest(path):
@@ -215,7 +214,7 @@ def _read_manifests(manifests: list[str]) -> tuple[dict[str, _Item], dict[str, S
                         value, (int, float)) or not value >= 0 or not math.isfinite(value)):
                     raise DataError(f"field {name!r} must be a number of seconds >= 0, got "
                                     f"{value!r}", source=source, line=line, key=key)
-            item = _Item(key, audio, source, line, offset=offset, duration=duration,
+            item = Item(key, audio, source, line, offset=offset, duration=duration,
                          meta=_meta(row, source, line, key))
             _add_unique(data, key, item, "key")
             text_field = _manifest_field(row, MANIFEST_TEXT_FIELDS)
@@ -237,7 +236,7 @@ class _InputFiles(NamedTuple):
     manifests: list[str]
 
 
-def _input_files(f_scps, f_labels, segments, manifests) -> _InputFiles:
+def input_files(f_scps, f_labels, segments, manifests) -> _InputFiles:
     """Check the file arguments of ``pack_data``: scp and label files (with segments), or
     manifests."""
     files = _InputFiles(_as_list(f_scps, "f_scps"), _as_list(f_labels, "f_labels"),
@@ -250,20 +249,20 @@ def _input_files(f_scps, f_labels, segments, manifests) -> _InputFiles:
     return files
 
 
-def _read_inputs(scps, labels, segments, manifests, kind, allow_commands=False) -> _Inputs:
+def read_inputs(scps, labels, segments, manifests, kind, allow_commands=False) -> Inputs:
     if manifests:
         data, label_table = _read_manifests(manifests)
-        return _Inputs("wav", _MANIFEST, data, label_table, manifests, manifests)
+        return Inputs("wav", MANIFEST, data, label_table, manifests, manifests)
     resolved, mode, data = _read_scps(scps, kind, segments, allow_commands)
     label_table: dict[str, ScpEntry] = {}
     for path in labels:
         for key, entry in read_scp_table(path, allow_empty=True).items():
             _add_unique(label_table, key, entry, "label")
-    return _Inputs(resolved, mode, data, label_table, segments or scps, labels)
+    return Inputs(resolved, mode, data, label_table, segments or scps, labels)
 
 
 
-def _no_commands(exc: UnsafeInputError) -> UnsafeInputError:
+def no_commands(exc: UnsafeInputError) -> UnsafeInputError:
     """A refused table command, said as pack says it; any other unsafe input as it was (a
     pickled object is refused for what it is, issue 23)."""
     if "is a shell command" not in exc.reason:
@@ -275,15 +274,15 @@ def _no_commands(exc: UnsafeInputError) -> UnsafeInputError:
         source=exc.source, line=exc.line, key=exc.key)
 
 
-def _mismatch_error(inputs: _Inputs, no_label: list[str], no_data: list[str]) -> DataError:
-    data_what = "manifests" if inputs.mode == _MANIFEST else "data files"
+def _mismatch_error(inputs: Inputs, no_label: list[str], no_data: list[str]) -> DataError:
+    data_what = "manifests" if inputs.mode == MANIFEST else "data files"
     parts = []
     if no_label:
         parts.append(f"{len(no_label)} key(s) of the {data_what} have no label (e.g. "
-                     f"{', '.join(map(repr, no_label[:_EXAMPLES]))})")
+                     f"{', '.join(map(repr, no_label[:EXAMPLES]))})")
     if no_data:
         parts.append(f"{len(no_data)} label(s) have no data (e.g. "
-                     f"{', '.join(map(repr, no_data[:_EXAMPLES]))})")
+                     f"{', '.join(map(repr, no_data[:EXAMPLES]))})")
     files = ", ".join(inputs.data_files + [f for f in inputs.label_files
                                            if f not in inputs.data_files])
     return DataError(
@@ -291,7 +290,7 @@ def _mismatch_error(inputs: _Inputs, no_label: list[str], no_data: list[str]) ->
         "in both with on_mismatch='skip' (CLI: --on-mismatch skip)", source=files)
 
 
-def _match_keys(inputs: _Inputs, on_mismatch: str) -> tuple[list[_Item], list[str], list[str]]:
+def match_keys(inputs: Inputs, on_mismatch: str) -> tuple[list[Item], list[str], list[str]]:
     """``(items, keys without label, labels without data)``: the items of the keys with both
     data and a label, in sorted key order, each carrying its label.
 

@@ -14,8 +14,8 @@ import soundfile
 
 from ..errors import DataError, MissingDataError, UnsafeInputError
 from ..pipes.decode import read_audio_segment
-from ..pipes.kaldi import ScpEntry, parse_segment, read_matrix, read_wav_value
-from .inputs import _ARK_REF, _FEATS, _SEGMENT, _WAV, _Item, _no_commands
+from ..pipes.kaldi import ScpEntry, parse_ark_ref, parse_segment, read_matrix, read_wav_value
+from .inputs import FEATS, SEGMENT, WAV, Item, no_commands
 
 __all__ = ["LENGTH_UNITS", "LengthGroup", "parse_length_groups"]
 
@@ -175,7 +175,7 @@ def _audio_info(path: str, files_cache: dict) -> tuple[int, int, int] | None:
     return cached
 
 
-def _measure_chunk(mode: str, items: Sequence[_Item],
+def _measure_chunk(mode: str, items: Sequence[Item],
                    allow_commands: bool = False) -> list[tuple[int, int | None]]:
     """``(length, sample_rate or None)`` of each item: frames of features, samples of audio.
 
@@ -190,34 +190,33 @@ def _measure_chunk(mode: str, items: Sequence[_Item],
         for item in items:
             where = dict(source=item.source, line=item.line, key=item.key)
             try:
-                if mode == _FEATS:
+                if mode == FEATS:
                     rows = None
-                    match = _ARK_REF.fullmatch(item.value)
-                    if match is not None and match["range"] is None \
-                            and not item.value.endswith("|"):
-                        rows = _binary_rows(files, match["path"], int(match["offset"] or 0))
+                    ref = parse_ark_ref(item.value)
+                    if ref is not None and ref.range is None and not item.value.endswith("|"):
+                        rows = _binary_rows(files, ref.path, ref.offset or 0)
                     if rows is None:
                         rows = read_matrix(item.value, **where).shape[0]
                     out.append((rows, None))
-                elif mode == _WAV:
+                elif mode == WAV:
                     info = None if item.value.endswith("|") else _audio_info(item.value, infos)
                     if info is None:
                         audio, rate = read_wav_value(item.value, allow_commands=allow_commands,
                                                      **where)
                         info = (audio.shape[0], rate, 1)
                     out.append(info[:2])
-                elif mode == _SEGMENT:
+                elif mode == SEGMENT:
                     out.append(_segment_length(item, infos, allow_commands))
                 else:
                     out.append(_manifest_length(item, infos))
             except UnsafeInputError as exc:
-                raise _no_commands(exc) from exc
+                raise no_commands(exc) from exc
     finally:
         files.close()
     return out
 
 
-def _segment_length(item: _Item, infos: dict, allow_commands: bool = False) -> tuple[int, int]:
+def _segment_length(item: Item, infos: dict, allow_commands: bool = False) -> tuple[int, int]:
     """Samples of a segment, by the rules of :func:`~speechpipe.pipes.kaldi._loaders.slice_segments`."""
     segment = parse_segment(ScpEntry(item.key, item.value, item.source, item.line))
     reco = item.recording
@@ -247,7 +246,7 @@ def _segment_length(item: _Item, infos: dict, allow_commands: bool = False) -> t
     return stop - start, rate
 
 
-def _manifest_length(item: _Item, infos: dict) -> tuple[int, int]:
+def _manifest_length(item: Item, infos: dict) -> tuple[int, int]:
     """Samples :func:`~speechpipe.pipes.decode._decode.read_audio_segment` will read for a line."""
     info = _audio_info(item.value, infos)
     if info is None:  # missing or undecodable: let the reader say which, naming the line
@@ -270,6 +269,6 @@ def _manifest_length(item: _Item, infos: dict) -> tuple[int, int]:
 
 
 
-def _measure_chunk_args(args: tuple[str, Sequence[_Item], bool]
+def measure_chunk_args(args: tuple[str, Sequence[Item], bool]
                         ) -> list[tuple[int, int | None]]:
     return _measure_chunk(*args)

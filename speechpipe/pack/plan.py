@@ -14,12 +14,12 @@ from ..errors import DataError, MissingDataError
 from ..index import INDEX_NAME, ShardEntry, ShardIndex
 from ..pipes.kaldi import ScpEntry
 from ..remote import RemoteOptions
-from .inputs import _Inputs, _Item
+from .inputs import Inputs, Item
 from .lengths import LengthGroup
 from .options import PackOptions
-from .report import _EXAMPLES, PackReport
+from .report import EXAMPLES, PackReport
 from .storage import Storage
-from .write import _is_tmp_of, _ShardTask
+from .write import is_tmp_of, ShardTask
 
 __all__: list[str] = []
 
@@ -28,21 +28,21 @@ _PLAN_FORMAT = "speechpipe-pack-plan"
 _PLAN_VERSION = 1
 
 
-class _Measured(NamedTuple):
+class Measured(NamedTuple):
     """The utterances to pack, in sorted key order, with their lengths."""
 
-    items: list[_Item]
+    items: list[Item]
     native: list[tuple[int, int | None]]  # (frames or samples, sample rate or None)
     lengths: list[int | float]  # in the pack's length unit: what the index records
 
 
 @dataclass
-class _ShardPlan:
+class ShardPlan:
     """Every shard of a pack: its index entry, and a task for each shard to (re)write; with
     what the merge needs to write each folder's index (unit, audio format, sample rates)."""
 
     entries: dict[str, dict[str, ShardEntry]] = field(default_factory=dict)  # folder: name:
-    tasks: list[_ShardTask] = field(default_factory=list)
+    tasks: list[ShardTask] = field(default_factory=list)
     folders: list[str] = field(default_factory=list)  # the folder of each task
     unit: str = "frames"
     audio_format: str | None = None
@@ -85,7 +85,7 @@ class _ShardPlan:
         return path
 
     @classmethod
-    def read(cls, store: Storage) -> tuple["_ShardPlan", PackReport]:
+    def read(cls, store: Storage) -> tuple["ShardPlan", PackReport]:
         """The plan ``--plan-only`` wrote into the output folder and the report of the
         planning.
 
@@ -161,29 +161,29 @@ def _plan_report(fields: dict[str, Any], out_dir: str) -> PackReport:
     return PackReport(out_dir=out_dir, **fields)
 
 
-def _item_fields(item: _Item) -> list:
+def _item_fields(item: Item) -> list:
     reco = item.recording
     return [item.key, item.value, item.source, item.line, item.text,
             None if reco is None else [reco.key, reco.value, reco.source, reco.line],
             item.offset, item.duration, item.meta]
 
 
-def _task_fields(task: _ShardTask) -> dict[str, Any]:
+def _task_fields(task: ShardTask) -> dict[str, Any]:
     return {"mode": task.mode, "items": [_item_fields(i) for i in task.items],
             "native": list(task.lengths), "audio_format": task.audio_format,
             "allow_commands": task.allow_commands}
 
 
-def _task_from(row: dict[str, Any], path: str, remote: RemoteOptions | None) -> _ShardTask:
-    items = tuple(_Item(key, value, source, line, text,
+def _task_from(row: dict[str, Any], path: str, remote: RemoteOptions | None) -> ShardTask:
+    items = tuple(Item(key, value, source, line, text,
                         None if reco is None else ScpEntry(*reco), offset, duration, meta)
                   for key, value, source, line, text, reco, offset, duration, meta
                   in row["items"])
-    return _ShardTask(path, row["mode"], items, tuple(row["native"]), True,
+    return ShardTask(path, row["mode"], items, tuple(row["native"]), True,
                       row["audio_format"], row["allow_commands"], remote)
 
 
-def _other_packs(store: Storage, options: PackOptions) -> list[str]:
+def other_packs(store: Storage, options: PackOptions) -> list[str]:
     """The folders of the output folder holding shards or an index that this pack will not
     write: group folders of an earlier pack with other groups, the top folder's shards when
     packing into groups (or group folders when not). Read with this pack (a glob, the
@@ -212,18 +212,18 @@ def _packed_file(name: str, options: PackOptions) -> bool:
     if name in (INDEX_NAME, f"{INDEX_NAME}.tmp"):
         return True
     return bool(options.shard_name_re.fullmatch(name.removesuffix(".tmp"))
-                or _is_tmp_of(name, options.shard_name_re))
+                or is_tmp_of(name, options.shard_name_re))
 
 
-def _refuse_or_clean(folders: list[str], store: Storage, options: PackOptions) -> list[str]:
+def refuse_or_clean(folders: list[str], store: Storage, options: PackOptions) -> list[str]:
     """Without ``force``, refuse to pack beside other packs' shards (``folders``, from
-    :func:`_other_packs`), naming them; with it, delete their shards and indexes (and the
+    :func:`other_packs`), naming them; with it, delete their shards and indexes (and the
     folders, when nothing else is left in them). Returns the files deleted."""
     if not folders:
         return []
     out_dir = store.root
     if not options.force:
-        named = ", ".join(f"{store.relative(f)}/" for f in folders[:_EXAMPLES])
+        named = ", ".join(f"{store.relative(f)}/" for f in folders[:EXAMPLES])
         raise ValueError(
             f"{out_dir} holds shards of another pack that this one would not replace "
             f"({named}): read together (a glob, or the folder) they would mix old and new "
@@ -240,7 +240,7 @@ def _refuse_or_clean(folders: list[str], store: Storage, options: PackOptions) -
     return removed
 
 
-def _group_by_length(measured: _Measured, groups: list[LengthGroup],
+def group_by_length(measured: Measured, groups: list[LengthGroup],
                      report: PackReport) -> dict[str, list[int]]:
     """Indices of the utterances per group name (``"."`` without groups), in key order; those
     outside every group are counted in ``report``."""
@@ -252,7 +252,7 @@ def _group_by_length(measured: _Measured, groups: list[LengthGroup],
             continue
         group = next((g for g in groups if g.holds(length)), None)
         if group is None:
-            if len(out_of_range) < _EXAMPLES:
+            if len(out_of_range) < EXAMPLES:
                 out_of_range.append(f"{measured.items[i].key} (length {length:g})")
             report.out_of_range += 1
         else:
@@ -261,12 +261,12 @@ def _group_by_length(measured: _Measured, groups: list[LengthGroup],
     return plan
 
 
-def _plan_shards(by_group: dict[str, list[int]], measured: _Measured, store: Storage,
-                 inputs: _Inputs, unit: str, options: PackOptions,
-                 report: PackReport) -> _ShardPlan:
+def plan_shards(by_group: dict[str, list[int]], measured: Measured, store: Storage,
+                 inputs: Inputs, unit: str, options: PackOptions,
+                 report: PackReport) -> ShardPlan:
     """Plan the shards of every group's folder (created) and remove the index of each folder
     where a shard will change."""
-    plan = _ShardPlan()
+    plan = ShardPlan()
     store.makedirs(store.root)
     for name, indices in by_group.items():
         folder = store.root if name == "." else store.join(store.root, name)
@@ -280,8 +280,8 @@ def _plan_shards(by_group: dict[str, list[int]], measured: _Measured, store: Sto
     return plan
 
 
-def _plan_folder(plan: _ShardPlan, folder: str, indices: list[int], measured: _Measured,
-                 inputs: _Inputs, unit: str, options: PackOptions, report: PackReport,
+def _plan_folder(plan: ShardPlan, folder: str, indices: list[int], measured: Measured,
+                 inputs: Inputs, unit: str, options: PackOptions, report: PackReport,
                  store: Storage) -> None:
     """Add the shards of one folder to ``plan``: ``utts_per_shard`` consecutive utterances
     each, kept when its old index entry shows it complete, else a task; files named like
@@ -312,7 +312,7 @@ def _plan_folder(plan: _ShardPlan, folder: str, indices: list[int], measured: _M
             # Known to be another pack's or incomplete: gone before any task runs, so that a
             # shard found under this name later was written for this plan (and kept).
             store.remove(path)
-        plan.tasks.append(_ShardTask(path, inputs.mode, tuple(measured.items[i] for i in chosen),
+        plan.tasks.append(ShardTask(path, inputs.mode, tuple(measured.items[i] for i in chosen),
                                      tuple(measured.native[i][0] for i in chosen),
                                      True, options.audio_format, options.allow_commands,
                                      store.remote))

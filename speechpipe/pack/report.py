@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 __all__ = ["PackReport"]
 
-_EXAMPLES = 5  # keys shown per reported category
+EXAMPLES = 5  # keys shown per reported category
 
 
 @dataclass
@@ -108,12 +108,12 @@ class PackReport:
         )
         if self.removed:
             lines.append(f"  removed (--force): {len(self.removed)} file(s) of another pack: "
-                         f"{', '.join(self.removed[:_EXAMPLES])}")
+                         f"{', '.join(self.removed[:EXAMPLES])}")
         if self.stale_shards:
             lines.append(f"  warning: {len(self.stale_shards)} file(s) named like shards are not "
                          f"part of this pack (delete them before reading the folder with a "
                          f"glob, or pack again with --force): "
-                         f"{', '.join(self.stale_shards[:_EXAMPLES])}")
+                         f"{', '.join(self.stale_shards[:EXAMPLES])}")
         lines.append(f"  time: {self.seconds:.1f} s")
         return "\n".join(lines)
 

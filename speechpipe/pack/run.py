@@ -18,17 +18,17 @@ from ..errors import DataError, FolderLockedError
 from ..index import INDEX_NAME, ShardIndex
 from ..remote import RemoteOptions
 from ..progress import progress_bar
-from .inputs import _input_files, _Inputs, _Item, _match_keys, _read_inputs
-from .lengths import _measure_chunk_args
+from .inputs import input_files, Inputs, Item, match_keys, read_inputs
+from .lengths import measure_chunk_args
 from .lock import LOCK_NAME, FolderLock, live_locks, refuse_if_locked, task_lock_name
 from .options import PackOptions
 from .plan import (
-    PLAN_NAME, _group_by_length, _Measured, _other_packs, _plan_shards, _refuse_or_clean,
-    _ShardPlan,
+    PLAN_NAME, group_by_length, Measured, other_packs, plan_shards, refuse_or_clean,
+    ShardPlan,
 )
-from .report import _EXAMPLES, PackReport
+from .report import EXAMPLES, PackReport
 from .storage import Storage
-from .write import _remove_tmp_files, _run_shard_task, _shard_is_complete
+from .write import remove_tmp_files, run_shard_task, shard_is_complete
 
 __all__ = ["merge_pack", "pack_data", "pack_task", "plan_pack"]
 
@@ -238,7 +238,7 @@ def pack_data(
             sizes = _write_shards(pool, plan, report, options.progress)
             _merge(plan, report, store, sizes)
             for folder, by_name in plan.entries.items():  # of attempts that died (a worker
-                _remove_tmp_files(folder, by_name)  # killed mid-shard: its task ran again)
+                remove_tmp_files(folder, by_name)  # killed mid-shard: its task ran again)
     finally:
         if owned:
             pool.shutdown(wait=True, cancel_futures=True)
@@ -319,11 +319,11 @@ def pack_task(d_out: str | os.PathLike, task: int, tasks: int, *, num_workers: i
             if held:
                 raise FolderLockedError(f"this pack folder is in use by {held[0][1]}: tasks "
                                         "run after the planning ends", source=held[0][0])
-            plan, report = _ShardPlan.read(store)
+            plan, report = ShardPlan.read(store)
             report.groups = {}
             mine = [j for j, n in enumerate(plan.task_numbers(tasks)) if n == task]
             for j in mine:
-                _remove_tmp_files(*store.split(plan.tasks[j].path))
+                remove_tmp_files(*store.split(plan.tasks[j].path))
             _write_shards(pool, plan, report, progress, mine)
     finally:
         if owned:
@@ -346,20 +346,20 @@ def merge_pack(d_out: str | os.PathLike, *, remote: RemoteOptions | None = None
     store = _storage(out_dir, remote)
     with _owning(store, "pack --merge"):
         _refuse_if_locked(store, ignore=LOCK_NAME)
-        plan, report = _ShardPlan.read(store)
+        plan, report = ShardPlan.read(store)
         _merge(plan, report, store)
         report.shards_skipped = sum(len(e) for e in plan.entries.values())
         report.bytes_total = sum(e.bytes for f in plan.entries.values() for e in f.values())
         for folder, by_name in plan.entries.items():
-            _remove_tmp_files(folder, by_name)
+            remove_tmp_files(folder, by_name)
         store.remove(store.join(out_dir, PLAN_NAME))
     return report
 
 
 class _MeasuredInputs(NamedTuple):
-    inputs: _Inputs
+    inputs: Inputs
     unit: str
-    measured: _Measured
+    measured: Measured
     report: PackReport
     sample_rate: int | None
 
@@ -367,7 +367,7 @@ class _MeasuredInputs(NamedTuple):
 def _arguments(f_scps, f_labels, segments, manifests, d_out, options, **keywords):
     """The checked inputs, output folder and settings of a pack (the errors of
     :func:`pack_data`'s arguments)."""
-    files = _input_files(f_scps, f_labels, segments, manifests)
+    files = input_files(f_scps, f_labels, segments, manifests)
     out_dir = _out_dir(d_out)
     options = _settings(options, **keywords)
     if files.manifests and options.kind == "feats":
@@ -402,19 +402,19 @@ def _measure_inputs(files, store: Storage, options: PackOptions,
     """Read the tables, match keys and measure every utterance: nothing is written (a run
     already writing the output folder, or another pack there, is refused first)."""
     _refuse_if_locked(store)
-    others = _other_packs(store, options)
+    others = other_packs(store, options)
     if not options.force:
-        _refuse_or_clean(others, store, options)  # refuses, before anything is read
-    inputs = _read_inputs(files.scps, files.labels, files.segments, files.manifests,
+        refuse_or_clean(others, store, options)  # refuses, before anything is read
+    inputs = read_inputs(files.scps, files.labels, files.segments, files.manifests,
                           options.kind, options.allow_commands)
     unit = _length_unit(options.length_unit, inputs.kind)
-    items, no_label, no_data = _match_keys(inputs, options.on_mismatch)
+    items, no_label, no_data = match_keys(inputs, options.on_mismatch)
     items, empty = _empty_labels(items, options.empty_text, inputs)
     report = PackReport(
         store.root, inputs.kind, unit,
-        keys_without_label=len(no_label), keys_without_label_examples=no_label[:_EXAMPLES],
-        labels_without_data=len(no_data), labels_without_data_examples=no_data[:_EXAMPLES],
-        empty_text=len(empty), empty_text_examples=empty[:_EXAMPLES],
+        keys_without_label=len(no_label), keys_without_label_examples=no_label[:EXAMPLES],
+        labels_without_data=len(no_data), labels_without_data_examples=no_data[:EXAMPLES],
+        empty_text=len(empty), empty_text_examples=empty[:EXAMPLES],
         empty_text_policy=options.empty_text,
     )
     measured = _measure(pool, inputs, items, unit, options)
@@ -423,17 +423,17 @@ def _measure_inputs(files, store: Storage, options: PackOptions,
 
 
 def _plan(m: _MeasuredInputs, store: Storage, options: PackOptions
-          ) -> tuple[_ShardPlan, PackReport]:
+          ) -> tuple[ShardPlan, PackReport]:
     """Groups and shards, under the folder's lock: what another pack left is refused (or
     removed with ``force``), stale indexes and wrong shards are removed, temporary files of
     dead runs deleted."""
     report = m.report
-    others = _other_packs(store, options)
+    others = other_packs(store, options)
     if not options.force:
-        _refuse_or_clean(others, store, options)
-    by_group = _group_by_length(m.measured, options.groups, report)
-    report.removed.extend(_refuse_or_clean(others, store, options))
-    plan = _plan_shards(by_group, m.measured, store, m.inputs, m.unit, options, report)
+        refuse_or_clean(others, store, options)
+    by_group = group_by_length(m.measured, options.groups, report)
+    report.removed.extend(refuse_or_clean(others, store, options))
+    plan = plan_shards(by_group, m.measured, store, m.inputs, m.unit, options, report)
     plan.unit, plan.sample_rate = m.unit, m.sample_rate
     plan.audio_format = None if m.inputs.kind == "feats" else options.audio_format
     rates = {item.key: rate for item, (_, rate) in zip(m.measured.items, m.measured.native)
@@ -442,7 +442,7 @@ def _plan(m: _MeasuredInputs, store: Storage, options: PackOptions
         # audio: the rates of this folder's utterances, for readers of the index
         plan.rates[folder] = (dict(Counter(rates[k] for e in by_name.values() for k in e.keys))
                               if rates else None)
-        _remove_tmp_files(folder, by_name)
+        remove_tmp_files(folder, by_name)
     return plan, report
 
 
@@ -460,8 +460,8 @@ def _settings(options: PackOptions | None, **keywords: Any) -> PackOptions:
     return options
 
 
-def _empty_labels(items: list[_Item], policy: str, inputs: _Inputs
-                  ) -> tuple[list[_Item], list[str]]:
+def _empty_labels(items: list[Item], policy: str, inputs: Inputs
+                  ) -> tuple[list[Item], list[str]]:
     """``(items packed, keys with an empty label)`` under ``policy`` (``"keep"`` packs them,
     ``"skip"`` leaves them out; both counted in the report).
 
@@ -472,7 +472,7 @@ def _empty_labels(items: list[_Item], policy: str, inputs: _Inputs
     if empty and policy == "error":
         raise DataError(
             f"{len(empty)} utterance(s) with an empty label (e.g. "
-            f"{', '.join(map(repr, empty[:_EXAMPLES]))}); fix the labels, or pass "
+            f"{', '.join(map(repr, empty[:EXAMPLES]))}); fix the labels, or pass "
             "empty_text='skip' to leave them out or 'keep' to pack them, counted "
             "(CLI: --empty-text skip|keep)", source=", ".join(inputs.label_files))
     if policy == "skip" and empty:
@@ -491,23 +491,23 @@ def _length_unit(length_unit: str | None, kind: str) -> str:
     return unit
 
 
-def _measure(executor: concurrent.futures.Executor | None, inputs: _Inputs,
-             items: list[_Item], unit: str, options: PackOptions) -> _Measured:
+def _measure(executor: concurrent.futures.Executor | None, inputs: Inputs,
+             items: list[Item], unit: str, options: PackOptions) -> Measured:
     """Measure every item, ``utts_per_shard`` per task (in the workers, if any)."""
     per_task = options.utts_per_shard
     chunks = [items[i:i + per_task] for i in range(0, len(items), per_task)]
     measured: list[list[tuple[int, int | None]]] = [[] for _ in chunks]
     with progress_bar(total=len(chunks), desc="pack: measure", unit="chunk",
                       disable=not options.progress) as bar:
-        for i, result in _run_all(executor, _measure_chunk_args, [
+        for i, result in _run_all(executor, measure_chunk_args, [
                 (inputs.mode, chunk, options.allow_commands) for chunk in chunks], bar):
             measured[i] = result
     native = [n for chunk in measured for n in chunk]
     lengths = [n / rate if unit == "seconds" else n for n, rate in native]
-    return _Measured(items, native, lengths)
+    return Measured(items, native, lengths)
 
 
-def _sample_rates(measured: _Measured, unit: str, report: PackReport,
+def _sample_rates(measured: Measured, unit: str, report: PackReport,
                   sources: Sequence[str]) -> int | None:
     """Count the audio's sample rates in ``report``; return the one rate that lengths in
     samples are counted at (recorded in the index, so that nothing reads them at another).
@@ -526,7 +526,7 @@ def _sample_rates(measured: _Measured, unit: str, report: PackReport,
     if len(by_rate) > 1:
         common = max(by_rate, key=lambda r: len(by_rate[r]))
         rare = [f"{key!r} ({rate} Hz)" for rate, keys in sorted(by_rate.items())
-                if rate != common for key in keys[:_EXAMPLES]]
+                if rate != common for key in keys[:EXAMPLES]]
         counts = ", ".join(f"{rate} Hz: {len(keys)}" for rate, keys in sorted(by_rate.items()))
         raise DataError(
             f"the audio has {len(by_rate)} sample rates ({counts}; e.g. {', '.join(rare)}): "
@@ -536,7 +536,7 @@ def _sample_rates(measured: _Measured, unit: str, report: PackReport,
     return next(iter(by_rate))
 
 
-def _write_shards(executor: concurrent.futures.Executor | None, plan: _ShardPlan,
+def _write_shards(executor: concurrent.futures.Executor | None, plan: ShardPlan,
                   report: PackReport, progress: bool,
                   numbers: Sequence[int] | None = None) -> dict[str, int]:
     """Run the plan's shard tasks (``numbers``: those of one task of a job array; all by
@@ -547,7 +547,7 @@ def _write_shards(executor: concurrent.futures.Executor | None, plan: _ShardPlan
     with progress_bar(total=len(tasks) + report.shards_skipped,
                       initial=report.shards_skipped, desc="pack: write", unit="shard",
                       disable=not progress) as bar:
-        for i, (written, size, clipped) in _run_all(executor, _run_shard_task, tasks, bar):
+        for i, (written, size, clipped) in _run_all(executor, run_shard_task, tasks, bar):
             report.clipped += clipped
             sizes[tasks[i].path] = size
             report.bytes_total += size
@@ -559,7 +559,7 @@ def _write_shards(executor: concurrent.futures.Executor | None, plan: _ShardPlan
     return sizes
 
 
-def _merge(plan: _ShardPlan, report: PackReport, store: Storage,
+def _merge(plan: ShardPlan, report: PackReport, store: Storage,
            sizes: Mapping[str, int] | None = None) -> None:
     """Check every shard of the plan against its entry, then write each folder's
     ``index.jsonl`` (last: an index means a complete pack).
@@ -592,17 +592,17 @@ def _merge(plan: _ShardPlan, report: PackReport, store: Storage,
             if sizes is not None and path in sizes and sizes[path] != size:
                 problems.append((path, f"{size} bytes, but its task wrote {sizes[path]}: "
                                        "rewritten by another run?"))
-            elif not store.is_url and not _shard_is_complete(plan.tasks[j]):
+            elif not store.is_url and not shard_is_complete(plan.tasks[j]):
                 # (an object in a bucket was uploaded whole, by one PUT, under its final name
                 # only: present with the size its task wrote is complete; not read back)
                 problems.append((path, "incomplete, or not the planned utterances"))
             else:
                 by_name[name] = dataclasses.replace(entry, bytes=size)
     if problems:
-        shown = "; ".join(f"{path}: {why}" for path, why in problems[:_EXAMPLES])
+        shown = "; ".join(f"{path}: {why}" for path, why in problems[:EXAMPLES])
         raise DataError(
             f"{len(problems)} shard(s) of the plan are not as planned, so no index is written "
-            f"({shown}{'; ...' if len(problems) > _EXAMPLES else ''}): run the task(s) that "
+            f"({shown}{'; ...' if len(problems) > EXAMPLES else ''}): run the task(s) that "
             "write them again (a rerun skips complete shards), then merge again",
             source=report.out_dir)
     for folder, by_name in plan.entries.items():

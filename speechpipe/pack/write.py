@@ -1,4 +1,4 @@
-"""Writing the shards of :func:`~speechpipe.pack.pack_data`: one ``_ShardTask`` per shard,
+"""Writing the shards of :func:`~speechpipe.pack.pack_data`: one ``ShardTask`` per shard,
 run in this process or in a worker (a process pool, Dask, a task of a job array); each shard is
 written under a temporary name unique to the attempt (``.tmp-<pid>-<random>-<name>``) and
 renamed when complete, and a complete shard from an earlier run is kept.
@@ -24,7 +24,7 @@ from ..pipes.shards import write_shard
 from ..remote import RemoteOptions
 from ..remote import is_remote
 from ..remote import open_remote
-from .inputs import _FEATS, _MANIFEST, _SEGMENT, _Item, _no_commands
+from .inputs import FEATS, MANIFEST, SEGMENT, Item, no_commands
 from .storage import Storage
 
 __all__ = ["AUDIO_FORMATS"]
@@ -40,7 +40,7 @@ _AUDIO_FIELDS = ("flac", "wav")
 _INT16_SCALE = np.float32(32768.0)
 
 
-def _encode_audio(audio: np.ndarray, rate: int, item: _Item,
+def _encode_audio(audio: np.ndarray, rate: int, item: Item,
                   audio_format: str = "lossless") -> tuple[str, bytes, bool]:
     """``(extension, payload, clipped)``: ``("flac", 16-bit FLAC)`` when every sample is a
     16-bit value, else ``("wav", float)``; with ``audio_format="flac16"`` always a 16-bit FLAC.
@@ -71,10 +71,10 @@ def _encode_audio(audio: np.ndarray, rate: int, item: _Item,
     return "wav", buf.getvalue(), False
 
 
-def _read_items(mode: str, items: Sequence[_Item],
-                allow_commands: bool = False) -> Iterator[tuple[_Item, dict]]:
+def _read_items(mode: str, items: Sequence[Item],
+                allow_commands: bool = False) -> Iterator[tuple[Item, dict]]:
     """Each item with its decoded sample (``feats`` or ``audio`` + ``sample_rate``)."""
-    if mode == _MANIFEST:
+    if mode == MANIFEST:
         for item in items:
             try:
                 audio, rate = read_audio_segment(item.value, offset=item.offset,
@@ -85,7 +85,7 @@ def _read_items(mode: str, items: Sequence[_Item],
             yield item, {"audio": audio, "sample_rate": rate}
         return
     entries = [ScpEntry(i.key, i.value, i.source, i.line) for i in items]
-    if mode == _SEGMENT:
+    if mode == SEGMENT:
         recordings = {i.recording.key: i.recording for i in items}
         samples = slice_segments(entries, recordings, table_name=items[0].recording.source,
                                  allow_commands=allow_commands)
@@ -96,16 +96,16 @@ def _read_items(mode: str, items: Sequence[_Item],
             try:
                 sample = next(samples)
             except UnsafeInputError as exc:
-                raise _no_commands(exc) from exc
+                raise no_commands(exc) from exc
             yield item, sample
     finally:
         samples.close()
 
 
-class _ShardTask(NamedTuple):
+class ShardTask(NamedTuple):
     path: str  # the final shard path
     mode: str
-    items: tuple[_Item, ...]
+    items: tuple[Item, ...]
     lengths: tuple[int, ...]  # planned lengths (frames or samples)
     check_existing: bool  # an existing shard may be kept if its member names are right
     audio_format: str = "lossless"
@@ -123,14 +123,14 @@ def _tmp_name(name: str) -> str:
     return f"{_TMP_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:12]}-{name}"
 
 
-def _is_tmp_of(name: str, shard_name_re: re.Pattern) -> bool:
+def is_tmp_of(name: str, shard_name_re: re.Pattern) -> bool:
     """Whether ``name`` is a temporary file of a shard named by ``shard_name_re`` (an attempt
     that did not finish, or is running)."""
     match = re.fullmatch(re.escape(_TMP_PREFIX) + r"\d+-[0-9a-f]{12}-(.+?)(\.tmp)?", name)
     return match is not None and bool(shard_name_re.fullmatch(match.group(1)))
 
 
-def _remove_tmp_files(folder: str, shard_names) -> list[str]:
+def remove_tmp_files(folder: str, shard_names) -> list[str]:
     """Delete the temporary files of the shards ``shard_names`` in the local ``folder`` (left
     by killed attempts: call only while owning the shards, under their lock); return them.
     (Shards for object storage are written in local temporary folders: nothing to do.)"""
@@ -153,17 +153,17 @@ def _remove_tmp_files(folder: str, shard_names) -> list[str]:
     return removed
 
 
-def _shard_is_complete(task: _ShardTask) -> bool:
+def shard_is_complete(task: ShardTask) -> bool:
     """Whether the shard on disk is a complete tar holding exactly the planned members.
 
     Reads the shard once with :func:`~speechpipe.pipes.shards._reader.iter_tar_members` (sequential
     I/O, no decoding): it checks every header checksum and the end-of-archive marker, so a
     truncated or damaged file is rewritten.
     """
-    allowed = (_FEATS_FIELD,) if task.mode == _FEATS else (
+    allowed = (_FEATS_FIELD,) if task.mode == FEATS else (
         ("flac",) if task.audio_format == "flac16" else _AUDIO_FIELDS)
     expected = iter(task.items)
-    current: tuple[_Item, set] | None = None
+    current: tuple[Item, set] | None = None
     try:
         with (open_remote(task.path, task.remote) if is_remote(task.path)
               else open(task.path, "rb")) as f:
@@ -183,13 +183,13 @@ def _shard_is_complete(task: _ShardTask) -> bool:
             and next(expected, None) is None)
 
 
-def _fields_ok(item: _Item, fields: set, allowed: Sequence[str]) -> bool:
+def _fields_ok(item: Item, fields: set, allowed: Sequence[str]) -> bool:
     meta = item.meta is not None
     return (len(fields) == 2 + meta and _TEXT_FIELD in fields and bool(fields & set(allowed))
             and (_META_FIELD in fields) == meta)
 
 
-def _run_shard_task(task: _ShardTask) -> tuple[bool, int, int]:
+def run_shard_task(task: ShardTask) -> tuple[bool, int, int]:
     """Write one shard (or keep a complete one): ``(written, size in bytes, utterances
     clipped)``.
 
@@ -203,23 +203,23 @@ def _run_shard_task(task: _ShardTask) -> tuple[bool, int, int]:
             size = store.size(task.path)
         except FileNotFoundError:
             size = None
-        if size is not None and _shard_is_complete(task):
+        if size is not None and shard_is_complete(task):
             return False, size, 0
     clipped = 0
 
-    def samples(reader: Iterator[tuple[_Item, dict]]) -> Iterator[dict]:
+    def samples(reader: Iterator[tuple[Item, dict]]) -> Iterator[dict]:
         nonlocal clipped
         for (item, sample), planned in zip(reader, task.lengths):
-            data = sample["feats"] if task.mode == _FEATS else sample["audio"]
+            data = sample["feats"] if task.mode == FEATS else sample["audio"]
             if data.shape[0] != planned:
                 raise DataError(
-                    f"read {data.shape[0]} {'frames' if task.mode == _FEATS else 'samples'} but "
+                    f"read {data.shape[0]} {'frames' if task.mode == FEATS else 'samples'} but "
                     f"measured {planned} when planning: did the data change during packing?",
                     source=item.source, line=item.line, key=item.key)
             out = {"key": item.key, _TEXT_FIELD: item.text}
             if item.meta is not None:
                 out[_META_FIELD] = item.meta.encode("utf-8")
-            if task.mode == _FEATS:
+            if task.mode == FEATS:
                 out[_FEATS_FIELD] = data
             else:
                 ext, payload, cut = _encode_audio(data, sample["sample_rate"], item,
