@@ -50,6 +50,7 @@ read the result with:
 """
 
 
+# long: one argparse declaration per flag of pack, plan, tasks, merge and Dask; no logic
 def add_command(subparsers: Any) -> argparse.ArgumentParser:
     """Add the ``pack`` subcommand to an argparse ``subparsers`` object; return its parser.
 
