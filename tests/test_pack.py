@@ -576,6 +576,25 @@ def test_key_with_a_dot_is_refused_naming_file_line_and_key(tmp_path):
         pack_data(scp, text, tmp_path / "out", progress=False)
 
 
+@pytest.mark.parametrize("key, problem", [
+    ("../../evil", "its parts must not be '.', '..' or empty"),
+    ("spk/../../evil", "its parts must not be '.', '..' or empty"),
+    ("a//b", "its parts must not be '.', '..' or empty"),
+    ("/abs", "it must be a relative path (not start with '/')"),
+])
+def test_key_that_escapes_the_shard_folder_is_refused(tmp_path, key, problem):
+    # Issue 34, item 8: pack wrote '../../evil' as member '../../evil.npy', a shard that
+    # writes outside the folder of whoever unpacks it with tar.
+    scp, _ = write_feats(str(tmp_path), "feats", {"a": (2, 2), key: (2, 2)})
+    text = write_text(tmp_path / "text", {"a": "x", key: "y"})
+    with pytest.raises(DataError) as info:
+        pack_data(scp, text, tmp_path / "out", progress=False)
+    assert str(info.value) == (f"{scp}:2 (key {key!r}): this key cannot name shard members: "
+                               f"{problem}; rename the utterance")
+    assert not (tmp_path / "out").exists() or not any(
+        n.endswith(".tar") for n in os.listdir(tmp_path / "out"))
+
+
 def test_missing_audio_file_is_named(tmp_path):
     (tmp_path / "wav.scp").write_text(f"u1 {tmp_path}/nope.wav\n")
     text = write_text(tmp_path / "text", {"u1": "x"})

@@ -14,6 +14,7 @@ import re
 from typing import Any, NamedTuple, Sequence
 
 from ..errors import DataError, MissingDataError, UnsafeInputError
+from ..sample import key_member_problem
 from ..pipes.kaldi import ScpEntry, read_scp_table
 from ..pipes.manifests import read_manifest
 from .report import _EXAMPLES
@@ -61,14 +62,10 @@ def _as_list(value: str | os.PathLike | Sequence[str | os.PathLike] | None, name
 
 
 def _check_key(key: str, source: str | None, line: int | None) -> None:
-    base = key[key.rfind("/") + 1:]
-    if not base or "." in base or key.startswith("/"):
-        raise DataError(
-            "this key cannot name shard members: the part after the last '/' must be non-empty "
-            "and without dots (a reader splits '<key>.<field>' at the first dot) and it must "
-            "not start with '/'; rename the utterance",
-            source=source, line=line, key=key,
-        )
+    problem = key_member_problem(key)
+    if problem is not None:
+        raise DataError(f"this key cannot name shard members: {problem}; rename the utterance",
+                        source=source, line=line, key=key)
 
 
 def _add_unique(table: dict[str, Any], key: str, item: Any, what: str) -> None:
