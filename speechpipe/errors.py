@@ -26,7 +26,41 @@ import re
 
 __all__ = ["AudioFormatError", "ChannelMismatchError", "DataError", "MissingDataError",
            "SampleRateError", "SpeechpipeError", "UnsafeInputError", "UnsupportedCodecError",
-           "locate", "mark_location"]
+           "locate", "mark_location", "redact"]
+
+# Query parameters of signed URLs (S3/GCS presigned, CloudFront, Azure SAS, tokens): their
+# values are credentials, or change each time a URL is signed again.
+_SIGNED_PARAMS = (
+    "x-amz-credential", "x-amz-signature", "x-amz-security-token", "x-amz-date",
+    "x-amz-expires", "x-goog-credential", "x-goog-signature", "x-goog-date", "x-goog-expires",
+    "awsaccesskeyid", "signature", "sig", "se", "st", "skoid", "sktid", "token",
+    "access_token", "auth", "expires", "policy", "key-pair-id", "password", "secret",
+)
+_USERINFO = re.compile(r"(\b[a-zA-Z][a-zA-Z0-9+.-]*://)([^/?#\s@'\"]+)@")
+_PARAM = re.compile(r"([?&;])(" + "|".join(re.escape(p) for p in _SIGNED_PARAMS)
+                    + r")=([^&;#\s'\"]*)", re.IGNORECASE)
+
+
+def redact(text: str) -> str:
+    """``text`` with the credentials of every URL in it hidden: a password in the userinfo
+    (``user:***@``; a userinfo without ``:``, often a token, as ``***@``) and the values of
+    signing parameters (``X-Amz-Credential``, ``X-Amz-Signature``, ``X-Amz-Security-Token``,
+    ``X-Amz-Date``, ``Signature``, ``sig``, ``token``, ``Expires``...). Two signings of one
+    object's URL redact to the same text, which is how a checkpoint names it.
+
+    >>> redact("https://alice:hunter2@host/a.tar")
+    'https://alice:***@host/a.tar'
+    >>> redact("cannot read s3://b/a.tar?X-Amz-Signature=abc&versionId=3&X-Amz-Date=2026")
+    'cannot read s3://b/a.tar?X-Amz-Signature=***&versionId=3&X-Amz-Date=***'
+    """
+    if "://" not in text and "=" not in text:
+        return text
+
+    def userinfo(match: re.Match) -> str:
+        user, colon, _ = match.group(2).partition(":")
+        return f"{match.group(1)}{user}:***@" if colon else f"{match.group(1)}***@"
+
+    return _PARAM.sub(r"\1\2=***", _USERINFO.sub(userinfo, text))
 
 
 def locate(
@@ -112,12 +146,17 @@ class _Located:
                 rest = _MARK_LINE.sub("", message).rstrip()
                 message, source, line = where.get("reason"), where.get("source"), where.get("line")
                 member, key = where.get("member"), where.get("key")
+        if isinstance(message, str):
+            message = redact(message)
         self.reason = message
-        self.source = None if source is None else str(source)
+        self.source = None if source is None else redact(str(source))
         self.line = line
         self.member = member
         self.key = key
-        located = f"{locate(self.source, line=line, member=member, key=key)}: {message}"
+        if self.source is None and line is None and member is None and key is None:
+            located = str(message)  # no "<unknown input>: " before a message without a place
+        else:
+            located = f"{locate(self.source, line=line, member=member, key=key)}: {message}"
         return located if rest is None else f"{located}\n{rest}"
 
     def __reduce__(self):

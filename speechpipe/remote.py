@@ -34,10 +34,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from .errors import DataError, MissingDataError
+from .errors import DataError, MissingDataError, redact
 
-__all__ = ["RemoteOptions", "is_remote", "join_url", "open_remote", "read_remote_bytes",
-           "remote_glob"]
+__all__ = ["RemoteOptions", "http_request", "is_remote", "join_url", "open_remote",
+           "read_remote_bytes", "remote_glob"]
 
 _SCHEME = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]+)://")
 _INSTALL = "pip install 'speechpipe[s3]' (fsspec and s3fs), or the fsspec package of {0}://"
@@ -60,6 +60,30 @@ def join_url(folder: str, name: str) -> str:
     's3://bucket/corpus/data-00000.tar'
     """
     return folder.rstrip("/") + "/" + name
+
+
+def http_request(url: str, headers: Mapping[str, str] | None = None):
+    """A ``urllib.request.Request`` for an ``http(s)://`` URL; credentials in its userinfo
+    (``https://user:password@host/...``) become a Basic ``Authorization`` header rather than
+    part of the host name (where urllib would fail on them and print them).
+
+    >>> r = http_request("https://alice:pw@example.org:8080/a.tar")
+    >>> r.full_url, r.get_header("Authorization")
+    ('https://example.org:8080/a.tar', 'Basic YWxpY2U6cHc=')
+    """
+    import base64
+    import urllib.parse
+    import urllib.request
+
+    parts = urllib.parse.urlsplit(url)
+    headers = dict(headers or {})
+    if "@" in parts.netloc:
+        userinfo, _, host = parts.netloc.rpartition("@")
+        user, _, password = userinfo.partition(":")
+        token = f"{urllib.parse.unquote(user)}:{urllib.parse.unquote(password)}"
+        headers["Authorization"] = "Basic " + base64.b64encode(token.encode()).decode("ascii")
+        url = urllib.parse.urlunsplit(parts._replace(netloc=host))
+    return urllib.request.Request(url, headers=headers)
 
 
 @dataclass(frozen=True)
@@ -144,7 +168,7 @@ def _options(options: RemoteOptions | None) -> RemoteOptions:
 def _redact(text: str, options: RemoteOptions) -> str:
     for secret in options.secrets():
         text = text.replace(secret, "***")
-    return text
+    return redact(text)
 
 
 def _filesystem(url: str, options: RemoteOptions):
@@ -160,7 +184,7 @@ def _filesystem(url: str, options: RemoteOptions):
         raise ImportError(f"reading {url} needs a package for {protocol}://: "
                           f"{_INSTALL.format(protocol)} ({exc})") from exc
     except ValueError as exc:
-        raise ValueError(f"{url}: {_redact(str(exc), options)}") from None
+        raise ValueError(f"{redact(url)}: {_redact(str(exc), options)}") from None
 
 
 def _describe(exc: BaseException, options: RemoteOptions) -> str:
@@ -241,7 +265,7 @@ class _RangeReader(io.RawIOBase):
                 raise DataError(f"access denied: {_describe(exc, self._options)}",
                                 source=self.name) from None
             except (TypeError, ValueError, AttributeError) as exc:  # a setup error: no retry
-                raise ValueError(f"{self.name}: {_describe(exc, self._options)}") from None
+                raise ValueError(f"{redact(self.name)}: {_describe(exc, self._options)}") from None
             except Exception as exc:  # noqa: BLE001 - 5xx, resets, timeouts: all retried
                 data, last = b"", exc
             if len(data) > end - at:
@@ -280,7 +304,7 @@ def _stat_size(fs, path: str, url: str, options: RemoteOptions) -> int:
         except PermissionError as exc:
             raise DataError(f"access denied: {_describe(exc, options)}", source=url) from None
         except (TypeError, ValueError, AttributeError) as exc:  # a setup error: no retry
-            raise ValueError(f"{url}: {_describe(exc, options)}") from None
+            raise ValueError(f"{redact(url)}: {_describe(exc, options)}") from None
         except Exception as exc:  # noqa: BLE001 - transient: retried
             if attempt == options.retries:
                 raise DataError(f"gave up asking for its size after {attempt} attempts "

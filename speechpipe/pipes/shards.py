@@ -89,7 +89,7 @@ from dataclasses import dataclass
 from typing import Any, BinaryIO, Iterable, Iterator
 
 from ..diagnostics import Diagnostics, check_on_error
-from ..errors import DataError
+from ..errors import DataError, redact
 from ..index import shard_compression
 from ..remote import RemoteOptions
 from ..sample import KEY, SOURCE, Sample
@@ -460,6 +460,7 @@ def group_by_key(
     """
     current: dict[str, Any] | None = None
     finished: set[str] = set()  # keys whose group has ended
+    shown = None if source is None else redact(source)  # a signed URL's credentials hidden
     members = iter(members)
     while True:
         try:
@@ -484,7 +485,7 @@ def group_by_key(
                     "members came between them): the shard was not written by a grouping "
                     "writer; repack it (speechpipe pack, ShardWriter or webdataset's TarWriter "
                     "write each sample's members together)", source=source, member=name, key=key)
-            current = {KEY: key, SOURCE: source}
+            current = {KEY: key, SOURCE: shown}
         if field in _RESERVED_FIELDS:
             raise DataError(f"field name {field!r} is reserved for the sample's {field}",
                             source=source, member=name, key=key)

@@ -41,7 +41,7 @@ import braceexpand
 
 from ..errors import DataError, MissingDataError, UnsafeInputError
 from ..index import ShardIndex
-from ..remote import RemoteOptions, is_remote, open_remote, remote_glob
+from ..remote import RemoteOptions, http_request, is_remote, open_remote, remote_glob
 from ._base import IterDataPipe, functional_datapipe
 
 __all__ = [
@@ -299,7 +299,7 @@ def open_stream(
         return open_remote(name, remote or RemoteOptions(timeout=timeout))
     if is_url(name):
         try:
-            response = urllib.request.urlopen(name, timeout=timeout)
+            response = urllib.request.urlopen(http_request(name), timeout=timeout)
         except urllib.error.HTTPError as exc:
             exc.close()
             if exc.code in (404, 410):

@@ -26,7 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Mapping, Sequence
 
-from ..errors import DataError, MissingDataError
+from ..errors import DataError, MissingDataError, UnsafeInputError, redact
+from ..remote import http_request
 from ._prepare import _as_names
 
 __all__ = [
@@ -89,7 +90,7 @@ def _open_url(url: str, offset: int, timeout: float):
     headers = {"User-Agent": _USER_AGENT}
     if offset:
         headers["Range"] = f"bytes={offset}-"
-    request = urllib.request.Request(url, headers=headers)
+    request = http_request(url, headers)
     try:
         return urllib.request.urlopen(request, timeout=timeout)
     except urllib.error.HTTPError as exc:
@@ -341,7 +342,7 @@ def download_and_extract(
     target = Path(target_dir)
     name = Path(urllib.parse.urlparse(url).path).name
     if not name:
-        raise ValueError(f"url must end with the archive's file name, got {url!r}")
+        raise ValueError(f"url must end with the archive's file name, got {redact(url)!r}")
     marker = Path(sentinel) if sentinel is not None else target / f".{name}{_SENTINEL}"
     archive = target / name
     part = target / f"{name}.part"
@@ -364,7 +365,7 @@ def download_and_extract(
         if not (destination / rel).exists():
             raise DataError(f"the archive did not create {rel!r} in {destination}",
                             source=str(archive))
-    _write_sentinel(marker, {"url": url, "checksum": checksum})
+    _write_sentinel(marker, {"url": redact(url), "checksum": checksum})  # no credentials
     if not keep_archive:
         archive.unlink()
     return target

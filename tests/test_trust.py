@@ -1,0 +1,179 @@
+"""Trust boundaries (issue 34): what a URL's credentials, a pre-placed file or a slow server
+can make speechpipe show, store or wait for.
+
+Invariants:
+- credentials in a URL (a password in its userinfo, the signing parameters of a presigned URL)
+  are never shown or stored: errors, ``.completed`` files, skip reports, loader states;
+- a checkpoint names shards without their signatures, and a resume with freshly signed URLs
+  for the same objects continues exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+import speechpipe as sp
+from speechpipe.loader import PipeDataset
+from speechpipe.testing import serve_directory
+
+SECRET = "wJalrXUtnFEMIK7MDENGbPxRfiCYSECRET"
+PASSWORD = "hunter2-PASSWORD"
+
+
+def signed(url: str, secret: str = SECRET, date: str = "20261127T120000Z") -> str:
+    """A presigned-looking S3 URL (the server here ignores the query)."""
+    return (f"{url}?X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Credential=AKIAEXAMPLE%2F{secret}"
+            f"&X-Amz-Date={date}&X-Amz-Expires=3600&X-Amz-SignedHeaders=host"
+            f"&X-Amz-Signature={secret}&X-Amz-Security-Token={secret}")
+
+
+def assert_clean(text: str) -> None:
+    assert SECRET not in text and PASSWORD not in text, text
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    root = tmp_path_factory.mktemp("shards")
+    with sp.ShardWriter(str(root / "data-%05d.tar"), maxcount=10) as writer:
+        for i in range(60):
+            writer.write({"key": f"u{i:03d}", "txt": f"text {i}",
+                          "feats.npy": np.full((3, 2), i, np.float32)})
+    return root, [os.path.basename(p) for p in writer.paths]
+
+
+# --------------------------------------------------------------------------------------------
+# item 3: credentials in URLs
+# --------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("text, shown", [
+    ("https://alice:hunter2@host/a.tar", "https://alice:***@host/a.tar"),
+    ("https://ghp_TOKEN@host/a.tar", "https://***@host/a.tar"),
+    ("s3://b/a.tar?versionId=7&X-Amz-Signature=abc", "s3://b/a.tar?versionId=7&X-Amz-Signature=***"),
+    ("https://acct.blob.core.windows.net/c/a.tar?sv=2022&sig=abc%3D&se=2026",
+     "https://acct.blob.core.windows.net/c/a.tar?sv=2022&sig=***&se=***"),
+    ("https://cdn/a.tar?Expires=1&Signature=x&Key-Pair-Id=K",
+     "https://cdn/a.tar?Expires=***&Signature=***&Key-Pair-Id=***"),
+    ("data/a.tar", "data/a.tar"),
+])
+def test_redact_hides_userinfo_passwords_and_signing_parameters(text, shown):
+    from speechpipe.errors import redact
+    assert redact(text) == shown
+
+
+def test_open_errors_do_not_show_credentials(shards):
+    root, _ = shards
+    with serve_directory(str(root)) as base:
+        host = base[len("http://"):]
+        for url in (signed(f"{base}/absent.tar"), f"http://bob:{PASSWORD}@{host}/absent.tar"):
+            with pytest.raises(sp.MissingDataError) as info:
+                list(sp.IterableWrapper([url]).open(timeout=5))
+            assert_clean(str(info.value))
+            assert "HTTP 404" in str(info.value)
+
+
+def test_userinfo_becomes_basic_auth_and_the_shard_reads(shards):
+    import base64
+    import http.server
+    import threading
+    root, names = shards
+    seen = []
+
+    class Handler(http.server.SimpleHTTPRequestHandler):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, directory=str(root), **kwargs)
+
+        def do_GET(self):
+            seen.append(self.headers.get("Authorization"))
+            super().do_GET()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://bob:{PASSWORD}@127.0.0.1:{server.server_address[1]}/{names[0]}"
+        samples = list(sp.IterableWrapper([url]).sharded_shuffle(buffer_size=1))
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert len(samples) == 10
+    assert seen == ["Basic " + base64.b64encode(f"bob:{PASSWORD}".encode()).decode()]
+    for sample in samples:
+        assert_clean(sample["source"])
+        assert sample["source"].startswith("http://bob:***@127.0.0.1:")
+
+
+def test_skip_reports_do_not_show_credentials(shards, tmp_path):
+    root, names = shards
+    with serve_directory(str(root)) as base:
+        urls = [signed(f"{base}/{names[0]}"), signed(f"{base}/absent-00009.tar")]
+        pipe = sp.IterableWrapper(urls).sharded_shuffle(buffer_size=1, on_error="skip")
+        with pytest.warns(sp.SkippedInputWarning) as warned:
+            assert len(list(pipe)) == 10
+    assert pipe.diagnostics.total == 1
+    assert_clean(pipe.diagnostics.report())
+    assert_clean(sp.pipeline_report(pipe))
+    assert "X-Amz-Signature=***" in pipe.diagnostics.report()
+    for w in warned:
+        assert_clean(str(w.message))
+
+
+def test_a_checkpoint_holds_no_credentials_and_resumes_with_freshly_signed_urls(shards):
+    root, names = shards
+
+    def make(urls):
+        return sp.IterableWrapper(urls).sharded_shuffle(buffer_size=8, seed=1).decode()
+
+    with serve_directory(str(root)) as base:
+        first = [signed(f"{base}/{n}") for n in names]
+        full = [s["key"] for s in PipeDataset(make(first))]
+        dataset = PipeDataset(make(first))
+        it = iter(dataset)
+        head = [next(it)["key"] for _ in range(23)]
+        state = dataset.state_dict()
+        it.close()
+        text = json.dumps(state, default=repr)
+        assert_clean(text)
+        assert "X-Amz-Signature=***" in text  # the shards are named, without signatures
+        # a day later: the same objects, signed again with other credentials
+        again_urls = [signed(f"{base}/{n}", secret="OTHERsignature0000", date="20261128T0900Z")
+                      for n in names]
+        again = PipeDataset(make(again_urls))
+        again.load_state_dict(state)
+        rest = [s["key"] for s in again]
+    assert head + rest == full and len(full) == 60
+
+
+def test_download_keeps_credentials_out_of_its_errors_and_completed_file(tmp_path):
+    import tarfile
+    src = tmp_path / "src"
+    (src / "corpus").mkdir(parents=True)
+    (src / "corpus" / "a.txt").write_text("a")
+    with tarfile.open(tmp_path / "srv.tar.gz", "w:gz") as tar:
+        tar.add(src / "corpus", arcname="corpus")
+    served = tmp_path / "served"
+    served.mkdir()
+    os.replace(tmp_path / "srv.tar.gz", served / "corpus.tar.gz")
+    from speechpipe.recipes._download import download_and_extract
+    with serve_directory(str(served)) as base:
+        host = base[len("http://"):]
+        with pytest.raises(sp.MissingDataError) as info:
+            download_and_extract(f"http://bob:{PASSWORD}@{host}/absent.tar.gz", tmp_path / "x",
+                                 progress=False)
+        assert_clean(str(info.value))
+        with pytest.raises(sp.MissingDataError) as info:
+            download_and_extract(signed(f"{base}/absent.tar.gz"), tmp_path / "x",
+                                 progress=False)
+        assert_clean(str(info.value))
+        out = download_and_extract(signed(f"http://bob:{PASSWORD}@{host}/corpus.tar.gz"),
+                                   tmp_path / "y", progress=False)
+    assert (out / "corpus" / "a.txt").read_text() == "a"
+    completed = (out / ".corpus.tar.gz.completed").read_text()
+    assert_clean(completed)
+    assert json.loads(completed)["url"].startswith("http://bob:***@127.0.0.1:")
