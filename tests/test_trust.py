@@ -177,3 +177,38 @@ def test_download_keeps_credentials_out_of_its_errors_and_completed_file(tmp_pat
     completed = (out / ".corpus.tar.gz.completed").read_text()
     assert_clean(completed)
     assert json.loads(completed)["url"].startswith("http://bob:***@127.0.0.1:")
+
+
+# --------------------------------------------------------------------------------------------
+# item 10: a pre-placed symbolic link where the download writes
+# --------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("placed", ["corpus.tar.gz.part", "corpus.tar.gz"])
+def test_download_refuses_a_pre_placed_symlink_and_leaves_its_target(tmp_path, placed):
+    served = tmp_path / "served"
+    served.mkdir()
+    (served / "corpus.tar.gz").write_bytes(b"\x1f\x8b not really")
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    target = tmp_path / "target"
+    target.mkdir()
+    (target / placed).symlink_to(victim)
+    from speechpipe.recipes._download import download_and_extract
+    with serve_directory(str(served)) as base:
+        with pytest.raises(sp.UnsafeInputError) as info:
+            download_and_extract(f"{base}/corpus.tar.gz", target, progress=False)
+    assert str(info.value) == (f"{target / placed}: is a symbolic link (to {str(victim)!r}); "
+                               "the download writes here and never follows links: remove it "
+                               "and run again")
+    assert victim.read_text() == "precious"
+
+
+def test_the_part_file_is_opened_without_following_links(tmp_path):
+    # The check before the transfer and the open are two steps: the open itself refuses too.
+    from speechpipe.recipes._download import _open_no_follow
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    (tmp_path / "a.part").symlink_to(victim)
+    with pytest.raises(sp.UnsafeInputError, match="is a symbolic link"):
+        _open_no_follow(tmp_path / "a.part", "ab")
+    assert victim.read_text() == "precious"

@@ -110,10 +110,34 @@ def _open_url(url: str, offset: int, timeout: float):
         ) from exc
 
 
+def _refuse_symlink(path: Path) -> None:
+    """A symbolic link where the download writes (a pre-placed ``.part``, archive or
+    sentinel) would make it overwrite the link's target: refused, naming it."""
+    if path.is_symlink():
+        raise UnsafeInputError(
+            f"is a symbolic link (to {os.readlink(path)!r}); the download writes here and "
+            "never follows links: remove it and run again", source=str(path))
+
+
+def _open_no_follow(path: Path, mode: str):
+    """``open(path, mode)`` for writing (``"wb"``/``"ab"``) that refuses a symbolic link at
+    ``path`` (``O_NOFOLLOW``: no window between a check and the open)."""
+    flags = os.O_WRONLY | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
+    flags |= os.O_APPEND if mode == "ab" else os.O_TRUNC
+    try:
+        fd = os.open(path, flags, 0o644)
+    except OSError as exc:
+        if path.is_symlink():
+            _refuse_symlink(path)
+        raise DataError(f"cannot write: {exc.strerror}", source=str(path)) from exc
+    return os.fdopen(fd, mode)
+
+
 def _fetch(url: str, part: Path, *, resume: bool, progress: bool, timeout: float) -> None:
     """Download ``url`` into ``part``, continuing a partial file with a Range request."""
     from ..progress import progress_bar
 
+    _refuse_symlink(part)
     if not resume and part.exists():
         part.unlink()
     for _attempt in range(2):
@@ -141,7 +165,7 @@ def _fetch(url: str, part: Path, *, resume: bool, progress: bool, timeout: float
             expected = int(length) if length and length.isdigit() else None
             total = offset + expected if expected is not None else None
             received = 0
-            with open(part, mode) as out, progress_bar(
+            with _open_no_follow(part, mode) as out, progress_bar(
                 total=total, initial=offset, unit="B", unit_scale=True, unit_divisor=1024,
                 desc=part.name[: -len(".part")], disable=not progress, leave=False,
             ) as bar:
@@ -354,6 +378,8 @@ def download_and_extract(
         log.info("%s: already downloaded and extracted (%s exists)", name, marker)
         return target
     target.mkdir(parents=True, exist_ok=True)
+    for path in (archive, part, marker):
+        _refuse_symlink(path)
     if not archive.exists():
         _fetch(url, part, resume=resume, progress=progress, timeout=timeout)
         os.replace(part, archive)
@@ -402,7 +428,9 @@ def _write_sentinel(marker: Path, content: Mapping[str, str | None]) -> None:
     """Write ``marker`` (a JSON line of ``content``) atomically: a temporary file, renamed."""
     marker.parent.mkdir(parents=True, exist_ok=True)
     tmp = marker.with_name(marker.name + ".tmp")
-    tmp.write_text(json.dumps(content) + "\n", encoding="utf-8")
+    _refuse_symlink(tmp)
+    with _open_no_follow(tmp, "wb") as f:
+        f.write((json.dumps(content) + "\n").encode("utf-8"))
     os.replace(tmp, marker)
 
 
