@@ -36,8 +36,8 @@ from typing import Any, Mapping
 
 from .errors import DataError, MissingDataError, redact
 
-__all__ = ["RemoteOptions", "http_request", "is_remote", "join_url", "open_remote",
-           "read_remote_bytes", "remote_glob"]
+__all__ = ["ProgressDeadline", "RemoteOptions", "http_request", "is_remote", "join_url",
+           "open_remote", "read_remote_bytes", "remote_glob"]
 
 _SCHEME = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]+)://")
 _INSTALL = "pip install 'speechpipe[s3]' (fsspec and s3fs), or the fsspec package of {0}://"
@@ -60,6 +60,34 @@ def join_url(folder: str, name: str) -> str:
     's3://bucket/corpus/data-00000.tar'
     """
     return folder.rstrip("/") + "/" + name
+
+
+class ProgressDeadline:
+    """The overall deadline of an HTTP transfer, beyond the socket's per-read timeout: each
+    ``window`` bytes of the body (1 MiB) must arrive within ``timeout`` seconds, so a server
+    that sends a byte now and then -- never silent long enough for a socket timeout -- is
+    given up on after ``timeout`` seconds, while a long download at a sane rate is not.
+
+    >>> d = ProgressDeadline(60.0, "http://h/a.tar")
+    >>> d.check(4096)  # in time: nothing happens
+    """
+
+    def __init__(self, timeout: float, source: str, window: int = 1 << 20) -> None:
+        self.timeout, self.source, self.window = timeout, source, window
+        self._start, self._got = time.monotonic(), 0
+
+    def check(self, n: int) -> None:
+        """Count ``n`` bytes just received; raise when the current window took too long."""
+        self._got += n
+        elapsed = time.monotonic() - self._start
+        if self._got >= self.window:
+            self._start, self._got = time.monotonic(), 0
+        elif elapsed > self.timeout:
+            raise DataError(
+                f"the server sent {self._got} bytes in {elapsed:.1f} s, under "
+                f"{self.window >> 10} KiB in the {self.timeout:g} s timeout: stalled or far too "
+                "slow (the timeout bounds each MiB of the transfer, not only each socket read)",
+                source=self.source)
 
 
 def http_request(url: str, headers: Mapping[str, str] | None = None):

@@ -212,3 +212,67 @@ def test_the_part_file_is_opened_without_following_links(tmp_path):
     with pytest.raises(sp.UnsafeInputError, match="is a symbolic link"):
         _open_no_follow(tmp_path / "a.part", "ab")
     assert victim.read_text() == "precious"
+
+
+# --------------------------------------------------------------------------------------------
+# item 9: an overall deadline per HTTP transfer, not only per socket read
+# --------------------------------------------------------------------------------------------
+
+@pytest.fixture
+def dripping_server():
+    """An HTTP server on 127.0.0.1 announcing 20 KB and sending one byte every 0.5 s: never
+    silent long enough for a socket timeout."""
+    import http.server
+    import threading
+    import time
+    stop = threading.Event()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Length", "20000")
+            self.end_headers()
+            for _ in range(20000):
+                if stop.wait(0.5):
+                    return
+                try:
+                    self.wfile.write(b"x")
+                    self.wfile.flush()
+                except OSError:
+                    return
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        stop.set()
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_dripping_http_server_is_timed_out(dripping_server):
+    import time
+    url = f"{dripping_server}/data-00000.tar"
+    start = time.monotonic()
+    with pytest.raises(sp.DataError, match=r"stalled or far too slow") as info:
+        for _, stream in sp.IterableWrapper([url]).open(timeout=2):
+            stream.read()
+    assert time.monotonic() - start < 10
+    assert str(info.value).startswith(f"{url}: the server sent ")
+
+
+def test_a_dripping_http_server_is_timed_out_in_download(dripping_server, tmp_path):
+    import time
+    from speechpipe.recipes._download import download_and_extract
+    start = time.monotonic()
+    with pytest.raises(sp.DataError, match=r"stalled or far too slow.*the partial file .*"
+                                           r"corpus.tar.gz.part is kept"):
+        download_and_extract(f"{dripping_server}/corpus.tar.gz", tmp_path, timeout=2,
+                             progress=False)
+    assert time.monotonic() - start < 10

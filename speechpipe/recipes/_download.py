@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator, Mapping, Sequence
 
 from ..errors import DataError, MissingDataError, UnsafeInputError, redact
-from ..remote import http_request
+from ..remote import ProgressDeadline, http_request
 from ._prepare import _as_names
 
 __all__ = [
@@ -169,14 +169,19 @@ def _fetch(url: str, part: Path, *, resume: bool, progress: bool, timeout: float
                 total=total, initial=offset, unit="B", unit_scale=True, unit_divisor=1024,
                 desc=part.name[: -len(".part")], disable=not progress, leave=False,
             ) as bar:
+                deadline = ProgressDeadline(timeout, url)
                 try:
                     while True:
-                        chunk = response.read(_CHUNK)
+                        chunk = response.read1(_CHUNK)  # one socket read: deadline between
                         if not chunk:
                             break
+                        deadline.check(len(chunk))
                         out.write(chunk)
                         received += len(chunk)
                         bar.update(len(chunk))
+                except DataError as exc:  # the deadline: too slow
+                    raise DataError(f"{exc.reason}; the partial file {part} is kept: run "
+                                    "again to resume", source=url) from None
                 except (http.client.IncompleteRead, ConnectionError, socket.timeout,
                         TimeoutError, OSError) as exc:
                     raise DataError(
@@ -350,7 +355,9 @@ def download_and_extract(
         expected: paths (relative to ``target_dir``) the archive must create.
         keep_archive: keep the downloaded archive after extraction.
         progress: show progress (tqdm bars on a terminal, else lines every 30 s).
-        timeout: seconds to wait for the server before giving up.
+        timeout: seconds to wait for the server before giving up: for its answer, for any
+            one socket read, and for each MiB of the transfer (a server sending a byte now
+            and then is given up on too).
         decrypt: ``decrypt(archive, output)`` writes the decrypted archive to ``output``
             (raising :class:`~speechpipe.errors.DataError` if it cannot), for corpora shipped
             encrypted; the checksum is the encrypted file's.
