@@ -12,8 +12,10 @@ after ``retries`` attempts raises :class:`~speechpipe.errors.DataError` naming t
 byte range and the number of attempts; an absent object raises
 :class:`~speechpipe.errors.MissingDataError` at once (not retried). The storage library may
 retry first on its own (s3fs retries S3's "slow down" and bodies cut mid-transfer; botocore
-retries 5xx answers unless given ``config_kwargs={"retries": {"total_max_attempts": 1}}``):
-these attempts wrap its.
+retried 5xx answers before speechpipe sets ``config_kwargs`` ``retries={"total_max_attempts":
+1}`` and ``connect_timeout``/``read_timeout`` to ``timeout``, unless ``storage_options`` give
+their own): these attempts wrap its. Every call -- the size request, each range request, a
+listing -- is given up on after ``timeout`` seconds, whatever the library does meanwhile.
 
 Credentials come from where the storage library looks for them (for S3, botocore's chain:
 ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``, ``~/.aws/credentials`` and its profiles, an
@@ -126,7 +128,9 @@ class RemoteOptions:
         block_size: bytes per range request, and the most a stream holds in memory.
         retries: attempts per range request before giving up (1: no retry).
         backoff: seconds before the first retry, doubled for each next one (at most 30 s).
-        timeout: seconds one range request may take before it counts as a failed attempt.
+        timeout: seconds one request (a size request, a range request) may take in all
+            before it counts as a failed attempt (for S3 also botocore's connect and read
+            timeouts, unless ``storage_options["config_kwargs"]`` set them).
 
     >>> RemoteOptions(storage_options={"key": "AKIA", "secret": "hush"}, retries=3)
     RemoteOptions(storage_options={'key': '***', 'secret': '***'}, block_size=8388608, \
@@ -206,8 +210,15 @@ def _filesystem(url: str, options: RemoteOptions):
     except ImportError as exc:  # pragma: no cover - fsspec is a dependency of torch's stack
         raise ImportError(f"reading {url} needs fsspec: {_INSTALL.format('s3')}") from exc
     protocol = _SCHEME.match(url).group(1)
+    kwargs = dict(options.storage_options or {})
+    if protocol in ("s3", "s3a"):  # botocore: our deadline per attempt, our retries only
+        config = dict(kwargs.get("config_kwargs") or {})
+        config.setdefault("connect_timeout", options.timeout)
+        config.setdefault("read_timeout", options.timeout)
+        config.setdefault("retries", {"total_max_attempts": 1})
+        kwargs["config_kwargs"] = config
     try:
-        return fsspec.core.url_to_fs(url, **dict(options.storage_options or {}))
+        return fsspec.core.url_to_fs(url, **kwargs)
     except ImportError as exc:
         raise ImportError(f"reading {url} needs a package for {protocol}://: "
                           f"{_INSTALL.format(protocol)} ({exc})") from exc
@@ -322,11 +333,22 @@ class _RangeReader(io.RawIOBase):
         return fs.cat_file(self._path, start=start, end=end)
 
 
+def _call(fs, method: str, timeout: float, *args, **kwargs):
+    """``fs.<method>(*args)``, given up after ``timeout`` seconds in all (an asynchronous
+    file system's coroutine under fsspec's ``sync`` deadline; a synchronous one as it is)."""
+    if getattr(fs, "async_impl", False):
+        from fsspec.asyn import sync
+
+        return sync(fs.loop, getattr(fs, "_" + method), *args, timeout=timeout, **kwargs)
+    return getattr(fs, method)(*args, **kwargs)
+
+
 def _stat_size(fs, path: str, url: str, options: RemoteOptions) -> int:
-    """The object's size in bytes (retried like a range request)."""
+    """The object's size in bytes (retried like a range request, each attempt within
+    ``options.timeout``)."""
     for attempt in range(1, options.retries + 1):
         try:
-            info = fs.info(path)
+            info = _call(fs, "info", options.timeout, path)
         except FileNotFoundError:
             raise MissingDataError("no such object", source=url) from None
         except PermissionError as exc:
@@ -377,7 +399,7 @@ def remote_glob(pattern: str, options: RemoteOptions | None = None) -> list[str]
     options = _options(options)
     fs, path = _filesystem(pattern, options)
     try:
-        found = fs.glob(path)
+        found = _call(fs, "glob", options.timeout * options.retries, path)
     except Exception as exc:  # noqa: BLE001 - named with the pattern
         raise DataError(f"cannot list: {_describe(exc, options)}", source=pattern) from None
     return sorted(fs.unstrip_protocol(p) for p in found)

@@ -397,3 +397,53 @@ def test_two_ranks_two_workers_read_the_same_batches_from_s3_as_from_disk(s3, pr
 
 if __name__ == "__main__":
     _rank_main(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5])
+
+
+# Issue 34, item 2: every S3 call honours RemoteOptions.timeout, and botocore's own retries do
+# not multiply ours. Against an endpoint that accepts and never answers, fs.info blocked for
+# 150 s and more with RemoteOptions(timeout=2, retries=2) (about 77 s per attempt).
+
+@pytest.fixture
+def silent_endpoint():
+    """A TCP server on 127.0.0.1 that accepts connections and never answers."""
+    import socket
+    import threading
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(64)
+    held, stop = [], threading.Event()
+
+    def accept():
+        server.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                held.append(server.accept()[0])
+            except OSError:
+                continue
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.getsockname()[1]}"
+    finally:
+        stop.set()
+        thread.join()
+        for conn in held:
+            conn.close()
+        server.close()
+
+
+def test_a_silent_endpoint_costs_the_timeout_per_attempt_not_minutes(silent_endpoint):
+    from speechpipe.remote import open_remote, remote_glob
+    options = RemoteOptions(storage_options={"endpoint_url": silent_endpoint,
+                                             **S3_TEST_CREDENTIALS},
+                            timeout=2, retries=2, backoff=0.1)
+    started = time.monotonic()
+    with pytest.raises(DataError, match=r"^s3://speechpipe-silent/a.tar: gave up asking for "
+                                        r"its size after 2 attempts"):
+        open_remote("s3://speechpipe-silent/a.tar", options)
+    assert time.monotonic() - started < 12
+    started = time.monotonic()
+    with pytest.raises(DataError, match=r"^s3://speechpipe-silent/data-\*.tar: cannot list"):
+        remote_glob("s3://speechpipe-silent/data-*.tar", options)
+    assert time.monotonic() - started < 12
