@@ -904,3 +904,19 @@ def test_packing_groups_beside_a_flat_pack_is_refused(feats_corpus):
     report = pack_feats(feats_corpus, filter_group=["10:60"], force=True)
     assert sorted(os.listdir(feats_corpus["out"])) == ["10_60"]
     assert len(read_back(feats_corpus["out"])) == 7 and report.utterances == 7
+
+
+def test_pack_refuses_non_finite_audio_naming_the_line(tmp_path):
+    # Issue 34, item 7: an all-NaN WAV and one NaN sample in 1,600 were packed silently.
+    import soundfile
+    audio = np.zeros(1600, np.float32)
+    audio[5] = np.nan
+    soundfile.write(tmp_path / "nan.wav", audio, 16000, subtype="FLOAT")
+    manifest = tmp_path / "train.jsonl"
+    manifest.write_text(json.dumps({"key": "u1", "audio_path": str(tmp_path / "nan.wav"),
+                                    "text": "x"}) + "\n")
+    with pytest.raises(DataError) as info:
+        pack_data(None, None, tmp_path / "out", manifests=manifest, progress=False)
+    assert str(info.value) == (f"{manifest}:1 (key 'u1'): {tmp_path / 'nan.wav'}: non-finite "
+                               "audio: 1 NaN and 0 infinite of 1600 samples (the first at "
+                               "sample 5)")

@@ -54,7 +54,7 @@ from ..remote import RemoteOptions, is_remote, join_url, read_remote_bytes
 from ..sample import AUDIO, FEATS, KEY, SAMPLE_RATE, SOURCE, TEXT, Sample
 from ._base import IterDataPipe, functional_datapipe
 from ._mmap import copied_out
-from .audio_io import DeferredAudio, _open_audio, read_audio, short_wav
+from .audio_io import NON_FINITE, DeferredAudio, _open_audio, read_audio, short_wav
 from .codecs import check_channels, choose_channels
 from .shards import AUDIO_EXTENSIONS, NPY_EXTENSIONS
 
@@ -458,6 +458,7 @@ class DecoderIterDataPipe(IterDataPipe[Sample]):
                 reason = (
                     "unsafe field (never unpickled)"
                     if isinstance(err, UnsafeInputError)
+                    else NON_FINITE if str(err.reason).startswith(NON_FINITE)
                     else "undecodable sample"
                 )
                 self.diagnostics.handle(self.on_error, err, reason)
