@@ -20,8 +20,8 @@ from .demo import DEMO_CORPUS  # noqa: E402
 from .diagnostics import BufferStats, Diagnostics, SkippedInputWarning  # noqa: E402
 from .epochs import set_epoch  # noqa: E402
 from .errors import (  # noqa: E402
-    AudioFormatError, ChannelMismatchError, DataError, MissingDataError, SampleRateError,
-    SpeechpipeError, UnsafeInputError, UnsupportedCodecError,
+    AudioFormatError, ChannelMismatchError, DataError, MissingDataError, OutputError,
+    SampleRateError, SpeechpipeError, UnsafeInputError, UnsupportedCodecError,
 )
 from .index import ShardEntry, ShardIndex  # noqa: E402
 from .loader import Loader, PipeDataset, build_loader  # noqa: E402
@@ -90,6 +90,7 @@ __all__ = [
     "LogMelOptions",
     "MfccOptions",
     "MissingDataError",
+    "OutputError",
     "PackOptions",
     "PackReport",
     "PadCollate",

@@ -15,6 +15,8 @@ like a compiler's: ``data/wav.scp:17: expected '<key> <value>', got 'utt1'``.
   one batch (mono beside stereo) without a ``downmix`` or ``select_channel`` stage before.
 - :class:`UnsupportedCodecError` (a ``ValueError``): an encoding soundfile cannot write, such as
   Opus at a rate other than 8, 12, 16, 24 or 48 kHz.
+- :class:`OutputError` (an ``OSError``): speechpipe could not write its output (a full or
+  read-only disk); the message names the file being written and the system's reason.
 - :class:`SampleRateError` (a ``DataError``): audio at a sample rate a stage was not told
   about (features set up for 16 kHz given 8 kHz audio, a batch mixing rates); resample first.
 """
@@ -25,7 +27,8 @@ import json
 import re
 
 __all__ = ["AudioFormatError", "ChannelMismatchError", "DataError", "MissingDataError",
-           "SampleRateError", "SpeechpipeError", "UnsafeInputError", "UnsupportedCodecError",
+           "OutputError", "SampleRateError", "SpeechpipeError", "UnsafeInputError",
+           "UnsupportedCodecError",
            "locate", "mark_location", "redact"]
 
 # Query parameters of signed URLs (S3/GCS presigned, CloudFront, Azure SAS, tokens): their
@@ -180,6 +183,25 @@ class DataError(_Located, SpeechpipeError, ValueError):
 
     def __init__(self, message: str, *, source=None, line=None, member=None, key=None):
         super().__init__(self._init_location(message, source, line, member, key))
+
+
+class OutputError(_Located, SpeechpipeError, OSError):
+    """An output that could not be written (no space left, a read-only or vanished folder);
+    the message starts with the file being written.
+
+    >>> str(OutputError("cannot write: No space left on device", source="out/data-00003.tar"))
+    'out/data-00003.tar: cannot write: No space left on device'
+    """
+
+    def __init__(self, message: str, *, source=None, line=None, member=None, key=None):
+        super().__init__(self._init_location(message, source, line, member, key))
+
+    @classmethod
+    def wrap(cls, exc: OSError, path: str) -> "OutputError":
+        """The error for ``exc``, raised while writing ``path``."""
+        reason = exc.strerror or str(exc) or type(exc).__name__
+        return cls(f"cannot write: {reason}" + (f" (errno {exc.errno})" if exc.errno else ""),
+                   source=path)
 
 
 class UnsafeInputError(DataError):

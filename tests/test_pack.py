@@ -920,3 +920,46 @@ def test_pack_refuses_non_finite_audio_naming_the_line(tmp_path):
     assert str(info.value) == (f"{manifest}:1 (key 'u1'): {tmp_path / 'nan.wav'}: non-finite "
                                "audio: 1 NaN and 0 infinite of 1600 samples (the first at "
                                "sample 5)")
+
+
+def _disk_full_after(monkeypatch, members: int) -> None:
+    """Writing tar members fails with ENOSPC after ``members`` of them (a full disk)."""
+    import errno
+    import tarfile
+    original, written = tarfile.TarFile.addfile, [0]
+
+    def addfile(self, *args, **kwargs):
+        if written[0] >= members:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        written[0] += 1
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(tarfile.TarFile, "addfile", addfile)
+
+
+def test_pack_on_a_full_disk_names_the_shard_being_written(tmp_path, monkeypatch):
+    # Issue 34, item 11: a bare OSError [Errno 28] naming no file, and a 30-line traceback.
+    from speechpipe.errors import OutputError
+    scp, _ = write_feats(str(tmp_path), "feats", {f"u{i}": (3, 2) for i in range(6)})
+    text = write_text(tmp_path / "text", {f"u{i}": "x" for i in range(6)})
+    _disk_full_after(monkeypatch, 8)  # two members a sample: the third shard's first
+    out = tmp_path / "out"
+    with pytest.raises(OutputError) as info:
+        pack_data(scp, text, out, utts_per_shard=2, progress=False, num_workers=1)
+    assert str(info.value) == (f"{out / 'data-00002.tar'}: cannot write: No space left on "
+                               "device (errno 28)")
+    assert isinstance(info.value, OSError)
+
+
+def test_the_pack_command_on_a_full_disk_exits_2_with_one_line(tmp_path, monkeypatch, capsys):
+    from speechpipe.cli import main
+    scp, _ = write_feats(str(tmp_path), "feats", {f"u{i}": (3, 2) for i in range(2)})
+    text = write_text(tmp_path / "text", {f"u{i}": "x" for i in range(2)})
+    _disk_full_after(monkeypatch, 0)
+    out = tmp_path / "out"
+    assert main(["pack", "--scp", scp, "--labels", str(text), "--out", str(out),
+                 "--no-progress", "--workers", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"speechpipe pack: error: {out / 'data-00000.tar'}: cannot write: No space "
+                   "left on device (errno 28)\n  make room (or choose another --out), then run "
+                   "the same command again: complete shards are kept\n")

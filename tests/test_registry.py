@@ -269,6 +269,7 @@ PUBLIC = [
     "LogMelOptions",
     "MfccOptions",
     "MissingDataError",
+    "OutputError",
     "PackOptions",
     "PackReport",
     "PadCollate",

@@ -12,8 +12,8 @@ import time
 from collections import Counter
 from typing import Any, Iterator, Mapping, Sequence
 
-from ..errors import DataError
-from ..index import ShardIndex
+from ..errors import DataError, OutputError
+from ..index import INDEX_NAME, ShardIndex
 from ..progress import progress_bar
 from .inputs import _input_files, _Inputs, _Item, _match_keys, _read_inputs
 from .lengths import _measure_chunk_args
@@ -352,7 +352,10 @@ def _write_indexes(plan: _ShardPlan, unit: str, audio_format: str | None,
         index = ShardIndex(folder, list(by_name.values()), length_unit=unit,
                            audio_format=audio_format, sample_rate=sample_rate,
                            sample_rates=counts)
-        report.index_paths.append(index.write())
+        try:
+            report.index_paths.append(index.write())
+        except OSError as exc:
+            raise OutputError.wrap(exc, os.path.join(index.root, INDEX_NAME)) from exc
 
 
 def _executor(num_workers: int) -> concurrent.futures.Executor | None:

@@ -12,7 +12,7 @@ from typing import Iterator, NamedTuple, Sequence
 import numpy as np
 import soundfile
 
-from ..errors import DataError, MissingDataError, UnsafeInputError
+from ..errors import DataError, MissingDataError, OutputError, SpeechpipeError, UnsafeInputError
 from ..pipes.decode import read_audio_segment
 from ..pipes.kaldi import ScpEntry, load_scp_entries, slice_segments
 from ..pipes.shards import iter_tar_members, split_member_name
@@ -169,6 +169,10 @@ def _run_shard_task(task: _ShardTask) -> tuple[bool, int, int]:
     reader = _read_items(task.mode, task.items, task.allow_commands)
     try:
         write_shard(task.path, samples(reader))
+    except OSError as exc:
+        if isinstance(exc, SpeechpipeError):  # an input's error (a missing file): as it is
+            raise
+        raise OutputError.wrap(exc, task.path) from exc  # a full disk names the shard
     finally:
         reader.close()
     return True, os.path.getsize(task.path), clipped
