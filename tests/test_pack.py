@@ -963,3 +963,18 @@ def test_the_pack_command_on_a_full_disk_exits_2_with_one_line(tmp_path, monkeyp
     assert err == (f"speechpipe pack: error: {out / 'data-00000.tar'}: cannot write: No space "
                    "left on device (errno 28)\n  make room (or choose another --out), then run "
                    "the same command again: complete shards are kept\n")
+
+
+def test_keys_equal_up_to_unicode_normalisation_are_named_as_such(tmp_path):
+    # Issue 34, item 12: 'café' in NFC in the scp and in NFD in text were refused as unmatched
+    # keys that look identical, without saying why.
+    import unicodedata
+    nfc, nfd = unicodedata.normalize("NFC", "café"), unicodedata.normalize("NFD", "café")
+    scp, _ = write_feats(str(tmp_path), "feats", {"a": (2, 2), nfc: (2, 2)})
+    text = write_text(tmp_path / "text", {"a": "x", nfd: "y"})
+    import re
+    expected = (f"1 of them differ only in Unicode normalisation (e.g. {nfc!r}, NFC in the "
+                f"data, and {nfd!r}, NFD in the labels, look the same): write both files in "
+                "one normalisation (NFC)")
+    with pytest.raises(DataError, match=re.escape(expected)):
+        pack_data(scp, text, tmp_path / "out", progress=False)

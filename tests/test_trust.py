@@ -276,3 +276,76 @@ def test_a_dripping_http_server_is_timed_out_in_download(dripping_server, tmp_pa
         download_and_extract(f"{dripping_server}/corpus.tar.gz", tmp_path, timeout=2,
                              progress=False)
     assert time.monotonic() - start < 10
+
+
+# --------------------------------------------------------------------------------------------
+# item 12: messages that sent you the wrong way
+# --------------------------------------------------------------------------------------------
+
+def test_a_seed_change_on_resume_says_the_order_differs_not_equal_counts(shards):
+    root, names = shards
+    paths = [str(root / n) for n in names]
+    dataset = PipeDataset(sp.IterableWrapper(paths).sharded_shuffle(buffer_size=4, seed=1))
+    it = iter(dataset)
+    for _ in range(25):
+        next(it)
+    state = dataset.state_dict()
+    it.close()
+    again = PipeDataset(sp.IterableWrapper(paths).sharded_shuffle(buffer_size=4, seed=2))
+    again.load_state_dict(state)
+    with pytest.raises(sp.DataError) as info:
+        list(again)
+    message = str(info.value)
+    assert "but the state was saved reading" in message
+    assert "reads 6 shards this epoch but the state was saved reading 6" not in message
+    assert "the shard order differs (the seed, the shard list" in message
+
+
+def test_an_error_without_a_place_does_not_say_unknown_input():
+    assert str(sp.DataError("resume: nothing to resume")) == "resume: nothing to resume"
+    assert str(sp.MissingDataError("no such thing")) == "no such thing"
+
+
+def test_a_dead_servers_503s_are_not_filed_under_corrupt_shard(shards):
+    import http.server
+    import threading
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_error(503, "Slow Down")
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/data-00000.tar"
+        pipe = sp.IterableWrapper([url]).sharded_shuffle(buffer_size=1, on_error="skip")
+        with pytest.warns(sp.SkippedInputWarning):
+            assert list(pipe) == []
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert dict(pipe.diagnostics.counts) == {
+        "unreachable shard: server errors or timeouts (rest of the shard skipped)": 1}
+
+
+def test_an_http_timeout_is_not_a_missing_file():
+    import socket
+    import time
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)  # connections complete in the backlog; nothing is ever answered
+    try:
+        url = f"http://127.0.0.1:{server.getsockname()[1]}/data-00000.tar"
+        started = time.monotonic()
+        with pytest.raises(sp.DataError) as info:
+            list(sp.IterableWrapper([url]).open(timeout=1))
+        assert not isinstance(info.value, sp.MissingDataError)
+        assert str(info.value) == (f"{url}: no answer within the 1 s timeout: the server is "
+                                   "down or overloaded (not a missing file)")
+        assert time.monotonic() - started < 10
+    finally:
+        server.close()

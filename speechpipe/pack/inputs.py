@@ -263,8 +263,29 @@ def _mismatch_error(inputs: _Inputs, no_label: list[str], no_data: list[str]) ->
     files = ", ".join(inputs.data_files + [f for f in inputs.label_files
                                            if f not in inputs.data_files])
     return DataError(
-        f"keys do not match: {'; '.join(parts)}; fix the inputs, or pack only the keys present "
-        "in both with on_mismatch='skip' (CLI: --on-mismatch skip)", source=files)
+        f"keys do not match: {'; '.join(parts)}{_normalisation_hint(no_label, no_data)}; fix "
+        "the inputs, or pack only the keys present in both with on_mismatch='skip' (CLI: "
+        "--on-mismatch skip)", source=files)
+
+
+def _normalisation_hint(no_label: list[str], no_data: list[str]) -> str:
+    """A sentence when unmatched keys are equal up to Unicode normalisation (``'é'`` as one
+    code point in one file, ``e`` + a combining accent in the other): they look identical."""
+    import unicodedata
+
+    labels = {unicodedata.normalize("NFC", k): k for k in no_data}
+    pairs = [(k, labels[unicodedata.normalize("NFC", k)]) for k in no_label
+             if unicodedata.normalize("NFC", k) in labels]
+    if not pairs:
+        return ""
+    data_key, label_key = pairs[0]
+
+    def form(key: str) -> str:
+        return "NFC" if unicodedata.normalize("NFC", key) == key else "NFD"
+
+    return (f"; {len(pairs)} of them differ only in Unicode normalisation (e.g. {data_key!r}, "
+            f"{form(data_key)} in the data, and {label_key!r}, {form(label_key)} in the labels, "
+            "look the same): write both files in one normalisation (NFC)")
 
 
 def _match_keys(inputs: _Inputs, on_mismatch: str) -> tuple[list[_Item], list[str], list[str]]:

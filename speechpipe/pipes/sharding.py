@@ -136,12 +136,19 @@ def read_shard(
         stream.close()
 
 
+# How the errors of a server that fails (5xx, timeouts, retries spent) start: open_stream's
+# HTTP status, remote's range and size requests, the HTTP deadlines.
+_UNREACHABLE = ("HTTP 5", "gave up ", "no answer within", "the server sent ", "read failed")
+
+
 def _skip_reason(error: Exception) -> str:
     if isinstance(error, MissingDataError):
         return "missing shard"
     if isinstance(error, UnsafeInputError):
         return "unsafe shard (rest of the shard skipped)"
     reason = getattr(error, "reason", str(error))
+    if reason.startswith(_UNREACHABLE):  # the server, not the shard: not "corrupt"
+        return "unreachable shard: server errors or timeouts (rest of the shard skipped)"
     if "truncated" in reason or "cut short" in reason:
         return "truncated shard (rest of the shard skipped)"
     return "corrupt shard (rest of the shard skipped)"

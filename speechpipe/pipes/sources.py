@@ -317,6 +317,9 @@ def open_stream(
             raise DataError(f"HTTP {exc.code} {exc.reason}", source=name) from exc
         except (urllib.error.URLError, OSError) as exc:
             reason = getattr(exc, "reason", exc)
+            if isinstance(reason, TimeoutError):  # the server is there but does not answer
+                raise DataError(f"no answer within the {timeout:g} s timeout: the server is "
+                                "down or overloaded (not a missing file)", source=name) from exc
             raise MissingDataError(f"cannot reach: {reason}", source=name) from exc
         return io.BufferedReader(_CheckedStream(response, name, timeout), buffer_size)
     try:
