@@ -10,7 +10,10 @@ that arrives short is continued with a range request from the byte where it stop
 connection never restarts the file and never returns it short. A request that still fails
 after ``retries`` attempts raises :class:`~speechpipe.errors.DataError` naming the URL, the
 byte range and the number of attempts; an absent object raises
-:class:`~speechpipe.errors.MissingDataError` at once (not retried). The storage library may
+:class:`~speechpipe.errors.MissingDataError` at once (not retried). An S3 object is pinned when it is
+opened: each range request asks for the ETag (and, on a versioned bucket, the version) seen
+then (``If-Match``), so an object overwritten while it is read raises a
+:class:`~speechpipe.errors.DataError` saying so, never a mix of two versions. The storage library may
 retry first on its own (s3fs retries S3's "slow down" and bodies cut mid-transfer; botocore
 retried 5xx answers before speechpipe sets ``config_kwargs`` ``retries={"total_max_attempts":
 1}`` and ``connect_timeout``/``read_timeout`` to ``timeout``, unless ``storage_options`` give
@@ -237,10 +240,12 @@ class _RangeReader(io.RawIOBase):
     one block is read, the next is fetched by a thread: at most two blocks are held, and one
     request is in flight at a time."""
 
-    def __init__(self, fs, path: str, url: str, size: int, options: RemoteOptions) -> None:
+    def __init__(self, fs, path: str, url: str, size: int, options: RemoteOptions,
+                 pin: Mapping[str, str | None] | None = None) -> None:
         super().__init__()
         self._fs, self._path, self.name = fs, path, url
         self._size, self._options = size, options
+        self._pin = pin or {}  # the object's ETag / VersionId when opened (S3)
         self._block, self._at = b"", 0  # the current block, and the read position in it
         self._next: int = 0  # offset of the next block
         self._ahead = None  # the next block's Future
@@ -297,6 +302,12 @@ class _RangeReader(io.RawIOBase):
         while at < end:
             try:
                 data = self._request(at, end)
+            except _Changed as exc:
+                raise DataError(
+                    f"the object changed while it was read (its ETag was {exc.args[0]} when "
+                    f"it was opened; bytes {at}-{end - 1} are of another version): it was "
+                    "overwritten; read it again once it is replaced, or replace objects under "
+                    "new names", source=self.name) from None
             except FileNotFoundError:
                 raise MissingDataError("no such object (it was there when opened)",
                                        source=self.name) from None
@@ -328,9 +339,35 @@ class _RangeReader(io.RawIOBase):
         if getattr(fs, "async_impl", False):
             from fsspec.asyn import sync
 
+            if self._pin.get("etag") and hasattr(fs, "_call_s3"):
+                return sync(fs.loop, self._pinned_range, start, end, timeout=timeout)
             return sync(fs.loop, fs._cat_file, self._path, start=start, end=end,
                         timeout=timeout)
         return fs.cat_file(self._path, start=start, end=end)
+
+    async def _pinned_range(self, start: int, end: int) -> bytes:
+        """Bytes ``[start, end)`` of the object as it was when opened (S3: ``If-Match`` its
+        ETag, and its version on a versioned bucket); a change raises :class:`_Changed`."""
+        fs, etag, version = self._fs, self._pin["etag"], self._pin.get("version")
+        bucket, key, _ = fs.split_path(self._path)
+        extra = {"VersionId": version} if version else {}
+        try:
+            response = await fs._call_s3("get_object", Bucket=bucket, Key=key,
+                                         Range=f"bytes={start}-{end - 1}", IfMatch=etag, **extra)
+        except Exception as exc:  # noqa: BLE001 - only a failed precondition is named here
+            text = str(exc).lower()
+            if "precondition" in text or "pre-condition" in text:
+                raise _Changed(etag) from None
+            raise
+        body = response["Body"]
+        try:
+            return await body.read()
+        finally:
+            body.close()
+
+
+class _Changed(Exception):
+    """A range request found the object changed since it was opened (args: the old ETag)."""
 
 
 def _call(fs, method: str, timeout: float, *args, **kwargs):
@@ -343,9 +380,9 @@ def _call(fs, method: str, timeout: float, *args, **kwargs):
     return getattr(fs, method)(*args, **kwargs)
 
 
-def _stat_size(fs, path: str, url: str, options: RemoteOptions) -> int:
-    """The object's size in bytes (retried like a range request, each attempt within
-    ``options.timeout``)."""
+def _stat(fs, path: str, url: str, options: RemoteOptions) -> dict:
+    """The object's info (size, and for S3 its ETag and VersionId), retried like a range
+    request, each attempt within ``options.timeout``."""
     for attempt in range(1, options.retries + 1):
         try:
             info = _call(fs, "info", options.timeout, path)
@@ -363,7 +400,7 @@ def _stat_size(fs, path: str, url: str, options: RemoteOptions) -> int:
             continue
         if info.get("type") == "directory":
             raise DataError("is a folder, not a file", source=url)
-        return int(info["size"])
+        return info
     raise AssertionError("unreachable")  # pragma: no cover
 
 
@@ -383,8 +420,9 @@ def open_remote(url: str, options: RemoteOptions | None = None) -> io.BufferedRe
     """
     options = _options(options)
     fs, path = _filesystem(url, options)
-    size = _stat_size(fs, path, url, options)
-    raw = _RangeReader(fs, path, url, size, options)
+    info = _stat(fs, path, url, options)
+    pin = {"etag": info.get("ETag"), "version": info.get("VersionId")}
+    raw = _RangeReader(fs, path, url, int(info["size"]), options, pin)
     return io.BufferedReader(raw, min(options.block_size, _SMALL_READS))
 
 
