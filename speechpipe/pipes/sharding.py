@@ -130,8 +130,9 @@ def read_shard(
             yield from group_by_key(
                 iter_tar_members(stream, source=name, read_options=read_options), source=name)
         else:
+            shown = redact(name)  # a signed URL's credentials hidden, as group_by_key does
             for key, feats in iter_ark(stream, source=name):
-                yield {KEY: key, FEATS: feats, SOURCE: name}
+                yield {KEY: key, FEATS: feats, SOURCE: shown}
     finally:
         stream.close()
 

@@ -445,7 +445,9 @@ def group_by_key(
     """Group consecutive members with the same key into raw samples.
 
     Consumes ``(member name, payload)`` pairs (from :func:`iter_tar_members`) and yields
-    ``{"key": key, "source": source, "<field>": payload, ...}`` with fields in member order.
+    ``{"key": key, "source": source, "<field>": payload, ...}`` with fields in member order
+    (a URL's credentials redacted in ``source``: :func:`speechpipe.errors.redact`, so that
+    nothing that shows or stores a sample's source -- a state, a report -- holds them).
     A sample is yielded once the next key (or the end) is seen; if reading fails inside a
     member of the next key, the sample before it is yielded before the error is raised.
 
