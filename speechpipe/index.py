@@ -418,7 +418,7 @@ def check_entry_name(name: str, source: str, line: int | None = None) -> None:
     >>> check_entry_name("../private.tar", "index.jsonl", 2)
     Traceback (most recent call last):
     ...
-    speechpipe.errors.UnsafeInputError: index.jsonl:2: shard name '../private.tar' points outside the index's folder (absolute, '..', or a URL); pass allow_outside=True to ShardIndex.read if you trust this index
+    speechpipe.errors.UnsafeInputError: index.jsonl:2: shard name '../private.tar' points ...
     """
     parts = name.replace("\\", "/").split("/")
     if (not name or is_remote(name) or "\\" in name or "\0" in name or name.startswith("/")

@@ -10,15 +10,16 @@ that arrives short is continued with a range request from the byte where it stop
 connection never restarts the file and never returns it short. A request that still fails
 after ``retries`` attempts raises :class:`~speechpipe.errors.DataError` naming the URL, the
 byte range and the number of attempts; an absent object raises
-:class:`~speechpipe.errors.MissingDataError` at once (not retried). An S3 object is pinned when it is
-opened: each range request asks for the ETag (and, on a versioned bucket, the version) seen
-then (``If-Match``), so an object overwritten while it is read raises a
-:class:`~speechpipe.errors.DataError` saying so, never a mix of two versions. The storage library may
-retry first on its own (s3fs retries S3's "slow down" and bodies cut mid-transfer; botocore
-retried 5xx answers before speechpipe sets ``config_kwargs`` ``retries={"total_max_attempts":
-1}`` and ``connect_timeout``/``read_timeout`` to ``timeout``, unless ``storage_options`` give
-their own): these attempts wrap its. Every call -- the size request, each range request, a
-listing -- is given up on after ``timeout`` seconds, whatever the library does meanwhile.
+:class:`~speechpipe.errors.MissingDataError` at once (not retried). An S3 object is
+pinned when it is opened: each range request asks for the ETag (and, on a versioned bucket,
+the version) seen then (``If-Match``), so an object overwritten while it is read raises a
+:class:`~speechpipe.errors.DataError` saying so, never a mix of two versions. The storage
+library may retry first on its own (s3fs retries S3's "slow down" and bodies cut
+mid-transfer; botocore retried 5xx answers before speechpipe set its ``config_kwargs``
+``retries={"total_max_attempts": 1}`` and ``connect_timeout``/``read_timeout`` to
+``timeout``, unless ``storage_options`` give their own): these attempts wrap its. Every
+call -- the size request, each range request, a listing -- is given up on after ``timeout``
+seconds, whatever the library does meanwhile.
 
 Credentials come from where the storage library looks for them (for S3, botocore's chain:
 ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``, ``~/.aws/credentials`` and its profiles, an
@@ -42,7 +43,7 @@ from typing import Any, Mapping
 from .errors import DataError, MissingDataError, redact
 
 __all__ = ["ProgressDeadline", "RemoteOptions", "http_request", "is_remote", "join_url",
-           "open_remote", "read_remote_bytes", "remote_glob"]
+           "open_http", "open_remote", "read_remote_bytes", "remote_glob"]
 
 _SCHEME = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]+)://")
 _INSTALL = "pip install 'speechpipe[s3]' (fsspec and s3fs), or the fsspec package of {0}://"
@@ -93,6 +94,57 @@ class ProgressDeadline:
                 f"{self.window >> 10} KiB in the {self.timeout:g} s timeout: stalled or far too "
                 "slow (the timeout bounds each MiB of the transfer, not only each socket read)",
                 source=self.source)
+
+
+def open_http(request, timeout: float):
+    """``urllib.request.urlopen(request, timeout=timeout)`` whose answer -- the status line and
+    the headers -- must arrive within ``timeout`` seconds in all (urllib bounds each socket
+    read only, so a server sending a header byte now and then would hold it forever): past
+    the deadline the connection is shut and ``TimeoutError`` raised. The body's deadline is
+    :class:`ProgressDeadline`'s."""
+    import http.client
+    import socket
+    import threading
+    import urllib.request
+
+    sockets: list = []
+    fired = threading.Event()
+
+    def remember(connection_class):
+        class Connection(connection_class):
+            def connect(self):
+                super().connect()
+                sockets.append(self.sock)
+        return Connection
+
+    class HTTP(urllib.request.HTTPHandler):
+        def http_open(self, req):
+            return self.do_open(remember(http.client.HTTPConnection), req)
+
+    class HTTPS(urllib.request.HTTPSHandler):
+        def https_open(self, req):
+            return self.do_open(remember(http.client.HTTPSConnection), req,
+                                context=self._context)
+
+    def shut() -> None:
+        fired.set()
+        for sock in sockets:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    timer = threading.Timer(timeout, shut)
+    timer.daemon = True
+    timer.start()
+    try:
+        return urllib.request.build_opener(HTTP, HTTPS).open(request, timeout=timeout)
+    except Exception:
+        if fired.is_set():
+            raise TimeoutError(f"no complete answer within {timeout:g} s") from None
+        raise
+    finally:
+        timer.cancel()
 
 
 def http_request(url: str, headers: Mapping[str, str] | None = None):

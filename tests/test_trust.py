@@ -52,7 +52,8 @@ def shards(tmp_path_factory):
 @pytest.mark.parametrize("text, shown", [
     ("https://alice:hunter2@host/a.tar", "https://alice:***@host/a.tar"),
     ("https://ghp_TOKEN@host/a.tar", "https://***@host/a.tar"),
-    ("s3://b/a.tar?versionId=7&X-Amz-Signature=abc", "s3://b/a.tar?versionId=7&X-Amz-Signature=***"),
+    ("s3://b/a.tar?versionId=7&X-Amz-Signature=abc",
+     "s3://b/a.tar?versionId=7&X-Amz-Signature=***"),
     ("https://acct.blob.core.windows.net/c/a.tar?sv=2022&sig=abc%3D&se=2026",
      "https://acct.blob.core.windows.net/c/a.tar?sv=2022&sig=***&se=***"),
     ("https://cdn/a.tar?Expires=1&Signature=x&Key-Pair-Id=K",
@@ -348,4 +349,39 @@ def test_an_http_timeout_is_not_a_missing_file():
                                    "down or overloaded (not a missing file)")
         assert time.monotonic() - started < 10
     finally:
+        server.close()
+
+
+def test_headers_dripped_a_byte_at_a_time_are_timed_out_too():
+    # Issue 34, item 9: urllib's timeout bounds each socket read, so a server sending its
+    # status line and headers a byte now and then held open() forever.
+    import socket
+    import threading
+    import time
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(4)
+    stop = threading.Event()
+
+    def drip():
+        conn, _ = server.accept()
+        with conn:
+            for byte in b"HTTP/1.0 200 OK\r\nX-Slow: " + b"x" * 10_000:
+                if stop.wait(0.3):
+                    return
+                try:
+                    conn.sendall(bytes([byte]))
+                except OSError:
+                    return
+
+    thread = threading.Thread(target=drip, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.getsockname()[1]}/data-00000.tar"
+        started = time.monotonic()
+        with pytest.raises(sp.DataError, match="no answer within the 2 s timeout"):
+            list(sp.IterableWrapper([url]).open(timeout=2))
+        assert time.monotonic() - started < 10
+    finally:
+        stop.set()
         server.close()

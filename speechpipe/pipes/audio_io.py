@@ -89,7 +89,7 @@ def check_finite(audio: np.ndarray, *, source: str | None = None, key: str | Non
     >>> check_finite(np.array([0.0, np.nan, np.inf], np.float32), source="a.wav")
     Traceback (most recent call last):
     ...
-    speechpipe.errors.DataError: a.wav: non-finite audio: 1 NaN and 1 infinite of 3 samples (the first at sample 1)
+    speechpipe.errors.DataError: a.wav: non-finite audio: 1 NaN and 1 infinite of 3 samples ...
     """
     finite = np.isfinite(audio)
     if finite.all():

@@ -42,7 +42,7 @@ import braceexpand
 from ..errors import DataError, MissingDataError, UnsafeInputError
 from ..index import ShardIndex
 from ..remote import (
-    ProgressDeadline, RemoteOptions, http_request, is_remote, open_remote, remote_glob,
+    ProgressDeadline, RemoteOptions, http_request, is_remote, open_http, open_remote, remote_glob,
 )
 from ._base import IterDataPipe, functional_datapipe
 
@@ -309,7 +309,7 @@ def open_stream(
         return open_remote(name, remote or RemoteOptions(timeout=timeout))
     if is_url(name):
         try:
-            response = urllib.request.urlopen(http_request(name), timeout=timeout)
+            response = open_http(http_request(name), timeout)
         except urllib.error.HTTPError as exc:
             exc.close()
             if exc.code in (404, 410):

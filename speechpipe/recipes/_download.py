@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator, Mapping, Sequence
 
 from ..errors import DataError, MissingDataError, UnsafeInputError, redact
-from ..remote import ProgressDeadline, http_request
+from ..remote import ProgressDeadline, http_request, open_http
 from ._prepare import _as_names
 
 __all__ = [
@@ -92,7 +92,7 @@ def _open_url(url: str, offset: int, timeout: float):
         headers["Range"] = f"bytes={offset}-"
     request = http_request(url, headers)
     try:
-        return urllib.request.urlopen(request, timeout=timeout)
+        return open_http(request, timeout)
     except urllib.error.HTTPError as exc:
         if exc.code == 416:  # the partial file is already as long as the remote one (or longer)
             return exc
