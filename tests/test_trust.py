@@ -385,3 +385,21 @@ def test_headers_dripped_a_byte_at_a_time_are_timed_out_too():
     finally:
         stop.set()
         server.close()
+
+
+def test_the_loaders_state_dict_holds_no_credentials(shards):
+    from speechpipe.loader import build_loader
+    root, names = shards
+    with serve_directory(str(root)) as base:
+        urls = [signed(f"{base}/{n}") for n in names]
+        pipe = (sp.IterableWrapper(urls).sharded_shuffle(buffer_size=8, seed=1).decode()
+                .block_batch(batch_len=6).collate())
+        loader = build_loader(pipe, num_workers=1, seed=0, snapshot_every=1)
+        it = iter(loader)
+        for _ in range(5):
+            next(it)
+        state = loader.state_dict()
+        del it
+    text = repr(state)
+    assert_clean(text)
+    assert "X-Amz-Signature=***" in text
