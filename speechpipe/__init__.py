@@ -17,7 +17,7 @@ from .diagnostics import BufferStats, Diagnostics, SkippedInputWarning  # noqa: 
 from .epochs import set_epoch  # noqa: E402
 from .errors import (  # noqa: E402
     AudioFormatError, ChannelMismatchError, DataError, FolderLockedError, MissingDataError,
-    ResumeError,
+    OutputError, ResumeError,
     SampleRateError, SpeechpipeError, UnsafeInputError, UnsupportedCodecError,
 )
 from .index import ShardEntry, ShardIndex  # noqa: E402
@@ -88,6 +88,7 @@ __all__ = [
     "LogMelOptions",
     "MfccOptions",
     "MissingDataError",
+    "OutputError",
     "PackOptions",
     "PackReport",
     "PadCollate",

@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import DataError
+from .errors import DataError, redact
 
 __all__ = [
     "BufferStats",
@@ -118,7 +118,7 @@ class Diagnostics(Ledger):
         self.lost_seconds += seconds
         kept = self.examples.setdefault(reason, [])
         if len(kept) < self.max_examples:
-            kept.append(example)
+            kept.append(redact(example))
 
     def handle(self, on_error: str, error: DataError, reason: str | None = None, *,
                lost: int = 0, seconds: float = 0.0, example: str | None = None) -> None:

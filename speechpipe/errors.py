@@ -15,6 +15,8 @@ like a compiler's: ``data/wav.scp:17: expected '<key> <value>', got 'utt1'``.
   one batch (mono beside stereo) without a ``downmix`` or ``select_channel`` stage before.
 - :class:`UnsupportedCodecError` (a ``ValueError``): an encoding soundfile cannot write, such as
   Opus at a rate other than 8, 12, 16, 24 or 48 kHz.
+- :class:`OutputError` (an ``OSError``): speechpipe could not write its output (a full or
+  read-only disk); the message names the file being written and the system's reason.
 - :class:`SampleRateError` (a ``DataError``): audio at a sample rate a stage was not told
   about (features set up for 16 kHz given 8 kHz audio, a batch mixing rates); resample first.
 - :class:`ResumeError` (a ``ValueError``): a loader state that does not belong to the loader
@@ -33,8 +35,9 @@ import re
 from typing import Any
 
 __all__ = ["AudioFormatError", "ChannelMismatchError", "DataError", "FolderLockedError",
-           "MissingDataError", "ResumeError", "SampleRateError", "SpeechpipeError", "UnsafeInputError",
-           "UnsupportedCodecError", "check_int", "locate", "mark_location"]
+           "MissingDataError", "OutputError", "ResumeError", "SampleRateError", "SpeechpipeError",
+           "UnsafeInputError", "UnsupportedCodecError", "check_int", "locate", "mark_location",
+           "redact"]
 
 
 def check_int(name: str, value: Any, minimum: int | None = None, *,
@@ -58,6 +61,40 @@ def check_int(name: str, value: Any, minimum: int | None = None, *,
     if minimum is not None and value < minimum:
         raise ValueError(f"{name} must be an int >= {minimum}{extra}, got {value!r}")
     return int(value)
+
+# Query parameters of signed URLs (S3/GCS presigned, CloudFront, Azure SAS, tokens): their
+# values are credentials, or change each time a URL is signed again.
+_SIGNED_PARAMS = (
+    "x-amz-credential", "x-amz-signature", "x-amz-security-token", "x-amz-date",
+    "x-amz-expires", "x-goog-credential", "x-goog-signature", "x-goog-date", "x-goog-expires",
+    "awsaccesskeyid", "signature", "sig", "se", "st", "skoid", "sktid", "token",
+    "access_token", "auth", "expires", "policy", "key-pair-id", "password", "secret",
+)
+_USERINFO = re.compile(r"(\b[a-zA-Z][a-zA-Z0-9+.-]*://)([^/?#\s@'\"]+)@")
+_PARAM = re.compile(r"([?&;])(" + "|".join(re.escape(p) for p in _SIGNED_PARAMS)
+                    + r")=([^&;#\s'\"]*)", re.IGNORECASE)
+
+
+def redact(text: str) -> str:
+    """``text`` with the credentials of every URL in it hidden: a password in the userinfo
+    (``user:***@``; a userinfo without ``:``, often a token, as ``***@``) and the values of
+    signing parameters (``X-Amz-Credential``, ``X-Amz-Signature``, ``X-Amz-Security-Token``,
+    ``X-Amz-Date``, ``Signature``, ``sig``, ``token``, ``Expires``...). Two signings of one
+    object's URL redact to the same text, which is how a checkpoint names it.
+
+    >>> redact("https://alice:hunter2@host/a.tar")
+    'https://alice:***@host/a.tar'
+    >>> redact("cannot read s3://b/a.tar?X-Amz-Signature=abc&versionId=3&X-Amz-Date=2026")
+    'cannot read s3://b/a.tar?X-Amz-Signature=***&versionId=3&X-Amz-Date=***'
+    """
+    if "://" not in text and "=" not in text:
+        return text
+
+    def userinfo(match: re.Match) -> str:
+        user, colon, _ = match.group(2).partition(":")
+        return f"{match.group(1)}{user}:***@" if colon else f"{match.group(1)}***@"
+
+    return _PARAM.sub(r"\1\2=***", _USERINFO.sub(userinfo, text))
 
 
 def locate(
@@ -143,12 +180,17 @@ class _Located:
                 rest = _MARK_LINE.sub("", message).rstrip()
                 message, source, line = where.get("reason"), where.get("source"), where.get("line")
                 member, key = where.get("member"), where.get("key")
+        if isinstance(message, str):
+            message = redact(message)
         self.reason = message
-        self.source = None if source is None else str(source)
+        self.source = None if source is None else redact(str(source))
         self.line = line
         self.member = member
         self.key = key
-        located = f"{locate(self.source, line=line, member=member, key=key)}: {message}"
+        if self.source is None and line is None and member is None and key is None:
+            located = str(message)  # no "<unknown input>: " before a message without a place
+        else:
+            located = f"{locate(self.source, line=line, member=member, key=key)}: {message}"
         return located if rest is None else f"{located}\n{rest}"
 
     def __reduce__(self):
@@ -172,6 +214,25 @@ class DataError(_Located, SpeechpipeError, ValueError):
 
     def __init__(self, message: str, *, source=None, line=None, member=None, key=None):
         super().__init__(self._init_location(message, source, line, member, key))
+
+
+class OutputError(_Located, SpeechpipeError, OSError):
+    """An output that could not be written (no space left, a read-only or vanished folder);
+    the message starts with the file being written.
+
+    >>> str(OutputError("cannot write: No space left on device", source="out/data-00003.tar"))
+    'out/data-00003.tar: cannot write: No space left on device'
+    """
+
+    def __init__(self, message: str, *, source=None, line=None, member=None, key=None):
+        super().__init__(self._init_location(message, source, line, member, key))
+
+    @classmethod
+    def wrap(cls, exc: OSError, path: str) -> "OutputError":
+        """The error for ``exc``, raised while writing ``path``."""
+        reason = exc.strerror or str(exc) or type(exc).__name__
+        return cls(f"cannot write: {reason}" + (f" (errno {exc.errno})" if exc.errno else ""),
+                   source=path)
 
 
 class UnsafeInputError(DataError):

@@ -30,12 +30,12 @@ import os
 from dataclasses import dataclass
 from typing import Sequence
 
-from .errors import DataError, MissingDataError
+from .errors import DataError, MissingDataError, UnsafeInputError
 from .remote import RemoteOptions, is_remote, join_url, read_remote_bytes, remote_glob
 from .sample import estimate_boundaries
 
-__all__ = ["COMPRESSIONS", "INDEX_NAME", "ShardEntry", "ShardIndex", "index_folders",
-           "is_folder_url", "length_seconds", "shard_compression"]
+__all__ = ["COMPRESSIONS", "INDEX_NAME", "ShardEntry", "ShardIndex", "check_entry_name",
+           "index_folders", "is_folder_url", "length_seconds", "shard_compression"]
 
 INDEX_NAME = "index.jsonl"
 _FORMAT = "speechpipe-shard-index"
@@ -202,8 +202,8 @@ class ShardIndex:
         return problems
 
     @classmethod
-    def read(cls, path: str | os.PathLike, *, remote: RemoteOptions | None = None
-             ) -> "ShardIndex":
+    def read(cls, path: str | os.PathLike, *, remote: RemoteOptions | None = None,
+             allow_outside: bool = False) -> "ShardIndex":
         """Read ``index.jsonl`` (give the file or its folder; a folder URL such as
         ``s3://bucket/corpus`` reads ``s3://bucket/corpus/index.jsonl``), or every index of a
         folder ``pack`` wrote with length groups, local or a URL (one per group folder,
@@ -213,6 +213,13 @@ class ShardIndex:
         Args:
             path: the file or folder, local or a URL.
             remote: how a URL is read (:class:`~speechpipe.remote.RemoteOptions`).
+            allow_outside: ``False`` (the default): every shard name must be a plain
+                relative name inside the index's folder (no absolute path, no ``..``, no URL),
+                so that a downloaded or shared pack folder cannot make a reader open a file
+                elsewhere or fetch a URL; an entry that is not raises
+                :class:`~speechpipe.errors.UnsafeInputError` naming the file and line.
+                ``True`` trusts the index's author: its names are joined and read wherever
+                they point (an index you wrote yourself over shards kept elsewhere).
 
         Raises:
             MissingDataError: no index there.
@@ -220,10 +227,12 @@ class ShardIndex:
                 indexes count lengths in different units; a URL that could not be read.
         """
         path = os.fspath(path)
+        if not isinstance(allow_outside, bool):
+            raise TypeError(f"allow_outside must be True or False, got {allow_outside!r}")
         if not is_remote(path) and os.path.isdir(path):
             folders = index_folders(path)
             if len(folders) > 1 or (folders and folders[0] != path):
-                return cls._read_groups(path, folders)
+                return cls._read_groups(path, folders, allow_outside=allow_outside)
         if is_remote(path) and not path.endswith(".jsonl"):
             folder = path.rstrip("/")
             try:
@@ -236,7 +245,8 @@ class ShardIndex:
                         f"length group's ({join_url(folder, '*/' + INDEX_NAME)}); write one "
                         "with 'speechpipe pack' (--out may be this URL), or upload the whole "
                         "pack folder", source=folder) from None
-                return cls._read_groups(folder, [g.rsplit("/", 1)[0] for g in groups], remote)
+                return cls._read_groups(folder, [g.rsplit("/", 1)[0] for g in groups], remote,
+                                        allow_outside=allow_outside)
         else:
             lines, path = _index_lines(path, remote)
         if not lines:
@@ -250,6 +260,9 @@ class ShardIndex:
                             source=path, line=1)
         shards = [_entry(_json_line(line, path, n), path, n)
                   for n, line in enumerate(lines[1:], start=2) if line.strip()]
+        if not allow_outside:
+            for n, entry in enumerate(shards, start=2):
+                check_entry_name(entry.name, path, n)
         audio_format = header.get("audio_format")
         rate = header.get("sample_rate")
         if rate is not None and (isinstance(rate, bool) or not isinstance(rate, int) or rate < 1):
@@ -262,13 +275,15 @@ class ShardIndex:
                    _rate_counts(header.get("sample_rates"), path))
 
     @classmethod
-    def _read_groups(cls, root: str, folders: list[str], remote: RemoteOptions | None = None
-                     ) -> "ShardIndex":
+    def _read_groups(cls, root: str, folders: list[str], remote: RemoteOptions | None = None,
+                     *, allow_outside: bool = False) -> "ShardIndex":
         if is_remote(root):
-            parts = [cls.read(join_url(folder, INDEX_NAME), remote=remote) for folder in folders]
+            parts = [cls.read(join_url(folder, INDEX_NAME), remote=remote,
+                              allow_outside=allow_outside) for folder in folders]
             names = [p.root[len(root) + 1:] + "/" + s.name for p in parts for s in p.shards]
         else:
-            parts = [cls.read(os.path.join(folder, INDEX_NAME)) for folder in folders]
+            parts = [cls.read(os.path.join(folder, INDEX_NAME), allow_outside=allow_outside)
+                     for folder in folders]
             names = [os.path.join(os.path.relpath(p.root, root), s.name)
                      for p in parts for s in p.shards]
         units = {p.length_unit for p in parts}
@@ -426,6 +441,31 @@ def _json_line(line: str, path: str, number: int):
     except json.JSONDecodeError as exc:
         raise DataError(f"invalid JSON: {exc.msg} (column {exc.colno})",
                         source=path, line=number) from exc
+    except RecursionError:  # e.g. [[[[...]]]] nested 10^5 deep
+        raise DataError("invalid JSON: nested too deeply", source=path, line=number) from None
+
+
+def check_entry_name(name: str, source: str, line: int | None = None) -> None:
+    """Refuse an index entry that does not name a file inside the index's folder.
+
+    A shard name must be relative, without ``..`` components, drive letters, backslashes,
+    NUL or a URL scheme; otherwise :class:`~speechpipe.errors.UnsafeInputError` names the
+    index file and line (:meth:`ShardIndex.read`'s ``allow_outside=True`` skips this check).
+
+    >>> check_entry_name("10_500/data-00000.tar", "index.jsonl", 2)
+    >>> check_entry_name("../private.tar", "index.jsonl", 2)
+    Traceback (most recent call last):
+    ...
+    speechpipe.errors.UnsafeInputError: index.jsonl:2: shard name '../private.tar' points ...
+    """
+    parts = name.replace("\\", "/").split("/")
+    if (not name or is_remote(name) or "\\" in name or "\0" in name or name.startswith("/")
+            or os.path.isabs(name) or ":" in parts[0] or ".." in parts
+            or any(p in ("", ".") for p in parts)):
+        raise UnsafeInputError(
+            f"shard name {name!r} points outside the index's folder (absolute, '..', or a "
+            "URL); pass allow_outside=True to ShardIndex.read if you trust this index",
+            source=source, line=line)
 
 
 def _entry(row, path: str, number: int) -> ShardEntry:

@@ -10,10 +10,16 @@ that arrives short is continued with a range request from the byte where it stop
 connection never restarts the file and never returns it short. A request that still fails
 after ``retries`` attempts raises :class:`~speechpipe.errors.DataError` naming the URL, the
 byte range and the number of attempts; an absent object raises
-:class:`~speechpipe.errors.MissingDataError` at once (not retried). The storage library may
-retry first on its own (s3fs retries S3's "slow down" and bodies cut mid-transfer; botocore
-retries 5xx answers unless given ``config_kwargs={"retries": {"total_max_attempts": 1}}``):
-these attempts wrap its.
+:class:`~speechpipe.errors.MissingDataError` at once (not retried). An S3 object is
+pinned when it is opened: each range request asks for the ETag (and, on a versioned bucket,
+the version) seen then (``If-Match``), so an object overwritten while it is read raises a
+:class:`~speechpipe.errors.DataError` saying so, never a mix of two versions. The storage
+library may retry first on its own (s3fs retries S3's "slow down" and bodies cut
+mid-transfer; botocore retried 5xx answers before speechpipe set its ``config_kwargs``
+``retries={"total_max_attempts": 1}`` and ``connect_timeout``/``read_timeout`` to
+``timeout``, unless ``storage_options`` give their own): these attempts wrap its. Every
+call -- the size request, each range request, a listing -- is given up on after ``timeout``
+seconds, whatever the library does meanwhile.
 
 Credentials come from where the storage library looks for them (for S3, botocore's chain:
 ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``, ``~/.aws/credentials`` and its profiles, an
@@ -34,10 +40,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from .errors import DataError, MissingDataError
+from .errors import DataError, MissingDataError, redact
 
-__all__ = ["RemoteOptions", "is_remote", "join_url", "open_remote", "read_remote_bytes",
-           "remote_filesystem", "remote_glob"]
+__all__ = ["ProgressDeadline", "RemoteOptions", "http_request", "is_remote", "join_url",
+           "open_http", "open_remote", "read_remote_bytes", "remote_filesystem", "remote_glob"]
 
 _SCHEME = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]+)://")
 _INSTALL = "pip install 'speechpipe[s3]' (fsspec and s3fs), or the fsspec package of {0}://"
@@ -62,6 +68,109 @@ def join_url(folder: str, name: str) -> str:
     return folder.rstrip("/") + "/" + name
 
 
+class ProgressDeadline:
+    """The overall deadline of an HTTP transfer, beyond the socket's per-read timeout: each
+    ``window`` bytes of the body (1 MiB) must arrive within ``timeout`` seconds, so a server
+    that sends a byte now and then -- never silent long enough for a socket timeout -- is
+    given up on after ``timeout`` seconds, while a long download at a sane rate is not.
+
+    >>> d = ProgressDeadline(60.0, "http://h/a.tar")
+    >>> d.check(4096)  # in time: nothing happens
+    """
+
+    def __init__(self, timeout: float, source: str, window: int = 1 << 20) -> None:
+        self.timeout, self.source, self.window = timeout, source, window
+        self._start, self._got = time.monotonic(), 0
+
+    def check(self, n: int) -> None:
+        """Count ``n`` bytes just received; raise when the current window took too long."""
+        self._got += n
+        elapsed = time.monotonic() - self._start
+        if self._got >= self.window:
+            self._start, self._got = time.monotonic(), 0
+        elif elapsed > self.timeout:
+            raise DataError(
+                f"the server sent {self._got} bytes in {elapsed:.1f} s, under "
+                f"{self.window >> 10} KiB in the {self.timeout:g} s timeout: stalled or far too "
+                "slow (the timeout bounds each MiB of the transfer, not only each socket read)",
+                source=self.source)
+
+
+def open_http(request, timeout: float):
+    """``urllib.request.urlopen(request, timeout=timeout)`` whose answer -- the status line and
+    the headers -- must arrive within ``timeout`` seconds in all (urllib bounds each socket
+    read only, so a server sending a header byte now and then would hold it forever): past
+    the deadline the connection is shut and ``TimeoutError`` raised. The body's deadline is
+    :class:`ProgressDeadline`'s."""
+    import http.client
+    import socket
+    import threading
+    import urllib.request
+
+    sockets: list = []
+    fired = threading.Event()
+
+    def remember(connection_class):
+        class Connection(connection_class):
+            def connect(self):
+                super().connect()
+                sockets.append(self.sock)
+        return Connection
+
+    class HTTP(urllib.request.HTTPHandler):
+        def http_open(self, req):
+            return self.do_open(remember(http.client.HTTPConnection), req)
+
+    class HTTPS(urllib.request.HTTPSHandler):
+        def https_open(self, req):
+            return self.do_open(remember(http.client.HTTPSConnection), req,
+                                context=self._context)
+
+    def shut() -> None:
+        fired.set()
+        for sock in sockets:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    timer = threading.Timer(timeout, shut)
+    timer.daemon = True
+    timer.start()
+    try:
+        return urllib.request.build_opener(HTTP, HTTPS).open(request, timeout=timeout)
+    except Exception:
+        if fired.is_set():
+            raise TimeoutError(f"no complete answer within {timeout:g} s") from None
+        raise
+    finally:
+        timer.cancel()
+
+
+def http_request(url: str, headers: Mapping[str, str] | None = None):
+    """A ``urllib.request.Request`` for an ``http(s)://`` URL; credentials in its userinfo
+    (``https://user:password@host/...``) become a Basic ``Authorization`` header rather than
+    part of the host name (where urllib would fail on them and print them).
+
+    >>> r = http_request("https://alice:pw@example.org:8080/a.tar")
+    >>> r.full_url, r.get_header("Authorization")
+    ('https://example.org:8080/a.tar', 'Basic YWxpY2U6cHc=')
+    """
+    import base64
+    import urllib.parse
+    import urllib.request
+
+    parts = urllib.parse.urlsplit(url)
+    headers = dict(headers or {})
+    if "@" in parts.netloc:
+        userinfo, _, host = parts.netloc.rpartition("@")
+        user, _, password = userinfo.partition(":")
+        token = f"{urllib.parse.unquote(user)}:{urllib.parse.unquote(password)}"
+        headers["Authorization"] = "Basic " + base64.b64encode(token.encode()).decode("ascii")
+        url = urllib.parse.urlunsplit(parts._replace(netloc=host))
+    return urllib.request.Request(url, headers=headers)
+
+
 @dataclass(frozen=True)
 class RemoteOptions:
     """How remote (fsspec) files are read.
@@ -74,7 +183,9 @@ class RemoteOptions:
         block_size: bytes per range request, and the most a stream holds in memory.
         retries: attempts per range request before giving up (1: no retry).
         backoff: seconds before the first retry, doubled for each next one (at most 30 s).
-        timeout: seconds one range request may take before it counts as a failed attempt.
+        timeout: seconds one request (a size request, a range request) may take in all
+            before it counts as a failed attempt (for S3 also botocore's connect and read
+            timeouts, unless ``storage_options["config_kwargs"]`` set them).
 
     >>> RemoteOptions(storage_options={"key": "AKIA", "secret": "hush"}, retries=3)
     RemoteOptions(storage_options={'key': '***', 'secret': '***'}, block_size=8388608, \
@@ -144,7 +255,7 @@ def _options(options: RemoteOptions | None) -> RemoteOptions:
 def _redact(text: str, options: RemoteOptions) -> str:
     for secret in options.secrets():
         text = text.replace(secret, "***")
-    return text
+    return redact(text)
 
 
 def _filesystem(url: str, options: RemoteOptions):
@@ -154,13 +265,20 @@ def _filesystem(url: str, options: RemoteOptions):
     except ImportError as exc:  # pragma: no cover - fsspec is a dependency of torch's stack
         raise ImportError(f"reading {url} needs fsspec: {_INSTALL.format('s3')}") from exc
     protocol = _SCHEME.match(url).group(1)
+    kwargs = dict(options.storage_options or {})
+    if protocol in ("s3", "s3a"):  # botocore: our deadline per attempt, our retries only
+        config = dict(kwargs.get("config_kwargs") or {})
+        config.setdefault("connect_timeout", options.timeout)
+        config.setdefault("read_timeout", options.timeout)
+        config.setdefault("retries", {"total_max_attempts": 1})
+        kwargs["config_kwargs"] = config
     try:
-        return fsspec.core.url_to_fs(url, **dict(options.storage_options or {}))
+        return fsspec.core.url_to_fs(url, **kwargs)
     except ImportError as exc:
         raise ImportError(f"reading {url} needs a package for {protocol}://: "
                           f"{_INSTALL.format(protocol)} ({exc})") from exc
     except ValueError as exc:
-        raise ValueError(f"{url}: {_redact(str(exc), options)}") from None
+        raise ValueError(f"{redact(url)}: {_redact(str(exc), options)}") from None
 
 
 def remote_filesystem(url: str, options: RemoteOptions | None = None):
@@ -181,10 +299,12 @@ class _RangeReader(io.RawIOBase):
     one block is read, the next is fetched by a thread: at most two blocks are held, and one
     request is in flight at a time."""
 
-    def __init__(self, fs, path: str, url: str, size: int, options: RemoteOptions) -> None:
+    def __init__(self, fs, path: str, url: str, size: int, options: RemoteOptions,
+                 pin: Mapping[str, str | None] | None = None) -> None:
         super().__init__()
         self._fs, self._path, self.name = fs, path, url
         self._size, self._options = size, options
+        self._pin = pin or {}  # the object's ETag / VersionId when opened (S3)
         self._block, self._at = b"", 0  # the current block, and the read position in it
         self._next: int = 0  # offset of the next block
         self._ahead = None  # the next block's Future
@@ -241,6 +361,12 @@ class _RangeReader(io.RawIOBase):
         while at < end:
             try:
                 data = self._request(at, end)
+            except _Changed as exc:
+                raise DataError(
+                    f"the object changed while it was read (its ETag was {exc.args[0]} when "
+                    f"it was opened; bytes {at}-{end - 1} are of another version): it was "
+                    "overwritten; read it again once it is replaced, or replace objects under "
+                    "new names", source=self.name) from None
             except FileNotFoundError:
                 raise MissingDataError("no such object (it was there when opened)",
                                        source=self.name) from None
@@ -248,7 +374,7 @@ class _RangeReader(io.RawIOBase):
                 raise DataError(f"access denied: {_describe(exc, self._options)}",
                                 source=self.name) from None
             except (TypeError, ValueError, AttributeError) as exc:  # a setup error: no retry
-                raise ValueError(f"{self.name}: {_describe(exc, self._options)}") from None
+                raise ValueError(f"{redact(self.name)}: {_describe(exc, self._options)}") from None
             except Exception as exc:  # noqa: BLE001 - 5xx, resets, timeouts: all retried
                 data, last = b"", exc
             if len(data) > end - at:
@@ -272,22 +398,59 @@ class _RangeReader(io.RawIOBase):
         if getattr(fs, "async_impl", False):
             from fsspec.asyn import sync
 
+            if self._pin.get("etag") and hasattr(fs, "_call_s3"):
+                return sync(fs.loop, self._pinned_range, start, end, timeout=timeout)
             return sync(fs.loop, fs._cat_file, self._path, start=start, end=end,
                         timeout=timeout)
         return fs.cat_file(self._path, start=start, end=end)
 
+    async def _pinned_range(self, start: int, end: int) -> bytes:
+        """Bytes ``[start, end)`` of the object as it was when opened (S3: ``If-Match`` its
+        ETag, and its version on a versioned bucket); a change raises :class:`_Changed`."""
+        fs, etag, version = self._fs, self._pin["etag"], self._pin.get("version")
+        bucket, key, _ = fs.split_path(self._path)
+        extra = {"VersionId": version} if version else {}
+        try:
+            response = await fs._call_s3("get_object", Bucket=bucket, Key=key,
+                                         Range=f"bytes={start}-{end - 1}", IfMatch=etag, **extra)
+        except Exception as exc:  # noqa: BLE001 - only a failed precondition is named here
+            text = str(exc).lower()
+            if "precondition" in text or "pre-condition" in text:
+                raise _Changed(etag) from None
+            raise
+        body = response["Body"]
+        try:
+            return await body.read()
+        finally:
+            body.close()
 
-def _stat_size(fs, path: str, url: str, options: RemoteOptions) -> int:
-    """The object's size in bytes (retried like a range request)."""
+
+class _Changed(Exception):
+    """A range request found the object changed since it was opened (args: the old ETag)."""
+
+
+def _call(fs, method: str, timeout: float, *args, **kwargs):
+    """``fs.<method>(*args)``, given up after ``timeout`` seconds in all (an asynchronous
+    file system's coroutine under fsspec's ``sync`` deadline; a synchronous one as it is)."""
+    if getattr(fs, "async_impl", False):
+        from fsspec.asyn import sync
+
+        return sync(fs.loop, getattr(fs, "_" + method), *args, timeout=timeout, **kwargs)
+    return getattr(fs, method)(*args, **kwargs)
+
+
+def _stat(fs, path: str, url: str, options: RemoteOptions) -> dict:
+    """The object's info (size, and for S3 its ETag and VersionId), retried like a range
+    request, each attempt within ``options.timeout``."""
     for attempt in range(1, options.retries + 1):
         try:
-            info = fs.info(path)
+            info = _call(fs, "info", options.timeout, path)
         except FileNotFoundError:
             raise MissingDataError("no such object", source=url) from None
         except PermissionError as exc:
             raise DataError(f"access denied: {_describe(exc, options)}", source=url) from None
         except (TypeError, ValueError, AttributeError) as exc:  # a setup error: no retry
-            raise ValueError(f"{url}: {_describe(exc, options)}") from None
+            raise ValueError(f"{redact(url)}: {_describe(exc, options)}") from None
         except Exception as exc:  # noqa: BLE001 - transient: retried
             if attempt == options.retries:
                 raise DataError(f"gave up asking for its size after {attempt} attempts "
@@ -296,7 +459,7 @@ def _stat_size(fs, path: str, url: str, options: RemoteOptions) -> int:
             continue
         if info.get("type") == "directory":
             raise DataError("is a folder, not a file", source=url)
-        return int(info["size"])
+        return info
     raise AssertionError("unreachable")  # pragma: no cover
 
 
@@ -316,8 +479,9 @@ def open_remote(url: str, options: RemoteOptions | None = None) -> io.BufferedRe
     """
     options = _options(options)
     fs, path = _filesystem(url, options)
-    size = _stat_size(fs, path, url, options)
-    raw = _RangeReader(fs, path, url, size, options)
+    info = _stat(fs, path, url, options)
+    pin = {"etag": info.get("ETag"), "version": info.get("VersionId")}
+    raw = _RangeReader(fs, path, url, int(info["size"]), options, pin)
     return io.BufferedReader(raw, min(options.block_size, _SMALL_READS))
 
 
@@ -332,7 +496,7 @@ def remote_glob(pattern: str, options: RemoteOptions | None = None) -> list[str]
     options = _options(options)
     fs, path = _filesystem(pattern, options)
     try:
-        found = fs.glob(path)
+        found = _call(fs, "glob", options.timeout * options.retries, path)
     except Exception as exc:  # noqa: BLE001 - named with the pattern
         raise DataError(f"cannot list: {_describe(exc, options)}", source=pattern) from None
     return sorted(fs.unstrip_protocol(p) for p in found)

@@ -61,6 +61,7 @@ __all__ = [
     "TOKENS",
     "UNSAFE_EXTENSIONS",
     "estimate_boundaries",
+    "key_member_problem",
     "len_key",
     "sample_duration",
     "sample_length",
@@ -92,6 +93,31 @@ JSON_EXTENSIONS = ("json",)
 INT_EXTENSIONS = ("cls", "id", "index")
 #: Extensions whose only decoder would be ``pickle``: always refused.
 UNSAFE_EXTENSIONS = ("pickle", "pkl", "pt", "pth", "pyd")
+
+
+def key_member_problem(key: str) -> str | None:
+    """Why ``key`` cannot name tar members (``<key>.<field>``), or ``None`` if it can.
+
+    A key is a relative path whose parts are non-empty and not ``.`` or ``..`` (a member
+    ``../../evil.flac`` attacks whoever unpacks the shard with ``tar``), without backslashes or
+    NUL, and whose last part has no dot (a reader splits ``<key>.<field>`` at the first dot).
+
+    >>> key_member_problem("spk1/utt1") is None
+    True
+    >>> key_member_problem("../../evil")
+    "its parts must not be '.', '..' or empty"
+    """
+    if key.startswith("/"):
+        return "it must be a relative path (not start with '/')"
+    if "\\" in key or "\0" in key:
+        return "it must not hold a backslash or NUL"
+    parts = key.split("/")
+    if any(part in ("", ".", "..") for part in parts):
+        return "its parts must not be '.', '..' or empty"
+    if "." in parts[-1]:
+        return ("the part after the last '/' must be without dots (a reader splits "
+                "'<key>.<field>' at the first dot)")
+    return None
 
 
 def len_key(name: str) -> str:

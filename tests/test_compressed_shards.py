@@ -173,3 +173,89 @@ def test_the_pack_command_takes_compress(packed, tmp_path):
     index = ShardIndex.read(tmp_path / "o")
     assert [s.name for s in index.shards] == [s.name for s in
                                               ShardIndex.read(packed["zst"]).shards]
+
+
+# Issue 34, item 5: a member size cap (ShardReadOptions.max_member_bytes, default 128 MiB).
+# Invariant: a member over the cap raises a DataError naming shard and member before any of
+# it is decompressed or read, so a few kilobytes of shard cannot take hundreds of MiB of RSS.
+
+def _bomb(path, size):
+    """A compressed tar holding one member ``bomb.bin`` of ``size`` zero bytes: one
+    compressed 1 MiB chunk of zeros repeated (gzip members and zstd frames concatenate)."""
+    import tarfile
+    info = tarfile.TarInfo("bomb.bin")
+    info.size = size
+    parts = [info.tobuf(format=tarfile.GNU_FORMAT), bytes(1 << 20),
+             bytes(-size % 512) + bytes(1024)]
+    if str(path).endswith(".gz"):
+        head, chunk, tail = (gzip.compress(p, mtime=0) for p in parts)
+    else:
+        head, chunk, tail = (zstandard.ZstdCompressor().compress(p) for p in parts)
+    path.write_bytes(head + chunk * (size >> 20) + tail)
+
+
+@pytest.mark.parametrize("name", ["bomb.tar.gz", "bomb.tar.zst"])
+def test_a_decompression_bomb_is_refused_without_taking_memory(tmp_path, name):
+    import json
+    import subprocess
+    import sys
+    path = tmp_path / name
+    _bomb(path, 256 << 20)
+    assert path.stat().st_size < 300 << 10  # a small shard, 256 MiB inside
+    script = (
+        "import json, resource, sys\n"
+        "import speechpipe as sp\n"
+        "from speechpipe.pipes.sharding import read_shard\n"
+        "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+        "try:\n"
+        "    list(read_shard(sys.argv[1]))\n"
+        "    error = None\n"
+        "except sp.DataError as exc:\n"
+        "    error = str(exc)\n"
+        "after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+        "print(json.dumps({'error': error, 'kib': after - before}))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    done = subprocess.run([sys.executable, "-c", script, str(path)], capture_output=True,
+                          text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["error"] == (f"{path} [member bomb.bin]: member of {256 << 20} bytes is "
+                               f"larger than max_member_bytes={128 << 20} (ShardReadOptions): "
+                               "a decompression bomb or a corrupt size; raise the cap if the "
+                               "shard is yours and the member real")
+    assert result["kib"] < 64 << 10, f"peak RSS grew by {result['kib']} KiB"
+
+
+@pytest.mark.parametrize("name", ["small.tar", "small.tar.gz", "small.tar.zst"])
+def test_the_member_cap_is_an_option(tmp_path, name):
+    path = tmp_path / name
+    write_shard(path, [{"key": "u1", "bin": os.urandom(300_000)},
+                       {"key": "u2", "bin": b"x"}])
+    capped = ShardReadOptions(max_member_bytes=100_000)
+    with pytest.raises(DataError, match=r"\[member u1.bin\]: member of 300000 bytes is larger "
+                                        r"than max_member_bytes=100000"):
+        list(read_shard(str(path), read_options=capped))
+    pipe = IterableWrapper([str(path)]).sharded_shuffle(read_options=capped, on_error="skip")
+    with pytest.warns(Warning):
+        assert list(pipe) == []
+    assert pipe.diagnostics.total == 1
+    uncapped = ShardReadOptions(max_member_bytes=None)
+    assert [len(s["bin"]) for s in read_shard(str(path), read_options=uncapped)] == [300_000, 1]
+
+
+def test_the_member_cap_is_checked():
+    with pytest.raises(ValueError, match="max_member_bytes must be >= 1, got 0"):
+        ShardReadOptions(max_member_bytes=0)
+    with pytest.raises(TypeError, match="max_member_bytes must be an int or None, got '1'"):
+        ShardReadOptions(max_member_bytes="1")
+
+
+def test_a_zstd_frame_cut_inside_its_checksum_is_named(tmp_path):
+    plain = tmp_path / "p.tar"
+    write_shard(plain, [{"key": "u1", "bin": b"abc"}])
+    path = tmp_path / "a.tar.zst"
+    path.write_bytes(zstandard.ZstdCompressor(write_checksum=True).compress(
+        plain.read_bytes())[:-2])
+    with pytest.raises(DataError, match=f"{path}: truncated or corrupt zst stream"):
+        list(read_shard(str(path)))

@@ -638,3 +638,45 @@ def test_a_bad_flac_decoded_in_a_thread_names_its_shard_and_key():
     samples[2]["flac"] = b"fLaC but not really audio"
     with pytest.raises(DataError, match=r"shards/a-00003\.tar.*u02.*cannot decode audio"):
         list(IterableWrapper(samples).map_in_threads(decode_sample, num_threads=2))
+
+
+# Issue 34, item 7: NaN and infinite audio is a fault like a truncated file: found when read,
+# named, and under on_error="skip" counted. Invariant: no non-finite sample leaves a reader.
+
+def _float_wav(samples) -> bytes:
+    buf = io.BytesIO()
+    soundfile.write(buf, np.asarray(samples, np.float32), 16000, format="WAV", subtype="FLOAT")
+    return buf.getvalue()
+
+
+def _one_nan_in_1600() -> np.ndarray:
+    audio = np.linspace(-0.5, 0.5, 1600, dtype=np.float32)
+    audio[800] = np.nan
+    return audio
+
+
+def test_non_finite_audio_is_a_named_fault_in_decode(tmp_path):
+    path = str(tmp_path / "a.tar")
+    write_shard(path, [{"key": "good", "wav": _float_wav(np.zeros(1600))},
+                       {"key": "one-nan", "wav": _float_wav(_one_nan_in_1600())},
+                       {"key": "all-nan", "wav": _float_wav(np.full(1600, np.nan))},
+                       {"key": "inf", "wav": _float_wav(np.array([0.1, np.inf, -np.inf]))}])
+    shards = IterableWrapper([path]).open().read_shards()
+    with pytest.raises(DataError) as info:
+        list(shards.decode())
+    assert str(info.value) == (f"{path} [member one-nan.wav] (key 'one-nan'): non-finite audio: "
+                               "1 NaN and 0 infinite of 1600 samples (the first at sample 800)")
+    pipe = shards.decode(on_error="skip")
+    with pytest.warns(SkippedInputWarning):
+        assert [s["key"] for s in pipe] == ["good"]
+    assert pipe.diagnostics.counts["non-finite audio"] == 3
+    assert "2 infinite of 3 samples" in " ".join(pipe.diagnostics.examples["non-finite audio"])
+
+
+def test_non_finite_audio_is_refused_by_the_deferred_decode_too(tmp_path):
+    from speechpipe.pipes.decode import decode_sample
+    sample = decode_sample({"key": "u1", "source": "a.tar", "wav": _float_wav(_one_nan_in_1600())},
+                           defer_audio=True)
+    with pytest.raises(DataError, match=r"a.tar \[member u1.wav\] \(key 'u1'\): non-finite "
+                                        r"audio: 1 NaN"):
+        sample["audio"].read_into(np.empty(sample["audio"].shape, np.float32))

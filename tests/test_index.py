@@ -91,3 +91,72 @@ def test_malformed_index_names_file_and_line(tmp_path, lines, line, message):
         ShardIndex.read(path)
     where = f"{path}:{line}" if line else str(path)
     assert str(info.value).startswith(where)
+
+
+# Issue 34, item 4: index.jsonl entries stay inside their folder unless the caller opts in.
+# Invariant: a shared or downloaded pack folder names only files below itself.
+
+def _entry_line(name):
+    return json.dumps({"name": name, "count": 1, "bytes": 10, "keys": ["k"], "lengths": [1]})
+
+
+@pytest.mark.parametrize("name", [
+    "/etc/private.tar", "../private.tar", "sub/../../private.tar", "http://127.0.0.1:9/a.tar",
+    "s3://bucket/a.tar", "C:/x.tar", "..\\private.tar", "./a.tar", "a//b.tar",
+])
+def test_entry_outside_its_folder_is_refused_by_line(tmp_path, name):
+    from speechpipe.errors import UnsafeInputError
+    path = tmp_path / INDEX_NAME
+    path.write_text(f"{HEADER}\n{_entry_line('data-00000.tar')}\n{_entry_line(name)}\n")
+    with pytest.raises(UnsafeInputError, match="points outside the index's folder") as info:
+        ShardIndex.read(tmp_path)
+    assert str(info.value).startswith(f"{path}:3")
+    assert ShardIndex.read(tmp_path, allow_outside=True).shards[1].name == name
+
+
+def test_pack_folder_cannot_make_a_reader_fetch_a_url(tmp_path):
+    import http.server
+    import threading
+
+    import speechpipe as sp
+    seen = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            seen.append(self.path)
+            self.send_error(404)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/secret.tar"
+        (tmp_path / INDEX_NAME).write_text(f"{HEADER}\n{_entry_line(url)}\n")
+        with pytest.raises(sp.UnsafeInputError, match="points outside"):
+            list(sp.IterableWrapper([str(tmp_path)]).sharded_shuffle().read_shards())
+        with pytest.raises(sp.UnsafeInputError, match="points outside"):
+            list(sp.IterableWrapper([str(tmp_path)]).list_shards())
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert seen == []
+
+
+def test_group_folders_are_checked_too(two_groups):
+    from speechpipe.errors import UnsafeInputError
+    (two_groups / "500_800" / INDEX_NAME).write_text(f"{HEADER}\n{_entry_line('/abs.tar')}\n")
+    with pytest.raises(UnsafeInputError, match="'/abs.tar' points outside"):
+        ShardIndex.read(two_groups)
+    assert len(ShardIndex.read(two_groups, allow_outside=True).shards) == 3
+
+
+def test_index_nested_deeply_is_a_data_error(tmp_path):
+    # Issue 34, item 11: a bare RecursionError before.
+    path = tmp_path / INDEX_NAME
+    path.write_text(f"{HEADER}\n{'[' * 100_000}{']' * 100_000}\n")
+    with pytest.raises(DataError, match="nested too deeply") as info:
+        ShardIndex.read(path)
+    assert str(info.value).startswith(f"{path}:2")

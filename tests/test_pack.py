@@ -609,6 +609,25 @@ def test_key_with_a_dot_is_refused_naming_file_line_and_key(tmp_path):
         pack_data(scp, text, tmp_path / "out", progress=False)
 
 
+@pytest.mark.parametrize("key, problem", [
+    ("../../evil", "its parts must not be '.', '..' or empty"),
+    ("spk/../../evil", "its parts must not be '.', '..' or empty"),
+    ("a//b", "its parts must not be '.', '..' or empty"),
+    ("/abs", "it must be a relative path (not start with '/')"),
+])
+def test_key_that_escapes_the_shard_folder_is_refused(tmp_path, key, problem):
+    # Issue 34, item 8: pack wrote '../../evil' as member '../../evil.npy', a shard that
+    # writes outside the folder of whoever unpacks it with tar.
+    scp, _ = write_feats(str(tmp_path), "feats", {"a": (2, 2), key: (2, 2)})
+    text = write_text(tmp_path / "text", {"a": "x", key: "y"})
+    with pytest.raises(DataError) as info:
+        pack_data(scp, text, tmp_path / "out", progress=False)
+    assert str(info.value) == (f"{scp}:2 (key {key!r}): this key cannot name shard members: "
+                               f"{problem}; rename the utterance")
+    assert not (tmp_path / "out").exists() or not any(
+        n.endswith(".tar") for n in os.listdir(tmp_path / "out"))
+
+
 def test_missing_audio_file_is_named(tmp_path):
     (tmp_path / "wav.scp").write_text(f"u1 {tmp_path}/nope.wav\n")
     text = write_text(tmp_path / "text", {"u1": "x"})
@@ -918,3 +937,77 @@ def test_packing_groups_beside_a_flat_pack_is_refused(feats_corpus):
     report = pack_feats(feats_corpus, filter_group=["10:60"], force=True)
     assert sorted(os.listdir(feats_corpus["out"])) == ["10_60"]
     assert len(read_back(feats_corpus["out"])) == 7 and report.utterances == 7
+
+
+def test_pack_refuses_non_finite_audio_naming_the_line(tmp_path):
+    # Issue 34, item 7: an all-NaN WAV and one NaN sample in 1,600 were packed silently.
+    import soundfile
+    audio = np.zeros(1600, np.float32)
+    audio[5] = np.nan
+    soundfile.write(tmp_path / "nan.wav", audio, 16000, subtype="FLOAT")
+    manifest = tmp_path / "train.jsonl"
+    manifest.write_text(json.dumps({"key": "u1", "audio_path": str(tmp_path / "nan.wav"),
+                                    "text": "x"}) + "\n")
+    with pytest.raises(DataError) as info:
+        pack_data(None, None, tmp_path / "out", manifests=manifest, progress=False)
+    assert str(info.value) == (f"{manifest}:1 (key 'u1'): {tmp_path / 'nan.wav'}: non-finite "
+                               "audio: 1 NaN and 0 infinite of 1600 samples (the first at "
+                               "sample 5)")
+
+
+def _disk_full_after(monkeypatch, members: int) -> None:
+    """Writing tar members fails with ENOSPC after ``members`` of them (a full disk)."""
+    import errno
+    import tarfile
+    original, written = tarfile.TarFile.addfile, [0]
+
+    def addfile(self, *args, **kwargs):
+        if written[0] >= members:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        written[0] += 1
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(tarfile.TarFile, "addfile", addfile)
+
+
+def test_pack_on_a_full_disk_names_the_shard_being_written(tmp_path, monkeypatch):
+    # Issue 34, item 11: a bare OSError [Errno 28] naming no file, and a 30-line traceback.
+    from speechpipe.errors import OutputError
+    scp, _ = write_feats(str(tmp_path), "feats", {f"u{i}": (3, 2) for i in range(6)})
+    text = write_text(tmp_path / "text", {f"u{i}": "x" for i in range(6)})
+    _disk_full_after(monkeypatch, 8)  # two members a sample: the third shard's first
+    out = tmp_path / "out"
+    with pytest.raises(OutputError) as info:
+        pack_data(scp, text, out, utts_per_shard=2, progress=False, num_workers=1)
+    assert str(info.value) == (f"{out / 'data-00002.tar'}: cannot write: No space left on "
+                               "device (errno 28)")
+    assert isinstance(info.value, OSError)
+
+
+def test_the_pack_command_on_a_full_disk_exits_2_with_one_line(tmp_path, monkeypatch, capsys):
+    from speechpipe.cli import main
+    scp, _ = write_feats(str(tmp_path), "feats", {f"u{i}": (3, 2) for i in range(2)})
+    text = write_text(tmp_path / "text", {f"u{i}": "x" for i in range(2)})
+    _disk_full_after(monkeypatch, 0)
+    out = tmp_path / "out"
+    assert main(["pack", "--scp", scp, "--labels", str(text), "--out", str(out),
+                 "--no-progress", "--workers", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"speechpipe pack: error: {out / 'data-00000.tar'}: cannot write: No space "
+                   "left on device (errno 28)\n  make room (or choose another --out), then run "
+                   "the same command again: complete shards are kept\n")
+
+
+def test_keys_equal_up_to_unicode_normalisation_are_named_as_such(tmp_path):
+    # Issue 34, item 12: 'café' in NFC in the scp and in NFD in text were refused as unmatched
+    # keys that look identical, without saying why.
+    import unicodedata
+    nfc, nfd = unicodedata.normalize("NFC", "café"), unicodedata.normalize("NFD", "café")
+    scp, _ = write_feats(str(tmp_path), "feats", {"a": (2, 2), nfc: (2, 2)})
+    text = write_text(tmp_path / "text", {"a": "x", nfd: "y"})
+    import re
+    expected = (f"1 of them differ only in Unicode normalisation (e.g. {nfc!r}, NFC in the "
+                f"data, and {nfd!r}, NFD in the labels, look the same): write both files in "
+                "one normalisation (NFC)")
+    with pytest.raises(DataError, match=re.escape(expected)):
+        pack_data(scp, text, tmp_path / "out", progress=False)

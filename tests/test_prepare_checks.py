@@ -304,3 +304,14 @@ def test_streamed_corpora_skip_unreadable_audio_counted(libri, tmp_path):
     pipe = kaldi_dir_samples(data, on_error="skip", on_missing="skip")  # their text, too
     with pytest.warns(SkippedInputWarning, match="skipped 3"):
         assert [s["key"][-4:] for s in pipe] == ["0000", "0001", "0002"]
+
+
+def test_verify_audio_finds_non_finite_samples(tmp_path):
+    # Issue 34, item 7: prepare --verify passed a WAV with one NaN sample in 1,600.
+    from speechpipe.recipes._checks import check_audio_file
+    audio = np.zeros(1600, np.float32)
+    audio[1200] = np.inf
+    soundfile.write(tmp_path / "inf.wav", audio, 16000, subtype="FLOAT")
+    check = check_audio_file(str(tmp_path / "inf.wav"))
+    assert (check.problem, check.detail) == (
+        "non-finite", "1 of its 1600 samples are NaN or infinite (the first at 0.075 s)")

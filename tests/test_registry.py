@@ -272,6 +272,7 @@ PUBLIC = [
     "LogMelOptions",
     "MfccOptions",
     "MissingDataError",
+    "OutputError",
     "PackOptions",
     "PackReport",
     "PadCollate",

@@ -397,3 +397,75 @@ def test_two_ranks_two_workers_read_the_same_batches_from_s3_as_from_disk(s3, pr
 
 if __name__ == "__main__":
     _rank_main(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5])
+
+
+# Issue 34, item 2: every S3 call honours RemoteOptions.timeout, and botocore's own retries do
+# not multiply ours. Against an endpoint that accepts and never answers, fs.info blocked for
+# 150 s and more with RemoteOptions(timeout=2, retries=2) (about 77 s per attempt).
+
+@pytest.fixture
+def silent_endpoint():
+    """A TCP server on 127.0.0.1 that accepts connections and never answers."""
+    import socket
+    import threading
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(64)
+    held, stop = [], threading.Event()
+
+    def accept():
+        server.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                held.append(server.accept()[0])
+            except OSError:
+                continue
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.getsockname()[1]}"
+    finally:
+        stop.set()
+        thread.join()
+        for conn in held:
+            conn.close()
+        server.close()
+
+
+def test_a_silent_endpoint_costs_the_timeout_per_attempt_not_minutes(silent_endpoint):
+    from speechpipe.remote import open_remote, remote_glob
+    options = RemoteOptions(storage_options={"endpoint_url": silent_endpoint,
+                                             **S3_TEST_CREDENTIALS},
+                            timeout=2, retries=2, backoff=0.1)
+    started = time.monotonic()
+    with pytest.raises(DataError, match=r"^s3://speechpipe-silent/a.tar: gave up asking for "
+                                        r"its size after 2 attempts"):
+        open_remote("s3://speechpipe-silent/a.tar", options)
+    assert time.monotonic() - started < 12
+    started = time.monotonic()
+    with pytest.raises(DataError, match=r"^s3://speechpipe-silent/data-\*.tar: cannot list"):
+        remote_glob("s3://speechpipe-silent/data-*.tar", options)
+    assert time.monotonic() - started < 12
+
+
+def test_an_object_overwritten_while_it_is_read_is_a_named_error(s3):
+    # Issue 34, item 6: a shard overwritten mid-read gave u0000..u0003, v0004, v0005 -- a
+    # silent mix of two versions. The ETag seen at open is asked for on every range.
+    import boto3
+    client = boto3.client("s3", endpoint_url=s3["endpoint"], region_name="us-east-1",
+                          aws_access_key_id=S3_TEST_CREDENTIALS["key"],
+                          aws_secret_access_key=S3_TEST_CREDENTIALS["secret"])
+    first, second = os.urandom(3 * BLOCK), os.urandom(3 * BLOCK)
+    client.put_object(Bucket="speechpipe-remote", Key="pinned/a.tar", Body=first)
+    url = "s3://speechpipe-remote/pinned/a.tar"
+    options = RemoteOptions(storage_options=storage(s3["endpoint"]), block_size=BLOCK,
+                            retries=2, backoff=0.01)
+    with open_stream(url, remote=options) as f:
+        assert f.read(BLOCK) == first[:BLOCK]
+        client.put_object(Bucket="speechpipe-remote", Key="pinned/a.tar", Body=second)
+        with pytest.raises(DataError) as info:
+            f.read()
+    assert str(info.value).startswith(f"{url}: the object changed while it was read (its "
+                                      "ETag was ")
+    assert read_bytes(url, options) == second  # opened again: the new object, whole

@@ -570,7 +570,14 @@ def test_write_shard_with_no_samples_writes_a_valid_empty_archive(tmp_path):
 
 @pytest.mark.parametrize("sample, error, match", [
     ({"txt": "x"}, ValueError, "needs a non-empty str 'key'"),
-    ({"key": "utt.1", "txt": "x"}, ValueError, "basename must be non-empty and without dots"),
+    ({"key": "utt.1", "txt": "x"}, ValueError, "the part after the last '/' must be without dots"),
+    # Issue 34, item 8: keys that would make members escape the folder tar unpacks into.
+    ({"key": "../../evil", "txt": "x"}, ValueError, "key '../../evil' cannot be written: its "
+                                                    "parts must not be '.', '..' or empty"),
+    ({"key": "a/./b", "txt": "x"}, ValueError, "parts must not be '.', '..' or empty"),
+    ({"key": "a//b", "txt": "x"}, ValueError, "parts must not be '.', '..' or empty"),
+    ({"key": "/abs", "txt": "x"}, ValueError, "must be a relative path"),
+    ({"key": "..\\evil", "txt": "x"}, ValueError, "must not hold a backslash or NUL"),
     ({"key": "u1"}, ValueError, "has no field to write"),
     ({"key": "u1", "pkl": b"\x80\x04N."}, ValueError, "neither writes nor reads pickles"),
     ({"key": "u1", "speaker": "spk1"}, TypeError, "no encoder for extension 'speaker'"),

@@ -7,7 +7,7 @@ import argparse
 import sys
 from typing import Any
 
-from ..errors import FolderLockedError, MissingDataError, SpeechpipeError
+from ..errors import FolderLockedError, MissingDataError, OutputError, SpeechpipeError
 from ..pack import (
     AUDIO_FORMATS,
     COMPRESS,
@@ -206,6 +206,10 @@ def run_command(args: argparse.Namespace) -> int:
     except MissingDataError as exc:
         print(f"speechpipe pack: error: {exc}\n  check the path, then run the same command "
               "again (complete shards are kept)", file=sys.stderr)
+        return 2
+    except OutputError as exc:  # a full or read-only disk: the file being written is named
+        print(f"speechpipe pack: error: {exc}\n  make room (or choose another --out), then "
+              "run the same command again: complete shards are kept", file=sys.stderr)
         return 2
     except (SpeechpipeError, ValueError, TypeError, ImportError) as exc:
         hint = ("fix the file at the place named above and run the same command again: "

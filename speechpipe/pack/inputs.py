@@ -18,6 +18,7 @@ from ..errors import DataError, MissingDataError, UnsafeInputError
 from ..pipes.kaldi import ScpEntry, parse_ark_ref, read_scp_table
 from ..pipes.sources import read_manifest
 from .report import EXAMPLES
+from ..sample import key_member_problem
 
 __all__ = ["KINDS", "MANIFEST_AUDIO_FIELDS", "MANIFEST_FIELDS_NOT_KEPT", "MANIFEST_TEXT_FIELDS"]
 
@@ -67,14 +68,10 @@ def _as_list(value: str | os.PathLike | Sequence[str | os.PathLike] | None, name
 
 
 def _check_key(key: str, source: str | None, line: int | None) -> None:
-    base = key[key.rfind("/") + 1:]
-    if not base or "." in base or key.startswith("/"):
-        raise DataError(
-            "this key cannot name shard members: the part after the last '/' must be non-empty "
-            "and without dots (a reader splits '<key>.<field>' at the first dot) and it must "
-            "not start with '/'; rename the utterance",
-            source=source, line=line, key=key,
-        )
+    problem = key_member_problem(key)
+    if problem is not None:
+        raise DataError(f"this key cannot name shard members: {problem}; rename the utterance",
+                        source=source, line=line, key=key)
 
 
 def _add_unique(table: dict[str, Any], key: str, item: Any, what: str) -> None:
@@ -286,8 +283,29 @@ def _mismatch_error(inputs: Inputs, no_label: list[str], no_data: list[str]) -> 
     files = ", ".join(inputs.data_files + [f for f in inputs.label_files
                                            if f not in inputs.data_files])
     return DataError(
-        f"keys do not match: {'; '.join(parts)}; fix the inputs, or pack only the keys present "
-        "in both with on_mismatch='skip' (CLI: --on-mismatch skip)", source=files)
+        f"keys do not match: {'; '.join(parts)}{_normalisation_hint(no_label, no_data)}; fix "
+        "the inputs, or pack only the keys present in both with on_mismatch='skip' (CLI: "
+        "--on-mismatch skip)", source=files)
+
+
+def _normalisation_hint(no_label: list[str], no_data: list[str]) -> str:
+    """A sentence when unmatched keys are equal up to Unicode normalisation (``'é'`` as one
+    code point in one file, ``e`` + a combining accent in the other): they look identical."""
+    import unicodedata
+
+    labels = {unicodedata.normalize("NFC", k): k for k in no_data}
+    pairs = [(k, labels[unicodedata.normalize("NFC", k)]) for k in no_label
+             if unicodedata.normalize("NFC", k) in labels]
+    if not pairs:
+        return ""
+    data_key, label_key = pairs[0]
+
+    def form(key: str) -> str:
+        return "NFC" if unicodedata.normalize("NFC", key) == key else "NFD"
+
+    return (f"; {len(pairs)} of them differ only in Unicode normalisation (e.g. {data_key!r}, "
+            f"{form(data_key)} in the data, and {label_key!r}, {form(label_key)} in the labels, "
+            "look the same): write both files in one normalisation (NFC)")
 
 
 def match_keys(inputs: Inputs, on_mismatch: str) -> tuple[list[Item], list[str], list[str]]:

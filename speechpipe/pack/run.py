@@ -14,7 +14,7 @@ import time
 from collections import Counter
 from typing import Any, Iterator, Mapping, NamedTuple, Sequence
 
-from ..errors import DataError, FolderLockedError
+from ..errors import DataError, FolderLockedError, OutputError
 from ..index import INDEX_NAME, ShardIndex
 from ..remote import RemoteOptions
 from ..progress import progress_bar
@@ -617,7 +617,10 @@ def _merge(plan: ShardPlan, report: PackReport, store: Storage,
             store.write_bytes(store.join(folder, INDEX_NAME), data)
             report.index_paths.append(store.join(folder, INDEX_NAME))
         else:
-            report.index_paths.append(index.write())
+            try:
+                report.index_paths.append(index.write())
+            except OSError as exc:
+                raise OutputError.wrap(exc, os.path.join(index.root, INDEX_NAME)) from exc
 
 
 def _executor(num_workers: int, executor: Any = None

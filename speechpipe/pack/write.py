@@ -16,7 +16,7 @@ from typing import Iterator, NamedTuple, Sequence
 import numpy as np
 import soundfile
 
-from ..errors import DataError, MissingDataError, UnsafeInputError
+from ..errors import DataError, MissingDataError, OutputError, SpeechpipeError, UnsafeInputError
 from ..pipes.decode import read_audio_segment
 from ..pipes.kaldi import ScpEntry, load_scp_entries, slice_segments
 from ..pipes.shards import iter_tar_members, split_member_name
@@ -237,10 +237,12 @@ def run_shard_task(task: ShardTask) -> tuple[bool, int, int]:
             reader.close()
         size = os.path.getsize(tmp)
         store.publish(tmp, task.path)  # under the final name only when complete
-    except BaseException:
+    except BaseException as exc:
         if os.path.exists(tmp):
             os.remove(tmp)
         if store.is_url:  # its own temporary folder
             shutil.rmtree(os.path.dirname(tmp), ignore_errors=True)
+        if isinstance(exc, OSError) and not isinstance(exc, SpeechpipeError):
+            raise OutputError.wrap(exc, task.path) from exc  # a full disk names the shard
         raise
     return True, size, clipped

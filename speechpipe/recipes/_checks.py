@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
+import numpy as np
 import soundfile
 
 from ..diagnostics import Diagnostics
@@ -59,7 +60,8 @@ _RECORD_VERSION = 1
 _EXAMPLES = 3
 #: The problems :func:`verify_audio` finds, as skip reasons.
 PROBLEMS = {"missing": "missing audio", "corrupt": "corrupt audio",
-            "truncated": "truncated audio", "empty": "empty audio"}
+            "truncated": "truncated audio", "empty": "empty audio",
+            "non-finite": "non-finite audio"}
 _BLOCK = 4096  # frames decoded at a time (a FLAC frame): where decoding stops is known to it
 
 
@@ -130,11 +132,16 @@ def check_audio_file(path: str) -> AudioCheck:
         return AudioCheck(path, "corrupt", f"cannot read the header: {exc}")
     with f:
         rate, promised, decoded = int(f.samplerate), int(f.frames), 0
+        nonfinite, first = 0, None  # NaN and infinite samples: a fault like a truncation
         try:
             while True:
                 block = f.read(_BLOCK, dtype="float32", always_2d=True)
                 if not len(block):
                     break
+                finite = np.isfinite(block).all(axis=1)
+                if not finite.all():
+                    first = decoded + int(np.argmin(finite)) if first is None else first
+                    nonfinite += int((~finite).sum())
                 decoded += len(block)
         except (soundfile.LibsndfileError, RuntimeError) as exc:
             what = "truncated" if decoded else "corrupt"
@@ -146,6 +153,9 @@ def check_audio_file(path: str) -> AudioCheck:
                           f"but the file holds {short[1]}", rate)
     if promised == 0 or decoded == 0:
         return AudioCheck(path, "empty", "no audio samples", rate)
+    if nonfinite:
+        return AudioCheck(path, "non-finite", f"{nonfinite} of its {decoded} samples are NaN "
+                          f"or infinite (the first at {first / rate:.3f} s)", rate)
     if decoded < promised:
         return AudioCheck(path, "truncated", f"decodes {decoded / rate:.2f} s of the "
                           f"{promised / rate:.2f} s its header promises", rate)

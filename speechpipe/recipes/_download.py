@@ -28,6 +28,11 @@ from typing import Callable, Iterable, Iterator, Mapping, Sequence
 
 from ..errors import DataError, MissingDataError
 from ._prepare import as_names
+from ..errors import UnsafeInputError
+from ..errors import redact
+from ..remote import ProgressDeadline
+from ..remote import http_request
+from ..remote import open_http
 
 __all__ = [
     "Archive",
@@ -89,9 +94,9 @@ def _open_url(url: str, offset: int, timeout: float):
     headers = {"User-Agent": _USER_AGENT}
     if offset:
         headers["Range"] = f"bytes={offset}-"
-    request = urllib.request.Request(url, headers=headers)
+    request = http_request(url, headers)
     try:
-        return urllib.request.urlopen(request, timeout=timeout)
+        return open_http(request, timeout)
     except urllib.error.HTTPError as exc:
         if exc.code == 416:  # the partial file is already as long as the remote one (or longer)
             return exc
@@ -109,10 +114,34 @@ def _open_url(url: str, offset: int, timeout: float):
         ) from exc
 
 
+def _refuse_symlink(path: Path) -> None:
+    """A symbolic link where the download writes (a pre-placed ``.part``, archive or
+    sentinel) would make it overwrite the link's target: refused, naming it."""
+    if path.is_symlink():
+        raise UnsafeInputError(
+            f"is a symbolic link (to {os.readlink(path)!r}); the download writes here and "
+            "never follows links: remove it and run again", source=str(path))
+
+
+def _open_no_follow(path: Path, mode: str):
+    """``open(path, mode)`` for writing (``"wb"``/``"ab"``) that refuses a symbolic link at
+    ``path`` (``O_NOFOLLOW``: no window between a check and the open)."""
+    flags = os.O_WRONLY | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
+    flags |= os.O_APPEND if mode == "ab" else os.O_TRUNC
+    try:
+        fd = os.open(path, flags, 0o644)
+    except OSError as exc:
+        if path.is_symlink():
+            _refuse_symlink(path)
+        raise DataError(f"cannot write: {exc.strerror}", source=str(path)) from exc
+    return os.fdopen(fd, mode)
+
+
 def fetch_url(url: str, part: Path, *, resume: bool, progress: bool, timeout: float) -> None:
     """Download ``url`` into ``part``, continuing a partial file with a Range request."""
     from ..progress import progress_bar
 
+    _refuse_symlink(part)
     if not resume and part.exists():
         part.unlink()
     for _attempt in range(2):
@@ -140,18 +169,23 @@ def fetch_url(url: str, part: Path, *, resume: bool, progress: bool, timeout: fl
             expected = int(length) if length and length.isdigit() else None
             total = offset + expected if expected is not None else None
             received = 0
-            with open(part, mode) as out, progress_bar(
+            with _open_no_follow(part, mode) as out, progress_bar(
                 total=total, initial=offset, unit="B", unit_scale=True, unit_divisor=1024,
                 desc=part.name[: -len(".part")], disable=not progress, leave=False,
             ) as bar:
+                deadline = ProgressDeadline(timeout, url)
                 try:
                     while True:
-                        chunk = response.read(_CHUNK)
+                        chunk = response.read1(_CHUNK)  # one socket read: deadline between
                         if not chunk:
                             break
+                        deadline.check(len(chunk))
                         out.write(chunk)
                         received += len(chunk)
                         bar.update(len(chunk))
+                except DataError as exc:  # the deadline: too slow
+                    raise DataError(f"{exc.reason}; the partial file {part} is kept: run "
+                                    "again to resume", source=url) from None
                 except (http.client.IncompleteRead, ConnectionError, socket.timeout,
                         TimeoutError, OSError) as exc:
                     raise DataError(
@@ -325,7 +359,9 @@ def download_and_extract(
         expected: paths (relative to ``target_dir``) the archive must create.
         keep_archive: keep the downloaded archive after extraction.
         progress: show progress (tqdm bars on a terminal, else lines every 30 s).
-        timeout: seconds to wait for the server before giving up.
+        timeout: seconds to wait for the server before giving up: for its answer, for any
+            one socket read, and for each MiB of the transfer (a server sending a byte now
+            and then is given up on too).
         decrypt: ``decrypt(archive, output)`` writes the decrypted archive to ``output``
             (raising :class:`~speechpipe.errors.DataError` if it cannot), for corpora shipped
             encrypted; the checksum is the encrypted file's.
@@ -341,7 +377,7 @@ def download_and_extract(
     target = Path(target_dir)
     name = Path(urllib.parse.urlparse(url).path).name
     if not name:
-        raise ValueError(f"url must end with the archive's file name, got {url!r}")
+        raise ValueError(f"url must end with the archive's file name, got {redact(url)!r}")
     marker = Path(sentinel) if sentinel is not None else target / f".{name}{_SENTINEL}"
     archive = target / name
     part = target / f"{name}.part"
@@ -353,6 +389,8 @@ def download_and_extract(
         log.info("%s: already downloaded and extracted (%s exists)", name, marker)
         return target
     target.mkdir(parents=True, exist_ok=True)
+    for path in (archive, part, marker):
+        _refuse_symlink(path)
     if not archive.exists():
         fetch_url(url, part, resume=resume, progress=progress, timeout=timeout)
         os.replace(part, archive)
@@ -364,7 +402,7 @@ def download_and_extract(
         if not (destination / rel).exists():
             raise DataError(f"the archive did not create {rel!r} in {destination}",
                             source=str(archive))
-    _write_sentinel(marker, {"url": url, "checksum": checksum})
+    _write_sentinel(marker, {"url": redact(url), "checksum": checksum})  # no credentials
     if not keep_archive:
         archive.unlink()
     return target
@@ -401,7 +439,9 @@ def _write_sentinel(marker: Path, content: Mapping[str, str | None]) -> None:
     """Write ``marker`` (a JSON line of ``content``) atomically: a temporary file, renamed."""
     marker.parent.mkdir(parents=True, exist_ok=True)
     tmp = marker.with_name(marker.name + ".tmp")
-    tmp.write_text(json.dumps(content) + "\n", encoding="utf-8")
+    _refuse_symlink(tmp)
+    with _open_no_follow(tmp, "wb") as f:
+        f.write((json.dumps(content) + "\n").encode("utf-8"))
     os.replace(tmp, marker)
 
 

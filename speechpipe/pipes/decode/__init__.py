@@ -4,7 +4,7 @@ This is the package's face: other packages and
 users import from here, never from its ``_modules``.
 """
 
-from ._audio_io import AudioInput, DeferredAudio, read_audio, short_wav
+from ._audio_io import AudioInput, check_finite, DeferredAudio, NON_FINITE, read_audio, short_wav
 from ._codecs import (
     CHANNEL_CHOICES, check_channels, choose_channels, CODECS, encode_audio, OPUS_RATES,
     sniff_format,
@@ -21,9 +21,11 @@ __all__ = [
     "CODECS",
     "DecoderIterDataPipe",
     "DeferredAudio",
+    "NON_FINITE",
     "OPUS_RATES",
     "check_channels",
     "check_decode_options",
+    "check_finite",
     "choose_channels",
     "decode_field",
     "decode_sample",

@@ -24,7 +24,7 @@ import soundfile
 from ...errors import AudioFormatError, DataError, MissingDataError
 from ._codecs import choose_channels, sniff_format
 
-__all__ = ["AudioInput", "DeferredAudio", "read_audio", "short_wav"]
+__all__ = ["AudioInput", "DeferredAudio", "NON_FINITE", "check_finite", "read_audio", "short_wav"]
 
 AudioInput = Union[str, bytes, BinaryIO]
 
@@ -76,7 +76,33 @@ def read_audio(
             source=context[3],
             key=key,
         )
+    check_finite(audio, source=context[3], key=key)
     return audio, int(rate)
+
+
+def check_finite(audio: np.ndarray, *, source: str | None = None, key: str | None = None,
+                 member: str | None = None) -> None:
+    """Raise :class:`~speechpipe.errors.DataError` if ``audio`` holds NaN or infinite samples
+    (a float WAV can; they poison every feature and loss computed from it), naming how many
+    and the first.
+
+    >>> check_finite(np.array([0.0, np.nan, np.inf], np.float32), source="a.wav")
+    Traceback (most recent call last):
+    ...
+    speechpipe.errors.DataError: a.wav: non-finite audio: 1 NaN and 1 infinite of 3 samples ...
+    """
+    finite = np.isfinite(audio)
+    if finite.all():
+        return
+    nan = int(np.isnan(audio).sum())
+    first = int(np.argmin(finite.reshape(len(finite), -1).all(axis=1)))
+    raise DataError(f"{NON_FINITE}: {nan} NaN and {int((~finite).sum()) - nan} infinite of "
+                    f"{audio.size} samples (the first at sample {first})",
+                    source=source, key=key, member=member)
+
+
+#: The start of the reason of :func:`check_finite`'s error (what ``on_error`` counts it as).
+NON_FINITE = "non-finite audio"
 
 
 def open_audio(data: AudioInput, source: str | None, key: str | None
@@ -151,6 +177,7 @@ class DeferredAudio:
         if len(got) < f.frames:
             raise DataError(f"audio ends early: its header promises {f.frames} samples, "
                             f"{len(got)} decoded", **self._where)
+        check_finite(target, **self._where)
         if not direct:
             audio = target if f.channels > 1 else target[:, 0]
             if self._channels != "keep":

@@ -59,6 +59,8 @@ from .._core import functional_datapipe, IterDataPipe
 from ...memory import copied_out
 from ._audio_io import open_audio, DeferredAudio, read_audio
 from ._codecs import check_channels, choose_channels
+from ._audio_io import NON_FINITE
+from ._audio_io import short_wav
 
 __all__ = [
     "AudioLoaderIterDataPipe",
@@ -448,6 +450,7 @@ class DecoderIterDataPipe(IterDataPipe[Sample]):
                 reason = (
                     "unsafe field (never unpickled)"
                     if isinstance(err, UnsafeInputError)
+                    else NON_FINITE if str(err.reason).startswith(NON_FINITE)
                     else "undecodable sample"
                 )
                 self.diagnostics.handle(self.on_error, err, reason)

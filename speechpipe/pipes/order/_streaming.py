@@ -46,6 +46,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
+from ...errors import redact
 from ...index import is_folder_url
 from ._assignment import split_shards
 from ...diagnostics import BufferStats, Diagnostics, check_on_error
@@ -123,10 +124,16 @@ def read_shard(
             yield from group_by_key(
                 iter_tar_members(stream, source=name, read_options=read_options), source=name)
         else:
+            shown = redact(name)  # a signed URL's credentials hidden, as group_by_key does
             for key, feats in iter_ark(stream, source=name):
-                yield {KEY: key, FEATS: feats, SOURCE: name}
+                yield {KEY: key, FEATS: feats, SOURCE: shown}
     finally:
         stream.close()
+
+
+# How the errors of a server that fails (5xx, timeouts, retries spent) start: open_stream's
+# HTTP status, remote's range and size requests, the HTTP deadlines.
+_UNREACHABLE = ("HTTP 5", "gave up ", "no answer within", "the server sent ", "read failed")
 
 
 def _skip_reason(error: Exception) -> str:
@@ -135,6 +142,8 @@ def _skip_reason(error: Exception) -> str:
     if isinstance(error, UnsafeInputError):
         return "unsafe shard (rest of the shard skipped)"
     reason = getattr(error, "reason", str(error))
+    if reason.startswith(_UNREACHABLE):  # the server, not the shard: not "corrupt"
+        return "unreachable shard: server errors or timeouts (rest of the shard skipped)"
     if "truncated" in reason or "cut short" in reason:
         return "truncated shard (rest of the shard skipped)"
     return "corrupt shard (rest of the shard skipped)"
@@ -208,7 +217,7 @@ def _read_shards(names: Sequence[str], reading: _Reading, live: dict,
                 seen, live["seen"] = live["seen"], live["seen"] + 1
                 if live["offset"] <= skip:
                     if skip_to.wanted and sample[KEY] in skip_to.wanted:
-                        skip_to.picked[(name, sample[KEY])] = sample
+                        skip_to.picked[(redact(name), sample[KEY])] = sample
                     continue
                 if stride is not None and seen % stride[1] != stride[0]:
                     continue  # another process's sample (a sample-level split)
@@ -225,15 +234,17 @@ def _read_shards(names: Sequence[str], reading: _Reading, live: dict,
     live["drain"] = True
 
 
-def _pick_samples(wanted: Mapping[str, set[str]], reading: _Reading) -> dict:
+def _pick_samples(wanted: Mapping[str, set[str]], reading: _Reading,
+                  real: Mapping[str, str] | None = None) -> dict:
     """``{(shard, key): sample}`` for the wanted keys of each shard, each shard read from its
-    start up to the last wanted key only (resuming)."""
+    start up to the last wanted key only (resuming). Shards are named as a state names them
+    (credentials redacted); ``real`` maps such a name to the one to open (today's signed URL)."""
     found: dict = {}
     for name, keys in wanted.items():
         left = set(keys)
         if not left:
             continue
-        shard = reading.open(name)
+        shard = reading.open((real or {}).get(name, name))
         try:
             for sample in shard:
                 if sample[KEY] in left:
@@ -637,7 +648,8 @@ class ShardedShufflerIterDataPipe(Seeded, SampleSource, IterDataPipe[Sample]):
         rng = self._sample_rng(self.epoch, position)
         live = {"rng": rng, "buffer": [], "shard": 0, "offset": 0, "drain": False, "plan": mine,
                 "entries": entries, "seconds_per_length": self._seconds_per_length(), "seen": 0,
-                "stride": _stride(split, position.rank, position.worker)}
+                "stride": _stride(split, position.rank, position.worker),
+                "real": {redact(n): n for n in names}}
         if state is None:
             return self._read(mine, live), False, live
         samples, draining = self._resume(state, mine, entries, live, needs)
@@ -684,7 +696,7 @@ class ShardedShufflerIterDataPipe(Seeded, SampleSource, IterDataPipe[Sample]):
         return {
             "epoch": self.epoch,
             "shards": len(plan),
-            "name": plan[shard] if shard < len(plan) else None,
+            "name": redact(plan[shard]) if shard < len(plan) else None,  # no credentials
             "shard": shard,
             "offset": live["offset"],
             "seen": live["seen"],
@@ -705,11 +717,20 @@ class ShardedShufflerIterDataPipe(Seeded, SampleSource, IterDataPipe[Sample]):
         _check_position_state(state, entries)
         start, skip = state["shard"], state["offset"]
         name = mine[start] if start < len(mine) else None
-        if len(mine) != state["shards"] or name != state["name"]:
+        shown = None if name is None else redact(name)  # as a state names shards
+        if len(mine) != state["shards"]:
             raise DataError(
                 f"resume: this process reads {len(mine)} shards this epoch but the state was "
                 f"saved reading {state['shards']} (at {state['name']!r}); the shard list, index, "
                 "split, seed, epoch or number of workers changed",
+                source=name,
+            )
+        if shown != state["name"]:
+            raise DataError(
+                f"resume: shard {start + 1} of this process's {len(mine)} this epoch is "
+                f"{shown!r}, but the state was saved reading {state['name']!r} there; the shard "
+                "order differs (the seed, the shard list or its names, the split or the number "
+                "of workers changed)",
                 source=name,
             )
         live["rng"].setstate(rng_state(state["rng"]))
@@ -726,11 +747,11 @@ class ShardedShufflerIterDataPipe(Seeded, SampleSource, IterDataPipe[Sample]):
             if name is not None and entries is not None and skip >= entries[name].count:
                 start, skip = start + 1, 0  # finished: not opened again
                 live["seen"] += entries[name].count
-            reader = self._read(mine, live, _SkipTo(start, skip, wanted.get(name), picked))
+            reader = self._read(mine, live, _SkipTo(start, skip, wanted.get(shown), picked))
             first = next(reader, _END)  # reads the skipped part, picking held samples in it
             samples = reader if first is _END else itertools.chain([first], reader)
         rest = {src: {k for k in keys if (src, k) not in picked} for src, keys in wanted.items()}
-        picked.update(_pick_samples(rest, self._reading()))
+        picked.update(_pick_samples(rest, self._reading(), live["real"]))
         live["buffer"][:] = [held_sample(picked, ident) for ident in state["buffer"]]
         self._replay_cache = picked
         return samples, bool(state["drain"])
@@ -741,7 +762,8 @@ class ShardedShufflerIterDataPipe(Seeded, SampleSource, IterDataPipe[Sample]):
             wanted: dict[str, set[str]] = {}
             for src, key in request:
                 wanted.setdefault(src, set()).add(key)
-            found = _pick_samples(wanted, self._reading())
+            found = _pick_samples(wanted, self._reading(),
+                                  {redact(n): n for n in self._names()})
         for ident in request:
             yield held_sample(found, ident)
 

@@ -96,6 +96,8 @@ from ...sample import AUDIO_EXTENSIONS, KEY, NPY_EXTENSIONS, SOURCE, Sample
 from .._core import functional_datapipe, IterDataPipe
 from ...memory import MappedFile
 from ._tar import iter_members, MappedReader, StreamReader, TRUNCATED
+from ...errors import redact
+from ...memory import NETWORK_FILE_SYSTEMS
 
 __all__ = [
     "ShardReadOptions",
@@ -132,12 +134,18 @@ class ShardReadOptions:
         remote: how object-storage shards (``s3://``...) are read
             (:class:`~speechpipe.remote.RemoteOptions`: ``storage_options``, retries, block
             size, timeout); ``None``: its defaults.
+        max_member_bytes: the largest member a shard may hold, in bytes (default 128 MiB:
+            an hour of 16 kHz 16-bit WAV is 115 MB, as is an hour of 80-dimensional float32
+            features at 100 frames per second); a larger one raises
+            :class:`~speechpipe.errors.DataError` naming the shard and the member before any
+            of it is read or decompressed, so a small compressed shard cannot expand into
+            memory (a decompression bomb). ``None``: no cap.
 
     The options travel with the pipe (``read_options`` of its reading stage), so DataLoader
     workers read as their parent's pipeline says.
 
     >>> ShardReadOptions(mmap=False)
-    ShardReadOptions(mmap=False, readahead=None, remote=None)
+    ShardReadOptions(mmap=False, readahead=None, remote=None, max_member_bytes=134217728)
     >>> ShardReadOptions(readahead="no")
     Traceback (most recent call last):
     ...
@@ -147,6 +155,7 @@ class ShardReadOptions:
     mmap: bool | None = None
     readahead: bool | None = None
     remote: RemoteOptions | None = None
+    max_member_bytes: int | None = 1 << 27
 
     def __post_init__(self) -> None:
         for name in ("mmap", "readahead"):
@@ -155,6 +164,11 @@ class ShardReadOptions:
                 raise TypeError(f"{name} must be True, False or None, got {value!r}")
         if self.remote is not None and not isinstance(self.remote, RemoteOptions):
             raise TypeError(f"remote must be a RemoteOptions or None, got {self.remote!r}")
+        cap = self.max_member_bytes
+        if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int)):
+            raise TypeError(f"max_member_bytes must be an int or None, got {cap!r}")
+        if cap is not None and cap < 1:
+            raise ValueError(f"max_member_bytes must be >= 1, got {cap}")
 
 
 _DEFAULT_OPTIONS = ShardReadOptions()
@@ -216,8 +230,9 @@ def iter_tar_members(
             ``"truncated shard"``, naming the last complete member --, ends inside a header or
             a payload (naming the member), a header's checksum is wrong (naming the byte offset
             and the previous member), a field is not a number, a member is not a regular
-            file or directory (symbolic and hard links, devices, sparse files), or a mapped
-            file shrank while it was being read.
+            file or directory (symbolic and hard links, devices, sparse files), a member is
+            larger than ``read_options.max_member_bytes`` (naming it), or a mapped file shrank
+            while it was being read.
 
     >>> import io, tarfile
     >>> buf = io.BytesIO()
@@ -234,15 +249,16 @@ def iter_tar_members(
     options = _check_read_options(read_options)
     compression = shard_compression(source or "")
     if compression is not None:
-        yield from _iter_compressed(stream, compression, source)
+        yield from _iter_compressed(stream, compression, source, options.max_member_bytes)
         return
     mapped = _open_mapped(stream, options)
     if mapped is None:
-        yield from iter_members(StreamReader(stream.read, source))
+        yield from iter_members(StreamReader(stream.read, source), options.max_member_bytes)
         return
     finished = False
     try:
-        yield from iter_members(MappedReader(mapped, source, _VIEW_EXTENSIONS))
+        yield from iter_members(MappedReader(mapped, source, _VIEW_EXTENSIONS),
+                                options.max_member_bytes)
         finished = True
         # Leave the stream where the reading path leaves it (after the trailer it reads).
         if not mapped.file.closed:
@@ -252,16 +268,24 @@ def iter_tar_members(
 
 
 class _ZstdReader:
-    """``read(n)`` of a zstd stream (one or more frames); input that ends inside a frame is
-    an ``EOFError`` (zstandard's own stream reader ends quietly there)."""
+    """``read(n)`` of a zstd stream (one or more frames, skippable frames skipped); input that
+    ends inside a frame is an ``EOFError`` (zstandard's own stream reader ends quietly there).
 
-    _CHUNK = 1 << 20
+    The decompressor is fed one block at a time (the frame format, RFC 8878, is walked here),
+    so one call yields at most a block's 128 KiB: a few kilobytes of run-length blocks cannot
+    expand into hundreds of megabytes before the tar walk has seen a header.
+    """
+
+    _CHUNK = 1 << 20  # input read from the stream at a time
+    _BLOCK_MAX = 1 << 17  # RFC 8878: a block decompresses to at most 128 KiB
+    _MAGIC = b"\x28\xb5\x2f\xfd"
 
     def __init__(self, stream: BinaryIO, zstandard: Any) -> None:
         self._stream, self._zstd = stream, zstandard
-        self._dobj = zstandard.ZstdDecompressor().decompressobj()
+        self._dobj = None  # the current frame's decompressor; None between frames
+        self._in, self._in_pos = b"", 0  # input read, not yet fed from _in_pos on
+        self._checksum = False  # the current frame ends with a 4-byte checksum
         self._buf, self._pos = b"", 0  # decompressed, not yet read from _pos on
-        self._seen = False  # any input at all
 
     def read(self, n: int) -> bytes:
         parts = []
@@ -274,26 +298,67 @@ class _ZstdReader:
             parts.append(part)
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
-    def _fill(self) -> bool:
-        """Decompress the next input chunk into ``_buf``; False at the end of the input."""
-        while True:
+    def _take(self, n: int, *, at_boundary: bool = False) -> bytes:
+        """``n`` input bytes; ``b""`` at a clean end of input between frames."""
+        while len(self._in) - self._in_pos < n:
             chunk = self._stream.read(self._CHUNK)
             if not chunk:
-                if self._seen and not self._dobj.eof:
-                    raise EOFError("the zstd stream ends inside a frame")
-                return False
-            self._seen, out = True, []
-            while chunk:
-                if self._dobj.eof:  # the next frame
-                    self._dobj = self._zstd.ZstdDecompressor().decompressobj()
-                out.append(self._dobj.decompress(chunk))
-                chunk = self._dobj.unused_data if self._dobj.eof else b""
-            self._buf, self._pos = b"".join(out), 0
+                if at_boundary and self._in_pos == len(self._in):
+                    return b""
+                raise EOFError("the zstd stream ends inside a frame")
+            self._in = self._in[self._in_pos:] + chunk
+            self._in_pos = 0
+        out = self._in[self._in_pos:self._in_pos + n]
+        self._in_pos += n
+        return out
+
+    def _frame_header(self) -> bytes | None:
+        """The next frame's header (magic included), skippable frames skipped; ``None`` at
+        the end of the input."""
+        while True:
+            magic = self._take(4, at_boundary=True)
+            if not magic:
+                return None
+            if magic[1:] == b"\x2a\x4d\x18" and magic[0] & 0xF0 == 0x50:  # skippable
+                self._take(int.from_bytes(self._take(4), "little"))
+                continue
+            if magic != self._MAGIC:
+                raise self._zstd.ZstdError(f"not a zstd frame (magic {magic.hex()})")
+            descriptor = self._take(1)
+            flags = descriptor[0]
+            fcs = (0, 2, 4, 8)[flags >> 6] or (1 if flags & 0x20 else 0)
+            rest = (0 if flags & 0x20 else 1) + (0, 1, 2, 4)[flags & 3] + fcs
+            self._checksum = bool(flags & 0x04)
+            return magic + descriptor + self._take(rest)
+
+    def _fill(self) -> bool:
+        """Decompress the next block into ``_buf``; False at the end of the input."""
+        while True:
+            head = b""
+            if self._dobj is None:
+                head = self._frame_header()
+                if head is None:
+                    return False
+                self._dobj = self._zstd.ZstdDecompressor().decompressobj()
+            block = self._take(3)
+            bits = int.from_bytes(block, "little")
+            last, kind, size = bits & 1, (bits >> 1) & 3, bits >> 3
+            if kind == 3 or size > self._BLOCK_MAX:
+                raise self._zstd.ZstdError(f"corrupt zstd block header {block.hex()}")
+            piece = head + block + self._take(1 if kind == 1 else size)
+            if last and self._checksum:
+                piece += self._take(4)
+            self._buf, self._pos = self._dobj.decompress(piece), 0
+            if last:
+                if not self._dobj.eof:
+                    raise self._zstd.ZstdError("a zstd frame did not end at its last block")
+                self._dobj = None
             if self._buf:
                 return True
 
     def close(self) -> None:
         self._buf, self._pos = b"", 0
+        self._in, self._in_pos = b"", 0
 
 
 def _decompressor(stream: BinaryIO, compression: str) -> tuple[Any, tuple]:
@@ -308,8 +373,8 @@ def _decompressor(stream: BinaryIO, compression: str) -> tuple[Any, tuple]:
     return _ZstdReader(stream, zstandard), (EOFError, zstandard.ZstdError, OSError)
 
 
-def _iter_compressed(stream: BinaryIO, compression: str,
-                     source: str | None) -> Iterator[tuple[str, bytes]]:
+def _iter_compressed(stream: BinaryIO, compression: str, source: str | None,
+                     max_member_bytes: int | None = None) -> Iterator[tuple[str, bytes]]:
     """The members of a compressed shard, read through its decompressor (never mapped)."""
     reader, errors = _decompressor(stream, compression)
 
@@ -323,7 +388,7 @@ def _iter_compressed(stream: BinaryIO, compression: str,
                             source=source) from exc
 
     try:
-        yield from iter_members(StreamReader(read, source))
+        yield from iter_members(StreamReader(read, source), max_member_bytes)
     finally:
         reader.close()
 
@@ -376,7 +441,9 @@ def group_by_key(
     """Group consecutive members with the same key into raw samples.
 
     Consumes ``(member name, payload)`` pairs (from :func:`iter_tar_members`) and yields
-    ``{"key": key, "source": source, "<field>": payload, ...}`` with fields in member order.
+    ``{"key": key, "source": source, "<field>": payload, ...}`` with fields in member order
+    (a URL's credentials redacted in ``source``: :func:`speechpipe.errors.redact`, so that
+    nothing that shows or stores a sample's source -- a state, a report -- holds them).
     A sample is yielded once the next key (or the end) is seen; if reading fails inside a
     member of the next key, the sample before it is yielded before the error is raised.
 
@@ -391,6 +458,7 @@ def group_by_key(
     """
     current: dict[str, Any] | None = None
     finished: set[str] = set()  # keys whose group has ended
+    shown = None if source is None else redact(source)  # a signed URL's credentials hidden
     members = iter(members)
     while True:
         try:
@@ -415,7 +483,7 @@ def group_by_key(
                     "members came between them): the shard was not written by a grouping "
                     "writer; repack it (speechpipe pack, ShardWriter or webdataset's TarWriter "
                     "write each sample's members together)", source=source, member=name, key=key)
-            current = {KEY: key, SOURCE: source}
+            current = {KEY: key, SOURCE: shown}
         if field in _RESERVED_FIELDS:
             raise DataError(f"field name {field!r} is reserved for the sample's {field}",
                             source=source, member=name, key=key)

@@ -24,6 +24,9 @@ _TRAILER = 1 << 20
 # Mapped shards: payloads of at least _VIEW_MIN bytes are zero-copy views of the mapping,
 # smaller ones are copied into bytes.
 _VIEW_MIN = 1 << 16
+# Extended headers (GNU long names, pax records) are metadata: one larger than this is refused
+# before it is read, whatever the member cap.
+_MAX_EXTENDED = 1 << 20
 _REGULAR = (b"0", b"\0", b"7")  # '7' (contiguous file) is a regular file for every reader
 _DIRECTORY = b"5"
 _GNU_LONGNAME = b"L"
@@ -221,10 +224,11 @@ class MappedReader:
 
 
 def iter_members(
-    reader: StreamReader | MappedReader,
+    reader: StreamReader | MappedReader, max_member_bytes: int | None = None,
 ) -> Iterator[tuple[str, bytes | memoryview]]:
     """The tar walk of :func:`iter_tar_members`: header by header, extended headers
-    (GNU long names, pax) gathered for the member that follows them."""
+    (GNU long names, pax) gathered for the member that follows them. A regular member larger
+    than ``max_member_bytes`` (``None``: no cap) raises before a byte of it is read."""
     source = reader.source
     offset = 0  # byte offset of the next header
     pad = 0  # padding of the previous payload, read together with the next header
@@ -255,6 +259,12 @@ def iter_members(
             )
         data_offset = offset + BLOCK
         if typeflag in _EXTENDED:
+            if size > _MAX_EXTENDED:
+                raise DataError(
+                    f"extended header at byte offset {offset} claims {size} bytes, more than "
+                    f"the {_MAX_EXTENDED} an extended header may hold ({_after(reader.last)})",
+                    source=source,
+                )
             payload = reader.read(size)
             if len(payload) < size:
                 raise DataError(
@@ -269,6 +279,13 @@ def iter_members(
         else:
             name, size = _member_name(header, size, long_name, pax, source)
             long_name, pax = None, {}
+            if max_member_bytes is not None and size > max_member_bytes:
+                raise DataError(
+                    f"member of {size} bytes is larger than max_member_bytes="
+                    f"{max_member_bytes} (ShardReadOptions): a decompression bomb or a "
+                    "corrupt size; raise the cap if the shard is yours and the member real",
+                    source=source, member=name,
+                )
             data = _member_payload(reader, typeflag, name, size)
             reader.last = name
             if data is not None:

@@ -22,7 +22,7 @@ import soundfile
 from ...index import shard_compression
 from ...sample import (
     INT_EXTENSIONS, JSON_EXTENSIONS, KEY, NPY_EXTENSIONS, SAMPLE_RATE, SOURCE, TEXT_EXTENSIONS,
-    UNSAFE_EXTENSIONS,
+    UNSAFE_EXTENSIONS, key_member_problem,
 )
 from ._tar import BLOCK
 
@@ -108,13 +108,9 @@ def _encode_sample(sample: Mapping[str, Any]) -> tuple[str, list[tuple[str, byte
     key = sample.get(KEY)
     if not isinstance(key, str) or not key:
         raise ValueError(f"a sample to write needs a non-empty str 'key', got {key!r}")
-    base = key[key.rfind("/") + 1:]
-    if not base or "." in base or key.startswith("/"):
-        raise ValueError(
-            f"key {key!r} cannot be written: its basename must be non-empty and without dots "
-            "(the first dot separates key and field when the shard is read), and it must be "
-            "a relative path"
-        )
+    problem = key_member_problem(key)
+    if problem is not None:
+        raise ValueError(f"key {key!r} cannot be written: {problem}")
     rate = sample.get(SAMPLE_RATE)
     members = []
     for field in sorted(sample):

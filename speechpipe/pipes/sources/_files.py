@@ -44,6 +44,9 @@ from ...index import ShardIndex
 from ...remote import RemoteOptions, is_remote, open_remote, remote_glob
 from .._core import functional_datapipe, IterDataPipe
 from ...index import is_folder_url
+from ...remote import ProgressDeadline
+from ...remote import http_request
+from ...remote import open_http
 
 __all__ = [
     "ShardListerIterDataPipe",
@@ -191,17 +194,25 @@ ShardLister = ShardListerIterDataPipe
 class _CheckedStream(io.RawIOBase):
     """A read-only wrapper that turns transport failures into errors naming the source."""
 
-    def __init__(self, raw, name: str) -> None:
+    def __init__(self, raw, name: str, timeout: float | None = None) -> None:
         super().__init__()
         self._raw = raw
         self.name = name
+        self._deadline = None if timeout is None else ProgressDeadline(timeout, name)
 
     def readable(self) -> bool:
         return True
 
     def readinto(self, buffer) -> int:
         try:
-            n = self._raw.readinto(buffer)
+            if self._deadline is None:
+                n = self._raw.readinto(buffer)
+            else:  # what one socket read brings, so the deadline is checked between reads
+                view = memoryview(buffer).cast("B")
+                data = self._raw.read1(len(view))
+                n = len(data)
+                view[:n] = data
+                self._deadline.check(n)
         except (HTTPException, OSError) as exc:
             raise DataError(f"read failed: {exc!r}", source=self.name) from exc
         if n == 0 and len(buffer) > 0:
@@ -304,7 +315,7 @@ def open_stream(
         return open_remote(name, remote or RemoteOptions(timeout=timeout))
     if is_url(name):
         try:
-            response = urllib.request.urlopen(name, timeout=timeout)
+            response = open_http(http_request(name), timeout)
         except urllib.error.HTTPError as exc:
             exc.close()
             if exc.code in (404, 410):
@@ -312,8 +323,11 @@ def open_stream(
             raise DataError(f"HTTP {exc.code} {exc.reason}", source=name) from exc
         except (urllib.error.URLError, OSError) as exc:
             reason = getattr(exc, "reason", exc)
+            if isinstance(reason, TimeoutError):  # the server is there but does not answer
+                raise DataError(f"no answer within the {timeout:g} s timeout: the server is "
+                                "down or overloaded (not a missing file)", source=name) from exc
             raise MissingDataError(f"cannot reach: {reason}", source=name) from exc
-        return io.BufferedReader(_CheckedStream(response, name), buffer_size)
+        return io.BufferedReader(_CheckedStream(response, name, timeout), buffer_size)
     try:
         return open(name, "rb", buffering=buffer_size)
     except FileNotFoundError as exc:
@@ -335,7 +349,8 @@ class StreamOpenerIterDataPipe(IterDataPipe[tuple[str, BinaryIO]]):
         source_datapipe: pipe of names (e.g. from ``list_shards``).
         allow_pipes: allow ``pipe:`` names, which run a shell command and read its stdout; a
             non-zero exit status after the whole output was read raises :class:`DataError`.
-        timeout: seconds to wait for an HTTP server to answer.
+        timeout: seconds to wait for an HTTP server to answer, and the most each MiB of a
+            transfer may take (a server that sends a byte now and then is given up on).
         buffer_size: read buffer in bytes.
         remote: how object-storage URLs are read (:class:`~speechpipe.remote.RemoteOptions`:
             ``storage_options``, retries, block size, timeout); ``None``: the defaults with
