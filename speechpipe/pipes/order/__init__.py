@@ -8,6 +8,7 @@ from ._assignment import (
     assign_shards, BALANCE, dist_world, EQUALIZE, LEVELS, ShardAssignment, ShardSplit,
     shuffle_shards, split_balance, split_shards, SplitBalance, uneven_split, UnevenSplitWarning,
 )
+from ._entries import common_tail, index_entries, path_parts
 from ._lists import (
     SampleShuffler, SampleShufflerIterDataPipe, SampleSplitter, SampleSplitterIterDataPipe,
 )
@@ -46,9 +47,12 @@ __all__ = [
     "UnevenSplitWarning",
     "WeightedMixerIterDataPipe",
     "assign_shards",
+    "common_tail",
+    "index_entries",
     "join_by_key",
     "mix_by_weight",
     "pass_epoch",
+    "path_parts",
     "read_shard",
     "sample_with_replacement",
     "shard_assignment",

@@ -41,29 +41,29 @@ from __future__ import annotations
 
 import itertools
 import os
-import urllib.parse
 import warnings
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
-from ...errors import redact
-from ...index import is_folder_url
-from ._assignment import split_shards
 from ...diagnostics import BufferStats, Diagnostics, check_on_error
-from ...errors import check_int, DataError, MissingDataError, UnsafeInputError
-from ...index import ShardEntry, ShardIndex, length_seconds
+from ...errors import DataError, MissingDataError, UnsafeInputError, check_int, redact
+from ...index import ShardEntry, ShardIndex, is_folder_url, length_seconds
 from ...sample import FEATS, KEY, SOURCE, Sample
 from ...seeding import Position, derive_rng, process_position
-from .._core import functional_datapipe, IterDataPipe
-from .._core import check_seed, held_sample, identity_list, rng_state, SampleSource, Seeded
-from ._assignment import (
-    check_position, assign_shards, ShardAssignment, ShardSplit, shuffle_shards, uneven_split, UnevenSplitWarning,
+from .._core import (
+    IterDataPipe, SampleSource, Seeded, check_seed, functional_datapipe, held_sample,
+    identity_list, rng_state,
 )
 from ..kaldi import iter_ark
-from ._window import drain_pool, shuffle_buffer
+from ..shards import ShardReadOptions, group_by_key, iter_tar_members
+from ..sources import open_stream
+from ._assignment import (
+    ShardAssignment, ShardSplit, UnevenSplitWarning, assign_shards, check_position,
+    shuffle_shards, uneven_split,
+)
+from ._entries import index_entries
 from ._plans import EpochPlan, PlannedShard
-from ..shards import group_by_key, iter_tar_members, ShardReadOptions
-from ..sources import is_url, open_stream
+from ._window import drain_pool, shuffle_buffer
 
 __all__ = [
     "FORMATS",
@@ -261,61 +261,6 @@ def _pick_samples(wanted: Mapping[str, set[str]], reading: _Reading,
 
 
 # --------------------------------------------------------------------------------------------
-# Matching shard names to the index
-# --------------------------------------------------------------------------------------------
-
-
-def _path_parts(name: str) -> list[str]:
-    path = urllib.parse.urlsplit(name).path if is_url(name) else os.path.abspath(name)
-    return [p for p in path.replace("\\", "/").split("/") if p]
-
-
-def _common_tail(a: list[str], b: list[str]) -> int:
-    n = 0
-    while n < min(len(a), len(b)) and a[-1 - n] == b[-1 - n]:
-        n += 1
-    return n
-
-
-def _index_entries(names: Iterable[str], index: ShardIndex) -> dict[str, ShardEntry]:
-    """``{name: entry}`` for each distinct name. A local path matches the entry with the same
-    absolute path; a URL matches the entry sharing the longest tail of path components (at
-    least the file name), which must be unique."""
-    by_path = index.by_path()
-    by_base: dict[str, list[tuple[list[str], ShardEntry]]] = {}
-    for path, entry in by_path.items():
-        parts = _path_parts(path)
-        by_base.setdefault(parts[-1] if parts else "", []).append((parts, entry))
-    found: dict[str, ShardEntry] = {}
-    for name in names:
-        if name in found:
-            continue
-        if not is_url(name):
-            entry = by_path.get(os.path.abspath(name))
-        elif name in by_path:
-            entry = by_path[name]
-        else:
-            parts = _path_parts(name)
-            scored = sorted(((_common_tail(parts, p), e) for p, e in
-                             by_base.get(parts[-1] if parts else "", [])),
-                            key=lambda t: -t[0])
-            entry = None
-            if scored:
-                if len(scored) > 1 and scored[0][0] == scored[1][0]:
-                    raise DataError(
-                        f"the index has {sum(1 for s, _ in scored if s == scored[0][0])} "
-                        "shards this URL could be; index one folder per URL prefix",
-                        source=name,
-                    )
-                entry = scored[0][1]
-        if entry is None:
-            raise DataError("shard is not in the index (re-run pack, or pass its index)",
-                            source=name)
-        found[name] = entry
-    return found
-
-
-# --------------------------------------------------------------------------------------------
 # The pipe
 # --------------------------------------------------------------------------------------------
 
@@ -493,7 +438,7 @@ class ShardedShufflerIterDataPipe(Seeded, SampleSource, IterDataPipe[Sample]):
         if self.index is None:
             return None
         if isinstance(self.index, ShardIndex):
-            return _index_entries(names, self.index)
+            return index_entries(names, self.index)
         commands = [n for n in names if n.startswith("pipe:")]
         if commands:
             raise ValueError(
@@ -502,12 +447,12 @@ class ShardedShufflerIterDataPipe(Seeded, SampleSource, IterDataPipe[Sample]):
             )
         if self._loaded_index is not None:
             try:
-                return _index_entries(names, self._loaded_index)
+                return index_entries(names, self._loaded_index)
             except DataError:
                 pass  # the shard list grew: read the folders' indexes again
         remote = self.read_options.remote if self.read_options is not None else None
         self._loaded_index = ShardIndex.for_shards(sorted(set(names)), remote=remote)
-        return _index_entries(names, self._loaded_index)
+        return index_entries(names, self._loaded_index)
 
     # -- public API
 
