@@ -58,6 +58,7 @@ from .recipes import (  # noqa: E402
     FrontEnd, eval_pipeline, get_recipe, manifest_path, pipeline_report, train_pipeline,
 )
 from .remote import RemoteOptions  # noqa: E402
+from .telemetry import Telemetry  # noqa: E402
 from .stats import corpus_stats  # noqa: E402
 from . import recipes  # noqa: E402,F401
 
@@ -113,6 +114,7 @@ __all__ = [
     "StepPlanner",
     "StepStats",
     "SumOfLengths",
+    "Telemetry",
     "TextNormalizer",
     "TwoDimensional",
     "UnevenSplitWarning",

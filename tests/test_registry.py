@@ -292,6 +292,7 @@ PUBLIC = [
     "StepPlanner",
     "StepStats",
     "SumOfLengths",
+    "Telemetry",
     "TextNormalizer",
     "TwoDimensional",
     "UnevenSplitWarning",
