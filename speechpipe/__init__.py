@@ -30,6 +30,7 @@ from .pipes._base import IterableWrapper, SequenceWrapper  # noqa: E402
 from .pipes._restore import ResumeWarning  # noqa: E402
 from .pipes._state import EpochWarning  # noqa: E402
 from .pipes.assignment import UnevenSplitWarning  # noqa: E402
+from .pipes.calibration import Calibration, calibrate_budget  # noqa: E402
 from .pipes.cmvn import CmvnStats, compute_cmvn_stats  # noqa: E402
 from .pipes.codecs import encode_audio  # noqa: E402
 from .pipes.collate import DecodeCollate, PadCollate  # noqa: E402
@@ -73,6 +74,7 @@ __all__ = [
     "BatchView",
     "BudgetWarning",
     "BufferStats",
+    "Calibration",
     "ChannelMismatchError",
     "CharTokenizer",
     "CmvnStats",
@@ -123,6 +125,7 @@ __all__ = [
     "WordTokenizer",
     "build_loader",
     "build_tokenizer",
+    "calibrate_budget",
     "compute_cmvn_stats",
     "compute_lengths",
     "corpus_stats",
