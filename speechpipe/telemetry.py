@@ -10,8 +10,9 @@ the loader a ``loader.telemetry`` that records:
   ``iter(loader)`` to the first batch;
 * **in each worker** (or the main process without workers), per stage of the pipeline: items,
   the wall time around each ``next()`` of the stage and the CPU time of the thread that ran it
-  (``time.thread_time``, read around one call in :data:`SAMPLE_EVERY` and scaled: that clock
-  costs a system call), less what the stages below it took (a stage's own time).
+  (``time.thread_time`` is read around one call in :data:`SAMPLE_EVERY`, as that clock costs a
+  system call: the CPU time is the wall time times the sampled calls' CPU / wall ratio), less
+  what the stages below it took (a stage's own time).
   A probe (:class:`StageProbe`) is put in front of every pipe that another pipe holds as an
   attribute, for the pass only, and taken out when it ends; the graph walks see through it
   (:mod:`speechpipe.pipes._graph`), so states and counters keep their paths. Stages held in
@@ -51,8 +52,8 @@ WRITE_EVERY = 1.0
 
 @plain_iterator
 class StageProbe(IterDataPipe):
-    """Times each ``next()`` of the pipe it stands in front of (calls, thread CPU and wall
-    nanoseconds into ``cell``; the CPU of one call in :data:`SAMPLE_EVERY`). Walks over the graph see through it (``graph_transparent``);
+    """Times each ``next()`` of the pipe it stands in front of (calls, wall nanoseconds, and
+    the thread CPU and wall nanoseconds of one call in :data:`SAMPLE_EVERY`, into ``cell``). Walks over the graph see through it (``graph_transparent``);
     other attributes are the timed pipe's."""
 
     graph_transparent = True
@@ -68,7 +69,8 @@ class StageProbe(IterDataPipe):
         return len(self.__dict__["source"])
 
     def __iter__(self):
-        # cell: [next() calls, thread CPU ns of the sampled calls, wall ns, sampled calls].
+        # cell: [next() calls, thread CPU ns of the sampled calls, wall ns of every call, wall
+        # ns of the sampled calls]: the CPU is estimated as the wall time x the sampled CPU/wall.
         # The wall clock (perf_counter, read without a system call) times every call; the
         # thread's CPU clock (a system call, ~10 x dearer) every SAMPLE_EVERY-th, from the first.
         cell = self.__dict__["cell"]
@@ -84,9 +86,10 @@ class StageProbe(IterDataPipe):
                     item = next(iterator)
                 except StopIteration:
                     item = _END
-                cell[2] += wall() - w0
+                spent = wall() - w0
                 cell[1] += cpu() - c0
-                cell[3] += 1
+                cell[2] += spent
+                cell[3] += spent
             else:
                 w0 = wall()
                 try:
@@ -150,9 +153,9 @@ class Probes:
 
     def figures(self) -> dict[str, dict]:
         """Per stage: items, own CPU and wall seconds (less the stages below it)."""
-        def cpu(key: int) -> float:  # the sampled calls' CPU, scaled to every call
-            calls, sampled_ns, _, sampled = self.cells[key]
-            return sampled_ns * calls / sampled if sampled else 0.0
+        def cpu(key: int) -> float:  # every call's wall time x the sampled calls' CPU share
+            _, sampled_cpu, wall, sampled_wall = self.cells[key]
+            return wall * min(1.0, sampled_cpu / sampled_wall) if sampled_wall else 0.0
 
         out = {}
         for key, path in self.paths.items():
