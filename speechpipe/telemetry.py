@@ -343,8 +343,9 @@ class Telemetry:
         wait, step = self.wait_seconds, self.step_seconds
         workers = max(self.num_workers, 1)
         if step > 0:  # workers needed to hide the wait: the data time per step over the step
-            more = max(1, math.ceil(workers * (wait + step) / step) - workers)
-            tries.append(f"{more} more worker{'s' * (more > 1)}")
+            more = max(1, math.ceil(workers * (wait + step) / step) - self.num_workers)
+            tries.append(f"{more} {'more ' if self.num_workers else ''}"
+                         f"worker{'s' * (more > 1)}")
         tries.extend(_remedies(name))
         return head + "; try " + ", ".join(tries)
 

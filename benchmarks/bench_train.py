@@ -1,0 +1,81 @@
+"""Does the training loop wait on data? The recipe's loader feeding a fixed-time step.
+
+The loop of ``examples/asr/train.py`` with its model replaced by a fixed step time (a sleep
+of ``--step-ms``, which leaves the CPU to the workers as a GPU step would): speechpipe's
+``librispeech_train`` with its defaults (80-bin fbank in the workers, length buckets, a
+padded budget; ``--budget-seconds`` per batch) on the demo corpus's manifests, through
+``build_loader(..., telemetry=True)`` with 0, 1 and 2 workers, ``--passes`` epochs per
+round, rounds in turns. Printed per worker count: the share of the loop's time spent waiting
+in ``next()`` and the share of data-bound steps (:class:`speechpipe.Telemetry`), medians and
+[range] over rounds, and the telemetry's verdict of the last round. The issue's target: at
+most 2 % waiting with 2 workers, at the step time stated.
+
+Not measured here yet (issue 33 asks for them): webdataset's and lhotse's loaders feeding the
+same step, and padding efficiency with the analytic budget against a calibrated one
+(``bench_calibrate`` needs a CUDA device).
+
+    python -m benchmarks bench_train            # 3 rounds, 4 passes, step 100 ms
+    python -m benchmarks bench_train --tiny     # 1 round, 1 pass, workers 0 and 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+
+import speechpipe as sp
+
+
+def run(manifests, workers: int, step_seconds: float, passes: int, budget: float):
+    recipe = sp.get_recipe("librispeech")
+    pipe = recipe.librispeech_train(manifests, parts=["dev-clean"], budget_seconds=budget)
+    loader = sp.build_loader(pipe, num_workers=workers, seed=0, telemetry=True,
+                             persistent_workers=workers > 0)
+    for _ in range(passes):
+        for _batch in loader:
+            time.sleep(step_seconds)  # the training step
+    return loader.telemetry
+
+
+def _cell(values: list[float]) -> str:
+    return (f"{100 * statistics.median(values):5.1f} % "
+            f"[{100 * min(values):.1f}-{100 * max(values):.1f}]")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks bench_train")
+    parser.add_argument("--tiny", action="store_true", help="1 round, 1 pass")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--passes", type=int, default=4)
+    parser.add_argument("--step-ms", type=float, default=100.0)
+    parser.add_argument("--budget-seconds", type=float, default=30.0)
+    args = parser.parse_args(argv)
+    rounds, passes = (1, 1) if args.tiny else (args.rounds, args.passes)
+    counts = (0, 1) if args.tiny else (0, 1, 2)
+    recipe = sp.get_recipe("librispeech")
+    folder = tempfile.mkdtemp(prefix="bench-train-")
+    manifests = recipe.prepare_librispeech(sp.DEMO_CORPUS, folder, progress=False)
+    waits: dict[int, list[float]] = {w: [] for w in counts}
+    bound: dict[int, list[float]] = {w: [] for w in counts}
+    verdicts: dict[int, str] = {}
+    for _ in range(rounds):
+        for workers in counts:
+            telemetry = run(manifests, workers, args.step_ms / 1e3, passes,
+                            args.budget_seconds)
+            snap = telemetry.snapshot()
+            waits[workers].append(snap["wait_share"])
+            bound[workers].append(snap["data_bound_steps"])
+            verdicts[workers] = telemetry.verdict()
+    print(f"demo corpus, librispeech_train defaults, budget {args.budget_seconds:g} s, step "
+          f"{args.step_ms:g} ms (sleep), {passes} passes x {rounds} rounds; median [range]")
+    print(f"{'workers':>7}  {'waiting in next()':>24}  {'data-bound steps':>24}")
+    for workers in counts:
+        print(f"{workers:>7}  {_cell(waits[workers]):>24}  {_cell(bound[workers]):>24}")
+    for workers in counts:
+        print(f"verdict, {workers} workers: {verdicts[workers]}")
+
+
+if __name__ == "__main__":
+    main()
