@@ -31,12 +31,11 @@ import speechpipe as sp
 def run(manifests, workers: int, step_seconds: float, passes: int, budget: float):
     recipe = sp.get_recipe("librispeech")
     pipe = recipe.librispeech_train(manifests, parts=["dev-clean"], budget_seconds=budget)
-    loader = sp.build_loader(pipe, num_workers=workers, seed=0, telemetry=True,
-                             persistent_workers=workers > 0)
+    loader = sp.build_loader(pipe, num_workers=workers, seed=0, telemetry=True)
     for _ in range(passes):
         for _batch in loader:
             time.sleep(step_seconds)  # the training step
-    return loader.telemetry
+    return loader.telemetry.snapshot(), loader.telemetry.verdict()
 
 
 def _cell(values: list[float]) -> str:
@@ -62,12 +61,10 @@ def main(argv: list[str] | None = None) -> None:
     verdicts: dict[int, str] = {}
     for _ in range(rounds):
         for workers in counts:
-            telemetry = run(manifests, workers, args.step_ms / 1e3, passes,
-                            args.budget_seconds)
-            snap = telemetry.snapshot()
+            snap, verdicts[workers] = run(manifests, workers, args.step_ms / 1e3, passes,
+                                          args.budget_seconds)
             waits[workers].append(snap["wait_share"])
             bound[workers].append(snap["data_bound_steps"])
-            verdicts[workers] = telemetry.verdict()
     print(f"demo corpus, librispeech_train defaults, budget {args.budget_seconds:g} s, step "
           f"{args.step_ms:g} ms (sleep), {passes} passes x {rounds} rounds; median [range]")
     print(f"{'workers':>7}  {'waiting in next()':>24}  {'data-bound steps':>24}")

@@ -272,14 +272,16 @@ class Telemetry:
                     mine[key] += entry[key]
         self.workers = {}
 
-    _refresh: Callable[[], None] | None = None  # set by the loader: read the workers' files
+    #: Set by the loader: a weak reference to its method reading the workers' files.
+    _refresh: Callable[[], Callable[[], None] | None] | None = None
 
     # -- reading
 
     def per_worker(self) -> dict[int, dict]:
         """Per worker, per stage: items, CPU and wall seconds over every pass so far."""
-        if self._refresh is not None:
-            self._refresh()
+        refresh = self._refresh() if self._refresh is not None else None
+        if refresh is not None:  # the loader is alive: read its workers' latest figures
+            refresh()
         out: dict[int, dict] = {}
         for source in (self._earlier, self.workers):
             for worker, figures in source.items():
