@@ -306,7 +306,9 @@ def train(args: argparse.Namespace, rank: int, world: int, device: torch.device)
         path = latest_checkpoint(args.out, rank)
         if path is None:
             raise FileNotFoundError(f"--resume: no checkpoint for rank {rank} in {args.out}")
-        state = torch.load(path, map_location=device, weights_only=False)
+        # on the CPU: the generator states must stay CPU tensors; load_state_dict moves the
+        # weights and the optimiser's moments to the model's device
+        state = torch.load(path, map_location="cpu", weights_only=False)
         net.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
