@@ -50,10 +50,12 @@ from .pipes.text import (
     build_tokenizer, CharTokenizer, load_tokenizer, SentencePieceTokenizer, WordTokenizer,
 )
 from .pipes.batching import BatchView, compute_lengths, read_data_len, select_keys
+from .pipes.batching import Calibration, calibrate_budget
 from .recipes import (  # noqa: E402
     FrontEnd, eval_pipeline, get_recipe, manifest_path, pipeline_report, train_pipeline,
 )
 from .remote import RemoteOptions  # noqa: E402
+from .telemetry import Telemetry  # noqa: E402
 from .stats import corpus_stats  # noqa: E402
 from . import recipes  # noqa: E402,F401
 
@@ -69,6 +71,7 @@ __all__ = [
     "BudgetWarning",
     "Buffering",
     "BufferStats",
+    "Calibration",
     "ChannelMismatchError",
     "CharTokenizer",
     "CmvnStats",
@@ -113,6 +116,7 @@ __all__ = [
     "StepPlanner",
     "StepStats",
     "SumOfLengths",
+    "Telemetry",
     "TextNormalizer",
     "TwoDimensional",
     "UnevenSplitWarning",
@@ -121,6 +125,7 @@ __all__ = [
     "WordTokenizer",
     "build_loader",
     "build_tokenizer",
+    "calibrate_budget",
     "compute_cmvn_stats",
     "compute_lengths",
     "corpus_stats",

@@ -111,6 +111,7 @@ import multiprocessing
 import os
 import shutil
 import tempfile
+import time
 import warnings
 import weakref
 from typing import Any, Callable, Iterable, Iterator, Mapping
@@ -133,6 +134,7 @@ from .pipes._core import (
 )
 from .pipes.concurrency import LEAVES, to_device
 from .seeding import CarriesRank, derive_seed, process_position
+from .telemetry import WRITE_EVERY, Probes, Telemetry, read_worker_figures, write_worker_figures
 
 __all__ = [
     "Loader",
@@ -215,6 +217,8 @@ class PipeDataset(CarriesRank, torch.utils.data.IterableDataset):
         self._live: dict | None = None
         self._transfer: tuple[str, torch.Tensor, torch.Tensor] | None = None  # build_loader
         self._reports: str | None = None  # folder for the workers' skip counts (build_loader)
+        self._telemetry = False  # probe the stages of each pass (build_loader(telemetry=))
+        self._probes: Probes | None = None  # the running pass's, in this process
 
     # -- epochs
 
@@ -267,12 +271,19 @@ class PipeDataset(CarriesRank, torch.utils.data.IterableDataset):
             live = self._live = {"epoch": epoch, "finished": False, "stages": stages,
                                  "unsaveable": unresumable_reason(self.pipe)}
             info = torch.utils.data.get_worker_info()
+            items: Iterable = self.pipe
+            if self._telemetry:  # after the restore: its replays are not the pass's work
+                probes = self._probes = Probes(self.pipe)
+                probes.install()
+                items = probes.top
+                if info is not None and self._reports is not None:
+                    items = _writing_figures(items, probes, self._reports, info.id)
             if self._transfer is not None and info is not None:
                 pool = install(info.id, *self._transfer)
-                for item in self.pipe:
+                for item in items:
                     yield pool.wrap(item)  # batches collated in reused shared memory
             else:
-                for item in self.pipe:
+                for item in items:
                     yield item
             live["finished"] = True
             if info is not None and self._reports is not None:
@@ -282,6 +293,8 @@ class PipeDataset(CarriesRank, torch.utils.data.IterableDataset):
                 mark_location(error)  # so that the main process gets .source/.line/.key too
             raise
         finally:
+            if self._probes is not None:
+                self._probes.remove()
             end_pass(stages)
 
     def __len__(self) -> int:
@@ -354,6 +367,19 @@ def _write_report(folder: str, worker: int, pipe: Any) -> None:
                       RuntimeWarning, stacklevel=2)
 
 
+def _writing_figures(items: Iterable, probes: Probes, folder: str, worker: int) -> Iterator:
+    """``items``, writing this worker's stage figures at most every :data:`WRITE_EVERY`
+    seconds and at the end of the pass."""
+    last = time.perf_counter()
+    for item in items:
+        now = time.perf_counter()
+        if now - last > WRITE_EVERY:
+            write_worker_figures(folder, worker, probes.figures())
+            last = now
+        yield item
+    write_worker_figures(folder, worker, probes.figures())
+
+
 def _clear_reports(folder: str) -> None:
     for name in os.listdir(folder):
         os.remove(os.path.join(folder, name))
@@ -412,12 +438,17 @@ class Loader:
     """
 
     def __init__(self, dataset: PipeDataset, dataloader: Any, *, device: torch.device | None,
-                 non_blocking: bool, uneven: Any = None) -> None:
+                 non_blocking: bool, uneven: Any = None,
+                 telemetry: Telemetry | None = None) -> None:
         self.dataset = dataset
         self.dataloader = dataloader
         self.device = device
         self.non_blocking = non_blocking
         self.uneven = uneven
+        self.telemetry = telemetry
+        if telemetry is not None:
+            telemetry.num_workers = dataloader.num_workers
+            telemetry._refresh = weakref.WeakMethod(self._read_stage_figures)  # not a cycle
         self._epoch_given = True  # the first pass uses the epoch the loader starts at
         self._between_epochs = False  # the last pass ran to its end; none has started since
         self._stages_fingerprint: dict | None = None  # the pipeline's part, taken once, before
@@ -451,6 +482,9 @@ class Loader:
         if self.dataset._transfer is not None and not self.dataloader.persistent_workers:
             forget_segments(self.dataset._transfer[0])  # the last pass's workers
         reports = self.dataset._reports
+        if self.telemetry is not None:  # a pass left early: its figures so far
+            self._read_stage_figures()
+            self.telemetry.end_pass()
         if reports is not None:
             _clear_reports(reports)  # left by a pass that was not run to its end
         global _collect_before_fork
@@ -463,10 +497,13 @@ class Loader:
             # in a process with torch and a few libraries imported, more beside a model.
             gc.collect()
             _collect_before_fork = False
+        started = time.perf_counter()
         iterator = iter(batches)
         ended = False
         try:
-            if self.device is None:
+            if self.telemetry is not None:
+                yield from self._timed(iterator, started)
+            elif self.device is None:
                 yield from iterator
             else:
                 for batch in iterator:
@@ -478,6 +515,9 @@ class Loader:
         finally:
             if not ended:
                 _collect_before_fork = True
+        if self.telemetry is not None:
+            self._read_stage_figures()
+            self.telemetry.end_pass()
         if reports is not None:  # every worker has finished its pass: add up their counts
             _collect_reports(reports, self.dataset.pipe)
         if self.dataset._transfer is not None and not self.dataloader.persistent_workers:
@@ -487,6 +527,38 @@ class Loader:
 
     def __len__(self) -> int:
         return len(self.uneven if self.uneven is not None else self.dataloader)
+
+    def _timed(self, iterator: Iterator, started: float) -> Iterator[Any]:
+        """The batches, with the time the loop waits in ``next()`` recorded per step."""
+        telemetry = self.telemetry
+        clock = time.perf_counter
+        handed = None  # when the last batch was handed to the loop
+        while True:
+            asked = clock()
+            ready = _ready_batches(getattr(self.dataloader, "_iterator", None))
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                return
+            if self.device is not None:
+                batch = to_device(batch, self.device, non_blocking=self.non_blocking)
+            now = clock()
+            if handed is None:
+                telemetry.record_first_batch(now - started)
+            else:
+                telemetry.record_step(now - asked, asked - handed, ready)
+            handed = clock()
+            yield batch
+
+    def _read_stage_figures(self) -> None:
+        """The stage figures so far: the workers' files, or this process's probes."""
+        if self.dataloader.num_workers:
+            if self.dataset._reports is not None:
+                self.telemetry.record_workers(read_worker_figures(self.dataset._reports))
+        elif self.dataset._probes is not None:
+            self.telemetry.record_workers({0: self.dataset._probes.figures()})
+            if self.dataset._probes._installed == []:  # its pass ended: read once
+                self.dataset._probes = None
 
     def state_dict(self) -> dict:
         """The position after the last batch yielded (``StatefulDataLoader.state_dict``); after
@@ -633,6 +705,25 @@ def _saved_workers(state: Any) -> int | None:
     return 0 if "_num_yielded" in state else None
 
 
+def _ready_batches(iterator: Any) -> int | None:
+    """Batches a DataLoader iterator holds ready: received out of order, and waiting in its
+    result queue (``qsize``, approximate); None without workers."""
+    if iterator is None or not getattr(iterator, "_num_workers", 0):
+        return None
+    ready = 0
+    info = getattr(iterator, "_task_info", None)
+    received = getattr(iterator, "_rcvd_idx", 0)
+    if isinstance(info, dict):
+        ready += sum(1 for index, task in list(info.items())
+                     if index >= received and len(task) == 2)
+    queue = getattr(iterator, "_data_queue", None)
+    try:
+        ready += queue.qsize()
+    except (AttributeError, NotImplementedError, OSError):
+        pass
+    return ready
+
+
 def as_tensors(item: Any) -> Any:
     """Numpy arrays in a batch to tensors (sharing memory), the rest as it is
     (:func:`~speechpipe.pipes.concurrency.to_device` without a device), handing a list of keys
@@ -666,6 +757,7 @@ def build_loader(
     multiprocessing_context: str | None = None,
     reuse_shared_memory: bool = True,
     resumable: bool = True,
+    telemetry: bool | Telemetry = False,
 ) -> Loader:
     """Build the loader a training script iterates: workers, prefetch, pinning, device,
     uneven inputs and exact resume, in one call.
@@ -706,6 +798,12 @@ def build_loader(
             A pipeline with a stage that cannot be resumed (torch's ``shuffle``, ``batch``...,
             or no source that knows its position) is then refused here, naming the stage and
             what to use instead. ``False``: a plain ``DataLoader``, no ``state_dict()``.
+        telemetry: record where the time goes (``loader.telemetry``, a
+            :class:`~speechpipe.telemetry.Telemetry`; ``True`` for one without a callback):
+            the loop's wait in ``next()`` per step, time to the first batch, ready batches,
+            and per stage and worker the CPU time spent; ``loader.telemetry.report()`` starts
+            with a verdict. Costs a few clock reads per item per stage
+            (``benchmarks/bench_telemetry.py``).
 
     >>> import numpy as np, speechpipe
     >>> from speechpipe import SequenceWrapper
@@ -722,6 +820,10 @@ def build_loader(
     device = _check_options(num_workers, prefetch_factor, pin_memory, persistent_workers,
                             device, uneven, snapshot_every, multiprocessing_context,
                             reuse_shared_memory, resumable)
+    if telemetry is True:
+        telemetry = Telemetry()
+    elif telemetry is not False and not isinstance(telemetry, Telemetry):
+        raise TypeError(f"telemetry must be a bool or a Telemetry, got {telemetry!r}")
     dataset = PipeDataset(pipe, seed=seed)
     reason = unresumable_reason(pipe) if resumable else None
     if reason is not None:
@@ -731,6 +833,7 @@ def build_loader(
         dataset._transfer = new_table(num_workers)
     if num_workers:
         dataset._reports = tempfile.mkdtemp(prefix="speechpipe-reports-")
+    dataset._telemetry = bool(telemetry)
     generator = torch.Generator().manual_seed(derive_seed(seed, 0, 0, 0, "loader") % 2**63)
     options = dict(batch_size=None, num_workers=num_workers, pin_memory=pin_memory,
                    persistent_workers=persistent_workers, generator=generator,
@@ -748,7 +851,8 @@ def build_loader(
     elif uneven is not None:
         wrapped = uneven(dataloader)
     loader = Loader(dataset, dataloader, device=device, non_blocking=pin_memory and device is
-                    not None and device.type != "cpu", uneven=wrapped)
+                    not None and device.type != "cpu", uneven=wrapped,
+                    telemetry=telemetry or None)
     if dataset._transfer is not None:
         keep_table_while(loader, dataset._transfer[0])
     if dataset._reports is not None:

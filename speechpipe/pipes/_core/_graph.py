@@ -22,10 +22,13 @@ GRAPH_CONTAINER_MAX = 64
 
 def _children(node: Any) -> list:
     """The pipes ``node`` holds: directly, or in a list, tuple or dict of at most
-    :data:`GRAPH_CONTAINER_MAX` items, in attribute order."""
+    :data:`GRAPH_CONTAINER_MAX` items, in attribute order (through the probes that
+    :mod:`speechpipe.telemetry` puts in front of a pipe for a pass)."""
     children: list = []
     for value in getattr(node, "__dict__", {}).values():
         if isinstance(value, (IterDataPipe, MapDataPipe)):
+            while getattr(type(value), "graph_transparent", False):  # a telemetry probe
+                value = value.__dict__["source"]
             children.append(value)
         elif isinstance(value, (list, tuple)) and len(value) <= GRAPH_CONTAINER_MAX:
             children.extend(v for v in value if isinstance(v, (IterDataPipe, MapDataPipe)))

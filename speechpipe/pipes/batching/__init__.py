@@ -8,6 +8,7 @@ from ._buckets import (
     BlockBatcherIterDataPipe, bucket_groups, DurationFilterIterDataPipe,
     LengthBucketerIterDataPipe, pack_batches,
 )
+from ._calibration import calibrate_budget, Calibration
 from ._constraints import (
     batch_constraint, BatchConstraint, BatchStats, BudgetWarning, OVERSIZE, PaddedArea,
     Quadratic, SampleCount, SumOfLengths, TwoDimensional,
@@ -27,6 +28,7 @@ __all__ = [
     "BatchView",
     "BlockBatcherIterDataPipe",
     "BudgetWarning",
+    "Calibration",
     "DurationFilterIterDataPipe",
     "IndexDurationReaderIterDataPipe",
     "LengthBucketerIterDataPipe",
@@ -42,6 +44,7 @@ __all__ = [
     "ViewSampler",
     "batch_constraint",
     "bucket_groups",
+    "calibrate_budget",
     "compute_lengths",
     "epoch_batches",
     "form_batches",

@@ -1,0 +1,142 @@
+"""build_loader(..., telemetry=...): the loop's waits, the stages' CPU time from the workers, and a
+verdict that names the stage to fix (issue 33)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from torch.utils.data import IterDataPipe
+
+import speechpipe as sp
+from speechpipe.sample import sample_duration
+
+BUDGET = sp.PaddedArea(budget=20.0, length=sample_duration)
+
+
+@pytest.fixture(scope="module")
+def rows():
+    recipe = sp.get_recipe("librispeech")
+    return list(recipe.prepare_librispeech(sp.DEMO_CORPUS, None, progress=False)["dev-clean"])
+
+
+def burn(sample):
+    """An augmentation that spends 15 ms of CPU per utterance."""
+    end = time.thread_time() + 0.015
+    while time.thread_time() < end:
+        pass
+    return sample
+
+
+def demo_pipe(rows, *, augment=None):
+    pipe = sp.IterableWrapper(rows).shuffle_samples(seed=0)
+    pipe = pipe.load_audio(field="audio_path")  # decodes each FLAC file
+    if augment is not None:
+        pipe = pipe.map(augment)
+    pipe = pipe.block_batch(constraint=BUDGET, seed=0, shuffle_window=1)  # streams
+    return pipe.collate(collate_fn=sp.PadCollate())
+
+
+def train(loader, step_seconds: float, passes: int = 1) -> None:
+    for _ in range(passes):
+        for _batch in loader:
+            time.sleep(step_seconds)  # the training step, away from the CPU
+
+
+def by_name(stages: dict) -> dict:
+    return {path.split(":", 1)[1]: entry for path, entry in stages.items()}
+
+
+def stage_of(verdict: str) -> str:
+    return verdict.split("; ")[1].split(" takes ")[0]
+
+
+def test_a_slow_decode_is_named(rows):
+    loader = sp.build_loader(demo_pipe(rows), num_workers=1, seed=0, telemetry=True)
+    train(loader, 0.0, passes=2)
+    verdict = loader.telemetry.verdict()
+    assert stage_of(verdict) == "load_audio", loader.telemetry.report()
+    assert "DecodeCollate or features on the device" in verdict
+    stages = loader.telemetry.stages()
+    assert by_name(stages)["load_audio"]["items"] == 72  # 36 utterances, two passes
+    assert set(loader.telemetry.per_worker()) == {0}
+
+
+def test_a_slow_augmentation_is_named(rows):
+    loader = sp.build_loader(demo_pipe(rows, augment=burn), num_workers=2, seed=0,
+                             telemetry=True)
+    train(loader, 0.0)
+    telemetry = loader.telemetry
+    verdict = telemetry.verdict()
+    assert stage_of(verdict) == "map(burn)", telemetry.report()
+    assert by_name(telemetry.stages())["map(burn)"]["cpu"] >= 36 * 0.015 * 0.9
+    assert set(telemetry.per_worker()) == {0, 1}  # both workers' figures came back
+    assert verdict.startswith("data-bound in ")
+
+
+def test_too_few_workers_asks_for_more_and_a_fast_pipeline_for_nothing(rows):
+    # Invariant: one worker spends 15 ms per utterance (~50-150 ms a batch) while the step
+    # takes 5 ms: the loop waits at nearly every step, and the verdict asks for more workers.
+    slow = sp.build_loader(demo_pipe(rows, augment=burn), num_workers=1, seed=0,
+                           telemetry=True)
+    train(slow, 0.005)
+    snap = slow.telemetry.snapshot()
+    assert snap["data_bound_steps"] > 0.5, slow.telemetry.report()
+    assert "more worker" in slow.telemetry.verdict()
+    # the same data with a step far longer than a batch's preparation: no wait to speak of
+    fast = sp.build_loader(demo_pipe(rows), num_workers=1, seed=0, telemetry=True)
+    train(fast, 0.25)
+    assert fast.telemetry.verdict().endswith("the loop rarely waits: nothing to do"), \
+        fast.telemetry.report()
+    assert fast.telemetry.snapshot()["first_batch_seconds"] > 0
+
+
+def test_main_process_telemetry_callback_and_report(rows):
+    seen = []
+    telemetry = sp.Telemetry(every=2, callback=seen.append)
+    loader = sp.build_loader(demo_pipe(rows), seed=0, telemetry=telemetry)
+    batches = sum(1 for _ in loader)
+    assert loader.telemetry is telemetry
+    assert telemetry.steps == batches - 1  # the first batch is timed apart
+    assert len(seen) == (batches - 1) // 2 and "wait_share" in seen[0]
+    report = telemetry.report()
+    assert report.splitlines()[0].startswith("data-bound in ")
+    assert "not measured (no DataLoader workers)" in report
+    assert by_name(telemetry.stages())["load_audio"]["items"] == 36
+
+
+def pipes_held(pipe) -> list:
+    out, node = [], pipe
+    while node is not None:
+        held = [(k, v) for k, v in node.__dict__.items() if isinstance(v, IterDataPipe)]
+        out.append([(k, id(v), type(v).__name__) for k, v in held])
+        node = held[0][1] if held else None
+    return out
+
+
+def test_probes_leave_the_graph_and_the_state_as_they_were(rows):
+    # Invariant: the probes are out of the pipeline after a pass, and a state taken with
+    # telemetry on resumes a loader without it (the stages keep their paths).
+    pipe = demo_pipe(rows)
+    children = pipes_held(pipe)
+    loader = sp.build_loader(pipe, seed=0, telemetry=True)
+    iterator = iter(loader)
+    first = [next(iterator)["key"] for _ in range(2)]
+    state = loader.state_dict()
+    rest = [b["key"] for b in iterator]
+    assert pipes_held(pipe) == children  # the same pipes, no probe left in front of one
+    other = sp.build_loader(demo_pipe(rows), seed=0)
+    other.load_state_dict(state)
+    assert [b["key"] for b in other] == rest
+    assert first
+
+
+def test_bad_telemetry_arguments_are_named():
+    with pytest.raises(TypeError, match="telemetry must be a bool or a Telemetry, got 'yes'"):
+        sp.build_loader(sp.IterableWrapper([1]).shuffle_samples(), telemetry="yes")
+    with pytest.raises(ValueError, match="every must be an int >= 0, got -1"):
+        sp.Telemetry(every=-1)
+    with pytest.raises(TypeError, match="callback must be callable when every > 0"):
+        sp.Telemetry(every=5)
+    with pytest.raises(ValueError, match=r"data_bound_share must be in \(0, 1\), got 2"):
+        sp.Telemetry(data_bound_share=2)
