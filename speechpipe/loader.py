@@ -94,7 +94,7 @@ loader without a position to save).
 **A state knows what it belongs to.** ``loader.state_dict()`` carries a fingerprint of what
 decides the batches (:meth:`Loader.fingerprint`): the pipeline's stages in graph order with
 their deciding settings (seeds, budgets, buffer sizes, boundaries, a digest of the shard list
-or manifest: :mod:`speechpipe.pipes._fingerprint`) and the loader's ``seed``, world size and
+or manifest: :mod:`speechpipe.pipes._core._fingerprint`) and the loader's ``seed``, world size and
 ``num_workers``. :meth:`Loader.load_state_dict` compares it with its own before anything is
 restored or fetched again (whatever ``snapshot_every``), and raises
 :class:`~speechpipe.errors.ResumeError` listing each difference, saved -> current; a change
@@ -579,7 +579,7 @@ class Loader:
     def fingerprint(self) -> dict:
         """What decides this loader's batches: each stage of the pipeline in graph order with
         the settings that decide its output (seed, budget, buffer sizes, boundaries, a digest of
-        the shard list or manifest...: :mod:`speechpipe.pipes._fingerprint`) and the loader's
+        the shard list or manifest...: :mod:`speechpipe.pipes._core._fingerprint`) and the loader's
         ``seed``, ``world_size`` and ``num_workers``. Reads no data."""
         if self._stages_fingerprint is None:
             self._stages_fingerprint = fingerprint(self.dataset.pipe)
@@ -808,7 +808,7 @@ def build_loader(
     >>> import numpy as np, speechpipe
     >>> from speechpipe import SequenceWrapper
     >>> from speechpipe.pipes.collate import PadCollate
-    >>> from speechpipe.pipes.batching import BatchView
+    >>> from speechpipe.pipes.batching._buckets import BatchView
     >>> data = {f"u{i}": {"key": f"u{i}", "feats": np.ones((i + 1, 2), np.float32)}
     ...         for i in range(5)}
     >>> view = BatchView({k: len(s["feats"]) for k, s in data.items()}, batch_len=6, seed=0)

@@ -15,7 +15,7 @@ the loader a ``loader.telemetry`` that records:
   what the stages below it took (a stage's own time).
   A probe (:class:`StageProbe`) is put in front of every pipe that another pipe holds as an
   attribute, for the pass only, and taken out when it ends; the graph walks see through it
-  (:mod:`speechpipe.pipes._graph`), so states and counters keep their paths. Stages held in
+  (:mod:`speechpipe.pipes._core._graph`), so states and counters keep their paths. Stages held in
   lists (``concat``, ``zip_by_name``'s sources) are counted in the stage that holds them, and
   work done in other threads (``map_in_threads``' pool, ``prefetch_in_thread``'s reader) is not
   CPU time of the stage that waits for it.

@@ -26,9 +26,9 @@ from speechpipe.errors import DataError
 from speechpipe.index import ShardIndex
 from speechpipe.pack import PackOptions, pack_data
 from speechpipe.pipes._core import IterableWrapper
-from speechpipe.pipes.shards import ShardWriter, write_shard
-from speechpipe.pipes.order import read_shard
-from speechpipe.pipes.shards import ShardReadOptions
+from speechpipe.pipes.shards._reader import ShardWriter, write_shard
+from speechpipe.pipes.order._window import read_shard
+from speechpipe.pipes.shards._reader import ShardReadOptions
 
 zstandard = pytest.importorskip("zstandard")
 
@@ -205,7 +205,7 @@ def test_a_decompression_bomb_is_refused_without_taking_memory(tmp_path, name):
     script = (
         "import json, resource, sys\n"
         "import speechpipe as sp\n"
-        "from speechpipe.pipes.sharding import read_shard\n"
+        "from speechpipe.pipes.order._streaming import read_shard\n"
         "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
         "try:\n"
         "    list(read_shard(sys.argv[1]))\n"

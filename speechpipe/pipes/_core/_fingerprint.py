@@ -1,13 +1,13 @@
 """What decides a pipeline's batches, as a small comparable record: a loader state's fingerprint.
 
-:func:`fingerprint` walks the pipeline (:func:`~speechpipe.pipes._graph.graph_nodes`) and
+:func:`fingerprint` walks the pipeline (:func:`~speechpipe.pipes._core._graph.graph_nodes`) and
 records, for each stage in graph order, its class name and the values of the attributes that
 decide the batches; the loader adds its own (``seed``, ``world_size``, ``num_workers``).
 :func:`differences` compares two fingerprints and :func:`describe_differences` says each
 difference in a line (stage, field, saved -> current).
 
 Which attributes a stage records: those named by its ``decides_batches`` (a tuple of attribute
-names, declared by the stage: :mod:`speechpipe.pipes._state`); without one, its public
+names, declared by the stage: :mod:`speechpipe.pipes._core._state`); without one, its public
 attributes that hold settings -- numbers, strings, flags, short tuples of them, settings
 objects (dataclasses such as a ``PaddedArea`` budget or a ``ShardSplit``), functions (by their
 qualified name) -- and not the pipes below it, the ledgers it counts in (``diagnostics``,

@@ -19,7 +19,7 @@ Declared here and nowhere else:
 
 Every stage may also say which of its attributes decide the batches (``decides_batches``, a
 tuple of attribute names; None, the default, derives them: the public attributes that hold
-settings, see :mod:`speechpipe.pipes._fingerprint`). A loader state carries their values, and
+settings, see :mod:`speechpipe.pipes._core._fingerprint`). A loader state carries their values, and
 a state is refused by a pipeline whose values differ.
 
 A stage that keeps items in its generator's locals and is none of these (torch's ``shuffle``,

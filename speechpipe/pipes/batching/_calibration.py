@@ -7,7 +7,7 @@ stays within a limit (doubling, then bisecting; an out-of-memory error counts as
 limit). The measurements then give:
 
 * :attr:`Calibration.caps`: the largest batch of each bucket (``n`` at the bucket's longest);
-* :meth:`Calibration.quadratic`: a :class:`~speechpipe.pipes.constraints.Quadratic` budget
+* :meth:`Calibration.quadratic`: a :class:`~speechpipe.pipes.batching._constraints.Quadratic` budget
   fitted to them (least squares of ``memory = base + a·n·L + b·n·L²``, so ``q = a / b`` and
   ``budget = (limit - base) / a``), for ``bucket_by_length`` + ``block_batch``:
   ``constraint=calibration.quadratic(length=...)``;
