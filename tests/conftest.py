@@ -12,9 +12,13 @@ import pytest
 
 #: Test modules whose tests start processes or servers, or take seconds each.
 SLOW_MODULES = {
-    "test_cli", "test_demo", "test_distributed", "test_docs", "test_readme", "test_remote",
-    "test_remote_paths", "test_resume", "test_transfer", "test_example_asr", "test_device_features",
-    "test_hf_datasets", "test_lhotse", "test_compressed_shards", "test_buffers",
+    "test_buffers", "test_calibration", "test_cli", "test_collate", "test_compact",
+    "test_compressed_shards", "test_ddp_docs", "test_demo", "test_device_features",
+    "test_distributed", "test_docs", "test_docs_preparation", "test_epochs",
+    "test_example_asr", "test_fingerprint", "test_hf_datasets", "test_kaldi_fbank",
+    "test_lhotse", "test_loader", "test_noise", "test_pack_jobs", "test_recipe_wenetspeech",
+    "test_registry", "test_remote", "test_remote_paths", "test_resume", "test_telemetry",
+    "test_threads", "test_transfer", "test_trust",
 }
 
 

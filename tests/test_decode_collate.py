@@ -234,7 +234,8 @@ def test_recorded_speech_batched_on_index_durations_decodes_into_batches_in_work
     loader = sp.build_loader(pipe, num_workers=2, seed=1)
     seen = []
     for batch in loader:
-        assert list(batch) == ["key", "audio", "audio_len", "sample_rate", "text",
+        # meta: the manifest's other fields, kept by pack as a JSON member (issue 32.9)
+        assert list(batch) == ["key", "audio", "audio_len", "sample_rate", "meta", "text",
                                "duration"]
         assert batch["audio"].shape[1] * len(batch["key"]) <= 40.0 * 16000  # the budget
         for row, key in enumerate(batch["key"]):
