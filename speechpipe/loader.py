@@ -808,7 +808,7 @@ def build_loader(
     >>> import numpy as np, speechpipe
     >>> from speechpipe import SequenceWrapper
     >>> from speechpipe.pipes.collate import PadCollate
-    >>> from speechpipe.pipes.batching._buckets import BatchView
+    >>> from speechpipe.pipes.batching import BatchView
     >>> data = {f"u{i}": {"key": f"u{i}", "feats": np.ones((i + 1, 2), np.float32)}
     ...         for i in range(5)}
     >>> view = BatchView({k: len(s["feats"]) for k, s in data.items()}, batch_len=6, seed=0)

@@ -26,9 +26,9 @@ from speechpipe.errors import DataError
 from speechpipe.index import ShardIndex
 from speechpipe.pack import PackOptions, pack_data
 from speechpipe.pipes._core import IterableWrapper
-from speechpipe.pipes.shards._reader import ShardWriter, write_shard
-from speechpipe.pipes.order._window import read_shard
-from speechpipe.pipes.shards._reader import ShardReadOptions
+from speechpipe.pipes.shards import ShardWriter, write_shard
+from speechpipe.pipes.order import read_shard
+from speechpipe.pipes.shards import ShardReadOptions
 
 zstandard = pytest.importorskip("zstandard")
 
