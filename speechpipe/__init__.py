@@ -35,11 +35,12 @@ from .pipes.codecs import encode_audio  # noqa: E402
 from .pipes.collate import DecodeCollate, PadCollate  # noqa: E402
 from .pipes.concurrency import start, to_device  # noqa: E402
 from .pipes.constraints import (  # noqa: E402
-    BatchConstraint, BatchStats, BudgetWarning, PaddedArea, Quadratic, SampleCount, SumOfLengths,
-    TwoDimensional,
+    BatchConstraint, BatchStats, BudgetWarning, IndexLength, LengthUnitError, PaddedArea, Quadratic,
+    SampleCount, SumOfLengths, TwoDimensional,
 )
 from .pipes.distributed import (  # noqa: E402
-    DistributedStepError, EqualSteps, ShardSplit, StepPlanner, StepStats, shard_assignment,
+    DistributedStepError, EqualSteps, PlanMismatchWarning, ShardSplit, StepPlanner, StepStats,
+    UnevenStepsWarning, shard_assignment,
 )
 from .pipes.hf_datasets import read_hf_dataset  # noqa: E402
 from .pipes.kaldi_fbank import (  # noqa: E402
@@ -85,7 +86,9 @@ __all__ = [
     "EqualSteps",
     "FbankOptions",
     "FrontEnd",
+    "IndexLength",
     "IterableWrapper",
+    "LengthUnitError",
     "Loader",
     "LogMelOptions",
     "MfccOptions",
@@ -96,6 +99,7 @@ __all__ = [
     "PaddedArea",
     "PipeDataset",
     "PipelineNode",
+    "PlanMismatchWarning",
     "Quadratic",
     "RemoteOptions",
     "ResumeWarning",
@@ -116,6 +120,7 @@ __all__ = [
     "TextNormalizer",
     "TwoDimensional",
     "UnevenSplitWarning",
+    "UnevenStepsWarning",
     "UnsafeInputError",
     "UnsupportedCodecError",
     "WordTokenizer",
