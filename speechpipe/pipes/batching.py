@@ -536,6 +536,7 @@ class BlockBatcherIterDataPipe(Seeded, Resumable, IterDataPipe[list]):
         finally:
             self._live = None
         self.stats.warn_if_budget_too_small(self.constraint)
+        self.stats.warn_if_budget_too_large(self.constraint)
 
     def _snapshot(self, live: dict) -> dict:
         # A held batch never changes once packed: its identities are computed once and kept

@@ -499,7 +499,28 @@ def batch_constraint(
 
 
 class BudgetWarning(UserWarning):
-    """Most batches of a pass were a single sample longer than the budget."""
+    """A budget far off the data: most batches of a pass were a single sample longer than the
+    budget (too small, or in another unit), or one batch held most of a pass of many samples,
+    or a batch of padded durations above an hour (too large)."""
+
+
+#: A pass of at least this many samples whose largest batch holds half of them or more is
+#: batched by a budget far too large for its data.
+_LARGE_PASS = 64
+#: Seconds of padded audio in one batch above which a budget counted in seconds is warned of:
+#: an hour, some 10x the largest batches that train on one GPU (lhotse's max_duration of
+#: 200-1000 s).
+_LARGE_BATCH_SECONDS = 3600.0
+
+
+def _unit_of(constraint: BatchConstraint) -> str:
+    """What a constraint's costs count, in words."""
+    length = constraint.length
+    if length == DURATION or length is sample_duration:
+        return "seconds"
+    if length is None:
+        return "frames of feats, else audio samples"
+    return f"units of {length if isinstance(length, str) else 'its length function'}"
 
 
 @dataclass
@@ -564,6 +585,31 @@ class BatchStats:
                 f"was {self.largest_cost:g}); the budget is too small or in another unit than "
                 "the samples' lengths -- batch_len counts frames of feats, else audio samples; "
                 "max_duration counts seconds", BudgetWarning, stacklevel=3)
+
+    def warn_if_budget_too_large(self, constraint: BatchConstraint) -> None:
+        """Warn (:class:`BudgetWarning`, with the figures and the unit) when the budget is far
+        too large for the data: a pass of 64 samples or more whose largest batch holds half
+        of them or more (one or two batches where a GPU wanted dozens), or a budget in
+        seconds that let a batch cost more than an hour of padded audio."""
+        if not self.batches or isinstance(constraint, SampleCount):
+            return
+        largest = max(self.sizes)
+        unit = _unit_of(constraint)
+        whole = self.samples >= _LARGE_PASS and 2 * largest >= self.samples
+        hour = unit == "seconds" and self.largest_cost > _LARGE_BATCH_SECONDS
+        if not (whole or hour):
+            return
+        what = (f"its largest batch holds {largest} of the pass's {self.samples} samples "
+                f"({self.batches} batch(es))" if whole else
+                f"a batch cost {self.largest_cost:g} s of padded audio (more than "
+                f"{_LARGE_BATCH_SECONDS:g} s)")
+        warnings.warn(
+            f"{self.stage}: {what}; the largest batch cost {self.largest_cost:g} "
+            f"{unit} under {constraint!r}: a budget this large runs a GPU out of memory and "
+            "takes few steps per epoch. Is it in another unit than the samples' lengths? "
+            "batch_len counts frames of feats, else audio samples; max_duration and "
+            "length='duration' count seconds (a few hundred seconds per GPU is usual)",
+            BudgetWarning, stacklevel=3)
 
     def report(self) -> str:
         if not self.batches:
