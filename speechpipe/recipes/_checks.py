@@ -167,12 +167,13 @@ def verify_audio(paths: Iterable[str], *, num_jobs: int = 1, progress: bool = Tr
     >>> found[good].problem, found[bad].problem
     (None, 'corrupt')
     """
-    from tqdm import tqdm
+    from ..progress import progress_bar
 
     unique = list(dict.fromkeys(paths))
     out: dict[str, AudioCheck] = {}
-    with tqdm(total=len(unique), desc=desc, unit=" files", disable=not progress,
-              leave=False) as bar, concurrent.futures.ThreadPoolExecutor(num_jobs) as pool:
+    # a tqdm bar on a terminal; lines in a log (tqdm's \r redraws pile up into one line there)
+    with progress_bar(total=len(unique), desc=desc, unit="files", disable=not progress,
+                      leave=False) as bar, concurrent.futures.ThreadPoolExecutor(num_jobs) as pool:
         for check in pool.map(check_audio_file, unique):
             out[check.path] = check
             bar.update(1)
