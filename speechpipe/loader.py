@@ -108,7 +108,7 @@ import torch
 import torch.utils.data
 
 from . import transfer
-from .diagnostics import BufferStats, Diagnostics
+from .diagnostics import BufferStats, Diagnostics, report_to_main_process
 from .errors import SpeechpipeError, mark_location
 from .pipes._base import IterDataPipe, MapDataPipe
 from .pipes._graph import graph_nodes, propagate_epoch
@@ -247,6 +247,8 @@ class PipeDataset(CarriesRank, torch.utils.data.IterableDataset):
             live = self._live = {"epoch": epoch, "finished": False, "stages": stages,
                                  "unsaveable": unresumable_reason(self.pipe)}
             info = torch.utils.data.get_worker_info()
+            if info is not None and self._reports is not None:
+                report_to_main_process()  # its skips are warned of there, added up, once
             if self._transfer is not None and info is not None:
                 pool = transfer.install(info.id, *self._transfer)
                 for item in self.pipe:
@@ -357,6 +359,9 @@ def _collect_reports(folder: str, pipe: Any) -> None:
             if path in ledgers:
                 ledgers[path].merge(entry)
     _clear_reports(folder)
+    for ledger in ledgers.values():  # the workers' skips, once per pass, counted once
+        if isinstance(ledger, Diagnostics):
+            ledger.warn_if_skipped()
 
 
 def _shut_down(iterator: Any, dataloader: Any) -> None:

@@ -624,6 +624,7 @@ class DurationFilterIterDataPipe(IterDataPipe[Sample]):
         self.source_datapipe = source_datapipe
         self.warn = warn
         self.diagnostics = Diagnostics("filter_by_duration")
+        self.diagnostics.quiet = not warn
 
     def __iter__(self) -> Iterator[Sample]:
         self.diagnostics.reset()
@@ -638,11 +639,13 @@ class DurationFilterIterDataPipe(IterDataPipe[Sample]):
                                 else None, key=key if isinstance(key, str) else None) from exc
             if low is not None and seconds < low:
                 self.diagnostics.record(f"shorter than {low} s",
-                                        f"key {sample.get(KEY)!r} ({seconds:.2f} s)")
+                                        f"key {sample.get(KEY)!r} ({seconds:.2f} s)",
+                                        item=sample.get(KEY))
                 continue
             if high is not None and seconds > high:
                 self.diagnostics.record(f"longer than {high} s",
-                                        f"key {sample.get(KEY)!r} ({seconds:.2f} s)")
+                                        f"key {sample.get(KEY)!r} ({seconds:.2f} s)",
+                                        item=sample.get(KEY))
                 continue
             yield sample
         if self.warn:
