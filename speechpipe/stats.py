@@ -144,7 +144,7 @@ def shard_problems(manifests_or_shards: Any) -> list[str]:
 
 def _is_shards(source: str) -> bool:
     if os.path.isdir(source):
-        return True
+        return not _manifests_in(source)  # a folder of manifests is not shards
     name = source.lower()
     return name.endswith(_SHARD_SUFFIXES) or ("{" in name and ".tar" in name)
 
@@ -182,13 +182,25 @@ def _read(manifests_or_shards: Any, frame_shift: float, sample_rate: int,
             out.extend(_sample_durations(item, frame_shift, facts))
             continue
         source = os.fspath(item)
-        if _is_shards(source):
+        if _manifests_in(source):  # a folder of manifests (prepare's output): each of them
+            for path in _manifests_in(source):
+                out.extend(_manifest_durations(path, frame_shift, facts))
+        elif _is_shards(source):
             out.extend(_index_durations(source, frame_shift, sample_rate))
         elif not os.path.exists(source):
             raise MissingDataError("no such manifest, shard folder or shard", source=source)
         else:
             out.extend(_manifest_durations(source, frame_shift, facts))
     return out
+
+
+def _manifests_in(source: str) -> list[str]:
+    """The manifests of a local folder that has no shard index (``prepare``'s output folder),
+    sorted; ``[]`` for anything else."""
+    if not os.path.isdir(source) or os.path.exists(os.path.join(source, "index.jsonl")):
+        return []
+    return sorted(os.path.join(source, n) for n in os.listdir(source)
+                  if n.endswith((".jsonl.gz", ".jsonl")))
 
 
 def _sources(manifests_or_shards: Any) -> list:
@@ -414,7 +426,8 @@ def corpus_stats(
     """Statistics of the utterances of manifests or shards (see :func:`read_durations`).
 
     Args:
-        manifests_or_shards: manifests, shard folders / paths / patterns, sample lists.
+        manifests_or_shards: manifests (or a folder of them, as prepare writes), shard
+            folders / paths / patterns, sample lists.
         budget_seconds: padded seconds per batch for the padding efficiency (``None``: skip).
         png: write the length histogram there (needs matplotlib; without it the report says
             so and shows the text histogram only).

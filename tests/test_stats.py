@@ -224,3 +224,27 @@ def test_stats_notices_a_truncated_or_missing_shard(tmp_path):
     (tmp_path / "data-00001.tar").write_bytes(b"\0" * 2048)
     (tmp_path / "data-00002.tar").write_bytes(b"\0" * 2048)
     assert corpus_stats(tmp_path).problems == []
+
+
+def test_stats_on_a_folder_of_manifests_reads_every_manifest_in_it(tmp_path):
+    # Issue 32.12: stats on prepare's output folder told the user to write a shard index.
+    import speechpipe as sp
+    from speechpipe.stats import corpus_stats
+
+    sp.recipes.librispeech.prepare_librispeech(sp.DEMO_CORPUS, str(tmp_path / "m"),
+                                               progress=False)
+    stats = corpus_stats(str(tmp_path / "m"), None)
+    assert stats.utterances == 36
+
+
+def test_pack_names_a_manifest_folder_instead_of_a_raw_traceback(tmp_path):
+    # Issue 32.12: pack --manifest DIR was a raw IsADirectoryError traceback.
+    import speechpipe as sp
+    from speechpipe.errors import DataError
+
+    sp.recipes.librispeech.prepare_librispeech(sp.DEMO_CORPUS, str(tmp_path / "m"),
+                                               progress=False)
+    with pytest.raises(DataError, match=r"m: a folder, not a manifest: name its manifest "
+                                        r"files \(it holds \['librispeech_samples_dev-clean"):
+        sp.pack_data(None, None, str(tmp_path / "out"), manifests=[str(tmp_path / "m")],
+                     progress=False)

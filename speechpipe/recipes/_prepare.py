@@ -520,11 +520,8 @@ def resolve_manifests(
             for p in parts:
                 path = manifest_path(manifests, corpus, p)
                 if not path.exists():
-                    raise MissingDataError(
-                        f"no {corpus} manifest for part {p!r}; run 'speechpipe prepare "
-                        f"{corpus} <corpus_dir> {os.fspath(manifests)} --parts {p}'",
-                        source=str(path),
-                    )
+                    raise MissingDataError(_missing_part(manifests, corpus, p),
+                                           source=str(path))
                 out.append(str(path))
             return out
         return [os.fspath(manifests)]
@@ -532,6 +529,26 @@ def resolve_manifests(
     if items and all(isinstance(s, Mapping) for s in items):
         return [items]
     return [_one_source(m) for m in items]
+
+
+def _missing_part(folder: str | os.PathLike, corpus: str, part: str) -> str:
+    """Why a folder has no manifest for ``part``: the parts it has (a typo is then plain),
+    else the ``speechpipe prepare`` to run.
+
+    >>> import tempfile
+    >>> d = tempfile.mkdtemp()
+    >>> _ = open(manifest_path(d, "librispeech", "train-clean-100"), "w").close()
+    >>> print(_missing_part(d, "librispeech", "train-clean100"))
+    no librispeech manifest for part 'train-clean100'; this folder has part(s) \
+['train-clean-100'] (a typo?); to make it, run 'speechpipe prepare librispeech <corpus_dir> \
+... --parts train-clean100'
+    """
+    prefix, suffix = f"{corpus}_samples_", ".jsonl.gz"
+    have = sorted(name[len(prefix):-len(suffix)] for name in os.listdir(folder)
+                  if name.startswith(prefix) and name.endswith(suffix))
+    there = f"this folder has part(s) {have} (a typo?); to make it, " if have else ""
+    return (f"no {corpus} manifest for part {part!r}; {there}run 'speechpipe prepare {corpus} "
+            f"<corpus_dir> {os.fspath(folder)} --parts {part}'")
 
 
 def _one_source(m: Any) -> Any:
