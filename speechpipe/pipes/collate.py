@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 
 from functools import lru_cache
-from typing import Any, Iterable, Mapping, Sequence, Union
+from typing import Any, Callable, Iterable, Mapping, Sequence, Union
 
 import numpy as np
 import torch
@@ -426,6 +426,10 @@ class PadCollate:
         dtype: a floating dtype for floating-point fields (e.g. ``torch.float32`` for
             ``float64`` features or durations); integer and bool fields keep theirs. By default
             every field keeps its source dtype.
+        collate_fns: your own function per field, ``values (list, one per sample) -> the
+            batch's value`` (e.g. a vocabulary's own padding, or a ragged structure), as
+            Parakeet composes a batch from per-field collate functions; the other fields are
+            collated as above. Module-level functions, so that DataLoader workers receive them.
 
     Every sample must have the same fields (after ``drop`` and ``fields``): a sample missing a
     field that another has raises :class:`~speechpipe.errors.DataError` naming the field and
@@ -450,6 +454,8 @@ class PadCollate:
     >>> batch["tokens"], batch["tokens_len"]
     (tensor([[ 5,  6],
             [ 7, -1]]), tensor([2, 1]))
+    >>> PadCollate(collate_fns={"key": "+".join})([{"key": "a"}, {"key": "b"}])
+    {'key': 'a+b'}
     """
 
     def __init__(
@@ -460,7 +466,13 @@ class PadCollate:
         as_list: Sequence[str] = (),
         drop: Sequence[str] = (),
         dtype: torch.dtype | None = None,
+        collate_fns: Mapping[str, Callable[[list], Any]] | None = None,
     ) -> None:
+        collate_fns = {} if collate_fns is None else collate_fns
+        if not isinstance(collate_fns, Mapping) or not all(
+                isinstance(k, str) and callable(f) for k, f in collate_fns.items()):
+            raise TypeError(f"collate_fns must map field names to functions, got "
+                            f"{collate_fns!r}")
         if pad_values is None:
             pad_values = {}
         if not isinstance(pad_values, Mapping):
@@ -487,6 +499,12 @@ class PadCollate:
         both = set(pad_values) & (set(self.stack) | set(self.as_list))
         if both:
             raise ValueError(f"fields {sorted(both)} have a pad value but are in stack or as_list")
+        both = set(collate_fns) & (set(pad_values) | set(self.stack) | set(self.as_list)
+                                   | set(self.drop))
+        if both:
+            raise ValueError(f"fields {sorted(both)} have a collate function and are also in "
+                             "pad_values, stack, as_list or drop")
+        self.collate_fns = dict(collate_fns)
         if dtype is not None:
             if not isinstance(dtype, torch.dtype):
                 raise TypeError(f"dtype must be a torch.dtype, got {dtype!r}")
@@ -502,7 +520,8 @@ class PadCollate:
         return (
             f"PadCollate(pad_values={self.pad_values!r}, fields={self.fields!r}, "
             f"stack={self.stack!r}, as_list={self.as_list!r}, drop={self.drop!r}, "
-            f"dtype={self.dtype!r})"
+            f"dtype={self.dtype!r}"
+            + (f", collate_fns={self.collate_fns!r})" if self.collate_fns else ")")
         )
 
     def _field_names(self, samples: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -569,6 +588,10 @@ class PadCollate:
             values = [s[name] for s in samples]
             if name.endswith(SAMPLE_RATE):
                 _check_one_rate(name, values, keys)
+            own = self.collate_fns.get(name)
+            if own is not None:
+                batch[name] = own(values)
+                continue
             kind = self._kind(name, values)
             if kind == "pad":
                 length_name = len_key(name)
