@@ -885,3 +885,37 @@ def test_packing_groups_beside_a_flat_pack_is_refused(feats_corpus):
     report = pack_feats(feats_corpus, filter_group=["10:60"], force=True)
     assert sorted(os.listdir(feats_corpus["out"])) == ["10_60"]
     assert len(read_back(feats_corpus["out"])) == 7 and report.utterances == 7
+
+
+def test_ctrl_c_in_pack_says_a_rerun_continues_without_a_worker_traceback(tmp_path):
+    # Issue 32.12: Ctrl-C in pack printed a worker's traceback. Ctrl-C signals the terminal's
+    # whole process group: the test does the same to a pack with 2 workers.
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import speechpipe as sp
+
+    rows = sp.recipes.librispeech.prepare_librispeech(sp.DEMO_CORPUS, str(tmp_path / "m"),
+                                                      progress=False)["dev-clean"]
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(sp.__file__)))
+    proc = subprocess.Popen([sys.executable, "-m", "speechpipe.cli", "pack", "--manifest",
+                             str(rows), "--out", str(tmp_path / "out"), "--workers", "2",
+                             "--utts-per-shard", "1", "--no-progress"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env, start_new_session=True)
+    try:
+        time.sleep(8)  # the workers are started (spawn) and packing
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    if proc.returncode == 0:
+        pytest.skip("the pack finished before the interrupt")  # a fast machine
+    assert proc.returncode == 130, err
+    assert "interrupted; run the same command again to continue" in err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err

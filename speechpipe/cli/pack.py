@@ -125,6 +125,10 @@ def run_command(args: argparse.Namespace) -> int:
             audio_format=args.audio_format, force=args.force, allow_commands=args.allow_commands,
             empty_text=args.empty_text, compress=args.compress,
         )
+    except KeyboardInterrupt:
+        print("speechpipe pack: interrupted; run the same command again to continue where it "
+              "stopped (complete shards are kept)", file=sys.stderr)
+        return 130
     except MissingDataError as exc:
         print(f"speechpipe pack: error: {exc}\n  check the path, then run the same command "
               "again (complete shards are kept)", file=sys.stderr)
