@@ -60,29 +60,13 @@ class Seeded(CarriesRank):
         self._epoch_given = True
         return self
 
-    def set_seed(self, seed: int) -> "Seeded":
-        """What torch's DataLoader calls on the main process's pipe at every ``iter()``,
-        before the workers start from a copy of it: each call after the first is the next
-        epoch (unless :meth:`set_epoch` gave one since), so that workers that are not
-        persistent -- fresh copies each epoch -- start from the epoch's order instead of
-        repeating the first. torch's ``seed`` is not used: the order comes from ``(seed,
-        epoch)``, the same on every rank."""
-        calls = self.__dict__.get("_loader_epochs", 0)
-        if calls and not self.__dict__.get("_epoch_given", False):
-            self.epoch += 1
-        self._loader_epochs = calls + 1
-        self._epoch_given = False
-        self._epoch_from_loader = True  # the workers' copies: this pass's epoch is given
-        return self
-
     def _begin_pass(self) -> None:
         """Called by each random stage when a pass starts: a pass not preceded by
         ``set_epoch`` is the next epoch. A copy of the stage in a DataLoader worker that was
         never given an epoch (a fresh copy each epoch: torch's DataLoader without
         ``speechpipe.build_loader``) cannot know its epoch: it warns, once per process."""
         passes = self.__dict__.get("_passes", 0)
-        given = self.__dict__.get("_epoch_given", False) or self.__dict__.pop(
-            "_epoch_from_loader", False)
+        given = self.__dict__.get("_epoch_given", False)
         if passes and not given:
             self.epoch += 1
         elif not passes and not given and not _warned_in_worker:
