@@ -92,7 +92,7 @@ class IndexLength(float):
     (48000.0, 3.0, 3.0)
     >>> PaddedArea(3000).measure(IndexLength(4.5, "seconds"))
     Traceback (most recent call last):
-    speechpipe.pipes.constraints.LengthUnitError: the shard index counts seconds but the constraint measures frames of feats or audio samples (length=None)...
+    speechpipe.pipes.constraints.LengthUnitError: the shard index counts seconds but the...
     """
 
     __slots__ = ("unit", "sample_rate")
