@@ -887,6 +887,21 @@ def test_packing_groups_beside_a_flat_pack_is_refused(feats_corpus):
     assert len(read_back(feats_corpus["out"])) == 7 and report.utterances == 7
 
 
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (from /proc)."""
+    import glob
+
+    found = []
+    for status in glob.glob("/proc/[0-9]*/status"):
+        try:
+            with open(status) as f:
+                if f"PPid:\t{pid}\n" in f.read():
+                    found.append(int(status.split("/")[2]))
+        except OSError:  # the process ended meanwhile
+            pass
+    return found
+
+
 def test_ctrl_c_in_pack_says_a_rerun_continues_without_a_worker_traceback(tmp_path):
     # Issue 32.12: Ctrl-C in pack printed a worker's traceback. Ctrl-C signals the terminal's
     # whole process group: the test does the same to a pack with 2 workers.
@@ -907,7 +922,11 @@ def test_ctrl_c_in_pack_says_a_rerun_continues_without_a_worker_traceback(tmp_pa
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=env, start_new_session=True)
     try:
-        time.sleep(8)  # the workers are started (spawn) and packing
+        deadline = time.monotonic() + 60
+        while len(_children(proc.pid)) < 2 and proc.poll() is None:  # the spawned workers
+            assert time.monotonic() < deadline, "pack started no workers"
+            time.sleep(0.05)
+        time.sleep(0.3)  # starting up or packing: either way Ctrl-C must print no traceback
         os.killpg(proc.pid, signal.SIGINT)
         out, err = proc.communicate(timeout=120)
     finally:
