@@ -1,11 +1,14 @@
 # The two commands a newcomer runs: `make demo` and `make test`.
 # Both create .venv when it is missing and install speechpipe into it (editable), pinned by
-# constraints.txt to the torch build this machine has on disk.
+# constraints.txt to the torch build this machine has on disk. `make demo` installs only what
+# the demo needs (speechpipe and its requirements, no test extra), quietly; `make test` adds
+# the test extra.
 
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.speechpipe-installed
+DEMO_STAMP := $(VENV)/.speechpipe-demo-installed
 PIP    := $(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt
 
 .PHONY: demo test quick install bench clean
@@ -16,9 +19,15 @@ $(STAMP): setup.cfg pyproject.toml constraints.txt
 	$(PIP) -e '.[test]'
 	touch $(STAMP)
 
+$(DEMO_STAMP): setup.cfg pyproject.toml constraints.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) --quiet --upgrade pip setuptools wheel
+	$(PIP) --quiet --no-warn-script-location -e .
+	touch $(DEMO_STAMP)
+
 install: $(STAMP)
 
-demo: $(STAMP)
+demo: $(DEMO_STAMP)
 	$(VENV)/bin/speechpipe demo
 
 test: $(STAMP)

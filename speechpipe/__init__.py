@@ -34,9 +34,13 @@ from .pipes.decode import encode_audio
 from .pipes.collate import DecodeCollate, PadCollate  # noqa: E402
 from .pipes.concurrency import start, to_device  # noqa: E402
 from .pipes.batching import (
-    BatchConstraint, BatchStats, BudgetWarning, PaddedArea, Quadratic, SampleCount, SumOfLengths, TwoDimensional,
+    BatchConstraint, BatchStats, BudgetWarning, IndexLength, LengthUnitError, PaddedArea,
+    Quadratic, SampleCount, SumOfLengths, TwoDimensional,
 )
-from .pipes.distributed import DistributedStepError, EqualSteps, StepPlanner, StepStats
+from .pipes.distributed import (
+    DistributedStepError, EqualSteps, PlanMismatchWarning, StepPlanner, StepStats,
+    UnevenStepsWarning,
+)
 from .pipes.order import shard_assignment, ShardSplit
 from .pipes.interop import read_hf_dataset
 from .pipes.audio import fbank, FbankOptions, log_mel, LogMelOptions, mfcc, MfccOptions
@@ -86,7 +90,9 @@ __all__ = [
     "FbankOptions",
     "FolderLockedError",
     "FrontEnd",
+    "IndexLength",
     "IterableWrapper",
+    "LengthUnitError",
     "Loader",
     "LogMelOptions",
     "MfccOptions",
@@ -98,6 +104,7 @@ __all__ = [
     "PaddedArea",
     "PipeDataset",
     "PipelineNode",
+    "PlanMismatchWarning",
     "Quadratic",
     "RemoteOptions",
     "ResumeError",
@@ -120,6 +127,7 @@ __all__ = [
     "TextNormalizer",
     "TwoDimensional",
     "UnevenSplitWarning",
+    "UnevenStepsWarning",
     "UnsafeInputError",
     "UnsupportedCodecError",
     "WordTokenizer",

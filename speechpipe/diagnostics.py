@@ -7,7 +7,11 @@ A stage that can meet bad input takes ``on_error=`` with one of :data:`ON_ERROR`
 - ``"skip"``: drop the offending item, count it under a reason in a :class:`Diagnostics`
   object, keep a few examples, and warn once at the end of the pass with the totals.
 
-The counts are per process: with DataLoader workers each worker counts its own share.
+The counts are per process: with DataLoader workers each worker counts its own share. Under
+:func:`~speechpipe.loader.build_loader` the workers report their counts to the main process
+at the end of a pass and stay quiet; the main process adds them up (an item recorded with its
+``item`` identity counts once, however many workers met it: a filter before the split between
+workers sees the whole list in each) and warns once per pass.
 
 A skipped item may stand for more than itself: a truncated shard loses every utterance after
 the break. A stage that knows what a skip loses (from the shard index) records it --
@@ -55,6 +59,17 @@ class SkippedInputWarning(UserWarning):
     """Warned at the end of a pass in which a ``on_error="skip"`` stage dropped input."""
 
 
+#: True in a DataLoader worker whose counts the main process adds up and warns of
+#: (:func:`~speechpipe.loader.build_loader`): the worker's own warnings would repeat them.
+_REPORTED_BY_MAIN = False
+
+
+def report_to_main_process() -> None:
+    """In a DataLoader worker whose loader collects its counts: warn nothing here."""
+    global _REPORTED_BY_MAIN
+    _REPORTED_BY_MAIN = True
+
+
 def check_on_error(on_error: str, name: str = "on_error") -> str:
     """Validate an ``on_error``-style argument called ``name`` (used by constructors)."""
     if on_error not in ON_ERROR:
@@ -87,6 +102,9 @@ class Ledger:
         """Add what another process recorded (a ``to_dict()`` of it)."""
         raise NotImplementedError
 
+    def end_of_pass(self) -> None:
+        """Said once per pass by the process that added the others up (warn what it counted)."""
+
 
 class Diagnostics(Ledger):
     """Counts of skipped items by reason, with up to ``max_examples`` examples each.
@@ -101,6 +119,8 @@ class Diagnostics(Ledger):
         self.max_examples = max_examples
         self.counts: Counter[str] = Counter()
         self.examples: dict[str, list[str]] = {}
+        self.quiet = False  # never warn (a stage's warn=False); the counts stay
+        self.items: dict[str, set] = {}  # per reason, the identities recorded with item=
         self.lost = 0  # utterances lost with the skipped items (known from an index)
         self.lost_seconds = 0.0
         self.planned: int | None = None  # what len() promised for the pass, when known
@@ -110,9 +130,16 @@ class Diagnostics(Ledger):
         return sum(self.counts.values())
 
     def record(self, reason: str, example: str, *, lost: int = 0,
-               seconds: float = 0.0) -> None:
+               seconds: float = 0.0, item: Any = None) -> None:
         """Count one skipped item under ``reason``; ``lost``: the utterances it stood for
-        (e.g. the rest of a truncated shard), ``seconds`` their duration."""
+        (e.g. the rest of a truncated shard), ``seconds`` their duration; ``item``: its
+        identity (a key), so that it counts once however often it is met (and when the
+        counts of workers that each met it are added up)."""
+        if item is not None:
+            seen = self.items.setdefault(reason, set())
+            if item in seen:
+                return
+            seen.add(item)
         self.counts[reason] += 1
         self.lost += lost
         self.lost_seconds += seconds
@@ -132,12 +159,14 @@ class Diagnostics(Ledger):
     def reset(self) -> None:
         self.counts.clear()
         self.examples.clear()
+        self.items.clear()
         self.lost, self.lost_seconds, self.planned = 0, 0.0, None
 
     def to_dict(self) -> dict:
         """Counts and examples as plain data (what a DataLoader worker reports)."""
         return {"counts": dict(self.counts), "examples": {k: list(v) for k, v in
                                                           self.examples.items()},
+                "items": {k: sorted(v, key=str) for k, v in self.items.items()},
                 "lost": self.lost, "lost_seconds": self.lost_seconds, "planned": self.planned}
 
     def merge(self, data: dict) -> None:
@@ -148,10 +177,18 @@ class Diagnostics(Ledger):
         >>> a.merge(b.to_dict()); a.counts["bad line"], a.examples["bad line"]
         (2, ['a.scp:2', 'b.scp:7'])
         """
+        items = data.get("items", {})
         for reason, n in data["counts"].items():
-            self.counts[reason] += int(n)
+            known = items.get(reason, [])
+            seen = self.items.setdefault(reason, set()) if known else None
+            new = [i for i in known if i not in seen] if known else []
+            self.counts[reason] += int(n) - len(known) + len(new)  # identities count once
+            if seen is not None:
+                seen.update(new)
             kept = self.examples.setdefault(reason, [])
-            kept.extend(data["examples"].get(reason, [])[:self.max_examples - len(kept)])
+            for example in data["examples"].get(reason, []):
+                if len(kept) < self.max_examples and example not in kept:
+                    kept.append(example)
         self.lost += int(data.get("lost", 0))
         self.lost_seconds += float(data.get("lost_seconds", 0.0))
         if data.get("planned") is not None:
@@ -183,9 +220,14 @@ class Diagnostics(Ledger):
         return "\n".join(lines)
 
     def warn_if_skipped(self) -> None:
-        """Warn with :meth:`report` if anything was skipped (call at the end of a pass)."""
-        if self.counts:
+        """Warn with :meth:`report` if anything was skipped (call at the end of a pass); not
+        in a DataLoader worker whose counts the main process adds up and warns of, nor when
+        :attr:`quiet`."""
+        if self.counts and not self.quiet and not _REPORTED_BY_MAIN:
             warnings.warn(self.report(), SkippedInputWarning, stacklevel=3)
+
+    def end_of_pass(self) -> None:
+        self.warn_if_skipped()
 
     def __repr__(self) -> str:
         return f"Diagnostics({self.stage!r}, counts={dict(self.counts)})"

@@ -122,7 +122,7 @@ import torch.utils.data
 from .memory import (
     forget_segments, install, keep_table_while, new_table, release_now,
 )
-from .diagnostics import Ledger
+from .diagnostics import Ledger, report_to_main_process
 from .errors import ResumeError, SpeechpipeError, mark_location
 from .pipes._core import IterDataPipe, MapDataPipe
 from .pipes._core import graph_nodes, propagate_epoch
@@ -278,6 +278,8 @@ class PipeDataset(CarriesRank, torch.utils.data.IterableDataset):
                 items = probes.top
                 if info is not None and self._reports is not None:
                     items = _writing_figures(items, probes, self._reports, info.id)
+            if info is not None and self._reports is not None:
+                report_to_main_process()  # its skips are warned of there, added up, once
             if self._transfer is not None and info is not None:
                 pool = install(info.id, *self._transfer)
                 for item in items:
@@ -400,6 +402,8 @@ def _collect_reports(folder: str, pipe: Any) -> None:
             if path in ledgers:
                 ledgers[path].merge(entry)
     _clear_reports(folder)
+    for ledger in ledgers.values():  # e.g. the workers' skips, warned once per pass
+        ledger.end_of_pass()
 
 
 def _shut_down(iterator: Any, dataloader: Any) -> None:

@@ -176,7 +176,9 @@ def shard_problems(manifests_or_shards: Any, *, remote: RemoteOptions | None = N
 def _is_shards(source: str) -> bool:
     from .index import is_folder_url
 
-    if os.path.isdir(source) or is_folder_url(source):
+    if os.path.isdir(source):
+        return not _manifests_in(source)  # a folder of manifests is not shards
+    if is_folder_url(source):
         return True
     name = source.lower()
     return name.endswith(_SHARD_SUFFIXES) or ("{" in name and ".tar" in name)
@@ -218,13 +220,25 @@ def _read(manifests_or_shards: Any, frame_shift: float, sample_rate: int,
             out.extend(_sample_durations(item, frame_shift, facts))
             continue
         source = os.fspath(item)
-        if _is_shards(source):
+        if _manifests_in(source):  # a folder of manifests (prepare's output): each of them
+            for path in _manifests_in(source):
+                out.extend(_manifest_durations(path, frame_shift, facts))
+        elif _is_shards(source):
             out.extend(_index_durations(source, frame_shift, sample_rate, remote))
         elif not os.path.exists(source):
             raise MissingDataError("no such manifest, shard folder or shard", source=source)
         else:
             out.extend(_manifest_durations(source, frame_shift, facts))
     return out
+
+
+def _manifests_in(source: str) -> list[str]:
+    """The manifests of a local folder that has no shard index (``prepare``'s output folder),
+    sorted; ``[]`` for anything else."""
+    if not os.path.isdir(source) or os.path.exists(os.path.join(source, "index.jsonl")):
+        return []
+    return sorted(os.path.join(source, n) for n in os.listdir(source)
+                  if n.endswith((".jsonl.gz", ".jsonl")))
 
 
 def _sources(manifests_or_shards: Any) -> list:
@@ -462,7 +476,8 @@ def corpus_stats(
     """Statistics of the utterances of manifests or shards (see :func:`read_durations`).
 
     Args:
-        manifests_or_shards: manifests, shard folders / paths / patterns, sample lists.
+        manifests_or_shards: manifests (or a folder of them, as prepare writes), shard
+            folders / paths / patterns, sample lists.
         budget_seconds: padded seconds per batch for the padding efficiency (``None``: skip).
         png: write the length histogram there (needs matplotlib; without it the report says
             so and shows the text histogram only).
@@ -536,9 +551,9 @@ def _describe(stats: CorpusStats, values: np.ndarray, facts: _Facts, min_seconds
 
 def text_histogram(counts: Sequence[int], edges: Sequence[float], *, width: int = 50,
                    log_y: bool = False, max_rows: int = 20) -> str:
-    """The histogram as text: one row per bin (adjacent bins merged down to ``max_rows``),
-    its seconds, a bar of ``#`` scaled to the largest (by log of the count with ``log_y``,
-    so that a tail of a few utterances stays visible), and the count.
+    """The histogram as text: one row per bin (adjacent bins merged down to ``max_rows``,
+    which the header says), its seconds, a bar of ``#`` scaled to the largest (by log of the
+    count with ``log_y``, so that a tail of a few utterances stays visible), and the count.
 
     >>> print(text_histogram([3, 1, 0, 6], [0, 1, 2, 3, 4], width=6))
     duration (s) utterances
@@ -560,8 +575,9 @@ def text_histogram(counts: Sequence[int], edges: Sequence[float], *, width: int 
         return np.log1p(n) / np.log1p(peak) if log_y else n / peak
 
     digits = len(f"{edges[-1]:.2f}") if edges else 4
+    merged = (f" ({len(counts)} bins, {step} per row)" if step > 1 else "")
     lines = [f"{'duration (s)':<{2 * digits + 2}} utterances" + (" (log scale)" if log_y
-                                                               else "")]
+                                                               else "") + merged]
     for low, high, n in rows:
         bar = "#" * round(scale(n) * width) if n else ""
         if n and not bar:
@@ -578,7 +594,11 @@ def write_histogram_png(
 ) -> str:
     """Draw the length histogram as a PNG with matplotlib (the ``plot`` extra) and return the
     path: axis titles, the count axis log-scaled with ``log_y``, the median, p95 and p99 of
-    ``percentiles`` and the ``budget`` as labelled vertical lines, an 11-point font.
+    ``percentiles`` as labelled vertical lines, an 11-point font. The duration axis spans the
+    data (the bins' edges), whatever the budget. The ``budget`` (padded seconds per batch) is
+    said where it means something: in the title, as the batch size it gives at the median
+    duration; and as a line on the axis only where it falls within the data (utterances
+    longer than the budget make a batch alone).
 
     Raises:
         ImportError: matplotlib is not installed (the message has the install line).
@@ -612,11 +632,17 @@ def write_histogram_png(
     for i, (q, label, color) in enumerate(marks):
         ax.axvline(percentiles[q], color=color, linestyle=("--", "-.", ":")[i], linewidth=1.2,
                    label=label)
-    if budget is not None:
-        ax.axvline(budget, color="#c0392b", linewidth=1.5, label=f"budget {budget:g} s")
+    if budget is not None and edges[0] <= budget <= edges[-1]:
+        ax.axvline(budget, color="#c0392b", linewidth=1.5,
+                   label=f"budget {budget:g} s: longer ones batch alone")
+    ax.set_xlim(edges[0], edges[-1] if edges[-1] > edges[0] else edges[0] + 1.0)
     ax.set_xlabel("utterance duration (s)", fontsize=11)
     ax.set_ylabel("utterances" + (" (log scale)" if log_y else ""), fontsize=11)
-    ax.set_title(f"{sum(counts)} utterances, {len(counts)} bins", fontsize=12)
+    title = f"{sum(counts)} utterances, {len(counts)} bins"
+    median = (percentiles or {}).get(50)
+    if budget is not None and median:
+        title += f"; budget {budget:g} s ≈ {budget / median:.0f} median utterances per batch"
+    ax.set_title(title, fontsize=12)
     ax.tick_params(labelsize=10)
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=10, loc="upper right")

@@ -810,8 +810,9 @@ def test_dataloader_with_two_workers_yields_every_sample_once_reproducibly(corpu
     stats = CmvnStats(10, np.zeros(40), np.full(40, 10.0))
     pipe = _all_stages(corpus[:8], stats).sharding_filter()
 
-    def keys():
-        loader = torch.utils.data.DataLoader(pipe, batch_size=None, num_workers=2)
+    def keys():  # epoch 0 both times: a plain DataLoader's next pass is the next epoch
+        loader = torch.utils.data.DataLoader(speechpipe.set_epoch(pipe, 0), batch_size=None,
+                                             num_workers=2)
         return [(s["key"], s["speed"], s["feats"].shape) for s in loader]
 
     first = keys()

@@ -24,7 +24,7 @@ from speechpipe.pipes.batching._buckets import BlockBatcher, LengthBucketer
 from speechpipe.sample import estimate_boundaries
 from speechpipe.pipes.batching import pack_batches
 from speechpipe.pipes.batching import (
-    BatchStats, BudgetWarning, PaddedArea, Quadratic, SumOfLengths,
+    BatchStats, BudgetWarning, PaddedArea, Quadratic, SampleCount, SumOfLengths,
 )
 
 lengths_st = st.lists(st.integers(min_value=1, max_value=3000), min_size=0, max_size=300)
@@ -321,3 +321,29 @@ def test_a_budget_that_makes_most_batches_one_sample_warns_with_the_figures():
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a budget that fits: no warning
         list(IterableWrapper(rows).block_batch(max_duration=20.0, shuffle_window=1))
+
+
+def test_a_budget_far_too_large_warns_with_the_figures_and_the_unit():
+    # Issue 32.4: max_duration=3000 meant as frames gave one batch of all 95 utterances, a
+    # budget of 20000 s one batch of 544: an OOM on a GPU, silently.
+    rows = [{"key": f"u{i}", "duration": 2.0 + (i % 7) * 0.5} for i in range(95)]
+    pipe = IterableWrapper(rows).block_batch(max_duration=3000, shuffle_window=1)
+    with pytest.warns(BudgetWarning, match=r"block_batch: its largest batch holds 95 of the "
+                                           r"pass's 95 samples \(1 batch\(es\)\); the largest "
+                                           r"batch cost 475 seconds under PaddedArea\(budget=3000"):
+        assert len(list(pipe)) == 1
+    # many batches, but each more than an hour of padded audio
+    hours = [{"key": f"h{i}", "duration": 20.0} for i in range(800)]
+    with pytest.warns(BudgetWarning, match=r"a batch cost 4000 s of padded audio \(more than "
+                                           r"3600 s\).*max_duration and length='duration' "
+                                           r"count seconds"):
+        list(IterableWrapper(hours).block_batch(max_duration=4000, shuffle_window=1))
+    # frames: the unit is said
+    frames = [{"key": f"f{i}", "num_frames": 300} for i in range(70)]
+    with pytest.warns(BudgetWarning, match=r"cost 21000 frames of feats, else audio samples"):
+        list(IterableWrapper(frames).block_batch(batch_len=10**6, shuffle_window=1))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # budgets that fit the data: no warning
+        list(IterableWrapper(rows).block_batch(max_duration=60.0, shuffle_window=1))
+        list(IterableWrapper(rows[:20]).block_batch(max_duration=3000, shuffle_window=1))
+        list(IterableWrapper(frames).block_batch(constraint=SampleCount(70), shuffle_window=1))

@@ -51,3 +51,26 @@ def test_help_still_exits_zero(argv):
     with pytest.raises(SystemExit) as exc:
         cli.main(argv)
     assert exc.value.code == 0
+
+
+def test_warnings_print_as_one_line_without_python_source_lines(tmp_path):
+    # Issue 32.5: the CLI's warnings came with Python's source line under them.
+    import os
+    import shutil
+    from pathlib import Path
+
+    from speechpipe.demo import DEMO_CORPUS
+
+    root = tmp_path / "LibriSpeech"
+    shutil.copytree(Path(DEMO_CORPUS), root)
+    sorted(root.rglob("*.flac"))[0].unlink()  # a transcript without audio, skipped
+    env = dict(os.environ, PYTHONPATH=str(Path(cli.__file__).parents[2]))
+    done = subprocess.run([sys.executable, "-m", "speechpipe.cli", "prepare", "librispeech",
+                           str(root), str(tmp_path / "m"), "--on-mismatch", "skip",
+                           "--no-progress"], capture_output=True, text=True, env=env,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    lines = done.stderr.splitlines()
+    assert lines[0] == "SkippedInputWarning: prepare_librispeech dev-clean skipped 1 item(s):"
+    assert lines[1].startswith("  transcript without audio: 1 (e.g. ")
+    assert len(lines) == 2 and "warnings.warn" not in done.stderr

@@ -436,3 +436,33 @@ def test_in_a_dataloader_worker_batches_are_allocated_in_shared_memory():
     for name in ("feats", "feats_len", "tokens", "tokens_len", "duration"):
         assert torch.equal(out["batch"][name], here[name]), name
     assert out["batch"]["tokens"][1].tolist() == [0, 1, -1]  # padding filled
+
+
+def _vocab_pad(values):
+    """A vocabulary's own padding: id 0 is its <pad>, and a mask instead of lengths."""
+    longest = max(len(v) for v in values)
+    ids = torch.zeros(len(values), longest, dtype=torch.long)
+    for i, v in enumerate(values):
+        ids[i, :len(v)] = torch.as_tensor(v)
+    return {"ids": ids, "mask": ids != 0}
+
+
+def test_a_field_can_have_the_users_own_collate_function():
+    # Issue 32.12: PadCollate padded, stacked or listed a field, with a pad value per field,
+    # but took no function of the user's (Parakeet's per-field collate functions).
+    import pickle
+
+    samples = [{"key": "a", "phones": [3, 4, 5], "audio": np.ones(2, np.float32)},
+               {"key": "b", "phones": [6], "audio": np.ones(3, np.float32)}]
+    collate = PadCollate(collate_fns={"phones": _vocab_pad})
+    batch = collate(samples)
+    assert list(batch) == ["key", "phones", "audio", "audio_len"]
+    assert batch["phones"]["ids"].tolist() == [[3, 4, 5], [6, 0, 0]]
+    assert batch["phones"]["mask"].sum().item() == 4
+    again = pickle.loads(pickle.dumps(collate))(samples)  # workers receive it
+    assert torch.equal(again["phones"]["ids"], batch["phones"]["ids"])
+    with pytest.raises(ValueError, match=r"fields \['phones'\] have a collate function and "
+                                         r"are also in pad_values"):
+        PadCollate(collate_fns={"phones": _vocab_pad}, pad_values={"phones": 0})
+    with pytest.raises(TypeError, match="collate_fns must map field names to functions"):
+        PadCollate(collate_fns={"phones": 3})

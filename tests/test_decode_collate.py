@@ -270,3 +270,56 @@ def test_a_key_or_shard_the_index_does_not_hold_is_named(packed, tmp_path):
              .durations_from_index(index))
     with pytest.raises(DataError, match="has no shard 'source'"):
         list(sp.IterableWrapper([{"key": "u"}]).durations_from_index(index))
+
+
+def mixed_rate_samples() -> list[dict]:
+    """The demo corpus's recorded speech at 8, 16 and 48 kHz (telephone, wideband, Common
+    Voice's rate), resampled by torchaudio and encoded as FLAC, WAV and FLAC."""
+    from speechpipe.pipes.audio import resample_audio
+
+    out = []
+    for i, raw in enumerate(speech_samples(6)):
+        audio, rate = soundfile.read(io.BytesIO(bytes(raw["flac"])), dtype="float32")
+        new = (8000, 16000, 48000)[i % 3]
+        audio = resample_audio(audio, rate, new)
+        field = "wav" if new == 8000 else "flac"
+        out.append({"key": raw["key"], "source": "mixed.tar", "txt": raw["txt"],
+                    field: encoded(np.clip(audio, -1, 1), new, field.upper())})
+    return out
+
+
+def test_mixed_sample_rates_are_resampled_into_the_rows_as_the_resample_stage_does():
+    # Issue 32.3: DecodeCollate refused a batch mixing 8/16/48 kHz, advising to resample
+    # before batching -- impossible when samples stay undecoded until collation.
+    from speechpipe.pipes.audio import resample_audio
+
+    raws = mixed_rate_samples()
+    got = DecodeCollate(sample_rate=16000)(raws)
+    decoded = [decode_sample(r) for r in raws]
+    rates = [d["sample_rate"] for d in decoded]
+    assert sorted(set(rates)) == [8000, 16000, 48000]
+    for d in decoded:  # the decode road: decode, then the resample stage's function
+        d["audio"], d["sample_rate"] = resample_audio(d["audio"], d["sample_rate"], 16000), 16000
+    assert_same_batch(got, PadCollate()(decoded))
+    assert got["sample_rate"].tolist() == [16000] * 6
+    for i, d in enumerate(decoded):  # the same duration at the new rate
+        frames = soundfile.info(io.BytesIO(raws[i].get("flac") or raws[i]["wav"])).frames
+        assert got["audio_len"][i] == -(-frames * 16000 // rates[i])
+    with pytest.raises(SampleRateError, match=r"DecodeCollate\(sample_rate=rate\)"):
+        DecodeCollate()(raws)
+
+
+def test_resampling_decode_collate_in_dataloader_workers_equals_in_process():
+    raws = mixed_rate_samples()
+    pipe = sp.IterableWrapper([raws[:3], raws[3:]]).collate(
+        collate_fn=DecodeCollate(sample_rate=16000))
+    loader = sp.build_loader(pipe, num_workers=1, seed=0, resumable=False)
+    expected = [DecodeCollate(sample_rate=16000)(part) for part in (raws[:3], raws[3:])]
+    for batch, want in zip(loader, expected):
+        assert_same_batch(batch, want)
+
+
+@pytest.mark.parametrize("rate", [0, 16000.0, True, "16k"])
+def test_decode_collate_refuses_a_sample_rate_that_is_not_a_positive_int(rate):
+    with pytest.raises(ValueError, match="sample_rate must be an int >= 1"):
+        DecodeCollate(sample_rate=rate)

@@ -50,7 +50,7 @@ from speechpipe.pipes._core import IterableWrapper
 from speechpipe.pipes.order import (
     assign_shards, ShardSplit, shuffle_shards, split_balance, split_shards,
 )
-from speechpipe.pipes.batching import PaddedArea
+from speechpipe.pipes.batching import LengthUnitError, PaddedArea
 from speechpipe.pipes.distributed import DistributedStepError, EqualSteps
 from speechpipe.pipes.shards import ShardWriter
 from speechpipe.pipes.order import shard_assignment
@@ -91,6 +91,11 @@ def write_corpus(folder: str) -> list[str]:
 
 def parse(sample: dict) -> dict:
     return {"key": sample["key"], "num_frames": int(sample["txt"])}
+
+
+def parse_x4(sample: dict) -> dict:
+    """A pipeline that measures 4 times the index's lengths (another unit)."""
+    return {"key": sample["key"], "num_frames": 4 * int(sample["txt"])}
 
 
 def batching(pipe, seed: int = SEED):
@@ -351,6 +356,96 @@ def test_step_planner_rejects_an_unknown_target(corpus):
 def test_step_planner_needs_an_index(corpus):
     with pytest.raises(ValueError, match="needs the shard index"):
         StepPlanner(IterableWrapper(corpus).sharded_shuffle(), 4)
+
+
+def duration_batching(pipe, seed: int = SEED):
+    """The batching of ``batching`` said in seconds (the index counts 10 ms frames)."""
+    budget = PaddedArea(budget=BUDGET / 100, length="duration")
+    return pipe.bucket_by_length(8, boundaries=[1.5], constraint=budget).block_batch(
+        constraint=budget, shuffle_window=3, seed=seed)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_step_planner_on_durations_is_exact_on_the_audio_road(corpus, monkeypatch, workers):
+    # Issue 32.2: durations_from_index + PaddedArea(length="duration") is the audio road; the
+    # planner fed bare floats to the constraint (TypeError: argument of type 'float' is not
+    # iterable). Now the index's lengths carry their unit and are measured in seconds.
+    def build_durations():
+        sharded = IterableWrapper(corpus).sharded_shuffle(buffer_size=4, seed=SEED, index=True)
+        return sharded, duration_batching(sharded.durations_from_index())
+
+    sharded, _ = build_durations()
+    planner = StepPlanner(sharded, lambda ls: duration_batching(IterableWrapper(ls)),
+                          num_workers=workers, world_size=2)
+    for epoch in range(2):
+        actual = []
+        for rank in range(2):
+            total = 0
+            for worker in range(workers):
+                position = Position(rank=rank, world_size=2, worker=worker, num_workers=workers)
+                monkeypatch.setattr(sharding, "process_position", lambda p=position: p)
+                _, pipe = build_durations()
+                speechpipe.set_epoch(pipe, epoch)
+                total += sum(1 for _ in pipe)
+            actual.append(total)
+        assert planner.plan(epoch).rank_batches == tuple(actual)
+    # the same batching in frames plans the same batches (the index counts frames)
+    assert planner.plan(0) == StepPlanner(sharded, plan_batching, num_workers=workers,
+                                          world_size=2).plan(0)
+
+
+def test_step_planner_refuses_to_plan_frames_on_an_index_in_seconds(tmp_path, corpus):
+    # Issue 32.1: the index counted seconds, the batching frames (batch_len=3000): the plan
+    # had 5 steps where the loader yielded 31. A constraint that cannot measure the index's
+    # unit is now a named error, not a plan in another unit.
+    folder = tmp_path / "seconds"
+    shutil.copytree(os.path.dirname(corpus[0]), folder)
+    index = ShardIndex.read(str(folder))
+    ShardIndex(str(folder), [ShardEntry(e.name, e.count, e.bytes, e.keys,
+                                        tuple(n / 100 for n in e.lengths))
+                             for e in index.shards], "seconds").write()
+    sharded = IterableWrapper(sorted(str(p) for p in folder.glob("*.tar"))).sharded_shuffle(
+        buffer_size=4, seed=SEED, index=True)
+    for batching_ in (plan_batching, PaddedArea(budget=BUDGET)):
+        with pytest.raises(LengthUnitError, match=r"the shard index counts seconds but the "
+                           r"constraint measures frames of feats or audio samples \(length=None"):
+            StepPlanner(sharded, batching_).plan(0)
+    # measured in seconds, it plans what the frames index planned
+    seconds = StepPlanner(sharded, lambda ls: duration_batching(IterableWrapper(ls)))
+    frames = StepPlanner(build(corpus)[0], plan_batching)
+    assert seconds.plan(0).rank_batches == frames.plan(0).rank_batches
+
+
+def test_a_plan_that_batches_otherwise_than_the_loader_warns_with_the_figures(corpus):
+    # Issue 32.1: the pipeline measured 4x the index's lengths (frames of features against an
+    # index of another unit); each rank dropped most of its batches with rc 0 and no warning.
+    sharded, _ = build(corpus)
+    pipe = batching(sharded.map(parse_x4))
+    planner = StepPlanner(sharded, plan_batching)
+    steps = EqualSteps(pipe, "plan", steps=planner)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        list(steps)
+    s = steps.stats
+    planned, own = planner.rank_batches(0, 0), s.batches + s.dropped_batches
+    assert own > 2 * planned and s.planned_batches == planned == s.steps
+    by_kind = {w.category.__name__: str(w.message) for w in caught}
+    assert (f"rank 0's loader yielded {own} batches of its own data but the StepPlanner "
+            f"counted {planned}") in by_kind["PlanMismatchWarning"]
+    assert "the index counts frames" in by_kind["PlanMismatchWarning"]
+    assert s.world == {"batches": s.batches, "samples": s.samples,
+                       "dropped_batches": s.dropped_batches, "dropped_samples": s.dropped_samples,
+                       "repeated_batches": 0, "repeated_samples": 0}
+    assert s.samples + s.dropped_samples == TOTAL
+    assert (f"{s.dropped_batches} batches / {s.dropped_samples} samples of {TOTAL}"
+            in by_kind["UnevenStepsWarning"])
+    # the plan that matches warns of nothing
+    exact = EqualSteps(build(corpus)[1], "plan", steps=planner)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        list(exact)
+    assert not [w for w in caught if "Plan" in w.category.__name__ or
+                "UnevenSteps" in w.category.__name__]
 
 
 def test_equal_steps_outside_torch_distributed_passes_batches_through(corpus):
@@ -651,6 +746,25 @@ def _empty_rank_scenario(ctx, target: str) -> dict:
     return record
 
 
+def _mismatch_scenario(ctx) -> dict:
+    """Issue 32.1 on real ranks: the plan counts the index's frames, the pipeline measures 4x
+    as much. Every rank's warnings and stats, for two epochs."""
+    sharded, _ = build(ctx["paths"])
+    pipe = batching(sharded.map(parse_x4))
+    steps = EqualSteps(pipe, "plan", steps=StepPlanner(sharded, plan_batching), timeout=60)
+    record: dict = {"stats": [], "warned": []}
+    for epoch in range(2):
+        speechpipe.set_epoch(pipe, epoch)
+        steps.set_epoch(epoch)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            _ddp_loop(steps, record)
+        record["stats"].append(_stats(steps.stats))
+        record["warned"].append({w.category.__name__: str(w.message) for w in caught})
+    record["report"] = steps.stats.report()
+    return record
+
+
 def write_few_shards(folder: str) -> list[str]:
     """2 shards of 37 and 13 samples (few shards for 2 ranks x 2 workers), with an index."""
     os.makedirs(folder, exist_ok=True)
@@ -714,6 +828,8 @@ def _scenario(name: str, ctx: dict, rank: int, world: int, write):
         return _die_scenario(ctx, rank, world, write)
     if kind == "kill":
         return _die_scenario(ctx, rank, world, write, kill=True)
+    if kind == "mismatch":
+        return _mismatch_scenario(ctx)
     if kind == "planfail":
         return _plan_failure_scenario(ctx, rank, world, int(arg))
     if kind == "resumeworld":
@@ -914,7 +1030,7 @@ def _broken_copy(paths: list[str], folder: str, world: int) -> tuple[list[str], 
 
 GROUP3 = ["seed", "stop:0", "stop:2", "again", "pad:0", "pad:2", "plan:0", "plan:2", "bound:0",
           "mean:2", "repeat:0", "drop:2", "map:0", "error:2", "stall"]
-GROUP2 = ["stop:2", "pad:0", "plan:2", "map:2", "error:0", "die"]
+GROUP2 = ["stop:2", "pad:0", "plan:2", "map:2", "mismatch", "error:0", "die"]
 
 
 @pytest.fixture(scope="module")
@@ -984,7 +1100,8 @@ def test_stop_takes_the_fewest_batches_and_counts_what_it_drops(group, name):
         assert stats[0]["ended_by"] == plan.index(min(plan))
         for rank, s in enumerate(stats):
             assert s["batches"] + s["dropped_batches"] == plan[rank] and s["drained"]
-            assert s["repeated_batches"] == 0 and s["collectives"] == s["steps"] + 1
+            # one exchange per step, one at the end, one summing the pass's counts
+            assert s["repeated_batches"] == 0 and s["collectives"] == s["steps"] + 2
         yielded = [k for r in records for batch in r["epochs"][epoch] for k in batch]
         assert len(yielded) == len(set(yielded))  # no sample twice
         assert len(yielded) + sum(s["dropped_samples"] for s in stats) == TOTAL
@@ -1023,9 +1140,35 @@ def test_plan_is_exact_takes_the_planned_steps_and_one_collective_per_epoch(grou
         for rank, r in enumerate(records):
             s = r["stats"][epoch]
             assert s["planned"] == s["steps"] == min(plan)
-            assert s["collectives"] == 1  # the agreement at the start, none per step
+            # the agreement at the start, none per step, the counts summed at the end
+            assert s["collectives"] == 2
             assert s["batches"] + s["dropped_batches"] == plan[rank]  # the plan was exact
             assert s["repeated_batches"] == 0
+
+
+@pytest.mark.timeout(150)
+def test_a_plan_the_loaders_disagree_with_warns_on_every_rank_with_the_worlds_totals(group2):
+    # Issue 32.1: each rank dropped 26-27 of its 31-32 batches with rc 0; only rank 0's stats
+    # line showed it. Now every rank warns with its figures; rank 0 warns with the world's
+    # totals, which every rank's stats hold.
+    records = _records(group2, "mismatch")
+    _check_equal_steps(records)
+    for epoch in range(2):
+        stats = [r["stats"][epoch] for r in records]
+        totals = {name: sum(s[name] for s in stats) for name in stats[0]["world"]}
+        for rank, (r, s) in enumerate(zip(records, stats)):
+            assert s["world"] == totals
+            own = s["batches"] + s["dropped_batches"]
+            assert own >= 2 * s["planned_batches"]
+            warned = r["warned"][epoch]
+            assert (f"rank {rank}'s loader yielded {own} batches of its own data but the "
+                    f"StepPlanner counted {s['planned_batches']}") in warned["PlanMismatchWarning"]
+            assert ("UnevenStepsWarning" in warned) == (rank == 0)
+        assert totals["samples"] + totals["dropped_samples"] == TOTAL
+        assert (f"over 2 rank(s), {totals['dropped_batches']} batches / "
+                f"{totals['dropped_samples']} samples of {TOTAL}"
+                in records[0]["warned"][epoch]["UnevenStepsWarning"])
+    assert "all 2 ranks: " in records[1]["report"]
 
 
 @pytest.mark.timeout(150)
@@ -1048,7 +1191,7 @@ def test_plan_to_the_mean_drops_above_and_repeats_below_without_a_warning(group3
         steps = sum(plan) // len(plan)
         for rank, r in enumerate(records):
             s = r["stats"][epoch]
-            assert s["planned"] == s["steps"] == steps and s["collectives"] == 2
+            assert s["planned"] == s["steps"] == steps and s["collectives"] == 3
             assert s["dropped_batches"] == max(0, plan[rank] - steps)
             assert s["repeated_batches"] == max(0, steps - plan[rank])
             assert s["batches"] == min(plan[rank], steps)

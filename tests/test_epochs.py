@@ -65,9 +65,10 @@ def test_a_new_pass_over_a_pipeline_is_the_next_epoch():
     assert _keys(pipe) == expected[2]  # and the next pass follows it
 
 
-def test_a_worker_copy_that_cannot_know_its_epoch_says_so(tmp_path):
+def test_a_plain_dataloader_in_a_fresh_interpreter_neither_repeats_nor_warns(tmp_path):
     """torch's DataLoader without build_loader gives workers a fresh copy every epoch: the
-    order repeats; the copy warns instead of staying silent."""
+    order repeated, with an EpochWarning (issue 18). Issue 32.12: the epoch now advances on
+    the main process's pipe, where torch calls set_seed before the workers start."""
     import subprocess
     import sys
 
@@ -81,5 +82,28 @@ def test_a_worker_copy_that_cannot_know_its_epoch_says_so(tmp_path):
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.strip() == "True"  # the repeat torch's DataLoader gives...
-    assert "EpochWarning" in out.stderr and "build_loader" in out.stderr  # ...is said
+    assert out.stdout.strip() == "False"  # a new order in the second epoch
+    assert "EpochWarning" not in out.stderr
+
+
+def test_a_plain_torch_dataloader_with_fresh_workers_moves_to_the_next_epoch(recwarn):
+    # Issue 32.12: with non-persistent workers (fresh copies each epoch) a plain torch
+    # DataLoader repeated the first epoch's order every epoch, with a warning. torch calls
+    # set_seed on the main process's pipe before the workers start: the epoch advances there.
+    import torch
+
+    import speechpipe as sp
+
+    rows = [{"key": f"u{i:02d}"} for i in range(16)]
+    pipe = sp.IterableWrapper(rows).shuffle_samples(seed=3)
+    loader = torch.utils.data.DataLoader(pipe, batch_size=None, num_workers=2)
+    orders = [[s["key"] for s in loader] for _ in range(3)]
+    # the same samples each epoch, in a new order each epoch
+    assert all(sorted(o) == sorted(r["key"] for r in rows) for o in orders)
+    assert orders[0] != orders[1] != orders[2]
+    assert not [w for w in recwarn if w.category.__name__ == "EpochWarning"]
+    # an epoch given by set_epoch wins, and is the order of that epoch
+    sp.set_epoch(pipe, 7)
+    again = [s["key"] for s in loader]
+    sp.set_epoch(pipe, 7)
+    assert [s["key"] for s in loader] == again

@@ -154,3 +154,22 @@ def test_a_dataset_trains_through_train_pipeline_and_resumes_exactly(corpus):
     assert all(b["feats"].shape[2] == 80 for b in batches)
     full, resumed = cut_and_resume(make, 1, lambda b: b["key"])
     assert resumed == full
+
+
+def test_text_column_names_the_transcript_column(corpus):
+    # Issue 32.11: Common Voice on the Hub calls the transcript 'sentence'; read_hf_dataset
+    # had no way to make it the 'text' the text stages read.
+    ds, audio, _ = corpus
+    cv = ds.rename_column("text", "sentence")
+    samples = list(sp.read_hf_dataset(cv, key_column="id", text_column="sentence"))
+    assert [s["text"] for s in samples] == [f"text {i}" for i in range(5)]
+    rows = list(sp.read_hf_dataset(cv, key_column="id", text_column="sentence",
+                                   with_audio=False))
+    assert [s["text"] for s in rows] == [f"text {i}" for i in range(5)]
+    with pytest.raises(DataError, match=r"row 0 \(key 'u0'\).*no text column 'transcript' "
+                                        r"\(columns: \['audio', 'id', 'sentence', 'speaker'\]"):
+        list(sp.read_hf_dataset(cv, key_column="id", text_column="transcript"))
+    with pytest.raises(DataError, match="text column 'speaker' must hold a str, got 0"):
+        list(sp.read_hf_dataset(cv, key_column="id", text_column="speaker"))
+    with pytest.raises(TypeError, match="text_column must be a non-empty str or None, got 3"):
+        sp.read_hf_dataset(cv, text_column=3)

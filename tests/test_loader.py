@@ -497,3 +497,28 @@ def test_garbage_is_collected_before_forking_only_after_a_pass_that_did_not_end(
     assert len(calls) == 1  # collected once, before the next pass forked
     assert sorted(int(x) for x in loader) == list(range(8))
     assert len(calls) == 1
+
+
+def test_skips_in_workers_are_warned_once_per_pass_by_the_main_process_counted_once(capfd):
+    # Issue 32.5: filter_by_duration before the split between workers warned in every worker
+    # every epoch, and pipeline_report said 'skipped 36 item(s)' for 18 utterances (each
+    # worker counted the whole list).
+    import warnings
+
+    import speechpipe as sp
+    from speechpipe.diagnostics import SkippedInputWarning
+
+    rows = [{"key": f"u{i:02d}", "duration": 0.5 if i % 4 == 0 else 2.0} for i in range(24)]
+    pipe = (sp.IterableWrapper(rows).filter_by_duration(1.0)
+            .shuffle_samples(seed=0).batch(4))
+    loader = sp.build_loader(pipe, num_workers=2, seed=0, resumable=False)
+    for epoch in range(2):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            keys = [s["key"] for batch in loader for s in batch]
+        assert len(keys) == 18
+        skipped = [str(w.message) for w in caught if w.category is SkippedInputWarning]
+        assert skipped == ["filter_by_duration skipped 6 item(s):\n  shorter than 1.0 s: 6 "
+                           "(e.g. key 'u00' (0.50 s))"], skipped
+        assert "filter_by_duration skipped 6 item(s)" in sp.pipeline_report(pipe)
+    assert "SkippedInputWarning" not in capfd.readouterr().err  # nothing from the workers

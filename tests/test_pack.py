@@ -1011,3 +1011,56 @@ def test_keys_equal_up_to_unicode_normalisation_are_named_as_such(tmp_path):
                 "one normalisation (NFC)")
     with pytest.raises(DataError, match=re.escape(expected)):
         pack_data(scp, text, tmp_path / "out", progress=False)
+
+
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (from /proc)."""
+    import glob
+
+    found = []
+    for status in glob.glob("/proc/[0-9]*/status"):
+        try:
+            with open(status) as f:
+                if f"PPid:\t{pid}\n" in f.read():
+                    found.append(int(status.split("/")[2]))
+        except OSError:  # the process ended meanwhile
+            pass
+    return found
+
+
+def test_ctrl_c_in_pack_says_a_rerun_continues_without_a_worker_traceback(tmp_path):
+    # Issue 32.12: Ctrl-C in pack printed a worker's traceback. Ctrl-C signals the terminal's
+    # whole process group: the test does the same to a pack with 2 workers.
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import speechpipe as sp
+
+    rows = sp.recipes.librispeech.prepare_librispeech(sp.DEMO_CORPUS, str(tmp_path / "m"),
+                                                      progress=False)["dev-clean"]
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(sp.__file__)))
+    proc = subprocess.Popen([sys.executable, "-m", "speechpipe.cli", "pack", "--manifest",
+                             str(rows), "--out", str(tmp_path / "out"), "--workers", "2",
+                             "--utts-per-shard", "1", "--no-progress"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while len(_children(proc.pid)) < 2 and proc.poll() is None:  # the spawned workers
+            assert time.monotonic() < deadline, "pack started no workers"
+            time.sleep(0.05)
+        time.sleep(0.3)  # starting up or packing: either way Ctrl-C must print no traceback
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    if proc.returncode == 0:
+        pytest.skip("the pack finished before the interrupt")  # a fast machine
+    assert proc.returncode == 130, err
+    assert "interrupted; run the same command again to continue" in err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err

@@ -315,3 +315,97 @@ def test_verify_audio_finds_non_finite_samples(tmp_path):
     check = check_audio_file(str(tmp_path / "inf.wav"))
     assert (check.problem, check.detail) == (
         "non-finite", "1 of its 1600 samples are NaN or infinite (the first at 0.075 s)")
+
+
+# --------------------------------------------------------------------------- every fault at once
+
+
+def _faulty_libri(tmp_path: Path) -> Path:
+    """The demo corpus with one fault of each kind: a transcript without audio (a deleted
+    FLAC), an empty transcript, a truncated FLAC."""
+    from speechpipe.demo import DEMO_CORPUS
+
+    root = tmp_path / "LibriSpeech"
+    shutil.copytree(Path(DEMO_CORPUS), root)
+    flacs = sorted(root.rglob("*.flac"))
+    flacs[0].unlink()
+    _truncate(flacs[5])
+    trans = sorted(root.rglob("*.trans.txt"))[-1]
+    lines = trans.read_text().splitlines()
+    empty_key = lines[0].split()[0]
+    trans.write_text("\n".join([empty_key] + lines[1:]) + "\n")
+    return root
+
+
+def test_verify_reports_every_fault_of_every_kind_then_fails_once_with_the_summary(tmp_path):
+    # Issue 32.6: --verify stopped at the first kind of fault: three failing runs to learn
+    # three problems, and no summary.
+    root = _faulty_libri(tmp_path)
+    with pytest.raises(DataError) as caught:
+        prepare_librispeech(root, tmp_path / "m", verify=True, progress=False)
+    message = str(caught.value)
+    assert "verification found 3 fault(s) of 3 kind(s):" in message
+    assert "transcript without audio: 1 (e.g." in message and "--on-mismatch skip" in message
+    assert "empty transcript: 1 (e.g." in message and "--empty-text skip" in message
+    assert "truncated audio: 1 (e.g." in message and "--on-error skip" in message
+    assert ("rerun with --on-mismatch skip --empty-text skip --on-error skip. Without them:"
+            in message)
+    assert "dev-clean: not written" in message and "33 utterances" in message
+    assert "sample rates: 16000 Hz: 33" in message
+    assert not list((tmp_path / "m").glob("*.jsonl.gz"))  # nothing written
+    # with the flags it names, the run writes the 33 utterances without a fault
+    args = _prepare_parser().parse_args(["prepare", "librispeech", str(root), str(tmp_path / "m"),
+                              "--verify", "--no-progress", "--on-mismatch", "skip",
+                              "--empty-text", "skip", "--on-error", "skip"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SkippedInputWarning)
+        assert args.func(args) == 0
+    rows = list(read_manifest(tmp_path / "m" / "librispeech_samples_dev-clean.jsonl.gz"))
+    assert len(rows) == 33
+
+
+def test_cli_verify_prints_every_fault_and_the_summary_when_it_fails(tmp_path, capsys):
+    root = _faulty_libri(tmp_path)
+    args = _prepare_parser().parse_args(["prepare", "librispeech", str(root),
+                                         str(tmp_path / "m"), "--verify", "--no-progress"])
+    assert args.func(args) == 2
+    err = capsys.readouterr().err
+    for kind in ("transcript without audio: 1", "empty transcript: 1", "truncated audio: 1",
+                 "33 utterances"):
+        assert kind in err
+
+
+def test_a_missing_file_in_wav_scp_is_verified_and_can_be_skipped(tmp_path):
+    # Issue 32.7: no flag could skip a wav.scp line whose file is absent; --verify stopped
+    # at 'audio file not found'.
+    soundfile.write(tmp_path / "u1.wav", _tone(1.0, 16000), 16000)
+    data = _kaldi_dir(tmp_path, {"u1": str(tmp_path / "u1.wav"),
+                                 "u2": str(tmp_path / "gone.wav")}, {"u1": "A", "u2": "B"})
+    with pytest.raises(Exception, match=r"audio file not found: .*gone.wav \(prepare --verify "
+                                        r"reports every missing file at once"):
+        prepare_kaldi_dir(data, tmp_path / "m", progress=False)
+    with pytest.raises(DataError, match=r"missing audio: 1 \(e.g. .*gone.wav: file not found\)"
+                                        r" -- to leave them out, counted: --on-error skip"):
+        prepare_kaldi_dir(data, tmp_path / "m", progress=False, verify=True)
+    out = prepare_kaldi_dir(data, tmp_path / "m", progress=False, verify=True, on_error="skip")
+    assert [r["key"] for r in read_manifest(out["train"])] == ["u1"]
+    assert out.reports["train"].skipped == {"missing audio": 1}
+
+
+def test_a_missing_recording_of_segments_is_verified_and_can_be_skipped(tmp_path):
+    soundfile.write(tmp_path / "r1.wav", _tone(2.0, 16000), 16000)
+    data = _kaldi_dir(tmp_path, {"r1": str(tmp_path / "r1.wav"), "r2": str(tmp_path / "x.wav")},
+                      {"s1": "A", "s2": "B"})
+    (data / "segments").write_text("s1 r1 0.0 1.0\ns2 r2 0.5 1.5\n")
+    out = prepare_kaldi_dir(data, tmp_path / "m", progress=False, verify=True, on_error="skip")
+    assert [r["key"] for r in read_manifest(out["train"])] == ["s1"]
+
+
+def test_a_failed_prepare_kaldi_dir_leaves_no_audio_folder_behind(commands, tmp_path):
+    data, _ = commands
+    with open(data / "wav.scp", "a") as f:
+        f.write("u3 false |\n")
+    (data / "text").write_text("u1 HELLO\nu2 WORLD\nu3 AGAIN\n")
+    with pytest.raises(DataError, match=r"wav.scp:3 \(key 'u3'\)"):
+        prepare_kaldi_dir(data, tmp_path / "m", progress=False, allow_commands=True)
+    assert not (tmp_path / "m" / "kaldi_dir_audio_train").exists()

@@ -89,3 +89,15 @@ def test_prepare_measures_audio_with_progress_lines_in_a_log(tmp_path, capsys):
                                                           (480, 16000)]
     err = capsys.readouterr().err
     assert "\r" not in err and err.startswith("measure audio: 3/3 files (100%), ")
+
+
+def test_prepare_verify_writes_progress_lines_into_a_log(tmp_path, capsys):
+    # Issue 32.8: prepare librispeech / kaldi_dir --verify wrote tqdm's '\r' runs into a log.
+    import speechpipe as sp
+
+    sp.recipes.librispeech.prepare_librispeech(sp.DEMO_CORPUS, str(tmp_path / "m"),
+                                               verify=True)
+    err = capsys.readouterr().err
+    assert "\r" not in err
+    verify = [line for line in err.splitlines() if line.startswith("verify")]
+    assert len(verify) == 1 and verify[0].split(",")[0].endswith(": 36/36 files (100%)"), err

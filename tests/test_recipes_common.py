@@ -655,3 +655,16 @@ def test_every_recipe_builder_gives_a_pipeline_the_loader_can_resume(corpus, nam
     pipe = builder(rows)  # an in-memory manifest: nothing is read until iteration
     assert unresumable_reason(pipe) is None  # torch's shuffle and batch were here
     assert build_loader(pipe, num_workers=2) is not None
+
+
+def test_a_part_typo_lists_the_manifests_the_folder_has(tmp_path):
+    # Issue 32.12: librispeech_train(out, ["train-clean100"]) repeated the typo in its advice.
+    import speechpipe as sp
+    from speechpipe.errors import MissingDataError
+
+    sp.recipes.librispeech.prepare_librispeech(sp.DEMO_CORPUS, str(tmp_path / "m"),
+                                               progress=False)
+    with pytest.raises(MissingDataError, match=r"no librispeech manifest for part "
+                                               r"'dev-clean2'; this folder has part\(s\) "
+                                               r"\['dev-clean'\]"):
+        sp.recipes.librispeech.librispeech_train(str(tmp_path / "m"), ["dev-clean2"])

@@ -65,6 +65,7 @@ def test_per_process_gives_every_worker_everything_in_an_order_of_its_own(per_pr
     orders = [[k for w, k in out if w == worker] for worker in (0, 1)]
     assert all(sorted(o) == sorted(r["key"] for r in ROWS) for o in orders)  # each whole
     assert (orders[0] != orders[1]) is per_process
+    speechpipe.set_epoch(pipe, 0)  # the next pass would be the next epoch (issue 32.12)
     again = [(s["worker"], s["key"]) for s in loader]  # seeded: the same orders again
     assert again == out
     assert keys(pipe) == keys(IterableWrapper(ROWS).shuffle_samples(seed=1, split=False))

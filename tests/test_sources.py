@@ -300,3 +300,25 @@ def test_check_path_stream_returns_a_str_path_or_names_the_verb(tmp_path):
         with pytest.raises(TypeError, match=r"parse_x consumes \(path, stream\) pairs.*"
                            r"open_files\(mode='b'\)\.parse_x\(\)"):
             check_path_stream(item, "parse_x")
+
+
+def test_a_wenet_data_list_is_a_shard_list(tmp_path):
+    # Issue 32.11: WeNet's data.list (one shard per line) is how WeNet users name shards.
+    import speechpipe as sp
+    from speechpipe.errors import DataError
+
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    for i in range(2):
+        with sp.ShardWriter(str(shards / f"s{i}.tar")) as writer:
+            writer.write({"key": f"u{i}", "txt": f"t{i}"})
+    listing = tmp_path / "data.list"
+    listing.write_text(f"shards/s1.tar\n\n{shards / 's0.tar'}\n")
+    paths = list(sp.IterableWrapper([str(listing)]).list_shards())
+    assert paths == [str(shards / "s0.tar"), str(shards / "s1.tar")]
+    keys = sorted(s["key"] for s in sp.IterableWrapper(paths).open_files(mode="b").read_shards())
+    assert keys == ["u0", "u1"]
+    raw = tmp_path / "raw.list"
+    raw.write_text('{"key": "u0", "wav": "a.wav", "txt": "x"}\n')
+    with pytest.raises(DataError, match=r"raw.list:1: this list holds JSON samples"):
+        list(sp.IterableWrapper([str(raw)]).list_shards())

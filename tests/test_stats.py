@@ -139,7 +139,7 @@ def test_the_histogram_png_has_titles_marks_a_log_axis_and_a_readable_font(tmp_p
     assert ax.get_ylabel() == "utterances (log scale)" and ax.get_yscale() == "log"
     labels = [t.get_text() for t in ax.get_legend().get_texts()]
     assert labels[1:] == [f"median {marks[50]:.1f} s", f"p95 {marks[95]:.1f} s",
-                          f"p99 {marks[99]:.1f} s", "budget 9 s"]
+                          f"p99 {marks[99]:.1f} s", "budget 9 s: longer ones batch alone"]
     assert min(t.get_fontsize() for t in ax.get_xticklabels()) >= 10
     assert len(ax.get_xticks()) >= 5
 
@@ -243,3 +243,61 @@ def test_stats_shows_the_length_groups_of_a_pack_folder_one_by_one(tmp_path, cap
         in report
     assert f"length group        {root}/300_900/: 3 utterances" in report
     assert "length group" not in corpus_stats(str(tmp_path / "shards" / "100_300")).report()
+
+
+def test_stats_on_a_folder_of_manifests_reads_every_manifest_in_it(tmp_path):
+    # Issue 32.12: stats on prepare's output folder told the user to write a shard index.
+    import speechpipe as sp
+    from speechpipe.stats import corpus_stats
+
+    sp.recipes.librispeech.prepare_librispeech(sp.DEMO_CORPUS, str(tmp_path / "m"),
+                                               progress=False)
+    stats = corpus_stats(str(tmp_path / "m"), None)
+    assert stats.utterances == 36
+
+
+def test_pack_names_a_manifest_folder_instead_of_a_raw_traceback(tmp_path):
+    # Issue 32.12: pack --manifest DIR was a raw IsADirectoryError traceback.
+    import speechpipe as sp
+    from speechpipe.errors import DataError
+
+    sp.recipes.librispeech.prepare_librispeech(sp.DEMO_CORPUS, str(tmp_path / "m"),
+                                               progress=False)
+    with pytest.raises(DataError, match=r"m: a folder, not a manifest: name its manifest "
+                                        r"files \(it holds \['librispeech_samples_dev-clean"):
+        sp.pack_data(None, None, str(tmp_path / "out"), manifests=[str(tmp_path / "m")],
+                     progress=False)
+
+
+def test_the_png_axis_follows_the_data_and_says_the_budget_as_a_batch_size(tmp_path,
+                                                                          monkeypatch):
+    # Issue 32.10: at the default budget (600 s) the durations were drawn on a 0-600 s axis,
+    # every bar in the leftmost 5 %.
+    import matplotlib.figure
+
+    figures = []
+    real = matplotlib.figure.Figure.savefig
+
+    def keep(fig, *args, **kwargs):
+        figures.append(fig)
+        return real(fig, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", keep)
+    durations = sample_durations("ljspeech", 300).tolist()
+    counts, edges = length_histogram(durations, bins=30)
+    marks = {q: float(np.percentile(durations, q)) for q in PERCENTILES}
+    write_histogram_png(tmp_path / "h.png", counts, edges, percentiles=marks, budget=600.0)
+    (ax,) = figures[0].axes
+    assert ax.get_xlim() == pytest.approx((edges[0], edges[-1]))
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert not [label for label in labels if "budget" in label]  # no line off the data
+    assert ax.get_title().endswith(f"budget 600 s ≈ {600 / marks[50]:.0f} median utterances "
+                                   "per batch")
+
+
+def test_the_text_histogram_says_how_its_bins_are_shown():
+    # Issue 32.10: the report announced 40 bins and printed 20 rows.
+    text = text_histogram([1] * 40, [float(i) for i in range(41)])
+    assert text.splitlines()[0].endswith("utterances (40 bins, 2 per row)")
+    assert len(text.splitlines()) == 21
+    assert "per row" not in text_histogram([1] * 20, [float(i) for i in range(21)])

@@ -549,7 +549,7 @@ def test_tokenize_skip_counts_and_warns():
 
 
 @pytest.mark.parametrize("kwargs, exc, word", [
-    ({"tokenizer": "chars.json"}, TypeError, "load_tokenizer"),
+    ({"tokenizer": 3}, TypeError, "load_tokenizer"),  # a path is taken (issue 32.11)
     ({"max_unk_rate": 2}, ValueError, "max_unk_rate"),
     ({"field": ""}, TypeError, "field"),
     ({"normalizer": "upper"}, TypeError, "normalizer"),
@@ -691,3 +691,53 @@ def test_build_tokenizer_dispatches_by_kind():
     with pytest.raises(ValueError, match="kind must be one of"):
         build_tokenizer("bpe", ["ab"])
 
+
+
+# ----------------------------------------------------------------- other toolkits' vocabularies
+
+
+def test_wenet_units_txt_and_espnet_token_list_load_as_tokenizers(tmp_path):
+    # Issue 32.11: WeNet's units.txt and ESPnet's token_list did not load.
+    from speechpipe.pipes.text import CharTokenizer
+    from speechpipe.pipes.text import WordTokenizer
+    from speechpipe.pipes.text import load_tokenizer
+
+    units = tmp_path / "units.txt"
+    units.write_text("<blank> 0\n<unk> 1\n▁ 2\n北 3\n京 4\n我 5\n<sos/eos> 6\n")
+    tok = load_tokenizer(units)
+    assert isinstance(tok, CharTokenizer) and tok.vocab_size == 7
+    assert tok.encode("我 北京") == [5, 2, 3, 4] and tok.decode([5, 2, 3, 4]) == "我 北京"
+    espnet = tmp_path / "tokens.txt"  # ESPnet's char token_list: '<space>' is the space
+    espnet.write_text("<blank>\n<unk>\n<space>\nA\nC\nT\n<sos/eos>\n")
+    tok = load_tokenizer(espnet)
+    assert tok.encode("CAT A") == [4, 3, 5, 2, 3] and tok.decode([4, 3, 5, 2, 3]) == "CAT A"
+    words = tmp_path / "words.txt"
+    words.write_text("<blank>\n<unk>\nCAT\nTHE\n<sos/eos>\n")
+    tok = load_tokenizer(words)
+    assert isinstance(tok, WordTokenizer) and tok.encode("THE CAT SAT") == [3, 2, 1]
+
+
+@pytest.mark.parametrize("text, message", [
+    ("<blank> 0\n<unk> 1\na 3\n<sos/eos> 3\n",
+     r"units.txt:3: expected 'token' or 'token id' with ids 0, 1, 2... in order \(id 2 here\)"),
+    ("<blank>\n<unk>\n▁THE\n▁CAT\n<sos/eos>\n",
+     r"holds BPE pieces \(such as '▁THE'\): load the sentencepiece model"),
+    ("<blank>\n<unk>\na\n", r"not a vocabulary speechpipe can use: vocab must start with"),
+])
+def test_a_bad_vocabulary_file_is_named_with_its_line(tmp_path, text, message):
+    from speechpipe.errors import DataError
+    from speechpipe.pipes.text import load_tokenizer
+
+    path = tmp_path / "units.txt"
+    path.write_text(text)
+    with pytest.raises(DataError, match=message):
+        load_tokenizer(path)
+
+
+def test_tokenize_takes_a_tokenizer_path_read_when_iterated(tmp_path):
+    import speechpipe as sp
+
+    path = tmp_path / "units.txt"
+    pipe = sp.IterableWrapper([{"key": "u", "text": "ab"}]).tokenize(str(path))  # not yet there
+    path.write_text("<blank> 0\n<unk> 1\na 2\nb 3\n<sos/eos> 4\n")
+    assert [s["tokens"].tolist() for s in pipe] == [[2, 3]]

@@ -22,11 +22,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _one_line_warning(message, category, filename, lineno, line=None) -> str:
+    """A warning as the command prints it: its class and message, without Python's source
+    line (``samples = list(self.source_datapipe)`` says nothing to a user of the command)."""
+    return f"{category.__name__}: {message}\n"
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Run one command; its errors, a closed output pipe and Ctrl-C end it in one line."""
+    """Run one command; its errors, a closed output pipe and Ctrl-C end it in one line;
+    warnings print as their class and message, without a source line."""
+    import warnings
+
     args = build_parser().parse_args(argv)
     from ..errors import SpeechpipeError
 
+    shown = warnings.formatwarning
+    warnings.formatwarning = _one_line_warning  # the command's process: put back on return
     try:
         return args.func(args)
     except SpeechpipeError as exc:
@@ -38,6 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # the reader left (``speechpipe stats ... | head``): not an error
         _quiet_stdout()
         return 0
+    finally:
+        warnings.formatwarning = shown
 
 
 def _quiet_stdout() -> None:

@@ -203,6 +203,10 @@ def run_command(args: argparse.Namespace) -> int:
     except FolderLockedError as exc:
         print(f"speechpipe pack: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("speechpipe pack: interrupted; run the same command again to continue where it "
+              "stopped (complete shards are kept)", file=sys.stderr)
+        return 130
     except MissingDataError as exc:
         print(f"speechpipe pack: error: {exc}\n  check the path, then run the same command "
               "again (complete shards are kept)", file=sys.stderr)

@@ -640,9 +640,35 @@ def _executor(num_workers: int, executor: Any = None
                         f"distributed.Client, got {executor!r}")
     if num_workers == 1:
         return None, False
-    # spawn: workers start clean (no inherited threads or locks from torch or tqdm).
+    # spawn: workers start clean (no inherited threads or locks from torch or tqdm). Ctrl-C
+    # reaches every process of the terminal's group: the workers leave it to the main
+    # process, which stops the run and says how to continue (no traceback per worker).
     return concurrent.futures.ProcessPoolExecutor(
-        max_workers=num_workers, mp_context=multiprocessing.get_context("spawn")), True
+        max_workers=num_workers, mp_context=multiprocessing.get_context("spawn"),
+        initializer=_leave_interrupts_to_the_main_process), True
+
+
+def _submit_all(executor, fn, args: Sequence) -> dict:
+    """Submit every task; the workers this starts inherit an ignored Ctrl-C (SIGINT), so
+    that one arriving while they start up (before their initializer runs) prints no
+    traceback either."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return {executor.submit(fn, arg): i for i, arg in enumerate(args)}
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        return {executor.submit(fn, arg): i for i, arg in enumerate(args)}
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _leave_interrupts_to_the_main_process() -> None:
+    """A pack worker ignores Ctrl-C (SIGINT): the main process handles it."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _run_all(executor, fn, args: Sequence, bar) -> Iterator[tuple[int, Any]]:
@@ -653,7 +679,7 @@ def _run_all(executor, fn, args: Sequence, bar) -> Iterator[tuple[int, Any]]:
             bar.update(1)
             yield i, result
         return
-    futures = {executor.submit(fn, arg): i for i, arg in enumerate(args)}
+    futures = _submit_all(executor, fn, args)
     try:
         for future in concurrent.futures.as_completed(futures):
             result = future.result()

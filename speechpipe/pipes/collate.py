@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 
 from functools import lru_cache
-from typing import Any, Iterable, Mapping, Sequence, Union
+from typing import Any, Callable, Iterable, Mapping, Sequence, Union
 
 import numpy as np
 import torch
@@ -426,6 +426,10 @@ class PadCollate:
         dtype: a floating dtype for floating-point fields (e.g. ``torch.float32`` for
             ``float64`` features or durations); integer and bool fields keep theirs. By default
             every field keeps its source dtype.
+        collate_fns: your own function per field, ``values (list, one per sample) -> the
+            batch's value`` (e.g. a vocabulary's own padding, or a ragged structure), as
+            Parakeet composes a batch from per-field collate functions; the other fields are
+            collated as above. Module-level functions, so that DataLoader workers receive them.
 
     Every sample must have the same fields (after ``drop`` and ``fields``): a sample missing a
     field that another has raises :class:`~speechpipe.errors.DataError` naming the field and
@@ -450,6 +454,8 @@ class PadCollate:
     >>> batch["tokens"], batch["tokens_len"]
     (tensor([[ 5,  6],
             [ 7, -1]]), tensor([2, 1]))
+    >>> PadCollate(collate_fns={"key": "+".join})([{"key": "a"}, {"key": "b"}])
+    {'key': 'a+b'}
     """
 
     def __init__(
@@ -460,7 +466,13 @@ class PadCollate:
         as_list: Sequence[str] = (),
         drop: Sequence[str] = (),
         dtype: torch.dtype | None = None,
+        collate_fns: Mapping[str, Callable[[list], Any]] | None = None,
     ) -> None:
+        collate_fns = {} if collate_fns is None else collate_fns
+        if not isinstance(collate_fns, Mapping) or not all(
+                isinstance(k, str) and callable(f) for k, f in collate_fns.items()):
+            raise TypeError(f"collate_fns must map field names to functions, got "
+                            f"{collate_fns!r}")
         if pad_values is None:
             pad_values = {}
         if not isinstance(pad_values, Mapping):
@@ -487,6 +499,12 @@ class PadCollate:
         both = set(pad_values) & (set(self.stack) | set(self.as_list))
         if both:
             raise ValueError(f"fields {sorted(both)} have a pad value but are in stack or as_list")
+        both = set(collate_fns) & (set(pad_values) | set(self.stack) | set(self.as_list)
+                                   | set(self.drop))
+        if both:
+            raise ValueError(f"fields {sorted(both)} have a collate function and are also in "
+                             "pad_values, stack, as_list or drop")
+        self.collate_fns = dict(collate_fns)
         if dtype is not None:
             if not isinstance(dtype, torch.dtype):
                 raise TypeError(f"dtype must be a torch.dtype, got {dtype!r}")
@@ -502,7 +520,8 @@ class PadCollate:
         return (
             f"PadCollate(pad_values={self.pad_values!r}, fields={self.fields!r}, "
             f"stack={self.stack!r}, as_list={self.as_list!r}, drop={self.drop!r}, "
-            f"dtype={self.dtype!r})"
+            f"dtype={self.dtype!r}"
+            + (f", collate_fns={self.collate_fns!r})" if self.collate_fns else ")")
         )
 
     def _field_names(self, samples: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -569,6 +588,10 @@ class PadCollate:
             values = [s[name] for s in samples]
             if name.endswith(SAMPLE_RATE):
                 _check_one_rate(name, values, keys)
+            own = self.collate_fns.get(name)
+            if own is not None:
+                batch[name] = own(values)
+                continue
             kind = self._kind(name, values)
             if kind == "pad":
                 length_name = len_key(name)
@@ -590,6 +613,56 @@ class PadCollate:
         return batch
 
 
+class _ResampledAudio(DeferredAudio):
+    """A :class:`DeferredAudio` resampled to ``sample_rate`` as it is decoded into its row:
+    decoded into a scratch array at its own rate, then resampled
+    (:func:`~speechpipe.pipes.audio.resample_audio`, torchaudio's numbers) into the row. Its
+    ``shape`` is the resampled one, ``ceil(frames * rate / own rate)``."""
+
+    __slots__ = ("_source",)
+
+    def __init__(self, source: DeferredAudio, rate: int) -> None:  # no file of its own
+        self._source = source
+        self.sample_rate = rate
+        frames = -(-source.shape[0] * rate // source.sample_rate)
+        self.shape = (frames,) + tuple(source.shape[1:])
+
+    def read_into(self, out: np.ndarray) -> None:
+        from .audio import resample_audio
+
+        source = self._source
+        own = np.empty(source.shape, np.float32)
+        source.read_into(own)
+        out[...] = resample_audio(own, source.sample_rate, self.sample_rate)
+
+    def close(self) -> None:
+        self._source.close()
+
+    def __repr__(self) -> str:
+        return (f"DeferredAudio(shape={self.shape}, sample_rate={self.sample_rate}, "
+                f"resampled from {self._source.sample_rate})")
+
+
+def _resample_fields(sample: dict, rate: int) -> dict:
+    """``sample`` with every audio field at ``rate``: deferred audio wrapped to be resampled
+    as it is decoded, decoded audio resampled; the rate fields set to ``rate``."""
+    for name, value in list(sample.items()):
+        rate_name = SAMPLE_RATE if name == AUDIO else f"{name}_{SAMPLE_RATE}"
+        own = sample.get(rate_name)
+        if own is None or own == rate:
+            continue
+        if isinstance(value, DeferredAudio):
+            sample[name] = _ResampledAudio(value, rate)
+        elif isinstance(value, np.ndarray):
+            from .audio import resample_audio
+
+            sample[name] = resample_audio(value, int(own), rate)
+        else:
+            continue
+        sample[rate_name] = rate
+    return sample
+
+
 class DecodeCollate(PadCollate):
     """Decode raw samples and collate them in one step, each audio payload decoded straight
     into its row of the padded batch.
@@ -605,8 +678,21 @@ class DecodeCollate(PadCollate):
     fbank runs where the batch goes (:func:`~speechpipe.pipes.audio._features.compute_batch_features`).
     Batch on lengths known without decoding (a shard index's, or a manifest's).
 
+    **Mixed sample rates.** A batch's rows share one rate: without ``sample_rate`` a batch
+    mixing rates is a :class:`~speechpipe.errors.SampleRateError`. With ``sample_rate=16000``
+    every audio field at another rate is resampled as it is decoded into its row
+    (:func:`~speechpipe.pipes.audio.resample_audio`, the numbers of
+    :func:`torchaudio.functional.resample` and of the ``resample`` stage; the row holds
+    ``ceil(frames * 16000 / rate)`` samples) and the batch's ``sample_rate`` is 16000: Common
+    Voice's 32/48 kHz MP3s, or telephone 8 kHz with wideband, batch undecoded and come out at
+    one rate. Audio already at the rate is decoded straight into its row as before; a
+    resampled one goes through a scratch array of its own rate. Batch on durations
+    (``PaddedArea(budget=seconds, length="duration")``), which the rate does not change.
+
     Args:
-        unknown, rename, channels: as ``decode`` (:func:`~speechpipe.pipes.decode._decode.decode_sample`).
+        unknown, rename, channels: as ``decode`` (:func:`~speechpipe.pipes.decode.decode_sample`).
+        sample_rate: the rate (Hz) of every audio field of the batch, resampling the others;
+            None (default): keep each file's rate (a batch mixing rates is an error).
         **kwargs: :class:`PadCollate`'s (``pad_values``, ``fields``, ``stack``, ``as_list``,
             ``drop``, ``dtype``).
 
@@ -620,17 +706,31 @@ class DecodeCollate(PadCollate):
     >>> batch["audio"], batch["audio_len"], batch["sample_rate"], batch["text"]
     (tensor([[0.5000, 0.5000, 0.5000],
             [0.5000, 0.5000, 0.0000]]), tensor([3, 2]), tensor([16000, 16000]), ['hi', 'yo'])
+    >>> def wav8k(n):
+    ...     buffer = io.BytesIO()
+    ...     soundfile.write(buffer, np.full(n, 0.5, np.float32), 8000, format="WAV")
+    ...     return buffer.getvalue()
+    >>> mixed = DecodeCollate(sample_rate=16000)([{"key": "a", "flac": flac(3200)},
+    ...                                           {"key": "b", "wav": wav8k(800)}])
+    >>> mixed["audio_len"], mixed["sample_rate"]  # 0.2 s and 0.1 s, both at 16 kHz
+    (tensor([3200, 1600]), tensor([16000, 16000]))
     """
 
     def __init__(self, *, unknown: str = "error", rename: Mapping[str, str] | None = None,
-                 channels: str | int = "keep", **kwargs: Any) -> None:
+                 channels: str | int = "keep", sample_rate: int | None = None,
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.unknown, self.rename, self.channels = check_decode_options(unknown, rename,
                                                                         channels)
+        if sample_rate is not None and (isinstance(sample_rate, bool)
+                                        or not isinstance(sample_rate, int) or sample_rate < 1):
+            raise ValueError(f"sample_rate must be an int >= 1 (Hz) or None, got {sample_rate!r}")
+        self.sample_rate = sample_rate
 
     def __repr__(self) -> str:
+        rate = "" if self.sample_rate is None else f"sample_rate={self.sample_rate!r}, "
         return (f"DecodeCollate(unknown={self.unknown!r}, rename={self.rename!r}, "
-                f"channels={self.channels!r}, {super().__repr__()[len('PadCollate('):]}")
+                f"channels={self.channels!r}, {rate}{super().__repr__()[len('PadCollate('):]}")
 
     def __call__(self, samples: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         decoded: list[dict] = []
@@ -641,6 +741,8 @@ class DecodeCollate(PadCollate):
                                     f"{type(sample).__name__}")
                 decoded.append(decode_sample(sample, unknown=self.unknown, rename=self.rename,
                                              channels=self.channels, defer_audio=True))
+                if self.sample_rate is not None:
+                    _resample_fields(decoded[-1], self.sample_rate)
             return super().__call__(decoded)
         finally:  # files not decoded (an error, a dropped field) are closed
             for sample in decoded:
@@ -668,7 +770,8 @@ def _check_one_rate(name: str, values: Sequence[Any], keys: Sequence[Any]) -> No
     key = keys[minority[0]]
     raise SampleRateError(
         f"the batch mixes sample rates in {name!r} ({shown}); resample before batching "
-        "(pipe.resample(rate)), or drop the field if its rows no longer depend on it",
+        "(pipe.resample(rate)) or, for undecoded samples, as they are decoded into the batch "
+        "(DecodeCollate(sample_rate=rate)); or drop the field if its rows no longer depend on it",
         **({"key": key} if isinstance(key, str) else {"source": f"batch item {minority[0]}"}))
 
 

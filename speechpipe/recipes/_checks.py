@@ -72,13 +72,16 @@ def check_empty_text(value: str) -> str:
 
 
 def apply_empty_text(samples: list[Sample], policy: str, *, stage: str,
-                     diagnostics: Diagnostics) -> tuple[list[Sample], int]:
+                     diagnostics: Diagnostics, faults: list | None = None
+                     ) -> tuple[list[Sample], int]:
     """``(samples kept, empty transcripts kept)`` under ``policy`` (:data:`EMPTY_TEXT`).
 
-    Samples without a ``text`` field (unlabelled data) are not concerned.
+    Samples without a ``text`` field (unlabelled data) are not concerned. With ``faults``
+    (``prepare --verify``: every fault reported at once), ``"error"`` adds ``(what, count,
+    examples, flag)`` to it and leaves the samples out instead of raising.
 
     Raises:
-        DataError: under ``"error"``, with the count and a few keys.
+        DataError: under ``"error"`` without ``faults``, with the count and a few keys.
 
     >>> d = Diagnostics("prepare_x")
     >>> rows = [{"key": "a", "text": "hi"}, {"key": "b", "text": " "}]
@@ -90,6 +93,11 @@ def apply_empty_text(samples: list[Sample], policy: str, *, stage: str,
     if not empty or policy == "keep":
         return samples, len(empty)
     examples = ", ".join(_where(s) for s in empty[:_EXAMPLES])
+    dropped = {id(s) for s in empty}
+    if policy == "error" and faults is not None:
+        faults.append(("empty transcript", len(empty), [_where(s) for s in empty[:_EXAMPLES]],
+                       "--empty-text skip (empty_text='skip'; or keep)"))
+        return [s for s in samples if id(s) not in dropped], 0
     if policy == "error":
         raise DataError(
             f"{len(empty)} utterance(s) with an empty transcript (e.g. {examples}); "
@@ -97,7 +105,6 @@ def apply_empty_text(samples: list[Sample], policy: str, *, stage: str,
             "keep them, counted (CLI: --empty-text skip|keep)", source=stage)
     for s in empty:
         diagnostics.record("empty transcript", _where(s))
-    dropped = {id(s) for s in empty}
     return [s for s in samples if id(s) not in dropped], 0
 
 
@@ -177,12 +184,13 @@ def verify_audio(paths: Iterable[str], *, num_jobs: int = 1, progress: bool = Tr
     >>> found[good].problem, found[bad].problem
     (None, 'corrupt')
     """
-    from tqdm import tqdm
+    from ..progress import progress_bar
 
     unique = list(dict.fromkeys(paths))
     out: dict[str, AudioCheck] = {}
-    with tqdm(total=len(unique), desc=desc, unit=" files", disable=not progress,
-              leave=False) as bar, concurrent.futures.ThreadPoolExecutor(num_jobs) as pool:
+    # a tqdm bar on a terminal; lines in a log (tqdm's \r redraws pile up into one line there)
+    with progress_bar(total=len(unique), desc=desc, unit="files", disable=not progress,
+                      leave=False) as bar, concurrent.futures.ThreadPoolExecutor(num_jobs) as pool:
         for check in pool.map(check_audio_file, unique):
             out[check.path] = check
             bar.update(1)
@@ -190,15 +198,23 @@ def verify_audio(paths: Iterable[str], *, num_jobs: int = 1, progress: bool = Tr
 
 
 def apply_verification(samples: list[Sample], checks: Mapping[str, AudioCheck], on_error: str,
-                       *, stage: str, diagnostics: Diagnostics) -> list[Sample]:
+                       *, stage: str, diagnostics: Diagnostics,
+                       faults: list | None = None) -> list[Sample]:
     """The samples whose audio decoded; the others raise (``on_error="raise"``: every
-    problem counted, with examples) or are left out and counted (``"skip"``)."""
+    problem counted, with examples; with ``faults``, added to it as ``(what, count,
+    examples, flag)`` instead) or are left out and counted (``"skip"``)."""
     bad = [s for s in samples if checks[s["audio_path"]].problem is not None]
     if not bad:
         return samples
     by_problem: dict[str, list[Sample]] = {}
     for s in bad:
         by_problem.setdefault(checks[s["audio_path"]].problem, []).append(s)
+    if on_error == "raise" and faults is not None:
+        for problem, rows in sorted(by_problem.items()):
+            faults.append((PROBLEMS[problem], len(rows),
+                           [f"{s['audio_path']}: {checks[s['audio_path']].detail}"
+                            for s in rows[:_EXAMPLES]], "--on-error skip (on_error='skip')"))
+        return [s for s in samples if checks[s["audio_path"]].problem is None]
     if on_error == "raise":
         parts = []
         for problem, rows in sorted(by_problem.items()):

@@ -208,7 +208,7 @@ def fetch_url(url: str, part: Path, *, resume: bool, progress: bool, timeout: fl
 def _extract_zip(archive: Path, root: str, progress: bool) -> int:
     """:func:`safe_extract` for a zip (``rirs_noises.zip``): every member is checked first, as
     a tar member would be (zip symbolic links are refused: zipfile would write them as files)."""
-    from tqdm import tqdm
+    from ..progress import progress_bar
 
     try:
         with zipfile.ZipFile(archive) as zf:
@@ -222,8 +222,8 @@ def _extract_zip(archive: Path, root: str, progress: bool) -> int:
                     raise DataError("refusing to extract a symbolic link from a zip",
                                     source=str(archive), member=info.filename)
                 _check_member(member, root, archive)
-            for info in tqdm(members, unit=" files", desc=f"extract {archive.name}",
-                             disable=not progress, leave=False):
+            for info in progress_bar(members, unit="files", desc=f"extract {archive.name}",
+                                     disable=not progress, leave=False):
                 zf.extract(info, root)
     except DataError:
         raise

@@ -102,7 +102,8 @@ class FrontEnd:
             ``(B, T)``, ``audio_len`` and ``sample_rate``) and :meth:`on_device` computes the
             features of each batch after ``build_loader(..., device=...)`` moved it, in one
             batched call on that device.
-        tokenizer: a speechpipe tokenizer (``load_tokenizer``), or ``None``: no ``tokens``.
+        tokenizer: a speechpipe tokenizer (``load_tokenizer``) or its file's path, or ``None``:
+            no ``tokens``.
         text_field: the field tokenized (``normalized_text`` for LJSpeech).
         normalizer: a ``TextNormalizer`` applied before tokenizing.
         noise: a noise source for ``add_noise`` (:func:`augment_source`: manifest paths,

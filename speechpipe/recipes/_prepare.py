@@ -179,6 +179,16 @@ def check_pairs(
         diagnostics = _DIAGNOSTICS.get() or Diagnostics(stage)
     if not without_text and not without_audio:
         return diagnostics
+    faults = _FAULTS.get()
+    if on_mismatch == "error" and faults is not None:  # prepare --verify: reported with all
+        flag = "--on-mismatch skip (on_mismatch='skip')"
+        if without_text:
+            faults.append(("audio without transcript", len(without_text),
+                           list(without_text[:3]), flag))
+        if without_audio:
+            faults.append(("transcript without audio", len(without_audio),
+                           list(without_audio[:3]), flag))
+        return diagnostics
     if on_mismatch == "error":
         problems = []
         if without_text:
@@ -237,7 +247,7 @@ def measure_audio(
 
     if not isinstance(num_jobs, int) or num_jobs < 1:
         raise ValueError(f"num_jobs must be an int >= 1, got {num_jobs!r}")
-    deferred = _VERIFYING.get()  # read here: the pool's threads do not see this context
+    deferred = VERIFYING.get()  # read here: the pool's threads do not see this context
     with progress_bar(total=len(paths), desc=desc, unit="files", disable=not progress,
                       leave=False) as bar:
         if num_jobs == 1:
@@ -352,20 +362,28 @@ def prepare_parts(
                 continue
             reason = "--force" if up_to_date else reason
         diagnostics = Diagnostics(stage)
+        # --verify: every fault of every kind is collected, then reported at once
+        faults: list | None = [] if verify else None
         token = _DIAGNOSTICS.set(diagnostics)  # check_pairs counts into it
-        verifying = _VERIFYING.set(bool(verify))  # measure_audio leaves bad files to verify
+        verifying = VERIFYING.set(bool(verify))  # measure_audio leaves bad files to verify
+        collecting = _FAULTS.set(faults)
         try:
             samples = make_samples(part)
         finally:
             _DIAGNOSTICS.reset(token)
-            _VERIFYING.reset(verifying)
+            VERIFYING.reset(verifying)
+            _FAULTS.reset(collecting)
         samples, kept_empty = apply_empty_text(samples, empty_text, stage=stage,
-                                               diagnostics=diagnostics)
+                                               diagnostics=diagnostics, faults=faults)
         if verify:
             checks = verify_audio([s[AUDIO_PATH] for s in samples if AUDIO_PATH in s],
                                   num_jobs=num_jobs, progress=progress, desc=f"verify {part}")
             samples = apply_verification(samples, checks, on_error, stage=stage,
-                                         diagnostics=diagnostics)
+                                         diagnostics=diagnostics, faults=faults)
+        if faults:
+            summary = PartReport.of(part, None, samples, diagnostics, sample_rate, kept_empty)
+            summary.status = "not written"
+            raise DataError(_faults_message(faults, summary), source=stage)
         if not samples:
             raise DataError(f"{corpus} part {part!r}: no utterance left to write "
                             f"({diagnostics.report()})")
@@ -391,9 +409,29 @@ _DIAGNOSTICS: contextvars.ContextVar[Diagnostics | None] = contextvars.ContextVa
     "speechpipe_prepare_diagnostics", default=None)
 
 
+#: The faults :func:`prepare_parts` collects while it verifies a part (``None``: not
+#: verifying): ``(what, count, examples, flag)``, reported together at the end.
+_FAULTS: contextvars.ContextVar[list | None] = contextvars.ContextVar(
+    "speechpipe_prepare_faults", default=None)
+
+
+def _faults_message(faults: list, summary: PartReport) -> str:
+    """Every fault of a verified part, with its count, examples and the flag that would skip
+    it; then the summary of the utterances without a fault."""
+    total = sum(count for _, count, _, _ in faults)
+    lines = [f"verification found {total} fault(s) of {len(faults)} kind(s):"]
+    for what, count, examples, flag in faults:
+        lines.append(f"  {what}: {count} (e.g. {'; '.join(examples)}) -- to leave them out, "
+                     f"counted: {flag}")
+    flags = list(dict.fromkeys(flag.split(" (")[0] for _, _, _, flag in faults))
+    lines.append(f"Fix the corpus, or rerun with {' '.join(flags)}. Without them:")
+    lines.extend("  " + line for line in summary.report().splitlines())
+    return "\n".join(lines)
+
+
 #: Whether :func:`prepare_parts` verifies the part being built (then :func:`measure_audio`
 #: leaves unreadable headers to the verification, which counts them all).
-_VERIFYING: contextvars.ContextVar[bool] = contextvars.ContextVar(
+VERIFYING: contextvars.ContextVar[bool] = contextvars.ContextVar(
     "speechpipe_prepare_verifying", default=False)
 
 
@@ -482,11 +520,8 @@ def resolve_manifests(
             for p in parts:
                 path = manifest_path(manifests, corpus, p)
                 if not path.exists():
-                    raise MissingDataError(
-                        f"no {corpus} manifest for part {p!r}; run 'speechpipe prepare "
-                        f"{corpus} <corpus_dir> {os.fspath(manifests)} --parts {p}'",
-                        source=str(path),
-                    )
+                    raise MissingDataError(_missing_part(manifests, corpus, p),
+                                           source=str(path))
                 out.append(str(path))
             return out
         return [os.fspath(manifests)]
@@ -494,6 +529,26 @@ def resolve_manifests(
     if items and all(isinstance(s, Mapping) for s in items):
         return [items]
     return [_one_source(m) for m in items]
+
+
+def _missing_part(folder: str | os.PathLike, corpus: str, part: str) -> str:
+    """Why a folder has no manifest for ``part``: the parts it has (a typo is then plain),
+    else the ``speechpipe prepare`` to run.
+
+    >>> import tempfile
+    >>> d = tempfile.mkdtemp()
+    >>> _ = open(manifest_path(d, "librispeech", "train-clean-100"), "w").close()
+    >>> print(_missing_part(d, "librispeech", "train-clean100"))
+    no librispeech manifest for part 'train-clean100'; this folder has part(s) \
+['train-clean-100'] (a typo?); to make it, run 'speechpipe prepare librispeech <corpus_dir> \
+... --parts train-clean100'
+    """
+    prefix, suffix = f"{corpus}_samples_", ".jsonl.gz"
+    have = sorted(name[len(prefix):-len(suffix)] for name in os.listdir(folder)
+                  if name.startswith(prefix) and name.endswith(suffix))
+    there = f"this folder has part(s) {have} (a typo?); to make it, " if have else ""
+    return (f"no {corpus} manifest for part {part!r}; {there}run 'speechpipe prepare {corpus} "
+            f"<corpus_dir> {os.fspath(folder)} --parts {part}'")
 
 
 def _one_source(m: Any) -> Any:

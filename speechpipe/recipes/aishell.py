@@ -170,13 +170,13 @@ def download_aishell(
 
 def _extract_speaker_archives(wav_dir: Path, *, progress: bool) -> None:
     """Extract each ``wav/<speaker>.tar.gz`` into ``wav/`` (safely), then delete it."""
-    from tqdm import tqdm
+    from ..progress import progress_bar
 
     if not wav_dir.is_dir():
         raise DataError("data_aishell.tgz did not create the wav/ folder", source=str(wav_dir))
     archives = sorted(wav_dir.glob("*.tar.gz"))
-    for archive in tqdm(archives, desc="extract speakers", unit=" archives",
-                        disable=not progress, leave=False):
+    for archive in progress_bar(archives, desc="extract speakers", unit="archives",
+                                disable=not progress, leave=False):
         safe_extract(archive, wav_dir, progress=False)
         archive.unlink()
 

@@ -26,6 +26,8 @@ from (the parent of ``data/``), so both functions take ``root`` (default: the cu
 from __future__ import annotations
 
 import os
+import re
+import shutil
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -40,6 +42,7 @@ from ._prepare import (
     AUDIO_PATH,
     FEATS_PATH,
     OFFSET,
+    VERIFYING,
     as_names,
     check_prepare_args,
     files_under,
@@ -166,16 +169,29 @@ def prepare_kaldi_dir(
     def commands(part: str) -> Path | None:
         return Path(output_dir, f"{CORPUS}_audio_{part}") if allow_commands else None
 
-    return prepare_parts(
-        CORPUS, list(dirs), output_dir,
-        lambda part: _dir_samples(dirs[part], base, num_jobs=num_jobs,
-                                  on_mismatch=on_mismatch, progress=progress,
-                                  commands=commands(part)),
-        force=force, num_jobs=num_jobs, progress=progress,
-        inputs=lambda part: files_under(dirs[part], recursive=False),
-        settings={"on_mismatch": on_mismatch, "root": base, "allow_commands": allow_commands},
-        **checks,
-    )
+    # the commands' audio folder of the part that fails goes again if this run created it
+    # (the parts before it are written: their manifests name their folders)
+    started: list[Path | None] = []  # per part begun: its folder if this run creates it
+
+    def samples(part: str) -> list[dict]:
+        folder = commands(part)
+        started.append(folder if folder is not None and not folder.exists() else None)
+        return _dir_samples(dirs[part], base, num_jobs=num_jobs, on_mismatch=on_mismatch,
+                            progress=progress, commands=folder)
+
+    try:
+        return prepare_parts(
+            CORPUS, list(dirs), output_dir, samples,
+            force=force, num_jobs=num_jobs, progress=progress,
+            inputs=lambda part: files_under(dirs[part], recursive=False),
+            settings={"on_mismatch": on_mismatch, "root": base,
+                      "allow_commands": allow_commands},
+            **checks,
+        )
+    except BaseException:
+        if started and started[-1] is not None:
+            shutil.rmtree(started[-1], ignore_errors=True)
+        raise
 
 
 def _table(path: Path, **kwargs: Any) -> dict[str, ScpEntry] | None:
@@ -210,8 +226,12 @@ def _audio_file(entry: ScpEntry, root: str | None, commands: Path | None = None)
             "Read this directory with kaldi_dir_samples(), or pack it with 'speechpipe pack'",
             source=entry.source, line=entry.line, key=entry.key)
     if not os.path.isfile(path):
-        raise MissingDataError(f"audio file not found: {path}", source=entry.source,
-                               line=entry.line, key=entry.key)
+        if VERIFYING.get():  # the verification counts it with every other fault
+            return path
+        raise MissingDataError(f"audio file not found: {path} (prepare --verify reports "
+                               "every missing file at once; with --on-error skip it leaves "
+                               "them out, counted)", source=entry.source, line=entry.line,
+                               key=entry.key)
     return path
 
 
@@ -315,7 +335,10 @@ def _audio_samples(data_dir: Path, wav: dict[str, ScpEntry],
                             "manifest; use kaldi_dir_samples()", source=entry.source,
                             line=entry.line, key=utt)
         frames, rate = measured[seg.recording]
-        end = _segment_end(seg, frames / rate, entry, utt)
+        if (frames, rate) == (0, 1) and VERIFYING.get():  # unreadable: verify reports it
+            end = seg.start if seg.end == -1 else max(seg.end, seg.start)
+        else:
+            end = _segment_end(seg, frames / rate, entry, utt)
         samples[utt] = {KEY: utt, AUDIO_PATH: paths[seg.recording], OFFSET: seg.start,
                         DURATION: round(end - seg.start, 6), "sample_rate": rate,
                         "recording": seg.recording}

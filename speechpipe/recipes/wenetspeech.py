@@ -422,7 +422,7 @@ def _write_segments(root: Path, sinks: dict[str, Any], *,
     audio (``file:line (key ...)``: no file, or ending after the recording) and the number of
     segments written per part.
     """
-    from tqdm import tqdm
+    from ..progress import progress_bar
 
     write = {p: sink.append if isinstance(sink, list) else sink.write
              for p, sink in sinks.items()}
@@ -431,8 +431,8 @@ def _write_segments(root: Path, sinks: dict[str, Any], *,
     listed: set[str] = set()
     without_audio: list[str] = []
     counts = dict.fromkeys(sinks, 0)
-    with tqdm(total=metadata.stat().st_size, unit="B", unit_scale=True, desc=METADATA,
-              disable=not progress, leave=False) as bar:
+    with progress_bar(total=metadata.stat().st_size, unit="B", unit_scale=True, desc=METADATA,
+                      disable=not progress, leave=False) as bar:
         def advance(position: int) -> None:
             bar.update(position - bar.n)
 

@@ -67,13 +67,35 @@ class Seeded(CarriesRank):
         self._epoch_given = True
         return self
 
+    def set_seed(self, seed: int) -> "Seeded":
+        """What torch's DataLoader calls on the main process's pipe at every ``iter()``,
+        before the workers start from a copy of it: each call after the first is the next
+        epoch (unless :meth:`set_epoch` gave one since), so that workers that are not
+        persistent -- fresh copies each epoch -- start from the epoch's order instead of
+        repeating the first. torch's ``seed`` is not used: the order comes from ``(seed,
+        epoch)``, the same on every rank."""
+        if not _the_loaders_first_call():
+            # torch calls it in the iterator's __init__, before the workers copy the pipe;
+            # again in its _reset, after (and once per epoch with persistent workers, which
+            # count their epochs themselves); and in each worker on its copy: only the first
+            # counts
+            return self
+        calls = self.__dict__.get("_loader_epochs", 0)
+        if calls and not self.__dict__.get("_epoch_given", False):
+            self.epoch += 1
+        self._loader_epochs = calls + 1
+        self._epoch_given = False
+        self._epoch_from_loader = True  # the workers' copies: this pass's epoch is given
+        return self
+
     def _begin_pass(self) -> None:
         """Called by each random stage when a pass starts: a pass not preceded by
         ``set_epoch`` is the next epoch. A copy of the stage in a DataLoader worker that was
         never given an epoch (a fresh copy each epoch: torch's DataLoader without
         ``speechpipe.build_loader``) cannot know its epoch: it warns, once per process."""
         passes = self.__dict__.get("_passes", 0)
-        given = self.__dict__.get("_epoch_given", False)
+        given = self.__dict__.get("_epoch_given", False) or self.__dict__.pop(
+            "_epoch_from_loader", False)
         if passes and not given:
             self.epoch += 1
         elif not passes and not given and not _warned_in_worker:
@@ -85,6 +107,20 @@ class Seeded(CarriesRank):
         """A ``random.Random`` from ``(seed, epoch, rank, worker, salt)`` of this process."""
         where = process_position()
         return derive_rng(self.seed, self.epoch, where.rank, where.worker, salt)
+
+
+def _the_loaders_first_call() -> bool:
+    """Whether ``set_seed`` was called by a DataLoader iterator's ``__init__`` (through
+    ``graph_settings.apply_random_seed``), before the workers copy the pipe -- not by its
+    ``_reset``, nor in a worker's ``_worker_loop`` on its copy, nor by anyone else."""
+    import sys
+
+    try:
+        caller = sys._getframe(3)  # set_seed <- apply_random_seed <- __init__ / _reset / ...
+    except ValueError:  # a shallower stack: not torch's call
+        return False
+    return (caller.f_code.co_name == "__init__"
+            and "torch/utils/data" in caller.f_code.co_filename.replace("\\", "/"))
 
 
 class EpochWarning(UserWarning):

@@ -10,8 +10,8 @@ from ._buckets import (
 )
 from ._calibration import calibrate_budget, Calibration
 from ._constraints import (
-    batch_constraint, BatchConstraint, BatchStats, BudgetWarning, OVERSIZE, PaddedArea,
-    Quadratic, SampleCount, SumOfLengths, TwoDimensional,
+    batch_constraint, BatchConstraint, BatchStats, BudgetWarning, IndexLength, LengthUnitError,
+    OVERSIZE, PaddedArea, Quadratic, SampleCount, SumOfLengths, TwoDimensional,
 )
 from ._lengths import (
     compute_lengths, IndexDurationReaderIterDataPipe, read_data_len, select_keys,
@@ -31,7 +31,9 @@ __all__ = [
     "Calibration",
     "DurationFilterIterDataPipe",
     "IndexDurationReaderIterDataPipe",
+    "IndexLength",
     "LengthBucketerIterDataPipe",
+    "LengthUnitError",
     "OVERSIZE",
     "PaddedArea",
     "Quadratic",

@@ -518,6 +518,7 @@ class BlockBatcherIterDataPipe(Seeded, Resumable, IterDataPipe[list]):
         finally:
             self._live = None
         self.stats.warn_if_budget_too_small(self.constraint)
+        self.stats.warn_if_budget_too_large(self.constraint)
 
     def _snapshot(self, live: dict) -> dict:
         # A held batch never changes once packed: its identities are computed once and kept
@@ -607,6 +608,7 @@ class DurationFilterIterDataPipe(IterDataPipe[Sample]):
         self.source_datapipe = source_datapipe
         self.warn = warn
         self.diagnostics = Diagnostics("filter_by_duration")
+        self.diagnostics.quiet = not warn
 
     def __iter__(self) -> Iterator[Sample]:
         self.diagnostics.reset()
@@ -621,11 +623,13 @@ class DurationFilterIterDataPipe(IterDataPipe[Sample]):
                                 else None, key=key if isinstance(key, str) else None) from exc
             if low is not None and seconds < low:
                 self.diagnostics.record(f"shorter than {low} s",
-                                        f"key {sample.get(KEY)!r} ({seconds:.2f} s)")
+                                        f"key {sample.get(KEY)!r} ({seconds:.2f} s)",
+                                        item=sample.get(KEY))
                 continue
             if high is not None and seconds > high:
                 self.diagnostics.record(f"longer than {high} s",
-                                        f"key {sample.get(KEY)!r} ({seconds:.2f} s)")
+                                        f"key {sample.get(KEY)!r} ({seconds:.2f} s)",
+                                        item=sample.get(KEY))
                 continue
             yield sample
         if self.warn:

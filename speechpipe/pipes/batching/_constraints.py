@@ -44,11 +44,16 @@ from typing import Any, Callable, Sequence, Union
 
 from ...diagnostics import Ledger
 from ...sample import sample_duration, sample_length
+from ...errors import SpeechpipeError
+from ...sample import DURATION
+from ...sample import NUM_FRAMES
 
 __all__ = [
     "BatchConstraint",
     "BatchStats",
     "BudgetWarning",
+    "IndexLength",
+    "LengthUnitError",
     "OVERSIZE",
     "PaddedArea",
     "Quadratic",
@@ -63,6 +68,80 @@ LengthFn = Union[str, Callable[[Any], Length], None]
 
 #: What to do with a sample whose cost alone exceeds the budget.
 OVERSIZE = ("emit", "drop")
+
+#: Seconds per frame of the index's ``frames`` unit (10 ms, Kaldi's and ``pack``'s shift).
+_FRAME_SHIFT = 0.01
+
+
+class LengthUnitError(SpeechpipeError, ValueError):
+    """A constraint cannot measure a length of the shard index in its own unit: the plan
+    would batch one unit and the pipeline another. The message names both units."""
+
+
+class IndexLength(float):
+    """A length from the shard index, in the index's unit (what
+    :class:`~speechpipe.pipes.steps.StepPlanner` hands the batching it re-runs).
+
+    It is the index's number (``float(length)``: frames, audio samples or seconds, as
+    ``unit`` says), so arithmetic on it works as on a bare length; a constraint measures it in
+    its own unit (:meth:`BatchConstraint.measure`): seconds for ``length="duration"`` (or
+    :func:`~speechpipe.sample.sample_duration`), whatever the index counts; the index's own
+    number for ``length=None`` (frames of ``feats``, else audio samples) when the index counts
+    frames or samples; frames for ``length="num_frames"``. Any other measure is a
+    :class:`LengthUnitError` naming both units, not a plan in another unit.
+
+    >>> n = IndexLength(48000.0, "samples", 16000)
+    >>> n + 0, n.seconds, PaddedArea(60.0, length="duration").measure(n)
+    (48000.0, 3.0, 3.0)
+    >>> PaddedArea(3000).measure(IndexLength(4.5, "seconds"))
+    Traceback (most recent call last):
+    speechpipe.pipes.constraints.LengthUnitError: the shard index counts seconds but the...
+    """
+
+    __slots__ = ("unit", "sample_rate")
+
+    def __new__(cls, value: float, unit: str, sample_rate: int | None = None) -> IndexLength:
+        self = super().__new__(cls, value)
+        if unit not in ("frames", "samples", "seconds"):
+            raise ValueError(f"unit must be 'frames', 'samples' or 'seconds', got {unit!r}")
+        self.unit = unit
+        self.sample_rate = sample_rate
+        return self
+
+    def __reduce__(self):
+        return (IndexLength, (float(self), self.unit, self.sample_rate))
+
+    @property
+    def seconds(self) -> float:
+        """The length in seconds (frames of 10 ms; samples at the index's rate)."""
+        if self.unit == "seconds":
+            return float(self)
+        if self.unit == "frames":
+            return float(self) * _FRAME_SHIFT
+        return float(self) / (self.sample_rate or 16000)
+
+    def measured(self, length: LengthFn) -> float:
+        """This length as a constraint whose ``length`` is ``length`` measures it."""
+        if length is None:
+            if self.unit == "seconds":
+                raise self._mismatch("frames of feats or audio samples (length=None)")
+            return float(self)
+        if length == DURATION or length is sample_duration:
+            return self.seconds
+        if length == NUM_FRAMES:
+            if self.unit == "frames":
+                return float(self)
+            return self.seconds / _FRAME_SHIFT
+        name = length if isinstance(length, str) else getattr(length, "__name__", repr(length))
+        raise self._mismatch(f"{name!r}, which the index does not hold")
+
+    def _mismatch(self, measures: str) -> LengthUnitError:
+        return LengthUnitError(
+            f"the shard index counts {self.unit} but the constraint measures {measures}: the "
+            "plan would batch one unit and the pipeline another. Measure durations "
+            "(PaddedArea(budget=seconds, length='duration'), or block_batch(max_duration=...), "
+            "after durations_from_index or decode), whatever the index counts; or pack with "
+            "the unit the batching measures (pack length_unit='frames' for features)")
 
 
 # --------------------------------------------------------------------------- cost models
@@ -84,8 +163,12 @@ class BatchConstraint(ABC):
     def measure(self, sample: Any) -> Length:
         if self.length is None:
             if type(sample) is not dict and not isinstance(sample, Mapping):
-                return sample  # a bare length (planning from an index)
+                if type(sample) is IndexLength:  # planning from an index: its unit checked
+                    return sample.measured(None)
+                return sample  # a bare length
             return sample_length(sample)
+        if type(sample) is IndexLength:
+            return sample.measured(self.length)
         if isinstance(self.length, str):
             return sample_length(sample, self.length)
         return self.length(sample)
@@ -249,6 +332,10 @@ class TwoDimensional(BatchConstraint):
     output: str = "tokens"
 
     def measure(self, sample):
+        if type(sample) is IndexLength:
+            raise sample._mismatch("pairs (input, output); the index holds one length per "
+                                   "utterance: plan with a batch size or a one-dimensional "
+                                   "constraint")
         if not isinstance(sample, Mapping):
             return tuple(sample)
         if self.length is not None and not isinstance(self.length, str):
@@ -415,7 +502,28 @@ def batch_constraint(
 
 
 class BudgetWarning(UserWarning):
-    """Most batches of a pass were a single sample longer than the budget."""
+    """A budget far off the data: most batches of a pass were a single sample longer than the
+    budget (too small, or in another unit), or one batch held most of a pass of many samples,
+    or a batch of padded durations above an hour (too large)."""
+
+
+#: A pass of at least this many samples whose largest batch holds half of them or more is
+#: batched by a budget far too large for its data.
+_LARGE_PASS = 64
+#: Seconds of padded audio in one batch above which a budget counted in seconds is warned of:
+#: an hour, some 10x the largest batches that train on one GPU (lhotse's max_duration of
+#: 200-1000 s).
+_LARGE_BATCH_SECONDS = 3600.0
+
+
+def _unit_of(constraint: BatchConstraint) -> str:
+    """What a constraint's costs count, in words."""
+    length = constraint.length
+    if length == DURATION or length is sample_duration:
+        return "seconds"
+    if length is None:
+        return "frames of feats, else audio samples"
+    return f"units of {length if isinstance(length, str) else 'its length function'}"
 
 
 @dataclass
@@ -480,6 +588,31 @@ class BatchStats(Ledger):
                 f"was {self.largest_cost:g}); the budget is too small or in another unit than "
                 "the samples' lengths -- batch_len counts frames of feats, else audio samples; "
                 "max_duration counts seconds", BudgetWarning, stacklevel=3)
+
+    def warn_if_budget_too_large(self, constraint: BatchConstraint) -> None:
+        """Warn (:class:`BudgetWarning`, with the figures and the unit) when the budget is far
+        too large for the data: a pass of 64 samples or more whose largest batch holds half
+        of them or more (one or two batches where a GPU wanted dozens), or a budget in
+        seconds that let a batch cost more than an hour of padded audio."""
+        if not self.batches or isinstance(constraint, SampleCount):
+            return
+        largest = max(self.sizes)
+        unit = _unit_of(constraint)
+        whole = self.samples >= _LARGE_PASS and 2 * largest >= self.samples
+        hour = unit == "seconds" and self.largest_cost > _LARGE_BATCH_SECONDS
+        if not (whole or hour):
+            return
+        what = (f"its largest batch holds {largest} of the pass's {self.samples} samples "
+                f"({self.batches} batch(es))" if whole else
+                f"a batch cost {self.largest_cost:g} s of padded audio (more than "
+                f"{_LARGE_BATCH_SECONDS:g} s)")
+        warnings.warn(
+            f"{self.stage}: {what}; the largest batch cost {self.largest_cost:g} "
+            f"{unit} under {constraint!r}: a budget this large runs a GPU out of memory and "
+            "takes few steps per epoch. Is it in another unit than the samples' lengths? "
+            "batch_len counts frames of feats, else audio samples; max_duration and "
+            "length='duration' count seconds (a few hundred seconds per GPU is usual)",
+            BudgetWarning, stacklevel=3)
 
     def report(self) -> str:
         if not self.batches:

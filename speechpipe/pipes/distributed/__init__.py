@@ -5,7 +5,8 @@ users import from here, never from its ``_modules``.
 """
 
 from ._equal import (
-    DistributedStepError, EqualSteps, POLICIES, StepEqualizer, StepEqualizerIterDataPipe,
+    DistributedStepError, EqualSteps, PlanMismatchWarning, POLICIES, StepEqualizer,
+    StepEqualizerIterDataPipe, UnevenStepsWarning,
 )
 from ._steps import batch_samples, StepPlan, StepPlanner, StepStats, TARGETS
 
@@ -13,11 +14,13 @@ __all__ = [
     "DistributedStepError",
     "EqualSteps",
     "POLICIES",
+    "PlanMismatchWarning",
     "StepEqualizer",
     "StepEqualizerIterDataPipe",
     "StepPlan",
     "StepPlanner",
     "StepStats",
     "TARGETS",
+    "UnevenStepsWarning",
     "batch_samples",
 ]

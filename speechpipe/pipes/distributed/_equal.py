@@ -48,14 +48,16 @@ from typing import Any, Callable, Iterable, Iterator
 
 from ...errors import check_int, SpeechpipeError
 from .._core import functional_datapipe, IterDataPipe
-from ._steps import target_steps, batch_samples, StepPlanner, StepStats
+from ._steps import TARGETS, StepPlan, StepPlanner, StepStats, batch_samples, index_unit, target_steps
 
 __all__ = [
     "DistributedStepError",
     "EqualSteps",
     "POLICIES",
+    "PlanMismatchWarning",
     "StepEqualizer",
     "StepEqualizerIterDataPipe",
+    "UnevenStepsWarning",
 ]
 
 #: Uneven-input policies of :class:`EqualSteps`.
@@ -75,6 +77,25 @@ class DistributedStepError(SpeechpipeError, RuntimeError):
     message names the rank (when known), the step and the epoch."""
 
 
+
+class PlanMismatchWarning(UserWarning):
+    """A ``plan`` pass's loader yielded a batch count more than 5 % away from what the
+    exact :class:`~speechpipe.pipes.steps.StepPlanner` counted for this rank: the plan and
+    the pipeline batch differently. Warned on every rank, with the figures."""
+
+
+class UnevenStepsWarning(UserWarning):
+    """Over all ranks, a pass of :class:`EqualSteps` dropped or repeated more than 5 % of the
+    samples to give every rank the same steps. Warned once per pass, on rank 0, with the
+    world's totals (also in ``stats.world``)."""
+
+
+#: Share of the world's samples dropped or repeated in a pass above which it is warned, and
+#: relative gap between a rank's planned and real batch count above which that is warned.
+_UNEVEN_SHARE = 0.05
+
+_COUNTS = ("batches", "samples", "dropped_batches", "dropped_samples", "repeated_batches",
+           "repeated_samples")
 
 _GROUPS: dict[float, tuple[Any, Any]] = {}
 _PASSES = itertools.count()  # distributed passes of EqualSteps in this process
@@ -369,6 +390,55 @@ class EqualSteps:
             yield from self._planned(signals, stats)
         else:
             yield from self._synced(signals, stats)
+        self._sum_over_ranks(signals, stats)
+
+    def _sum_over_ranks(self, signals: _Signals, stats: StepStats) -> None:
+        """After a whole pass: every rank's counts summed (one all-reduce) into
+        ``stats.world``, and on rank 0 an :class:`UnevenStepsWarning` when more than 5 % of
+        the world's samples were dropped or repeated."""
+        values = [getattr(stats, name) for name in _COUNTS]
+        if signals.active and signals.world > 1:
+            epoch = "" if self.epoch is None else f" of epoch {self.epoch}"
+            values = signals._all_reduce(values, f"summing the counts of the pass{epoch}",
+                                         op="SUM")
+        world = stats.world = dict(zip(_COUNTS, values))
+        data = world["samples"] + world["dropped_samples"]  # every sample of the pass, once
+        lost = world["dropped_samples"] + world["repeated_samples"]
+        if signals.rank != 0 or not data or lost <= _UNEVEN_SHARE * data:
+            return
+        epoch = "" if self.epoch is None else f" epoch {self.epoch}"
+        warnings.warn(
+            f"equalize_steps(policy={self.policy!r}){epoch}: over {signals.world} rank(s), "
+            f"{world['dropped_batches']} batches / {world['dropped_samples']} samples of "
+            f"{data} ({world['dropped_samples'] / data:.1%}) were dropped and "
+            f"{world['repeated_batches']} / {world['repeated_samples']} "
+            f"({world['repeated_samples'] / data:.1%}) repeated so that every rank takes "
+            f"{stats.steps} steps (each rank's figures: its EqualSteps.stats, "
+            "loader.uneven.stats). Fewer drops: more, smaller shards (pack --utts-per-shard), "
+            "ShardSplit(level='sample'), StepPlanner(target='mean'), or a plan that batches "
+            "as the pipeline does", UnevenStepsWarning, stacklevel=3)
+
+    def _check_plan(self, signals: _Signals, stats: StepStats, exhausted: bool) -> None:
+        """Warn (:class:`PlanMismatchWarning`, on this rank) when an exact planner's count
+        for this rank is more than 5 % away from the batches its loader really yielded."""
+        planned = stats.planned_batches
+        if planned is None or not self.steps.exact or not (stats.drained or exhausted):
+            return
+        own = stats.batches + stats.dropped_batches
+        if abs(own - planned) <= _UNEVEN_SHARE * planned:
+            return
+        epoch = "" if self.epoch is None else f" epoch {self.epoch}"
+        unit = index_unit(self.steps.sharded)[0]
+        warnings.warn(
+            f"equalize_steps(policy='plan'){epoch}: rank {signals.rank}'s loader yielded "
+            f"{own} batches of its own data but the StepPlanner counted {planned} "
+            f"({(own - planned) / max(planned, 1):+.0%}); every rank took {stats.steps} steps, "
+            f"so this rank dropped {stats.dropped_batches} batches / {stats.dropped_samples} "
+            f"samples and repeated {stats.repeated_batches}. The plan batches otherwise than "
+            f"the pipeline: the index counts {unit} -- does the batching measure the same "
+            "(frames of features computed from audio are not the index's samples: measure "
+            "durations with length='duration')? -- or a filter, skipped shards, bucket edges "
+            "estimated from the data", PlanMismatchWarning, stacklevel=3)
 
     # -- helpers
 
@@ -468,6 +538,7 @@ class EqualSteps:
         if isinstance(self.steps, StepPlanner):
             planner = self.steps
             local = planner.rank_batches(epoch, signals.rank if signals.active else 0)
+            signals.stats.planned_batches = local
             low, high, empty, broken, stamp = signals.agree(local, what, have, failure is not None)
             self._refuse_broken_rank(signals, broken, failure)
             total = signals.total(local, what) if planner.target == "mean" else 0
@@ -572,6 +643,8 @@ class EqualSteps:
                 )
             if not exhausted:
                 self._drain(it, stats)
+            if isinstance(self.steps, StepPlanner):
+                self._check_plan(signals, stats, exhausted)
         finally:
             it = None
 

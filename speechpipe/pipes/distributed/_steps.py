@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 from ...errors import check_int
-from ..batching import BatchConstraint, OVERSIZE, TwoDimensional
+from ..batching import BatchConstraint, IndexLength, OVERSIZE, TwoDimensional
 from ..order import dist_world, EpochPlan, ShardedShufflerIterDataPipe
 
 __all__ = [
@@ -98,11 +98,18 @@ class StepPlanner:
       per worker. **Exact.**
     - a callable ``lengths (list of numbers, in the worker's sample order) -> iterable of
       batches``, e.g. ``lambda ls: IterableWrapper(ls, deepcopy=False).bucket_by_length(2000,
-      boundaries=b).block_batch(batch_len=60000)`` -- the same batching stages as the pipeline,
-      with a constraint whose ``length`` is ``None`` (bare lengths are measured as they are).
-      **Exact** when (a) the stages between ``sharded_shuffle`` and the batching are 1:1 (e.g.
-      ``decode``, ``map``; no ``filter``, no torch ``shuffle``), (b) the batching measures the
-      same lengths as the index holds (same unit), (c) its batch count depends only on the
+      boundaries=b).block_batch(batch_len=60000)`` -- the same batching stages as the pipeline.
+      The lengths are :class:`~speechpipe.pipes.constraints.IndexLength` numbers that carry
+      the index's unit, so the constraints measure them in their own unit, as they measure
+      the pipeline's samples: seconds for ``length="duration"`` (the audio road:
+      ``durations_from_index``), the index's frames or samples for ``length=None``; a
+      constraint that cannot measure the index's unit (``length=None`` on an index in
+      seconds) raises :class:`~speechpipe.pipes.constraints.LengthUnitError` instead of
+      planning in another unit. **Exact** when (a) the stages between ``sharded_shuffle`` and
+      the batching are 1:1 (e.g. ``decode``, ``map``; no ``filter``, no torch ``shuffle``),
+      (b) the batching measures what the index holds (the index in samples of the audio, the
+      pipeline measuring audio samples, not frames of features computed from it: measure
+      durations then), (c) its batch count depends only on the
       order of the lengths (true of ``bucket_by_length`` with fixed ``boundaries`` or
       ``boundaries_fn``, ``block_batch`` and ``batch``; not of ``bucket_by_length``'s
       ``num_buckets``, estimated from the data after epoch 0), and (d) no shard is skipped
@@ -196,11 +203,13 @@ class StepPlanner:
         return sharded.epoch_plans(epoch, world_size=world, num_workers=max(1, self.num_workers))
 
     def _worker_batches(self, plan: EpochPlan) -> int:
-        lengths = [n for shard in plan.shards for n in shard.lengths]
+        unit, rate = index_unit(self.sharded)
+        lengths = [IndexLength(n, unit, rate) for shard in plan.shards for n in shard.lengths]
         if isinstance(self.batching, int):
             return -(-len(lengths) // self.batching)
         if isinstance(self.batching, BatchConstraint):
-            return _lower_bound(lengths, self.batching, self.oversize)
+            measure = self.batching.measure
+            return _lower_bound([measure(n) for n in lengths], self.batching, self.oversize)
         ordered = list(self.sharded.sample_order(plan, lengths))
         return sum(1 for _ in self.batching(ordered))
 
@@ -223,6 +232,13 @@ class StepPlanner:
     def steps(self, epoch: int | None = None) -> int:
         """Steps every rank takes in ``epoch`` (:attr:`StepPlan.steps` of :meth:`plan`)."""
         return self.plan(epoch).steps
+
+
+def index_unit(sharded: Any) -> tuple[str, int | None]:
+    """The unit of the index lengths the pipe planned with, and the audio's rate."""
+    index = sharded.index if not isinstance(sharded.index, bool) else getattr(
+        sharded, "_loaded_index", None)
+    return getattr(index, "length_unit", "frames"), getattr(index, "sample_rate", None)
 
 
 def _lower_bound(lengths: Sequence, constraint: Any, oversize: str) -> int:
@@ -285,6 +301,11 @@ class StepStats:
         planned: ``plan``: the steps agreed on.
         collectives / wait_seconds: all-reduces made and time spent in them.
         checks: ``plan``: store checks for a failed rank (see ``EqualSteps``' ``check_every``).
+        planned_batches: ``plan`` with a :class:`StepPlanner`: the batches of this rank's own
+            data the plan counted (compared with ``batches + dropped_batches`` after the pass).
+        world: after a whole pass, the counts summed over every rank (``batches``,
+            ``samples``, ``dropped_batches``, ``dropped_samples``, ``repeated_batches``,
+            ``repeated_samples``; one all-reduce at the end of the pass); None before.
     """
 
     policy: str
@@ -304,6 +325,8 @@ class StepStats:
     collectives: int = 0
     wait_seconds: float = 0.0
     checks: int = 0
+    planned_batches: int | None = None
+    world: dict[str, int] | None = None
 
     def report(self) -> str:
         where = f"rank {self.rank}/{self.world_size}"
@@ -320,7 +343,15 @@ class StepStats:
         if self.ended_by is not None:
             lines.append(f"  ended when rank {self.ended_by} ran out")
         if self.planned is not None:
-            lines.append(f"  planned steps: {self.planned}")
+            lines.append(f"  planned steps: {self.planned}"
+                         + ("" if self.planned_batches is None else
+                            f" (this rank's data: {self.planned_batches} batches planned)"))
+        if self.world is not None and self.world_size > 1:
+            w = self.world
+            lines.append(f"  all {self.world_size} ranks: {w['batches']} batches / "
+                         f"{w['samples']} samples yielded, dropped {w['dropped_batches']} / "
+                         f"{w['dropped_samples']}, repeated {w['repeated_batches']} / "
+                         f"{w['repeated_samples']}")
         lines.append(f"  {self.collectives} collective(s), {self.wait_seconds:.3f} s waiting"
                      + (f", {self.checks} store check(s)" if self.checks else ""))
         return "\n".join(lines)

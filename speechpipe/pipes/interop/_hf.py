@@ -25,6 +25,7 @@ from ...errors import DataError, MissingDataError
 from ...sample import AUDIO, DURATION, KEY, SAMPLE_RATE, SOURCE, Sample
 from .._core import functional_datapipe, IterableWrapper, IterDataPipe
 from ..decode import read_audio
+from ...sample import TEXT
 
 __all__ = ["HF_INDEX", "HfAudioLoader", "HfAudioLoaderIterDataPipe", "HfDatasetReader",
            "HfDatasetReaderIterDataPipe", "iter_hf_rows", "read_hf_dataset"]
@@ -73,7 +74,7 @@ def _audio_input(value: Any, source: str, key: str) -> Any:
 
 
 def _row(row: Mapping[str, Any], index: int, audio_column: str, key_column: str | None,
-         source: str) -> Sample:
+         source: str, text_column: str | None = None) -> Sample:
     if key_column is None:
         key = str(index)
     else:
@@ -85,16 +86,25 @@ def _row(row: Mapping[str, Any], index: int, audio_column: str, key_column: str 
     for name, value in row.items():
         if name != audio_column and (value is None or isinstance(value, _SCALARS)):
             out.setdefault(name, value)
+    if text_column is not None:
+        if text_column not in row:
+            raise DataError(f"no text column {text_column!r} (columns: {sorted(row)})",
+                            source=source, key=key)
+        text = row[text_column]
+        if not isinstance(text, str):
+            raise DataError(f"text column {text_column!r} must hold a str, got {text!r}",
+                            source=source, key=key)
+        out[TEXT] = text
     return out
 
 
 def iter_hf_rows(dataset: Any, *, audio_column: str = "audio", key_column: str | None = None,
-                 with_audio: bool = True) -> Iterator[Sample]:
+                 with_audio: bool = True, text_column: str | None = None) -> Iterator[Sample]:
     """The samples of :func:`read_hf_dataset`, one per row."""
     dataset = _undecoded(dataset, audio_column)
     for index, row in enumerate(dataset):
         source = f"row {index}"
-        sample = _row(row, index, audio_column, key_column, source)
+        sample = _row(row, index, audio_column, key_column, source, text_column)
         data = _audio_input(row.get(audio_column), source, sample[KEY])
         if with_audio:
             audio, rate = read_audio(data, source=source, key=sample[KEY])
@@ -121,7 +131,7 @@ class HfDatasetReaderIterDataPipe(IterDataPipe[Sample]):
 
     Args:
         source_datapipe: datasets with an ``Audio`` column.
-        audio_column, key_column, with_audio: as in :func:`read_hf_dataset`.
+        audio_column, key_column, with_audio, text_column: as in :func:`read_hf_dataset`.
 
     >>> import os, tempfile, numpy as np, soundfile, datasets
     >>> from speechpipe import IterableWrapper
@@ -133,20 +143,24 @@ class HfDatasetReaderIterDataPipe(IterDataPipe[Sample]):
     """
 
     def __init__(self, source_datapipe: IterDataPipe, *, audio_column: str = "audio",
-                 key_column: str | None = None, with_audio: bool = True) -> None:
+                 key_column: str | None = None, with_audio: bool = True,
+                 text_column: str | None = None) -> None:
         if not isinstance(audio_column, str) or not audio_column:
             raise TypeError(f"audio_column must be a non-empty str, got {audio_column!r}")
-        if key_column is not None and (not isinstance(key_column, str) or not key_column):
-            raise TypeError(f"key_column must be a non-empty str or None, got {key_column!r}")
+        for name, value in (("key_column", key_column), ("text_column", text_column)):
+            if value is not None and (not isinstance(value, str) or not value):
+                raise TypeError(f"{name} must be a non-empty str or None, got {value!r}")
         self.source_datapipe = source_datapipe
         self.audio_column = audio_column
         self.key_column = key_column
         self.with_audio = bool(with_audio)
+        self.text_column = text_column
 
     def __iter__(self) -> Iterator[Sample]:
         for dataset in self.source_datapipe:
             yield from iter_hf_rows(dataset, audio_column=self.audio_column,
-                                    key_column=self.key_column, with_audio=self.with_audio)
+                                    key_column=self.key_column, with_audio=self.with_audio,
+                                    text_column=self.text_column)
 
     def __len__(self) -> int:
         try:
@@ -159,7 +173,8 @@ HfDatasetReader = HfDatasetReaderIterDataPipe
 
 
 def read_hf_dataset(dataset: Any, *, audio_column: str = "audio", key_column: str | None = None,
-                    with_audio: bool = True) -> HfDatasetReaderIterDataPipe:
+                    with_audio: bool = True,
+                    text_column: str | None = None) -> HfDatasetReaderIterDataPipe:
     """Read a Hugging Face ``datasets`` audio dataset as samples (a pipe; nothing read yet).
 
     Each pass iterates the dataset (a ``Dataset``, e.g. from ``load_from_disk``, or an
@@ -181,6 +196,9 @@ def read_hf_dataset(dataset: Any, *, audio_column: str = "audio", key_column: st
         audio_column: the ``Audio`` column.
         key_column: a string column holding unique utterance ids (``None``: the row number).
         with_audio: decode the audio now (``False``: manifest rows, see above).
+        text_column: a string column copied to ``text``, the field the text stages read
+            (Common Voice on the Hub calls it ``sentence``); ``None``: rows keep their own
+            columns only.
 
     Raises:
         ValueError: ``audio_column`` is not an ``Audio`` column; ``with_audio=False`` on a
@@ -200,7 +218,8 @@ def read_hf_dataset(dataset: Any, *, audio_column: str = "audio", key_column: st
                          "index); a streaming dataset is read with its audio")
     _undecoded(dataset, audio_column)  # checks the column (reads no data)
     return IterableWrapper([dataset], deepcopy=False).read_hf_dataset(
-        audio_column=audio_column, key_column=key_column, with_audio=with_audio)
+        audio_column=audio_column, key_column=key_column, with_audio=with_audio,
+        text_column=text_column)
 
 
 @functional_datapipe("load_hf_audio")

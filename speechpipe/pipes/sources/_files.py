@@ -77,7 +77,9 @@ def expand_patterns(patterns: str | os.PathLike | Iterable[str | os.PathLike], *
     """Expand brace and glob patterns to a sorted list of paths or URLs.
 
     Braces are expanded first (``{a,b}``, ``{0..9}``, ``{00..15}``), then each local result
-    with ``*``, ``?`` or ``[`` is globbed; a result without them must exist. A folder written
+    with ``*``, ``?`` or ``[`` is globbed; a result without them must exist. A local
+    ``*.list`` file stands for the shards it lists, one per line (:func:`read_shard_list`:
+    WeNet's ``data.list``). A folder written
     by ``pack`` stands for its shards, as its index lists them -- every length group's when
     it holds group folders (:meth:`~speechpipe.index.ShardIndex.read`), so that files left
     beside them by another pack are never read; the same for such a folder in a bucket
@@ -146,7 +148,47 @@ def _expand_one(name: str, pattern: str, remote: RemoteOptions | None) -> list[s
         raise MissingDataError("no such file", source=where)
     if os.path.isdir(name):
         return ShardIndex.read(name).paths()
+    if name.endswith(SHARD_LIST_SUFFIX):
+        return read_shard_list(name)
     return [name]
+
+
+#: A local file named ``*.list`` is a list of shards, one per line (WeNet's ``data.list``).
+SHARD_LIST_SUFFIX = ".list"
+
+
+def read_shard_list(path: str) -> list[str]:
+    """The shards a list file names, one path or URL per line (WeNet's ``data.list`` in
+    shard mode); blank lines and ``#`` comments are skipped, relative paths are relative to
+    the list's folder. What it names is opened only when read, like any shard.
+
+    Raises:
+        DataError: a line holding a JSON sample (a raw-mode ``data.list``: samples, not
+            shards), naming the file and the line.
+
+    >>> import os, tempfile
+    >>> d = tempfile.mkdtemp(); p = os.path.join(d, "data.list")
+    >>> with open(p, "w") as f:
+    ...     _ = f.write("shards/a.tar\\n\\n# b\\nhttps://h/b.tar\\n")
+    >>> [s[len(d):] if s.startswith(d) else s for s in read_shard_list(p)]
+    ['/shards/a.tar', 'https://h/b.tar']
+    """
+    folder = os.path.dirname(os.path.abspath(path))
+    out = []
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, start=1):
+            line = line.strip()
+            if not line or line.startswith("#"):
+                continue
+            if line.startswith("{"):
+                raise DataError("this list holds JSON samples (a raw-mode WeNet data.list), "
+                                "not shards: read it as a manifest (read_manifest), or pack "
+                                "it into shards", source=path, line=number)
+            if is_url(line) or line.startswith(_PIPE_PREFIX) or os.path.isabs(line):
+                out.append(line)
+            else:
+                out.append(os.path.join(folder, line))
+    return out
 
 
 @functional_datapipe("list_shards")

@@ -400,6 +400,11 @@ def read_manifest(
 
 def _read_manifest(path: str, format: str, key_column: str | None,
                    remote: RemoteOptions | None) -> Iterator[Sample]:
+    if not is_remote(path) and os.path.isdir(path):
+        inside = sorted(n for n in os.listdir(path) if n.endswith((".jsonl.gz", ".jsonl")))
+        raise DataError("a folder, not a manifest: name its manifest files"
+                        + (f" (it holds {inside[:5]}{' ...' if len(inside) > 5 else ''})"
+                           if inside else " (it holds none)"), source=path)
     try:
         stream = open_stream(path, remote=remote) if is_remote(path) else open(path, "rb")
     except FileNotFoundError as exc:

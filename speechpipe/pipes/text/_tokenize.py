@@ -55,7 +55,7 @@ from ...errors import DataError, MissingDataError
 from ...sample import KEY, SOURCE, TEXT, TOKENS, Sample
 from .._core import functional_datapipe, IterDataPipe
 from ._normalize import check_field, check_normalizer, sample_field
-from ._tokenizers import nonspace_len, BaseTokenizer
+from ._tokenizers import BaseTokenizer, load_tokenizer, nonspace_len
 
 __all__ = [
     "TokenStats",
@@ -195,7 +195,9 @@ class TokenizerIterDataPipe(IterDataPipe[Sample]):
     Args:
         source_datapipe: pipe of sample dicts.
         tokenizer: a :class:`CharTokenizer`, :class:`WordTokenizer` or
-            :class:`SentencePieceTokenizer` (see :func:`load_tokenizer`).
+            :class:`SentencePieceTokenizer`, or the path of a tokenizer file
+            (:func:`load_tokenizer`: JSON, ``.model``, WeNet ``units.txt``, ESPnet
+            ``token_list``), loaded when the pipe is first iterated in each process.
         field: the field to encode.
         out: the field to write the ids to.
         normalizer: a :class:`TextNormalizer` applied to the text before encoding (only to
@@ -228,7 +230,8 @@ class TokenizerIterDataPipe(IterDataPipe[Sample]):
         max_unk_rate: float | None = 0.01,
         on_error: str = "raise",
     ) -> None:
-        if not all(hasattr(tokenizer, a) for a in ("encode", "unk_id", "unknown_symbols")):
+        if not isinstance(tokenizer, (str, os.PathLike)) and not all(
+                hasattr(tokenizer, a) for a in ("encode", "unk_id", "unknown_symbols")):
             raise TypeError(f"tokenizer must be a speechpipe tokenizer (load one with "
                             f"load_tokenizer(path)), got {tokenizer!r}")
         if max_unk_rate is not None and (isinstance(max_unk_rate, bool) or not isinstance(
@@ -248,6 +251,8 @@ class TokenizerIterDataPipe(IterDataPipe[Sample]):
         self.diagnostics.reset()
         self.stats.reset()
         tokenizer, normalizer, stats = self.tokenizer, self.normalizer, self.stats
+        if isinstance(tokenizer, (str, os.PathLike)):  # a path: read here, not when built
+            tokenizer = load_tokenizer(tokenizer)
         for sample in self.source_datapipe:
             try:
                 text = sample_field(sample, self.field, "tokenize")

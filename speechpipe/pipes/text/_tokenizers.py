@@ -581,7 +581,12 @@ def _sp_training_problem(exc: RuntimeError, train: Callable[..., bytes],
 
 
 def load_tokenizer(path: str | os.PathLike) -> BaseTokenizer:
-    """Load a tokenizer file of any kind: JSON (char, word) or a sentencepiece ``.model``.
+    """Load a tokenizer file of any kind: JSON (char, word), a sentencepiece ``.model``, or a
+    vocabulary in text, one token per line from ``<blank>`` to ``<sos/eos>`` -- WeNet's
+    ``units.txt`` (``token id`` per line, ids 0, 1, 2... in order) or ESPnet's
+    ``token_list`` (``tokens.txt``; ``<space>`` is the space). Single characters load as a
+    :class:`CharTokenizer`, words as a :class:`WordTokenizer`, with the file's ids; BPE pieces
+    (``▁THE``) need their sentencepiece model (WeNet's ``bpe.model``), which is named.
 
     Raises:
         MissingDataError: the file does not exist.
@@ -607,11 +612,51 @@ def load_tokenizer(path: str | os.PathLike) -> BaseTokenizer:
         raise DataError("empty tokenizer file", source=path)
     if data.lstrip(b"\xef\xbb\xbf \t\r\n")[:1] in (b"{", b"["):
         return _tokenizer_from_json(data, path)
+    if data.lstrip(b"\xef\xbb\xbf \t\r\n").startswith(BLANK.encode()):
+        return _tokenizer_from_vocab(data, path)
     try:
         return SentencePieceTokenizer(data)
     except ValueError as exc:
         raise DataError(f"not a tokenizer file: neither JSON (char, word) nor a sentencepiece "
                         f"model: {exc}", source=path) from None
+
+
+#: How ESPnet's character token lists write the space.
+_ESPNET_SPACE = "<space>"
+
+
+def _tokenizer_from_vocab(data: bytes, path: str) -> BaseTokenizer:
+    """A WeNet ``units.txt`` (``token id``) or ESPnet ``token_list`` (``token``) as a char or
+    word tokenizer with the file's ids."""
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise DataError(f"vocabulary file is not valid UTF-8 ({exc.reason} at byte "
+                        f"{exc.start})", source=path) from None
+    vocab: list[str] = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        fields = line.split()
+        if not fields:
+            continue
+        if len(fields) > 2 or (len(fields) == 2 and fields[1] != str(len(vocab))):
+            raise DataError(f"expected 'token' or 'token id' with ids 0, 1, 2... in order "
+                            f"(id {len(vocab)} here), got {line!r}", source=path, line=number)
+        vocab.append(fields[0])
+    pieces = vocab[2:-1]
+    space = "▁"
+    if _ESPNET_SPACE in pieces and space not in pieces:  # ESPnet's char lists
+        vocab = [space if s == _ESPNET_SPACE else s for s in vocab]
+        pieces = vocab[2:-1]
+    chars = all(len(s) == 1 for s in pieces)
+    if not chars and any(len(s) > 1 and s.startswith(space) for s in pieces):
+        raise DataError("this vocabulary holds BPE pieces (such as "
+                        f"{next(s for s in pieces if len(s) > 1 and s.startswith(space))!r}): "
+                        "load the sentencepiece model they come from (WeNet: bpe.model, "
+                        "ESPnet: bpe.model in the token_list's folder) instead", source=path)
+    try:
+        return CharTokenizer(vocab, space_symbol=space) if chars else WordTokenizer(vocab)
+    except ValueError as exc:
+        raise DataError(f"not a vocabulary speechpipe can use: {exc}", source=path) from None
 
 
 def _tokenizer_from_json(data: bytes, path: str) -> BaseTokenizer:
