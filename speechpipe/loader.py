@@ -106,9 +106,7 @@ naming the shard, when the workers restore it.
 from __future__ import annotations
 
 import gc
-import json
 import multiprocessing
-import os
 import shutil
 import tempfile
 import time
@@ -122,7 +120,7 @@ import torch.utils.data
 from .memory import (
     forget_segments, install, keep_table_while, new_table, release_now,
 )
-from .diagnostics import Ledger, report_to_main_process
+from .diagnostics import report_to_main_process
 from .errors import ResumeError, SpeechpipeError, mark_location
 from .pipes._core import IterDataPipe, MapDataPipe
 from .pipes._core import graph_nodes, propagate_epoch
@@ -130,11 +128,13 @@ from .pipes._core import (
     ResumeWarning, end_pass, restore, resumable_stages, take_states, unresumable_reason,
 )
 from .pipes._core import (
-    FINGERPRINT_VERSION, describe_differences, differences, fingerprint,
+    FINGERPRINT_VERSION, allows_change, check_allow_changes, describe_differences, differences,
+    fingerprint, refusal,
 )
 from .pipes.concurrency import LEAVES, to_device
 from .seeding import CarriesRank, derive_seed, process_position
-from .telemetry import WRITE_EVERY, Probes, Telemetry, read_worker_figures, write_worker_figures
+from .telemetry import Probes, Telemetry, read_worker_figures
+from .worker_reports import clear_reports, collect_reports, write_report, writing_figures
 
 __all__ = [
     "Loader",
@@ -277,7 +277,7 @@ class PipeDataset(CarriesRank, torch.utils.data.IterableDataset):
                 probes.install()
                 items = probes.top
                 if info is not None and self._reports is not None:
-                    items = _writing_figures(items, probes, self._reports, info.id)
+                    items = writing_figures(items, probes, self._reports, info.id)
             if info is not None and self._reports is not None:
                 report_to_main_process()  # its skips are warned of there, added up, once
             if self._transfer is not None and info is not None:
@@ -289,7 +289,7 @@ class PipeDataset(CarriesRank, torch.utils.data.IterableDataset):
                     yield item
             live["finished"] = True
             if info is not None and self._reports is not None:
-                _write_report(self._reports, info.id, self.pipe)
+                write_report(self._reports, info.id, self.pipe)
         except SpeechpipeError as error:
             if torch.utils.data.get_worker_info() is not None:
                 mark_location(error)  # so that the main process gets .source/.line/.key too
@@ -338,72 +338,6 @@ class PipeDataset(CarriesRank, torch.utils.data.IterableDataset):
             raise TypeError(state["unresumable"])
         self._pending = dict(state)
         self.shared_epoch.set(_check_epoch(state["epoch"]))
-
-
-def _ledgers(pipe: Any) -> list[tuple[str, Any]]:
-    """``(path, ledger)`` of every :class:`~speechpipe.diagnostics.Ledger` a stage of the graph
-    holds as an attribute (skip counts, batching records, token counts, buffer records...); the
-    path is the same in every process that holds a copy of the pipeline."""
-    out = []
-    for i, node in enumerate(graph_nodes(pipe)):
-        for attr, ledger in sorted(vars(node).items()):
-            if isinstance(ledger, Ledger):
-                out.append((f"{i}:{type(node).__name__}.{attr}", ledger))
-    return out
-
-
-def _write_report(folder: str, worker: int, pipe: Any) -> None:
-    """In a worker at the end of its pass: its ledgers, for the main process to add up."""
-    data = {path: ledger.to_dict() for path, ledger in _ledgers(pipe)}
-    for path, ledger in _ledgers(pipe):
-        if ledger.per_worker:  # kept per worker, not added up
-            data[path]["worker"] = worker
-    final = os.path.join(folder, f"worker-{worker}.json")
-    try:
-        with open(final + ".tmp", "w", encoding="utf-8") as f:
-            json.dump(data, f)
-        os.replace(final + ".tmp", final)
-    except OSError as exc:  # the loader is gone, or the disk is full: training goes on
-        warnings.warn(f"worker {worker} could not report its skip counts to the main "
-                      f"process ({exc}); its pipes' diagnostics stay in the worker",
-                      RuntimeWarning, stacklevel=2)
-
-
-def _writing_figures(items: Iterable, probes: Probes, folder: str, worker: int) -> Iterator:
-    """``items``, writing this worker's stage figures at most every :data:`WRITE_EVERY`
-    seconds and at the end of the pass."""
-    last = time.perf_counter()
-    for item in items:
-        now = time.perf_counter()
-        if now - last > WRITE_EVERY:
-            write_worker_figures(folder, worker, probes.figures())
-            last = now
-        yield item
-    write_worker_figures(folder, worker, probes.figures())
-
-
-def _clear_reports(folder: str) -> None:
-    for name in os.listdir(folder):
-        os.remove(os.path.join(folder, name))
-
-
-def _collect_reports(folder: str, pipe: Any) -> None:
-    """In the main process after a pass: each ledger of ``pipe`` becomes the sum of the
-    workers' (the main process's copies of the pipes never ran)."""
-    ledgers = dict(_ledgers(pipe))
-    for ledger in ledgers.values():
-        ledger.reset()
-    for name in sorted(os.listdir(folder)):
-        if not name.endswith(".json"):
-            continue
-        with open(os.path.join(folder, name), encoding="utf-8") as f:
-            data = json.load(f)
-        for path, entry in data.items():
-            if path in ledgers:
-                ledgers[path].merge(entry)
-    _clear_reports(folder)
-    for ledger in ledgers.values():  # e.g. the workers' skips, warned once per pass
-        ledger.end_of_pass()
 
 
 def _shut_down(iterator: Any, dataloader: Any) -> None:
@@ -490,7 +424,7 @@ class Loader:
             self._read_stage_figures()
             self.telemetry.end_pass()
         if reports is not None:
-            _clear_reports(reports)  # left by a pass that was not run to its end
+            clear_reports(reports)  # left by a pass that was not run to its end
         global _collect_before_fork
         if _collect_before_fork and self.dataloader.num_workers:
             # An earlier pass's DataLoader iterator still alive (held by an exception's
@@ -523,7 +457,7 @@ class Loader:
             self._read_stage_figures()
             self.telemetry.end_pass()
         if reports is not None:  # every worker has finished its pass: add up their counts
-            _collect_reports(reports, self.dataset.pipe)
+            collect_reports(reports, self.dataset.pipe)
         if self.dataset._transfer is not None and not self.dataloader.persistent_workers:
             forget_segments(self.dataset._transfer[0])  # its workers have exited
         self.set_epoch(self.epoch + 1)  # the pass ran to its end: the next one is a new epoch
@@ -614,12 +548,12 @@ class Loader:
         """
         if not isinstance(state, Mapping) or "dataloader" not in state:
             raise TypeError(f"state must be a dict from Loader.state_dict(), got {state!r}")
-        allowed = _check_allow_changes(allow_changes)
+        allowed = check_allow_changes(allow_changes)
         epoch = _check_epoch(state["epoch"])
         found = self._differences(state)
-        refused = [d for d in found if not _allows(allowed, d)]
+        refused = [d for d in found if not allows_change(allowed, d)]
         if refused:
-            raise ResumeError(_refusal(refused), refused)
+            raise ResumeError(refusal(refused), refused)
         if found:
             mid_epoch = state["dataloader"] is not None
             start = epoch + 1 if mid_epoch else epoch
@@ -668,31 +602,6 @@ class Loader:
                 d[:2] == ("loader", "num_workers") for d in found):
             found.insert(0, ("loader", "num_workers", workers, here))
         return found
-
-
-def _check_allow_changes(names: Any) -> frozenset:
-    if isinstance(names, str) or not all(isinstance(n, str) for n in names):
-        raise TypeError(f"allow_changes must be a tuple of field names, e.g. ('budget',), "
-                        f"got {names!r}")
-    return frozenset(names)
-
-
-def _allows(allowed: frozenset, difference: tuple) -> bool:
-    """Whether a name in ``allowed`` accepts ``difference``: its field (``constraint.budget``),
-    the field's first or last part (``constraint``, ``budget``)."""
-    field = difference[1]
-    parts = field.split(".")
-    return field in allowed or parts[0] in allowed or parts[-1] in allowed
-
-
-def _refusal(refused: list) -> str:
-    names = sorted({d[1].split(".")[-1] for d in refused})
-    lines = "\n".join(f"  - {line}" for line in describe_differences(refused))
-    return (f"this state belongs to another loader: {len(refused)} "
-            f"difference{'s' if len(refused) != 1 else ''} in what decides the batches "
-            f"(saved -> current):\n{lines}\nResume it with the pipeline and loader it was "
-            "saved with, or accept the changes from the next epoch on: "
-            f"loader.load_state_dict(state, allow_changes={tuple(names)!r})")
 
 
 def _saved_workers(state: Any) -> int | None:

@@ -10,8 +10,8 @@ from ._base import (
 )
 from ._buffering import Buffering, decode_held, encode_held, held_identities
 from ._fingerprint import (
-    describe_differences, Difference, differences, fingerprint, FINGERPRINT_VERSION,
-    stage_fields,
+    allows_change, check_allow_changes, describe_differences, Difference, differences,
+    fingerprint, FINGERPRINT_VERSION, refusal, stage_fields,
 )
 from ._graph import GRAPH_CONTAINER_MAX, graph_nodes, propagate_epoch
 from ._restore import (
@@ -40,7 +40,9 @@ __all__ = [
     "Seeded",
     "SequenceWrapper",
     "UNRESUMABLE",
+    "allows_change",
     "apply_random_seed",
+    "check_allow_changes",
     "check_seed",
     "decode_held",
     "describe_differences",
@@ -57,6 +59,7 @@ __all__ = [
     "identity_list",
     "plain_iterator",
     "propagate_epoch",
+    "refusal",
     "registered_iter_names",
     "registered_map_names",
     "restore",

@@ -42,8 +42,17 @@ from typing import Any, Iterable, Mapping
 from ._base import IterDataPipe, MapDataPipe
 from ._graph import graph_nodes
 
-__all__ = ["Difference", "FINGERPRINT_VERSION", "describe_differences", "differences",
-           "fingerprint", "stage_fields"]
+__all__ = [
+    "Difference",
+    "FINGERPRINT_VERSION",
+    "allows_change",
+    "check_allow_changes",
+    "describe_differences",
+    "differences",
+    "fingerprint",
+    "refusal",
+    "stage_fields",
+]
 
 FINGERPRINT_VERSION = 1
 
@@ -271,3 +280,28 @@ def _names(value: Any) -> bool:
 def _few(names: list) -> str:
     shown = ", ".join(repr(n) for n in names[:3])
     return shown + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+
+
+def check_allow_changes(names: Any) -> frozenset:
+    if isinstance(names, str) or not all(isinstance(n, str) for n in names):
+        raise TypeError(f"allow_changes must be a tuple of field names, e.g. ('budget',), "
+                        f"got {names!r}")
+    return frozenset(names)
+
+
+def allows_change(allowed: frozenset, difference: tuple) -> bool:
+    """Whether a name in ``allowed`` accepts ``difference``: its field (``constraint.budget``),
+    the field's first or last part (``constraint``, ``budget``)."""
+    field = difference[1]
+    parts = field.split(".")
+    return field in allowed or parts[0] in allowed or parts[-1] in allowed
+
+
+def refusal(refused: list) -> str:
+    names = sorted({d[1].split(".")[-1] for d in refused})
+    lines = "\n".join(f"  - {line}" for line in describe_differences(refused))
+    return (f"this state belongs to another loader: {len(refused)} "
+            f"difference{'s' if len(refused) != 1 else ''} in what decides the batches "
+            f"(saved -> current):\n{lines}\nResume it with the pipeline and loader it was "
+            "saved with, or accept the changes from the next epoch on: "
+            f"loader.load_state_dict(state, allow_changes={tuple(names)!r})")

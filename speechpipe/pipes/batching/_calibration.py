@@ -95,6 +95,7 @@ def _buckets(lengths: Sequence[tuple[float, float]], num_buckets: int,
     return [(max(p[0] for p in g), max(p[1] for p in g)) for g in groups if g]
 
 
+# long: argument checks, the doubling-then-bisection search per bucket and a 24-line docstring
 def calibrate_budget(
     step_fn: Callable[[int, float, float], Any],
     lengths: Sequence[float] | Sequence[tuple[float, float]],
