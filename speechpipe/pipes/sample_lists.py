@@ -17,12 +17,15 @@ that held samples (``bucket_by_length``, ``block_batch``) get them back by key
 
 from __future__ import annotations
 
-from typing import Iterable, Iterator
+from typing import Iterable, Iterator, Sequence
 
+import numpy as np
+
+from ..compact import index_dtype
 from ..diagnostics import BufferStats
 from ..errors import DataError
 from ..sample import KEY, SOURCE, Sample
-from ..seeding import CarriesRank, derive_rng, process_position
+from ..seeding import CarriesRank, derive_seed, process_position
 from ._base import IterDataPipe, functional_datapipe
 from ._state import SampleSource, Seeded, check_seed
 
@@ -48,6 +51,34 @@ def _keyed(samples: list, name: str) -> dict[str, int]:
     return where
 
 
+class _ListRows:
+    """A sample list read whole for the pass, by position, found again by key."""
+
+    def __init__(self, samples: list, name: str) -> None:
+        self.held = samples
+        self.where = _keyed(samples, name)
+
+    def __len__(self) -> int:
+        return len(self.held)
+
+    def sample(self, i: int) -> Sample:
+        return self.held[i]
+
+    def find(self, key: str) -> Sample | None:
+        i = self.where.get(key)
+        return None if i is None else self.held[i]
+
+
+def source_rows(source: object):
+    """The mapped rows a source offers (``row_table()``: ``read_manifest_files``, and
+    ``filter_by_duration`` over it), or ``None``: the source is read as samples."""
+    try:
+        offer = getattr(source, "row_table")
+    except AttributeError:
+        return None
+    return offer() if callable(offer) else None
+
+
 class _SampleList(CarriesRank, SampleSource):
     """A source yielding this process's share of an order over a sample list read whole each
     pass; resumable at any sample (the position), held samples found again by key. A mixin
@@ -60,7 +91,7 @@ class _SampleList(CarriesRank, SampleSource):
             raise TypeError(f"split must be a bool, got {split!r}")
         self.source_datapipe = source_datapipe
         self.split = split
-        self._prepared: tuple[list, dict] | None = None
+        self._prepared = None  # the rows read for a resumed pass and its replays
         self._replay_request: list | None = None
         self.buffers = BufferStats(self._name)  # the whole list, for the pass
 
@@ -78,18 +109,30 @@ class _SampleList(CarriesRank, SampleSource):
         where = process_position()
         return where.worker * where.world_size + where.rank, where.world_size * where.num_workers
 
-    def _permute(self, order: list[int]) -> None:
-        """Reorder ``order`` (the source's positions) in place: the epoch's order."""
+    def _permutation(self, n: int) -> np.ndarray | None:
+        """The epoch's order of the source's ``n`` positions (``None``: the source's)."""
+        return None
 
-    def _order(self, n: int) -> list[int]:
-        order = list(range(n))
-        self._permute(order)
+    def _order(self, n: int) -> Sequence[int]:
+        """This process's positions, in the epoch's order: a ``range`` or a view of one
+        permutation array (4 bytes per position below 2**31 rows)."""
         first, step = self._share()
-        return order[first::step]
+        order = self._permutation(n)
+        return range(first, n, step) if order is None else order[first::step]
 
-    def _read(self) -> tuple[list, dict]:
-        samples = list(self.source_datapipe)
-        return samples, _keyed(samples, self._name)
+    def _read(self):
+        """The pass's rows: the source's mapped rows when it offers them (nothing held per
+        row), else its samples read whole."""
+        rows = source_rows(self.source_datapipe)
+        if rows is None:
+            return _ListRows(list(self.source_datapipe), self._name)
+        if len(rows.tables) > 1:
+            repeated = rows.repeated_key()
+            if repeated is not None:
+                raise DataError(f"{self._name}: the same key twice in the source (keys must "
+                                "be unique to resume exactly)", key=repeated[KEY],
+                                source=repeated.get(SOURCE))
+        return rows
 
     # -- passes
 
@@ -102,19 +145,23 @@ class _SampleList(CarriesRank, SampleSource):
             self._begin_pass()
         prepared, self._prepared = self._prepared, None
         state, _ = self._take_resume()
-        samples, _ = prepared if prepared is not None else self._read()
-        mine = self._order(len(samples))
-        start = 0 if state is None else self._resume_at(state, len(samples), len(mine))
-        live = self._live = {"next": start, "total": len(samples), "count": len(mine)}
+        rows = prepared if prepared is not None else self._read()
+        total = len(rows)
+        mine = self._order(total)
+        start = 0 if state is None else self._resume_at(state, total, len(mine))
+        live = self._live = {"next": start, "total": total, "count": len(mine)}
+        held = getattr(rows, "held", None)  # mapped rows hold no sample
         self.buffers.reset()
-        self.buffers.add(samples)  # held whole until the pass ends
+        if held is not None:
+            self.buffers.add(held)  # held whole until the pass ends
         try:
             for i in range(start, len(mine)):
                 live["next"] = i + 1
-                yield samples[mine[i]]
+                yield rows.sample(int(mine[i]))
         finally:
             self._live = None
-            self.buffers.remove(samples)
+            if held is not None:
+                self.buffers.remove(held)
 
     def _resume_at(self, state: dict, total: int, count: int) -> int:
         if state.get("total") != total or state.get("count") != count:
@@ -150,12 +197,13 @@ class _SampleList(CarriesRank, SampleSource):
     def _replay(self, request: list) -> Iterator[Sample]:
         if self._prepared is None:
             self._prepared = self._read()
-        samples, where = self._prepared
+        rows = self._prepared
         for _, key in request:
-            if key not in where:
+            sample = rows.find(key)
+            if sample is None:
                 raise DataError(f"resume: a held sample is no longer in the source of "
                                 f"{self._name}", key=key)
-            yield samples[where[key]]
+            yield sample
 
     def end_pass(self) -> None:
         super().end_pass()
@@ -215,10 +263,14 @@ class SampleShufflerIterDataPipe(Seeded, _SampleList, IterDataPipe[Sample]):
                              "shared by every process")
         self.per_process = per_process
 
-    def _permute(self, order: list[int]) -> None:
+    def _permutation(self, n: int) -> np.ndarray:
         where = process_position() if self.per_process else None
         rank, worker = (where.rank, where.worker) if where is not None else (0, 0)
-        derive_rng(self.seed, self.epoch, rank, worker, "shuffle_samples").shuffle(order)
+        order = np.arange(n, dtype=index_dtype(n))
+        rng = np.random.default_rng(derive_seed(self.seed, self.epoch, rank, worker,
+                                                "shuffle_samples"))
+        rng.shuffle(order)
+        return order
 
     def _snapshot(self, live: dict) -> dict:
         return {"epoch": self.epoch, **live}
