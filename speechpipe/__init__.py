@@ -46,6 +46,7 @@ from .pipes.kaldi_fbank import (  # noqa: E402
     FbankOptions, LogMelOptions, MfccOptions, fbank, log_mel, mfcc,
 )
 from .pipes.lhotse_io import read_lhotse, read_lhotse_shar, write_lhotse  # noqa: E402
+from .pipes.manifests import write_manifest_table  # noqa: E402
 from .pipes.shard_writer import ShardWriter  # noqa: E402
 from .pipes.sharding import EpochProgress, kaldi_arks  # noqa: E402
 from .pipes.shards import ShardReadOptions  # noqa: E402
@@ -147,6 +148,7 @@ __all__ = [
     "to_device",
     "train_pipeline",
     "write_lhotse",
+    "write_manifest_table",
 ]
 
 

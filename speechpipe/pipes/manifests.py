@@ -51,6 +51,7 @@ __all__ = [
     "iter_manifest",
     "read_manifest",
     "write_manifest",
+    "write_manifest_table",
 ]
 
 #: Values of ``format=``: ``"auto"`` picks by extension.
@@ -552,6 +553,31 @@ class ManifestFileReaderIterDataPipe(IterDataPipe[Sample]):
 
 
 ManifestFileReader = ManifestFileReaderIterDataPipe
+
+
+def write_manifest_table(path: str | os.PathLike, *, key_column: str | None = None) -> str:
+    """Write the mapped row table of a local JSON-lines manifest beside it
+    (``<path>.spmap``, :class:`~speechpipe.compact.ManifestTable`) unless a current one is
+    there, and return its path: what ``prepare`` does after writing each manifest, so that
+    the first training pass maps it instead of building it in every worker.
+
+    Raises:
+        DataError: a malformed line (naming the file and line), a duplicate key.
+
+    >>> import tempfile
+    >>> path = os.path.join(tempfile.mkdtemp(), "m.jsonl.gz")
+    >>> _ = write_manifest(path, [{"key": "a", "duration": 1.0}])
+    >>> os.path.basename(write_manifest_table(path))
+    'm.jsonl.gz.spmap'
+    """
+    path = os.fspath(path)
+    if _format_of(path, "auto")[0] != "jsonl":
+        raise ValueError(f"{path}: a row table is written for JSON-lines manifests only")
+    table = ManifestTable.open(path, lambda n, text: _parse_json_line(path, n, text, key_column),
+                               key_column=key_column)
+    if table.sidecar is None:
+        raise OSError(f"{path}: the row table could not be written beside it")
+    return table.sidecar
 
 
 def read_manifest(
