@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 from .errors import DataError, MissingDataError
@@ -194,6 +194,9 @@ class ShardIndex:
         local folder ``pack`` wrote with length groups (one per group folder,
         :func:`index_folders`; the entries are then named ``<group>/<shard>``).
 
+        Each index is parsed once per process: a later read of the same file (same inode,
+        size and modification time) or URL returns a copy of what the first one read.
+
         Args:
             path: the file or folder, local or a URL.
             remote: how a URL is read (:class:`~speechpipe.remote.RemoteOptions`).
@@ -208,6 +211,20 @@ class ShardIndex:
             folders = index_folders(path)
             if len(folders) > 1 or (folders and folders[0] != path):
                 return cls._read_groups(path, folders)
+        where = _cache_key(path)
+        cached = _READ.get(where) if where is not None else None
+        if cached is None:
+            cached = cls._parse(path, remote)
+            if where is not None:
+                _READ[where] = cached
+                while len(_READ) > _READ_KEPT:
+                    _READ.pop(next(iter(_READ)))
+        return replace(cached, shards=list(cached.shards),
+                       sample_rates=None if cached.sample_rates is None
+                       else dict(cached.sample_rates))
+
+    @classmethod
+    def _parse(cls, path: str, remote: RemoteOptions | None) -> "ShardIndex":
         lines, path = _index_lines(path, remote)
         if not lines:
             raise DataError("empty shard index", source=path)
@@ -289,6 +306,28 @@ class ShardIndex:
                             source=", ".join(sorted(cache)))
         return cls("/", entries, units.pop() if units else "frames",
                    sample_rate=rates.pop() if rates else None)
+
+
+#: Indexes this process has read, by file identity (see :func:`_cache_key`): a pass, a
+#: second pass, ``sharded_shuffle`` listing a folder and then planning it, ``lengths`` and
+#: the step planner all read an index once per process (a URL: fetched once per process).
+_READ: dict[tuple, ShardIndex] = {}
+_READ_KEPT = 64
+
+
+def _cache_key(path: str) -> tuple | None:
+    """What identifies the index at ``path`` now: a URL as it is (fetched once per process),
+    a local file by inode, size and modification time (a rewritten index -- ``write``
+    replaces the file -- is read again); ``None`` where there is no file (the read raises)."""
+    if is_remote(path):
+        return ("url", path if path.endswith(".jsonl") else join_url(path, INDEX_NAME))
+    if os.path.isdir(path):
+        path = os.path.join(path, INDEX_NAME)
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return ("file", os.path.abspath(path), st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 def _rate_counts(value, path: str) -> dict[int, int] | None:
