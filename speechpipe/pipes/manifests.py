@@ -414,7 +414,7 @@ class ManifestRows:
 
     def parse_row(self, position: int) -> Sample:
         """The sample at a position of all files' rows (``kept`` ignored)."""
-        f = int(np.searchsorted(self.bases, position, "right")) - 1
+        f = int(np.searchsorted(self.bases, np.int64(position), "right")) - 1
         table = self.tables[f]
         lineno, text = table.row(position - int(self.bases[f]))
         sample = _parse_json_line(table.path, lineno, text, self.key_column)
@@ -427,17 +427,26 @@ class ManifestRows:
 
     def find(self, key: str) -> Sample | None:
         """The sample with ``key`` among these rows, or ``None``."""
+        return self.find_many([key])[0]
+
+    def find_many(self, keys: list[str]) -> list[Sample | None]:
+        """:meth:`find` for each key (one vectorised search per file)."""
+        found: list[Sample | None] = [None] * len(keys)
         for base, table in self.chunks():
-            for r in table.rows_of(key):
-                position = base + r
-                if self.kept is not None:
-                    at = int(np.searchsorted(self.kept, position))
-                    if at >= self.kept.size or int(self.kept[at]) != position:
-                        continue
-                sample = self.parse_row(position)
-                if sample[KEY] == key:
-                    return sample
-        return None
+            for i, rows in enumerate(table.rows_of_many(keys)):
+                for r in rows:
+                    if found[i] is not None:
+                        break
+                    position = base + r
+                    if self.kept is not None:
+                        # in the array's own dtype: a Python int would cast (copy) the array
+                        at = int(np.searchsorted(self.kept, self.kept.dtype.type(position)))
+                        if at >= self.kept.size or int(self.kept[at]) != position:
+                            continue
+                    sample = self.parse_row(position)
+                    if sample[KEY] == keys[i]:
+                        found[i] = sample
+        return found
 
     def repeated_key(self) -> Sample | None:
         """A sample whose key another file also has, or ``None`` (within a file, building

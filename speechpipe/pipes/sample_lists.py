@@ -198,8 +198,10 @@ class _SampleList(CarriesRank, SampleSource):
         if self._prepared is None:
             self._prepared = self._read()
         rows = self._prepared
-        for _, key in request:
-            sample = rows.find(key)
+        many = getattr(rows, "find_many", None)  # mapped rows: one search for them all
+        found = many([key for _, key in request]) if many is not None else None
+        for n, (_, key) in enumerate(request):
+            sample = rows.find(key) if found is None else found[n]
             if sample is None:
                 raise DataError(f"resume: a held sample is no longer in the source of "
                                 f"{self._name}", key=key)
