@@ -46,7 +46,7 @@ import numpy as np
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PER_SHARD = 2000
 RESUME_AT = 50
-CHUNK = 1_000_000
+CHUNK = 250_000
 
 _SMAPS = """
 def smaps():

@@ -36,6 +36,7 @@ import json
 import math
 import os
 import shutil
+import stat
 import tempfile
 import warnings
 import zlib
@@ -85,7 +86,8 @@ def key_hash(key: str) -> int:
 
 
 def write_mapped(path: str, header: Mapping[str, Any],
-                 arrays: Mapping[str, np.ndarray | tuple[str, int]]) -> str:
+                 arrays: Mapping[str, np.ndarray | tuple[str, int]], *,
+                 mode_of: str | None = None) -> str:
     """Write a mapped file atomically (a temporary file renamed into place).
 
     Args:
@@ -93,6 +95,8 @@ def write_mapped(path: str, header: Mapping[str, Any],
         header: JSON-serialisable fields kept in the header (``"arrays"`` is added).
         arrays: ``{name: array}``; a value ``(file, nbytes)`` copies a raw file's bytes as a
             ``uint8`` array without loading it.
+        mode_of: a file whose permission bits the new file takes (whoever may read the text
+            may read its table); by default read-write for the owner, readable by all.
     """
     layout: dict[str, dict] = {}
     offset = 0
@@ -125,6 +129,8 @@ def write_mapped(path: str, header: Mapping[str, Any],
                         shutil.copyfileobj(raw, f, 1 << 20)
                 else:
                     f.write(np.ascontiguousarray(value).tobytes())
+        mode = 0o644 if mode_of is None else stat.S_IMODE(os.stat(mode_of).st_mode)
+        os.chmod(tmp, mode | stat.S_IRUSR | stat.S_IWUSR)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
@@ -363,7 +369,7 @@ def build_manifest_table(path: str, parse: Parser, *, key_column: str | None = N
         try:
             if not write:
                 raise _NotWritten
-            write_mapped(path + MAPPED_SUFFIX, header, arrays)
+            write_mapped(path + MAPPED_SUFFIX, header, arrays, mode_of=path)
         except (OSError, _NotWritten) as exc:
             if write:
                 warnings.warn(f"{path}: could not write its row table beside it ({exc}); "

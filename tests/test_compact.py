@@ -120,6 +120,12 @@ def test_a_pipe_keeps_its_tables_across_passes_and_refreshes_a_stale_one(tmp_pat
     assert again is not first and len(again) == 41
 
 
+def test_the_table_can_be_read_by_whoever_reads_the_manifest(tmp_path):
+    path = _write(tmp_path / "m.jsonl.gz", _rows(5))
+    os.chmod(path, 0o640)
+    assert stat.S_IMODE(os.stat(write_manifest_table(path)).st_mode) == 0o640
+
+
 def test_a_corrupt_sidecar_is_rebuilt(tmp_path):
     path = _write(tmp_path / "m.jsonl", _rows(30))
     with open(path + MAPPED_SUFFIX, "wb") as f:
@@ -292,12 +298,10 @@ _MEMORY_PROBE = textwrap.dedent("""
 @pytest.fixture(scope="session")
 def million_row_manifest(tmp_path_factory):
     """A 1M-row manifest with WenetSpeech L's durations, written with numpy, and its table."""
+    from speechpipe.testing import sample_durations
+
     n = 1_000_000
-    rng = np.random.default_rng(0)
-    # WenetSpeech L's percentile points (/work/shared/data/durations.md) as an inverse CDF
-    q = [0.0, 0.25, 0.5, 0.75, 0.99, 1.0]
-    s = [0.2, 1.4, 2.0, 3.0, 8.4, 20.0]
-    seconds = np.round(np.interp(rng.random(n), q, s), 3)
+    seconds = np.round(sample_durations("wenetspeech-l", n, seed=0), 3)
     keys = np.char.add("Y", np.char.zfill(np.arange(n).astype(str), 10))
     lines = np.char.add(np.char.add(np.char.add('{"key": "', keys), '", "duration": '),
                         seconds.astype(str))
