@@ -41,7 +41,7 @@ import tempfile
 import warnings
 import zlib
 from array import array
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import numpy as np
 
@@ -61,6 +61,20 @@ _BOM = "\ufeff"
 
 #: ``parse(line number, text) -> sample dict with a string "key"`` (raises DataError).
 Parser = Callable[[int, str], Mapping[str, Any]]
+#: ``numbered(raw byte lines, source) -> (line number, text or the DataError of a bad line)``:
+#: how the manifest reader numbers and decodes lines (``iter_text_lines``), so that a table
+#: is built from exactly the lines a pass parses.
+Numbered = Callable[[Iterable[bytes], str], Iterator[tuple[int, "str | DataError"]]]
+
+
+def _numbered(raw: Iterable[bytes], source: str) -> Iterator[tuple[int, str | DataError]]:
+    """Strict UTF-8 lines, numbered from 1 (the default of :meth:`ManifestTable.open`)."""
+    for number, line in enumerate(raw, start=1):
+        try:
+            yield number, line.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            yield number, DataError(f"not valid UTF-8 ({exc.reason})", source=source,
+                                    line=number)
 
 
 def index_dtype(n: int) -> np.dtype:
@@ -240,7 +254,7 @@ class ManifestTable:
 
     @classmethod
     def open(cls, path: str, parse: Parser, *, key_column: str | None = None,
-             write: bool = True) -> "ManifestTable":
+             write: bool = True, numbered: Numbered = _numbered) -> "ManifestTable":
         """The table of the manifest at ``path``: its sidecar mapped when current, else built
         (and, with ``write``, written beside it; where the folder cannot be written, the
         table is held in this process's memory instead, with a warning).
@@ -250,6 +264,7 @@ class ManifestTable:
             parse: turns a line into a sample (the manifest parser: its errors name the line).
             key_column: what the parser takes keys from (recorded: another one rebuilds).
             write: write a new or rebuilt sidecar beside the manifest.
+            numbered: how lines are numbered and decoded (see :data:`Numbered`).
 
         Raises:
             DataError: a malformed line (from ``parse``), invalid UTF-8, a truncated gzip
@@ -269,7 +284,8 @@ class ManifestTable:
                 and header.get("key_column") == key_column
                 and all(header.get(k) == v for k, v in sig.items())):
             return cls._of(path, sidecar, header, arrays)
-        return build_manifest_table(path, parse, key_column=key_column, write=write)
+        return build_manifest_table(path, parse, key_column=key_column, write=write,
+                                    numbered=numbered)
 
     @classmethod
     def _of(cls, path: str, sidecar: str | None, header: dict,
@@ -284,12 +300,10 @@ class ManifestTable:
 
 
 def build_manifest_table(path: str, parse: Parser, *, key_column: str | None = None,
-                         write: bool = True) -> ManifestTable:
+                         write: bool = True, numbered: Numbered = _numbered) -> ManifestTable:
     """Read the manifest at ``path`` once and build its :class:`ManifestTable` (see
     :meth:`ManifestTable.open`, which calls this when the sidecar is missing or stale).
     Holds a few bytes per row while it reads (``array`` buffers), never the rows."""
-    from .pipes.sources import iter_text_lines  # the line reader the manifest parser uses
-
     sig = _signature(path)
     gzipped = path.lower().endswith(".gz")
     starts, lines, durations, hashes = array("q"), array("q"), array("d"), array("Q")
@@ -324,7 +338,7 @@ def build_manifest_table(path: str, parse: Parser, *, key_column: str | None = N
     try:
         with open(path, "rb") as f:
             stream = gzip.GzipFile(fileobj=f, mode="rb") if gzipped else f
-            for lineno, text in iter_text_lines(raw_lines(iter(stream)), source=path):
+            for lineno, text in numbered(raw_lines(iter(stream)), path):
                 if isinstance(text, DataError):
                     raise text
                 start = position["start"]

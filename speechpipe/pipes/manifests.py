@@ -378,6 +378,11 @@ class ManifestParserIterDataPipe(IterDataPipe[Sample]):
 ManifestParser = ManifestParserIterDataPipe
 
 
+def _numbered_lines(raw: Iterable[bytes], source: str):
+    """The manifest parser's numbering and decoding of lines, for the row tables."""
+    return iter_text_lines(raw, source=source)
+
+
 class ManifestRows:
     """The rows of one or more local JSON-lines manifests, by position, each parsed only when
     asked for: what ``shuffle_samples`` orders without holding the rows (its source's
@@ -539,7 +544,10 @@ class ManifestFileReaderIterDataPipe(IterDataPipe[Sample]):
         JSON-lines file or bad lines are skipped (then the rows are read as samples)."""
         if self.on_error != "raise":
             return None
-        paths = [os.fspath(p) for p in self.source_datapipe]
+        paths = list(self.source_datapipe)
+        if not all(isinstance(p, (str, os.PathLike)) for p in paths):
+            return None  # the pass names the bad item
+        paths = [os.fspath(p) for p in paths]
         if not all(isinstance(p, str) and not is_remote(p) and os.path.isfile(p)
                    for p in paths):
             return None
@@ -555,7 +563,7 @@ class ManifestFileReaderIterDataPipe(IterDataPipe[Sample]):
                 key_column = self.key_column
                 table = ManifestTable.open(
                     path, lambda n, text, p=path: _parse_json_line(p, n, text, key_column),
-                    key_column=key_column)
+                    key_column=key_column, numbered=_numbered_lines)
                 self._tables[path] = table
             tables.append(table)
         return ManifestRows(tables, self.key_column)
@@ -583,7 +591,7 @@ def write_manifest_table(path: str | os.PathLike, *, key_column: str | None = No
     if _format_of(path, "auto")[0] != "jsonl":
         raise ValueError(f"{path}: a row table is written for JSON-lines manifests only")
     table = ManifestTable.open(path, lambda n, text: _parse_json_line(path, n, text, key_column),
-                               key_column=key_column)
+                               key_column=key_column, numbered=_numbered_lines)
     if table.sidecar is None:
         raise OSError(f"{path}: the row table could not be written beside it")
     return table.sidecar
