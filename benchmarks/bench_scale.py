@@ -230,8 +230,9 @@ def make_index(root: str, n: int) -> str:
 
 def child(script: str, spec: dict, code_root: str) -> dict:
     env = {**os.environ, "PYTHONPATH": code_root}
+    # run in code_root: ``python -c`` puts the working directory first on sys.path
     out = subprocess.run([sys.executable, "-c", script, json.dumps(spec)], env=env,
-                         capture_output=True, text=True, timeout=3600)
+                         cwd=code_root, capture_output=True, text=True, timeout=3600)
     if out.returncode != 0:
         return {"error": out.stderr.strip().splitlines()[-1][:200]}
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -348,12 +349,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--index-max", default="4M", help="largest shard index read")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--roads", default="manifest,index")
+    parser.add_argument("--contenders", default="after,before,lhotse")
     args = parser.parse_args(argv)
     sizes = [2000] if args.tiny else [_size(s) for s in args.sizes.split(",")]
     runs = 1 if args.tiny else args.runs
     root = args.root or tempfile.mkdtemp(prefix="bench_scale_")
     os.makedirs(root, exist_ok=True)
     roads = args.roads.split(",")
+    who = args.contenders.split(",")
     rows, tables = [], {}
     with tempfile.TemporaryDirectory() as tmp:
         for n in sizes:
@@ -361,21 +364,23 @@ def main(argv: list[str] | None = None) -> None:
             if "manifest" in roads:
                 path = make_manifest(root, n)
                 tables[n] = make_table(path)
-                rows += run_manifest("after", REPO, path, n, runs, (0, 2), False, tmp)
-                if args.base and n <= _size(args.base_max):
+                if "after" in who:
+                    rows += run_manifest("after", REPO, path, n, runs, (0, 2), False, tmp)
+                if "before" in who and args.base and n <= _size(args.base_max):
                     workers = (0, 2) if n <= _size(args.base_workers_max) else (0,)
                     rows += run_manifest("before", args.base, path, n, runs, workers, False,
                                          tmp)
-                if args.tiny or n <= _size(args.lhotse_max):
+                if "lhotse" in who and (args.tiny or n <= _size(args.lhotse_max)):
                     rows += run_manifest("lhotse", REPO, make_cuts(root, n), n, runs, (0,),
                                          True, tmp)
             if "index" in roads and (args.tiny or n <= _size(args.index_max)):
                 folder = make_index(root, n)
-                rows.append(run_index("after", REPO, folder, n, runs))
-                if args.base and n <= _size(args.base_max):
+                if "after" in who:
+                    rows.append(run_index("after", REPO, folder, n, runs))
+                if "before" in who and args.base and n <= _size(args.base_max):
                     rows.append(run_index("before", args.base, folder, n, runs))
     report(rows, tables)
-    with open(os.path.join(root, "bench_scale.json"), "w") as f:
+    with open(os.path.join(root, f"bench_scale-{'-'.join(who)}.json"), "w") as f:
         json.dump({"rows": rows, "tables": tables}, f)
     if args.root is None:
         import shutil

@@ -299,23 +299,12 @@ class ManifestTable:
         return cls(path, sidecar, header, arrays, text)
 
 
-def build_manifest_table(path: str, parse: Parser, *, key_column: str | None = None,
-                         write: bool = True, numbered: Numbered = _numbered) -> ManifestTable:
-    """Read the manifest at ``path`` once and build its :class:`ManifestTable` (see
-    :meth:`ManifestTable.open`, which calls this when the sidecar is missing or stale).
-    Holds a few bytes per row while it reads (``array`` buffers), never the rows."""
-    sig = _signature(path)
+def _scan(path: str, parse: Parser, numbered: Numbered, text_out) -> tuple[dict, int]:
+    """Read the manifest once: ``({starts, lines, durations, hashes}, text bytes)``, the
+    arrays built in ``array`` buffers (a few bytes per row, never the rows); the
+    uncompressed text is copied to ``text_out`` when given (a gzipped manifest)."""
     gzipped = path.lower().endswith(".gz")
     starts, lines, durations, hashes = array("q"), array("q"), array("d"), array("Q")
-    folder = os.path.dirname(os.path.abspath(path))
-    text_tmp = None
-    if gzipped:
-        try:
-            fd, text_tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".txt",
-                                            dir=folder)
-        except OSError:
-            fd, text_tmp = tempfile.mkstemp(suffix=".txt")
-        text_out = os.fdopen(fd, "wb")
     position = {"start": 0, "end": 0}
 
     def raw_lines(stream) -> Iterator[bytes]:
@@ -331,49 +320,64 @@ def build_manifest_table(path: str, parse: Parser, *, key_column: str | None = N
             number += 1
             position["start"] = position["end"]
             position["end"] += len(raw)
-            if text_tmp is not None:
+            if text_out is not None:
                 text_out.write(raw)
             yield raw
 
+    with open(path, "rb") as f:
+        stream = gzip.GzipFile(fileobj=f, mode="rb") if gzipped else f
+        for lineno, text in numbered(raw_lines(iter(stream)), path):
+            if isinstance(text, DataError):
+                raise text
+            start = position["start"]
+            if lineno == 1 and text.startswith(_BOM):
+                text = text[1:]
+                start += len(_BOM.encode("utf-8"))
+            if not text.strip():
+                continue
+            sample = parse(lineno, text)
+            starts.append(start)
+            lines.append(lineno)
+            hashes.append(key_hash(sample[KEY]))
+            try:
+                seconds = float(sample_duration(sample))
+            except (KeyError, TypeError, ValueError):
+                seconds = math.nan
+            durations.append(seconds)
+    starts.append(position["end"])
+    return {"starts": starts, "lines": lines, "durations": durations,
+            "hashes": hashes}, position["end"]
+
+
+def build_manifest_table(path: str, parse: Parser, *, key_column: str | None = None,
+                         write: bool = True, numbered: Numbered = _numbered) -> ManifestTable:
+    """Read the manifest at ``path`` once and build its :class:`ManifestTable` (see
+    :meth:`ManifestTable.open`, which calls this when the sidecar is missing or stale)."""
+    sig = _signature(path)
+    text_tmp = text_out = None
+    if path.lower().endswith(".gz"):
+        try:
+            fd, text_tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".txt",
+                                            dir=os.path.dirname(os.path.abspath(path)))
+        except OSError:
+            fd, text_tmp = tempfile.mkstemp(suffix=".txt")
+        text_out = os.fdopen(fd, "wb")
     try:
-        with open(path, "rb") as f:
-            stream = gzip.GzipFile(fileobj=f, mode="rb") if gzipped else f
-            for lineno, text in numbered(raw_lines(iter(stream)), path):
-                if isinstance(text, DataError):
-                    raise text
-                start = position["start"]
-                if lineno == 1 and text.startswith(_BOM):
-                    text = text[1:]
-                    start += len(_BOM.encode("utf-8"))
-                if not text.strip():
-                    continue
-                sample = parse(lineno, text)
-                starts.append(start)
-                lines.append(lineno)
-                hashes.append(key_hash(sample[KEY]))
-                try:
-                    seconds = float(sample_duration(sample))
-                except (KeyError, TypeError, ValueError):
-                    seconds = math.nan
-                durations.append(seconds)
-        starts.append(position["end"])
-        if text_tmp is not None:
+        scanned, text_size = _scan(path, parse, numbered, text_out)
+        if text_out is not None:
             text_out.close()
+        n = len(scanned["lines"])
         header = {"format": _MANIFEST_FORMAT, "version": _MANIFEST_VERSION,
-                  "key_column": key_column, "rows": len(lines), **sig}
-        n = len(lines)
-        hash_arr = np.frombuffer(hashes, dtype=np.uint64)
+                  "key_column": key_column, "rows": n, **sig}
+        hash_arr = np.frombuffer(scanned.pop("hashes"), dtype=np.uint64)
         order = np.argsort(hash_arr, kind="stable").astype(index_dtype(n))
-        sorted_hashes = hash_arr[order]
         arrays: dict[str, Any] = {
-            "starts": np.frombuffer(starts, dtype=np.int64),
-            "lines": np.frombuffer(lines, dtype=np.int64),
-            "durations": np.frombuffer(durations, dtype=np.float64),
-            "hashes": sorted_hashes, "hash_rows": order,
+            "starts": np.frombuffer(scanned["starts"], dtype=np.int64),
+            "lines": np.frombuffer(scanned["lines"], dtype=np.int64),
+            "durations": np.frombuffer(scanned["durations"], dtype=np.float64),
+            "hashes": hash_arr[order], "hash_rows": order,
         }
-        del hashes
-        text_file, text_size = (path, sig["source_size"]) if text_tmp is None else (
-            text_tmp, position["end"])
+        text_file = path if text_tmp is None else text_tmp
         text = (np.memmap(text_file, dtype=np.uint8, mode="r") if text_size
                 else np.zeros(0, np.uint8))
         table = ManifestTable(path, None, header, arrays, text)
@@ -391,15 +395,13 @@ def build_manifest_table(path: str, parse: Parser, *, key_column: str | None = N
             if text_tmp is not None:
                 table.text = np.array(text)  # a copy: the temporary file goes
             return table
-        sidecar = path + MAPPED_SUFFIX
-        header, mapped = read_mapped(sidecar)
-        return ManifestTable._of(path, sidecar, header, mapped)
+        header, mapped = read_mapped(path + MAPPED_SUFFIX)
+        return ManifestTable._of(path, path + MAPPED_SUFFIX, header, mapped)
     finally:
-        if text_tmp is not None:
-            if not text_out.closed:
-                text_out.close()
-            if os.path.exists(text_tmp):
-                os.remove(text_tmp)
+        if text_out is not None:
+            text_out.close()
+        if text_tmp is not None and os.path.exists(text_tmp):
+            os.remove(text_tmp)
 
 
 class _NotWritten(Exception):

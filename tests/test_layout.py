@@ -19,7 +19,8 @@ import speechpipe
 ROOT = pathlib.Path(speechpipe.__file__).parent
 
 FLOORS = [
-    ("base", ["errors", "sample", "seeding", "diagnostics", "remote", "index", "progress",
+    ("base", ["errors", "sample", "seeding", "diagnostics", "remote", "index", "compact",
+              "progress",
               "transfer", "testing", "pipes._base", "pipes._state", "pipes._graph",
               "pipes._restore"]),
     ("sources", ["pipes.sources", "pipes._tar", "pipes._mmap", "pipes._readahead",
