@@ -21,7 +21,6 @@ from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
-from ..compact import index_dtype
 from ..diagnostics import BufferStats
 from ..errors import DataError
 from ..sample import KEY, SOURCE, Sample
@@ -29,7 +28,7 @@ from ..seeding import CarriesRank, derive_seed, process_position
 from ._base import IterDataPipe, functional_datapipe
 from ._state import SampleSource, Seeded, check_seed
 
-__all__ = ["SampleShuffler", "SampleShufflerIterDataPipe", "SampleSplitter",
+__all__ = ["FeistelOrder", "SampleShuffler", "SampleShufflerIterDataPipe", "SampleSplitter",
            "SampleSplitterIterDataPipe"]
 
 
@@ -49,6 +48,71 @@ def _keyed(samples: list, name: str) -> dict[str, int]:
                             "unique to resume exactly)", key=key, source=sample.get(SOURCE))
         where[key] = i
     return where
+
+
+_M64 = np.uint64(0xFFFFFFFFFFFFFFFF)
+
+
+class FeistelOrder:
+    """Positions ``first, first + step, ...`` of ``range(n)`` permuted by a keyed bijection:
+    a 4-round Feistel network over the smallest even number of bits covering ``n``, walked
+    until it lands inside ``range(n)`` (cycle walking keeps it a permutation). Costs O(1)
+    memory and no time up front, whatever ``n``: the order is computed in chunks of
+    positions as it is read (numpy, tens of nanoseconds a position), so a pass over 15
+    million rows starts, or resumes at any position, at once.
+
+    >>> order = FeistelOrder(10, key=7)
+    >>> sorted(order[i] for i in range(len(order))) == list(range(10))
+    True
+    >>> [order[i] for i in range(1, 10, 3)] == [FeistelOrder(10, 7, 1, 3)[i] for i in range(3)]
+    True
+    """
+
+    CHUNK = 1 << 15
+
+    def __init__(self, n: int, key: int, first: int = 0, step: int = 1) -> None:
+        self.n, self.first, self.step = n, first, step
+        bits = max(2, (max(n - 1, 1)).bit_length())
+        self.half = (bits + 1) // 2
+        self.mask = np.uint64((1 << self.half) - 1)
+        rng = np.random.default_rng(key)
+        self.keys = [np.uint64(k) for k in rng.integers(0, 2**63, size=4, dtype=np.int64)]
+        self.count = len(range(first, n, step))
+        self._chunk = -1
+        self._values = np.zeros(0, np.int64)
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, i: int) -> int:
+        if not 0 <= i < self.count:
+            raise IndexError(i)
+        chunk = i // self.CHUNK
+        if chunk != self._chunk:
+            lo = chunk * self.CHUNK
+            hi = min(lo + self.CHUNK, self.count)
+            positions = self.first + np.arange(lo, hi, dtype=np.int64) * self.step
+            self._values, self._chunk = self._permute(positions.astype(np.uint64)), chunk
+        return int(self._values[i - chunk * self.CHUNK])
+
+    def _encrypt(self, x: np.ndarray) -> np.ndarray:
+        half, mask = np.uint64(self.half), self.mask
+        left, right = x >> half, x & mask
+        for k in self.keys:
+            f = (right ^ k) * np.uint64(0x9E3779B97F4A7C15)
+            f ^= f >> np.uint64(29)
+            f = (f * np.uint64(0xBF58476D1CE4E5B9)) ^ (f >> np.uint64(32))
+            left, right = right, left ^ (f & mask)
+        return (left << half) | right
+
+    def _permute(self, x: np.ndarray) -> np.ndarray:
+        with np.errstate(over="ignore"):
+            x = self._encrypt(x)
+            outside = np.flatnonzero(x >= np.uint64(self.n))
+            while outside.size:
+                x[outside] = self._encrypt(x[outside])
+                outside = outside[x[outside] >= np.uint64(self.n)]
+        return x.astype(np.int64)
 
 
 class _ListRows:
@@ -109,16 +173,17 @@ class _SampleList(CarriesRank, SampleSource):
         where = process_position()
         return where.worker * where.world_size + where.rank, where.world_size * where.num_workers
 
-    def _permutation(self, n: int) -> np.ndarray | None:
-        """The epoch's order of the source's ``n`` positions (``None``: the source's)."""
+    def _permutation_key(self) -> int | None:
+        """The key of the epoch's permutation of the source's positions (``None``: the
+        source's order)."""
         return None
 
     def _order(self, n: int) -> Sequence[int]:
-        """This process's positions, in the epoch's order: a ``range`` or a view of one
-        permutation array (4 bytes per position below 2**31 rows)."""
+        """This process's positions, in the epoch's order: a ``range``, or its share of one
+        permutation of all positions (:class:`FeistelOrder`, O(1) memory)."""
         first, step = self._share()
-        order = self._permutation(n)
-        return range(first, n, step) if order is None else order[first::step]
+        key = self._permutation_key()
+        return range(first, n, step) if key is None else FeistelOrder(n, key, first, step)
 
     def _read(self):
         """The pass's rows: the source's mapped rows when it offers them (nothing held per
@@ -265,14 +330,10 @@ class SampleShufflerIterDataPipe(Seeded, _SampleList, IterDataPipe[Sample]):
                              "shared by every process")
         self.per_process = per_process
 
-    def _permutation(self, n: int) -> np.ndarray:
+    def _permutation_key(self) -> int:
         where = process_position() if self.per_process else None
         rank, worker = (where.rank, where.worker) if where is not None else (0, 0)
-        order = np.arange(n, dtype=index_dtype(n))
-        rng = np.random.default_rng(derive_seed(self.seed, self.epoch, rank, worker,
-                                                "shuffle_samples"))
-        rng.shuffle(order)
-        return order
+        return derive_seed(self.seed, self.epoch, rank, worker, "shuffle_samples")
 
     def _snapshot(self, live: dict) -> dict:
         return {"epoch": self.epoch, **live}
