@@ -1,8 +1,11 @@
 """Sources over sample lists held in memory, split between processes, resumable exactly.
 
-A pipeline over manifests starts from one of these: manifest rows (paths, transcripts,
-durations -- not audio) fit in memory, so each pass reads them all and yields this process's
-share of one order, the same in every process:
+A pipeline over manifests starts from one of these: each pass yields this process's share of
+one order of all the rows (paths, transcripts, durations -- not audio), the same in every
+process. Over local JSON-lines manifests (``read_manifest_files``, and ``filter_by_duration``
+over it) the rows are ordered through their memory-mapped row table
+(:mod:`speechpipe.compact`) and each is parsed when it is yielded; over any other source they
+are read whole each pass:
 
 - ``shuffle_samples`` (:class:`SampleShufflerIterDataPipe`): a permutation drawn from
   ``(seed, epoch)`` -- for training. It replaces torch's ``shuffle`` (whose buffer lives in
@@ -281,9 +284,10 @@ class _SampleList(CarriesRank, SampleSource):
 class SampleShufflerIterDataPipe(Seeded, _SampleList, IterDataPipe[Sample]):
     """Shuffle all samples of a finite source at once (functional name: ``shuffle_samples``).
 
-    Consumes sample dicts with unique ``key`` s, few enough to hold in memory (manifest rows,
-    not decoded audio); yields the same dicts. Each pass reads the whole source, permutes it
-    with ``(seed, epoch)`` -- one order, the same in every process -- and, with ``split``,
+    Consumes sample dicts with unique ``key`` s (manifest rows, not decoded audio); yields
+    the same dicts. Each pass permutes the source's positions with ``(seed, epoch)`` (a keyed
+    bijection, :class:`FeistelOrder`: no memory per row) -- one order, the same in every
+    process -- and, with ``split``,
     yields only this process's share: every ``n``-th sample of the order for the ``n`` =
     ranks × DataLoader workers (do not add ``sharding_filter``). Over all processes, every
     sample comes out once per epoch.
@@ -291,7 +295,10 @@ class SampleShufflerIterDataPipe(Seeded, _SampleList, IterDataPipe[Sample]):
     Exactly resumable: its state is the position in this process's share, and samples held by
     the stages above are found again by key, so a restored loader repeats the uninterrupted
     run. Use ``sharded_shuffle`` for corpora stored as shards (it never holds the corpus).
-    It holds the whole source during a pass: ``self.buffers`` (a
+    Over ``read_manifest_files`` (what the recipes' builders use for local JSON-lines
+    manifests, through ``filter_by_duration`` or not) it orders the rows of their mapped row
+    tables and parses each row when it yields it, holding no row; over any other source it
+    holds the whole source during a pass: ``self.buffers`` (a
     :class:`~speechpipe.diagnostics.BufferStats`) says how many samples and array bytes.
 
     Args:
