@@ -671,7 +671,7 @@ DurationFilter = DurationFilterIterDataPipe
 
 
 def _rows_in_range(rows, low: float | None, high: float | None,
-                   diagnostics: Diagnostics) -> "np.ndarray":
+                   diagnostics: Diagnostics) -> Any:  # numpy array
     """Sorted positions of the mapped ``rows`` whose duration is within ``[low, high]``,
     counting the others in ``diagnostics`` as ``filter_by_duration`` does; a row without a
     duration is parsed and raises as the pipe would."""
