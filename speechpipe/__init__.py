@@ -48,6 +48,7 @@ from .pipes.interop import read_lhotse, read_lhotse_shar, write_lhotse
 from .pipes.shards import ShardWriter
 from .pipes.order import EpochProgress
 from .pipes.kaldi import kaldi_arks
+from .pipes.sources import write_manifest_table
 from .pipes.shards import ShardReadOptions  # noqa: E402
 from .pipes.text import TextNormalizer
 from .pipes.text import (
@@ -163,6 +164,7 @@ __all__ = [
     "to_device",
     "train_pipeline",
     "write_lhotse",
+    "write_manifest_table",
 ]
 
 

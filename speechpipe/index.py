@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 from .errors import DataError, MissingDataError, UnsafeInputError
@@ -210,6 +210,9 @@ class ShardIndex:
         :func:`index_folders`; in a bucket, ``<url>/*/index.jsonl`` when the folder has no
         index of its own; the entries are then named ``<group>/<shard>``).
 
+        Each index is parsed once per process: a later read of the same file (same inode,
+        size and modification time) or URL returns a copy of what the first one read.
+
         Args:
             path: the file or folder, local or a URL.
             remote: how a URL is read (:class:`~speechpipe.remote.RemoteOptions`).
@@ -236,7 +239,7 @@ class ShardIndex:
         if is_remote(path) and not path.endswith(".jsonl"):
             folder = path.rstrip("/")
             try:
-                lines, path = _index_lines(join_url(folder, INDEX_NAME), remote)
+                return cls._cached(join_url(folder, INDEX_NAME), remote, allow_outside)
             except MissingDataError:
                 groups = remote_glob(join_url(folder, f"*/{INDEX_NAME}"), remote)
                 if not groups:
@@ -247,8 +250,30 @@ class ShardIndex:
                         "pack folder", source=folder) from None
                 return cls._read_groups(folder, [g.rsplit("/", 1)[0] for g in groups], remote,
                                         allow_outside=allow_outside)
-        else:
-            lines, path = _index_lines(path, remote)
+        return cls._cached(path, remote, allow_outside)
+
+    @classmethod
+    def _cached(cls, path: str, remote: RemoteOptions | None, allow_outside: bool
+                ) -> "ShardIndex":
+        """The index at ``path``, parsed once per process while the file is the same (a
+        copy is handed out: callers may change their lists)."""
+        where = _cache_key(path)
+        key = None if where is None else (where, allow_outside)
+        cached = _READ.get(key) if key is not None else None
+        if cached is None:
+            cached = cls._parse(path, remote, allow_outside)
+            if key is not None:
+                _READ[key] = cached
+                while len(_READ) > _READ_KEPT:
+                    _READ.pop(next(iter(_READ)))
+        return replace(cached, shards=list(cached.shards),
+                       sample_rates=None if cached.sample_rates is None
+                       else dict(cached.sample_rates))
+
+    @classmethod
+    def _parse(cls, path: str, remote: RemoteOptions | None, allow_outside: bool
+               ) -> "ShardIndex":
+        lines, path = _index_lines(path, remote)
         if not lines:
             raise DataError("empty shard index", source=path)
         header = _json_line(lines[0], path, 1)
@@ -341,6 +366,28 @@ class ShardIndex:
                             source=", ".join(sorted(cache)))
         return cls("/", entries, units.pop() if units else "frames",
                    sample_rate=rates.pop() if rates else None)
+
+
+#: Indexes this process has read, by file identity (see :func:`_cache_key`): a pass, a
+#: second pass, ``sharded_shuffle`` listing a folder and then planning it, ``lengths`` and
+#: the step planner all read an index once per process (a URL: fetched once per process).
+_READ: dict[tuple, ShardIndex] = {}
+_READ_KEPT = 64
+
+
+def _cache_key(path: str) -> tuple | None:
+    """What identifies the index at ``path`` now: a URL as it is (fetched once per process),
+    a local file by inode, size and modification time (a rewritten index -- ``write``
+    replaces the file -- is read again); ``None`` where there is no file (the read raises)."""
+    if is_remote(path):
+        return ("url", path if path.endswith(".jsonl") else join_url(path, INDEX_NAME))
+    if os.path.isdir(path):
+        path = os.path.join(path, INDEX_NAME)
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return ("file", os.path.abspath(path), st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 def _rate_counts(value, path: str) -> dict[int, int] | None:

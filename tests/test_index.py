@@ -160,3 +160,44 @@ def test_index_nested_deeply_is_a_data_error(tmp_path):
     with pytest.raises(DataError, match="nested too deeply") as info:
         ShardIndex.read(path)
     assert str(info.value).startswith(f"{path}:2")
+
+
+# ------------------------------------------------------- one read per process (issue 28)
+
+
+def _count_parses(monkeypatch) -> list[str]:
+    import speechpipe.index as index
+
+    parsed: list[str] = []
+    real = index.ShardIndex._parse.__func__
+    monkeypatch.setattr(index, "_READ", {})
+    monkeypatch.setattr(index.ShardIndex, "_parse", classmethod(
+        lambda cls, path, remote: parsed.append(path) or real(cls, path, remote)))
+    return parsed
+
+
+def test_a_folder_is_read_once_per_process_across_listing_planning_and_passes(
+        tmp_path, monkeypatch):
+    # issue 28: sharded_shuffle listed a folder's shards by reading its whole index, then read
+    # it again for the entries, and a fresh reader read it again on every pass
+    import speechpipe as sp
+
+    parsed = _count_parses(monkeypatch)
+    ShardIndex(str(tmp_path), [entry("a.tar", [100, 200]), entry("b.tar", [300])]).write()
+    pipe = sp.IterableWrapper([str(tmp_path)]).sharded_shuffle(index=True)
+    assert len(pipe) == 3
+    for epoch in range(2):
+        pipe.epoch_plans(epoch, world_size=2, num_workers=2)
+    again = sp.IterableWrapper([str(tmp_path)]).sharded_shuffle(index=True)
+    assert len(again) == 3 and sp.shard_assignment(again, world_size=4).world_size == 4
+    assert len(parsed) == 1
+
+
+def test_a_rewritten_index_is_read_again_and_a_copy_is_handed_out(tmp_path, monkeypatch):
+    parsed = _count_parses(monkeypatch)
+    ShardIndex(str(tmp_path), [entry("a.tar", [100, 200])]).write()
+    first = ShardIndex.read(tmp_path)
+    first.shards.append(entry("x.tar", [1]))  # a caller's change stays its own
+    assert len(ShardIndex.read(tmp_path)) == 2 and len(parsed) == 1
+    ShardIndex(str(tmp_path), [entry("a.tar", [100, 200, 50])]).write()  # same size or not
+    assert len(ShardIndex.read(tmp_path)) == 3 and len(parsed) == 2

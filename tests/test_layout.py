@@ -27,7 +27,7 @@ import speechpipe
 ROOT = pathlib.Path(speechpipe.__file__).parent
 
 FLOORS = [
-    ("base", ["errors", "sample", "seeding", "diagnostics", "remote", "index", "progress",
+    ("base", ["errors", "sample", "seeding", "diagnostics", "remote", "index", "compact", "progress",
               "memory", "testing", "pipes._core"]),
     ("sources", ["pipes.sources"]),
     ("shards", ["pipes.shards"]),

@@ -206,8 +206,10 @@ def test_languages_prepared_into_one_folder_stay_apart(corpus, tmp_path):
     prepare_commonvoice(french, tmp_path / "m", parts="test", progress=False)
     names = sorted(p.name for p in (tmp_path / "m").iterdir())
     assert names == ["commonvoice_en_samples_test.jsonl.gz",
+                     "commonvoice_en_samples_test.jsonl.gz.spmap",
                      "commonvoice_en_samples_test.prepared.json",
                      "commonvoice_fr_samples_test.jsonl.gz",
+                     "commonvoice_fr_samples_test.jsonl.gz.spmap",
                      "commonvoice_fr_samples_test.prepared.json"]
     with pytest.raises(MissingDataError, match=r"manifests of \['en', 'fr'\].*language="):
         commonvoice_test(tmp_path / "m")

@@ -341,6 +341,7 @@ PUBLIC = [
     "to_device",
     "train_pipeline",
     "write_lhotse",
+    "write_manifest_table",
 ]
 
 

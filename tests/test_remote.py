@@ -469,3 +469,21 @@ def test_an_object_overwritten_while_it_is_read_is_a_named_error(s3):
     assert str(info.value).startswith(f"{url}: the object changed while it was read (its "
                                       "ETag was ")
     assert read_bytes(url, options) == second  # opened again: the new object, whole
+
+
+def test_an_index_in_the_bucket_is_fetched_once_per_process(s3, proxy, monkeypatch):
+    # issue 28: over object storage each index is fetched once per process, not per shard
+    # listed, per plan or per pass
+    import speechpipe.index as index
+
+    monkeypatch.setattr(index, "_READ", {})
+    read = ShardReadOptions(remote=s3["options"])
+    pipe = IterableWrapper(s3["urls"]).sharded_shuffle(buffer_size=4, index=True, seed=5,
+                                                       read_options=read)
+    assert len(pipe) == sum(SHARDS)
+    for epoch in range(2):
+        pipe.epoch_plans(epoch, world_size=2, num_workers=2)
+        assert len([s["key"] for s in pipe.set_epoch(epoch)]) == sum(SHARDS)
+    again = IterableWrapper(s3["urls"]).sharded_shuffle(index=True, read_options=read)
+    assert len(again) == sum(SHARDS)
+    assert len(gets(proxy, "index.jsonl")) == 1

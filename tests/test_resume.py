@@ -97,6 +97,22 @@ def manifest_pipe():
             .collate(collate_fn=PadCollate()))
 
 
+def mapped_manifest_pipe(case: dict):
+    """manifest_pipe's rows written to a JSON-lines file, read through its mapped row table
+    (read_manifest_files: each row parsed when shuffle_samples yields it; issue 28)."""
+    path = case["manifest"]
+    if not os.path.exists(path):
+        from speechpipe.pipes.sources import write_manifest
+
+        rng = np.random.default_rng(7)
+        write_manifest(path, [{"key": f"m{i:03d}", "frames": int(rng.integers(3, 50))}
+                              for i in range(150)])
+    return (IterableWrapper([path]).read_manifest_files().shuffle_samples(seed=6)
+            .map(_with_feats).bucket_by_length(30, seed=2)
+            .block_batch(batch_len=250, shuffle_window=4, seed=3)
+            .collate(collate_fn=PadCollate()))
+
+
 def recipe_pipe(case: dict):
     """A recipe's own builder over manifests prepare wrote from the demo corpus (real speech)."""
     from speechpipe.recipes import librispeech
@@ -113,6 +129,7 @@ def summary(batch: dict) -> list:
 
 def build(case: dict):
     pipe = {"view": view_pipe, "manifest": manifest_pipe,
+            "mapped": lambda: mapped_manifest_pipe(case),
             "recipe": lambda: recipe_pipe(case)}.get(
         case["path"], lambda: stream_pipe(case["paths"], num_buckets=case.get("buckets")))()
     # snapshot_every=1: every state comes from the workers' pipes themselves (the held-sample
@@ -248,6 +265,17 @@ def test_manifest_path_resumes_exactly_in_a_new_process(tmp_path, workers):
     # issue 17: the recipes' road (manifest rows, shuffle_samples, buffers) resumes exactly
     case = {"path": "manifest", "workers": workers, "snapshot_every": 3}
     n = _epoch_len(case)
+    _resume_in_new_process(tmp_path, case, [1, 4, n - 1, n, n + 2, "end-0", "end-1"])
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_mapped_manifest_path_resumes_exactly_in_a_new_process(tmp_path, workers):
+    # issue 28: shuffle_samples over a manifest's mapped row table (rows parsed as yielded,
+    # held samples found again by key hash) resumes as exactly as over rows held in memory
+    case = {"path": "mapped", "workers": workers, "snapshot_every": 3,
+            "manifest": str(tmp_path / "rows.jsonl.gz")}
+    n = _epoch_len(case)
+    assert os.path.exists(case["manifest"] + ".spmap")
     _resume_in_new_process(tmp_path, case, [1, 4, n - 1, n, n + 2, "end-0", "end-1"])
 
 

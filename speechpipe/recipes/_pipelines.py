@@ -43,8 +43,9 @@ def manifest_samples(manifests: ManifestsArg, *, corpus: str | None = None,
                      remote: RemoteOptions | None = None) -> IterDataPipe[Sample]:
     """The samples of manifests, in file order, as a pipe (no audio read yet).
 
-    Files are opened when iteration starts (``open_files`` + ``parse_manifest``; manifests at
-    object-storage URLs with ``open(remote=remote)``); in-memory
+    Files are opened when iteration starts (local files with ``read_manifest_files``, which
+    offers ``shuffle_samples`` their memory-mapped row tables; manifests at object-storage
+    URLs with ``open(remote=remote)`` + ``parse_manifest``); in-memory
     sample lists are streamed as they are, and so is a pipe of samples (e.g.
     ``sp.read_lhotse(...)``, ``sp.read_hf_dataset(ds, with_audio=False)``). See
     :func:`resolve_manifests` for the forms of ``manifests``.
@@ -60,7 +61,8 @@ def manifest_samples(manifests: ManifestsArg, *, corpus: str | None = None,
     def parsed(paths: list[str]) -> IterDataPipe[Sample]:
         if any(is_remote(p) for p in paths):
             return IterableWrapper(paths).open(remote=remote).parse_manifest()
-        return IterableWrapper(paths).open_files(mode="b").parse_manifest()
+        # local files: the reader offers shuffle_samples their mapped row tables
+        return IterableWrapper(paths).read_manifest_files()
 
     for source in resolve_manifests(manifests, corpus=corpus, parts=parts):
         if isinstance(source, str):

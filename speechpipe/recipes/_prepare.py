@@ -38,7 +38,7 @@ import soundfile
 
 from ..diagnostics import Diagnostics, SkippedInputWarning, check_on_error
 from ..errors import DataError, MissingDataError
-from ..pipes.sources import write_manifest
+from ..pipes.sources import write_manifest, write_manifest_table
 from ..sample import Sample
 from ._checks import (
     PartReport,
@@ -394,6 +394,7 @@ def prepare_parts(
             result[part] = samples
             continue
         count = write_manifest(path, samples)
+        write_manifest_table(path)  # the mapped rows training plans from (compact.py)
         if reason:
             report.status, report.reason = "rewritten", reason
         record = report.to_record(fingerprint(extra + _audio_paths(samples)), options)

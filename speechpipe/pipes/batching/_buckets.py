@@ -639,5 +639,59 @@ class DurationFilterIterDataPipe(IterDataPipe[Sample]):
         raise TypeError("filter_by_duration has no length: how many samples are in range is "
                         "known only after reading them")
 
+    def row_table(self):
+        """The rows of its source's ``row_table()`` within the range, from the mapped
+        durations without parsing a row (``None`` when the source offers none). Counts and
+        reports the drops as a pass over the samples would (examples: the first few)."""
+        from ..order import source_rows
+
+        rows = source_rows(self.source_datapipe)
+        if rows is None:
+            return None
+        self.diagnostics.reset()
+        kept = _rows_in_range(rows, self.min_duration, self.max_duration, self.diagnostics)
+        if self.warn:
+            self.diagnostics.warn_if_skipped()
+        return rows.restricted(kept)
+
 
 DurationFilter = DurationFilterIterDataPipe
+
+
+def _rows_in_range(rows, low: float | None, high: float | None,
+                   diagnostics: Diagnostics) -> Any:  # numpy array
+    """Sorted positions of the mapped ``rows`` whose duration is within ``[low, high]``,
+    counting the others in ``diagnostics`` as ``filter_by_duration`` does; a row without a
+    duration is parsed and raises as the pipe would."""
+    import numpy as np
+
+    from ...compact import index_dtype
+
+    dtype = index_dtype(rows.total)
+    parts = []
+    for base, table in rows.chunks():
+        seconds = table.durations
+        keep = np.ones(seconds.size, dtype=bool)
+        for i in np.flatnonzero(np.isnan(seconds)).tolist():
+            sample = rows.parse_row(base + i)
+            try:  # NaN: no duration, or not a number (a JSON NaN is kept, as in a pass)
+                sample_duration(sample)
+            except (KeyError, TypeError, ValueError) as exc:
+                key = sample.get(KEY)
+                raise DataError(f"filter_by_duration: no duration ({exc})",
+                                source=sample.get(SOURCE),
+                                key=key if isinstance(key, str) else None) from exc
+        for bound, reason, out in (
+                (low, f"shorter than {low} s", lambda d, b: d < b),
+                (high, f"longer than {high} s", lambda d, b: d > b)):
+            if bound is None:
+                continue
+            dropped = np.flatnonzero(out(seconds, bound) & keep)
+            keep[dropped] = False
+            for i in dropped[:diagnostics.max_examples].tolist():
+                sample = rows.parse_row(base + i)
+                diagnostics.record(reason, f"key {sample.get(KEY)!r} ({seconds[i]:.2f} s)")
+            if dropped.size > diagnostics.max_examples:
+                diagnostics.counts[reason] += int(dropped.size) - diagnostics.max_examples
+        parts.append((np.flatnonzero(keep) + base).astype(dtype))
+    return np.concatenate(parts) if parts else np.zeros(0, dtype)

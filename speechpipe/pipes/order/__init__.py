@@ -10,7 +10,8 @@ from ._assignment import (
 )
 from ._entries import common_tail, index_entries, path_parts
 from ._lists import (
-    SampleShuffler, SampleShufflerIterDataPipe, SampleSplitter, SampleSplitterIterDataPipe,
+    FeistelOrder, SampleShuffler, SampleShufflerIterDataPipe, SampleSplitter,
+    SampleSplitterIterDataPipe, source_rows,
 )
 from ._mixing import (
     mix_by_weight, NamedZipperIterDataPipe, pass_epoch, ReplacementSamplerIterDataPipe,
@@ -28,6 +29,7 @@ __all__ = [
     "EpochPlan",
     "EpochProgress",
     "FORMATS",
+    "FeistelOrder",
     "KeyJoinerIterDataPipe",
     "LEVELS",
     "NamedZipperIterDataPipe",

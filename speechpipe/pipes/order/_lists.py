@@ -1,8 +1,11 @@
 """Sources over sample lists held in memory, split between processes, resumable exactly.
 
-A pipeline over manifests starts from one of these: manifest rows (paths, transcripts,
-durations -- not audio) fit in memory, so each pass reads them all and yields this process's
-share of one order, the same in every process:
+A pipeline over manifests starts from one of these: each pass yields this process's share of
+one order of all the rows (paths, transcripts, durations -- not audio), the same in every
+process. Over local JSON-lines manifests (``read_manifest_files``, and ``filter_by_duration``
+over it) the rows are ordered through their memory-mapped row table
+(:mod:`speechpipe.compact`) and each is parsed when it is yielded; over any other source they
+are read whole each pass:
 
 - ``shuffle_samples`` (:class:`SampleShufflerIterDataPipe`): a permutation drawn from
   ``(seed, epoch)`` -- for training. It replaces torch's ``shuffle`` (whose buffer lives in
@@ -17,7 +20,9 @@ that held samples (``bucket_by_length``, ``block_batch``) get them back by key
 
 from __future__ import annotations
 
-from typing import Iterable, Iterator
+from typing import Iterable, Iterator, Sequence
+
+import numpy as np
 
 from ...diagnostics import BufferStats
 from ...errors import DataError
@@ -25,8 +30,9 @@ from ...sample import KEY, SOURCE, Sample
 from ...seeding import CarriesRank, derive_rng, process_position
 from .._core import functional_datapipe, IterDataPipe
 from .._core import check_seed, SampleSource, Seeded
+from ...seeding import derive_seed
 
-__all__ = ["SampleShuffler", "SampleShufflerIterDataPipe", "SampleSplitter",
+__all__ = ["FeistelOrder", "SampleShuffler", "SampleShufflerIterDataPipe", "SampleSplitter",
            "SampleSplitterIterDataPipe"]
 
 
@@ -48,6 +54,99 @@ def _keyed(samples: list, name: str) -> dict[str, int]:
     return where
 
 
+_M64 = np.uint64(0xFFFFFFFFFFFFFFFF)
+
+
+class FeistelOrder:
+    """Positions ``first, first + step, ...`` of ``range(n)`` permuted by a keyed bijection:
+    a 4-round Feistel network over the smallest even number of bits covering ``n``, walked
+    until it lands inside ``range(n)`` (cycle walking keeps it a permutation). Costs O(1)
+    memory and no time up front, whatever ``n``: the order is computed in chunks of
+    positions as it is read (numpy, tens of nanoseconds a position), so a pass over 15
+    million rows starts, or resumes at any position, at once.
+
+    >>> order = FeistelOrder(10, key=7)
+    >>> sorted(order[i] for i in range(len(order))) == list(range(10))
+    True
+    >>> [order[i] for i in range(1, 10, 3)] == [FeistelOrder(10, 7, 1, 3)[i] for i in range(3)]
+    True
+    """
+
+    CHUNK = 1 << 15
+
+    def __init__(self, n: int, key: int, first: int = 0, step: int = 1) -> None:
+        self.n, self.first, self.step = n, first, step
+        bits = max(2, (max(n - 1, 1)).bit_length())
+        self.half = (bits + 1) // 2
+        self.mask = np.uint64((1 << self.half) - 1)
+        rng = np.random.default_rng(key)
+        self.keys = [np.uint64(k) for k in rng.integers(0, 2**63, size=4, dtype=np.int64)]
+        self.count = len(range(first, n, step))
+        self._chunk = -1
+        self._values = np.zeros(0, np.int64)
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, i: int) -> int:
+        if not 0 <= i < self.count:
+            raise IndexError(i)
+        chunk = i // self.CHUNK
+        if chunk != self._chunk:
+            lo = chunk * self.CHUNK
+            hi = min(lo + self.CHUNK, self.count)
+            positions = self.first + np.arange(lo, hi, dtype=np.int64) * self.step
+            self._values, self._chunk = self._permute(positions.astype(np.uint64)), chunk
+        return int(self._values[i - chunk * self.CHUNK])
+
+    def _encrypt(self, x: np.ndarray) -> np.ndarray:
+        half, mask = np.uint64(self.half), self.mask
+        left, right = x >> half, x & mask
+        for k in self.keys:
+            f = (right ^ k) * np.uint64(0x9E3779B97F4A7C15)
+            f ^= f >> np.uint64(29)
+            f = (f * np.uint64(0xBF58476D1CE4E5B9)) ^ (f >> np.uint64(32))
+            left, right = right, left ^ (f & mask)
+        return (left << half) | right
+
+    def _permute(self, x: np.ndarray) -> np.ndarray:
+        with np.errstate(over="ignore"):
+            x = self._encrypt(x)
+            outside = np.flatnonzero(x >= np.uint64(self.n))
+            while outside.size:
+                x[outside] = self._encrypt(x[outside])
+                outside = outside[x[outside] >= np.uint64(self.n)]
+        return x.astype(np.int64)
+
+
+class _ListRows:
+    """A sample list read whole for the pass, by position, found again by key."""
+
+    def __init__(self, samples: list, name: str) -> None:
+        self.held = samples
+        self.where = _keyed(samples, name)
+
+    def __len__(self) -> int:
+        return len(self.held)
+
+    def sample(self, i: int) -> Sample:
+        return self.held[i]
+
+    def find(self, key: str) -> Sample | None:
+        i = self.where.get(key)
+        return None if i is None else self.held[i]
+
+
+def source_rows(source: object):
+    """The mapped rows a source offers (``row_table()``: ``read_manifest_files``, and
+    ``filter_by_duration`` over it), or ``None``: the source is read as samples."""
+    try:
+        offer = getattr(source, "row_table")
+    except AttributeError:
+        return None
+    return offer() if callable(offer) else None
+
+
 class _SampleList(CarriesRank, SampleSource):
     """A source yielding this process's share of an order over a sample list read whole each
     pass; resumable at any sample (the position), held samples found again by key. A mixin
@@ -60,7 +159,7 @@ class _SampleList(CarriesRank, SampleSource):
             raise TypeError(f"split must be a bool, got {split!r}")
         self.source_datapipe = source_datapipe
         self.split = split
-        self._prepared: tuple[list, dict] | None = None
+        self._prepared = None  # the rows read for a resumed pass and its replays
         self._replay_request: list | None = None
         self.buffers = BufferStats(self._name)  # the whole list, for the pass
 
@@ -78,18 +177,31 @@ class _SampleList(CarriesRank, SampleSource):
         where = process_position()
         return where.worker * where.world_size + where.rank, where.world_size * where.num_workers
 
-    def _permute(self, order: list[int]) -> None:
-        """Reorder ``order`` (the source's positions) in place: the epoch's order."""
+    def _permutation_key(self) -> int | None:
+        """The key of the epoch's permutation of the source's positions (``None``: the
+        source's order)."""
+        return None
 
-    def _order(self, n: int) -> list[int]:
-        order = list(range(n))
-        self._permute(order)
+    def _order(self, n: int) -> Sequence[int]:
+        """This process's positions, in the epoch's order: a ``range``, or its share of one
+        permutation of all positions (:class:`FeistelOrder`, O(1) memory)."""
         first, step = self._share()
-        return order[first::step]
+        key = self._permutation_key()
+        return range(first, n, step) if key is None else FeistelOrder(n, key, first, step)
 
-    def _read(self) -> tuple[list, dict]:
-        samples = list(self.source_datapipe)
-        return samples, _keyed(samples, self._name)
+    def _read(self):
+        """The pass's rows: the source's mapped rows when it offers them (nothing held per
+        row), else its samples read whole."""
+        rows = source_rows(self.source_datapipe)
+        if rows is None:
+            return _ListRows(list(self.source_datapipe), self._name)
+        if len(rows.tables) > 1:
+            repeated = rows.repeated_key()
+            if repeated is not None:
+                raise DataError(f"{self._name}: the same key twice in the source (keys must "
+                                "be unique to resume exactly)", key=repeated[KEY],
+                                source=repeated.get(SOURCE))
+        return rows
 
     # -- passes
 
@@ -102,19 +214,23 @@ class _SampleList(CarriesRank, SampleSource):
             self._begin_pass()
         prepared, self._prepared = self._prepared, None
         state, _ = self._take_resume()
-        samples, _ = prepared if prepared is not None else self._read()
-        mine = self._order(len(samples))
-        start = 0 if state is None else self._resume_at(state, len(samples), len(mine))
-        live = self._live = {"next": start, "total": len(samples), "count": len(mine)}
+        rows = prepared if prepared is not None else self._read()
+        total = len(rows)
+        mine = self._order(total)
+        start = 0 if state is None else self._resume_at(state, total, len(mine))
+        live = self._live = {"next": start, "total": total, "count": len(mine)}
+        held = getattr(rows, "held", None)  # mapped rows hold no sample
         self.buffers.reset()
-        self.buffers.add(samples)  # held whole until the pass ends
+        if held is not None:
+            self.buffers.add(held)  # held whole until the pass ends
         try:
             for i in range(start, len(mine)):
                 live["next"] = i + 1
-                yield samples[mine[i]]
+                yield rows.sample(int(mine[i]))
         finally:
             self._live = None
-            self.buffers.remove(samples)
+            if held is not None:
+                self.buffers.remove(held)
 
     def _resume_at(self, state: dict, total: int, count: int) -> int:
         if state.get("total") != total or state.get("count") != count:
@@ -155,12 +271,15 @@ class _SampleList(CarriesRank, SampleSource):
     def _replay(self, request: list) -> Iterator[Sample]:
         if self._prepared is None:
             self._prepared = self._read()
-        samples, where = self._prepared
-        for _, key in request:
-            if key not in where:
+        rows = self._prepared
+        many = getattr(rows, "find_many", None)  # mapped rows: one search for them all
+        found = many([key for _, key in request]) if many is not None else None
+        for n, (_, key) in enumerate(request):
+            sample = rows.find(key) if found is None else found[n]
+            if sample is None:
                 raise DataError(f"resume: a held sample is no longer in the source of "
                                 f"{self._name}", key=key)
-            yield samples[where[key]]
+            yield sample
 
     def end_pass(self) -> None:
         super().end_pass()
@@ -171,9 +290,10 @@ class _SampleList(CarriesRank, SampleSource):
 class SampleShufflerIterDataPipe(Seeded, _SampleList, IterDataPipe[Sample]):
     """Shuffle all samples of a finite source at once (functional name: ``shuffle_samples``).
 
-    Consumes sample dicts with unique ``key`` s, few enough to hold in memory (manifest rows,
-    not decoded audio); yields the same dicts. Each pass reads the whole source, permutes it
-    with ``(seed, epoch)`` -- one order, the same in every process -- and, with ``split``,
+    Consumes sample dicts with unique ``key`` s (manifest rows, not decoded audio); yields
+    the same dicts. Each pass permutes the source's positions with ``(seed, epoch)`` (a keyed
+    bijection, :class:`FeistelOrder`: no memory per row) -- one order, the same in every
+    process -- and, with ``split``,
     yields only this process's share: every ``n``-th sample of the order for the ``n`` =
     ranks × DataLoader workers (do not add ``sharding_filter``). Over all processes, every
     sample comes out once per epoch.
@@ -181,7 +301,10 @@ class SampleShufflerIterDataPipe(Seeded, _SampleList, IterDataPipe[Sample]):
     Exactly resumable: its state is the position in this process's share, and samples held by
     the stages above are found again by key, so a restored loader repeats the uninterrupted
     run. Use ``sharded_shuffle`` for corpora stored as shards (it never holds the corpus).
-    It holds the whole source during a pass: ``self.buffers`` (a
+    Over ``read_manifest_files`` (what the recipes' builders use for local JSON-lines
+    manifests, through ``filter_by_duration`` or not) it orders the rows of their mapped row
+    tables and parses each row when it yields it, holding no row; over any other source it
+    holds the whole source during a pass: ``self.buffers`` (a
     :class:`~speechpipe.diagnostics.BufferStats`) says how many samples and array bytes.
 
     Args:
@@ -220,10 +343,10 @@ class SampleShufflerIterDataPipe(Seeded, _SampleList, IterDataPipe[Sample]):
                              "shared by every process")
         self.per_process = per_process
 
-    def _permute(self, order: list[int]) -> None:
+    def _permutation_key(self) -> int:
         where = process_position() if self.per_process else None
         rank, worker = (where.rank, where.worker) if where is not None else (0, 0)
-        derive_rng(self.seed, self.epoch, rank, worker, "shuffle_samples").shuffle(order)
+        return derive_seed(self.seed, self.epoch, rank, worker, "shuffle_samples")
 
     def _snapshot(self, live: dict) -> dict:
         return {"epoch": self.epoch, **live}

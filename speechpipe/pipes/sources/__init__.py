@@ -9,16 +9,19 @@ from ._files import (
     ShardListerIterDataPipe, StreamOpenerIterDataPipe,
 )
 from ._manifests import (
-    FORMATS, iter_manifest, JSON_KEY_FIELDS, ManifestParser, ManifestParserIterDataPipe,
-    ManifestWriter, PATH_KEY_COLUMNS, read_manifest, TSV_KEY_COLUMNS, TSV_NUMBER_COLUMNS,
-    write_manifest,
+    FORMATS, iter_manifest, JSON_KEY_FIELDS, ManifestFileReader, ManifestFileReaderIterDataPipe,
+    ManifestParser, ManifestParserIterDataPipe, ManifestRows, ManifestWriter, PATH_KEY_COLUMNS,
+    read_manifest, TSV_KEY_COLUMNS, TSV_NUMBER_COLUMNS, write_manifest, write_manifest_table,
 )
 
 __all__ = [
     "FORMATS",
     "JSON_KEY_FIELDS",
+    "ManifestFileReader",
+    "ManifestFileReaderIterDataPipe",
     "ManifestParser",
     "ManifestParserIterDataPipe",
+    "ManifestRows",
     "ManifestWriter",
     "PATH_KEY_COLUMNS",
     "ShardListerIterDataPipe",
@@ -33,4 +36,5 @@ __all__ = [
     "open_stream",
     "read_manifest",
     "write_manifest",
+    "write_manifest_table",
 ]

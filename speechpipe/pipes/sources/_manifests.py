@@ -34,12 +34,16 @@ from ...remote import RemoteOptions, is_remote
 from ...sample import DURATION, KEY, NUM_FRAMES, SOURCE, Sample
 from .._core import functional_datapipe, IterDataPipe
 from ._files import check_path_stream, iter_text_lines, open_stream
+from ...compact import ManifestTable
 
 __all__ = [
     "FORMATS",
     "JSON_KEY_FIELDS",
+    "ManifestFileReader",
+    "ManifestFileReaderIterDataPipe",
     "ManifestParser",
     "ManifestParserIterDataPipe",
+    "ManifestRows",
     "ManifestWriter",
     "PATH_KEY_COLUMNS",
     "TSV_KEY_COLUMNS",
@@ -47,6 +51,7 @@ __all__ = [
     "iter_manifest",
     "read_manifest",
     "write_manifest",
+    "write_manifest_table",
 ]
 
 #: Values of ``format=``: ``"auto"`` picks by extension.
@@ -371,6 +376,225 @@ class ManifestParserIterDataPipe(IterDataPipe[Sample]):
 
 
 ManifestParser = ManifestParserIterDataPipe
+
+
+def _numbered_lines(raw: Iterable[bytes], source: str):
+    """The manifest parser's numbering and decoding of lines, for the row tables."""
+    return iter_text_lines(raw, source=source)
+
+
+class ManifestRows:
+    """The rows of one or more local JSON-lines manifests, by position, each parsed only when
+    asked for: what ``shuffle_samples`` orders without holding the rows (its source's
+    ``row_table()``). Positions run over the files in order; ``kept`` (sorted positions, as
+    ``filter_by_duration`` leaves them) restricts the rows to a subset.
+
+    Per row it holds nothing in Python: the tables are memory-mapped
+    (:class:`~speechpipe.compact.ManifestTable`), ``kept`` is 4 bytes per kept row.
+    """
+
+    def __init__(self, tables: list[ManifestTable], key_column: str | None,
+                 kept: np.ndarray | None = None) -> None:
+        self.tables = tables
+        self.key_column = key_column
+        self.bases = np.cumsum([0] + [len(t) for t in tables])
+        self.kept = kept
+
+    @property
+    def total(self) -> int:
+        """Rows in all files (before ``kept``)."""
+        return int(self.bases[-1])
+
+    def __len__(self) -> int:
+        return self.total if self.kept is None else int(self.kept.size)
+
+    def restricted(self, kept: np.ndarray) -> "ManifestRows":
+        """These rows, keeping only the positions ``kept`` (sorted, of all files' rows)."""
+        return ManifestRows(self.tables, self.key_column, kept)
+
+    def chunks(self) -> Iterator[tuple[int, ManifestTable]]:
+        """``(first position, table)`` per file."""
+        for base, table in zip(self.bases.tolist(), self.tables):
+            yield base, table
+
+    def parse_row(self, position: int) -> Sample:
+        """The sample at a position of all files' rows (``kept`` ignored)."""
+        f = int(np.searchsorted(self.bases, np.int64(position), "right")) - 1
+        table = self.tables[f]
+        lineno, text = table.row(position - int(self.bases[f]))
+        sample = _parse_json_line(table.path, lineno, text, self.key_column)
+        sample.setdefault(SOURCE, f"{table.path}:{lineno}")
+        return sample
+
+    def sample(self, i: int) -> Sample:
+        """The ``i``-th row (of ``kept`` when set), parsed."""
+        return self.parse_row(int(self.kept[i]) if self.kept is not None else i)
+
+    def find(self, key: str) -> Sample | None:
+        """The sample with ``key`` among these rows, or ``None``."""
+        return self.find_many([key])[0]
+
+    def find_many(self, keys: list[str]) -> list[Sample | None]:
+        """:meth:`find` for each key (one vectorised search per file)."""
+        found: list[Sample | None] = [None] * len(keys)
+        for base, table in self.chunks():
+            for i, rows in enumerate(table.rows_of_many(keys)):
+                for r in rows:
+                    if found[i] is not None:
+                        break
+                    position = base + r
+                    if self.kept is not None:
+                        # in the array's own dtype: a Python int would cast (copy) the array
+                        at = int(np.searchsorted(self.kept, self.kept.dtype.type(position)))
+                        if at >= self.kept.size or int(self.kept[at]) != position:
+                            continue
+                    sample = self.parse_row(position)
+                    if sample[KEY] == keys[i]:
+                        found[i] = sample
+        return found
+
+    def repeated_key(self) -> Sample | None:
+        """A sample whose key another file also has, or ``None`` (within a file, building
+        the table refused repeats)."""
+        for j in range(1, len(self.tables)):
+            later = self.tables[j].hashes
+            for i in range(j):
+                earlier = self.tables[i].hashes
+                if not (earlier.size and later.size):
+                    continue
+                at = np.minimum(np.searchsorted(earlier, later), earlier.size - 1)
+                for h in np.unique(later[earlier[at] == later]).tolist():
+                    key_rows = self.tables[j].hash_rows[np.searchsorted(later, h)]
+                    sample = self.parse_row(int(self.bases[j]) + int(key_rows))
+                    if any(self.parse_row(int(self.bases[i]) + r)[KEY] == sample[KEY]
+                           for r in self.tables[i].rows_of(sample[KEY])):
+                        return sample
+        return None
+
+
+@functional_datapipe("read_manifest_files")
+class ManifestFileReaderIterDataPipe(IterDataPipe[Sample]):
+    """Read local manifest files into samples (functional name: ``read_manifest_files``).
+
+    Consumes local manifest paths; yields what ``open_files(mode="b").parse_manifest()``
+    yields for them (see :class:`ManifestParserIterDataPipe` for formats, keys and errors),
+    one file after another. Unlike that pair, it also offers ``shuffle_samples`` a mapped row
+    table of JSON-lines manifests (``.jsonl``, ``.jsonl.gz``...) with ``on_error="raise"``:
+    each file's :class:`~speechpipe.compact.ManifestTable`, read from the sidecar beside it
+    (``train.jsonl.gz.spmap``, written by ``prepare``) or built and written there when missing
+    or stale, so that the rows are ordered without being held and each is parsed when yielded.
+    The tables are opened once per process and kept across passes (a ``stat`` per pass checks
+    they are current).
+
+    Args:
+        source_datapipe: local manifest paths.
+        format: ``"auto"`` (by extension), ``"jsonl"`` or ``"tsv"``.
+        key_column: the field or column holding the key (see ``parse_manifest``).
+        on_error: ``"raise"`` or ``"skip"`` a bad line (see ``parse_manifest``).
+
+    >>> import os, tempfile
+    >>> from speechpipe import IterableWrapper
+    >>> path = os.path.join(tempfile.mkdtemp(), "m.jsonl")
+    >>> _ = write_manifest(path, [{"key": "a", "duration": 1.0}, {"key": "b", "duration": 2.0}])
+    >>> [s["key"] for s in IterableWrapper([path]).read_manifest_files()]
+    ['a', 'b']
+    >>> [s["key"] for s in IterableWrapper([path]).read_manifest_files().shuffle_samples(seed=0)]
+    ['b', 'a']
+    """
+
+    def __init__(self, source_datapipe: Iterable[str], format: str = "auto", *,
+                 key_column: str | None = None, on_error: str = "raise") -> None:
+        if format not in FORMATS:
+            raise ValueError(f"format must be one of {FORMATS}, got {format!r}")
+        if key_column is not None and (not isinstance(key_column, str) or not key_column):
+            raise TypeError(f"key_column must be a non-empty str or None, got {key_column!r}")
+        self.source_datapipe = source_datapipe
+        self.format = format
+        self.key_column = key_column
+        self.on_error = check_on_error(on_error)
+        self.diagnostics = Diagnostics("read_manifest_files")
+        self._tables: dict[str, ManifestTable] = {}
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state["_tables"] = {}  # mapped in each process that reads
+        return state
+
+    def __iter__(self) -> Iterator[Sample]:
+        self.diagnostics.reset()
+        for path in self.source_datapipe:
+            if not isinstance(path, (str, os.PathLike)):
+                raise TypeError(f"read_manifest_files reads paths, got {path!r}")
+            path = os.fspath(path)
+            try:
+                stream = open(path, "rb")
+            except FileNotFoundError as exc:
+                raise MissingDataError("no such manifest", source=path) from exc
+            yield from iter_manifest(path, stream, self.format, key_column=self.key_column,
+                                     on_error=self.on_error, diagnostics=self.diagnostics)
+        self.diagnostics.warn_if_skipped()
+
+    def __len__(self) -> int:
+        raise TypeError("read_manifest_files yields one sample per manifest line: the count "
+                        "is unknown until the manifests are read (shuffle_samples over it "
+                        "knows it from the row tables)")
+
+    def row_table(self) -> ManifestRows | None:
+        """The mapped rows of the manifests, or ``None`` where a path is not a local
+        JSON-lines file or bad lines are skipped (then the rows are read as samples)."""
+        if self.on_error != "raise":
+            return None
+        paths = list(self.source_datapipe)
+        if not all(isinstance(p, (str, os.PathLike)) for p in paths):
+            return None  # the pass names the bad item
+        paths = [os.fspath(p) for p in paths]
+        if not all(isinstance(p, str) and not is_remote(p) and os.path.isfile(p)
+                   for p in paths):
+            return None
+        try:
+            if not all(_format_of(p, self.format)[0] == "jsonl" for p in paths):
+                return None
+        except DataError:
+            return None
+        tables = []
+        for path in paths:
+            table = self._tables.get(path)
+            if table is None or not table.is_current():
+                key_column = self.key_column
+                table = ManifestTable.open(
+                    path, lambda n, text, p=path: _parse_json_line(p, n, text, key_column),
+                    key_column=key_column, numbered=_numbered_lines)
+                self._tables[path] = table
+            tables.append(table)
+        return ManifestRows(tables, self.key_column)
+
+
+ManifestFileReader = ManifestFileReaderIterDataPipe
+
+
+def write_manifest_table(path: str | os.PathLike, *, key_column: str | None = None) -> str:
+    """Write the mapped row table of a local JSON-lines manifest beside it
+    (``<path>.spmap``, :class:`~speechpipe.compact.ManifestTable`) unless a current one is
+    there, and return its path: what ``prepare`` does after writing each manifest, so that
+    the first training pass maps it instead of building it in every worker.
+
+    Raises:
+        DataError: a malformed line (naming the file and line), a duplicate key.
+
+    >>> import tempfile
+    >>> path = os.path.join(tempfile.mkdtemp(), "m.jsonl.gz")
+    >>> _ = write_manifest(path, [{"key": "a", "duration": 1.0}])
+    >>> os.path.basename(write_manifest_table(path))
+    'm.jsonl.gz.spmap'
+    """
+    path = os.fspath(path)
+    if _format_of(path, "auto")[0] != "jsonl":
+        raise ValueError(f"{path}: a row table is written for JSON-lines manifests only")
+    table = ManifestTable.open(path, lambda n, text: _parse_json_line(path, n, text, key_column),
+                               key_column=key_column, numbered=_numbered_lines)
+    if table.sidecar is None:
+        raise OSError(f"{path}: the row table could not be written beside it")
+    return table.sidecar
 
 
 def read_manifest(

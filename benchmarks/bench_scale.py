@@ -1,0 +1,392 @@
+"""Scale: what starting a pass costs per process as the corpus grows (issue 28).
+
+Synthetic corpora shaped like WenetSpeech L (durations drawn from its published percentiles,
+``speechpipe.testing.sample_durations("wenetspeech-l")``; short rows with a key, a duration,
+an audio path and a text) at 0.1M, 1M, 4M and 15M utterances, written once under ``--root``
+and reused. Two roads:
+
+- **manifest** (every recipe's train builder): ``manifest_samples([m.jsonl.gz])
+  .filter_by_duration(1, 15).shuffle_samples(seed) .bucket_by_length(2000)
+  .block_batch(PaddedArea(200 s))`` in ``build_loader`` -- ``train_pipeline`` without the
+  audio (rows only, so the figures are the planning's). Measured in a fresh process each:
+  the time from building the pipeline to the first batch with 0 and 2 workers; with 0 workers
+  the process's memory growth by then (``/proc/self/smaps_rollup``: ``Anonymous`` -- the
+  process's own --, ``Private_*`` and ``Shared_*`` of the mapped files); and the resume
+  latency: ``load_state_dict`` of a state saved at step 50 to the first resumed batch.
+- **shard index**: ``ShardIndex.read`` of a 2000-utterance-per-shard ``index.jsonl`` (time and
+  memory), and planning an epoch for 64 ranks x 8 workers
+  (``shard_assignment(IterableWrapper([folder]).sharded_shuffle(index=True), world_size=64,
+  num_workers=8)``) from a fresh process.
+
+Contenders, side by side in one run: ``after`` (this checkout), ``before`` (``--base DIR``: an
+older speechpipe, e.g. ``git archive 84dc3a1 speechpipe | tar -x -C DIR``), and lhotse's lazy
+manifests (``CutSet.from_jsonl_lazy`` + ``DynamicBucketingSampler(max_duration=200,
+num_buckets=30, shuffle=True)``, the same rows as MonoCuts) on the manifest road, up to
+``--lhotse-max`` rows. The old code holds the whole manifest in every process (about 1.4 KB
+per row): ``--base-max`` keeps it off the sizes this machine cannot hold.
+
+    python -m benchmarks.bench_scale --base /tmp/sp_84dc3a1 [--sizes 0.1M,1M,4M,15M]
+    python -m benchmarks bench_scale --tiny   # 2,000 rows, this checkout, one run
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PER_SHARD = 2000
+RESUME_AT = 50
+CHUNK = 250_000
+
+_SMAPS = """
+def smaps():
+    with open("/proc/self/smaps_rollup") as f:
+        fields = dict(line.split(":", 1) for line in f if ":" in line)
+    keys = ("Rss", "Anonymous", "Private_Clean", "Private_Dirty", "Shared_Clean",
+            "Shared_Dirty")
+    return {k: int(fields[k].split()[0]) * 1024 for k in keys}
+
+def grown(a, b):
+    return {k: b[k] - a[k] for k in a}
+"""
+
+_MANIFEST_CHILD = _SMAPS + """
+import json, sys, time
+spec = json.loads(sys.argv[1])
+before = smaps()
+import torch
+import speechpipe as sp
+from speechpipe.recipes._pipelines import manifest_samples
+from speechpipe.sample import sample_duration
+imported = smaps()
+t0 = time.perf_counter()
+c = sp.PaddedArea(budget=200.0, length=sample_duration)
+pipe = (manifest_samples([spec["path"]]).filter_by_duration(1.0, 15.0, warn=False)
+        .shuffle_samples(seed=0).bucket_by_length(2000, constraint=c, seed=0)
+        .block_batch(constraint=c, seed=0))
+loader = sp.build_loader(pipe, num_workers=spec["workers"], seed=0, snapshot_every=1)
+out = {}
+if spec.get("resume"):
+    state = torch.load(spec["resume"], weights_only=True)
+    t0 = time.perf_counter()
+    loader.load_state_dict(state)
+it = iter(loader)
+batch = next(it)
+out["first_s"] = time.perf_counter() - t0
+out["memory"] = grown(imported, smaps())
+if spec.get("save"):
+    for _ in range(spec["resume_at"] - 1):
+        next(it)
+    torch.save(loader.state_dict(), spec["save"])
+print(json.dumps(out))
+"""
+
+_LHOTSE_CHILD = _SMAPS + """
+import json, pickle, sys, time
+spec = json.loads(sys.argv[1])
+from lhotse import CutSet
+from lhotse.dataset import DynamicBucketingSampler
+imported = smaps()
+t0 = time.perf_counter()
+def sampler():
+    return DynamicBucketingSampler(CutSet.from_jsonl_lazy(spec["path"]), max_duration=200.0,
+                                   num_buckets=30, shuffle=True, seed=0)
+s = sampler()
+out = {}
+if spec.get("resume"):
+    with open(spec["resume"], "rb") as f:
+        state = pickle.load(f)  # the benchmark's own file
+    t0 = time.perf_counter()
+    s.load_state_dict(state)
+it = iter(s)
+next(it)
+out["first_s"] = time.perf_counter() - t0
+out["memory"] = grown(imported, smaps())
+if spec.get("save"):
+    for _ in range(spec["resume_at"] - 1):
+        next(it)
+    with open(spec["save"], "wb") as f:
+        pickle.dump(s.state_dict(), f)
+print(json.dumps(out))
+"""
+
+_INDEX_CHILD = _SMAPS + """
+import json, sys, time
+spec = json.loads(sys.argv[1])
+import speechpipe as sp
+from speechpipe.index import ShardIndex
+imported = smaps()
+t0 = time.perf_counter()
+index = ShardIndex.read(spec["path"])
+out = {"read_s": time.perf_counter() - t0, "memory": grown(imported, smaps())}
+t0 = time.perf_counter()
+pipe = sp.IterableWrapper([spec["path"]]).sharded_shuffle(index=True)
+plan = sp.shard_assignment(pipe, world_size=64, num_workers=8)
+out["plan_s"] = time.perf_counter() - t0
+print(json.dumps(out))
+"""
+
+
+def _size(text: str) -> int:
+    text = text.strip().upper()
+    scale = {"K": 1_000, "M": 1_000_000}.get(text[-1:], 1)
+    return int(float(text[:-1] if text[-1:] in "KM" else text) * scale)
+
+
+def _label(n: int) -> str:
+    return f"{n / 1e6:g}M" if n >= 100_000 else f"{n:,}"
+
+
+def _rows(start: int, n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    from speechpipe.testing import sample_durations
+
+    seconds = np.round(sample_durations("wenetspeech-l", n, seed=seed), 2)
+    keys = np.char.add("Y", np.char.zfill(np.arange(start, start + n).astype(str), 10))
+    return keys, seconds
+
+
+def make_manifest(root: str, n: int) -> str:
+    """``wenet_<n>.jsonl.gz`` (and its mapped table, as prepare writes it), once."""
+    path = os.path.join(root, f"wenet_{n}.jsonl.gz")
+    if os.path.exists(path):
+        return path
+    tmp = path + ".part"
+    with gzip.open(tmp, "wb", compresslevel=1) as f:
+        for start in range(0, n, CHUNK):
+            keys, seconds = _rows(start, min(CHUNK, n - start), start)
+            lines = np.char.add(np.char.add('{"audio_path": "/data/audio/', keys), '.opus", ')
+            lines = np.char.add(np.char.add(lines, '"duration": '), seconds.astype(str))
+            lines = np.char.add(np.char.add(lines, ', "key": "'), keys)
+            lines = np.char.add(lines, '", "text": "\u4eca\u5929\u5929\u6c14\u5f88\u597d\u6211'
+                                       '\u4eec\u53bb\u516c\u56ed"}\n')
+            f.write("".join(lines.tolist()).encode("utf-8"))
+    os.replace(tmp, path)
+    return path
+
+
+def make_table(path: str) -> float:
+    """Build the manifest's mapped table with this checkout (what prepare now does)."""
+    from speechpipe.pipes.sources import write_manifest_table
+
+    if os.path.exists(path + ".spmap"):
+        return float("nan")
+    t0 = time.perf_counter()
+    write_manifest_table(path)
+    return time.perf_counter() - t0
+
+
+def make_cuts(root: str, n: int) -> str:
+    """The same rows as lhotse MonoCuts (``cuts_<n>.jsonl.gz``), once."""
+    path = os.path.join(root, f"cuts_{n}.jsonl.gz")
+    if os.path.exists(path):
+        return path
+    tmp = path + ".part"
+    with gzip.open(tmp, "wt", compresslevel=1, encoding="utf-8") as f:
+        for start in range(0, n, CHUNK):
+            keys, seconds = _rows(start, min(CHUNK, n - start), start)
+            for key, d in zip(keys.tolist(), seconds.tolist()):
+                f.write(json.dumps({
+                    "id": key, "start": 0.0, "duration": d, "channel": 0,
+                    "supervisions": [], "type": "MonoCut",
+                    "recording": {"id": key, "sampling_rate": 16000,
+                                  "num_samples": int(round(d * 16000)), "duration": d,
+                                  "sources": [{"type": "file", "channels": [0],
+                                               "source": f"/data/audio/{key}.opus"}]}}) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def make_index(root: str, n: int) -> str:
+    """``index_<n>/index.jsonl``: 2000 utterances per shard, lengths in frames, once."""
+    folder = os.path.join(root, f"index_{n}")
+    path = os.path.join(folder, "index.jsonl")
+    if os.path.exists(path):
+        return folder
+    os.makedirs(folder, exist_ok=True)
+    with open(path + ".part", "w", encoding="utf-8") as f:
+        f.write(json.dumps({"format": "speechpipe-shard-index", "version": 1,
+                            "length_unit": "frames"}) + "\n")
+        for start in range(0, n, CHUNK):
+            keys, seconds = _rows(start, min(CHUNK, n - start), start)
+            frames = (seconds * 100).astype(np.int64)
+            for s in range(0, keys.size, PER_SHARD):
+                k, fr = keys[s:s + PER_SHARD].tolist(), frames[s:s + PER_SHARD].tolist()
+                f.write(json.dumps({"name": f"data-{(start + s) // PER_SHARD:05d}.tar",
+                                    "count": len(k), "bytes": 64000 * len(k), "keys": k,
+                                    "lengths": fr}, separators=(",", ":")) + "\n")
+    os.replace(path + ".part", path)
+    return folder
+
+
+def child(script: str, spec: dict, code_root: str) -> dict:
+    env = {**os.environ, "PYTHONPATH": code_root}
+    # run in code_root: ``python -c`` puts the working directory first on sys.path
+    out = subprocess.run([sys.executable, "-c", script, json.dumps(spec)], env=env,
+                         cwd=code_root, capture_output=True, text=True, timeout=3600)
+    if out.returncode != 0:
+        return {"error": out.stderr.strip().splitlines()[-1][:200]}
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _median(values: list[float]) -> str:
+    if not values:
+        return "-"
+    med = statistics.median(values)
+    if len(values) == 1:
+        return f"{med:.2f}"
+    return f"{med:.2f} ({min(values):.2f}-{max(values):.2f})"
+
+
+def _mib(memory: dict | None, key: str) -> float:
+    return float("nan") if memory is None else memory[key] / 2**20
+
+
+def run_manifest(name: str, code_root: str, path: str, n: int, runs: int, workers_list,
+                 lhotse: bool, tmp: str) -> list[dict]:
+    script = _LHOTSE_CHILD if lhotse else _MANIFEST_CHILD
+    rows = []
+    for workers in workers_list:
+        if lhotse and workers:
+            continue  # the sampler runs in the main process
+        firsts, memory = [], None
+        for _ in range(runs):
+            got = child(script, {"path": path, "workers": workers}, code_root)
+            if "error" in got:
+                print(f"  {name} {_label(n)} w={workers}: {got['error']}", flush=True)
+                break
+            firsts.append(got["first_s"])
+            memory = got["memory"]
+        row = {"road": "manifest", "name": name, "n": n, "workers": workers, "first": firsts,
+               "memory": memory, "resume": []}
+        if workers == 0 and firsts:
+            state = os.path.join(tmp, f"state-{name}-{n}")
+            got = child(script, {"path": path, "workers": 0, "save": state,
+                                 "resume_at": RESUME_AT if n > 20_000 else 5}, code_root)
+            if "error" in got:
+                print(f"  {name} saving a state: {got['error']}", flush=True)
+            for _ in range(runs if "error" not in got else 0):
+                again = child(script, {"path": path, "workers": 0, "resume": state},
+                              code_root)
+                if "error" in again:
+                    print(f"  {name} resume: {again['error']}", flush=True)
+                    break
+                row["resume"].append(again["first_s"])
+        rows.append(row)
+        print(f"  {name:7s} {_label(n):>6s} workers={workers}: first {_median(firsts)} s, "
+              f"anon +{_mib(memory, 'Anonymous'):.1f} MiB, resume {_median(row['resume'])} s",
+              flush=True)
+    return rows
+
+
+def run_index(name: str, code_root: str, folder: str, n: int, runs: int) -> dict:
+    reads, plans, memory = [], [], None
+    for _ in range(runs):
+        got = child(_INDEX_CHILD, {"path": folder}, code_root)
+        if "error" in got:
+            print(f"  {name} index {_label(n)}: {got['error']}", flush=True)
+            break
+        reads.append(got["read_s"])
+        plans.append(got["plan_s"])
+        memory = got["memory"]
+    print(f"  {name:7s} {_label(n):>6s} index: read {_median(reads)} s, plan 64x8 "
+          f"{_median(plans)} s, anon +{_mib(memory, 'Anonymous'):.1f} MiB", flush=True)
+    return {"road": "index", "name": name, "n": n, "read": reads, "plan": plans,
+            "memory": memory}
+
+
+def report(rows: list[dict], tables: dict) -> None:
+    print("\nManifest road (times: median (range) over runs, s; memory: growth of the process "
+          "with 0 workers, MiB; B/row from Anonymous)")
+    print("| contender | rows | table build s | first batch, 0 workers | first batch, 2 workers"
+          " | resume at step 50 | Anonymous MiB (B/row) | Private MiB | Shared MiB |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    by = {}
+    for r in rows:
+        if r["road"] == "manifest":
+            by.setdefault((r["name"], r["n"]), {})[r["workers"]] = r
+    for (name, n), per in sorted(by.items(), key=lambda t: (t[0][1], t[0][0])):
+        zero, two = per.get(0, {}), per.get(2, {})
+        mem = zero.get("memory")
+        anon = _mib(mem, "Anonymous")
+        private = _mib(mem, "Private_Clean") + _mib(mem, "Private_Dirty")
+        shared = _mib(mem, "Shared_Clean") + _mib(mem, "Shared_Dirty")
+        build = tables.get(n) if name == "after" else None
+        print(f"| {name} | {_label(n)} | {'-' if build is None else f'{build:.1f}'} | "
+              f"{_median(zero.get('first', []))} | {_median(two.get('first', []))} | "
+              f"{_median(zero.get('resume', []))} | {anon:.1f} ({anon * 2**20 / n:.1f}) | "
+              f"{private:.1f} | {shared:.1f} |")
+    print("\nShard index road (ShardIndex.read; planning 64 ranks x 8 workers from a fresh "
+          "process)")
+    print("| contender | utterances | read s | plan 64x8 s | Anonymous MiB (B/utt) |")
+    print("|---|---|---|---|---|")
+    for r in sorted((r for r in rows if r["road"] == "index"), key=lambda r: (r["n"], r["name"])):
+        anon = _mib(r["memory"], "Anonymous")
+        print(f"| {r['name']} | {_label(r['n'])} | {_median(r['read'])} | "
+              f"{_median(r['plan'])} | {anon:.1f} ({anon * 2**20 / r['n']:.1f}) |")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="bench_scale")
+    parser.add_argument("--tiny", action="store_true")
+    parser.add_argument("--sizes", default="0.1M,1M,4M,15M")
+    parser.add_argument("--root", default=None, help="where the corpora are written (kept)")
+    parser.add_argument("--base", default=None, help="a folder holding an older speechpipe")
+    parser.add_argument("--base-max", default="1M", help="largest size run with --base")
+    parser.add_argument("--base-workers-max", default="1M",
+                        help="largest size --base runs with 2 workers (each holds it all)")
+    parser.add_argument("--lhotse-max", default="1M", help="largest size run with lhotse "
+                        "(0: none)")
+    parser.add_argument("--index-max", default="4M", help="largest shard index read")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--roads", default="manifest,index")
+    parser.add_argument("--contenders", default="after,before,lhotse")
+    args = parser.parse_args(argv)
+    sizes = [2000] if args.tiny else [_size(s) for s in args.sizes.split(",")]
+    runs = 1 if args.tiny else args.runs
+    root = args.root or tempfile.mkdtemp(prefix="bench_scale_")
+    os.makedirs(root, exist_ok=True)
+    roads = args.roads.split(",")
+    who = args.contenders.split(",")
+    rows, tables = [], {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for n in sizes:
+            print(f"== {_label(n)} rows", flush=True)
+            if "manifest" in roads:
+                path = make_manifest(root, n)
+                tables[n] = make_table(path)
+                if "after" in who:
+                    rows += run_manifest("after", REPO, path, n, runs, (0, 2), False, tmp)
+                if "before" in who and args.base and n <= _size(args.base_max):
+                    workers = (0, 2) if n <= _size(args.base_workers_max) else (0,)
+                    rows += run_manifest("before", args.base, path, n, runs, workers, False,
+                                         tmp)
+                if "lhotse" in who and (args.tiny or n <= _size(args.lhotse_max)):
+                    rows += run_manifest("lhotse", REPO, make_cuts(root, n), n, runs, (0,),
+                                         True, tmp)
+            if "index" in roads and (args.tiny or n <= _size(args.index_max)):
+                folder = make_index(root, n)
+                if "after" in who:
+                    rows.append(run_index("after", REPO, folder, n, runs))
+                if "before" in who and args.base and n <= _size(args.base_max):
+                    rows.append(run_index("before", args.base, folder, n, runs))
+    report(rows, tables)
+    with open(os.path.join(root, f"bench_scale-{'-'.join(who)}.json"), "w") as f:
+        json.dump({"rows": rows, "tables": tables}, f)
+    if args.root is None:
+        import shutil
+
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

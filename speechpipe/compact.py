@@ -1,0 +1,434 @@
+"""Compact, memory-mapped forms of what planning an epoch reads: a manifest's row table.
+
+A JSON-lines manifest stays the readable truth; beside it (``train.jsonl.gz`` ->
+``train.jsonl.gz.spmap``) a binary sidecar holds, per row, what ordering and filtering need
+without parsing the rows: the row's byte offset in the (uncompressed) text, its line number,
+its duration in seconds (NaN where the row has none), and the 64-bit hashes of the keys,
+sorted, with the row of each (to find a held sample again by key). A gzipped manifest's text
+is stored decompressed in the sidecar, so that any row can be read at its offset.
+
+The sidecar is read with ``numpy.memmap``: every process on a node maps the same pages (the
+page cache holds them once) and no process holds a Python object per row. It records the
+manifest's size and modification time and is rebuilt when they no longer match (stale).
+
+Layout (little-endian): 8 bytes of magic, a 64-bit header length, the JSON header (format,
+version, what the source was, each array's dtype, offset and length), then the arrays, each
+aligned to 64 bytes. :func:`write_mapped` and :func:`read_mapped` read and write any such file.
+
+>>> import os, tempfile, json
+>>> path = os.path.join(tempfile.mkdtemp(), "m.jsonl")
+>>> with open(path, "w") as f:
+...     _ = f.write('{"key": "a", "duration": 1.5}\\n\\n{"key": "b", "duration": 0.5}\\n')
+>>> def parse(lineno, text):
+...     return json.loads(text)
+>>> table = ManifestTable.open(path, parse)
+>>> len(table), table.durations.tolist(), table.lines.tolist()
+(2, [1.5, 0.5], [1, 3])
+>>> table.row(1), table.rows_of("b")
+((3, '{"key": "b", "duration": 0.5}\\n'), [1])
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import math
+import os
+import shutil
+import stat
+import tempfile
+import warnings
+import zlib
+from array import array
+from typing import Any, Callable, Iterable, Iterator, Mapping
+
+import numpy as np
+
+from .errors import DataError, MissingDataError
+from .sample import KEY, sample_duration
+
+__all__ = ["MAPPED_SUFFIX", "ManifestTable", "index_dtype", "key_hash", "read_mapped",
+           "write_mapped"]
+
+#: The sidecar's name is the text file's name plus this suffix.
+MAPPED_SUFFIX = ".spmap"
+_MAGIC = b"SPMAP\x00v1"
+_ALIGN = 64
+_MANIFEST_FORMAT = "speechpipe-manifest-rows"
+_MANIFEST_VERSION = 1
+_BOM = "\ufeff"
+
+#: ``parse(line number, text) -> sample dict with a string "key"`` (raises DataError).
+Parser = Callable[[int, str], Mapping[str, Any]]
+#: ``numbered(raw byte lines, source) -> (line number, text or the DataError of a bad line)``:
+#: how the manifest reader numbers and decodes lines (``iter_text_lines``), so that a table
+#: is built from exactly the lines a pass parses.
+Numbered = Callable[[Iterable[bytes], str], Iterator[tuple[int, "str | DataError"]]]
+
+
+def _numbered(raw: Iterable[bytes], source: str) -> Iterator[tuple[int, str | DataError]]:
+    """Strict UTF-8 lines, numbered from 1 (the default of :meth:`ManifestTable.open`)."""
+    for number, line in enumerate(raw, start=1):
+        try:
+            yield number, line.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            yield number, DataError(f"not valid UTF-8 ({exc.reason})", source=source,
+                                    line=number)
+
+
+def index_dtype(n: int) -> np.dtype:
+    """The narrowest signed integer dtype holding positions ``0..n`` (int32 below 2**31).
+
+    >>> index_dtype(10), index_dtype(2**31)
+    (dtype('int32'), dtype('int64'))
+    """
+    return np.dtype(np.int32 if n < 2**31 - 1 else np.int64)
+
+
+def key_hash(key: str) -> int:
+    """A key's 64-bit hash (blake2b; the same in every process and run).
+
+    >>> key_hash("u1") == key_hash("u1") != key_hash("u2")
+    True
+    """
+    data = key.encode("utf-8", "surrogatepass")
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
+
+
+# --------------------------------------------------------------------------- the file format
+
+
+def write_mapped(path: str, header: Mapping[str, Any],
+                 arrays: Mapping[str, np.ndarray | tuple[str, int]], *,
+                 mode_of: str | None = None) -> str:
+    """Write a mapped file atomically (a temporary file renamed into place).
+
+    Args:
+        path: where.
+        header: JSON-serialisable fields kept in the header (``"arrays"`` is added).
+        arrays: ``{name: array}``; a value ``(file, nbytes)`` copies a raw file's bytes as a
+            ``uint8`` array without loading it.
+        mode_of: a file whose permission bits the new file takes (whoever may read the text
+            may read its table); by default read-write for the owner, readable by all.
+    """
+    layout: dict[str, dict] = {}
+    offset = 0
+    for name, value in arrays.items():
+        if isinstance(value, tuple):
+            dtype, count = np.dtype(np.uint8), int(value[1])
+        else:
+            dtype, count = value.dtype, int(value.size)
+        layout[name] = {"dtype": dtype.str, "offset": offset, "count": count}
+        offset = _aligned(offset + dtype.itemsize * count)
+    head = json.dumps({**header, "arrays": layout}).encode("utf-8")
+    base = _aligned(16 + len(head))
+    for entry in layout.values():
+        entry["offset"] += base
+    head = json.dumps({**header, "arrays": layout}).encode("utf-8")
+    if _aligned(16 + len(head)) != base:  # the offsets grew a digit: one more round
+        shift = _aligned(16 + len(head)) - base
+        for entry in layout.values():
+            entry["offset"] += shift
+        head = json.dumps({**header, "arrays": layout}).encode("utf-8")
+    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp",
+                               dir=os.path.dirname(os.path.abspath(path)))
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(_MAGIC + len(head).to_bytes(8, "little") + head)
+            for name, value in arrays.items():
+                f.write(b"\0" * (layout[name]["offset"] - f.tell()))
+                if isinstance(value, tuple):
+                    with open(value[0], "rb") as raw:
+                        shutil.copyfileobj(raw, f, 1 << 20)
+                else:
+                    f.write(np.ascontiguousarray(value).tobytes())
+        mode = 0o644 if mode_of is None else stat.S_IMODE(os.stat(mode_of).st_mode)
+        os.chmod(tmp, mode | stat.S_IRUSR | stat.S_IWUSR)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+    return path
+
+
+def read_mapped(path: str) -> tuple[dict, dict[str, np.ndarray]]:
+    """``(header, {name: read-only memory-mapped array})`` of a file :func:`write_mapped`
+    wrote.
+
+    Raises:
+        MissingDataError: no such file.
+        DataError: not such a file, or cut short.
+    """
+    try:
+        size = os.path.getsize(path)
+        with open(path, "rb") as f:
+            start = f.read(16)
+            if len(start) < 16 or start[:8] != _MAGIC:
+                raise DataError("not a speechpipe mapped file (bad magic)", source=path)
+            head = f.read(int.from_bytes(start[8:], "little"))
+    except FileNotFoundError as exc:
+        raise MissingDataError("no mapped file here", source=path) from exc
+    try:
+        header = json.loads(head)
+        layout = header["arrays"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise DataError(f"unreadable mapped-file header ({exc})", source=path) from None
+    arrays = {}
+    for name, entry in layout.items():
+        dtype, offset, count = np.dtype(entry["dtype"]), entry["offset"], entry["count"]
+        if offset + dtype.itemsize * count > size:
+            raise DataError(f"mapped file cut short: array {name!r} ends at byte "
+                            f"{offset + dtype.itemsize * count} of {size}", source=path)
+        arrays[name] = (np.zeros(0, dtype) if count == 0 else
+                        np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=(count,)))
+    return header, arrays
+
+
+def _aligned(n: int) -> int:
+    return (n + _ALIGN - 1) // _ALIGN * _ALIGN
+
+
+# --------------------------------------------------------------------------- manifests
+
+
+def _signature(path: str) -> dict:
+    st = os.stat(path)
+    return {"source_size": st.st_size, "source_mtime_ns": st.st_mtime_ns}
+
+
+class ManifestTable:
+    """The mapped row table of one local JSON-lines manifest (``.jsonl``, ``.jsonl.gz``).
+
+    Arrays (read-only, memory-mapped): ``starts`` (``rows + 1`` byte offsets into the
+    uncompressed text; a row ends at its first newline), ``lines`` (each row's line number),
+    ``durations`` (seconds, float64; NaN where the row has none or it is not a number),
+    ``hashes`` (:func:`key_hash` of each key, sorted) and ``hash_rows`` (the row of each).
+
+    Open it with :meth:`open`, which builds or rebuilds the sidecar when missing or stale.
+    """
+
+    def __init__(self, path: str, sidecar: str | None, header: dict,
+                 arrays: dict[str, np.ndarray], text: np.ndarray) -> None:
+        self.path = path
+        self.sidecar = sidecar
+        self.header = header
+        # plain ndarray views of the maps (np.memmap's own indexing costs ~20 us a call)
+        self.starts = np.asarray(arrays["starts"])
+        self.lines = np.asarray(arrays["lines"])
+        self.durations = np.asarray(arrays["durations"])
+        self.hashes = np.asarray(arrays["hashes"])
+        self.hash_rows = np.asarray(arrays["hash_rows"])
+        self.text = np.asarray(text)
+
+    def __len__(self) -> int:
+        return int(self.lines.size)
+
+    def row(self, i: int) -> tuple[int, str]:
+        """``(line number, text)`` of row ``i`` (the text decoded, its newline kept)."""
+        raw = self.text[int(self.starts[i]):int(self.starts[i + 1])].tobytes()
+        end = raw.find(b"\n")
+        if end >= 0:
+            raw = raw[:end + 1]
+        return int(self.lines[i]), raw.decode("utf-8")
+
+    def rows_of(self, key: str) -> list[int]:
+        """The rows whose key hashes as ``key`` does (a caller checks the parsed key)."""
+        return self.rows_of_many([key])[0]
+
+    def rows_of_many(self, keys: list[str]) -> list[list[int]]:
+        """:meth:`rows_of` for each key, in one search of the sorted hashes."""
+        wanted = np.array([key_hash(k) for k in keys], dtype=np.uint64)
+        lo = np.searchsorted(self.hashes, wanted, "left").tolist()
+        hi = np.searchsorted(self.hashes, wanted, "right").tolist()
+        return [sorted(self.hash_rows[a:b].tolist()) for a, b in zip(lo, hi)]
+
+    def is_current(self) -> bool:
+        """Whether the manifest still has the size and modification time it was built from."""
+        try:
+            sig = _signature(self.path)
+        except OSError:
+            return False
+        return all(self.header.get(k) == v for k, v in sig.items())
+
+    @classmethod
+    def open(cls, path: str, parse: Parser, *, key_column: str | None = None,
+             write: bool = True, numbered: Numbered = _numbered) -> "ManifestTable":
+        """The table of the manifest at ``path``: its sidecar mapped when current, else built
+        (and, with ``write``, written beside it; where the folder cannot be written, the
+        table is held in this process's memory instead, with a warning).
+
+        Args:
+            path: a local ``.jsonl`` (``.json``, ``.ndjson``), optionally ``.gz``.
+            parse: turns a line into a sample (the manifest parser: its errors name the line).
+            key_column: what the parser takes keys from (recorded: another one rebuilds).
+            write: write a new or rebuilt sidecar beside the manifest.
+            numbered: how lines are numbered and decoded (see :data:`Numbered`).
+
+        Raises:
+            DataError: a malformed line (from ``parse``), invalid UTF-8, a truncated gzip
+                stream, a duplicate key (naming both lines).
+        """
+        sidecar = path + MAPPED_SUFFIX
+        try:
+            sig = _signature(path)
+        except FileNotFoundError as exc:
+            raise MissingDataError("no such manifest", source=path) from exc
+        try:
+            header, arrays = read_mapped(sidecar)
+        except (MissingDataError, DataError):
+            header = None
+        if (header is not None and header.get("format") == _MANIFEST_FORMAT
+                and header.get("version") == _MANIFEST_VERSION
+                and header.get("key_column") == key_column
+                and all(header.get(k) == v for k, v in sig.items())):
+            return cls._of(path, sidecar, header, arrays)
+        return build_manifest_table(path, parse, key_column=key_column, write=write,
+                                    numbered=numbered)
+
+    @classmethod
+    def _of(cls, path: str, sidecar: str | None, header: dict,
+            arrays: dict[str, np.ndarray]) -> "ManifestTable":
+        if "text" in arrays:
+            text = arrays["text"]
+        elif header["source_size"] == 0:
+            text = np.zeros(0, np.uint8)
+        else:
+            text = np.memmap(path, dtype=np.uint8, mode="r")
+        return cls(path, sidecar, header, arrays, text)
+
+
+def _scan(path: str, parse: Parser, numbered: Numbered, text_out) -> tuple[dict, int]:
+    """Read the manifest once: ``({starts, lines, durations, hashes}, text bytes)``, the
+    arrays built in ``array`` buffers (a few bytes per row, never the rows); the
+    uncompressed text is copied to ``text_out`` when given (a gzipped manifest)."""
+    gzipped = path.lower().endswith(".gz")
+    starts, lines, durations, hashes = array("q"), array("q"), array("d"), array("Q")
+    position = {"start": 0, "end": 0}
+
+    def raw_lines(stream) -> Iterator[bytes]:
+        number = 0
+        while True:
+            try:
+                raw = next(stream, None)
+            except (EOFError, OSError, zlib.error) as exc:
+                what = "truncated or corrupt gzip stream" if gzipped else "read failed"
+                raise DataError(f"{what} after line {number}: {exc}", source=path) from exc
+            if raw is None:
+                return
+            number += 1
+            position["start"] = position["end"]
+            position["end"] += len(raw)
+            if text_out is not None:
+                text_out.write(raw)
+            yield raw
+
+    with open(path, "rb") as f:
+        stream = gzip.GzipFile(fileobj=f, mode="rb") if gzipped else f
+        for lineno, text in numbered(raw_lines(iter(stream)), path):
+            if isinstance(text, DataError):
+                raise text
+            start = position["start"]
+            if lineno == 1 and text.startswith(_BOM):
+                text = text[1:]
+                start += len(_BOM.encode("utf-8"))
+            if not text.strip():
+                continue
+            sample = parse(lineno, text)
+            starts.append(start)
+            lines.append(lineno)
+            hashes.append(key_hash(sample[KEY]))
+            try:
+                seconds = float(sample_duration(sample))
+            except (KeyError, TypeError, ValueError):
+                seconds = math.nan
+            durations.append(seconds)
+    starts.append(position["end"])
+    return {"starts": starts, "lines": lines, "durations": durations,
+            "hashes": hashes}, position["end"]
+
+
+def build_manifest_table(path: str, parse: Parser, *, key_column: str | None = None,
+                         write: bool = True, numbered: Numbered = _numbered) -> ManifestTable:
+    """Read the manifest at ``path`` once and build its :class:`ManifestTable` (see
+    :meth:`ManifestTable.open`, which calls this when the sidecar is missing or stale)."""
+    sig = _signature(path)
+    text_tmp = text_out = None
+    if path.lower().endswith(".gz"):
+        try:
+            fd, text_tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".txt",
+                                            dir=os.path.dirname(os.path.abspath(path)))
+        except OSError:
+            fd, text_tmp = tempfile.mkstemp(suffix=".txt")
+        text_out = os.fdopen(fd, "wb")
+    try:
+        scanned, text_size = _scan(path, parse, numbered, text_out)
+        if text_out is not None:
+            text_out.close()
+        n = len(scanned["lines"])
+        header = {"format": _MANIFEST_FORMAT, "version": _MANIFEST_VERSION,
+                  "key_column": key_column, "rows": n, **sig}
+        hash_arr = np.frombuffer(scanned.pop("hashes"), dtype=np.uint64)
+        order = np.argsort(hash_arr, kind="stable").astype(index_dtype(n))
+        arrays: dict[str, Any] = {
+            "starts": np.frombuffer(scanned["starts"], dtype=np.int64),
+            "lines": np.frombuffer(scanned["lines"], dtype=np.int64),
+            "durations": np.frombuffer(scanned["durations"], dtype=np.float64),
+            "hashes": hash_arr[order], "hash_rows": order,
+        }
+        text_file = path if text_tmp is None else text_tmp
+        text = (np.memmap(text_file, dtype=np.uint8, mode="r") if text_size
+                else np.zeros(0, np.uint8))
+        table = ManifestTable(path, None, header, arrays, text)
+        _check_unique(table, parse)
+        if text_tmp is not None:
+            arrays["text"] = (text_tmp, text_size)
+        try:
+            if not write:
+                raise _NotWritten
+            write_mapped(path + MAPPED_SUFFIX, header, arrays, mode_of=path)
+        except (OSError, _NotWritten) as exc:
+            if write:
+                warnings.warn(f"{path}: could not write its row table beside it ({exc}); "
+                              "this process holds it in memory instead", stacklevel=3)
+            if text_tmp is not None:
+                table.text = np.array(text)  # a copy: the temporary file goes
+            return table
+        header, mapped = read_mapped(path + MAPPED_SUFFIX)
+        return ManifestTable._of(path, path + MAPPED_SUFFIX, header, mapped)
+    finally:
+        if text_out is not None:
+            text_out.close()
+        if text_tmp is not None and os.path.exists(text_tmp):
+            os.remove(text_tmp)
+
+
+class _NotWritten(Exception):
+    """The caller asked for a table held in memory (``write=False``)."""
+
+
+def _check_unique(table: ManifestTable, parse: Parser) -> None:
+    """A key twice in the manifest is a DataError naming both lines (as the parser's)."""
+    same = np.flatnonzero(table.hashes[1:] == table.hashes[:-1])
+    if same.size == 0:
+        return
+    groups: dict[int, set[int]] = {}
+    for i in same.tolist():
+        groups.setdefault(int(table.hashes[i]), set()).update(
+            (int(table.hash_rows[i]), int(table.hash_rows[i + 1])))
+    first_error = None
+    for rows in groups.values():
+        seen: dict[str, int] = {}
+        for r in sorted(rows):
+            lineno, text = table.row(r)
+            key = parse(lineno, text)[KEY]
+            if key in seen:
+                error = (lineno, DataError(f"duplicate key {key!r}, first on line {seen[key]}",
+                                           source=table.path, line=lineno))
+                if first_error is None or error[0] < first_error[0]:
+                    first_error = error
+                break
+            seen[key] = lineno
+    if first_error is not None:
+        raise first_error[1]

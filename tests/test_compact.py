@@ -1,0 +1,332 @@
+"""Mapped row tables of manifests (speechpipe/compact.py) and the road that uses them
+(issue 28): ``read_manifest_files`` -> ``filter_by_duration`` -> ``shuffle_samples`` orders
+the rows from a memory-mapped sidecar without holding them, and parses a row when it yields it.
+
+Invariant: the mapped road yields exactly what the same pipe over the rows held in a list
+yields (same samples, same order for a seed and epoch, same drop counts), resumes exactly,
+and refuses the same malformed input with the same messages.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import stat
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import speechpipe as sp
+from speechpipe.compact import MAPPED_SUFFIX, ManifestTable, read_mapped
+from speechpipe.errors import DataError
+from speechpipe.pipes.sources import read_manifest
+from speechpipe.pipes.sources import write_manifest_table
+from speechpipe.sample import sample_duration
+
+
+def _rows(n: int, seed: int = 0) -> list[dict]:
+    rng = np.random.default_rng(seed)
+    return [{"key": f"utt{i:05d}", "duration": round(float(rng.uniform(0.2, 12.0)), 3),
+             "text": f"words of {i} é", "audio_path": f"/a/{i}.flac"} for i in range(n)]
+
+
+def _write(path, rows: list[dict], *, blank_every: int = 0) -> str:
+    lines = []
+    for i, row in enumerate(rows):
+        lines.append(json.dumps(row, ensure_ascii=False) + "\n")
+        if blank_every and i % blank_every == 0:
+            lines.append("  \n")
+    data = "".join(lines).encode("utf-8")
+    path = str(path)
+    if path.endswith(".gz"):
+        data = gzip.compress(data, mtime=0)
+    with open(path, "wb") as f:
+        f.write(data)
+    return path
+
+
+def _keys(pipe) -> list[str]:
+    return [s["key"] for s in pipe]
+
+
+def mapped(paths, low=None, high=None, seed=3):
+    return (sp.IterableWrapper(list(paths)).read_manifest_files()
+            .filter_by_duration(low, high, warn=False).shuffle_samples(seed=seed))
+
+
+def listed(paths, low=None, high=None, seed=3):
+    rows = [s for p in paths for s in read_manifest(p)]
+    return (sp.IterableWrapper(rows).filter_by_duration(low, high, warn=False)
+            .shuffle_samples(seed=seed))
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".jsonl.gz"])
+def test_mapped_road_yields_what_the_list_road_yields(tmp_path, suffix):
+    a = _write(tmp_path / f"a{suffix}", _rows(300), blank_every=7)
+    b = _write(tmp_path / f"b{suffix}", _rows(200, seed=1)[:0] + [
+        {**r, "key": "b" + r["key"]} for r in _rows(200, seed=1)])
+    pipe, ref = mapped([a, b], 1.0, 10.0), listed([a, b], 1.0, 10.0)
+    for epoch in range(2):
+        got = list(pipe.set_epoch(epoch))
+        want = list(ref.set_epoch(epoch))
+        assert got == want  # whole samples, ``source`` ("path:line") included
+    assert dict(pipe.source_datapipe.diagnostics.counts) == dict(
+        ref.source_datapipe.diagnostics.counts)
+    assert pipe.source_datapipe.diagnostics.examples == ref.source_datapipe.diagnostics.examples
+    assert os.path.exists(a + MAPPED_SUFFIX) and os.path.exists(b + MAPPED_SUFFIX)
+
+
+def test_the_shuffle_holds_no_row_and_parses_only_what_it_yields(tmp_path, monkeypatch):
+    path = _write(tmp_path / "m.jsonl", _rows(500))
+    write_manifest_table(path)
+    import speechpipe.pipes.manifests as manifests
+
+    parsed = []
+    real = manifests._parse_json_line
+    monkeypatch.setattr(manifests, "_parse_json_line",
+                        lambda *a: parsed.append(a[1]) or real(*a))
+    pipe = mapped([path])
+    it = iter(pipe)
+    first = [next(it) for _ in range(5)]
+    assert len(parsed) == 5  # the table was current: no line parsed but those yielded
+    assert pipe.buffers.peak_samples == 0  # the list road holds all 500 for the pass
+    assert [s["key"] for s in first] == _keys(listed([path]))[:5]
+
+
+def test_a_table_is_reused_while_current_and_rebuilt_when_stale(tmp_path):
+    path = _write(tmp_path / "m.jsonl.gz", _rows(50))
+    sidecar = write_manifest_table(path)
+    built = os.stat(sidecar).st_mtime_ns
+    assert _keys(mapped([path])) == _keys(listed([path]))
+    assert os.stat(sidecar).st_mtime_ns == built  # mapped, not rebuilt
+    _write(path, _rows(80, seed=5))  # the manifest changes: size and mtime
+    os.utime(path, ns=(built + 10**9, built + 10**9))
+    assert sorted(_keys(mapped([path]))) == sorted(r["key"] for r in _rows(80))
+    header, _ = read_mapped(sidecar)
+    assert header["rows"] == 80
+
+
+def test_a_pipe_keeps_its_tables_across_passes_and_refreshes_a_stale_one(tmp_path):
+    path = _write(tmp_path / "m.jsonl", _rows(40))
+    reader = sp.IterableWrapper([path]).read_manifest_files()
+    first = reader.row_table().tables[0]
+    assert reader.row_table().tables[0] is first
+    _write(path, _rows(41))
+    os.utime(path, ns=(1, 1))
+    again = reader.row_table().tables[0]
+    assert again is not first and len(again) == 41
+
+
+def test_the_table_can_be_read_by_whoever_reads_the_manifest(tmp_path):
+    path = _write(tmp_path / "m.jsonl.gz", _rows(5))
+    os.chmod(path, 0o640)
+    assert stat.S_IMODE(os.stat(write_manifest_table(path)).st_mode) == 0o640
+
+
+def test_a_corrupt_sidecar_is_rebuilt(tmp_path):
+    path = _write(tmp_path / "m.jsonl", _rows(30))
+    with open(path + MAPPED_SUFFIX, "wb") as f:
+        f.write(b"not a table")
+    assert _keys(mapped([path])) == _keys(listed([path]))
+    assert read_mapped(path + MAPPED_SUFFIX)[0]["rows"] == 30
+
+
+def test_a_read_only_folder_holds_the_table_in_memory_with_a_warning(tmp_path):
+    if os.geteuid() == 0:
+        pytest.skip("root writes into read-only folders")
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    path = _write(folder / "m.jsonl.gz", _rows(30))
+    os.chmod(folder, stat.S_IRUSR | stat.S_IXUSR)
+    try:
+        with pytest.warns(UserWarning, match=r"m\.jsonl\.gz: could not write its row table"):
+            got = _keys(mapped([path]))
+    finally:
+        os.chmod(folder, stat.S_IRWXU)
+    assert got == _keys(listed([path]))
+
+
+def test_a_state_resumes_at_the_next_sample_and_held_samples_are_found_by_key(tmp_path):
+    path = _write(tmp_path / "m.jsonl.gz", _rows(120))
+    pipe = mapped([path], 1.0)
+    full = _keys(pipe.set_epoch(2))
+    it = iter(pipe.set_epoch(2))
+    head = [next(it)["key"] for _ in range(17)]
+    state = pipe.state_dict()
+    assert set(state) == {"epoch", "next", "total", "count"}  # a few ints, whatever the size
+    it.close()
+    again = mapped([path], 1.0).set_epoch(2)  # the loader sets the epoch of a resumed run
+    again.load_state_dict(state)
+    assert head + _keys(again) == full
+    # a stage above asks for samples it held again, by key
+    again.request_replay([(None, full[3]), (None, full[0])])
+    assert _keys(again) == [full[3], full[0]]
+
+
+def test_a_manifest_road_loader_resumes_exactly_with_workers(tmp_path):
+    path = _write(tmp_path / "m.jsonl", _rows(90))
+    constraint = sp.PaddedArea(budget=20.0, length=sample_duration)
+    make = lambda: mapped([path], 1.0).block_batch(constraint=constraint, seed=1)  # noqa: E731
+    loader = sp.build_loader(make(), num_workers=2, persistent_workers=True, seed=0,
+                             snapshot_every=1)
+    loader.set_epoch(1)
+    full, state = [], None
+    for step, batch in enumerate(loader):
+        full.append([s["key"] for s in batch])
+        if step == 2:
+            state = loader.state_dict()
+    again = sp.build_loader(make(), num_workers=2, persistent_workers=True, seed=0,
+                            snapshot_every=1)
+    again.load_state_dict(state)
+    assert [[s["key"] for s in b] for b in again] == full[3:]
+
+
+# ------------------------------------------------------------------------------ bad input
+
+
+def test_a_duplicate_key_in_a_file_names_both_lines(tmp_path):
+    rows = _rows(10)
+    rows[7]["key"] = rows[2]["key"]
+    path = _write(tmp_path / "m.jsonl", rows)
+    with pytest.raises(DataError, match=r"m\.jsonl:8: duplicate key 'utt00002', first on "
+                                        r"line 3"):
+        list(mapped([path]))
+    assert not os.path.exists(path + MAPPED_SUFFIX)
+
+
+def test_a_key_in_two_files_is_named(tmp_path):
+    a = _write(tmp_path / "a.jsonl", _rows(5))
+    b = _write(tmp_path / "b.jsonl", [{"key": "zz", "duration": 2.0}, _rows(5)[3]])
+    with pytest.raises(DataError, match=r"b\.jsonl:2 \(key 'utt00003'\): shuffle_samples: "
+                                        r"the same key twice"):
+        list(mapped([a, b]))
+
+
+def test_a_malformed_line_names_the_file_and_line(tmp_path):
+    path = tmp_path / "m.jsonl"
+    path.write_text('{"key": "a", "duration": 1}\n{"key": "b", "duration": \n')
+    with pytest.raises(DataError, match=r"m\.jsonl:2: invalid JSON at column"):
+        list(mapped([str(path)]))
+
+
+def test_invalid_utf8_names_the_line(tmp_path):
+    path = tmp_path / "m.jsonl"
+    path.write_bytes(b'{"key": "a", "duration": 1}\n{"key": "\xff", "duration": 1}\n')
+    with pytest.raises(DataError, match=r"m\.jsonl:2: not valid UTF-8"):
+        list(mapped([str(path)]))
+
+
+def test_a_truncated_gzip_manifest_is_named(tmp_path):
+    path = _write(tmp_path / "m.jsonl.gz", _rows(400))
+    with open(path, "rb") as f:
+        data = f.read()
+    with open(path, "wb") as f:
+        f.write(data[: len(data) // 2])
+    with pytest.raises(DataError, match=r"m\.jsonl\.gz: truncated or corrupt gzip stream "
+                                        r"after line \d+"):
+        list(mapped([path]))
+    assert not os.path.exists(path + MAPPED_SUFFIX)
+    assert not [n for n in os.listdir(tmp_path) if n.endswith(".tmp") or n.endswith(".txt")]
+
+
+def test_a_row_without_duration_under_the_filter_is_named_as_in_a_pass(tmp_path):
+    rows = _rows(6)
+    del rows[4]["duration"]
+    path = _write(tmp_path / "m.jsonl", rows)
+    with pytest.raises(DataError) as listed_error:
+        list(listed([path], 1.0))
+    with pytest.raises(DataError) as mapped_error:
+        list(mapped([path], 1.0))
+    assert str(mapped_error.value) == str(listed_error.value)
+    assert "m.jsonl:5 (key 'utt00004'): filter_by_duration: no duration" in str(
+        mapped_error.value)
+
+
+def test_a_bom_blank_lines_and_a_last_line_without_newline_are_read_as_the_parser_does(
+        tmp_path):
+    path = tmp_path / "m.jsonl"
+    path.write_bytes('\ufeff{"key": "a", "duration": 1}\n\n \t\n{"key": "b", "duration": 2}'
+                     .encode("utf-8"))
+    table = ManifestTable.open(str(path), lambda n, t: json.loads(t))
+    assert table.lines.tolist() == [1, 4]
+    assert sorted(mapped([str(path)]), key=lambda s: s["key"]) == list(read_manifest(str(path)))
+
+
+def test_tsv_and_skipping_readers_take_the_list_road(tmp_path):
+    tsv = tmp_path / "m.tsv"
+    tsv.write_text("key\tduration\na\t1.0\nb\t2.0\n")
+    assert sp.IterableWrapper([str(tsv)]).read_manifest_files().row_table() is None
+    js = _write(tmp_path / "m.jsonl", _rows(3))
+    skipping = sp.IterableWrapper([js]).read_manifest_files(on_error="skip")
+    assert skipping.row_table() is None
+    assert sorted(_keys(skipping.shuffle_samples(seed=0))) == [r["key"] for r in _rows(3)]
+
+
+# ------------------------------------------------------------------ memory at a million rows
+
+_MEMORY_PROBE = textwrap.dedent("""
+    import json, os, sys, tempfile
+    import speechpipe as sp
+    from speechpipe.pipes.manifests import write_manifest
+
+    def private():
+        with open("/proc/self/smaps_rollup") as f:
+            fields = dict(line.split(":", 1) for line in f if ":" in line)
+        return {k: int(fields[k].split()[0]) * 1024 for k in ("Anonymous", "Private_Dirty")}
+
+    def pipe(path):
+        return (sp.IterableWrapper([path]).read_manifest_files()
+                .filter_by_duration(1.0, 15.0, warn=False).shuffle_samples(seed=0))
+
+    tiny = os.path.join(tempfile.mkdtemp(), "tiny.jsonl")
+    write_manifest(tiny, [{"key": f"u{i}", "duration": 2.0} for i in range(50)])
+    list(pipe(tiny))  # the imports and code paths, warm: what the big pass costs comes after
+    before = private()
+    big = pipe(sys.argv[1])
+    it = iter(big)
+    first = [next(it)["key"] for _ in range(1000)]
+    after = private()
+    print(json.dumps({"anonymous": after["Anonymous"] - before["Anonymous"],
+                      "private": after["Private_Dirty"] - before["Private_Dirty"],
+                      "count": big.state_dict()["count"]}))
+""")
+
+
+@pytest.fixture(scope="session")
+def million_row_manifest(tmp_path_factory):
+    """A 1M-row manifest with WenetSpeech L's durations, written with numpy, and its table."""
+    from speechpipe.testing import sample_durations
+
+    n = 1_000_000
+    seconds = np.round(sample_durations("wenetspeech-l", n, seed=0), 3)
+    keys = np.char.add("Y", np.char.zfill(np.arange(n).astype(str), 10))
+    lines = np.char.add(np.char.add(np.char.add('{"key": "', keys), '", "duration": '),
+                        seconds.astype(str))
+    lines = np.char.add(lines, ', "text": "\u4eca\u5929\u5929\u6c14\u5f88\u597d"}\n')
+    path = tmp_path_factory.mktemp("million") / "wenet_l.jsonl"
+    path.write_bytes("".join(lines.tolist()).encode("utf-8"))
+    write_manifest_table(str(path))
+    return str(path), int(((seconds >= 1.0) & (seconds <= 15.0)).sum())
+
+
+def test_a_worker_holds_under_16_bytes_per_row_of_a_million_row_manifest(
+        million_row_manifest):
+    # issue 28: shuffle_samples read the whole manifest in every worker (1,391 B/row). Now a
+    # pass holds two int32 arrays (the rows kept by the filter, the permutation): 8 B/row of
+    # anonymous memory, the process's own. The table's and the manifest's pages are
+    # file-backed: the page cache holds them once for every process that maps them (while
+    # one process alone maps them they count as its Private_*, dirty even, for a file just
+    # written and not yet flushed, as here: so the bound is on Anonymous). Allowance: 4 MiB
+    # for what a pass allocates besides (1,000 parsed rows, numpy temporaries the allocator
+    # keeps).
+    path, kept = million_row_manifest
+    out = subprocess.run([sys.executable, "-c", _MEMORY_PROBE, path], capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["count"] == kept
+    assert got["anonymous"] < 16 * 1_000_000 + 4 * 2**20, got
