@@ -45,6 +45,7 @@ PAGES = sorted(p.relative_to(ROOT).as_posix() for p in DOCS.rglob("*.md")) + ["R
 RUN_ELSEWHERE = {
     "docs/preparation.md": "tests/test_docs_preparation.py",
     "docs/resume.md": "tests/test_fingerprint.py",
+    "docs/ddp.md": "tests/test_ddp_docs.py",
 }
 
 
