@@ -17,7 +17,7 @@ from .diagnostics import BufferStats, Diagnostics, SkippedInputWarning  # noqa: 
 from .epochs import set_epoch  # noqa: E402
 from .errors import (  # noqa: E402
     AudioFormatError, ChannelMismatchError, DataError, FolderLockedError, MissingDataError,
-    OutputError, ResumeError,
+    OutputError, ResumeError, redact,
     SampleRateError, SpeechpipeError, UnsafeInputError, UnsupportedCodecError,
 )
 from .index import ShardEntry, ShardIndex  # noqa: E402
@@ -74,8 +74,8 @@ __all__ = [
     "BatchStats",
     "BatchView",
     "BudgetWarning",
-    "Buffering",
     "BufferStats",
+    "Buffering",
     "Calibration",
     "ChannelMismatchError",
     "CharTokenizer",
@@ -157,6 +157,7 @@ __all__ = [
     "read_lhotse",
     "read_lhotse_shar",
     "recipes",
+    "redact",
     "select_keys",
     "set_epoch",
     "shard_assignment",

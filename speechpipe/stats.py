@@ -141,8 +141,8 @@ def _length_groups(manifests_or_shards: Any, frame_shift: float, sample_rate: in
         if isinstance(item, list):
             continue
         source = os.fspath(item)
-        if not (os.path.isdir(source) or is_folder_url(source)):
-            continue
+        if not (os.path.isdir(source) or is_folder_url(source)) or _manifests_in(source):
+            continue  # not a pack folder (a folder of manifests has no length groups)
         index = ShardIndex.read(source, remote=remote)
         scale = length_seconds(1.0, index.length_unit, frame_shift=frame_shift,
                                sample_rate=index.sample_rate or sample_rate)

@@ -83,7 +83,7 @@ def test_mapped_road_yields_what_the_list_road_yields(tmp_path, suffix):
 def test_the_shuffle_holds_no_row_and_parses_only_what_it_yields(tmp_path, monkeypatch):
     path = _write(tmp_path / "m.jsonl", _rows(500))
     write_manifest_table(path)
-    import speechpipe.pipes.manifests as manifests
+    import speechpipe.pipes.sources._manifests as manifests
 
     parsed = []
     real = manifests._parse_json_line
@@ -271,7 +271,7 @@ def test_tsv_and_skipping_readers_take_the_list_road(tmp_path):
 _MEMORY_PROBE = textwrap.dedent("""
     import json, os, sys, tempfile
     import speechpipe as sp
-    from speechpipe.pipes.manifests import write_manifest
+    from speechpipe.pipes.sources import write_manifest
 
     def private():
         with open("/proc/self/smaps_rollup") as f:

@@ -144,6 +144,7 @@ def test_a_stage_that_declares_holding_nothing_is_accepted():
 OUTSIDE_RESUME = {
     "list_shards": "lists paths: below a source",
     "parse_manifest": "parses a manifest file: below a source",
+    "read_manifest_files": "reads manifest files (or their mapped tables): below a source",
     "parse_scp": "parses a Kaldi table: below a source",
     "read_shards": "reads a shard stream: below a source (sharded_shuffle reads its own)",
     "parse_lhotse": "parses a lhotse manifest: below a source",

@@ -172,7 +172,7 @@ def _count_parses(monkeypatch) -> list[str]:
     real = index.ShardIndex._parse.__func__
     monkeypatch.setattr(index, "_READ", {})
     monkeypatch.setattr(index.ShardIndex, "_parse", classmethod(
-        lambda cls, path, remote: parsed.append(path) or real(cls, path, remote)))
+        lambda cls, path, remote, *rest: parsed.append(path) or real(cls, path, remote, *rest)))
     return parsed
 
 

@@ -251,8 +251,8 @@ PUBLIC = [
     "BatchStats",
     "BatchView",
     "BudgetWarning",
-    "Buffering",
     "BufferStats",
+    "Buffering",
     "Calibration",
     "ChannelMismatchError",
     "CharTokenizer",
@@ -334,6 +334,7 @@ PUBLIC = [
     "read_lhotse",
     "read_lhotse_shar",
     "recipes",
+    "redact",
     "select_keys",
     "set_epoch",
     "shard_assignment",
@@ -346,7 +347,7 @@ PUBLIC = [
 
 
 def test_one_import_reaches_the_public_names():
-    assert speechpipe.__all__ == PUBLIC
+    assert speechpipe.__all__ == PUBLIC == sorted(PUBLIC)
     for name in PUBLIC:
         assert getattr(speechpipe, name) is not None
     for corpus in speechpipe.recipes.RECIPES:  # sp.recipes.<corpus>, no import of its own

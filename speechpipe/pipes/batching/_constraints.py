@@ -95,7 +95,7 @@ class IndexLength(float):
     (48000.0, 3.0, 3.0)
     >>> PaddedArea(3000).measure(IndexLength(4.5, "seconds"))
     Traceback (most recent call last):
-    speechpipe.pipes.constraints.LengthUnitError: the shard index counts seconds but the...
+    speechpipe.pipes.batching._constraints.LengthUnitError: the shard index counts seconds but the...
     """
 
     __slots__ = ("unit", "sample_rate")

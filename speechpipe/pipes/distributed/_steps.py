@@ -104,7 +104,7 @@ class StepPlanner:
       the pipeline's samples: seconds for ``length="duration"`` (the audio road:
       ``durations_from_index``), the index's frames or samples for ``length=None``; a
       constraint that cannot measure the index's unit (``length=None`` on an index in
-      seconds) raises :class:`~speechpipe.pipes.constraints.LengthUnitError` instead of
+      seconds) raises :class:`~speechpipe.pipes.batching.LengthUnitError` instead of
       planning in another unit. **Exact** when (a) the stages between ``sharded_shuffle`` and
       the batching are 1:1 (e.g. ``decode``, ``map``; no ``filter``, no torch ``shuffle``),
       (b) the batching measures what the index holds (the index in samples of the audio, the
