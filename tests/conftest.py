@@ -21,6 +21,15 @@ SLOW_MODULES = {
     "test_threads", "test_transfer", "test_trust",
 }
 
+#: Single tests elsewhere that start processes or take seconds.
+SLOW_TESTS = {
+    "test_ctrl_c_in_pack_says_a_rerun_continues_without_a_worker_traceback",
+    "test_errors_raised_in_worker_processes_keep_file_line_and_key",
+    "test_perturb_speed_kernels_are_per_rate_and_factor",
+    "test_pipes_pickle_and_run_in_spawned_dataloader_workers",
+    "test_two_workers_write_the_same_bytes_as_one",
+}
+
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: left out of the quick lane (make quick)")
@@ -30,5 +39,5 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         module = getattr(item, "module", None)
         name = module.__name__.rsplit(".", 1)[-1] if module is not None else ""
-        if name in SLOW_MODULES:
+        if name in SLOW_MODULES or item.name.split("[")[0] in SLOW_TESTS:
             item.add_marker(pytest.mark.slow)
