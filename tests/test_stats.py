@@ -113,9 +113,8 @@ def test_histogram_counts_every_utterance():
     assert counts == [2, 0, 1, 1] and edges == [1.0, 2.0, 3.0, 4.0, 5.0]
 
 
-def test_the_histogram_png_has_titles_marks_a_log_axis_and_a_readable_font(tmp_path,
-                                                                         monkeypatch):
-    # Issue 18, case 9: three x labels, no axis titles, no marks, a linear y axis, a 3x5 font.
+def saved_figures(monkeypatch) -> list:
+    """The matplotlib figures saved from now on (to read what a PNG shows)."""
     import matplotlib.figure
 
     figures = []
@@ -126,6 +125,13 @@ def test_the_histogram_png_has_titles_marks_a_log_axis_and_a_readable_font(tmp_p
         return real(fig, *args, **kwargs)
 
     monkeypatch.setattr(matplotlib.figure.Figure, "savefig", keep)
+    return figures
+
+
+def test_the_histogram_png_has_titles_marks_a_log_axis_and_a_readable_font(tmp_path,
+                                                                         monkeypatch):
+    # Issue 18, case 9: three x labels, no axis titles, no marks, a linear y axis, a 3x5 font.
+    figures = saved_figures(monkeypatch)
     durations = sample_durations("ljspeech", 300).tolist()
     counts, edges = length_histogram(durations, bins=30)
     marks = {q: float(np.percentile(durations, q)) for q in PERCENTILES}
@@ -273,16 +279,7 @@ def test_the_png_axis_follows_the_data_and_says_the_budget_as_a_batch_size(tmp_p
                                                                           monkeypatch):
     # Issue 32.10: at the default budget (600 s) the durations were drawn on a 0-600 s axis,
     # every bar in the leftmost 5 %.
-    import matplotlib.figure
-
-    figures = []
-    real = matplotlib.figure.Figure.savefig
-
-    def keep(fig, *args, **kwargs):
-        figures.append(fig)
-        return real(fig, *args, **kwargs)
-
-    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", keep)
+    figures = saved_figures(monkeypatch)
     durations = sample_durations("ljspeech", 300).tolist()
     counts, edges = length_histogram(durations, bins=30)
     marks = {q: float(np.percentile(durations, q)) for q in PERCENTILES}
