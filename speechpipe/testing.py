@@ -33,8 +33,8 @@ import numpy as np
 
 __all__ = ["DURATION_PERCENTILES", "FaultProxy", "MUSAN_FIXTURE", "S3_TEST_CREDENTIALS",
            "USABLE_RANGE", "cut_and_resume", "demo_speech", "on_pcm_grid", "sample_durations",
-           "serve_directory", "serve_s3", "snr_db", "upload_folder", "write_musan",
-           "write_rirs_noises"]
+           "serve_directory", "serve_handler", "serve_s3", "snr_db", "upload_folder",
+           "write_musan", "write_rirs_noises"]
 
 #: Published percentile points ``(quantile, seconds)`` of utterance durations. Sources:
 #: icefall's ``display_manifest_statistics.py`` per recipe (train sets measured 3x speed
@@ -238,7 +238,14 @@ def serve_directory(directory: str) -> Iterator[str]:
     ...         r.read()
     b'hello'
     """
-    handler = functools.partial(_Handler, directory=str(directory))
+    with serve_handler(functools.partial(_Handler, directory=str(directory))) as url:
+        yield url
+
+
+@contextlib.contextmanager
+def serve_handler(handler: Callable[..., http.server.BaseHTTPRequestHandler]) -> Iterator[str]:
+    """Serve with ``handler`` (a request handler class) on 127.0.0.1 and yield the base URL;
+    the server is shut down and closed on exit."""
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     server.daemon_threads = True
     thread = threading.Thread(target=server.serve_forever, daemon=True)

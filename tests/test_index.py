@@ -116,9 +116,10 @@ def test_entry_outside_its_folder_is_refused_by_line(tmp_path, name):
 
 def test_pack_folder_cannot_make_a_reader_fetch_a_url(tmp_path):
     import http.server
-    import threading
 
     import speechpipe as sp
+    from speechpipe.testing import serve_handler
+
     seen = []
 
     class Handler(http.server.BaseHTTPRequestHandler):
@@ -129,19 +130,13 @@ def test_pack_folder_cannot_make_a_reader_fetch_a_url(tmp_path):
         def log_message(self, *args):
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        url = f"http://127.0.0.1:{server.server_address[1]}/secret.tar"
+    with serve_handler(Handler) as base:
+        url = f"{base}/secret.tar"
         (tmp_path / INDEX_NAME).write_text(f"{HEADER}\n{_entry_line(url)}\n")
         with pytest.raises(sp.UnsafeInputError, match="points outside"):
             list(sp.IterableWrapper([str(tmp_path)]).sharded_shuffle().read_shards())
         with pytest.raises(sp.UnsafeInputError, match="points outside"):
             list(sp.IterableWrapper([str(tmp_path)]).list_shards())
-    finally:
-        server.shutdown()
-        server.server_close()
     assert seen == []
 
 

@@ -18,7 +18,7 @@ import pytest
 
 import speechpipe as sp
 from speechpipe.loader import PipeDataset
-from speechpipe.testing import serve_directory
+from speechpipe.testing import serve_directory, serve_handler
 
 SECRET = "wJalrXUtnFEMIK7MDENGbPxRfiCYSECRET"
 PASSWORD = "hunter2-PASSWORD"
@@ -79,7 +79,6 @@ def test_open_errors_do_not_show_credentials(shards):
 def test_userinfo_becomes_basic_auth_and_the_shard_reads(shards):
     import base64
     import http.server
-    import threading
     root, names = shards
     seen = []
 
@@ -94,15 +93,9 @@ def test_userinfo_becomes_basic_auth_and_the_shard_reads(shards):
         def log_message(self, *args):
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        url = f"http://bob:{PASSWORD}@127.0.0.1:{server.server_address[1]}/{names[0]}"
+    with serve_handler(Handler) as base:
+        url = base.replace("http://", f"http://bob:{PASSWORD}@") + f"/{names[0]}"
         samples = list(sp.IterableWrapper([url]).sharded_shuffle(buffer_size=1))
-    finally:
-        server.shutdown()
-        server.server_close()
     assert len(samples) == 10
     assert seen == ["Basic " + base64.b64encode(f"bob:{PASSWORD}".encode()).decode()]
     for sample in samples:
@@ -225,7 +218,6 @@ def dripping_server():
     silent long enough for a socket timeout."""
     import http.server
     import threading
-    import time
     stop = threading.Event()
 
     class Handler(http.server.BaseHTTPRequestHandler):
@@ -245,16 +237,11 @@ def dripping_server():
         def log_message(self, *args):
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        stop.set()
-        server.shutdown()
-        server.server_close()
+    with serve_handler(Handler) as base:
+        try:
+            yield base
+        finally:
+            stop.set()  # the drip loops end before the server shuts down
 
 
 def test_a_dripping_http_server_is_timed_out(dripping_server):
@@ -309,7 +296,6 @@ def test_an_error_without_a_place_does_not_say_unknown_input():
 
 def test_a_dead_servers_503s_are_not_filed_under_corrupt_shard(shards):
     import http.server
-    import threading
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self):
@@ -318,17 +304,11 @@ def test_a_dead_servers_503s_are_not_filed_under_corrupt_shard(shards):
         def log_message(self, *args):
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        url = f"http://127.0.0.1:{server.server_address[1]}/data-00000.tar"
-        pipe = sp.IterableWrapper([url]).sharded_shuffle(buffer_size=1, on_error="skip")
+    with serve_handler(Handler) as base:
+        pipe = sp.IterableWrapper([f"{base}/data-00000.tar"]).sharded_shuffle(
+            buffer_size=1, on_error="skip")
         with pytest.warns(sp.SkippedInputWarning):
             assert list(pipe) == []
-    finally:
-        server.shutdown()
-        server.server_close()
     assert dict(pipe.diagnostics.counts) == {
         "unreachable shard: server errors or timeouts (rest of the shard skipped)": 1}
 

@@ -288,6 +288,15 @@ _REASONS = (
 )
 
 
+def check_manifest_options(format: str, key_column: str | None) -> None:
+    """The manifest readers' common arguments, checked: a ``ValueError`` or ``TypeError``
+    names the argument and its value."""
+    if format not in FORMATS:
+        raise ValueError(f"format must be one of {FORMATS}, got {format!r}")
+    if key_column is not None and (not isinstance(key_column, str) or not key_column):
+        raise TypeError(f"key_column must be a non-empty str or None, got {key_column!r}")
+
+
 def _reason(err: DataError) -> str:
     """The diagnostics category of a bad line."""
     return next((r for prefix, r in _REASONS if err.reason.startswith(prefix)), "bad line")
@@ -344,10 +353,7 @@ class ManifestParserIterDataPipe(IterDataPipe[Sample]):
         key_column: str | None = None,
         on_error: str = "raise",
     ) -> None:
-        if format not in FORMATS:
-            raise ValueError(f"format must be one of {FORMATS}, got {format!r}")
-        if key_column is not None and (not isinstance(key_column, str) or not key_column):
-            raise TypeError(f"key_column must be a non-empty str or None, got {key_column!r}")
+        check_manifest_options(format, key_column)
         self.source_datapipe = source_datapipe
         self.format = format
         self.key_column = key_column
@@ -504,10 +510,7 @@ class ManifestFileReaderIterDataPipe(IterDataPipe[Sample]):
 
     def __init__(self, source_datapipe: Iterable[str], format: str = "auto", *,
                  key_column: str | None = None, on_error: str = "raise") -> None:
-        if format not in FORMATS:
-            raise ValueError(f"format must be one of {FORMATS}, got {format!r}")
-        if key_column is not None and (not isinstance(key_column, str) or not key_column):
-            raise TypeError(f"key_column must be a non-empty str or None, got {key_column!r}")
+        check_manifest_options(format, key_column)
         self.source_datapipe = source_datapipe
         self.format = format
         self.key_column = key_column
