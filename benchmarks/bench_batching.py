@@ -92,8 +92,8 @@ def streaming(lengths, budget, epochs, seed, buffer_size, num_buckets=None):
         constraint = PaddedArea(budget=budget, length=lambda i: lengths[i])
         pipe = (IterableWrapper(order)
                 .bucket_by_length(buffer_size, num_buckets=num_buckets, seed=seed,
-                                  constraint=constraint)
-                .block_batch(constraint=constraint, seed=seed))
+                                  budget=constraint)
+                .block_batch(constraint, seed=seed))
         pipe.set_epoch(e)
         pipe.source_datapipe.set_epoch(e)
         out.append([list(b) for b in pipe])
@@ -104,7 +104,7 @@ def global_sort(lengths, budget, epochs, seed):
     from speechpipe.pipes.batching import BatchView
 
     keys = {str(i): float(n) for i, n in enumerate(lengths)}
-    view = BatchView(keys, constraint=PaddedArea(budget=budget), seed=seed)
+    view = BatchView(keys, budget=PaddedArea(budget=budget), seed=seed)
     return [[[int(k) for k in batch] for batch in view.batches(e)] for e in range(epochs)]
 
 

@@ -163,8 +163,8 @@ def speechpipe_pipe(shards, workload, budget_s, bucket_buffer, batch_in_worker=T
 
 def batch_stream(pipe, budget_s, bucket_buffer):
     c = _constraint(budget_s)
-    return (pipe.bucket_by_length(bucket_buffer, num_buckets=NUM_BUCKETS, constraint=c, seed=0)
-            .block_batch(constraint=c, seed=0).collate(collate_fn=PadCollate()))
+    return (pipe.bucket_by_length(bucket_buffer, num_buckets=NUM_BUCKETS, budget=c, seed=0)
+            .block_batch(c, seed=0).collate(collate_fn=PadCollate()))
 
 
 def _wds_features(s):
@@ -371,10 +371,10 @@ def stage_overhead(n: int, repeats: int = 3) -> list[tuple[str, float]]:
         return IterableWrapper(s, deepcopy=False)
 
     def bucket(s):
-        return src(s).bucket_by_length(1000, num_buckets=NUM_BUCKETS, constraint=c, seed=0)
+        return src(s).bucket_by_length(1000, num_buckets=NUM_BUCKETS, budget=c, seed=0)
 
     def block(s):
-        return bucket(s).block_batch(constraint=c, seed=0)
+        return bucket(s).block_batch(c, seed=0)
 
     t_src = timed(lambda: src(samples1))
     t_map = timed(lambda: src(samples1).map(_identity))

@@ -73,11 +73,11 @@ def speechpipe_loader(shards, workers: int, window: int, mmap: bool, report: str
     pipe = IterableWrapper(shards).sharded_shuffle(buffer_size=SHUFFLE, seed=0,
                                                    read_options=options).decode()
     if fixed:
-        pipe = pipe.block_batch(constraint=SampleCount(fixed), shuffle_window=1).collate(
+        pipe = pipe.block_batch(SampleCount(fixed), shuffle_window=1).collate(
             collate_fn=PadCollate())
     else:
-        pipe = (pipe.bucket_by_length(1000, num_buckets=NUM_BUCKETS, constraint=c, seed=0)
-                .block_batch(constraint=c, seed=0, shuffle_window=window)
+        pipe = (pipe.bucket_by_length(1000, num_buckets=NUM_BUCKETS, budget=c, seed=0)
+                .block_batch(c, seed=0, shuffle_window=window)
                 .collate(collate_fn=PadCollate()))
     return _Reporting(build_loader(pipe, num_workers=workers, seed=0), report)
 

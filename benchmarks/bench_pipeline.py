@@ -105,6 +105,7 @@ from speechpipe.pipes.shards import ShardWriter
 from speechpipe.testing import sample_durations
 
 from .bench_shards import evict, warm
+from speechpipe import PaddedArea
 
 #: build_loader's own default, read from its signature so that the benchmark follows it.
 DEFAULT_SNAPSHOT_EVERY = inspect.signature(build_loader).parameters["snapshot_every"].default
@@ -145,7 +146,7 @@ class Setup:
         return int(self.budget_seconds * FPS)
 
 
-TINY = Setup(shuffle=10, bucket=20, buckets=4, budget_seconds=60.0, shard_size=10)
+TINY = Setup(shuffle=10, bucket=20, buckets=4, budget=60.0, shard_size=10)
 
 
 # --------------------------------------------------------------------------------------------
@@ -326,7 +327,7 @@ def speechpipe_pipe(kind: str, data: dict, setup: Setup, *, batches: bool = True
         pipe = pipe.map(functools.partial(with_num_frames, lengths))
         work, collate = _PER_BATCH[features]
         pipe = (pipe.bucket_by_length(setup.bucket, boundaries=_boundaries(data, setup), seed=0)
-                .block_batch(batch_len=setup.budget_frames, seed=0))
+                .block_batch(PaddedArea(setup.budget_frames), seed=0))
         pipe = pipe if work is None else pipe.map(work)
         return pipe if collate is None else pipe.collate(collate_fn=collate)
     pipe = pipe.decode()
@@ -339,7 +340,7 @@ def speechpipe_pipe(kind: str, data: dict, setup: Setup, *, batches: bool = True
 
 def batch_in_speechpipe(samples, data: dict, setup: Setup):
     return (samples.bucket_by_length(setup.bucket, boundaries=_boundaries(data, setup), seed=0)
-            .block_batch(batch_len=setup.budget_frames, seed=0)
+            .block_batch(PaddedArea(setup.budget_frames), seed=0)
             .collate(collate_fn=PadCollate()))
 
 
@@ -857,9 +858,9 @@ def stage_overheads(n: int, repeats: int) -> list[tuple[str, float]]:
         ("bucket_by_length(2000, 30 buckets)", lambda: drain(base()),
          lambda: drain(bucketed())),
         ("block_batch (after bucket)", lambda: drain(bucketed()),
-         lambda: drain(bucketed().block_batch(batch_len=20000))),
+         lambda: drain(bucketed().block_batch(PaddedArea(20000)))),
         ("block_batch (plain stream)", lambda: drain(base()),
-         lambda: drain(base().block_batch(batch_len=20000))),
+         lambda: drain(base().block_batch(PaddedArea(20000)))),
         ("torch map(identity) (reference)", lambda: drain(base()),
          lambda: drain(base().map(_identity))),
         ("PipeDataset (epoch, state)", lambda: drain(base()),

@@ -72,8 +72,8 @@ imported = smaps()
 t0 = time.perf_counter()
 c = sp.PaddedArea(budget=200.0, length=sample_duration)
 pipe = (manifest_samples([spec["path"]]).filter_by_duration(1.0, 15.0, warn=False)
-        .shuffle_samples(seed=0).bucket_by_length(2000, constraint=c, seed=0)
-        .block_batch(constraint=c, seed=0))
+        .shuffle_samples(seed=0).bucket_by_length(2000, budget=c, seed=0)
+        .block_batch(c, seed=0))
 loader = sp.build_loader(pipe, num_workers=spec["workers"], seed=0, snapshot_every=1)
 out = {}
 if spec.get("resume"):

@@ -37,7 +37,7 @@ import speechpipe as sp
 
 def run(manifests, workers: int, step_seconds: float, passes: int, budget: float):
     recipe = sp.get_recipe("librispeech")
-    pipe = recipe.librispeech_train(manifests, parts=["dev-clean"], budget_seconds=budget)
+    pipe = recipe.librispeech_train(manifests, parts=["dev-clean"], budget=budget)
     loader = sp.build_loader(pipe, num_workers=workers, seed=0, telemetry=True)
     for _ in range(passes):
         for _batch in loader:
@@ -72,7 +72,7 @@ def contest(utterances: int, step_seconds: float, rounds: int, tiny: bool) -> li
     the same step: waiting share per system and worker count."""
     from benchmarks import bench_pipeline as bp
 
-    setup = bp.TINY if tiny else bp.Setup(budget_seconds=60.0, shuffle=200, bucket=400,
+    setup = bp.TINY if tiny else bp.Setup(budget=60.0, shuffle=200, bucket=400,
                                           buckets=8)
     data = bp.make_audio(tempfile.mkdtemp(prefix="bench-train-audio-"), utterances, setup)
     systems = ("speechpipe", "webdataset", "lhotse")

@@ -23,7 +23,7 @@ from .errors import (  # noqa: E402
 from .index import ShardEntry, ShardIndex  # noqa: E402
 from .loader import Loader, PipeDataset, build_loader  # noqa: E402
 from .pack import (  # noqa: E402
-    PackOptions, PackReport, merge_pack, pack_data, pack_task, plan_pack,
+    PackReport, merge_pack, pack_data, pack_task, plan_pack,
 )
 from .pipes._core import Buffering, IterableWrapper, SequenceWrapper
 from .pipes._core import ResumeWarning
@@ -32,7 +32,7 @@ from .pipes.order import UnevenSplitWarning
 from .pipes.audio import CmvnStats, compute_cmvn_stats
 from .pipes.decode import encode_audio
 from .pipes.collate import DecodeCollate, PadCollate  # noqa: E402
-from .pipes.concurrency import start, to_device  # noqa: E402
+from .pipes.concurrency import start  # noqa: E402
 from .pipes.batching import (
     BatchConstraint, BatchStats, BudgetWarning, IndexLength, LengthUnitError, PaddedArea,
     Quadratic, SampleCount, SumOfLengths, TwoDimensional,
@@ -99,7 +99,6 @@ __all__ = [
     "MfccOptions",
     "MissingDataError",
     "OutputError",
-    "PackOptions",
     "PackReport",
     "PadCollate",
     "PaddedArea",
@@ -162,7 +161,6 @@ __all__ = [
     "set_epoch",
     "shard_assignment",
     "start",
-    "to_device",
     "train_pipeline",
     "write_lhotse",
     "write_manifest_table",

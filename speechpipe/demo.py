@@ -3,8 +3,8 @@
 ``speechpipe demo`` (and ``make demo``) runs :func:`run_demo` on the small synthesized
 corpus shipped in ``speechpipe/demo_data/LibriSpeech`` (LibriSpeech's layout) and prints a
 summary: utterances, batches, hours of audio, throughput and padding efficiency. Batches are
-length-aware by default (a budget of padded seconds per batch); ``batch_size`` gives fixed-size
-batches instead, for comparison.
+length-aware by default (a budget of padded seconds per batch); ``budget=SampleCount(n)`` gives
+fixed-size batches instead, for comparison.
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from dataclasses import dataclass
 
 import torch
 
-from .pipes.batching import PaddedArea
+from .pipes.batching import batch_budget, BatchConstraint, SampleCount
 from .pipes.collate import PadCollate
 from .recipes.librispeech import librispeech_samples
-from .sample import AUDIO, len_key, sample_duration
+from .sample import AUDIO, len_key
 
 __all__ = ["DEMO_CORPUS", "DemoSummary", "build_demo_pipe", "run_demo"]
 
@@ -29,8 +29,7 @@ def build_demo_pipe(
     corpus_dir: str = DEMO_CORPUS,
     *,
     part: str = "dev-clean",
-    budget_seconds: float = 30.0,
-    batch_size: int | None = None,
+    budget: float | BatchConstraint = 30.0,
     seed: int = 0,
     shard: bool = False,
 ):
@@ -41,23 +40,22 @@ def build_demo_pipe(
         librispeech_samples    -> {key, text, speaker, audio (T,), sample_rate, audio_path}
         shuffle(seeded)        -> the same samples, in a seeded random order
         bucket_by_length(64)   -> groups of samples sorted by duration
-        block_batch(budget)    -> lists of samples, n × longest duration <= budget_seconds
-          (or batch(batch_size) -> lists of batch_size samples, when batch_size is given)
+        block_batch(budget)    -> lists of samples, n × longest duration <= budget seconds
+          (with budget=SampleCount(n), no buckets: lists of n samples)
         collate(PadCollate)    -> {audio (B, T_max) float32, audio_len (B,) int64, key [..],
                                    text [..], speaker [..], sample_rate (B,), audio_path [..]}
 
-    >>> batch = next(iter(build_demo_pipe(batch_size=4)))
+    >>> from speechpipe import SampleCount
+    >>> batch = next(iter(build_demo_pipe(budget=SampleCount(4))))
     >>> batch["audio"].shape[0], batch["audio_len"].dtype, len(batch["text"])
     (4, torch.int64, 4)
     """
     pipe = librispeech_samples(corpus_dir, part, shard=shard)
     pipe = pipe.shuffle(buffer_size=10_000).set_seed(seed)
-    if batch_size is not None:
-        pipe = pipe.batch(batch_size)
-    else:
-        budget = PaddedArea(budget=budget_seconds, length=sample_duration)
-        pipe = pipe.bucket_by_length(64, constraint=budget, seed=seed)
-        pipe = pipe.block_batch(constraint=budget, seed=seed)
+    budget = batch_budget(budget, required=True)
+    if not isinstance(budget, SampleCount):
+        pipe = pipe.bucket_by_length(64, budget=budget, seed=seed)
+    pipe = pipe.block_batch(budget, seed=seed)
     return pipe.collate(collate_fn=PadCollate())
 
 
@@ -94,8 +92,7 @@ def run_demo(
     corpus_dir: str = DEMO_CORPUS,
     *,
     part: str = "dev-clean",
-    budget_seconds: float = 30.0,
-    batch_size: int | None = None,
+    budget: float | BatchConstraint = 30.0,
     seed: int = 0,
     workers: int = 0,
     progress: bool = True,
@@ -105,16 +102,15 @@ def run_demo(
     Args:
         corpus_dir: a ``LibriSpeech`` folder.
         part: which part to read.
-        budget_seconds: padded seconds per batch (batch size × longest utterance).
-        batch_size: fixed utterances per batch instead of the budget.
+        budget: padded seconds per batch (batch size × longest utterance), or
+            ``SampleCount(n)``: ``n`` utterances per batch, without buckets.
         seed: shuffle seed (the same seed gives the same batches).
         workers: DataLoader worker processes (0 runs in this process).
         progress: show progress (a tqdm bar on a terminal, else a line every 30 s).
     """
     from .progress import progress_bar
 
-    pipe = build_demo_pipe(corpus_dir, part=part, budget_seconds=budget_seconds,
-                           batch_size=batch_size, seed=seed, shard=workers > 0)
+    pipe = build_demo_pipe(corpus_dir, part=part, budget=budget, seed=seed, shard=workers > 0)
     if workers > 0:
         loader = torch.utils.data.DataLoader(pipe, batch_size=None, num_workers=workers)
     else:

@@ -26,7 +26,7 @@ def set_epoch(pipe, epoch: int, *, seed: int | None = None):
 
     >>> import speechpipe
     >>> from speechpipe import IterableWrapper
-    >>> pipe = IterableWrapper(range(8)).shuffle().block_batch(batch_len=100, max_samples=4)
+    >>> pipe = IterableWrapper(range(8)).shuffle().block_batch(100, max_samples=4)
     >>> runs = [list(set_epoch(pipe, e, seed=1)) for e in (0, 0, 1)]
     >>> runs[0] == runs[1], runs[0] != runs[2]
     (True, True)

@@ -446,7 +446,7 @@ def index_folders(folder: str | os.PathLike) -> list[str]:
         raise DataError(
             f"this folder holds shards with an index and {len(subfolders)} group folder(s) "
             f"with their own ({', '.join(os.path.basename(s) for s in subfolders[:5])}): two "
-            "packs are mixed here; pack again with --force (PackOptions(force=True))",
+            "packs are mixed here; pack again with --force (pack_data(..., force=True))",
             source=folder)
     if here:
         return [folder]

@@ -194,7 +194,7 @@ class PipeDataset(CarriesRank, torch.utils.data.IterableDataset):
 
     >>> import speechpipe
     >>> from speechpipe import IterableWrapper
-    >>> ds = PipeDataset(IterableWrapper([3, 1, 2]).block_batch(batch_len=4, seed=0))
+    >>> ds = PipeDataset(IterableWrapper([3, 1, 2]).block_batch(4, seed=0))
     >>> list(ds)
     [[3], [1, 2]]
     >>> ds.state_dict()["finished"]
@@ -724,7 +724,7 @@ def build_loader(
     >>> from speechpipe.pipes.batching import BatchView
     >>> data = {f"u{i}": {"key": f"u{i}", "feats": np.ones((i + 1, 2), np.float32)}
     ...         for i in range(5)}
-    >>> view = BatchView({k: len(s["feats"]) for k, s in data.items()}, batch_len=6, seed=0)
+    >>> view = BatchView({k: len(s["feats"]) for k, s in data.items()}, budget=6, seed=0)
     >>> pipe = SequenceWrapper(data).batch_by_view(view).collate(collate_fn=PadCollate())
     >>> loader = build_loader(pipe, seed=0)
     >>> [tuple(b["feats"].shape) for b in loader]

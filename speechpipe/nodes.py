@@ -46,7 +46,7 @@ class PipelineNode(BaseNode):
     >>> from torchdata.nodes import Loader
     >>> rows = [{"key": f"u{i}", "num_frames": 100} for i in range(6)]
     >>> pipe = sp.IterableWrapper(rows).shuffle_samples(seed=0).block_batch(
-    ...     constraint=sp.SampleCount(2))
+    ...     budget=sp.SampleCount(2))
     >>> loader = Loader(PipelineNode(pipe))
     >>> it = iter(loader); first = next(it); state = loader.state_dict()
     >>> rest = [[s["key"] for s in b] for b in it]

@@ -11,7 +11,7 @@ durations from what a pipeline would read -- manifests (``.jsonl``/``.tsv``, opt
   than ``min_seconds`` or longer than ``max_seconds`` (by default the batch budget: such an
   utterance makes a batch of its own), mean and standard deviation;
 - duration percentiles (min, 5, 25, 50, 75, 95, 99 %, max);
-- the **padding efficiency** (real ÷ padded seconds) of budget batches at ``budget_seconds``
+- the **padding efficiency** (real ÷ padded seconds) of budget batches at ``budget`` seconds
   padded seconds per batch, simulated on the durations alone with speechpipe's own batching
   functions, as the training pipelines batch: a seeded shuffle, length-sorted buffers of
   ``buffer_size`` utterances (:func:`~speechpipe.pipes.batching._buckets.bucket_groups`), greedy packing
@@ -310,7 +310,7 @@ def _sample_durations(samples: Iterable[Mapping], frame_shift: float,
 
 
 def padding_efficiency(
-    durations: Sequence[float], budget_seconds: float, *, buffer_size: int = 2000,
+    durations: Sequence[float], budget: float, *, buffer_size: int = 2000,
     seed: int = 0,
 ) -> BatchStats:
     """Simulate budget batching on durations; return the :class:`BatchStats` of the pass.
@@ -318,22 +318,23 @@ def padding_efficiency(
     As the training pipelines batch: the durations in a seeded random order, held in a
     buffer of ``buffer_size`` and emitted as length-sorted groups
     (:func:`~speechpipe.pipes.batching._buckets.bucket_groups`, one bucket), each group packed greedily
-    while ``n × longest <= budget_seconds`` (:func:`~speechpipe.pipes.batching._buckets.pack_batches`,
+    while ``n × longest <= budget`` seconds
+    (:func:`~speechpipe.pipes.batching._buckets.pack_batches`,
     an utterance longer than the budget makes a batch of its own). ``.efficiency`` is real ÷
     padded seconds.
 
-    >>> stats = padding_efficiency([1.0, 2.0, 2.0, 4.0], budget_seconds=4.0)
+    >>> stats = padding_efficiency([1.0, 2.0, 2.0, 4.0], budget=4.0)
     >>> stats.batches, round(stats.efficiency, 4)
     (3, 0.9)
     """
-    if not budget_seconds > 0:
-        raise ValueError(f"budget_seconds must be > 0, got {budget_seconds!r}")
+    if not budget > 0:
+        raise ValueError(f"budget must be seconds > 0, got {budget!r}")
     if not isinstance(buffer_size, int) or buffer_size < 1:
         raise ValueError(f"buffer_size must be an int >= 1, got {buffer_size!r}")
     rng = derive_rng(seed, 0, 0, 0, "stats")
     order = list(durations)
     rng.shuffle(order)
-    constraint = PaddedArea(budget=float(budget_seconds))
+    constraint = PaddedArea(budget=float(budget))
     stats = BatchStats("stats")
     for group in bucket_groups(iter(order), buffer_size=buffer_size, boundaries=None,
                                measure=float, rng=rng):
@@ -460,7 +461,7 @@ class CorpusStats:
 # long: the docstring documents every argument; the body is ~30 lines
 def corpus_stats(
     manifests_or_shards: Any,
-    budget_seconds: float | None = None,
+    budget: float | None = None,
     *,
     png: str | os.PathLike | None = None,
     bins: int = 40,
@@ -478,7 +479,7 @@ def corpus_stats(
     Args:
         manifests_or_shards: manifests (or a folder of them, as prepare writes), shard
             folders / paths / patterns, sample lists.
-        budget_seconds: padded seconds per batch for the padding efficiency (``None``: skip).
+        budget: padded seconds per batch for the padding efficiency (``None``: skip).
         png: write the length histogram there (needs matplotlib; without it the report says
             so and shows the text histogram only).
         bins: histogram bins.
@@ -492,7 +493,7 @@ def corpus_stats(
             (:class:`~speechpipe.remote.RemoteOptions`, e.g. ``storage_options``).
 
     >>> s = corpus_stats([{"key": str(i), "duration": d} for i, d in enumerate([1, 2, 2, 4])],
-    ...                  budget_seconds=4.0)
+    ...                  budget=4.0)
     >>> s.utterances, s.seconds, s.percentiles[50], round(s.padding_efficiency, 4)
     (4, 9.0, 2.0, 0.9)
     """
@@ -508,21 +509,21 @@ def corpus_stats(
     stats.problems = shard_problems(manifests_or_shards, remote=remote)
     stats.groups = _length_groups(manifests_or_shards, frame_shift, sample_rate, remote)
     _describe(stats, values, facts, min_seconds,
-              budget_seconds if max_seconds is None else max_seconds)
+              budget if max_seconds is None else max_seconds)
     if not stats.sample_rates:  # shards: the counts pack recorded in their index
         stats.sample_rates = read_sample_rates(manifests_or_shards, remote=remote)
     stats.log_y = bool(log_y)
-    if budget_seconds is not None:
-        batched = padding_efficiency(durations, budget_seconds, buffer_size=buffer_size,
+    if budget is not None:
+        batched = padding_efficiency(durations, budget, buffer_size=buffer_size,
                                      seed=seed)
-        stats.budget_seconds = float(budget_seconds)
+        stats.budget_seconds = float(budget)
         stats.padding_efficiency = batched.efficiency
         stats.batches = batched.batches
         stats.buffer_size = buffer_size
     if png is not None:
         try:
             stats.png = write_histogram_png(png, counts, edges, log_y=log_y,
-                                            percentiles=percentiles, budget=budget_seconds)
+                                            percentiles=percentiles, budget=budget)
         except ImportError as exc:
             stats.note = f"histogram           no PNG: {exc}"
     return stats

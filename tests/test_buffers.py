@@ -27,6 +27,7 @@ from speechpipe.pipes.collate import PadCollate
 from speechpipe.pipes.order import shuffle_window
 from speechpipe.pipes.shards import ShardWriter
 from speechpipe.pipes.shards import ShardReadOptions
+from speechpipe import PaddedArea
 
 DIM = 8
 SEED = 3
@@ -82,7 +83,7 @@ def test_bucket_buffers_peak_is_the_largest_full_bucket(shards):
 
 def test_block_batch_window_peak_is_the_held_batches_bytes(shards):
     def batches(window):
-        return decoded(shards).block_batch(batch_len=120, shuffle_window=window, seed=SEED)
+        return decoded(shards).block_batch(PaddedArea(120), shuffle_window=window, seed=SEED)
 
     packed = [tuple(s["key"] for s in b) for b in batches(1)]  # packing order, no window
     sizes = {s["key"]: array_bytes(s) for s in decoded(shards)}
@@ -124,7 +125,7 @@ def test_shard_buffer_counts_the_undecoded_bytes_it_holds(shards, big_shards, wh
 
 def _bucketed_window(shards):
     return (decoded(shards).bucket_by_length(buffer_size=12, seed=SEED)
-            .block_batch(batch_len=120, shuffle_window=5, seed=SEED))
+            .block_batch(PaddedArea(120), shuffle_window=5, seed=SEED))
 
 
 def _resumed_after_four_batches(shards) -> tuple[dict, PipeDataset]:
@@ -154,7 +155,7 @@ def test_a_resumed_window_is_counted_and_leaves_nothing_behind(shards):
 
 def test_pipeline_report_has_a_buffers_line_per_stage(shards):
     pipe = (IterableWrapper(shards).sharded_shuffle(buffer_size=9, seed=SEED).decode()
-            .bucket_by_length(buffer_size=12, seed=SEED).block_batch(batch_len=120, seed=SEED))
+            .bucket_by_length(buffer_size=12, seed=SEED).block_batch(PaddedArea(120), seed=SEED))
     list(pipe)
     report = speechpipe.pipeline_report(pipe)
     for stage in ("sharded_shuffle", "bucket_by_length", "block_batch"):
@@ -164,7 +165,7 @@ def test_pipeline_report_has_a_buffers_line_per_stage(shards):
 
 def test_with_two_workers_each_workers_buffers_reach_the_main_process(shards):
     pipe = (IterableWrapper(shards).sharded_shuffle(buffer_size=9, seed=SEED).decode()
-            .bucket_by_length(buffer_size=12, seed=SEED).block_batch(batch_len=120, seed=SEED)
+            .bucket_by_length(buffer_size=12, seed=SEED).block_batch(PaddedArea(120), seed=SEED)
             .collate(collate_fn=PadCollate()))
     loader = build_loader(pipe, num_workers=2, seed=SEED)
     assert sum(len(b["key"]) for b in loader) == 80
@@ -331,12 +332,12 @@ class Watched:
 @pytest.mark.parametrize("build", [
     lambda src: LengthBucketer(src, buffer_size=30, boundaries=[10, 20, 30]),
     lambda src: LengthBucketer(src, buffer_size=30, num_buckets=3),
-    lambda src: BlockBatcher(src, batch_len=60, shuffle_window=1),
-    lambda src: BlockBatcher(src, batch_len=60, shuffle_window=5, seed=SEED),
+    lambda src: BlockBatcher(src, budget=PaddedArea(60), shuffle_window=1),
+    lambda src: BlockBatcher(src, budget=PaddedArea(60), shuffle_window=5, seed=SEED),
     lambda src: BlockBatcher(LengthBucketer(src, buffer_size=30, boundaries=[10, 20, 30]),
-                             batch_len=60, shuffle_window=1),
+                             budget=PaddedArea(60), shuffle_window=1),
     lambda src: BlockBatcher(LengthBucketer(src, buffer_size=30, num_buckets=3),
-                             batch_len=60, shuffle_window=5, seed=SEED),
+                             budget=PaddedArea(60), shuffle_window=5, seed=SEED),
 ], ids=["bucket", "bucket-estimated", "block", "block-window", "bucket-block",
         "bucket-estimated-block-window"])
 def test_samples_handed_over_are_not_kept_by_the_stages(build):

@@ -66,8 +66,8 @@ def test_the_fitted_quadratic_recovers_the_model_and_batches_within_the_limit(le
     assert budget.q == pytest.approx(LINEAR / SQUARE, rel=0.05)
     assert budget.budget == pytest.approx((LIMIT - BASE) / LINEAR, rel=0.05)
     frames = [f for f, _ in lengths]
-    pipe = sp.IterableWrapper(frames).bucket_by_length(1000, constraint=budget, seed=0)
-    batches = list(pipe.block_batch(constraint=budget, seed=0))
+    pipe = sp.IterableWrapper(frames).bucket_by_length(1000, budget=budget, seed=0)
+    batches = list(pipe.block_batch(budget, seed=0))
     assert sorted(f for b in batches for f in b) == sorted(frames)
     for batch in batches:  # every batch fits the memory the model says it takes
         model.step(len(batch), max(batch), 0)

@@ -28,6 +28,7 @@ from speechpipe.pipes.audio import spec_augment
 from speechpipe.pipes.audio import CmvnStats, compute_cmvn_stats, normalize_features
 from speechpipe.pipes.collate import PadCollate
 from speechpipe.pipes.audio import AUGMENT, convolve_rir, snr_db
+from speechpipe import PaddedArea
 
 RATE = 16000
 #: The SNR achieved equals the SNR drawn to this many dB (float32 rounding of the mixture).
@@ -320,7 +321,7 @@ def test_a_multichannel_augmented_pass_resumes_exactly():
     def make():
         pipe = IterableWrapper(clean).shuffle_samples(seed=1).reverberate(rirs, p=0.7, seed=2)
         pipe = pipe.add_noise(noise, snr_db=(0.0, 10.0), babble=2, pool_size=3, seed=3)
-        pipe = pipe.block_batch(batch_len=20000, shuffle_window=2, seed=5)
+        pipe = pipe.block_batch(PaddedArea(20000), shuffle_window=2, seed=5)
         return PipeDataset(pipe.collate(collate_fn=PadCollate()))
 
     def summary(batch):

@@ -266,7 +266,7 @@ def test_a_pipeline_with_channel_stages_resumes_exactly(tmp_path, stereo):
 
     def make():
         return (IterableWrapper(rows).shuffle_samples(seed=3).load_audio().select_channel(1)
-                .downmix().block_batch(batch_len=8000, seed=0))
+                .downmix().block_batch(sp.PaddedArea(8000), seed=0))
 
     def keys(batch):
         assert all(s["audio"].ndim == 1 for s in batch)

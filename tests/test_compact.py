@@ -170,7 +170,7 @@ def test_a_state_resumes_at_the_next_sample_and_held_samples_are_found_by_key(tm
 def test_a_manifest_road_loader_resumes_exactly_with_workers(tmp_path):
     path = _write(tmp_path / "m.jsonl", _rows(90))
     constraint = sp.PaddedArea(budget=20.0, length=sample_duration)
-    make = lambda: mapped([path], 1.0).block_batch(constraint=constraint, seed=1)  # noqa: E731
+    make = lambda: mapped([path], 1.0).block_batch(constraint, seed=1)  # noqa: E731
     loader = sp.build_loader(make(), num_workers=2, persistent_workers=True, seed=0,
                              snapshot_every=1)
     loader.set_epoch(1)

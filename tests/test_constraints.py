@@ -1,4 +1,4 @@
-"""The cost models that size a batch, and the one way to say which (batch_constraint).
+"""The cost models that size a batch, and the one way to say which (batch_budget).
 
 Invariant: each shorthand gives the same batches as the constraint it names
 (batch_len=B is PaddedArea(budget=B), batch_size=N is SampleCount(N)), in every stage that
@@ -14,9 +14,10 @@ import speechpipe  # noqa: F401
 from speechpipe.pipes._core import IterableWrapper
 from speechpipe.pipes.batching import pack_batches
 from speechpipe.pipes.batching import (
-    batch_constraint, PaddedArea, Quadratic, SampleCount, SumOfLengths, TwoDimensional,
+    batch_budget, PaddedArea, Quadratic, SampleCount, SumOfLengths, TwoDimensional,
 )
-from speechpipe.pipes.batching import BatchView, form_batches
+from speechpipe.pipes.batching import BatchView
+from speechpipe.sample import sample_duration
 
 # --- cost models ------------------------------------------------------------------------
 
@@ -65,61 +66,81 @@ def test_sample_count_fills_batches_whatever_the_lengths():
         SampleCount(0)
 
 
-# --- batch_constraint: one way to size a batch ------------------------------------------
+# --- batch_budget: one way to size a batch ----------------------------------------------
 
-def test_shorthands_name_constraints():
-    assert batch_constraint(batch_len=100) == PaddedArea(budget=100)
-    assert batch_constraint(batch_len=100, max_samples=4) == PaddedArea(budget=100, max_samples=4)
-    assert batch_constraint(batch_size=8) == SampleCount(8)
-    assert batch_constraint(SumOfLengths(budget=5)) == SumOfLengths(budget=5)
-    assert batch_constraint() is None
+def test_a_number_is_seconds_and_a_constraint_is_itself():
+    seconds = batch_budget(100)
+    assert seconds == PaddedArea(budget=100, length=sample_duration)
+    assert batch_budget(100, max_samples=4) == PaddedArea(100, max_samples=4,
+                                                          length=sample_duration)
+    assert batch_budget(100, length=None) == PaddedArea(budget=100)  # a view's own unit
+    assert batch_budget(SampleCount(8)) == SampleCount(8)
+    assert batch_budget(SumOfLengths(budget=5)) == SumOfLengths(budget=5)
+    assert batch_budget(None) is None
 
 
-@pytest.mark.parametrize("kwargs, error, message", [
-    (dict(constraint=PaddedArea(5), batch_len=5), ValueError,
-     "give batch_len or constraint, not both"),
-    (dict(constraint=PaddedArea(5), batch_len=5, required=True), ValueError,
-     "give exactly one of batch_len and constraint"),
-    (dict(required=True), ValueError, "give exactly one of batch_len and constraint"),
-    (dict(batch_len=5, batch_size=2), ValueError,
-     r"give batch_size \(piece batches\) or batch_len/constraint \(block batches\), not both"),
-    (dict(constraint=PaddedArea(5), max_samples=3), ValueError, "max_samples goes with batch_len"),
-    (dict(batch_size=2, max_samples=3), ValueError, "max_samples goes with batch_len"),
-    (dict(batch_len="5"), TypeError, "batch_len must be a number, got '5'"),
-    (dict(batch_len=0), ValueError, "budget must be > 0, got 0"),
-    (dict(batch_size=2.0), TypeError, "batch_size must be an int, got 2.0"),
-    (dict(batch_size=0), ValueError, "batch_size must be >= 1, got 0"),
-    (dict(constraint=10), TypeError, "constraint must be a BatchConstraint, got 10"),
+@pytest.mark.parametrize("args, kwargs, error, message", [
+    ((None,), dict(required=True), ValueError, "give a budget: seconds"),
+    ((PaddedArea(5),), dict(max_samples=3), ValueError,
+     r"max_samples goes with a budget in seconds; a constraint has its own: PaddedArea"),
+    ((None,), dict(max_samples=3), ValueError, "max_samples goes with a budget in seconds"),
+    (("5",), {}, TypeError, "budget must be seconds \\(a number\\) or a constraint"),
+    ((True,), {}, TypeError, "budget must be seconds"),
+    ((0,), {}, ValueError, "budget must be > 0, got 0"),
+    ((-3.0,), {}, ValueError, "budget must be > 0"),
 ])
-def test_conflicts_and_bad_values_are_named(kwargs, error, message):
+def test_bad_budgets_are_named(args, kwargs, error, message):
     with pytest.raises(error, match=message):
-        batch_constraint(**kwargs)
+        batch_budget(*args, **kwargs)
 
 
-def test_each_stage_gives_the_same_batches_for_a_shorthand_and_its_constraint():
+@pytest.mark.parametrize("stage, name", [
+    (lambda **kw: IterableWrapper([1]).block_batch(**kw), "constraint"),
+    (lambda **kw: IterableWrapper([1]).block_batch(**kw), "batch_len"),
+    (lambda **kw: IterableWrapper([1]).block_batch(**kw), "max_duration"),
+    (lambda **kw: IterableWrapper([1]).bucket_by_length(**kw), "constraint"),
+    (lambda **kw: BatchView({"a": 1}, **kw), "batch_len"),
+    (lambda **kw: BatchView({"a": 1}, **kw), "batch_size"),
+    (lambda **kw: BatchView({"a": 1}, **kw), "constraint"),
+])
+def test_the_old_spellings_are_gone(stage, name):
+    with pytest.raises(TypeError, match=name):
+        stage(**{name: 10})
+
+
+def test_seconds_measure_durations_and_a_constraint_its_own_unit():
+    samples = [{"key": f"u{i}", "duration": d, "feats": np.zeros((int(d * 100), 2))}
+               for i, d in enumerate([1.0, 2.0, 3.0, 4.0])]
+
+    def keys(budget):
+        pipe = IterableWrapper(samples).block_batch(budget, shuffle_window=1)
+        return [[s["key"] for s in batch] for batch in pipe]
+
+    assert keys(9.0) == [["u0", "u1", "u2"], ["u3"]]  # 3 x 3 s within 9 s
+    assert keys(8.9) == [["u0", "u1"], ["u2", "u3"]]  # 3 x 3 s > 8.9 s; 2 x 4 s within
+    assert keys(PaddedArea(900)) == keys(9.0)  # the same in frames of feats
+    assert keys(SampleCount(3)) == [["u0", "u1", "u2"], ["u3"]]
+
+
+def test_each_stage_gives_the_same_batches_for_a_number_and_its_constraint():
     lengths = [int(n) for n in np.random.default_rng(3).integers(1, 400, size=120)]
 
-    def streaming(**size):
-        pipe = IterableWrapper(lengths).bucket_by_length(30).block_batch(seed=1, **size)
+    def streaming(budget):
+        pipe = IterableWrapper(lengths).bucket_by_length(30).block_batch(budget, seed=1)
         return list(pipe)
 
-    assert streaming(batch_len=900) == streaming(constraint=PaddedArea(budget=900))
+    assert streaming(900) == streaming(PaddedArea(budget=900))  # bare lengths as they are
     keyed = {f"u{i:03d}": n for i, n in enumerate(lengths)}
-    assert (BatchView(keyed, batch_len=900).batching_view
-            == BatchView(keyed, constraint=PaddedArea(budget=900)).batching_view)
+    assert (BatchView(keyed, budget=900).batching_view
+            == BatchView(keyed, budget=PaddedArea(budget=900)).batching_view)
     for world in (1, 2):
-        by_size = BatchView(keyed, batch_size=4, world_size=world)
-        by_count = BatchView(keyed, constraint=SampleCount(4), world_size=world)
-        assert by_size.batching_view == by_count.batching_view
-        assert by_size.stats.to_dict() == by_count.stats.to_dict()
-    keys = sorted(keyed)
-    assert (form_batches(keys, keyed, batch_size=6, world_size=2)
-            == form_batches(keys, keyed, constraint=SampleCount(6), world_size=2))
+        assert BatchView(keyed, world_size=world).batching_view == BatchView(
+            keyed, budget=SampleCount(world), world_size=world).batching_view
 
 
 def test_piece_batches_take_pairs_of_lengths_too():
-    view = BatchView({"a": (5, 1), "b": (3, 2), "c": (9, 1)}, constraint=SampleCount(2),
+    view = BatchView({"a": (5, 1), "b": (3, 2), "c": (9, 1)}, budget=SampleCount(2),
                      shuffle=False)
     assert view.batching_view == [["c", "a"], ["b"]]
-    with pytest.raises(ValueError, match="batch_size must be a multiple of world_size=2, got 3"):
-        BatchView({"a": 1}, constraint=SampleCount(3), world_size=2)
+    with pytest.raises(ValueError, match="SampleCount must be a multiple of world_size=2, got 3"):
+        BatchView({"a": 1}, budget=SampleCount(3), world_size=2)

@@ -148,8 +148,8 @@ OUTSIDE_RESUME = {
     "parse_scp": "parses a Kaldi table: below a source",
     "read_shards": "reads a shard stream: below a source (sharded_shuffle reads its own)",
     "parse_lhotse": "parses a lhotse manifest: below a source",
-    "read_lhotse_shar": "reads a Shar directory: below a source",
-    "read_hf_dataset": "reads a Hugging Face dataset: below a source",
+    "parse_lhotse_shar": "reads Shar directories: below a source",
+    "parse_hf_dataset": "reads Hugging Face datasets: below a source",
     "load_segments": "cuts segments of recordings read whole: below a source",
     "equalize_steps": "runs in the main process, after the DataLoader",
     "zip_by_name": "several sources: their positions are not one state (refused by name)",
@@ -201,8 +201,8 @@ ON_SAMPLES = {
     "shuffle_samples": lambda p: p.shuffle_samples(seed=2),
     "split_samples": lambda p: p.split_samples(),
     "bucket_by_length": lambda p: p.shuffle_samples(seed=2).bucket_by_length(
-        constraint=sp.SampleCount(2), num_buckets=2, buffer_size=4, seed=1),
-    "block_batch": lambda p: p.shuffle_samples(seed=2).block_batch(constraint=sp.SampleCount(2), seed=1),
+        budget=sp.SampleCount(2), num_buckets=2, buffer_size=4, seed=1),
+    "block_batch": lambda p: p.shuffle_samples(seed=2).block_batch(sp.SampleCount(2), seed=1),
     "prefetch_in_thread": lambda p: p.prefetch_in_thread(2),
     "map_in_threads": lambda p: p.map_in_threads(dict, num_threads=2),
 }

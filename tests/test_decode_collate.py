@@ -184,7 +184,7 @@ def test_in_dataloader_workers_audio_is_decoded_into_shared_memory_as_the_decode
         pipe = sp.IterableWrapper(shards).sharded_shuffle(buffer_size=4, seed=3)
         if decode_first:
             pipe = pipe.decode()
-        pipe = pipe.block_batch(constraint=sp.SampleCount(4, length=_one), seed=3)
+        pipe = pipe.block_batch(sp.SampleCount(4, length=_one), seed=3)
         pipe = pipe.collate(collate_fn=collate)
         return sp.build_loader(pipe, num_workers=2, seed=3)
 
@@ -228,8 +228,8 @@ def test_recorded_speech_batched_on_index_durations_decodes_into_batches_in_work
     shards, rows = packed
     budget = sp.PaddedArea(budget=40.0, length="duration")
     pipe = (sp.IterableWrapper([str(shards)]).sharded_shuffle(buffer_size=8, seed=1)
-            .durations_from_index().bucket_by_length(16, constraint=budget, seed=1)
-            .block_batch(constraint=budget, seed=1)
+            .durations_from_index().bucket_by_length(16, budget=budget, seed=1)
+            .block_batch(budget, seed=1)
             .collate(collate_fn=sp.DecodeCollate(drop=("source",))))
     loader = sp.build_loader(pipe, num_workers=2, seed=1)
     seen = []
@@ -246,7 +246,7 @@ def test_recorded_speech_batched_on_index_durations_decodes_into_batches_in_work
             assert not batch["audio"][row, n:].any()
         seen.extend(batch["key"])
     assert sorted(seen) == sorted(rows)
-    [done] = sp.IterableWrapper([batch]).compute_batch_features("fbank", device="cpu")
+    [done] = sp.IterableWrapper([batch]).compute_features("fbank", batched=True, device="cpu")
     assert done["feats"].shape[0] == len(batch["key"])  # then features on the device
 
 

@@ -11,6 +11,7 @@ import torch
 
 from speechpipe.demo import DEMO_CORPUS, build_demo_pipe, run_demo
 from speechpipe.recipes.librispeech import librispeech_samples
+from speechpipe import SampleCount
 
 CORPUS = pathlib.Path(DEMO_CORPUS)
 
@@ -51,7 +52,7 @@ def test_samples_match_the_transcripts_and_audio_files():
 
 def test_run_demo_summary_counts_every_utterance_once():
     keys, _, seconds = _expected()
-    summary = run_demo(batch_size=8, progress=False)
+    summary = run_demo(budget=SampleCount(8), progress=False)
     assert summary.utterances == len(keys)
     assert summary.batches == -(-len(keys) // 8)
     budgeted = run_demo(progress=False)
@@ -63,13 +64,13 @@ def test_run_demo_summary_counts_every_utterance_once():
 
 
 def test_budget_batches_stay_within_the_padded_seconds():
-    for batch in build_demo_pipe(budget_seconds=20):
+    for batch in build_demo_pipe(budget=20):
         padded_seconds = batch["audio"].shape[1] / 16000 * batch["audio"].shape[0]
         assert batch["audio"].shape[0] == 1 or padded_seconds <= 20
 
 
 def test_batches_are_padded_with_true_lengths():
-    for batch in build_demo_pipe(batch_size=5):
+    for batch in build_demo_pipe(budget=SampleCount(5)):
         audio, lengths = batch["audio"], batch["audio_len"]
         assert audio.dtype == torch.float32 and audio.shape[0] == len(batch["key"])
         assert int(lengths.max()) == audio.shape[1]

@@ -79,7 +79,7 @@ def test_after_build_loader_the_device_stages_run_on_the_loaders_batches(few, st
     from speechpipe.loader import build_loader
 
     collate = PadCollate(fields=("key", "audio", "sample_rate"))
-    view = BatchView({s["key"]: len(s["audio"]) for s in few}, batch_len=40 * 16000, seed=2)
+    view = BatchView({s["key"]: len(s["audio"]) for s in few}, budget=40 * 16000, seed=2)
     pipe = (SequenceWrapper({s["key"]: s for s in few}).batch_by_view(view)
             .collate(collate_fn=collate))
     loader = build_loader(pipe, num_workers=0, device="cpu")
@@ -204,7 +204,7 @@ def test_a_resumed_pass_gives_the_same_batches_and_warns_that_the_draws_restart(
                           .astype(np.float32)} for i in range(60)}
 
     def make():
-        view = BatchView({k: len(s["feats"]) for k, s in data.items()}, batch_len=200, seed=4)
+        view = BatchView({k: len(s["feats"]) for k, s in data.items()}, budget=200, seed=4)
         return (SequenceWrapper(data).batch_by_view(view).collate(collate_fn=PadCollate())
                 .move_to_device("cpu").spec_augment(seed=1, batched=True)
                 .apply_cmvn(utterance=True, batched=True))
@@ -288,9 +288,9 @@ def test_a_recipe_with_features_on_the_device_gives_the_features_the_workers_giv
     from speechpipe.recipes import FrontEnd, train_pipeline
 
     rows = _demo_rows()
-    in_workers = list(build_loader(train_pipeline([rows], budget_seconds=40.0, seed=3),
+    in_workers = list(build_loader(train_pipeline([rows], budget=40.0, seed=3),
                                    num_workers=2, device="cpu"))
-    loaded = list(build_loader(train_pipeline([rows], budget_seconds=40.0, seed=3,
+    loaded = list(build_loader(train_pipeline([rows], budget=40.0, seed=3,
                                               features_on="device"),
                                num_workers=2, device="cpu"))
     assert all("audio" in b and "feats" not in b for b in loaded)  # the workers only decoded

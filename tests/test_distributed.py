@@ -101,7 +101,7 @@ def parse_x4(sample: dict) -> dict:
 def batching(pipe, seed: int = SEED):
     """The batching stages, used on samples by the pipeline and on lengths by the planner."""
     return pipe.bucket_by_length(8, boundaries=[150]).block_batch(
-        batch_len=BUDGET, shuffle_window=3, seed=seed)
+        budget=PaddedArea(BUDGET), shuffle_window=3, seed=seed)
 
 
 def plan_batching(lengths: list):
@@ -361,8 +361,8 @@ def test_step_planner_needs_an_index(corpus):
 def duration_batching(pipe, seed: int = SEED):
     """The batching of ``batching`` said in seconds (the index counts 10 ms frames)."""
     budget = PaddedArea(budget=BUDGET / 100, length="duration")
-    return pipe.bucket_by_length(8, boundaries=[1.5], constraint=budget).block_batch(
-        constraint=budget, shuffle_window=3, seed=seed)
+    return pipe.bucket_by_length(8, boundaries=[1.5], budget=budget).block_batch(
+        budget=budget, shuffle_window=3, seed=seed)
 
 
 @pytest.mark.parametrize("workers", [1, 2])
@@ -620,7 +620,7 @@ def _map_scenario(ctx, rank, world, workers):
     index = ShardIndex.read(os.path.dirname(ctx["paths"][0]))
     lengths = dict(zip((k for s in index.shards for k in s.keys), index.lengths()))
     dataset = {k: {"key": k, "num_frames": int(n)} for k, n in lengths.items()}
-    view = BatchView(lengths, batch_len=BUDGET, world_size=world, seed=SEED)
+    view = BatchView(lengths, budget=BUDGET, world_size=world, seed=SEED)
     record = {"sizes": [], "keys": [], "repeated": view.stats.repeated}
     for epoch in range(2):
         sampler = view.sampler(epoch, rank=rank)

@@ -290,7 +290,7 @@ def test_resuming_page_resumes_exactly(run_page):
     manifests = {"dev-clean": str(ran.folder / "out" / "manifests"
                                   / "librispeech_samples_dev-clean.jsonl.gz")}
     train = sp.recipes.librispeech.librispeech_train(manifests, ["dev-clean"],
-                                                     budget_seconds=30, seed=0)
+                                                     budget=30, seed=0)
     keys = [b["key"] for b in sp.build_loader(train, num_workers=2, seed=0)]
     resumed = sp.build_loader(train, num_workers=2, seed=0)
     resumed.load_state_dict(state)

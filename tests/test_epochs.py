@@ -6,6 +6,7 @@ import pytest
 
 import speechpipe
 from speechpipe.demo import build_demo_pipe
+from speechpipe import PaddedArea, SampleCount
 
 
 def keys(pipe):
@@ -13,7 +14,7 @@ def keys(pipe):
 
 
 def test_same_seed_and_epoch_replay_the_same_batches_through_torch_shuffle():
-    pipe = build_demo_pipe(batch_size=6)  # fixed-size batches: the order is torch's shuffle
+    pipe = build_demo_pipe(budget=SampleCount(6))  # fixed-size batches: torch's shuffle's order
     first = keys(speechpipe.set_epoch(pipe, 3, seed=11))
     assert keys(speechpipe.set_epoch(pipe, 3, seed=11)) == first
     assert keys(speechpipe.set_epoch(pipe, 4, seed=11)) != first
@@ -21,14 +22,14 @@ def test_same_seed_and_epoch_replay_the_same_batches_through_torch_shuffle():
 
 
 def test_budget_batches_follow_the_epoch():
-    pipe = build_demo_pipe(budget_seconds=20)
+    pipe = build_demo_pipe(budget=20)
     first = [b["key"] for b in speechpipe.set_epoch(pipe, 0, seed=1)]
     assert [b["key"] for b in speechpipe.set_epoch(pipe, 0, seed=1)] == first
     assert [b["key"] for b in speechpipe.set_epoch(pipe, 1, seed=1)] != first
 
 
 def test_epoch_reaches_speechpipe_pipes_below_torch_stages():
-    pipe = build_demo_pipe(budget_seconds=20)  # ... block_batch -> collate
+    pipe = build_demo_pipe(budget=20)  # ... block_batch -> collate
     speechpipe.set_epoch(pipe, 5)
     block_batch = pipe.datapipe
     assert type(block_batch).__name__ == "BlockBatcherIterDataPipe" and block_batch.epoch == 5
@@ -48,7 +49,7 @@ ROWS = [{"key": f"u{i:02d}", "num_frames": 5 + (7 * i) % 23} for i in range(40)]
 
 def _pipeline(seed: int = 0):
     return (speechpipe.IterableWrapper(ROWS).shuffle_samples(seed=seed)
-            .bucket_by_length(16, seed=seed).block_batch(batch_len=60, seed=seed))
+            .bucket_by_length(16, seed=seed).block_batch(PaddedArea(60), seed=seed))
 
 
 def _keys(pipe) -> list:

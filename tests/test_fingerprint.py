@@ -37,14 +37,14 @@ def stream(paths, *, batch_len=120, seed=1, buckets=True, threads=1):
     samples = samples.decode().prefetch_in_thread(threads)
     if buckets:
         samples = samples.bucket_by_length(8, seed=2)
-    return (samples.block_batch(batch_len=batch_len, shuffle_window=2, seed=3)
+    return (samples.block_batch(sp.PaddedArea(batch_len), shuffle_window=2, seed=3)
             .collate(collate_fn=PadCollate()))
 
 
 def manifest(rows, *, seed=6):
     """shuffle_samples over manifest rows -> load -> block_batch -> collate."""
     return (sp.IterableWrapper(rows).shuffle_samples(seed=seed).map(_with_feats)
-            .block_batch(batch_len=150, shuffle_window=2, seed=3)
+            .block_batch(sp.PaddedArea(150), shuffle_window=2, seed=3)
             .collate(collate_fn=PadCollate()))
 
 
@@ -165,7 +165,7 @@ def test_another_batching_view_is_refused():
             for i in range(40)}
 
     def pipe(batch_len):
-        view = sp.BatchView({k: len(s["feats"]) for k, s in data.items()}, batch_len=batch_len,
+        view = sp.BatchView({k: len(s["feats"]) for k, s in data.items()}, budget=batch_len,
                             seed=0)
         return sp.SequenceWrapper(data).batch_by_view(view).collate(collate_fn=PadCollate())
 
@@ -272,7 +272,7 @@ def test_the_fingerprint_does_not_change_over_passes(corpus):
     pipe = stream(corpus)
     pipe_with_estimates = (sp.IterableWrapper(corpus).sharded_shuffle(buffer_size=6, index=True)
                            .decode().bucket_by_length(8, num_buckets=3)
-                           .block_batch(batch_len=120))
+                           .block_batch(sp.PaddedArea(120)))
     for p in (pipe, pipe_with_estimates):
         before = fingerprint(p)
         for epoch in range(2):
@@ -392,7 +392,7 @@ def test_a_public_counter_a_pass_changes_is_taken_before_the_first_pass():
 
     def pipe():
         return (Counting(sp.IterableWrapper(rows()).shuffle_samples(seed=6)).map(_with_feats)
-                .block_batch(batch_len=150, shuffle_window=2, seed=3)
+                .block_batch(sp.PaddedArea(150), shuffle_window=2, seed=3)
                 .collate(collate_fn=PadCollate()))
 
     state = saved_mid_epoch(pipe(), workers=0, steps=3)

@@ -145,7 +145,7 @@ def test_a_dataset_trains_through_train_pipeline_and_resumes_exactly(corpus):
 
     def make():
         pipe = sp.train_pipeline(sp.read_hf_dataset(loaded, key_column="id", with_audio=False),
-                                 input=lambda p: p.load_hf_audio(loaded), budget_seconds=1.5,
+                                 input=lambda p: p.load_hf_audio(loaded), budget=1.5,
                                  features="fbank", seed=2)
         return sp.build_loader(pipe, num_workers=0)
 

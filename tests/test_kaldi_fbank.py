@@ -367,11 +367,11 @@ def test_compute_features_default_backend_is_ours_torchaudios_by_name(speech, ki
 
 
 @pytest.mark.parametrize("kind", ["fbank", "mfcc"])
-def test_compute_batch_features_equals_the_per_utterance_stage(speech, kind):
+def test_batched_compute_features_equals_the_per_utterance_stage(speech, kind):
     samples = _samples(speech)
     collate = PadCollate(fields=("key", "audio", "sample_rate"))
     batches = (sp.IterableWrapper(samples).batch(3).collate(collate_fn=collate)
-               .move_to_device("cpu").compute_batch_features(kind, device="cpu", dither=1.0,
+               .move_to_device("cpu").compute_features(kind, batched=True, device="cpu", dither=1.0,
                                                              seed=4))
     [batch] = list(batches)
     singles = list(sp.IterableWrapper(samples).compute_features(kind, dither=1.0, seed=4))
@@ -382,15 +382,15 @@ def test_compute_batch_features_equals_the_per_utterance_stage(speech, kind):
         assert not row[count:].any()
 
 
-def test_compute_batch_features_moves_numpy_batches_to_its_device(speech):
+def test_batched_compute_features_moves_numpy_batches_to_its_device(speech):
     batch = PadCollate(fields=("key", "audio", "sample_rate"))(_samples(speech))
     batch["audio"] = batch["audio"].numpy().astype(np.float64)
-    [out] = sp.IterableWrapper([batch]).compute_batch_features("fbank", device="cpu",
+    [out] = sp.IterableWrapper([batch]).compute_features("fbank", batched=True, device="cpu",
                                                               keep_audio=True)
     assert out["feats"].dtype == torch.float32 and out["feats_len"].device.type == "cpu"
     assert "audio" in out
 
 
-def test_compute_batch_features_refuses_a_bad_device():
+def test_batched_compute_features_refuses_a_bad_device():
     with pytest.raises(ValueError, match="device must name a torch device, got 'gpu7'"):
-        sp.IterableWrapper([]).compute_batch_features("fbank", device="gpu7")
+        sp.IterableWrapper([]).compute_features("fbank", batched=True, device="gpu7")

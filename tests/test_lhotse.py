@@ -356,7 +356,7 @@ def test_write_lhotse_needs_one_output_form(tmp_path, samples):
 def test_a_lhotse_corpus_trains_through_train_pipeline(corpus):
     root, _ = corpus
     pipe = sp.train_pipeline(sp.read_lhotse(root / "cuts.jsonl.gz"),
-                             input=lambda p: p.load_lhotse(), budget_seconds=2.0,
+                             input=lambda p: p.load_lhotse(), budget=2.0,
                              features="fbank", seed=3)
     batches = list(pipe)
     keys = sorted(k for b in batches for k in b["key"])
@@ -371,7 +371,7 @@ def test_a_lhotse_corpus_resumes_exactly_under_build_loader(corpus):
 
     def make():
         pipe = sp.train_pipeline(sp.read_lhotse(root / "cuts.jsonl.gz"),
-                                 input=lambda p: p.load_lhotse(), budget_seconds=1.0,
+                                 input=lambda p: p.load_lhotse(), budget=1.0,
                                  features=None, seed=1)
         return sp.build_loader(pipe, num_workers=0)
 

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import speechpipe  # noqa: F401  (registers the pipes)
+from speechpipe import PaddedArea
 from speechpipe.errors import DataError, MissingDataError
 from speechpipe.loader import Loader, PipeDataset, SharedEpoch, build_loader
 from speechpipe.pipes._core import IterableWrapper, SequenceWrapper
@@ -38,7 +39,7 @@ def shards(tmp_path_factory):
 
 def stream(paths, seed: int = 0):
     return (IterableWrapper(paths).sharded_shuffle(buffer_size=20, seed=seed).decode()
-            .bucket_by_length(30, seed=seed).block_batch(batch_len=200, seed=seed)
+            .bucket_by_length(30, seed=seed).block_batch(PaddedArea(200), seed=seed)
             .collate(collate_fn=PadCollate()))
 
 
@@ -149,7 +150,7 @@ def test_batches_arrive_collated_one_transfer_per_batch(shards):
 def test_the_view_path_gives_the_same_batches_with_and_without_workers():
     data = {f"v{i}": {"key": f"v{i}", "feats": np.ones((i % 17 + 1, DIM), np.float32)}
             for i in range(60)}
-    view = BatchView({k: len(s["feats"]) for k, s in data.items()}, batch_len=60, seed=2)
+    view = BatchView({k: len(s["feats"]) for k, s in data.items()}, budget=60, seed=2)
 
     def pipe():
         return SequenceWrapper(data).batch_by_view(view).collate(collate_fn=PadCollate())
@@ -222,7 +223,7 @@ def test_resident_memory_stays_flat_over_twenty_epochs(tmp_path):
             writer.write({"key": f"m{i:03d}", "feats.npy": rng.standard_normal(
                 (int(rng.integers(100, 300)), 80), dtype=np.float32)})
     pipe = (IterableWrapper(writer.paths).sharded_shuffle(buffer_size=50).decode()
-            .prefetch_in_thread(8).bucket_by_length(60).block_batch(batch_len=3000)
+            .prefetch_in_thread(8).bucket_by_length(60).block_batch(PaddedArea(3000))
             .collate(collate_fn=PadCollate()))
     loader = build_loader(pipe, num_workers=1, persistent_workers=True)
     keys_per_epoch(loader, [0, 1])  # warm up: allocator pools, imports, worker start
@@ -305,7 +306,7 @@ def _skipping(paths):
     return (IterableWrapper(paths).sharded_shuffle(buffer_size=20, seed=0).decode()
             .map(_with_duration)
             .filter_by_duration(1.0, 4.5, warn=False)
-            .block_batch(batch_len=40, oversize="drop", seed=0)
+            .block_batch(PaddedArea(40), oversize="drop", seed=0)
             .collate(collate_fn=PadCollate()))
 
 
@@ -375,7 +376,7 @@ def test_token_counts_of_the_workers_reach_the_main_process_tokenize(tmp_path):
     def pipe():
         return (IterableWrapper(rows).shuffle_samples(seed=0)
                 .tokenize(tok, max_unk_rate=None)
-                .block_batch(batch_len=8, seed=0).collate(collate_fn=PadCollate()))
+                .block_batch(PaddedArea(8), seed=0).collate(collate_fn=PadCollate()))
 
     def token_stats(p):
         node = p

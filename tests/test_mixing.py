@@ -38,7 +38,7 @@ def items(prefix, n):
 def shuffled(n, seed=0):
     """A seeded random pipe: the ints 1..n as batches of one, in a shuffled order."""
     return IterableWrapper(list(range(1, n + 1))).block_batch(
-        constraint=PaddedArea(budget=math.inf, max_samples=1), shuffle_window=n, seed=seed
+        budget=PaddedArea(budget=math.inf, max_samples=1), shuffle_window=n, seed=seed
     ).map(operator.itemgetter(0))
 
 
@@ -321,9 +321,9 @@ def test_sup_and_unsup_batches_end_to_end():
             samples.append(sample)
         return samples
 
-    sup = IterableWrapper(corpus("s", 20, True)).block_batch(batch_len=1200, seed=1).collate(
+    sup = IterableWrapper(corpus("s", 20, True)).block_batch(PaddedArea(1200), seed=1).collate(
         collate_fn=PadCollate())
-    unsup = IterableWrapper(corpus("u", 60, False)).block_batch(batch_len=2000, seed=2).collate(
+    unsup = IterableWrapper(corpus("u", 60, False)).block_batch(PaddedArea(2000), seed=2).collate(
         collate_fn=PadCollate())
     train = NamedZipper({"sup": sup, "unsup": unsup}, until="sup")
     steps = list(train)
@@ -414,7 +414,7 @@ def test_pickle_round_trip_gives_the_same_output(make):
 
 
 def test_propagate_epoch_reaches_pipes_through_map_and_collate():
-    inner = IterableWrapper([1, 2]).block_batch(batch_len=10)
+    inner = IterableWrapper([1, 2]).block_batch(PaddedArea(10))
     outer = inner.collate(collate_fn=len).map(str)
     assert propagate_epoch(outer, 5) == 1 and inner.epoch == 5
 

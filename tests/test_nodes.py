@@ -45,7 +45,7 @@ def _counted(row: dict) -> dict:
 
 def _train(rows: list) -> sp.PipelineNode:
     pipe = sp.train_pipeline(
-        rows, budget_seconds=1.2, features="fbank", seed=5, bucket_buffer=8,
+        rows, budget=1.2, features="fbank", seed=5, bucket_buffer=8,
         input=lambda p: p.map(_counted).load_audio(offset_field="offset",
                                                    duration_field="duration",
                                                    whole_without_offset=True))

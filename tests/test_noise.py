@@ -22,6 +22,7 @@ from speechpipe.loader import PipeDataset, build_loader
 from speechpipe.pipes._core import IterableWrapper
 from speechpipe.pipes.collate import PadCollate
 from speechpipe.pipes.audio import AUGMENT, convolve_rir, snr_db
+from speechpipe import PaddedArea
 
 RATE = 16000
 #: The SNR achieved equals the SNR drawn to this many dB (float32 rounding of the mixture).
@@ -189,7 +190,7 @@ def _augmented_batches(noise_source, clean, *, history=4096, window=2):
     pipe = pipe.reverberate(rirs(), p=0.7, seed=2, pool_size=2, history=history)
     pipe = pipe.add_noise(noise_source, snr_db=(0.0, 10.0), p=0.8, babble=2, pool_size=3,
                           seed=3, history=history)
-    pipe = pipe.bucket_by_length(8, seed=4).block_batch(batch_len=20000, shuffle_window=window,
+    pipe = pipe.bucket_by_length(8, seed=4).block_batch(PaddedArea(20000), shuffle_window=window,
                                                         seed=5)
     return pipe.collate(collate_fn=PadCollate())
 
@@ -364,7 +365,7 @@ def _train(demo_with_noise, **options):
 
     speech, noise, rirs = demo_with_noise
     options = {"noise_p": 0.8, "rir_p": 0.5, **options}
-    return librispeech_train(speech, ["dev-clean"], seed=0, budget_seconds=12.0,
+    return librispeech_train(speech, ["dev-clean"], seed=0, budget=12.0,
                              bucket_buffer=8, noise=noise, snr_db=(5.0, 15.0), rir=rirs,
                              **options)
 

@@ -25,7 +25,7 @@ import speechpipe.pack.lengths as pack_module
 from speechpipe.cli.pack import add_command as add_pack_command
 from speechpipe.errors import DataError, MissingDataError, UnsafeInputError
 from speechpipe.index import INDEX_NAME, ShardIndex
-from speechpipe.pack import PackOptions, PackReport, pack_data, parse_length_groups
+from speechpipe.pack import PackOptions, PackReport, pack_data, parse_length_groups, plan_pack
 from speechpipe.pipes.shards import _writer as shards_module
 from speechpipe.pipes._core import IterableWrapper
 from speechpipe.pipes.shards import iter_tar_members
@@ -737,28 +737,16 @@ def test_bad_arguments_raise_value_error_naming_them(feats_corpus, kwargs, messa
     assert not os.path.exists(feats_corpus["out"])
 
 
-# Invariant: PackOptions(...) holds the same settings as pack_data's keyword arguments, checked
-# with the same messages; the same settings give the same bytes either way.
-def test_options_pack_the_same_bytes_as_keyword_arguments(feats_corpus, tmp_path):
-    pack_feats(feats_corpus, tmp_path / "keywords", fmt="x-%03d.tar",
-               filter_group=["10:30", "30:100"], utts_per_shard=2)
-    options = PackOptions(fmt="x-%03d.tar", filter_group=["10:30", "30:100"], utts_per_shard=2,
-                          progress=False)
-    report = pack_data(feats_corpus["scps"], feats_corpus["labels"], tmp_path / "options",
-                       options=options)
-    assert tree_digest(tmp_path / "keywords") == tree_digest(tmp_path / "options")
-    assert report.groups == {"10_30": 3, "30_100": 4}
-
-
-def test_options_and_keyword_settings_together_are_a_type_error_naming_them(feats_corpus):
-    options = PackOptions(progress=False)
-    with pytest.raises(TypeError, match=r"options and the keyword argument\(s\) fmt, "
-                                        r"utts_per_shard: pass the settings one way"):
+# Invariant: the settings are keyword arguments of pack_data and plan_pack (one spelling; the
+# plan records them as a PackOptions, checked with the same messages).
+def test_settings_are_keywords_and_an_unknown_one_is_named(feats_corpus):
+    with pytest.raises(TypeError, match="options"):
         pack_data(feats_corpus["scps"], feats_corpus["labels"], feats_corpus["out"],
-                  "data-%05d.tar", utts_per_shard=2, options=options)
-    with pytest.raises(TypeError, match="options must be a PackOptions, got {'progress'"):
-        pack_data(feats_corpus["scps"], feats_corpus["labels"], feats_corpus["out"],
-                  options={"progress": False})
+                  options=PackOptions(progress=False))  # the old second spelling is gone
+    with pytest.raises(TypeError, match=r"unknown pack setting\(s\) shard_size; the settings "
+                                        r"are fmt, filter_group, utts_per_shard"):
+        plan_pack(feats_corpus["scps"], feats_corpus["labels"], feats_corpus["out"],
+                  shard_size=3)
     assert not os.path.exists(feats_corpus["out"])
 
 
@@ -899,7 +887,7 @@ def test_force_deletes_the_other_groups_and_the_glob_reads_each_utterance_once(f
             .open().read_shards()]
     assert sorted(keys) == sorted(feats_corpus["arrays"])
     report = pack_data(feats_corpus["scps"], feats_corpus["labels"], out,
-                       options=PackOptions(utts_per_shard=3, progress=False, force=True))
+                       utts_per_shard=3, progress=False, force=True)
     assert sorted(os.listdir(out)) == ["data-00000.tar", "data-00001.tar", "data-00002.tar",
                                        INDEX_NAME]
 

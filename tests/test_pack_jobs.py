@@ -161,7 +161,7 @@ def test_a_lock_of_another_host_is_not_taken_over(corpus):
 def test_two_runs_of_one_task_at_once_the_second_is_refused(corpus):
     out, marker = corpus["out"], str(corpus["tmp"] / "started")
     sp.plan_pack(corpus["scps"], corpus["labels"], out,
-                 options=sp.PackOptions(filter_group=GROUPS, utts_per_shard=2, progress=False))
+                 filter_group=GROUPS, utts_per_shard=2, progress=False)
     first = start(slow_pack_script(corpus, out, marker, task=(1, 2)))
     try:
         wait_for(lambda: os.path.exists(marker))
@@ -185,8 +185,7 @@ def test_two_runs_of_one_task_at_once_the_second_is_refused(corpus):
 
 def plan(corpus, out=None):
     return sp.plan_pack(corpus["scps"], corpus["labels"], out or corpus["out"],
-                        options=sp.PackOptions(filter_group=GROUPS, utts_per_shard=2,
-                                               progress=False))
+                        filter_group=GROUPS, utts_per_shard=2, progress=False)
 
 
 def test_the_plan_is_deterministic_and_writes_no_shard(corpus):

@@ -23,6 +23,7 @@ from speechpipe.pipes.sources import read_manifest
 from speechpipe.recipes import eval_pipeline, pipeline_report, verify_audio
 from speechpipe.recipes.kaldi_dir import prepare_kaldi_dir
 from speechpipe.recipes.librispeech import prepare_librispeech
+from speechpipe import SampleCount
 
 
 def _tone(seconds: float, rate: int, freq: float = 220.0) -> np.ndarray:
@@ -128,8 +129,9 @@ def test_recipe_pipelines_skip_unreadable_audio_at_load_time_and_count_it(libri,
     samples = [{"key": p.stem, "audio_path": str(p), "duration": 2.0, "text": "HI"}
                for p in sorted((libri / "dev-clean" / "19" / "198").glob("*.flac"))]
     with pytest.raises(DataError, match="19-198-0003"):
-        list(eval_pipeline(samples, batch_size=8, shard=False, features=None))
-    pipe = eval_pipeline(samples, batch_size=8, shard=False, features=None, on_error="skip")
+        list(eval_pipeline(samples, budget=SampleCount(8), shard=False, features=None))
+    pipe = eval_pipeline(samples, budget=SampleCount(8), shard=False, features=None,
+                         on_error="skip")
     with pytest.warns(SkippedInputWarning, match="unreadable audio: 3"):
         [batch] = list(pipe)
     assert batch["key"] == ["19-198-0000", "19-198-0001", "19-198-0002"]

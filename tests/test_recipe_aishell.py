@@ -32,6 +32,7 @@ from speechpipe.recipes.aishell import (
     download_aishell,
     prepare_aishell,
 )
+from speechpipe import SampleCount
 
 FIXTURE = Path(__file__).parent / "fixtures" / "aishell"
 CORPUS = FIXTURE / "data_aishell"
@@ -275,7 +276,7 @@ def test_train_keeps_1_to_12_s_padded_batches_within_budget_cjk_spaces_removed(m
     rows = manifest_rows(manifests["train"])
     tok = CharTokenizer.build([TEXT_NORMALIZER(r["text"]) for r in rows])
     assert "▁" not in tok.vocab  # the normalized texts have no space left
-    pipe = aishell_train(tmp_path / "m", budget_seconds=3.0, tokenizer=tok)
+    pipe = aishell_train(tmp_path / "m", budget=3.0, tokenizer=tok)
     with pytest.warns(SkippedInputWarning, match="shorter than 1.0 s: 1"):
         batches = list(pipe)
     keys = sorted(k for b in batches for k in b["key"])
@@ -294,8 +295,8 @@ def test_train_keeps_1_to_12_s_padded_batches_within_budget_cjk_spaces_removed(m
 
 
 def test_valid_and_test_keep_every_utterance_in_order(manifests, tmp_path):
-    valid = list(aishell_valid(manifests, batch_size=2, features=None))
+    valid = list(aishell_valid(manifests, budget=SampleCount(2), features=None))
     assert [k for b in valid for k in b["key"]] == ["BAC009S0724W0121"]
-    test = list(aishell_test(tmp_path / "m", batch_size=4))
+    test = list(aishell_test(tmp_path / "m", budget=SampleCount(4)))
     assert [list(b["key"]) for b in test] == [["BAC009S0764W0121"]]
     assert test[0]["feats"].shape[2] == 80

@@ -30,6 +30,7 @@ from speechpipe.recipes.commonvoice import (
     read_clip_durations,
     read_clip_table,
 )
+from speechpipe import SampleCount
 
 FIXTURE = Path(__file__).parent / "fixtures" / "commonvoice" / "cv-corpus-17.0-2024-03-15" / "en"
 
@@ -278,7 +279,7 @@ def test_cli_download_with_url_and_checksum(tmp_path, capsys):
 def test_train_gives_padded_batches_within_budget_and_valid_test_keep_order(corpus, tmp_path):
     manifests = prepare_commonvoice(corpus, tmp_path / "m", progress=False)
     rows = manifest_rows(manifests["train"])
-    pipe = commonvoice_train(tmp_path / "m", budget_seconds=6.0, max_duration=2.5)
+    pipe = commonvoice_train(tmp_path / "m", budget=6.0, max_duration=2.5)
     with pytest.warns(SkippedInputWarning, match="longer than 2.5 s: 1"):
         batches = list(pipe)
     durations = {r["key"]: r["duration"] for r in rows}
@@ -287,9 +288,9 @@ def test_train_gives_padded_batches_within_budget_and_valid_test_keep_order(corp
         assert len(b["key"]) * max(durations[k] for k in b["key"]) <= 6.0
         assert tuple(b["feats"].shape[::2]) == (len(b["key"]), 80)
     assert "filter_by_duration skipped 1 item(s)" in pipeline_report(pipe)
-    full = list(commonvoice_train(manifests, budget_seconds=6.0, features=None))
+    full = list(commonvoice_train(manifests, budget=6.0, features=None))
     assert sorted(k for b in full for k in b["key"]) == [r["key"] for r in rows]  # 1-15 s
-    valid = list(commonvoice_valid(manifests, batch_size=2, features=None))
+    valid = list(commonvoice_valid(manifests, budget=SampleCount(2), features=None))
     assert [list(b["key"]) for b in valid] == [["common_voice_en_1003"]]
-    test = list(commonvoice_test(tmp_path / "m", batch_size=2))
+    test = list(commonvoice_test(tmp_path / "m", budget=SampleCount(2)))
     assert [list(b["key"]) for b in test] == [["common_voice_en_1004"]]

@@ -29,6 +29,7 @@ from speechpipe.recipes.kaldi_dir import (
     kaldi_dir_train,
     prepare_kaldi_dir,
 )
+from speechpipe import SampleCount
 
 FIXTURE = Path(__file__).parent / "fixtures" / "kaldi"
 
@@ -220,13 +221,13 @@ def test_kaldi_dir_samples_needs_a_data_dir(tmp_path):
 def test_pipelines_on_audio_and_on_feature_manifests(recipe, tmp_path):
     out = prepare_kaldi_dir(recipe / "data", tmp_path / "m", root=recipe, progress=False)
     rows = {r["key"]: r for r in manifest_rows(out["train"])}
-    [batch] = list(kaldi_dir_eval(tmp_path / "m", parts=["train"], batch_size=4,
+    [batch] = list(kaldi_dir_eval(tmp_path / "m", parts=["train"], budget=SampleCount(4),
                                   features=None))
     assert batch["key"] == sorted(rows)
     assert [int(n) for n in batch["audio_len"]] == [round(rows[k]["duration"] * 16000)
                                                      for k in batch["key"]]
     batches = list(kaldi_dir_train(out, parts=["dev"], input="feats", features=None,
-                                   budget_seconds=10.0))
+                                   budget=10.0))
     [batch] = batches
     assert sorted(batch["key"]) == ["spkC-dev-000", "spkC-dev-001"]
     assert batch["feats"].shape[2] == 13

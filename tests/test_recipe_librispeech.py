@@ -32,6 +32,7 @@ from speechpipe.recipes.librispeech import (
     prepare_librispeech,
 )
 from speechpipe.testing import serve_directory
+from speechpipe import SampleCount
 
 FIXTURE = Path(__file__).parent / "fixtures" / "librispeech" / "LibriSpeech"
 
@@ -250,7 +251,7 @@ def test_train_defaults_keep_1_to_20_s_and_count_the_rest(manifests, tmp_path):
     rows = manifest_rows(manifests["dev-clean"]) + manifest_rows(manifests["test-clean"])
     tok = CharTokenizer.build([r["text"] for r in rows])
     pipe = librispeech_train(tmp_path / "m", parts=["dev-clean", "test-clean"],
-                             budget_seconds=4.5, tokenizer=tok)
+                             budget=4.5, tokenizer=tok)
     with pytest.warns(SkippedInputWarning, match="shorter than 1.0 s: 1"):
         batches = list(pipe)
     keys = sorted(k for b in batches for k in b["key"])
@@ -265,11 +266,11 @@ def test_train_defaults_keep_1_to_20_s_and_count_the_rest(manifests, tmp_path):
 
 
 def test_valid_and_test_keep_every_utterance_in_order(manifests, tmp_path):
-    valid = list(librispeech_valid(manifests, parts=["dev-clean"], batch_size=2,
+    valid = list(librispeech_valid(manifests, parts=["dev-clean"], budget=SampleCount(2),
                                    features=None))
     assert [k for b in valid for k in b["key"]] == [r["key"] for r in
                                                      manifest_rows(manifests["dev-clean"])]
-    test = list(librispeech_test(tmp_path / "m", part="test-clean", batch_size=5))
+    test = list(librispeech_test(tmp_path / "m", part="test-clean", budget=SampleCount(5)))
     assert [len(b["key"]) for b in test] == [2] and test[0]["feats"].shape[2] == 80
 
 

@@ -27,6 +27,7 @@ from speechpipe.recipes.ljspeech import (
     prepare_ljspeech,
 )
 from speechpipe.testing import serve_directory
+from speechpipe import SampleCount
 
 FIXTURE = Path(__file__).parent / "fixtures" / "ljspeech" / "LJSpeech-1.1"
 
@@ -150,7 +151,7 @@ def test_train_pipeline_keeps_all_and_gives_mel_batches_with_normalized_tokens(c
     out = prepare_ljspeech(corpus, tmp_path / "m", progress=False)
     rows = manifest_rows(out["all"])
     tok = CharTokenizer.build([r["normalized_text"] for r in rows])
-    batches = list(ljspeech_train(out, budget_seconds=7.0, tokenizer=tok, seed=0))
+    batches = list(ljspeech_train(out, budget=7.0, tokenizer=tok, seed=0))
     assert sorted(k for b in batches for k in b["key"]) == [r["key"] for r in rows]
     by_key = {r["key"]: r for r in rows}
     for b in batches:
@@ -164,6 +165,6 @@ def test_train_pipeline_keeps_all_and_gives_mel_batches_with_normalized_tokens(c
 
 def test_eval_pipeline_keeps_metadata_order(corpus, tmp_path):
     out = prepare_ljspeech(corpus, tmp_path / "m", progress=False)
-    batches = list(ljspeech_eval(tmp_path / "m", batch_size=3, features=None))
+    batches = list(ljspeech_eval(tmp_path / "m", budget=SampleCount(3), features=None))
     assert [k for b in batches for k in b["key"]] == [r["key"] for r in manifest_rows(out["all"])]
     assert int(batches[0]["sample_rate"][0]) == 22050

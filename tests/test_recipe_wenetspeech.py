@@ -43,6 +43,7 @@ from speechpipe.recipes.wenetspeech import (
     wenetspeech_train,
     wenetspeech_valid,
 )
+from speechpipe import SampleCount
 
 FIXTURE = Path(__file__).parent / "fixtures" / "wenetspeech" / "WenetSpeech"
 MISSING = "X0000000005_fixture0006"  # listed in the JSON, no file
@@ -116,7 +117,7 @@ def test_prepare_writes_every_part_in_one_pass_matching_the_json(manifests, corp
 
 
 def test_segments_read_by_the_pipeline_are_slices_of_the_recording(manifests):
-    [batch] = wenetspeech_valid(manifests, batch_size=8, features=None)
+    [batch] = wenetspeech_valid(manifests, budget=SampleCount(8), features=None)
     assert list(batch["key"]) == [s["key"] for s in read_manifest(manifests["DEV"])]
     for row, sample in enumerate(read_manifest(manifests["DEV"])):
         whole, rate = soundfile.read(sample["audio_path"], dtype="float32")
@@ -334,7 +335,7 @@ def test_train_keeps_1_to_15_s_in_budget_batches_with_normalized_text(manifests)
     rows = list(read_manifest(manifests["L"]))
     texts = [TEXT_NORMALIZER(r["text"]) for r in rows]
     tok = CharTokenizer.build(texts, space_symbol=None)
-    pipe = wenetspeech_train(manifests, parts=["L"], tokenizer=tok, budget_seconds=4.0)
+    pipe = wenetspeech_train(manifests, parts=["L"], tokenizer=tok, budget=4.0)
     with pytest.warns(SkippedInputWarning, match="shorter than 1.0 s: 2"):
         batches = list(pipe)
     kept = sorted(r["key"] for r in rows if r["duration"] >= 1.0)
@@ -352,7 +353,7 @@ def test_train_keeps_1_to_15_s_in_budget_batches_with_normalized_text(manifests)
 
 
 def test_valid_and_test_keep_every_segment_in_order(manifests, tmp_path):
-    valid = list(wenetspeech_valid(tmp_path / "m", batch_size=1))
+    valid = list(wenetspeech_valid(tmp_path / "m", budget=SampleCount(1)))
     assert [b["key"][0] for b in valid] == [s["key"] for s in read_manifest(manifests["DEV"])]
     net = list(wenetspeech_test(manifests, features=None))
     meeting = list(wenetspeech_test(manifests, part="TEST_MEETING", features=None))

@@ -53,6 +53,7 @@ from speechpipe.recipes import (
     train_pipeline,
 )
 from speechpipe.testing import serve_directory
+from speechpipe import SampleCount
 
 FIXTURES = Path(__file__).parent / "fixtures"
 LIBRISPEECH = FIXTURES / "librispeech" / "LibriSpeech"
@@ -437,7 +438,7 @@ def test_filter_by_duration_rejects_bad_arguments_and_samples_without_duration()
 def test_train_pipeline_gives_padded_batches_within_budget_and_counts_the_filter():
     samples = _fixture_samples("dev-clean") + _fixture_samples("test-clean")
     tok = CharTokenizer.build([s["text"] for s in samples])
-    pipe = train_pipeline([samples], budget_seconds=4.0, tokenizer=tok, min_duration=1.0,
+    pipe = train_pipeline([samples], budget=4.0, tokenizer=tok, min_duration=1.0,
                           max_duration=20.0, seed=3)
     with pytest.warns(SkippedInputWarning, match="shorter than 1.0 s: 1"):
         batches = list(pipe)
@@ -459,14 +460,14 @@ def test_train_pipeline_gives_padded_batches_within_budget_and_counts_the_filter
 
 def test_train_pipeline_is_reproducible_per_seed_and_epoch():
     samples = _fixture_samples("dev-clean") + _fixture_samples("test-clean")
-    pipe = train_pipeline([samples], budget_seconds=5.0, features=None, seed=1)
+    pipe = train_pipeline([samples], budget=5.0, features=None, seed=1)
     runs = [[b["key"] for b in speechpipe.set_epoch(pipe, e, seed=1)] for e in (0, 0)]
     assert runs[0] == runs[1]
 
 
 def test_train_pipeline_with_speed_perturbation_updates_durations_and_audio():
     samples = _fixture_samples("dev-clean")
-    pipe = train_pipeline([samples], budget_seconds=100.0, features=None,
+    pipe = train_pipeline([samples], budget=100.0, features=None,
                           speed_perturb=(1.25,), shard=False)
     [batch] = list(pipe)
     by_key = {s["key"]: s for s in samples}
@@ -478,23 +479,25 @@ def test_train_pipeline_with_speed_perturbation_updates_durations_and_audio():
 
 def test_eval_pipeline_keeps_order_and_every_utterance():
     samples = _fixture_samples("dev-clean") + _fixture_samples("test-clean")
-    batches = list(eval_pipeline([samples], batch_size=2, features=None))
+    batches = list(eval_pipeline([samples], budget=SampleCount(2), features=None))
     assert [k for b in batches for k in b["key"]] == [s["key"] for s in samples]
     first, _ = soundfile.read(samples[0]["audio_path"], dtype="float32")
     assert np.array_equal(batches[0]["audio"][0, : len(first)].numpy(), first)
-    budgeted = list(eval_pipeline([samples], budget_seconds=4.0, features=None))
+    budgeted = list(eval_pipeline([samples], budget=4.0, features=None))
     assert [k for b in budgeted for k in b["key"]] == [s["key"] for s in samples]
 
 
-def test_eval_pipeline_rejects_both_batch_size_and_budget():
-    with pytest.raises(ValueError, match="not both"):
-        eval_pipeline([[{"key": "u"}]], batch_size=2, budget_seconds=3.0)
+def test_eval_pipeline_takes_one_budget_and_names_a_bad_one():
+    with pytest.raises(TypeError, match="budget must be seconds"):
+        eval_pipeline([[{"key": "u"}]], budget="16")
+    with pytest.raises(TypeError, match="batch_size"):
+        eval_pipeline([[{"key": "u"}]], batch_size=2)  # the old spelling is gone
 
 
 def test_semi_supervised_pipeline_yields_sup_and_unsup_batches():
     sup, unsup = _fixture_samples("dev-clean"), _fixture_samples("test-clean")
-    pipe = semi_supervised_pipeline([sup], [unsup], budget_seconds=2.5,
-                                    unsup_budget_seconds=100.0, features=None, seed=0)
+    pipe = semi_supervised_pipeline([sup], [unsup], budget=2.5,
+                                    unsup_budget=100.0, features=None, seed=0)
     steps = list(pipe)
     assert steps and all(set(step) == {"sup", "unsup"} for step in steps)
     assert sorted(k for s in steps for k in s["sup"]["key"]) == sorted(s["key"] for s in sup)
@@ -506,14 +509,15 @@ def test_a_front_end_object_builds_the_same_pipeline_as_its_keywords():
     samples = _fixture_samples("dev-clean")
     tok = CharTokenizer.build([s["text"] for s in samples])
     front = FrontEnd(features="mfcc", feature_options={"num_ceps": 13}, tokenizer=tok)
-    by_object = list(train_pipeline([samples], budget_seconds=4.0, front_end=front, seed=2))
-    by_keywords = list(train_pipeline([samples], budget_seconds=4.0, features="mfcc",
+    by_object = list(train_pipeline([samples], budget=4.0, front_end=front, seed=2))
+    by_keywords = list(train_pipeline([samples], budget=4.0, features="mfcc",
                                       feature_options={"num_ceps": 13}, tokenizer=tok, seed=2))
     assert [b["key"] for b in by_object] == [b["key"] for b in by_keywords]
     for a, b in zip(by_object, by_keywords):
         assert a["feats"].shape[2] == 13 and bool((a["feats"] == b["feats"]).all())
         assert bool((a["tokens"] == b["tokens"]).all())
-    evaluated = list(eval_pipeline([samples], batch_size=3, front_end=FrontEnd(features=None)))
+    evaluated = list(eval_pipeline([samples], budget=SampleCount(3),
+                                   front_end=FrontEnd(features=None)))
     assert [k for b in evaluated for k in b["key"]] == [s["key"] for s in samples]
     assert FrontEnd(features="mel").feature_kwargs() == {"n_mels": 80}
 
@@ -539,7 +543,7 @@ def test_front_end_and_its_keywords_together_are_a_type_error():
 def test_semi_supervised_pipeline_tokenizes_only_sup_with_a_front_end():
     sup, unsup = _fixture_samples("dev-clean"), _fixture_samples("test-clean")
     tok = CharTokenizer.build([s["text"] for s in sup + unsup])
-    pipe = semi_supervised_pipeline([sup], [unsup], budget_seconds=2.5,
+    pipe = semi_supervised_pipeline([sup], [unsup], budget=2.5,
                                     front_end=FrontEnd(features=None, tokenizer=tok))
     step = next(iter(pipe))
     assert "tokens" in step["sup"] and "tokens" not in step["unsup"]

@@ -330,7 +330,7 @@ def pipeline(names: list[str], remote: RemoteOptions | None):
     sharded = IterableWrapper(names).sharded_shuffle(buffer_size=4, seed=3, index=True,
                                                      read_options=read)
     return sharded.map(parse).bucket_by_length(8, boundaries=[200]).block_batch(
-        batch_len=1000, shuffle_window=2, seed=3)
+        budget=PaddedArea(1000), shuffle_window=2, seed=3)
 
 
 def _rank_main(rank: int, world: int, port: int, ctx_path: str, out: str) -> None:

@@ -130,7 +130,7 @@ def same_batches(a: list[dict], b: list[dict]) -> None:
 
 
 def test_a_remote_manifest_of_remote_audio_trains_to_the_local_batches(s3):
-    options = dict(budget_seconds=1.2, sample_rate=None, features="fbank", bucket_buffer=4)
+    options = dict(budget=1.2, sample_rate=None, features="fbank", bucket_buffer=4)
     local = list(sp.train_pipeline(s3["local_manifest"], **options))
     remote = list(sp.train_pipeline(s3["remote_manifest"], remote=s3["options"], **options))
     same_batches(local, remote)
@@ -139,8 +139,9 @@ def test_a_remote_manifest_of_remote_audio_trains_to_the_local_batches(s3):
 
 
 def test_eval_pipeline_reads_remote_audio_in_manifest_order(s3):
-    local = list(sp.eval_pipeline(s3["rows"], batch_size=4, features=None, sample_rate=None))
-    remote = list(sp.eval_pipeline([s3["remote_rows"]], batch_size=4, features=None,
+    local = list(sp.eval_pipeline(s3["rows"], budget=sp.SampleCount(4), features=None,
+                                  sample_rate=None))
+    remote = list(sp.eval_pipeline([s3["remote_rows"]], budget=sp.SampleCount(4), features=None,
                                    sample_rate=None, remote=s3["options"]))
     same_batches(local, remote)
 

@@ -32,6 +32,8 @@ from speechpipe.pipes._core import IterableWrapper, SequenceWrapper
 from speechpipe.pipes.collate import PadCollate
 from speechpipe.pipes.shards import ShardWriter
 from speechpipe.pipes.batching import BatchView
+from speechpipe import PaddedArea
+from speechpipe import SampleCount
 
 DIM = 4
 EPOCHS = 2
@@ -65,7 +67,7 @@ def stream_pipe(paths: list[str], *, threads: bool = False, num_buckets: int | N
     if threads:
         samples = samples.prefetch_in_thread(5).map_in_threads(lambda s: s, num_threads=2)
     return (samples.bucket_by_length(40, seed=2, num_buckets=num_buckets)
-            .block_batch(batch_len=300, shuffle_window=4, seed=3)
+            .block_batch(PaddedArea(300), shuffle_window=4, seed=3)
             .collate(collate_fn=PadCollate()))
 
 
@@ -78,7 +80,7 @@ def view_data(n: int = 120) -> dict:
 
 def view_pipe():
     data = view_data()
-    view = BatchView({k: len(s["feats"]) for k, s in data.items()}, batch_len=200, seed=4)
+    view = BatchView({k: len(s["feats"]) for k, s in data.items()}, budget=200, seed=4)
     return SequenceWrapper(data).batch_by_view(view).collate(collate_fn=PadCollate())
 
 
@@ -93,7 +95,7 @@ def manifest_pipe():
     rng = np.random.default_rng(7)
     rows = [{"key": f"m{i:03d}", "frames": int(rng.integers(3, 50))} for i in range(150)]
     return (IterableWrapper(rows).shuffle_samples(seed=6).map(_with_feats)
-            .bucket_by_length(30, seed=2).block_batch(batch_len=250, shuffle_window=4, seed=3)
+            .bucket_by_length(30, seed=2).block_batch(PaddedArea(250), shuffle_window=4, seed=3)
             .collate(collate_fn=PadCollate()))
 
 
@@ -109,7 +111,7 @@ def mapped_manifest_pipe(case: dict):
                               for i in range(150)])
     return (IterableWrapper([path]).read_manifest_files().shuffle_samples(seed=6)
             .map(_with_feats).bucket_by_length(30, seed=2)
-            .block_batch(batch_len=250, shuffle_window=4, seed=3)
+            .block_batch(PaddedArea(250), shuffle_window=4, seed=3)
             .collate(collate_fn=PadCollate()))
 
 
@@ -119,8 +121,8 @@ def recipe_pipe(case: dict):
 
     if case["builder"] == "train":
         return librispeech.librispeech_train(case["manifests"], ["dev-clean"], seed=0,
-                                             budget_seconds=12.0, bucket_buffer=8)
-    return librispeech.librispeech_valid(case["manifests"], ["dev-clean"], batch_size=3)
+                                             budget=12.0, bucket_buffer=8)
+    return librispeech.librispeech_valid(case["manifests"], ["dev-clean"], budget=SampleCount(3))
 
 
 def summary(batch: dict) -> list:
@@ -357,7 +359,7 @@ def test_thread_stages_in_the_chain_resume_exactly(corpus):
 def test_block_batch_on_a_plain_stream_resumes_exactly(corpus, oversize):
     def make():
         return (IterableWrapper(corpus).sharded_shuffle(buffer_size=7, seed=3).decode()
-                .block_batch(batch_len=150, oversize=oversize, shuffle_window=3, seed=1))
+                .block_batch(PaddedArea(150), oversize=oversize, shuffle_window=3, seed=1))
 
     for cut in (1, 4, 9):
         full, joined, _ = _cut_and_resume(make, cut)
@@ -379,7 +381,7 @@ def test_kaldi_arks_resume_exactly(tmp_path):
 
     def make():
         return (IterableWrapper(arks).sharded_shuffle(buffer_size=6, format="ark", seed=2)
-                .bucket_by_length(8, seed=1).block_batch(batch_len=60, seed=5))
+                .bucket_by_length(8, seed=1).block_batch(PaddedArea(60), seed=5))
 
     for cut in (1, 3, 7):
         full, joined, _ = _cut_and_resume(make, cut)
@@ -465,7 +467,7 @@ def test_torch_shuffle_cannot_be_saved_and_says_why(corpus):
 
 def test_a_pipeline_without_a_resumable_source_cannot_be_saved():
     samples = [{"key": f"u{i}", "feats": np.zeros((i + 1, 2), np.float32)} for i in range(9)]
-    dataset = PipeDataset(IterableWrapper(samples).block_batch(batch_len=10))
+    dataset = PipeDataset(IterableWrapper(samples).block_batch(PaddedArea(10)))
     it = iter(dataset)
     next(it)
     state = dataset.state_dict()
@@ -474,8 +476,8 @@ def test_a_pipeline_without_a_resumable_source_cannot_be_saved():
         dataset.load_state_dict(state)
     # issue 17: the loader refuses it when it is built, naming the sources to start from
     with pytest.raises(TypeError, match="shuffle_samples or split_samples.*resumable=False"):
-        build_loader(IterableWrapper(samples).block_batch(batch_len=10))
-    resumable = IterableWrapper(samples).split_samples().block_batch(batch_len=10)
+        build_loader(IterableWrapper(samples).block_batch(PaddedArea(10)))
+    resumable = IterableWrapper(samples).split_samples().block_batch(PaddedArea(10))
     assert len(list(build_loader(resumable))) > 0
 
 
@@ -508,7 +510,7 @@ def test_a_held_sample_missing_from_its_shard_is_named(tmp_path):
 
     def make():
         return (IterableWrapper(paths).sharded_shuffle(buffer_size=15, seed=0).decode()
-                .block_batch(batch_len=10**6, max_samples=2, shuffle_window=1))
+                .block_batch(PaddedArea(10**6, max_samples=2), shuffle_window=1))
 
     dataset = PipeDataset(make())
     it = iter(dataset)
@@ -551,7 +553,7 @@ def test_resuming_with_random_stages_drawing_in_sequence_warns(tmp_path):
 
     def make():
         return (IterableWrapper(paths).sharded_shuffle(buffer_size=4).decode()
-                .perturb_volume(seed=0).block_batch(batch_len=10**6, max_samples=2))
+                .perturb_volume(seed=0).block_batch(PaddedArea(10**6, max_samples=2)))
 
     again = _restored_after_one_batch(make)
     with pytest.warns(ResumeWarning, match="VolumePerturber"):
@@ -561,7 +563,7 @@ def test_resuming_with_random_stages_drawing_in_sequence_warns(tmp_path):
 @pytest.mark.parametrize("batched", [False, True])
 @pytest.mark.parametrize("dither", [0.0, 1.0])
 def test_features_warn_on_resume_only_when_they_dither(tmp_path, dither, batched):
-    """compute_features (and compute_batch_features after collate, issue 20) draw only for
+    """compute_features (and compute_features(batched=True) after collate, issue 20) draw only for
     dither: without it a resume repeats the run and says nothing (every recipe's resume
     warned before)."""
     import warnings
@@ -573,12 +575,12 @@ def test_features_warn_on_resume_only_when_they_dither(tmp_path, dither, batched
     def make():
         samples = IterableWrapper(paths).sharded_shuffle(buffer_size=4).decode()
         if batched:
-            return (samples.block_batch(batch_len=10**6, max_samples=2)
+            return (samples.block_batch(PaddedArea(10**6, max_samples=2))
                     .collate(PadCollate(fields=("key", "audio", "sample_rate")))
-                    .compute_batch_features("fbank", dither=dither, num_mel_bins=10,
+                    .compute_features("fbank", batched=True, dither=dither, num_mel_bins=10,
                                             device="cpu"))
         return (samples.compute_features("fbank", dither=dither, num_mel_bins=10)
-                .block_batch(batch_len=10**6, max_samples=2))
+                .block_batch(PaddedArea(10**6, max_samples=2)))
 
     again = _restored_after_one_batch(make)
     with warnings.catch_warnings(record=True) as caught:
@@ -607,7 +609,7 @@ def _edited(make, edit) -> PipeDataset:
 
 def _shard_stream(paths: list[str], index: bool):
     return lambda: (IterableWrapper(paths).sharded_shuffle(buffer_size=6, seed=1, index=index)
-                    .decode().block_batch(batch_len=120, shuffle_window=2, seed=3))
+                    .decode().block_batch(PaddedArea(120), shuffle_window=2, seed=3))
 
 
 @pytest.mark.parametrize("index", [True, False])

@@ -17,6 +17,7 @@ from speechpipe.errors import DataError
 from speechpipe.loader import build_loader
 from speechpipe.pipes._core import IterableWrapper
 from speechpipe.pipes.order import SampleShufflerIterDataPipe
+from speechpipe import PaddedArea
 
 ROWS = [{"key": f"u{i:02d}", "text": f"t{i}", "num_frames": i + 1} for i in range(23)]
 
@@ -154,7 +155,7 @@ def test_pickle_round_trip_gives_the_same_order_and_drops_a_pass_read():
 
 
 def test_under_build_loader_a_checkpoint_can_be_taken():
-    pipe = IterableWrapper(ROWS).shuffle_samples(seed=0).block_batch(batch_len=50, seed=0)
+    pipe = IterableWrapper(ROWS).shuffle_samples(seed=0).block_batch(PaddedArea(50), seed=0)
     loader = build_loader(pipe, num_workers=2, snapshot_every=1)
     it = iter(loader)
     next(it)

@@ -67,18 +67,18 @@ def test_collate_refuses_a_batch_mixing_rates_naming_the_keys():
 
 
 def test_recipe_pipelines_resample_to_16k_by_default(mixed_rates):
-    [batch] = list(eval_pipeline(mixed_rates, features=None, batch_size=3, shard=False))
+    [batch] = list(eval_pipeline(mixed_rates, features=None, budget=sp.SampleCount(3), shard=False))
     assert batch["key"] == ["a16", "b08", "c16"]
     assert batch["sample_rate"].tolist() == [16000] * 3
     assert batch["audio_len"].tolist() == [24000] * 3  # 1.5 s at 16 kHz, the 8 kHz one too
 
 
 def test_recipe_pipelines_take_another_target_rate_or_none(mixed_rates):
-    [batch] = list(eval_pipeline(mixed_rates, features=None, batch_size=3, shard=False,
+    [batch] = list(eval_pipeline(mixed_rates, features=None, budget=sp.SampleCount(3), shard=False,
                                  sample_rate=8000))
     assert batch["audio_len"].tolist() == [12000] * 3
     with pytest.raises(sp.SampleRateError, match="b08"):  # None: own rates, never mixed
-        list(eval_pipeline(mixed_rates, features=None, batch_size=3, shard=False,
+        list(eval_pipeline(mixed_rates, features=None, budget=sp.SampleCount(3), shard=False,
                            sample_rate=None))
 
 
@@ -86,7 +86,7 @@ def test_recipe_features_are_computed_at_the_target_rate(mixed_rates):
     # issue 18.1: the recipe computed fbank at 8 kHz and batched it with 16 kHz utterances
     from speechpipe.pipes.audio import compute_features, resample_audio
 
-    [batch] = list(eval_pipeline(mixed_rates, batch_size=3, shard=False))
+    [batch] = list(eval_pipeline(mixed_rates, budget=sp.SampleCount(3), shard=False))
     assert batch["feats_len"].tolist() == [148] * 3
     audio, _ = soundfile.read(mixed_rates[1]["audio_path"], dtype="float32")
     expected = compute_features(resample_audio(audio, 8000, 16000), 16000, "fbank",

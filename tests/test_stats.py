@@ -52,7 +52,7 @@ def manifest(tmp_path_factory):
 def test_stats_of_a_manifest_equal_a_direct_computation(manifest):
     durations = [soundfile.info(str(p)).duration
                  for p in sorted((FIXTURE / "dev-clean").rglob("*.flac"))]
-    stats = corpus_stats(manifest, budget_seconds=4.0)
+    stats = corpus_stats(manifest, budget=4.0)
     assert stats.utterances == 3
     assert stats.seconds == pytest.approx(sum(durations), abs=1e-9)
     assert stats.hours == pytest.approx(sum(durations) / 3600)
@@ -84,7 +84,7 @@ def test_durations_from_shard_index_folder_and_pattern(tmp_path):
     assert read_durations(folder) == pytest.approx([1.0, 2.5, 1.01, 2.5, 1.02, 2.5])
     pattern = str(folder / "data-{00001..00002}.tar")
     assert read_durations(pattern) == pytest.approx([1.01, 2.5, 1.02, 2.5])
-    stats = corpus_stats([str(folder)], budget_seconds=5.0)
+    stats = corpus_stats([str(folder)], budget=5.0)
     assert stats.utterances == 6 and stats.seconds == pytest.approx(10.53)
 
 
@@ -178,7 +178,7 @@ def test_the_summary_counts_speakers_rates_channels_empty_and_out_of_range():
                    "channels": 2, "text": " "},
                   {"key": "c", "duration": 40.0, "speaker": "s2", "sample_rate": 16000,
                    "channels": 1, "text": "long"}])
-    stats = corpus_stats(samples, budget_seconds=30.0)
+    stats = corpus_stats(samples, budget=30.0)
     assert (stats.speakers, stats.sample_rates, stats.channels) == (
         2, {16000: 6, 8000: 1}, {1: 6, 2: 1})
     assert (stats.empty_texts, stats.undersize, stats.oversize) == (1, 1, 1)

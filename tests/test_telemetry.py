@@ -33,7 +33,7 @@ def demo_pipe(rows, *, augment=None):
     pipe = pipe.load_audio(field="audio_path")  # decodes each FLAC file
     if augment is not None:
         pipe = pipe.map(augment)
-    pipe = pipe.block_batch(constraint=BUDGET, seed=0, shuffle_window=1)  # streams
+    pipe = pipe.block_batch(BUDGET, seed=0, shuffle_window=1)  # streams
     return pipe.collate(collate_fn=sp.PadCollate())
 
 

@@ -373,7 +373,7 @@ def test_the_loaders_state_dict_holds_no_credentials(shards):
     with serve_directory(str(root)) as base:
         urls = [signed(f"{base}/{n}") for n in names]
         pipe = (sp.IterableWrapper(urls).sharded_shuffle(buffer_size=8, seed=1).decode()
-                .block_batch(batch_len=6).collate())
+                .block_batch(sp.PaddedArea(6)).collate())
         loader = build_loader(pipe, num_workers=1, seed=0, snapshot_every=1)
         it = iter(loader)
         for _ in range(5):

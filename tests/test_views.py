@@ -30,6 +30,7 @@ from speechpipe.pipes.batching import PaddedArea, SumOfLengths, TwoDimensional
 from speechpipe.pipes.collate import PadCollate
 from speechpipe.pipes.batching import compute_lengths, read_data_len, select_keys
 from speechpipe.pipes.batching import BatchView, epoch_batches, shard_batch, ViewLoaderIterDataPipe
+from speechpipe import SampleCount
 
 FAST = settings(max_examples=40, deadline=None)
 
@@ -75,7 +76,7 @@ LENGTHS = {f"u{i:02d}": 10 + (i * 37) % 90 for i in range(40)}
 @FAST
 @given(length_dicts, st.integers(50, 400), st.sampled_from(["emit", "drop"]))
 def test_budget_holds_and_every_key_once_per_epoch(lengths, budget, oversize):
-    view = BatchView(lengths, batch_len=budget, oversize=oversize, seed=3)
+    view = BatchView(lengths, budget=budget, oversize=oversize, seed=3)
     over = {k for k, n in lengths.items() if n > budget}
     for epoch in (0, 1):
         batches = view.batches(epoch)
@@ -95,7 +96,7 @@ def test_budget_holds_and_every_key_once_per_epoch(lengths, budget, oversize):
 @FAST
 @given(length_dicts, st.integers(100, 500))
 def test_other_cost_models_hold_their_budget(lengths, budget):
-    view = BatchView(lengths, constraint=SumOfLengths(budget=budget, max_samples=5))
+    view = BatchView(lengths, budget=SumOfLengths(budget=budget, max_samples=5))
     for batch in view.batching_view:
         if len(batch) > 1:
             assert sum(lengths[k] for k in batch) <= budget and len(batch) <= 5
@@ -104,17 +105,17 @@ def test_other_cost_models_hold_their_budget(lengths, budget):
 
 def test_two_dimensional_budget_with_pair_lengths():
     lengths = {f"u{i}": (100 + i * 10, 5 + i) for i in range(20)}
-    view = BatchView(lengths, constraint=TwoDimensional(budget_in=600, budget_out=40))
+    view = BatchView(lengths, budget=TwoDimensional(budget_in=600, budget_out=40))
     for batch in view.batching_view:
         n = len(batch)
         assert n * max(lengths[k][0] for k in batch) <= 600
         assert n * max(lengths[k][1] for k in batch) <= 40
     with pytest.raises(ValueError, match=r"TwoDimensional needs \(input, output\) pairs"):
-        BatchView({"a": 3}, constraint=TwoDimensional(budget_in=6, budget_out=4))
+        BatchView({"a": 3}, budget=TwoDimensional(budget_in=6, budget_out=4))
 
 
 def test_stats_report_describes_the_view():
-    view = BatchView({"a": 5, "b": 3, "c": 30}, batch_len=10)
+    view = BatchView({"a": 5, "b": 3, "c": 30}, budget=10)
     report = view.stats.report()
     assert "3 samples" in report and "1 emitted alone" in report
     assert view.stats.batches == len(view.batching_view) == 2
@@ -126,36 +127,36 @@ def test_stats_report_describes_the_view():
 @FAST
 @given(length_dicts, st.integers(0, 10_000), st.integers(0, 50))
 def test_same_seed_gives_the_same_batches(lengths, seed, epoch):
-    a = BatchView(lengths, batch_len=300, seed=seed)
-    b = BatchView(dict(reversed(list(lengths.items()))), batch_len=300, seed=seed)
+    a = BatchView(lengths, budget=300, seed=seed)
+    b = BatchView(dict(reversed(list(lengths.items()))), budget=300, seed=seed)
     assert a.batches(epoch) == b.batches(epoch)
 
 
 def test_each_epoch_draws_its_own_order_of_the_same_batches():
-    view = BatchView(LENGTHS, batch_len=200, seed=1)
+    view = BatchView(LENGTHS, budget=200, seed=1)
     orders = [view.batches(e) for e in range(4)]
     assert len(view.batching_view) >= 10
     assert all(sorted(o) == sorted(view.batching_view) for o in orders)
     assert len({tuple(map(tuple, o)) for o in orders}) == 4
-    assert BatchView(LENGTHS, batch_len=200, seed=2).batches(0) != orders[0]
+    assert BatchView(LENGTHS, budget=200, seed=2).batches(0) != orders[0]
 
 
 def test_shuffle_false_keeps_the_sorted_order_in_every_epoch():
-    view = BatchView(LENGTHS, batch_len=200, shuffle=False)
+    view = BatchView(LENGTHS, budget=200, shuffle=False)
     assert view.batches(0) == view.batches(5) == view.batching_view
 
 
 @pytest.mark.parametrize("descending", [True, False])
 def test_keys_are_sorted_by_length_with_ties_by_key(descending):
     lengths = {"d": 5, "a": 5, "c": 9, "b": 1, "e": 9}
-    view = BatchView(lengths, batch_size=1, shuffle=False, descending=descending)
+    view = BatchView(lengths, budget=SampleCount(1), shuffle=False, descending=descending)
     order = _flat(view.batching_view)
     expected = ["c", "e", "a", "d", "b"] if descending else ["b", "a", "d", "c", "e"]
     assert order == expected
 
 
 def test_piece_batches_have_a_fixed_count():
-    view = BatchView(LENGTHS, batch_size=6, shuffle=False)
+    view = BatchView(LENGTHS, budget=SampleCount(6), shuffle=False)
     sizes = [len(b) for b in view.batching_view]
     assert sizes == [6] * 6 + [4]
     assert _flat(view.batching_view) == sorted(LENGTHS, key=lambda k: (-LENGTHS[k], k))
@@ -183,16 +184,16 @@ def _speechain_clip(batches, size, epoch):
 
 @pytest.mark.parametrize("size", [1, 4, 9, 25])
 def test_batches_per_epoch_unshuffled_is_speechains_cyclic_window(size):
-    view = BatchView(LENGTHS, batch_len=300, shuffle=False, batches_per_epoch=size)
+    view = BatchView(LENGTHS, budget=300, shuffle=False, batches_per_epoch=size)
     assert len(view) == size
     for epoch in range(4):
         assert view.batches(epoch) == _speechain_clip(view.batching_view, size, epoch)
 
 
 def test_batches_per_epoch_clip_uses_every_batch_once_per_round():
-    view = BatchView(LENGTHS, batch_len=300, seed=4)
+    view = BatchView(LENGTHS, budget=300, seed=4)
     n = len(view.batching_view)
-    clipped = BatchView(LENGTHS, batch_len=300, seed=4, batches_per_epoch=4)
+    clipped = BatchView(LENGTHS, budget=300, seed=4, batches_per_epoch=4)
     assert len(clipped) == 4 and n % 4 != 0
     stream = [b for e in range(n) for b in clipped.batches(e)]  # n epochs = 4 rounds
     assert all(len(clipped.batches(e)) == 4 for e in range(n))
@@ -203,9 +204,9 @@ def test_batches_per_epoch_clip_uses_every_batch_once_per_round():
 
 
 def test_batches_per_epoch_extend_supplements_with_the_next_round():
-    view = BatchView(LENGTHS, batch_len=300, seed=4)
+    view = BatchView(LENGTHS, budget=300, seed=4)
     n = len(view.batching_view)
-    extended = BatchView(LENGTHS, batch_len=300, seed=4, batches_per_epoch=2 * n + 3)
+    extended = BatchView(LENGTHS, budget=300, seed=4, batches_per_epoch=2 * n + 3)
     epoch0 = extended.batches(0)
     assert len(epoch0) == len(extended) == 2 * n + 3
     assert epoch0 == view.batches(0) + view.batches(1) + view.batches(2)[:3]
@@ -217,7 +218,7 @@ def test_batches_per_epoch_extend_supplements_with_the_next_round():
 
 @pytest.mark.parametrize("start", [0, 1, 4])
 def test_start_step_skips_without_loading_and_yields_the_epoch_tail(start):
-    view = BatchView(LENGTHS, batch_len=300, seed=9)
+    view = BatchView(LENGTHS, budget=300, seed=9)
     full = view.batches(2)
     assert view.batches(2, start_step=start) == full[start:]
     source = CountingMap(LENGTHS)
@@ -230,13 +231,13 @@ def test_start_step_skips_without_loading_and_yields_the_epoch_tail(start):
 
 
 def test_start_step_past_the_epoch_is_rejected():
-    view = BatchView(LENGTHS, batch_len=300)
+    view = BatchView(LENGTHS, budget=300)
     with pytest.raises(ValueError, match=r"start_step must be <= \d+ .*got 999"):
         view.batches(0, start_step=999)
 
 
 def test_set_epoch_changes_the_order_and_resets_start_step():
-    view = BatchView(LENGTHS, batch_len=300)
+    view = BatchView(LENGTHS, budget=300)
     pipe = SequenceWrapper(CountingMap(LENGTHS)).batch_by_view(view, start_step=2)
     assert len(pipe) == len(view) - 2
     pipe.set_epoch(3)
@@ -250,7 +251,7 @@ def test_set_epoch_changes_the_order_and_resets_start_step():
 @FAST
 @given(length_dicts, st.integers(2, 4), st.integers(60, 600))
 def test_world_size_gives_every_rank_the_same_count_at_every_step(lengths, world, budget):
-    view = BatchView(lengths, batch_len=budget, world_size=world, seed=1)
+    view = BatchView(lengths, budget=budget, world_size=world, seed=1)
     glob = view.batches(1)
     per_rank = [view.batches(1, rank=r, world_size=world) for r in range(world)]
     assert all(len(p) == len(glob) == len(view) for p in per_rank)
@@ -268,26 +269,26 @@ def test_world_size_gives_every_rank_the_same_count_at_every_step(lengths, world
 
 def test_rank_zero_gets_the_shortest_of_each_rank_group():
     lengths = {"a": 9, "b": 8, "c": 7, "d": 6}
-    view = BatchView(lengths, batch_size=4, world_size=2, shuffle=False)
+    view = BatchView(lengths, budget=SampleCount(4), world_size=2, shuffle=False)
     assert view.batches(0, rank=0) == [["b", "d"]]
     assert view.batches(0, rank=1) == [["a", "c"]]
     assert shard_batch(["d", "c", "b", "a"], 0, 2, descending=False) == ["d", "b"]
 
 
 def test_world_size_mismatch_and_bad_rank_are_rejected():
-    view = BatchView(LENGTHS, batch_len=300, world_size=2)
+    view = BatchView(LENGTHS, budget=300, world_size=2)
     with pytest.raises(ValueError, match="world_size=4 differs from the view's world_size=2"):
         view.batches(0, rank=0, world_size=4)
     with pytest.raises(ValueError, match=r"rank must be an int in \[0, 2\), got 2"):
         view.batches(0, rank=2)
     with pytest.raises(ValueError, match="cannot be split evenly"):
         shard_batch(["a", "b", "c"], 0, 2)
-    with pytest.raises(ValueError, match="batch_size must be a multiple of world_size=2, got 3"):
-        BatchView(LENGTHS, batch_size=3, world_size=2)
+    with pytest.raises(ValueError, match="SampleCount must be a multiple of world_size=2, got 3"):
+        BatchView(LENGTHS, budget=SampleCount(3), world_size=2)
 
 
 def test_pipe_needs_a_rank_when_the_view_spans_several_ranks():
-    view = BatchView(LENGTHS, batch_len=300, world_size=2)
+    view = BatchView(LENGTHS, budget=300, world_size=2)
     with pytest.raises(ValueError, match="formed for world_size=2 .* world size 1"):
         list(SequenceWrapper(CountingMap(LENGTHS)).batch_by_view(view))
     pipe = SequenceWrapper(CountingMap(LENGTHS)).batch_by_view(view, rank=1)
@@ -299,6 +300,8 @@ def test_pipe_needs_a_rank_when_the_view_spans_several_ranks():
 
 def _pairs(keys, lengths, batch_size=2, **conf):
     """A custom strategy: pairs of keys in sorted order, records what it was given."""
+    if "budget" in conf:
+        batch_size = conf["budget"].size
     _pairs.calls.append((list(keys), dict(lengths), dict(conf), batch_size))
     return [list(keys[i:i + batch_size]) for i in range(0, len(keys), batch_size)]
 
@@ -309,7 +312,7 @@ _pairs.calls = []
 def test_batches_fn_hook_gets_sorted_keys_lengths_and_options():
     _pairs.calls.clear()
     lengths = {"a": 1, "b": 4, "c": 3, "d": 2, "e": 5}
-    view = BatchView(lengths, batches_fn=_pairs, batch_size=3, shuffle=False)
+    view = BatchView(lengths, batches_fn=_pairs, budget=SampleCount(3), shuffle=False)
     keys, got_lengths, conf, batch_size = _pairs.calls[0]
     assert keys == ["e", "b", "c", "d", "a"] and got_lengths == lengths and batch_size == 3
     assert view.batching_view == [["e", "b", "c"], ["d", "a"]]
@@ -453,7 +456,7 @@ def test_batch_by_view_is_registered_on_map_pipes_only_and_collates():
     assert "batch_by_view" in MapDataPipe.functions
     assert "batch_by_view" not in IterDataPipe.functions
     lengths = {"a": 5, "b": 3, "c": 9}
-    view = BatchView(lengths, batch_len=10, shuffle=False)
+    view = BatchView(lengths, budget=10, shuffle=False)
     pipe = SequenceWrapper(CountingMap(lengths)).batch_by_view(view).collate(
         collate_fn=PadCollate())
     batches = list(pipe)
@@ -462,14 +465,14 @@ def test_batch_by_view_is_registered_on_map_pipes_only_and_collates():
 
 
 def test_missing_source_key_names_the_key():
-    view = BatchView({"a": 1, "b": 2}, batch_size=2)
+    view = BatchView({"a": 1, "b": 2}, budget=SampleCount(2))
     with pytest.raises(DataError, match=r"\(key 'b'\): batch_by_view: key of the view not found"):
         list(ViewLoaderIterDataPipe({"a": {"num_frames": 1}}, view))
 
 
 def test_dataloader_batch_sampler_with_two_workers():
     dataset = SequenceWrapper(CountingMap(LENGTHS), deepcopy=False)
-    view = BatchView(LENGTHS, batch_len=300, seed=5)
+    view = BatchView(LENGTHS, budget=300, seed=5)
     sampler = view.sampler(epoch=1, start_step=2)
     loader = torch.utils.data.DataLoader(dataset, batch_sampler=sampler, num_workers=2,
                                          collate_fn=PadCollate(), generator=sampler.generator())
@@ -481,7 +484,7 @@ def test_dataloader_batch_sampler_with_two_workers():
 
 
 def test_pipe_in_a_dataloader_with_two_workers_keeps_the_view_order():
-    view = BatchView(LENGTHS, batch_len=300, seed=5)
+    view = BatchView(LENGTHS, budget=300, seed=5)
     pipe = SequenceWrapper(CountingMap(LENGTHS), deepcopy=False).batch_by_view(view, epoch=4)
     loader = torch.utils.data.DataLoader(pipe, batch_size=None, num_workers=2)
     assert [[s["key"] for s in batch] for batch in loader] == view.batches(4)
@@ -491,12 +494,9 @@ def test_pipe_in_a_dataloader_with_two_workers_keeps_the_view_order():
 
 
 @pytest.mark.parametrize("kwargs, error, message", [
-    (dict(batch_len=0), ValueError, "budget must be > 0, got 0"),
-    (dict(batch_len="10"), TypeError, "batch_len must be a number, got '10'"),
-    (dict(batch_size=0), ValueError, "batch_size must be >= 1, got 0"),
-    (dict(batch_len=10, batch_size=2), ValueError, "not both"),
-    (dict(batch_len=10, constraint=PaddedArea(5)), ValueError, "batch_len or constraint"),
-    (dict(constraint=10), TypeError, "constraint must be a BatchConstraint, got 10"),
+    (dict(budget=0), ValueError, "budget must be > 0, got 0"),
+    (dict(budget="10"), TypeError, "budget must be seconds \\(a number\\) or a constraint"),
+    (dict(budget=10, max_samples=2), TypeError, "max_samples"),
     (dict(batches_per_epoch=0), ValueError, "batches_per_epoch must be an int >= 1, got 0"),
     (dict(oversize="keep"), ValueError, "oversize must be one of .*got 'keep'"),
     (dict(world_size=0), ValueError, "world_size must be an int >= 1, got 0"),
@@ -540,14 +540,14 @@ def test_pipe_rejects_bad_arguments():
 
 def test_epoch_batches_of_an_empty_view_is_empty():
     assert epoch_batches([], 3, batches_per_epoch=4) == []
-    view = BatchView({}, batch_len=10, batches_per_epoch=4)
+    view = BatchView({}, budget=10, batches_per_epoch=4)
     assert len(view) == 0 and view.batches(2) == []
 
 
 def test_dataloader_tells_the_pipe_its_rank_and_refuses_a_second_sharding_pipe():
     from torch.utils.data.graph_settings import apply_sharding
 
-    view = BatchView(LENGTHS, batch_len=300, world_size=2, seed=2)
+    view = BatchView(LENGTHS, budget=300, world_size=2, seed=2)
     pipe = SequenceWrapper(CountingMap(LENGTHS), deepcopy=False).batch_by_view(view)
     apply_sharding(pipe, 2, 1)  # what a DataLoader on rank 1 of 2 does (num_workers=0)
     assert [[s["key"] for s in b] for b in pipe] == view.batches(0, rank=1)
@@ -560,7 +560,7 @@ def test_dataloader_tells_the_pipe_its_rank_and_refuses_a_second_sharding_pipe()
 
 
 def test_explicit_rank_with_dataloader_workers():
-    view = BatchView(LENGTHS, batch_len=300, world_size=2, seed=2)
+    view = BatchView(LENGTHS, budget=300, world_size=2, seed=2)
     pipe = SequenceWrapper(CountingMap(LENGTHS), deepcopy=False).batch_by_view(view, rank=1)
     loader = torch.utils.data.DataLoader(pipe, batch_size=None, num_workers=2)
     assert [[s["key"] for s in b] for b in loader] == view.batches(0, rank=1)

@@ -149,7 +149,7 @@ def train_loader(args: argparse.Namespace, manifests: Any, tokenizer: Any,
                  device: torch.device, telemetry: bool = False) -> Any:
     recipe = sp.get_recipe("librispeech")
     pipe = recipe.librispeech_train(
-        manifests, parts=args.train_parts, budget_seconds=args.budget_seconds,
+        manifests, parts=args.train_parts, budget=args.budget_seconds,
         max_duration=args.max_duration, seed=args.seed, bucket_buffer=args.bucket_buffer,
         features="fbank", tokenizer=tokenizer)
     options: dict[str, Any] = {}
@@ -162,7 +162,7 @@ def train_loader(args: argparse.Namespace, manifests: Any, tokenizer: Any,
 
 def valid_batches(args: argparse.Namespace, manifests: Any, tokenizer: Any) -> Any:
     recipe = sp.get_recipe("librispeech")
-    return recipe.librispeech_valid(manifests, parts=args.valid_parts, batch_size=8,
+    return recipe.librispeech_valid(manifests, parts=args.valid_parts, budget=sp.SampleCount(8),
                                     features="fbank")
 
 

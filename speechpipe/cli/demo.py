@@ -16,9 +16,11 @@ def _demo(args: argparse.Namespace) -> int:
                 f"budget {args.budget:g} padded s per batch")
     print(f"speechpipe demo: {corpus} [{args.part}], {batching}, seed {args.seed}, "
           f"workers {args.workers}")
-    summary = run_demo(corpus, part=args.part, budget_seconds=args.budget,
-                       batch_size=args.batch_size, seed=args.seed, workers=args.workers,
-                       progress=not args.no_progress)
+    from ..pipes.batching import SampleCount
+
+    budget = SampleCount(args.batch_size) if args.batch_size else args.budget
+    summary = run_demo(corpus, part=args.part, budget=budget, seed=args.seed,
+                       workers=args.workers, progress=not args.no_progress)
     print(summary.report())
     return 0
 

@@ -15,7 +15,6 @@ from ..pack import (
     LENGTH_UNITS,
     ON_MISMATCH,
     UTTS_PER_SHARD,
-    PackOptions,
     merge_pack,
     pack_data,
     pack_task,
@@ -181,7 +180,7 @@ def _run(args: argparse.Namespace, executor: Any) -> Any:
     if args.task:
         return pack_task(args.out, *args.task, num_workers=1 if executor else args.workers,
                          executor=executor, progress=not args.no_progress, remote=remote)
-    options = PackOptions(
+    settings = dict(
         fmt=args.fmt, filter_group=args.group or None, utts_per_shard=args.utts_per_shard,
         kind=args.kind, on_mismatch=args.on_mismatch,
         num_workers=1 if executor else args.workers, progress=not args.no_progress,
@@ -190,7 +189,7 @@ def _run(args: argparse.Namespace, executor: Any) -> Any:
     step = plan_pack if args.plan_only else pack_data
     return step(args.scp or None, args.labels or None, args.out,
                 segments=args.segments or None, manifests=args.manifest or None,
-                options=options, executor=executor, remote=remote)
+                executor=executor, remote=remote, **settings)
 
 
 def run_command(args: argparse.Namespace) -> int:

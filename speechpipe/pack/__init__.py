@@ -12,8 +12,8 @@ change without packing again).
   ``segments`` file, several of each, plus ``text`` label files) or JSON-lines manifests, to
   shards ``d_out[/lo_hi]/data-%05d.tar`` and one ``index.jsonl`` per folder
   (:class:`~speechpipe.index.ShardIndex`); returns a :class:`PackReport`.
-- :class:`PackOptions`: the settings of ``pack_data`` in one checked object (or pass them as
-  keyword arguments).
+- :class:`PackOptions`: the settings of a pack, checked, as the plan of a job array records
+  them (``pack_data`` and ``plan_pack`` take them as keyword arguments).
 - :func:`parse_length_groups`: ``["10:500", "500:800"]`` to :class:`LengthGroup` ranges.
 - :func:`plan_pack`, :func:`pack_task`, :func:`merge_pack`: the same pack as a job array
   (``pack --plan-only``, ``--task i/N`` on any machine, ``--merge``): a deterministic plan

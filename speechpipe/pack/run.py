@@ -67,7 +67,6 @@ def pack_data(
     allow_commands: bool = _Default("allow_commands"),
     empty_text: str = _Default("empty_text"),
     compress: str | None = _Default("compress"),
-    options: PackOptions | None = None,
     executor: Any = None,
     remote: RemoteOptions | None = None,
 ) -> PackReport:
@@ -121,8 +120,8 @@ def pack_data(
     Everything else is rewritten. Content is not compared: after changing the data of
     existing keys, pack into a fresh folder.
 
-    The settings (``fmt`` to ``compress``) are passed as keyword arguments or together as
-    ``options=PackOptions(...)`` (:class:`~speechpipe.pack.PackOptions`), not both.
+    The settings (``fmt`` to ``compress``) are keyword arguments, checked together as a
+    :class:`~speechpipe.pack.PackOptions` (what a job array's plan records).
 
     Args:
         f_scps: ``feats.scp`` or ``wav.scp`` file(s) (``ark:offset`` values or audio paths;
@@ -174,8 +173,6 @@ def pack_data(
         compress: ``None`` (plain tar), ``"gz"`` or ``"zst"``: shards compressed as they are
             written, named ``*.tar.gz``/``*.tar.zst``; read sequentially, never mapped
             (smaller to store and send, slower to read: benchmarks/README.md).
-        options: all the settings above (``fmt`` to ``compress``) in one
-            :class:`~speechpipe.pack.PackOptions`, instead of the keyword arguments.
         remote: how ``d_out`` is written when it is a URL (``s3://bucket/corpus``, any fsspec
             URL; :class:`~speechpipe.remote.RemoteOptions`, e.g. its ``storage_options``):
             each shard is written locally, then uploaded under its final name (an object
@@ -216,7 +213,7 @@ def pack_data(
     >>> tmp.cleanup()
     """
     started = time.monotonic()
-    files, out_dir, options = _arguments(f_scps, f_labels, segments, manifests, d_out, options,
+    files, out_dir, options = _arguments(f_scps, f_labels, segments, manifests, d_out,
                                          fmt=fmt, filter_group=filter_group,
                                          utts_per_shard=utts_per_shard, kind=kind,
                                          on_mismatch=on_mismatch, num_workers=num_workers,
@@ -253,9 +250,9 @@ def plan_pack(
     *,
     segments: str | os.PathLike | Sequence[str | os.PathLike] | None = None,
     manifests: str | os.PathLike | Sequence[str | os.PathLike] | None = None,
-    options: PackOptions | None = None,
     executor: Any = None,
     remote: RemoteOptions | None = None,
+    **settings: Any,
 ) -> PackReport:
     """The first step of a pack run as a job array (CLI: ``pack ... --plan-only``): read and
     measure the inputs as :func:`pack_data` does and write the plan, ``d_out/pack_plan.jsonl``
@@ -266,13 +263,15 @@ def plan_pack(
 
     The plan is deterministic (the same inputs and options give the same file); relative
     paths of the tables are kept as written, so tasks must run in the same directory as the
-    planning (as Kaldi's ``queue.pl`` jobs do). Arguments as :func:`pack_data` (settings in
-    ``options``; ``executor`` measures the utterances).
+    planning (as Kaldi's ``queue.pl`` jobs do). Arguments as :func:`pack_data`, whose keyword
+    settings (``fmt``, ``filter_group``, ``utts_per_shard`` ... ``compress``) ``settings``
+    holds; ``executor`` measures the utterances.
 
     Returns:
         The report of the planning (``shards_skipped``: shards an earlier run left complete).
     """
-    files, out_dir, options = _arguments(f_scps, f_labels, segments, manifests, d_out, options)
+    files, out_dir, options = _arguments(f_scps, f_labels, segments, manifests, d_out,
+                                         **settings)
     store = _storage(out_dir, remote)
     pool, owned = _executor(options.num_workers, executor)
     try:
@@ -364,12 +363,12 @@ class _MeasuredInputs(NamedTuple):
     sample_rate: int | None
 
 
-def _arguments(f_scps, f_labels, segments, manifests, d_out, options, **keywords):
+def _arguments(f_scps, f_labels, segments, manifests, d_out, **keywords):
     """The checked inputs, output folder and settings of a pack (the errors of
     :func:`pack_data`'s arguments)."""
     files = input_files(f_scps, f_labels, segments, manifests)
     out_dir = _out_dir(d_out)
-    options = _settings(options, **keywords)
+    options = _settings(**keywords)
     if files.manifests and options.kind == "feats":
         raise ValueError("manifests name audio files: kind must be 'auto' or 'wav'")
     return files, out_dir, options
@@ -446,18 +445,16 @@ def _plan(m: _MeasuredInputs, store: Storage, options: PackOptions
     return plan, report
 
 
-def _settings(options: PackOptions | None, **keywords: Any) -> PackOptions:
-    """``options``, or the :class:`PackOptions` of the settings passed as keywords."""
+def _settings(**keywords: Any) -> PackOptions:
+    """The :class:`PackOptions` of the settings passed as keywords, checked (an unknown one is
+    a ``TypeError`` naming it)."""
     passed = {name: value for name, value in keywords.items()
               if not isinstance(value, _Default)}
-    if options is None:
-        return PackOptions(**passed)
-    if not isinstance(options, PackOptions):
-        raise TypeError(f"options must be a PackOptions, got {options!r}")
-    if passed:
-        raise TypeError(f"pack_data() got options and the keyword argument(s) "
-                        f"{', '.join(passed)}: pass the settings one way, not both")
-    return options
+    unknown = sorted(set(passed) - set(PackOptions.__dataclass_fields__))
+    if unknown:
+        raise TypeError(f"unknown pack setting(s) {', '.join(unknown)}; the settings are "
+                        f"{', '.join(PackOptions.__dataclass_fields__)}")
+    return PackOptions(**passed)
 
 
 def _empty_labels(items: list[Item], policy: str, inputs: Inputs

@@ -675,7 +675,7 @@ class DecodeCollate(PadCollate):
     shared memory), instead of into an array of its own that collation copies: 1.03-1.07 x the
     decode's own CPU against 1.15-1.30 x for decode + copy (``bench_decode`` part 4;
     benchmarks/README.md, "Session 9"). It is the worker side of features on the device: workers decode, the batched
-    fbank runs where the batch goes (:func:`~speechpipe.pipes.audio._features.compute_batch_features`).
+    fbank runs where the batch goes (``compute_features(batched=True, device=...)``).
     Batch on lengths known without decoding (a shard index's, or a manifest's).
 
     **Mixed sample rates.** A batch's rows share one rate: without ``sample_rate`` a batch

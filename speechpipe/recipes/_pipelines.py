@@ -10,7 +10,6 @@ manifests (:func:`manifest_samples`); ``filter_by_duration``
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, fields, replace
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
@@ -18,10 +17,10 @@ from ..diagnostics import check_on_error
 from ..errors import DataError
 from ..pipes._core import IterableWrapper, IterDataPipe
 from ..pipes.audio import FEATURE_KINDS
-from ..pipes.batching import PaddedArea, SumOfLengths
+from ..pipes.batching import batch_budget, BatchConstraint, SampleCount
 from ..pipes.collate import PadCollate
 from ..remote import RemoteOptions, is_remote
-from ..sample import DURATION, FEATS, KEY, SOURCE, TEXT, Sample, sample_duration
+from ..sample import DURATION, FEATS, KEY, SOURCE, TEXT, Sample
 from ._prepare import AUDIO_PATH, FEATS_PATH, OFFSET, ManifestsArg, resolve_manifests
 
 __all__ = [
@@ -309,17 +308,11 @@ def _check_input(input: Any, on_error: str) -> Any:
     return input
 
 
-def _check_budget(value: Any, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ValueError(f"{name} must be seconds > 0, got {value!r}")
-    return float(value)
-
-
 # long: the docstring draws the whole pipeline and every argument; the body is 15 lines
 def train_pipeline(
     manifests: ManifestsArg,
     *,
-    budget_seconds: float = 200.0,
+    budget: float | BatchConstraint = 200.0,
     front_end: FrontEnd | None = None,
     min_duration: float | None = None,
     max_duration: float | None = None,
@@ -350,7 +343,7 @@ def train_pipeline(
         compute_features      -> + feats (frames, dim), audio dropped [features]
         tokenize              -> + tokens (L,) int64 from text_field  [tokenizer]
         bucket_by_length      -> groups of similar duration (buffer of bucket_buffer)
-        block_batch           -> lists of samples, n × longest duration <= budget_seconds
+        block_batch           -> lists of samples, n × longest duration <= budget
         collate(PadCollate)   -> {feats (B, T, D), feats_len (B,), tokens (B, L) padded -1,
                                   tokens_len, key [..], text [..], duration (B,), ...}
 
@@ -362,7 +355,9 @@ def train_pipeline(
     Args:
         manifests: see :func:`resolve_manifests` (paths, sample lists, prepare's dict), or a
             pipe of manifest rows (``sp.read_lhotse(...)``, ``sp.read_hf_dataset(...)``).
-        budget_seconds: padded seconds per batch (batch size × longest duration).
+        budget: padded seconds per batch (batch size × longest duration), or a constraint
+            for another unit or cost model (``sp.PaddedArea(3000)``: frames of ``feats``;
+            see :func:`~speechpipe.pipes.batching._constraints.batch_budget`).
         front_end: speed perturbation, features and tokenization (:class:`FrontEnd`; default
             ``FrontEnd()``: 80-bin fbank, no perturbation, no tokens).
         min_duration, max_duration: duration range kept, seconds (``None``: no bound).
@@ -389,9 +384,8 @@ def train_pipeline(
             ``babble``, ``rir``, ``rir_p`` (giving both is a ``TypeError``).
     """
     _check_front_end(front_end, front_end_options, "train_pipeline", _FRONT_END_FIELDS)
-    budget = _check_budget(budget_seconds, "budget_seconds")
+    constraint = batch_budget(budget, required=True)
     _check_input(input, on_error)
-    constraint = PaddedArea(budget=budget, length=sample_duration)
     pipe = manifest_samples(manifests, remote=remote)
     pipe = pipe.filter_by_duration(min_duration, max_duration)
     pipe = pipe.shuffle_samples(seed=seed, split=shard)
@@ -400,16 +394,15 @@ def train_pipeline(
     # may hold when a checkpoint is taken (a restore mixes those samples again)
     pipe = _transformed(pipe, front_end or FrontEnd(**front_end_options), input=input,
                         seed=seed, history=max(4096, 4 * bucket_buffer), remote=remote)
-    pipe = pipe.bucket_by_length(bucket_buffer, constraint=constraint, seed=seed)
-    pipe = pipe.block_batch(constraint=constraint, seed=seed)
+    pipe = pipe.bucket_by_length(bucket_buffer, budget=constraint, seed=seed)
+    pipe = pipe.block_batch(constraint, seed=seed)
     return pipe.collate(collate_fn=PadCollate())
 
 
 def eval_pipeline(
     manifests: ManifestsArg,
     *,
-    batch_size: int | None = None,
-    budget_seconds: float | None = None,
+    budget: float | BatchConstraint = SampleCount(16),
     front_end: FrontEnd | None = None,
     min_duration: float | None = None,
     max_duration: float | None = None,
@@ -422,8 +415,9 @@ def eval_pipeline(
     """A validation / test pipeline: every utterance once, in manifest order, padded batches.
 
     The same stages as :func:`train_pipeline` without shuffling, perturbation or bucketing:
-    batches are ``batch_size`` consecutive utterances, or consecutive utterances packed while
-    ``n × longest duration <= budget_seconds`` (one of the two; default 16 utterances). No
+    batches are consecutive utterances packed while ``n × longest duration <= budget``
+    seconds, or ``n`` consecutive utterances with ``budget=sp.SampleCount(n)`` (the default:
+    16). No
     utterance is dropped unless a duration range is given (then counted). With ``shard``,
     DataLoader workers and ranks each take every ``n``-th utterance (``split_samples``), so
     each utterance is evaluated once over all processes; run it in one process to keep the
@@ -431,8 +425,8 @@ def eval_pipeline(
 
     Args:
         manifests: see :func:`resolve_manifests`.
-        batch_size: utterances per batch.
-        budget_seconds: padded seconds per batch, instead of ``batch_size``.
+        budget: padded seconds per batch, or a constraint (``sp.SampleCount(n)``: ``n``
+            utterances per batch, the default ``n = 16``).
         front_end, input: as in :func:`train_pipeline` (without ``speed_perturb``).
         min_duration, max_duration: duration range kept (``None``: keep all).
         shard: share the utterances between workers and ranks (``False``: each reads all).
@@ -443,13 +437,7 @@ def eval_pipeline(
             ``normalizer``.
     """
     _check_front_end(front_end, front_end_options, "eval_pipeline", _EVAL_FRONT_END_FIELDS)
-    if batch_size is not None and budget_seconds is not None:
-        raise ValueError("give batch_size or budget_seconds, not both")
-    if batch_size is None and budget_seconds is None:
-        batch_size = 16
-    if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(
-            batch_size, int) or batch_size < 1):
-        raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
+    constraint = batch_budget(budget, required=True)
     _check_input(input, on_error)
     pipe = manifest_samples(manifests, remote=remote)
     if min_duration is not None or max_duration is not None:
@@ -457,13 +445,7 @@ def eval_pipeline(
     pipe = pipe.split_samples(split=shard)
     pipe = _loaded(pipe, input, on_error, remote)
     pipe = _transformed(pipe, front_end or FrontEnd(**front_end_options), input=input, seed=0)
-    if batch_size is not None:  # consecutive utterances, batch_size of them
-        constraint = SumOfLengths(budget=math.inf, max_samples=batch_size,
-                                  length=sample_duration)
-    else:
-        constraint = PaddedArea(budget=_check_budget(budget_seconds, "budget_seconds"),
-                                length=sample_duration)
-    pipe = pipe.block_batch(constraint=constraint, shuffle_window=1)
+    pipe = pipe.block_batch(constraint, shuffle_window=1)
     return pipe.collate(collate_fn=PadCollate())
 
 
@@ -471,8 +453,8 @@ def semi_supervised_pipeline(
     sup_manifests: ManifestsArg,
     unsup_manifests: ManifestsArg,
     *,
-    budget_seconds: float = 200.0,
-    unsup_budget_seconds: float | None = None,
+    budget: float | BatchConstraint = 200.0,
+    unsup_budget: float | BatchConstraint | None = None,
     tokenizer: Any = None,
     until: str = "sup",
     seed: int = 0,
@@ -487,8 +469,8 @@ def semi_supervised_pipeline(
 
     Args:
         sup_manifests, unsup_manifests: see :func:`resolve_manifests`.
-        budget_seconds: padded seconds per supervised batch.
-        unsup_budget_seconds: padded seconds per unsupervised batch (default: the same).
+        budget: padded seconds (or a constraint) per supervised batch.
+        unsup_budget: the same per unsupervised batch (default: ``budget``).
         tokenizer: tokenizer of the supervised text.
         until: ``"sup"``, ``"unsup"``, ``"shortest"`` or ``"longest"`` (see ``zip_by_name``).
         seed: seed of the supervised pipeline; the unsupervised one uses ``seed + 1``.
@@ -503,10 +485,10 @@ def semi_supervised_pipeline(
                         "(it is a field of the FrontEnd)")
     else:
         unsup_options["front_end"] = replace(options["front_end"], tokenizer=None)
-    sup = train_pipeline(sup_manifests, budget_seconds=budget_seconds, seed=seed, **sup_options)
+    sup = train_pipeline(sup_manifests, budget=budget, seed=seed, **sup_options)
     unsup = train_pipeline(
         unsup_manifests,
-        budget_seconds=budget_seconds if unsup_budget_seconds is None else unsup_budget_seconds,
+        budget=budget if unsup_budget is None else unsup_budget,
         seed=seed + 1, **unsup_options,
     )
     return sup.zip_by_name(unsup, names=("sup", "unsup"), until=until)

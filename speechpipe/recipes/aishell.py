@@ -359,7 +359,7 @@ def aishell_train(manifests: Any, parts: Iterable[str] = ("train",), *,
         min_duration, max_duration: duration range kept, seconds.
         normalizer: applied to ``text`` before tokenizing (``None``: as stored, with spaces).
         **options: :func:`~speechpipe.recipes.train_pipeline` options
-            (``tokenizer``, ``speed_perturb=(0.9, 1.0, 1.1)``, ``budget_seconds``, ``seed``...).
+            (``tokenizer``, ``speed_perturb=(0.9, 1.0, 1.1)``, ``budget``, ``seed``...).
     """
     return train_pipeline(resolve_manifests(manifests, corpus=CORPUS, parts=list(parts)),
                           min_duration=min_duration, max_duration=max_duration,

@@ -337,7 +337,7 @@ def librispeech_train(manifests: Any, parts: Iterable[str] = TRAIN_PARTS, *,
         parts: the parts to train on (default: the full 960 h).
         min_duration, max_duration: duration range kept, seconds.
         **options: :func:`~speechpipe.recipes.train_pipeline` options
-            (``tokenizer``, ``speed_perturb=(0.9, 1.0, 1.1)``, ``budget_seconds``, ``seed``...).
+            (``tokenizer``, ``speed_perturb=(0.9, 1.0, 1.1)``, ``budget``, ``seed``...).
     """
     return train_pipeline(resolve_manifests(manifests, corpus=CORPUS, parts=list(parts)),
                           min_duration=min_duration, max_duration=max_duration, **options)

@@ -20,8 +20,8 @@ without its ``repr=False`` fields, and how files are read (``read_options``) is 
 
 >>> from speechpipe import IterableWrapper
 >>> import speechpipe
->>> saved = fingerprint(IterableWrapper(["a.tar", "b.tar"]).block_batch(batch_len=60, seed=0))
->>> now = fingerprint(IterableWrapper(["a.tar"]).block_batch(batch_len=30, seed=0))
+>>> saved = fingerprint(IterableWrapper(["a.tar", "b.tar"]).block_batch(60, seed=0))
+>>> now = fingerprint(IterableWrapper(["a.tar"]).block_batch(30, seed=0))
 >>> for line in describe_differences(differences(saved, now)):
 ...     print(line)
 0:BlockBatcherIterDataPipe constraint.budget: 60 -> 30

@@ -76,7 +76,7 @@ def propagate_epoch(pipe: Any, epoch: int) -> int:
 
     >>> import speechpipe
     >>> from speechpipe import IterableWrapper
-    >>> batches = IterableWrapper([3, 1, 2]).block_batch(batch_len=4).map(len)
+    >>> batches = IterableWrapper([3, 1, 2]).block_batch(4).map(len)
     >>> propagate_epoch(batches, 7), batches.datapipe.epoch
     (1, 7)
     """

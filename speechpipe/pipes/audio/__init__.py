@@ -26,7 +26,7 @@ from ._fbank import (
     fbank, fbank_frames, FbankOptions, log_mel, LogMelOptions, mfcc, MfccOptions, WINDOW_TYPES,
 )
 from ._features import (
-    BACKENDS, batch_features, BatchFeatureComputer, BatchFeatureComputerIterDataPipe,
+    BACKENDS, batch_features,
     compute_features, extract_features, FEATURE_KINDS, FeatureComputer,
     FeatureComputerIterDataPipe, FeatureExtractor, KALDI_SCALE, mel_num_frames, num_frames,
     SPEECH_DEFAULTS,
@@ -39,8 +39,6 @@ from ._noise import (
 __all__ = [
     "AUGMENT",
     "BACKENDS",
-    "BatchFeatureComputer",
-    "BatchFeatureComputerIterDataPipe",
     "ChannelPicker",
     "ChannelPickerIterDataPipe",
     "CmvnApplier",

@@ -21,9 +21,7 @@ functional name             what it does to a sample                            
                             (:mod:`~speechpipe.pipes.audio._fbank`, or
                             :mod:`torchaudio.compliance.kaldi` by name) or ``mel``
                             (:class:`torchaudio.transforms.MelSpectrogram`); per sample
-                            or per collated batch (``batched=True``)
-``compute_batch_features``  ``feats``/``feats_len`` of a collated batch, in one call,   dither
-                            on a chosen ``device``
+                            or per collated batch (``batched=True``, on a ``device``)
 ``spec_augment``            time warp, time masks, frequency masks on ``feats``         yes
 ``apply_cmvn``              global (:class:`CmvnStats`) or per-utterance mean and       no
                             variance normalisation of ``feats``

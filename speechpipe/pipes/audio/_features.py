@@ -30,8 +30,6 @@ from ._fbank import fbank, FbankOptions, log_mel, LogMelOptions, mfcc, MfccOptio
 
 __all__ = [
     "BACKENDS",
-    "BatchFeatureComputer",
-    "BatchFeatureComputerIterDataPipe",
     "FEATURE_KINDS",
     "FeatureComputer",
     "FeatureComputerIterDataPipe",
@@ -513,8 +511,12 @@ class FeatureComputerIterDataPipe(Seeded, IterDataPipe[Sample]):
     scale`` (plus dither). With ``batched=True`` it consumes collated batches
     (``PadCollate``: ``audio`` ``(B, T)``, ``audio_len``, ``sample_rate``) and adds ``feats``
     ``(B, T', D)`` and ``feats_len`` (:func:`batch_features`; ``(B, T, C)`` audio gives
-    ``(B, T', C, D)``); ``compute_batch_features``
-    (:class:`BatchFeatureComputerIterDataPipe`) is that, on a chosen device.
+    ``(B, T', C, D)``) on ``device``: row ``i`` holds what the per-sample stage gives for
+    sample ``i`` (same options, seed and dither draws), then zeros. With
+    ``backend="speechpipe"`` Kaldi ``fbank``/``mfcc`` is one vectorised call per batch, run on
+    ``device``, so workers can only decode and the features be computed where the model runs
+    (after ``build_loader(..., device=...)``); torchaudio's functions run row by row on the
+    CPU and the result is moved.
 
     One pipe for the three kinds, not three verbs: they share input, output, dither, seeding,
     frame counting, batching and error handling; only the reference function differs, and its
@@ -534,6 +536,8 @@ class FeatureComputerIterDataPipe(Seeded, IterDataPipe[Sample]):
         scale: waveform scale before the reference (default 32768 for ``fbank``/``mfcc``,
             Kaldi's 16-bit range; 1.0 for ``mel``).
         batched: consume collated batches instead of samples.
+        device: with ``batched=True``, where features are computed and returned (``"cpu"``,
+            ``"cuda:0"``...); default: where each batch's ``audio`` is.
         keep_audio: keep ``audio`` (and ``audio_len``) in the output; by default it is
             dropped (batches carry ``feats`` only, and later buffers hold less).
         sample_rate: the rate (Hz) the features are meant for: audio at any other rate raises
@@ -560,6 +564,14 @@ class FeatureComputerIterDataPipe(Seeded, IterDataPipe[Sample]):
     >>> pipe = IterableWrapper(rows).compute_features("fbank", num_mel_bins=80)
     >>> [s["feats"].shape for s in pipe], pipe.num_frames(16000, 16000)
     ([(98, 80)], 98)
+    >>> from speechpipe import PadCollate
+    >>> rows = [{"key": k, "audio": np.zeros(n, np.float32), "sample_rate": 16000}
+    ...         for k, n in (("a", 16000), ("b", 8000))]
+    >>> batches = IterableWrapper([rows]).collate(PadCollate(fields=("key", "audio",
+    ...                                                               "sample_rate")))
+    >>> [batch] = batches.compute_features("fbank", batched=True, device="cpu")
+    >>> tuple(batch["feats"].shape), batch["feats_len"].tolist(), batch["feats"].device.type
+    ((2, 98, 80), [98, 48], 'cpu')
     """
 
     holds_nothing = True  # item by item: nothing kept between two yields
@@ -573,6 +585,7 @@ class FeatureComputerIterDataPipe(Seeded, IterDataPipe[Sample]):
         seed: int = 0,
         scale: float | None = None,
         batched: bool = False,
+        device: str | torch.device | None = None,
         keep_audio: bool = False,
         sample_rate: int | None = None,
         on_error: str = "raise",
@@ -587,9 +600,18 @@ class FeatureComputerIterDataPipe(Seeded, IterDataPipe[Sample]):
         for name, value in (("batched", batched), ("keep_audio", keep_audio)):
             if not isinstance(value, bool):
                 raise TypeError(f"{name} must be a bool, got {value!r}")
+        if device is not None:
+            if not batched:
+                raise ValueError("device goes with batched=True (features of a batch where "
+                                 "the model runs); per sample, features are computed where "
+                                 "the sample is")
+            try:
+                device = torch.device(device)
+            except (RuntimeError, TypeError) as exc:
+                raise ValueError(f"device must name a torch device, got {device!r}") from exc
         self.extractor = FeatureExtractor(kind, scale, options, backend)
         self.kind = kind
-        self.device: torch.device | None = None
+        self.device: torch.device | None = device
         self.dither = dither
         self.seed = check_seed(seed)
         self.epoch = 0
@@ -669,67 +691,6 @@ class FeatureComputerIterDataPipe(Seeded, IterDataPipe[Sample]):
 
 
 FeatureComputer = FeatureComputerIterDataPipe
-
-
-@functional_datapipe("compute_batch_features")
-class BatchFeatureComputerIterDataPipe(FeatureComputerIterDataPipe):
-    """Batch features on a device (functional name: ``compute_batch_features``).
-
-    Consumes batches of :class:`~speechpipe.pipes.collate.PadCollate` (``audio`` ``(B, T)``,
-    ``audio_len``, ``sample_rate``; numpy or tensors, e.g. after ``move_to_device``) and
-    yields them with ``feats`` ``(B, T', D)`` float32 and ``feats_len`` ``(B,)`` int64 on
-    ``device``: row ``i`` holds what ``compute_features`` gives for sample ``i`` (same
-    options, seed and dither draws), then zeros. With ``backend="speechpipe"`` (default) Kaldi
-    ``fbank``/``mfcc`` is one vectorised call per batch, run on ``device``, so workers can
-    only decode and the features be computed where the model runs; torchaudio's functions
-    (``backend="torchaudio"``, ``kind="mel"``) run row by row on the CPU and the result is
-    moved. The same as ``compute_features(..., batched=True)`` plus ``device``.
-
-    Args:
-        source_datapipe: collated batches with audio.
-        kind, dither, seed, scale, keep_audio, on_error, backend, **options: as
-            :class:`FeatureComputerIterDataPipe`.
-        device: where features are computed and returned (``"cpu"``, ``"cuda:0"``...);
-            default: where each batch's ``audio`` is.
-
-    >>> from speechpipe import IterableWrapper, PadCollate
-    >>> rows = [{"key": k, "audio": np.zeros(n, np.float32), "sample_rate": 16000}
-    ...         for k, n in (("a", 16000), ("b", 8000))]
-    >>> batches = IterableWrapper([rows]).collate(PadCollate(fields=("key", "audio",
-    ...                                                               "sample_rate")))
-    >>> [batch] = batches.compute_batch_features("fbank", device="cpu")
-    >>> tuple(batch["feats"].shape), batch["feats_len"].tolist(), batch["feats"].device.type
-    ((2, 98, 80), [98, 48], 'cpu')
-    """
-
-    holds_nothing = True  # item by item: nothing kept between two yields
-
-    def __init__(
-        self,
-        source_datapipe: IterDataPipe,
-        kind: str = "fbank",
-        *,
-        device: str | torch.device | None = None,
-        dither: float = 0.0,
-        seed: int = 0,
-        scale: float | None = None,
-        keep_audio: bool = False,
-        on_error: str = "raise",
-        backend: str = "speechpipe",
-        **options: Any,
-    ) -> None:
-        super().__init__(source_datapipe, kind, dither=dither, seed=seed, scale=scale,
-                         batched=True, keep_audio=keep_audio, on_error=on_error,
-                         backend=backend, **options)
-        if device is not None:
-            try:
-                device = torch.device(device)
-            except (RuntimeError, TypeError) as exc:
-                raise ValueError(f"device must name a torch device, got {device!r}") from exc
-        self.device = device
-
-
-BatchFeatureComputer = BatchFeatureComputerIterDataPipe
 
 
 def _skip_reason(error: DataError) -> str:

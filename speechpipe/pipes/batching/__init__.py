@@ -10,7 +10,7 @@ from ._buckets import (
 )
 from ._calibration import calibrate_budget, Calibration
 from ._constraints import (
-    batch_constraint, BatchConstraint, BatchStats, BudgetWarning, IndexLength, LengthUnitError,
+    batch_budget, BatchConstraint, BatchStats, BudgetWarning, IndexLength, LengthUnitError,
     OVERSIZE, PaddedArea, Quadratic, SampleCount, SumOfLengths, TwoDimensional,
 )
 from ._lengths import (
@@ -44,7 +44,7 @@ __all__ = [
     "ViewLoader",
     "ViewLoaderIterDataPipe",
     "ViewSampler",
-    "batch_constraint",
+    "batch_budget",
     "bucket_groups",
     "calibrate_budget",
     "compute_lengths",

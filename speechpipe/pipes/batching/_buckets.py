@@ -1,11 +1,11 @@
 """Length-aware batching: ``bucket_by_length`` and ``block_batch``, packing under a budget.
 
 Speech utterances run from 1 s to 30 s; speechpipe batches them by a **budget** measured by a
-cost model, the ``constraint=`` of every stage
+cost model, the ``budget=`` of every stage: a number of seconds (the padded duration), or a
+constraint for another unit or model
 (:class:`~speechpipe.pipes.batching._constraints.PaddedArea`, ``SumOfLengths``, ``Quadratic``,
-``TwoDimensional``, ``SampleCount``; in :mod:`speechpipe.pipes.batching._constraints`, the first four
-re-exported here; ``max_duration=`` (seconds) and ``batch_len=`` (frames or audio samples)
-are short for a ``PaddedArea``). A batch of two or more samples never exceeds its budget; a
+``TwoDimensional``, ``SampleCount``; in :mod:`speechpipe.pipes.batching._constraints`).
+A batch of two or more samples never exceeds its budget; a
 single sample whose cost alone exceeds it is an **oversize** sample, emitted alone -- the one
 batch over the budget -- (``oversize="emit"``) or dropped (``oversize="drop"``), counted
 either way in :class:`~speechpipe.pipes.batching._constraints.BatchStats`, and a pass where most batches
@@ -39,7 +39,7 @@ from .._core import (
     check_seed, held_sample, identity, identity_list, Resumable, rng_state, Seeded, until_end,
 )
 from ._constraints import (
-    primary_measure, batch_constraint, BatchConstraint, BatchStats, Length, OVERSIZE, PaddedArea,
+    primary_measure, batch_budget, BatchConstraint, BatchStats, Length, OVERSIZE, PaddedArea,
 )
 from ..order import drain_pool, shuffle_window
 
@@ -248,8 +248,10 @@ class LengthBucketerIterDataPipe(Seeded, Resumable, IterDataPipe[list]):
             15 % more repeated pairs (``benchmarks/bench_batching.py``).
         boundaries: increasing lengths separating buckets, or a callable returning them.
         num_buckets: estimate this many equal-count buckets when no boundaries are given.
-        constraint: only its ``measure`` is used here (default :class:`PaddedArea` measure:
-            frames of ``feats``, else samples of ``audio``).
+        budget: the same ``budget=`` as the ``block_batch`` after it (seconds or a
+            constraint, see :func:`~speechpipe.pipes.batching._constraints.batch_budget`),
+            so that both measure samples alike; only its measure is used here. Default: the
+            samples' lengths, frames of ``feats``, else samples of ``audio``.
         seed: base seed; ties are broken with ``(seed, epoch, rank, worker)``.
 
     >>> from speechpipe import IterableWrapper
@@ -265,7 +267,7 @@ class LengthBucketerIterDataPipe(Seeded, Resumable, IterDataPipe[list]):
         *,
         boundaries: Sequence[float] | Callable[[], Sequence[float]] | None = None,
         num_buckets: int | None = None,
-        constraint: BatchConstraint | None = None,
+        budget: float | BatchConstraint | None = None,
         seed: int = 0,
     ) -> None:
         if not isinstance(buffer_size, int) or buffer_size < 1:
@@ -280,7 +282,7 @@ class LengthBucketerIterDataPipe(Seeded, Resumable, IterDataPipe[list]):
         self.buffer_size = buffer_size
         self.boundaries = boundaries
         self.num_buckets = num_buckets
-        constraint = batch_constraint(constraint)
+        constraint = batch_budget(budget)
         # only its measure is used: the default one measures as an unbounded PaddedArea would
         self.constraint = PaddedArea(budget=float("inf")) if constraint is None else constraint
         self.seed = check_seed(seed)
@@ -382,28 +384,24 @@ class BlockBatcherIterDataPipe(Seeded, Resumable, IterDataPipe[list]):
 
     Consumes samples, or groups of samples from ``bucket_by_length`` (each group is packed on
     its own, so no batch mixes two groups); yields batches (lists of samples) within the
-    budget of ``constraint`` -- except a single sample longer than the budget on its own (see
+    budget -- except a single sample longer than the budget on its own (see
     ``oversize``) -- in a seeded random order within ``shuffle_window`` batches. Follow it
     with torch's ``collate`` to pad.
 
     Args:
         source_datapipe: samples or groups.
-        constraint: the cost model and its budget, a
-            :class:`~speechpipe.pipes.batching._constraints.BatchConstraint` (``PaddedArea``,
-            ``SumOfLengths``, ``Quadratic``, ``TwoDimensional``, ``SampleCount``).
-        batch_len: shorthand for ``constraint=PaddedArea(budget=batch_len,
-            max_samples=max_samples)``: the padded area ``n × max_len`` in the samples' own
-            length unit -- frames of ``feats``, else audio samples.
-        max_samples: cap on samples per batch, with ``batch_len`` or ``max_duration`` (a
-            constraint has its own).
+        budget: seconds of padded audio per batch (``n ×`` the longest duration, lhotse's
+            ``max_duration``), or a
+            :class:`~speechpipe.pipes.batching._constraints.BatchConstraint` for another unit
+            or cost model: ``PaddedArea(3000)`` (frames of ``feats``, else audio samples),
+            ``SumOfLengths``, ``Quadratic``, ``TwoDimensional``, ``SampleCount(n)`` (see
+            :func:`~speechpipe.pipes.batching._constraints.batch_budget`).
+        max_samples: cap on samples per batch, with a budget in seconds (a constraint has
+            its own).
         oversize: ``"emit"`` a sample whose cost alone exceeds the budget as a batch of one
             (the only batch over the budget), or ``"drop"`` it; counted either way in
             ``self.stats``, and a pass where most batches are such samples warns
             (:class:`~speechpipe.pipes.batching._constraints.BudgetWarning`).
-        max_duration: shorthand for a padded-area budget in seconds (``n ×`` the longest
-            duration): ``PaddedArea(budget=max_duration, length=sample_duration)``. Give one
-            of ``constraint``, ``max_duration`` and ``batch_len`` (see
-            :func:`~speechpipe.pipes.batching._constraints.batch_constraint`).
         shuffle_window: batches held and emitted in random order (1 keeps packing order).
         seed: base seed; the order uses ``(seed, epoch, rank, worker)``.
 
@@ -415,30 +413,29 @@ class BlockBatcherIterDataPipe(Seeded, Resumable, IterDataPipe[list]):
 
     >>> from speechpipe import IterableWrapper
     >>> pipe = IterableWrapper([1, 7, 8, 2, 3, 9]).bucket_by_length(3).block_batch(
-    ...     constraint=PaddedArea(budget=16), shuffle_window=1)
+    ...     16, shuffle_window=1)  # bare lengths, taken as seconds
     >>> list(pipe)
     [[1, 7], [8], [2, 3], [9]]
     >>> pipe.stats.batches, pipe.stats.over_budget
     (4, 0)
-    >>> list(IterableWrapper([1, 7, 8, 2, 3, 9]).bucket_by_length(3).block_batch(
-    ...     batch_len=16, shuffle_window=1))  # the same, said with the shorthand
-    [[1, 7], [8], [2, 3], [9]]
+    >>> import numpy as np
+    >>> samples = [{"key": k, "feats": np.zeros((n, 2))} for k, n in enumerate([1, 7, 8])]
+    >>> [[s["key"] for s in b] for b in IterableWrapper(samples).block_batch(
+    ...     PaddedArea(16), shuffle_window=1)]  # frames of feats
+    [[0, 1], [2]]
     """
 
     def __init__(
         self,
         source_datapipe: IterDataPipe,
-        batch_len: float | None = None,
+        budget: float | BatchConstraint | None = None,
         *,
-        constraint: BatchConstraint | None = None,
         max_samples: int | None = None,
         oversize: str = "emit",
         shuffle_window: int = 100,
         seed: int = 0,
-        max_duration: float | None = None,
     ) -> None:
-        constraint = batch_constraint(constraint, batch_len=batch_len, max_samples=max_samples,
-                                      max_duration=max_duration, required=True)
+        constraint = batch_budget(budget, max_samples=max_samples, required=True)
         if oversize not in OVERSIZE:
             raise ValueError(f"oversize must be one of {OVERSIZE}, got {oversize!r}")
         if not isinstance(shuffle_window, int) or shuffle_window < 1:

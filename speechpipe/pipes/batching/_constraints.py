@@ -22,10 +22,11 @@ exceeds its budget; a single sample whose cost alone exceeds it is an **oversize
 emitted alone (``oversize="emit"``) or dropped (``oversize="drop"``), and counted either way
 in :class:`BatchStats`.
 
-Every batching stage is sized by ``constraint=``. Two shorthands name the common constraints:
-``batch_len=B`` (with an optional ``max_samples=N``) is ``PaddedArea(budget=B,
-max_samples=N)``, and ``batch_size=N`` (where a stage takes it) is ``SampleCount(N)``;
-:func:`batch_constraint` turns whichever was given into the constraint, for every stage.
+Every batching stage is sized by one argument, ``budget=``: a number of seconds (the padded
+duration ``n × longest``; with an optional ``max_samples=N``) or one of these constraints for
+any other unit or model (``PaddedArea(3000)``: frames of ``feats``, else audio samples;
+``SampleCount(n)``: batches of a fixed count); :func:`batch_budget` turns it into the
+constraint, for every stage.
 
 The algorithms and pipes that pack batches under a budget are in
 :mod:`speechpipe.pipes.batching._buckets` (streaming) and :mod:`speechpipe.pipes.batching._views` (planned from
@@ -60,7 +61,7 @@ __all__ = [
     "SampleCount",
     "SumOfLengths",
     "TwoDimensional",
-    "batch_constraint",
+    "batch_budget",
 ]
 
 Length = Union[int, float, tuple]
@@ -139,7 +140,7 @@ class IndexLength(float):
         return LengthUnitError(
             f"the shard index counts {self.unit} but the constraint measures {measures}: the "
             "plan would batch one unit and the pipeline another. Measure durations "
-            "(PaddedArea(budget=seconds, length='duration'), or block_batch(max_duration=...), "
+            "(block_batch(budget=seconds) or PaddedArea(budget=seconds, length='duration'), "
             "after durations_from_index or decode), whatever the index counts; or pack with "
             "the unit the batching measures (pack length_unit='frames' for features)")
 
@@ -161,14 +162,13 @@ class BatchConstraint(ABC):
     max_samples: int | None = None
 
     def measure(self, sample: Any) -> Length:
-        if self.length is None:
-            if type(sample) is not dict and not isinstance(sample, Mapping):
-                if type(sample) is IndexLength:  # planning from an index: its unit checked
-                    return sample.measured(None)
-                return sample  # a bare length
+        if type(sample) is not dict and not isinstance(sample, Mapping):
+            if type(sample) is IndexLength:  # planning from an index: its unit checked
+                return sample.measured(self.length)
+            if self.length is None or (isinstance(sample, Real) and not isinstance(sample, bool)):
+                return sample  # a bare length, in whatever unit the caller planned
+        elif self.length is None:
             return sample_length(sample)
-        if type(sample) is IndexLength:
-            return sample.measured(self.length)
         if isinstance(self.length, str):
             return sample_length(sample, self.length)
         return self.length(sample)
@@ -362,8 +362,8 @@ class TwoDimensional(BatchConstraint):
 
 @dataclass(frozen=True)
 class SampleCount(BatchConstraint):
-    """A fixed number of samples per batch, whatever their lengths (SpeeChain's piece batches;
-    what the ``batch_size`` shorthand names).
+    """A fixed number of samples per batch, whatever their lengths (SpeeChain's piece batches:
+    ``budget=SampleCount(n)``).
 
     A batch holds at most ``size`` samples, so packing fills each batch with ``size`` samples
     (the last one fewer). Lengths never count against it: no sample is oversize. ``size`` is
@@ -412,90 +412,68 @@ def primary_measure(length: Length) -> float:
 # --------------------------------------------------------------------------- the one way
 
 
-# long: a 45-line docstring (each shorthand, its errors, examples); the body is 35 lines
-def batch_constraint(
-    constraint: BatchConstraint | None = None,
-    *,
-    batch_len: float | None = None,
-    max_samples: int | None = None,
-    batch_size: int | None = None,
-    required: bool = False,
-    max_duration: float | None = None,
-) -> BatchConstraint | None:
-    """The constraint that sizes a batch, from whichever way a stage was told.
+#: ``batch_budget``'s ``length`` when a number of seconds is given: the samples' durations.
+SECONDS = sample_duration
 
-    ``constraint`` is the one way to say it; the others are shorthands for named constraints:
-    ``max_duration=S`` (seconds, lhotse's spelling; with an optional ``max_samples=N``) is
-    ``PaddedArea(budget=S, max_samples=N, length=sample_duration)`` -- ``n ×`` the longest
-    duration -- ``batch_len=B`` is the same in the sample's own length unit (frames of
-    ``feats``, else audio samples) and ``batch_size=N`` is ``SampleCount(N)``. At most one of
-    ``constraint``, ``max_duration``, ``batch_len`` and ``batch_size`` may be given.
-    ``block_batch``, ``bucket_by_length`` and ``BatchView`` size their batches with it.
+
+def batch_budget(
+    budget: float | BatchConstraint | None,
+    *,
+    max_samples: int | None = None,
+    length: LengthFn = SECONDS,
+    required: bool = False,
+) -> BatchConstraint | None:
+    """The constraint that sizes a batch, from a stage's ``budget=``: the one way to say it.
+
+    ``budget`` is either a **number of seconds** -- the padded duration of a batch, ``n ×``
+    its longest sample's duration, as lhotse's ``max_duration``: ``PaddedArea(budget,
+    max_samples=max_samples, length=length)`` -- or a
+    :class:`BatchConstraint`, for any other unit or cost model: ``PaddedArea(3000)`` counts
+    frames of ``feats`` (else audio samples), ``SumOfLengths``, ``Quadratic``,
+    ``TwoDimensional``, and ``SampleCount(n)`` for batches of a fixed count. ``block_batch``,
+    ``bucket_by_length``, ``BatchView``, ``form_batches`` and the recipes' pipelines take it.
 
     Args:
-        constraint: a :class:`BatchConstraint`.
-        batch_len: budget of a :class:`PaddedArea` (``n × max_len``), a number > 0, in frames
-            (samples with ``feats``) or audio samples.
-        max_samples: cap on samples per batch, with ``batch_len`` or ``max_duration`` only.
-        max_duration: budget of a :class:`PaddedArea` over durations, in seconds.
-        batch_size: samples per batch (:class:`SampleCount`), an int >= 1.
-        required: one of ``constraint`` and ``batch_len`` must be given.
+        budget: seconds (a number > 0) or a :class:`BatchConstraint`.
+        max_samples: cap on samples per batch, with a number only (a constraint has its own).
+        length: what a number measures (default: the samples' durations in seconds;
+            ``BatchView`` passes ``None``: its lengths are given, in their own unit).
+        required: ``None`` is an error.
 
     Returns:
-        The constraint, or None if none was given and none is required.
+        The constraint, or ``None`` when none was given and none is required.
 
     Raises:
-        ValueError: two ways at once, naming them (``required`` says "give exactly one of
-            batch_len and constraint", also when none is given); ``max_samples`` without
-            ``batch_len``; ``batch_size < 1`` or a budget that is not > 0.
-        TypeError: ``batch_len`` is not a number, ``batch_size`` not an int, or
-            ``constraint`` not a :class:`BatchConstraint`.
+        ValueError: ``budget`` missing while required, not > 0, or ``max_samples`` with a
+            constraint.
+        TypeError: ``budget`` is neither a number nor a constraint (a string, a bool).
 
-    >>> batch_constraint(batch_len=6000, max_samples=32)
+    >>> batch_budget(200.0).length.__name__, batch_budget(200.0).budget
+    ('sample_duration', 200.0)
+    >>> batch_budget(6000, max_samples=32, length=None)
     PaddedArea(budget=6000, max_samples=32, length=None)
-    >>> batch_constraint(max_duration=200.0).length.__name__
-    'sample_duration'
-    >>> batch_constraint(batch_size=8)
+    >>> batch_budget(SampleCount(8))
     SampleCount(size=8, length=None)
-    >>> batch_constraint(SumOfLengths(budget=500)) == SumOfLengths(budget=500)
-    True
-    >>> batch_constraint(PaddedArea(budget=10), batch_len=10)
+    >>> batch_budget(None, required=True)
     Traceback (most recent call last):
-    ValueError: give batch_len or constraint, not both
+    ValueError: give a budget: seconds (a number) or a constraint such as PaddedArea(3000) ...
     """
-    if max_duration is not None:
-        if batch_len is not None or constraint is not None:
-            raise ValueError("give one of max_duration, batch_len and constraint")
-        if isinstance(max_duration, bool) or not isinstance(max_duration, Real):
-            raise TypeError(f"max_duration must be seconds (a number), got {max_duration!r}")
-        constraint = PaddedArea(budget=max_duration, max_samples=max_samples,
-                                length=sample_duration)
-        max_samples = None
-    if constraint is not None and batch_len is not None:
-        raise ValueError("give exactly one of batch_len and constraint" if required
-                         else "give batch_len or constraint, not both")
-    if required and constraint is None and batch_len is None:
-        raise ValueError("give exactly one of batch_len and constraint")
-    if max_samples is not None and batch_len is None:
-        raise ValueError("max_samples goes with batch_len or max_duration; set it on the "
-                         "constraint instead")
-    if batch_len is not None:
-        if isinstance(batch_len, bool) or not isinstance(batch_len, Real):
-            raise TypeError(f"batch_len must be a number, got {batch_len!r}")
-        constraint = PaddedArea(budget=batch_len, max_samples=max_samples)
-    elif constraint is not None and not isinstance(constraint, BatchConstraint):
-        raise TypeError(f"constraint must be a BatchConstraint, got {constraint!r}")
-    if batch_size is None:
-        return constraint
-    if isinstance(batch_size, bool) or not isinstance(batch_size, Integral):
-        raise TypeError(f"batch_size must be an int, got {batch_size!r}")
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size!r}")
-    if constraint is not None:
-        raise ValueError(
-            "give batch_size (piece batches) or batch_len/constraint (block batches), not both"
-        )
-    return SampleCount(int(batch_size))
+    if budget is None:
+        if required:
+            raise ValueError("give a budget: seconds (a number) or a constraint such as "
+                             "PaddedArea(3000) for frames")
+        if max_samples is not None:
+            raise ValueError("max_samples goes with a budget in seconds")
+        return None
+    if isinstance(budget, BatchConstraint):
+        if max_samples is not None:
+            raise ValueError(f"max_samples goes with a budget in seconds; a constraint has its "
+                             f"own: {type(budget).__name__}(..., max_samples={max_samples!r})")
+        return budget
+    if isinstance(budget, bool) or not isinstance(budget, Real):
+        raise TypeError("budget must be seconds (a number) or a constraint (PaddedArea, "
+                        f"SumOfLengths, Quadratic, TwoDimensional, SampleCount), got {budget!r}")
+    return PaddedArea(budget=budget, max_samples=max_samples, length=length)
 
 
 # --------------------------------------------------------------------------- statistics
@@ -586,8 +564,8 @@ class BatchStats(Ledger):
                 f"{self.stage}: {self.oversize_emitted} of {self.batches} batches are one "
                 f"sample whose cost alone exceeds the budget ({constraint!r}; the largest cost "
                 f"was {self.largest_cost:g}); the budget is too small or in another unit than "
-                "the samples' lengths -- batch_len counts frames of feats, else audio samples; "
-                "max_duration counts seconds", BudgetWarning, stacklevel=3)
+                "the samples' lengths -- a budget number counts seconds; PaddedArea(n) counts "
+                "frames of feats, else audio samples", BudgetWarning, stacklevel=3)
 
     def warn_if_budget_too_large(self, constraint: BatchConstraint) -> None:
         """Warn (:class:`BudgetWarning`, with the figures and the unit) when the budget is far
@@ -610,8 +588,8 @@ class BatchStats(Ledger):
             f"{self.stage}: {what}; the largest batch cost {self.largest_cost:g} "
             f"{unit} under {constraint!r}: a budget this large runs a GPU out of memory and "
             "takes few steps per epoch. Is it in another unit than the samples' lengths? "
-            "batch_len counts frames of feats, else audio samples; max_duration and "
-            "length='duration' count seconds (a few hundred seconds per GPU is usual)",
+            "a budget number and length='duration' count seconds; PaddedArea(n) counts frames "
+            "of feats, else audio samples (a few hundred seconds per GPU is usual)",
             BudgetWarning, stacklevel=3)
 
     def report(self) -> str:

@@ -430,7 +430,8 @@ class IndexDurationReaderIterDataPipe(IterDataPipe[Sample]):
     and batched on their durations before anything is decoded -- the buffers hold undecoded
     payloads -- and decoded in their batch, straight into it, by
     :class:`~speechpipe.pipes.collate.DecodeCollate`. Measure them with
-    ``PaddedArea(budget=seconds, length="duration")`` (or ``block_batch(max_duration=...)``).
+    a budget in seconds (``block_batch(seconds)``, i.e. ``PaddedArea(budget=seconds,
+    length=sample_duration)``).
 
     Args:
         source_datapipe: raw samples with ``key`` and ``source``.

@@ -40,7 +40,8 @@ from .._core import IterDataPipe, MapDataPipe, plain_iterator
 from .._core import SampleSource
 from ._buckets import pack_batches
 from ._constraints import (
-    primary_measure, batch_constraint, BatchConstraint, BatchStats, OVERSIZE, PaddedArea, SampleCount, TwoDimensional,
+    primary_measure, batch_budget, BatchConstraint, BatchStats, OVERSIZE, PaddedArea, SampleCount,
+    TwoDimensional,
 )
 from ._lengths import check_group_info, check_lengths, read_group_labels
 
@@ -132,14 +133,13 @@ def form_batches(
     keys_sorted: Sequence[Key],
     lengths: Mapping[Key, Length],
     *,
-    constraint: BatchConstraint | None = None,
-    batch_size: int | None = None,
+    budget: float | BatchConstraint | None = None,
     world_size: int = 1,
     oversize: str = "emit",
     stats: BatchStats | None = None,
 ) -> list[list[Key]]:
-    """Cut length-sorted keys into block batches within a budget (``constraint``) or piece
-    batches of a fixed count (``constraint=SampleCount(n)``, or its shorthand ``batch_size=n``).
+    """Cut length-sorted keys into block batches within a ``budget`` or piece batches of a
+    fixed count (``budget=SampleCount(n)``).
 
     Every batch holds a multiple of ``world_size`` keys. Keys are first grouped in sorted order
     into **rank groups** of ``world_size`` consecutive keys (the last group, if short, is
@@ -155,26 +155,25 @@ def form_batches(
     Args:
         keys_sorted: keys, sorted by length.
         lengths: ``{key: length}``.
-        constraint: the cost model (:mod:`speechpipe.pipes.batching._constraints`).
-        batch_size: shorthand for ``constraint=SampleCount(batch_size)`` (a multiple of
-            ``world_size``); give it or ``constraint``.
+        budget: a padded-area budget in the lengths' own unit (a number), or a cost model
+            of :mod:`speechpipe.pipes.batching._constraints` (``SampleCount(n)``: ``n`` a
+            multiple of ``world_size``).
         world_size: number of ranks that will share each batch.
         oversize: ``"emit"`` or ``"drop"`` an over-budget rank group.
         stats: where batch statistics are added.
 
-    >>> form_batches(["c", "a", "b"], {"a": 5, "b": 3, "c": 9}, constraint=PaddedArea(10))
+    >>> form_batches(["c", "a", "b"], {"a": 5, "b": 3, "c": 9}, budget=10)
     [['c'], ['a', 'b']]
-    >>> form_batches(["c", "a", "b", "d"], {}, batch_size=2, world_size=2)
+    >>> form_batches(["c", "a", "b", "d"], {}, budget=SampleCount(2), world_size=2)
     [['c', 'a'], ['b', 'd']]
     """
-    if (constraint is None) == (batch_size is None):
-        raise ValueError("give exactly one of constraint and batch_size")
-    constraint = batch_constraint(constraint, batch_size=batch_size)
+    constraint = batch_budget(budget, length=None, required=True)
     units = _units(list(keys_sorted), world_size, stats if isinstance(stats, _ViewStats) else None)
     if isinstance(constraint, SampleCount):  # a count needs no packing: the next rank groups
         if constraint.size % world_size:
             raise ValueError(
-                f"batch_size must be a multiple of world_size={world_size}, got {constraint.size!r}"
+                f"SampleCount must be a multiple of world_size={world_size}, "
+                f"got {constraint.size!r}"
             )
         step = constraint.size // world_size
         grouped = [units[i:i + step] for i in range(0, len(units), step)]
@@ -301,25 +300,16 @@ def _check_bool(value: Any, name: str) -> bool:
     return value
 
 
-def _view_constraint(lengths: dict[Key, Length], constraint: BatchConstraint | None,
-                     batch_len: float | None, batch_size: int | None,
-                     batches_fn: BatchesFn | None, world_size: int) -> BatchConstraint | None:
-    """The constraint that sizes a view's batches (:func:`batch_constraint`).
-
-    Without a hook, every way of sizing goes through it. A ``batches_fn`` gets the arguments
-    as given (it may take ``batch_len`` and ``batch_size`` at once); the constraint, made from
-    ``constraint`` or ``batch_len`` only, then measures the hook's batches for ``stats``.
-    """
-    if batches_fn is None:
-        constraint = batch_constraint(constraint, batch_len=batch_len, batch_size=batch_size)
-        if isinstance(constraint, SampleCount) and constraint.size % world_size:
-            raise ValueError(
-                f"batch_size must be a multiple of world_size={world_size}, "
-                f"got {constraint.size!r}"
-            )
-    else:
-        constraint = batch_constraint(constraint, batch_len=batch_len)
-        batch_constraint(batch_size=batch_size)  # checks it; the hook gets it as given
+def _view_constraint(lengths: dict[Key, Length], budget: float | BatchConstraint | None,
+                     world_size: int) -> BatchConstraint | None:
+    """The constraint that sizes a view's batches (:func:`batch_budget`, in the lengths'
+    own unit); with a ``batches_fn`` it measures the hook's batches for ``stats``."""
+    constraint = batch_budget(budget, length=None)
+    if isinstance(constraint, SampleCount) and constraint.size % world_size:
+        raise ValueError(
+            f"SampleCount must be a multiple of world_size={world_size}, "
+            f"got {constraint.size!r}"
+        )
     if constraint is not None and lengths and not isinstance(constraint, SampleCount):
         pairs = isinstance(constraint, TwoDimensional)  # a count takes either kind of length
         if pairs != isinstance(next(iter(lengths.values())), tuple):
@@ -333,7 +323,7 @@ class BatchView:
 
     The view sorts the keys of ``lengths`` by length (``descending``; ties by key), cuts them
     into batches as ``constraint`` says -- block batches within a budget, or piece batches of
-    a fixed count (``batch_len`` and ``batch_size`` are shorthands for both) -- or as your own
+    a fixed count (``budget=`` says which) -- or as your own
     ``batches_fn`` does, and
     keeps that **batching view** (:attr:`batching_view`, inspectable, computed once in the
     constructor from the in-memory lengths; nothing is read). Each epoch then draws an order
@@ -347,7 +337,7 @@ class BatchView:
     groups of ``W``; the budget applies to the **global** batch (all ranks together, as
     SpeeChain's ``batch_len``), and whole groups are packed, so the budget still holds; the
     last group, if short, is completed by repeating its own keys (counted in
-    ``stats.repeated``; nothing is dropped). Piece batches need ``batch_size`` to be a
+    ``stats.repeated``; nothing is dropped). Piece batches need ``SampleCount(n)`` to be a
     multiple of ``W``. A ``batches_fn``'s batches are fixed with SpeeChain's rule: each is
     trimmed to a multiple of ``W`` and the rest carried to the front of the next. Rank ``r``
     loads :func:`shard_batch` of each batch (``batches(epoch, rank=r)``).
@@ -357,21 +347,18 @@ class BatchView:
             ``(input, output)`` for :class:`~speechpipe.pipes.batching._constraints.TwoDimensional`),
             e.g. from :func:`~speechpipe.pipes.batching._lengths.read_data_len` or
             :func:`~speechpipe.pipes.batching._lengths.compute_lengths`. Copied.
-        constraint: how batches are sized, a cost model of :mod:`speechpipe.pipes.batching._constraints`:
-            block batches within its budget (``PaddedArea``, ``SumOfLengths``, ``Quadratic``,
-            ``TwoDimensional``), or piece batches of a fixed count (``SampleCount``); its
-            ``length`` field is not used (lengths are given).
-        batch_len: shorthand for ``constraint=PaddedArea(budget=batch_len)`` (SpeeChain's
-            BlockIterator: the total padded length of a batch).
-        batch_size: shorthand for ``constraint=SampleCount(batch_size)`` (SpeeChain's piece
-            strategy). Give at most one of ``constraint``, ``batch_len`` and ``batch_size``
-            (see :func:`~speechpipe.pipes.batching._constraints.batch_constraint`); with none of them
-            and no ``batches_fn``, piece batches of ``world_size`` keys: one utterance per
-            rank per step, for evaluation.
+        budget: how batches are sized: a number is a padded-area budget (``n × max_len``,
+            SpeeChain's BlockIterator ``batch_len``) in the lengths' own unit; or a cost model
+            of :mod:`speechpipe.pipes.batching._constraints`: block batches within its budget
+            (``PaddedArea``, ``SumOfLengths``, ``Quadratic``, ``TwoDimensional``), or piece
+            batches of a fixed count (``SampleCount(n)``, SpeeChain's piece strategy); its
+            ``length`` field is not used (lengths are given). Without a budget and a
+            ``batches_fn``, piece batches of ``world_size`` keys: one utterance per rank per
+            step, for evaluation.
         batches_fn: your own batching function, used instead of a constraint: a hook
             ``batches_fn(keys_sorted, lengths, **conf) -> list of key lists`` (SpeeChain's
-            ``batches_generate_fn``); ``conf`` holds whichever of ``constraint``,
-            ``batch_len`` and ``batch_size`` were given, as given. Must be picklable (a
+            ``batches_generate_fn``); ``conf`` holds ``budget`` as given, if it was (the
+            constraint made from it measures the hook's batches for ``stats``). Must be picklable (a
             module-level function or a ``functools.partial`` of one) to pickle the view.
         descending: sort longest first (True) or shortest first (False).
         shuffle: draw a new batch order each epoch (training); False keeps the view's order.
@@ -391,15 +378,13 @@ class BatchView:
             efficiency, batch sizes, oversize samples, plus ``repeated``);
             ``print(view.stats.report())``.
 
-    >>> view = BatchView({"a": 5, "b": 3, "c": 9, "d": 2}, constraint=PaddedArea(budget=10),
-    ...                  shuffle=False)
+    >>> view = BatchView({"a": 5, "b": 3, "c": 9, "d": 2}, budget=10, shuffle=False)
     >>> view.batching_view
-    [['c'], ['a', 'b'], ['d']]
-    >>> BatchView({"a": 5, "b": 3, "c": 9, "d": 2}, batch_len=10).batching_view  # shorthand
     [['c'], ['a', 'b'], ['d']]
     >>> len(view), view.batches(0, start_step=1)
     (3, [['a', 'b'], ['d']])
-    >>> BatchView({"a": 5, "b": 3, "c": 9, "d": 2}, batch_size=2, world_size=2).batching_view
+    >>> BatchView({"a": 5, "b": 3, "c": 9, "d": 2}, budget=SampleCount(2),
+    ...           world_size=2).batching_view
     [['c', 'a'], ['b', 'd']]
     """
 
@@ -407,9 +392,7 @@ class BatchView:
         self,
         lengths: Mapping[Key, Length],
         *,
-        constraint: BatchConstraint | None = None,
-        batch_len: float | None = None,
-        batch_size: int | None = None,
+        budget: float | BatchConstraint | None = None,
         batches_fn: BatchesFn | None = None,
         descending: bool = True,
         shuffle: bool = True,
@@ -423,18 +406,16 @@ class BatchView:
         self.world_size = check_int("world_size", world_size, 1)
         if batches_fn is not None and not callable(batches_fn):
             raise TypeError(f"batches_fn must be callable, got {batches_fn!r}")
-        if batches_fn is None and constraint is None and batch_len is None and batch_size is None:
-            batch_size = self.world_size  # one utterance per rank per step (evaluation)
-        constraint = _view_constraint(self.lengths, constraint, batch_len, batch_size,
-                                      batches_fn, self.world_size)
+        if batches_fn is None and budget is None:
+            budget = SampleCount(self.world_size)  # one utterance per rank per step (evaluation)
+        constraint = _view_constraint(self.lengths, budget, self.world_size)
         if oversize not in OVERSIZE:
             raise ValueError(f"oversize must be one of {OVERSIZE}, got {oversize!r}")
         if batches_per_epoch is not None:
             check_int("batches_per_epoch", batches_per_epoch, 1)
         check_group_info(group_info)
         self.constraint = constraint
-        self.batch_len = batch_len
-        self.batch_size = batch_size
+        self.budget = budget
         self.batches_fn = batches_fn
         self.descending = _check_bool(descending, "descending")
         self.shuffle = _check_bool(shuffle, "shuffle")
@@ -449,15 +430,10 @@ class BatchView:
     def _form(self) -> list[list[Key]]:
         keys = _sorted_keys(self.lengths, self.descending)
         if self.batches_fn is None:
-            return form_batches(keys, self.lengths, constraint=self.constraint,
+            return form_batches(keys, self.lengths, budget=self.constraint,
                                 world_size=self.world_size, oversize=self.oversize,
                                 stats=self.stats)
-        conf = {name: value for name, value in (("constraint", self.constraint),
-                                                ("batch_len", self.batch_len),
-                                                ("batch_size", self.batch_size))
-                if value is not None}
-        if self.batch_len is not None:
-            del conf["constraint"]  # made from batch_len: pass what the user gave
+        conf = {} if self.budget is None else {"budget": self.budget}
         made = self.batches_fn(keys, dict(self.lengths), **conf)
         batches = self._check_hook_output(made)
         if self.world_size > 1:
@@ -599,7 +575,8 @@ class ViewSampler:
             None for the global batches.
         start_step: batches of this epoch to skip (resuming).
 
-    >>> sampler = BatchView({"a": 1, "b": 2, "c": 3}, batch_size=2, shuffle=False).sampler()
+    >>> view = BatchView({"a": 1, "b": 2, "c": 3}, budget=SampleCount(2), shuffle=False)
+    >>> sampler = view.sampler()
     >>> list(sampler), len(sampler)
     ([['c', 'b'], ['a']], 2)
     """
@@ -670,7 +647,7 @@ class ViewLoaderIterDataPipe(SampleSource, IterDataPipe[list]):
     >>> from speechpipe import SequenceWrapper
     >>> data = {k: {"key": k, "audio": np.zeros(n, np.float32)}
     ...         for k, n in [("a", 5), ("b", 3), ("c", 9), ("d", 2)]}
-    >>> view = BatchView({k: len(s["audio"]) for k, s in data.items()}, batch_len=10,
+    >>> view = BatchView({k: len(s["audio"]) for k, s in data.items()}, budget=10,
     ...                  shuffle=False)
     >>> pipe = SequenceWrapper(data).batch_by_view(view)
     >>> [[s["key"] for s in batch] for batch in pipe], len(pipe)

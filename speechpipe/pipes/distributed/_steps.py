@@ -98,7 +98,8 @@ class StepPlanner:
       per worker. **Exact.**
     - a callable ``lengths (list of numbers, in the worker's sample order) -> iterable of
       batches``, e.g. ``lambda ls: IterableWrapper(ls, deepcopy=False).bucket_by_length(2000,
-      boundaries=b).block_batch(batch_len=60000)`` -- the same batching stages as the pipeline.
+      boundaries=b).block_batch(PaddedArea(60000))`` -- the same batching stages as the
+      pipeline.
       The lengths are :class:`~speechpipe.pipes.constraints.IndexLength` numbers that carry
       the index's unit, so the constraints measure them in their own unit, as they measure
       the pipeline's samples: seconds for ``length="duration"`` (the audio road:

@@ -5,12 +5,12 @@ users import from here, never from its ``_modules``.
 """
 
 from ._hf import (
-    HF_INDEX, HfAudioLoader, HfAudioLoaderIterDataPipe, HfDatasetReader,
-    HfDatasetReaderIterDataPipe, iter_hf_rows, read_hf_dataset,
+    HF_INDEX, HfAudioLoader, HfAudioLoaderIterDataPipe, HfDatasetParser,
+    HfDatasetParserIterDataPipe, iter_hf_rows, read_hf_dataset,
 )
 from ._lhotse import (
     cut_row, iter_lhotse, iter_shar, LHOTSE_CUT, LhotseLoader, LhotseLoaderIterDataPipe,
-    LhotseParser, LhotseParserIterDataPipe, LhotseSharReader, LhotseSharReaderIterDataPipe,
+    LhotseParser, LhotseParserIterDataPipe, LhotseSharParser, LhotseSharParserIterDataPipe,
     load_cut, read_lhotse, read_lhotse_shar, write_lhotse,
 )
 
@@ -18,15 +18,15 @@ __all__ = [
     "HF_INDEX",
     "HfAudioLoader",
     "HfAudioLoaderIterDataPipe",
-    "HfDatasetReader",
-    "HfDatasetReaderIterDataPipe",
+    "HfDatasetParser",
+    "HfDatasetParserIterDataPipe",
     "LHOTSE_CUT",
     "LhotseLoader",
     "LhotseLoaderIterDataPipe",
     "LhotseParser",
     "LhotseParserIterDataPipe",
-    "LhotseSharReader",
-    "LhotseSharReaderIterDataPipe",
+    "LhotseSharParser",
+    "LhotseSharParserIterDataPipe",
     "cut_row",
     "iter_hf_rows",
     "iter_lhotse",

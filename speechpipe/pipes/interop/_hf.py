@@ -27,8 +27,8 @@ from .._core import functional_datapipe, IterableWrapper, IterDataPipe
 from ..decode import read_audio
 from ...sample import TEXT
 
-__all__ = ["HF_INDEX", "HfAudioLoader", "HfAudioLoaderIterDataPipe", "HfDatasetReader",
-           "HfDatasetReaderIterDataPipe", "iter_hf_rows", "read_hf_dataset"]
+__all__ = ["HF_INDEX", "HfAudioLoader", "HfAudioLoaderIterDataPipe", "HfDatasetParser",
+           "HfDatasetParserIterDataPipe", "iter_hf_rows", "read_hf_dataset"]
 
 #: The field naming a row of the dataset (manifest rows of :func:`read_hf_dataset`).
 HF_INDEX = "hf_index"
@@ -121,9 +121,9 @@ def iter_hf_rows(dataset: Any, *, audio_column: str = "audio", key_column: str |
         yield sample
 
 
-@functional_datapipe("read_hf_dataset")
-class HfDatasetReaderIterDataPipe(IterDataPipe[Sample]):
-    """Read ``datasets`` audio datasets as samples (functional name: ``read_hf_dataset``).
+@functional_datapipe("parse_hf_dataset")
+class HfDatasetParserIterDataPipe(IterDataPipe[Sample]):
+    """Read ``datasets`` audio datasets as samples (functional name: ``parse_hf_dataset``).
 
     Consumes ``datasets.Dataset`` / ``IterableDataset`` objects and yields the samples of
     their rows, read again each pass; :func:`read_hf_dataset` documents the samples and
@@ -138,7 +138,7 @@ class HfDatasetReaderIterDataPipe(IterDataPipe[Sample]):
     >>> d = tempfile.mkdtemp(); wav = os.path.join(d, "a.wav")
     >>> soundfile.write(wav, np.zeros(400, np.float32), 8000)
     >>> ds = datasets.Dataset.from_dict({"audio": [wav]}).cast_column("audio", datasets.Audio())
-    >>> [s["duration"] for s in IterableWrapper([ds, ds], deepcopy=False).read_hf_dataset()]
+    >>> [s["duration"] for s in IterableWrapper([ds, ds], deepcopy=False).parse_hf_dataset()]
     [0.05, 0.05]
     """
 
@@ -169,12 +169,12 @@ class HfDatasetReaderIterDataPipe(IterDataPipe[Sample]):
             raise TypeError("a streaming dataset has no len()") from None
 
 
-HfDatasetReader = HfDatasetReaderIterDataPipe
+HfDatasetParser = HfDatasetParserIterDataPipe
 
 
 def read_hf_dataset(dataset: Any, *, audio_column: str = "audio", key_column: str | None = None,
                     with_audio: bool = True,
-                    text_column: str | None = None) -> HfDatasetReaderIterDataPipe:
+                    text_column: str | None = None) -> HfDatasetParserIterDataPipe:
     """Read a Hugging Face ``datasets`` audio dataset as samples (a pipe; nothing read yet).
 
     Each pass iterates the dataset (a ``Dataset``, e.g. from ``load_from_disk``, or an
@@ -217,7 +217,7 @@ def read_hf_dataset(dataset: Any, *, audio_column: str = "audio", key_column: st
         raise ValueError("with_audio=False needs a map-style Dataset (rows read again by "
                          "index); a streaming dataset is read with its audio")
     _undecoded(dataset, audio_column)  # checks the column (reads no data)
-    return IterableWrapper([dataset], deepcopy=False).read_hf_dataset(
+    return IterableWrapper([dataset], deepcopy=False).parse_hf_dataset(
         audio_column=audio_column, key_column=key_column, with_audio=with_audio,
         text_column=text_column)
 

@@ -29,7 +29,7 @@ from ...sample import AUDIO, DURATION, FEATS, KEY, SAMPLE_RATE, SOURCE, TEXT, Sa
 from .._core import functional_datapipe, IterableWrapper, IterDataPipe
 
 __all__ = ["LHOTSE_CUT", "LhotseLoader", "LhotseLoaderIterDataPipe", "LhotseParser",
-           "LhotseParserIterDataPipe", "LhotseSharReader", "LhotseSharReaderIterDataPipe",
+           "LhotseParserIterDataPipe", "LhotseSharParser", "LhotseSharParserIterDataPipe",
            "cut_row", "iter_lhotse", "iter_shar", "load_cut", "read_lhotse", "read_lhotse_shar",
            "write_lhotse"]
 
@@ -487,9 +487,9 @@ def iter_shar(in_dir: str) -> Iterator[Sample]:
             yield row
 
 
-@functional_datapipe("read_lhotse_shar")
-class LhotseSharReaderIterDataPipe(IterDataPipe[Sample]):
-    """Read Lhotse Shar directories as decoded samples (functional name: ``read_lhotse_shar``).
+@functional_datapipe("parse_lhotse_shar")
+class LhotseSharParserIterDataPipe(IterDataPipe[Sample]):
+    """Read Lhotse Shar directories as decoded samples (functional name: ``parse_lhotse_shar``).
 
     Consumes Shar directory paths (``CutSet.to_shar``'s output) and yields, shard after shard,
     each cut of ``cuts.NNNNNN.jsonl.gz`` joined with its fields from the tar shards beside it
@@ -525,18 +525,18 @@ class LhotseSharReaderIterDataPipe(IterDataPipe[Sample]):
             yield from iter_shar(os.fspath(in_dir))
 
     def __len__(self) -> int:
-        raise TypeError("read_lhotse_shar streams its shards: the count is known after a pass")
+        raise TypeError("parse_lhotse_shar streams its shards: the count is known after a pass")
 
 
-LhotseSharReader = LhotseSharReaderIterDataPipe
+LhotseSharParser = LhotseSharParserIterDataPipe
 
 
-def read_lhotse_shar(in_dir: str | os.PathLike) -> LhotseSharReaderIterDataPipe:
+def read_lhotse_shar(in_dir: str | os.PathLike) -> LhotseSharParserIterDataPipe:
     """Read one Lhotse Shar directory as decoded samples (a pipe; nothing is read yet): see
-    :class:`LhotseSharReaderIterDataPipe`."""
+    :class:`LhotseSharParserIterDataPipe`."""
     if not isinstance(in_dir, (str, os.PathLike)):
         raise TypeError(f"in_dir must be a path, got {in_dir!r}")
-    return IterableWrapper([os.fspath(in_dir)]).read_lhotse_shar()
+    return IterableWrapper([os.fspath(in_dir)]).parse_lhotse_shar()
 
 
 # --------------------------------------------------------------------------- writing
