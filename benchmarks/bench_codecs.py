@@ -13,7 +13,7 @@ the range (fastest, slowest round) are printed as seconds of audio per second of
 Fidelity: ``exact`` when the decoded float32 audio equals the input on the codec's integer
 grid (integer PCM) or bit for bit (float WAV), else the waveform SNR in dB and the
 correlation against the input; the decoded length against the input's (libsndfile removes
-encoder delay and padding). No figure is asserted: ``tests/test_codecs.py`` asserts the bounds.
+encoder delay and padding). No figure is asserted: ``tests/decode/test_codecs.py`` asserts the bounds.
 
     python -m benchmarks bench_codecs          # 16 and 48 kHz, 4 demo utterances, 15 rounds
     python -m benchmarks bench_codecs --tiny   # 16 kHz, 1 utterance, 3 rounds

@@ -22,7 +22,7 @@ import griffe
 
 def fence_doctests(text: str) -> str:
     """Wrap each run of doctest lines in ``text`` in a ```` ```pycon ```` fence, indented as
-    its first line; blocks the text fences itself are left alone (tests/test_docs.py).
+    its first line; blocks the text fences itself are left alone (tests/house/test_docs.py).
     """
     out: list[str] = []
     inside = False

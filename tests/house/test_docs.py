@@ -33,7 +33,7 @@ import torch
 
 import speechpipe as sp
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 README = ROOT / "README.md"
 CORPUS = pathlib.Path(sp.DEMO_CORPUS)
@@ -43,9 +43,9 @@ PAGES = sorted(p.relative_to(ROOT).as_posix() for p in DOCS.rglob("*.md")) + ["R
 #: Pages a test of their own runs (in a fresh interpreter, in an empty folder, as here) and
 #: checks line by line: not run a second time here.
 RUN_ELSEWHERE = {
-    "docs/preparation.md": "tests/test_docs_preparation.py",
-    "docs/resume.md": "tests/test_fingerprint.py",
-    "docs/ddp.md": "tests/test_ddp_docs.py",
+    "docs/preparation.md": "tests/house/test_docs_preparation.py",
+    "docs/resume.md": "tests/core/test_fingerprint.py",
+    "docs/ddp.md": "tests/distributed/test_ddp_docs.py",
 }
 
 

@@ -6,7 +6,7 @@ of workers -- equal the batches that followed ``state_dict()`` in the uninterrup
 step, including inside a shuffle buffer and across an epoch boundary. A restore reads again at
 most the samples held in buffers and the current shard's prefix, never the epoch so far.
 
-This file is also a script: ``python tests/test_resume.py <case.json>`` is the "new process"
+This file is also a script: ``python tests/core/test_resume.py <case.json>`` is the "new process"
 of the subprocess tests.
 """
 

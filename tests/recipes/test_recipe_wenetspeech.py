@@ -45,7 +45,7 @@ from speechpipe.recipes.wenetspeech import (
 )
 from speechpipe import SampleCount
 
-FIXTURE = Path(__file__).parent / "fixtures" / "wenetspeech" / "WenetSpeech"
+FIXTURE = Path(__file__).parents[1] / "fixtures" / "wenetspeech" / "WenetSpeech"
 MISSING = "X0000000005_fixture0006"  # listed in the JSON, no file
 UNLISTED = "audio/test_net/youtube/B00000/Y0000000009_unlisted.opus"
 

@@ -171,7 +171,7 @@ def test_mel_num_frames_equals_melspectrogram_output_for_many_lengths():
 
 
 def _assert_same_feats(got: torch.Tensor, expected: torch.Tensor, *, exact: bool) -> None:
-    """Bit for bit, or to float32 rounding (speechpipe's fbank: tests/test_kaldi_fbank.py)."""
+    """Bit for bit, or to float32 rounding (speechpipe's fbank: tests/audio/test_kaldi_fbank.py)."""
     if exact:
         assert torch.equal(got, expected)
     else:
@@ -179,7 +179,7 @@ def _assert_same_feats(got: torch.Tensor, expected: torch.Tensor, *, exact: bool
 
 
 def test_fbank_equals_kaldi_fbank_called_directly(few):
-    # backend="torchaudio": bit for bit; the default backend: tests/test_kaldi_fbank.py
+    # backend="torchaudio": bit for bit; the default backend: tests/audio/test_kaldi_fbank.py
     out = list(_pipe(few).compute_features("fbank", backend="torchaudio", num_mel_bins=80))
     for sample, got in zip(few, out):
         expected = kaldi.fbank(_wave(sample).unsqueeze(0) * KALDI_SCALE, num_mel_bins=80,
@@ -287,7 +287,7 @@ def test_audio_shorter_than_a_frame_is_skipped_counted_and_warned(few):
 
 
 def test_audio_of_three_dims_for_features_names_the_key():
-    # Issue 21: (samples, channels) audio has per-channel features (tests/test_channels.py);
+    # Issue 21: (samples, channels) audio has per-channel features (tests/audio/test_channels.py);
     # anything with more axes is refused, naming the key.
     sample = {"key": "st", "audio": np.zeros((16000, 2, 1), np.float32), "sample_rate": 16000}
     with pytest.raises(DataError, match=r"\(key 'st'\).*got shape \(16000, 2, 1\)"):

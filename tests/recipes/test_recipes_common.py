@@ -55,7 +55,7 @@ from speechpipe.recipes import (
 from speechpipe.testing import serve_directory
 from speechpipe import SampleCount
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).parents[1] / "fixtures"
 LIBRISPEECH = FIXTURES / "librispeech" / "LibriSpeech"
 
 
@@ -650,7 +650,7 @@ def _every_builder():
 def test_every_recipe_builder_gives_a_pipeline_the_loader_can_resume(corpus, name, builder):
     """build_loader refuses a pipeline it could not resume when it is built: every train,
     valid, eval and test builder of every recipe passes (new-process resume of the shared
-    builders: tests/test_resume.py::test_a_recipes_loader_resumes_exactly_in_a_new_process)."""
+    builders: tests/core/test_resume.py::test_a_recipes_loader_resumes_exactly_in_a_new_process)."""
     from speechpipe.loader import build_loader
     from speechpipe.pipes._core import unresumable_reason
 

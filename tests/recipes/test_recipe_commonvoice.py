@@ -32,7 +32,7 @@ from speechpipe.recipes.commonvoice import (
 )
 from speechpipe import SampleCount
 
-FIXTURE = Path(__file__).parent / "fixtures" / "commonvoice" / "cv-corpus-17.0-2024-03-15" / "en"
+FIXTURE = Path(__file__).parents[1] / "fixtures" / "commonvoice" / "cv-corpus-17.0-2024-03-15" / "en"
 
 OLD_HEADER = ("client_id\tpath\tsentence\tup_votes\tdown_votes\tage\tgender\taccent\tlocale\t"
               "segment\n")

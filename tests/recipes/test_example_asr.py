@@ -13,7 +13,7 @@ import sys
 import pytest
 import torch
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(ROOT, "examples", "asr", "train.py")
 TINY = ["--d-model", "64", "--layers", "2", "--heads", "4", "--vocab-size", "64",
         "--budget-seconds", "30", "--log-every", "1000", "--threads", "1"]

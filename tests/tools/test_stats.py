@@ -26,7 +26,7 @@ from speechpipe.stats import (
 )
 from speechpipe.testing import sample_durations
 
-FIXTURE = Path(__file__).parent / "fixtures" / "librispeech" / "LibriSpeech"
+FIXTURE = Path(__file__).parents[1] / "fixtures" / "librispeech" / "LibriSpeech"
 
 
 def _greedy(durations, budget):

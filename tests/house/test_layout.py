@@ -268,3 +268,27 @@ def test_no_room_is_too_big(module):
             if size > MAX_FUNCTION_LINES and not reason.startswith("# long:"):
                 long.append(f"{node.name} ({size} lines)")
     assert long == []
+
+
+# --------------------------------------------------------------------------- the tests' house
+
+#: The folders of tests/: one per stage package (``_core`` is ``core``), and one per room
+#: outside the pipes (the loader, packing, recipes, the tools, the house's own rules).
+TEST_FOLDERS = {
+    "core", "sources", "shards", "remote", "decode", "kaldi", "interop", "audio", "text",
+    "order", "batching", "collate", "concurrency", "distributed", "memory", "loader", "pack",
+    "recipes", "tools", "house",
+}
+TESTS = pathlib.Path(__file__).resolve().parents[1]
+
+
+def test_tests_follow_the_packages():
+    """Every test module sits in the folder of the package or room it tests; every stage
+    package has its folder."""
+    loose = sorted(p.name for p in TESTS.glob("test_*.py"))
+    assert loose == [], f"test modules outside a package's folder: {loose}"
+    folders = {p.parent.name for p in TESTS.glob("*/test_*.py")}
+    assert folders <= TEST_FOLDERS, f"unknown test folders: {sorted(folders - TEST_FOLDERS)}"
+    packages = {p.name.lstrip("_") for p in (ROOT / "pipes").iterdir()
+                if p.is_dir() and (p / "__init__.py").exists()}
+    assert packages <= folders, f"stage packages without tests: {sorted(packages - folders)}"

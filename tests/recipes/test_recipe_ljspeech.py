@@ -29,7 +29,7 @@ from speechpipe.recipes.ljspeech import (
 from speechpipe.testing import serve_directory
 from speechpipe import SampleCount
 
-FIXTURE = Path(__file__).parent / "fixtures" / "ljspeech" / "LJSpeech-1.1"
+FIXTURE = Path(__file__).parents[1] / "fixtures" / "ljspeech" / "LJSpeech-1.1"
 
 
 @pytest.fixture

@@ -34,7 +34,7 @@ from speechpipe.recipes.librispeech import (
 from speechpipe.testing import serve_directory
 from speechpipe import SampleCount
 
-FIXTURE = Path(__file__).parent / "fixtures" / "librispeech" / "LibriSpeech"
+FIXTURE = Path(__file__).parents[1] / "fixtures" / "librispeech" / "LibriSpeech"
 
 
 @pytest.fixture

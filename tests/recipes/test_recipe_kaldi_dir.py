@@ -31,7 +31,7 @@ from speechpipe.recipes.kaldi_dir import (
 )
 from speechpipe import SampleCount
 
-FIXTURE = Path(__file__).parent / "fixtures" / "kaldi"
+FIXTURE = Path(__file__).parents[1] / "fixtures" / "kaldi"
 
 
 @pytest.fixture

@@ -34,7 +34,7 @@ from speechpipe.recipes.aishell import (
 )
 from speechpipe import SampleCount
 
-FIXTURE = Path(__file__).parent / "fixtures" / "aishell"
+FIXTURE = Path(__file__).parents[1] / "fixtures" / "aishell"
 CORPUS = FIXTURE / "data_aishell"
 TRANSCRIPT = "transcript/aishell_transcript_v0.8.txt"  # in data_aishell/
 

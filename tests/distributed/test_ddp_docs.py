@@ -17,7 +17,7 @@ import sys
 
 import pytest
 
-PAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs",
+PAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "docs",
                     "ddp.md")
 UTTERANCES = 36  # the demo corpus's dev-clean
 
