@@ -300,6 +300,7 @@ PUBLIC = [
     "SpeechpipeError",
     "StepPlanner",
     "StepStats",
+    "StreamPlan",
     "SumOfLengths",
     "Telemetry",
     "TextNormalizer",
