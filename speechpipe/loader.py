@@ -566,7 +566,7 @@ class Loader:
         if refused:
             raise ResumeError(refusal(refused), refused)
         if found:
-            mid_epoch = state["dataloader"] is not None
+            mid_epoch = state["dataloader"] is not None or bool(state.get("batches"))
             start = epoch + 1 if mid_epoch else epoch
             skipped = (f"; the rest of epoch {epoch} after the saved step is skipped"
                        if mid_epoch else "")
