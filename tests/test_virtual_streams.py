@@ -135,7 +135,7 @@ def test_each_road_yields_every_sample_once_per_epoch(corpus, road):
         assert len(keys) == len(set(keys)) == total
     planner = pipe.datapipe
     assert len(planner.plan(1)) == len(pipe) and planner.plan(0) != planner.plan(1)
-    assert planner.plan(0).stats.efficiency() > 0.8
+    assert planner.plan(0).stats.efficiency > 0.8
 
 
 def test_the_shard_road_measures_the_index_unit_and_needs_an_index(corpus):
