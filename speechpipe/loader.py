@@ -394,7 +394,7 @@ class Loader:
         self._between_epochs = False  # the last pass ran to its end; none has started since
         self._stages_fingerprint: dict | None = None  # the pipeline's part, taken once, before
         # the first pass (stages of a loader without workers run in this process)
-        self.position = GlobalPosition(dataset.shared_start) if planned_stages(
+        self.position = GlobalPosition(dataset.shared_start, dataset.pipe) if planned_stages(
             dataset.pipe) else None  # plan_batches: one position for any topology
 
     @property
@@ -442,7 +442,7 @@ class Loader:
             _collect_before_fork = False
         started = time.perf_counter()
         if self.position is not None:
-            self.position.begin_pass()
+            self.position.begin_pass(self.epoch)
         iterator = iter(batches) if self.position is None else self.position.counted(
             iter(batches))
         ended = False
@@ -580,7 +580,7 @@ class Loader:
         self.set_epoch(epoch)
         if self.position is not None:
             self._forget_loaded_state()
-            self.position.load(state)
+            self.position.load(state, epoch)
         elif state["dataloader"] is not None:  # None: at the start of that epoch
             self.dataloader.load_state_dict(state["dataloader"])
         else:

@@ -41,18 +41,21 @@ class GlobalPosition:
     Args:
         shared: where the workers read the start of the next pass (``get``/``set``: a
             :class:`~speechpipe.loader.SharedEpoch`).
+        pipe: the pipeline in this process, whose ``len()`` counts from the start too.
     """
 
-    def __init__(self, shared: Any) -> None:
+    def __init__(self, shared: Any, pipe: Any) -> None:
         self.shared = shared
+        self.stages = planned_stages(pipe)
         self.start = 0  # global batches consumed before the running pass started
         self.steps = 0  # batches the running pass has yielded to this rank's loop
         self.loaded: int | None = None  # a start loaded for the next pass
 
-    def begin_pass(self) -> None:
-        """A pass starts: at the loaded position, else at the epoch's start."""
+    def begin_pass(self, epoch: int) -> None:
+        """A pass of ``epoch`` starts: at the loaded position, else at the epoch's start."""
         self.start, self.loaded, self.steps = self.loaded or 0, None, 0
         self.shared.set(self.start)
+        set_start(self.stages, epoch, self.start)
 
     def counted(self, batches: Iterator[Any]) -> Iterator[Any]:
         for batch in batches:
@@ -67,12 +70,14 @@ class GlobalPosition:
             return self.loaded
         return self.start + self.steps * process_position().world_size
 
-    def load(self, state: Mapping) -> None:
+    def load(self, state: Mapping, epoch: int) -> None:
+        """Start the next pass (of ``epoch``) where ``state`` stood."""
         batches = state.get("batches")
         if not isinstance(batches, int) or isinstance(batches, bool) or batches < 0:
             raise ResumeError(f"the state's global batch position must be an int >= 0, got "
                               f"{batches!r}")
         self.loaded = batches
+        set_start(self.stages, epoch, batches)  # len() counts the steps left
 
 
 def saved_workers(state: Any) -> int | None:

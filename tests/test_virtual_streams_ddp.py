@@ -221,5 +221,54 @@ def test_a_state_saved_on_one_topology_resumes_exactly_on_another(runs, road):
         assert len(samples) == len(set(samples))
 
 
+# --------------------------------------------------------------------------- docs/resume.md
+
+PAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs",
+                    "resume.md")
+
+
+def _run(command: list[str], cwd: str, **env: str) -> str:
+    full = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(PAGE)),
+                GLOO_SOCKET_IFNAME=os.environ.get("GLOO_SOCKET_IFNAME", "lo"),
+                OMP_NUM_THREADS="1", **env)
+    done = subprocess.run(command, cwd=cwd, env=full, text=True, capture_output=True,
+                          timeout=300)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    return done.stdout
+
+
+def steps_of(out: str, rank: int) -> list[str]:
+    return [line.split(": ", 1)[1] for line in out.splitlines()
+            if line.startswith(f"rank {rank} step ")]
+
+
+@pytest.mark.timeout(600)
+def test_the_resume_page_saves_on_2_ranks_x_2_workers_and_resumes_on_1_rank_without(tmp_path):
+    """docs/resume.md's blocks in an empty folder (its training script runs there as one
+    process: the unbroken epoch), then the page's two commands: torchrun on 2 ranks with 2
+    workers each, stopped with a checkpoint after step 2, and python with no workers."""
+    import re
+
+    with open(PAGE, encoding="utf-8") as f:
+        page = f.read()
+    blocks = re.findall(r"```python\n(.*?)```", page, re.S)
+    unbroken = steps_of(_run([sys.executable, "-c", "\n".join(blocks)], str(tmp_path)), 0)
+    script = next(b for b in blocks if b.startswith("# train_resume.py"))
+    (tmp_path / "train_resume.py").write_text(script)
+    commands = re.search(r"```sh\n(STOP_AT=.*?)```", page, re.S).group(1).splitlines()
+    assert commands[0].startswith("STOP_AT=2 WORKERS=2 torchrun --standalone --nproc-per-node=2")
+    two = _run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                "--nproc-per-node=2", "train_resume.py"], str(tmp_path), STOP_AT="2",
+               WORKERS="2")
+    assert [steps_of(two, r) for r in (0, 1)] == [unbroken[0:6:2], unbroken[1:6:2]]
+    assert commands[1].startswith("python train_resume.py")
+    one = _run([sys.executable, "train_resume.py"], str(tmp_path))
+    assert "rank 0: starts at global batch 6, 10 steps" in one
+    assert steps_of(one, 0) == unbroken[6:] and len(unbroken) == 16
+    keys = [k for line in steps_of(two, 0) + steps_of(two, 1) + steps_of(one, 0)
+            for k in line.split(",")]
+    assert len(keys) == len(set(keys)) == 36  # the demo corpus once: none twice, none lost
+
+
 if __name__ == "__main__":
     _rank_main(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5])

@@ -27,9 +27,9 @@ from ._views import (
 )
 
 __all__ = [
+    "BatchConstraint",
     "BatchPlanner",
     "BatchPlannerIterDataPipe",
-    "BatchConstraint",
     "BatchStats",
     "BatchView",
     "BlockBatcherIterDataPipe",
