@@ -9,7 +9,9 @@ percentiles; the shard index counts seconds), the same budget (padded seconds), 
   number of workers and ranks);
 - **planned**: ``plan_batches(streams=8) -> collate(DecodeCollate)`` -- the epoch's batches
   planned on the index over 8 virtual streams, the same for any topology; each worker reads
-  its batches' members (issue 29).
+  its batches' members (issue 29);
+- **planned-1**: the same with one stream (``streams=1``): the road's own cost, without the
+  partial batches at the ends of 8 streams.
 
 Rounds alternate the two (medians, per-round ranges): audio seconds per second of a whole pass
 (from building the loader to its last batch), time to the first batch, and the padding
@@ -39,7 +41,7 @@ from speechpipe.pipes.shards import ShardWriter
 from speechpipe.testing import sample_durations
 
 RATE = 16000
-ROADS = ("stream", "planned")
+ROADS = ("stream", "planned", "planned-1")
 
 
 def make_shards(root: str, n: int, per_shard: int, seed: int = 0) -> list[str]:
@@ -79,8 +81,8 @@ def pipeline(road: str, paths: list[str], budget: float, buffer: int, bucket: in
                 .block_batch(constraint=constraint, seed=0))
     else:
         pipe = IterableWrapper(paths).plan_batches(
-            constraint=constraint, index=index, streams=8, seed=0, buffer_size=buffer,
-            bucket_buffer=bucket, boundaries=boundaries)
+            constraint=constraint, index=index, streams=1 if road == "planned-1" else 8,
+            seed=0, buffer_size=buffer, bucket_buffer=bucket, boundaries=boundaries)
     return pipe.collate(collate_fn=collate)
 
 
@@ -112,7 +114,7 @@ def run(n: int, per_shard: int, rounds: int, budget: float, buffer: int, bucket:
     lines = [f"{n} utterances in {len(paths)} shards, budget {budget:g} padded s, shuffle "
              f"buffer {buffer}, bucket buffer {bucket}, {rounds} round(s); load average "
              f"{os.getloadavg()[0]:.1f} at the start",
-             f"{'road':<8} {'workers':>7} {'audio-s/s median (range)':>26} "
+             f"{'road':<10} {'workers':>7} {'audio-s/s median (range)':>26} "
              f"{'first batch s':>14} {'padding eff.':>12}"]
     for workers in (0, 2):
         results: dict[str, list[dict]] = {road: [] for road in ROADS}
@@ -122,7 +124,7 @@ def run(n: int, per_shard: int, rounds: int, budget: float, buffer: int, bucket:
         for road in ROADS:
             rows = results[road]
             lines.append(
-                f"{road:<8} {workers:>7} {_median_range([r['audio_s_per_s'] for r in rows]):>26}"
+                f"{road:<10} {workers:>7} {_median_range([r['audio_s_per_s'] for r in rows]):>26}"
                 f" {statistics.median(r['first_s'] for r in rows):>14.2f}"
                 f" {statistics.median(r['efficiency'] for r in rows):>12.4f}")
     lines.append(f"load average {os.getloadavg()[0]:.1f} at the end")

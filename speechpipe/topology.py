@@ -9,7 +9,9 @@ rank and worker instead -- the global batches consumed in the epoch -- kept by
 ``steps`` batches of a pass that started at ``start``, the same number on every rank (every
 rank takes the same steps), so the state rank 0 saves resumes any world size and number of
 workers. The loader hands the position to the pipeline's copies through shared memory, as it
-hands them the epoch (:class:`speechpipe.loader.SharedEpoch`).
+hands them the epoch (:class:`speechpipe.loader.SharedEpoch`), and plans each epoch in the main
+process before the workers start, so that workers started by ``fork`` inherit the plan instead
+of each computing it again (``spawn`` ones plan it themselves).
 """
 
 from __future__ import annotations
@@ -56,6 +58,8 @@ class GlobalPosition:
         self.start, self.loaded, self.steps = self.loaded or 0, None, 0
         self.shared.set(self.start)
         set_start(self.stages, epoch, self.start)
+        for stage in self.stages:  # planned once here: forked workers inherit the plan
+            stage.plan(epoch)
 
     def counted(self, batches: Iterator[Any]) -> Iterator[Any]:
         for batch in batches:

@@ -205,7 +205,8 @@ def frames(sample: dict) -> dict:
 
 def test_a_topology_bound_state_is_refused_by_a_planned_loader_and_back(corpus):
     bound = sp.IterableWrapper(corpus["shards"]).sharded_shuffle(
-        buffer_size=4, index=True).map(frames).block_batch(batch_len=800).collate(collate_fn=collate)
+        buffer_size=4, index=True).map(frames).block_batch(batch_len=800).collate(
+            collate_fn=collate)
     loader = sp.build_loader(bound, seed=0)
     next(iter(loader))
     with pytest.raises(sp.ResumeError, match="num_workers"):

@@ -146,7 +146,8 @@ def run_group(tmp: str, world: int, ctx: dict) -> list[dict]:
     for r, proc in enumerate(procs):
         if proc.returncode != 0:
             with open(os.path.join(tmp, f"rank{r}-{tag}.log")) as f:
-                raise AssertionError(f"rank {r} exited with {proc.returncode}:\n{f.read()[-3000:]}")
+                raise AssertionError(
+                    f"rank {r} exited with {proc.returncode}:\n{f.read()[-3000:]}")
     results = []
     for path in outs:
         with open(path) as f:
