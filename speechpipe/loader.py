@@ -516,7 +516,7 @@ class Loader:
                             "resumable=False (or without torchdata>=0.10's StatefulDataLoader)")
         if self.position is not None:  # any rank's state resumes any topology
             return {"epoch": self.epoch, "dataloader": None, "fingerprint": self.fingerprint(),
-                    "batches": self.position.consumed(self._between_epochs)}
+                    "batches": self.position.consumed(self._between_epochs, self.epoch)}
         if self._between_epochs:
             return {"epoch": self.epoch, "dataloader": None, "fingerprint": self.fingerprint()}
         saved = state()

@@ -51,11 +51,14 @@ class GlobalPosition:
         self.stages = planned_stages(pipe)
         self.start = 0  # global batches consumed before the running pass started
         self.steps = 0  # batches the running pass has yielded to this rank's loop
-        self.loaded: int | None = None  # a start loaded for the next pass
+        self.loaded: int | None = None  # a start loaded for the next pass, of epoch loaded_epoch
+        self.loaded_epoch = 0
 
     def begin_pass(self, epoch: int) -> None:
-        """A pass of ``epoch`` starts: at the loaded position, else at the epoch's start."""
-        self.start, self.loaded, self.steps = self.loaded or 0, None, 0
+        """A pass of ``epoch`` starts: at the loaded position (if it is that epoch's), else at
+        the epoch's start."""
+        start = self.loaded if self.loaded is not None and self.loaded_epoch == epoch else 0
+        self.start, self.loaded, self.steps = start, None, 0
         self.shared.set(self.start)
         set_start(self.stages, epoch, self.start)
         for stage in self.stages:  # planned once here: forked workers inherit the plan
@@ -66,12 +69,12 @@ class GlobalPosition:
             self.steps += 1
             yield batch
 
-    def consumed(self, between_epochs: bool) -> int:
-        """Global batches consumed in the epoch of the next batch."""
+    def consumed(self, between_epochs: bool, epoch: int) -> int:
+        """Global batches consumed in ``epoch``, the epoch of the next batch."""
         if between_epochs:
             return 0
-        if self.loaded is not None:
-            return self.loaded
+        if self.loaded is not None:  # loaded, no pass since
+            return self.loaded if self.loaded_epoch == epoch else 0
         return self.start + self.steps * process_position().world_size
 
     def load(self, state: Mapping, epoch: int) -> None:
@@ -80,7 +83,7 @@ class GlobalPosition:
         if not isinstance(batches, int) or isinstance(batches, bool) or batches < 0:
             raise ResumeError(f"the state's global batch position must be an int >= 0, got "
                               f"{batches!r}")
-        self.loaded = batches
+        self.loaded, self.loaded_epoch = batches, epoch
         set_start(self.stages, epoch, batches)  # len() counts the steps left
 
 

@@ -180,6 +180,13 @@ def test_a_state_is_one_global_position_and_resumes_the_rest_of_the_epoch(corpus
     assert keys_of(resumed) == unbroken[7:]
     assert resumed.state_dict() == {**state, "epoch": 1, "batches": 0}
     assert keys_of(resumed) == keys_of(sp.build_loader(make(), seed=0).set_epoch(1))
+    moved = sp.build_loader(make(), seed=0)
+    moved.load_state_dict(state)
+    moved.set_epoch(0)  # the loop's own set_epoch, the state's epoch: the position stays
+    assert keys_of(moved) == unbroken[7:]
+    moved.load_state_dict(state)
+    moved.set_epoch(1)  # another epoch: from its start
+    assert keys_of(moved) == keys_of(sp.build_loader(make(), seed=0).set_epoch(1))
 
 
 @pytest.mark.parametrize("change, field", [
