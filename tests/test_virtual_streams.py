@@ -233,3 +233,13 @@ def test_a_changed_budget_allowed_on_purpose_starts_the_next_epoch(corpus):
     with pytest.warns(sp.ResumeWarning, match="epoch 1"):
         other.load_state_dict(state, allow_changes=("budget",))
     assert other.epoch == 1 and other.state_dict()["batches"] == 0
+
+
+def test_an_impossible_global_position_is_refused_by_name(corpus):
+    loader = sp.build_loader(shard_pipe(corpus["shards"]), seed=0)
+    next(iter(loader))
+    state = loader.state_dict()
+    for bad in (-1, "3", None):
+        with pytest.raises(sp.ResumeError, match="global batch position"):
+            sp.build_loader(shard_pipe(corpus["shards"]), seed=0).load_state_dict(
+                {**state, "batches": bad})
