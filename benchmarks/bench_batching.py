@@ -10,6 +10,10 @@ WenetSpeech M with icefall's 1-15 s filter), at the same padded budget, one run 
     padding against batch variety);
 (c) speechpipe's global-sort batching view (random-access road);
 (d) lhotse's ``DynamicBucketingSampler`` (``max_duration`` = the budget, 30 buckets as icefall);
+(e) ``plan_batches``' virtual streams (issue 29): the same shuffled stream dealt out to 8
+    streams, each with its own buckets and budget batches (``plan_stream_batches``), the
+    streams' batches interleaved -- the batches any number of ranks and workers train on --
+    with (b)'s small buffer in each stream, and with that buffer shared out (1/8 each);
 then (b) again at the largest buffer whose repeat rate is at most (d)'s (found by bisection):
 the padding of the two at equal batch variety.
 
@@ -100,6 +104,21 @@ def streaming(lengths, budget, epochs, seed, buffer_size, num_buckets=None):
     return out
 
 
+def virtual_streams(lengths, budget, epochs, seed, buffer_size, streams=8):
+    from speechpipe.pipes.batching import plan_stream_batches
+
+    constraint = PaddedArea(budget=budget)
+    out = []
+    for e in range(epochs):
+        order = list(range(len(lengths)))
+        derive_rng(seed, e, 0, 0, "upstream").shuffle(order)  # the same stream as (b)
+        dealt = [[(i, float(lengths[i])) for i in order[v::streams]] for v in range(streams)]
+        plan = plan_stream_batches(dealt, constraint, seed=seed, epoch=e,
+                                   bucket_buffer=buffer_size)
+        out.append([list(b) for b in plan.batches])
+    return out
+
+
 def global_sort(lengths, budget, epochs, seed):
     from speechpipe.pipes.batching import BatchView
 
@@ -148,6 +167,10 @@ def run(n: int, epochs: int, budget_seconds: float, seed: int = 0) -> list[dict]
             ("(c) global-sort view", lambda: global_sort(lengths, budget, epochs, seed)),
             ("(d) lhotse DynamicBucketing",
              lambda: lhotse_dynamic(durations, budget_seconds, epochs, seed)),
+            (f"(e) 8 streams, buffer {small} each",
+             lambda: virtual_streams(lengths, budget, epochs, seed, small)),
+            (f"(e) 8 streams, buffer {max(1, small // 8)} each",
+             lambda: virtual_streams(lengths, budget, epochs, seed, max(1, small // 8))),
         ]
         for name, fn in contenders:
             start = time.perf_counter()
@@ -189,12 +212,12 @@ def matched_variety(lengths, budget, epochs, seed, target: float, per_batch: flo
 
 
 def table(rows: list[dict]) -> str:
-    head = (f"{'corpus':<28} {'contender':<29} {'effic.':>7} {'batches':>7} "
+    head = (f"{'corpus':<28} {'contender':<32} {'effic.':>7} {'batches':>7} "
             f"{'max/budget':>10} {'over':>5} {'repeat':>7} {'ms/epoch':>9}")
     lines = [head, "-" * len(head)]
     for r in rows:
         lines.append(
-            f"{r['corpus']:<28} {r['contender']:<29} {r['efficiency']:>7.4f} {r['batches']:>7} "
+            f"{r['corpus']:<28} {r['contender']:<32} {r['efficiency']:>7.4f} {r['batches']:>7} "
             f"{r['largest']:>10.3f} {r['over']:>5} {r['repeat']:>7.4f} {r['ms_per_epoch']:>9.0f}")
     return "\n".join(lines)
 

@@ -56,6 +56,7 @@ from .pipes.text import (
 )
 from .pipes.batching import BatchView, compute_lengths, read_data_len, select_keys
 from .pipes.batching import Calibration, calibrate_budget
+from .pipes.batching import StreamPlan
 from .recipes import (  # noqa: E402
     FrontEnd, eval_pipeline, get_recipe, manifest_path, pipeline_report, train_pipeline,
 )
@@ -122,6 +123,7 @@ __all__ = [
     "SpeechpipeError",
     "StepPlanner",
     "StepStats",
+    "StreamPlan",
     "SumOfLengths",
     "Telemetry",
     "TextNormalizer",

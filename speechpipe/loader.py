@@ -134,6 +134,7 @@ from .pipes._core import (
 from .pipes.concurrency import LEAVES, to_device
 from .seeding import CarriesRank, derive_seed, process_position
 from .telemetry import Probes, Telemetry, read_worker_figures
+from .topology import GlobalPosition, planned_stages, saved_workers, set_start
 from .worker_reports import clear_reports, collect_reports, write_report, writing_figures
 
 __all__ = [
@@ -212,6 +213,7 @@ class PipeDataset(CarriesRank, torch.utils.data.IterableDataset):
         self.pipe = pipe
         self.seed = seed
         self.shared_epoch = SharedEpoch(epoch)
+        self.shared_start = SharedEpoch(0)  # plan_batches: the global batch a pass starts at
         self._pending: dict | None = None
         self._starting: dict | None = None
         self._live: dict | None = None
@@ -234,6 +236,7 @@ class PipeDataset(CarriesRank, torch.utils.data.IterableDataset):
     def _prepare(self, epoch: int) -> None:
         nodes = graph_nodes(self.pipe)
         propagate_epoch(self.pipe, epoch)
+        set_start(nodes, epoch, self.shared_start.get())
         for i, node in enumerate(n for n in nodes
                                  if type(n).__name__ == "ShufflerIterDataPipe"):
             node.set_seed(derive_seed(self.seed, epoch, 0, 0, "torch-shuffle", i) % 2**63)
@@ -391,6 +394,8 @@ class Loader:
         self._between_epochs = False  # the last pass ran to its end; none has started since
         self._stages_fingerprint: dict | None = None  # the pipeline's part, taken once, before
         # the first pass (stages of a loader without workers run in this process)
+        self.position = GlobalPosition(dataset.shared_start, dataset.pipe) if planned_stages(
+            dataset.pipe) else None  # plan_batches: one position for any topology
 
     @property
     def epoch(self) -> int:
@@ -436,7 +441,10 @@ class Loader:
             gc.collect()
             _collect_before_fork = False
         started = time.perf_counter()
-        iterator = iter(batches)
+        if self.position is not None:
+            self.position.begin_pass(self.epoch)
+        iterator = iter(batches) if self.position is None else self.position.counted(
+            iter(batches))
         ended = False
         try:
             if self.telemetry is not None:
@@ -506,6 +514,9 @@ class Loader:
         if state is None:
             raise TypeError("this loader cannot save its position: it was built with "
                             "resumable=False (or without torchdata>=0.10's StatefulDataLoader)")
+        if self.position is not None:  # any rank's state resumes any topology
+            return {"epoch": self.epoch, "dataloader": None, "fingerprint": self.fingerprint(),
+                    "batches": self.position.consumed(self._between_epochs, self.epoch)}
         if self._between_epochs:
             return {"epoch": self.epoch, "dataloader": None, "fingerprint": self.fingerprint()}
         saved = state()
@@ -522,9 +533,9 @@ class Loader:
         if self._stages_fingerprint is None:
             self._stages_fingerprint = fingerprint(self.dataset.pipe)
         where = process_position()
-        return {**self._stages_fingerprint,
-                "loader": {"seed": self.dataset.seed, "world_size": where.world_size,
-                           "num_workers": self.dataloader.num_workers}}
+        topology = {"positions": "global"} if self.position is not None else {
+            "world_size": where.world_size, "num_workers": self.dataloader.num_workers}
+        return {**self._stages_fingerprint, "loader": {"seed": self.dataset.seed, **topology}}
 
     def load_state_dict(self, state: Mapping, *, allow_changes: Iterable[str] = ()) -> None:
         """Continue where ``state`` was saved: the next batches are the ones that followed.
@@ -555,7 +566,7 @@ class Loader:
         if refused:
             raise ResumeError(refusal(refused), refused)
         if found:
-            mid_epoch = state["dataloader"] is not None
+            mid_epoch = state["dataloader"] is not None or bool(state.get("batches"))
             start = epoch + 1 if mid_epoch else epoch
             skipped = (f"; the rest of epoch {epoch} after the saved step is skipped"
                        if mid_epoch else "")
@@ -567,7 +578,10 @@ class Loader:
             self.set_epoch(start)
             return
         self.set_epoch(epoch)
-        if state["dataloader"] is not None:  # None: at the start of that epoch
+        if self.position is not None:
+            self._forget_loaded_state()
+            self.position.load(state, epoch)
+        elif state["dataloader"] is not None:  # None: at the start of that epoch
             self.dataloader.load_state_dict(state["dataloader"])
         else:
             self._forget_loaded_state()
@@ -596,26 +610,12 @@ class Loader:
                 f"speechpipe writes version {FINGERPRINT_VERSION} and cannot compare it")
         else:
             found = differences(saved, current)
-        workers = _saved_workers(state["dataloader"])
-        here = current["loader"]["num_workers"]
+        workers = saved_workers(state["dataloader"])
+        here = current["loader"].get("num_workers")
         if workers is not None and workers != here and not any(
                 d[:2] == ("loader", "num_workers") for d in found):
             found.insert(0, ("loader", "num_workers", workers, here))
         return found
-
-
-def _saved_workers(state: Any) -> int | None:
-    """The number of workers a ``StatefulDataLoader`` state was saved with (its shape says:
-    0 has ``_num_yielded`` at the top, more have ``_snapshot``), or None (at an epoch's start,
-    or a shape this speechpipe does not know)."""
-    if not isinstance(state, Mapping):
-        return None
-    if "_snapshot" in state:
-        main = state["_snapshot"].get("_main_snapshot") if isinstance(
-            state["_snapshot"], Mapping) else None
-        workers = main.get("_num_workers") if isinstance(main, Mapping) else None
-        return workers if isinstance(workers, int) else None
-    return 0 if "_num_yielded" in state else None
 
 
 def _ready_batches(iterator: Any) -> int | None:

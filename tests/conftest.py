@@ -18,7 +18,7 @@ SLOW_MODULES = {
     "test_example_asr", "test_fingerprint", "test_hf_datasets", "test_kaldi_fbank",
     "test_lhotse", "test_loader", "test_noise", "test_pack_jobs", "test_recipe_wenetspeech",
     "test_registry", "test_remote", "test_remote_paths", "test_resume", "test_telemetry",
-    "test_threads", "test_transfer", "test_trust",
+    "test_threads", "test_transfer", "test_trust", "test_virtual_streams_ddp",
 }
 
 #: Single tests elsewhere that start processes or take seconds.

@@ -39,7 +39,7 @@ FLOORS = [
     ("collate", ["pipes.collate"]),
     ("concurrency", ["pipes.concurrency"]),
     ("distributed", ["pipes.distributed"]),
-    ("loader", ["epochs", "loader", "nodes", "telemetry", "worker_reports"]),
+    ("loader", ["epochs", "loader", "nodes", "telemetry", "topology", "worker_reports"]),
     ("recipes", ["recipes"]),
     ("tools", ["pack", "stats", "demo"]),
     ("CLI", ["cli"]),

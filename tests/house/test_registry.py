@@ -299,6 +299,7 @@ PUBLIC = [
     "SpeechpipeError",
     "StepPlanner",
     "StepStats",
+    "StreamPlan",
     "SumOfLengths",
     "Telemetry",
     "TextNormalizer",

@@ -1,4 +1,5 @@
-"""Batching: budgets (constraints), lengths tables, buckets and block batches, batching views.
+"""Batching: budgets (constraints), lengths tables, buckets and block batches, batching views,
+batches planned over virtual streams.
 
 This is the package's face: other packages and
 users import from here, never from its ``_modules``.
@@ -17,6 +18,9 @@ from ._lengths import (
     compute_lengths, IndexDurationReaderIterDataPipe, read_data_len, select_keys,
     SELECTION_MODES,
 )
+from ._streams import (
+    BatchPlanner, BatchPlannerIterDataPipe, plan_stream_batches, StreamPlan, UNEVEN,
+)
 from ._views import (
     BatchView, epoch_batches, form_batches, shard_batch, ViewLoader, ViewLoaderIterDataPipe,
     ViewSampler,
@@ -24,6 +28,8 @@ from ._views import (
 
 __all__ = [
     "BatchConstraint",
+    "BatchPlanner",
+    "BatchPlannerIterDataPipe",
     "BatchStats",
     "BatchView",
     "BlockBatcherIterDataPipe",
@@ -39,8 +45,10 @@ __all__ = [
     "Quadratic",
     "SELECTION_MODES",
     "SampleCount",
+    "StreamPlan",
     "SumOfLengths",
     "TwoDimensional",
+    "UNEVEN",
     "ViewLoader",
     "ViewLoaderIterDataPipe",
     "ViewSampler",
@@ -51,6 +59,7 @@ __all__ = [
     "epoch_batches",
     "form_batches",
     "pack_batches",
+    "plan_stream_batches",
     "read_data_len",
     "select_keys",
     "shard_batch",

@@ -1,0 +1,148 @@
+"""Virtual streams (``plan_batches``) beside the streaming road: throughput and padding.
+
+The same FLAC shards (16 kHz, durations drawn from LibriSpeech train-clean-100's published
+percentiles; the shard index counts seconds), the same budget (padded seconds), bucket edges
+(from the index) and buffers, through ``build_loader`` with 0 and 2 workers:
+
+- **stream**: ``sharded_shuffle -> durations_from_index -> bucket_by_length -> block_batch ->
+  collate(DecodeCollate)`` -- each process batches its own shards (batches depend on the
+  number of workers and ranks);
+- **planned**: ``plan_batches(streams=8) -> collate(DecodeCollate)`` -- the epoch's batches
+  planned on the index over 8 virtual streams, the same for any topology; each worker reads
+  its batches' members (issue 29);
+- **planned-1**: the same with one stream (``streams=1``): the road's own cost, without the
+  partial batches at the ends of 8 streams.
+
+Rounds alternate the two (medians, per-round ranges): audio seconds per second of a whole pass
+(from building the loader to its last batch), time to the first batch, and the padding
+efficiency of the decoded batches (``sum(audio_len) / (B x T)`` over the pass).
+
+    python -m benchmarks bench_streams           # 2,000 utterances, 3 rounds
+    python -m benchmarks bench_streams --tiny    # 200 utterances, 1 round (smoke test)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+
+import numpy as np
+
+import speechpipe  # noqa: F401  (registers the pipes)
+from speechpipe.index import ShardEntry, ShardIndex
+from speechpipe.loader import build_loader
+from speechpipe.pipes._core import IterableWrapper
+from speechpipe.pipes.batching import PaddedArea
+from speechpipe.pipes.collate import DecodeCollate
+from speechpipe.pipes.shards import ShardWriter
+from speechpipe.testing import sample_durations
+
+RATE = 16000
+ROADS = ("stream", "planned", "planned-1")
+
+
+def make_shards(root: str, n: int, per_shard: int, seed: int = 0) -> list[str]:
+    """FLAC utterances of noise at LibriSpeech-like durations, with an index in seconds."""
+    folder = os.path.join(root, f"flac-{n}-{per_shard}")
+    if not os.path.exists(os.path.join(folder, "index.jsonl")):
+        os.makedirs(folder, exist_ok=True)
+        rng = np.random.default_rng(seed)
+        durations = sample_durations("librispeech-train-clean-100", n, seed, usable_only=True)
+        keys: list[list[str]] = []
+        lengths: list[list[float]] = []
+        with ShardWriter(os.path.join(folder, "data-%05d.tar"), maxcount=per_shard) as writer:
+            for i, seconds in enumerate(durations):
+                size = int(seconds * RATE)
+                audio = (rng.standard_normal(size) * 0.1).astype(np.float32)
+                if i % per_shard == 0:
+                    keys.append([])
+                    lengths.append([])
+                keys[-1].append(f"a{i:06d}")
+                lengths[-1].append(size / RATE)
+                writer.write({"key": f"a{i:06d}", "flac": audio, "sample_rate": RATE})
+        entries = [ShardEntry(os.path.basename(p), len(k), os.path.getsize(p), tuple(k),
+                              tuple(x)) for p, k, x in zip(writer.paths, keys, lengths)]
+        ShardIndex(folder, entries, length_unit="seconds").write()
+    return ShardIndex.read(folder).paths()
+
+
+def pipeline(road: str, paths: list[str], budget: float, buffer: int, bucket: int):
+    index = ShardIndex.read(os.path.dirname(paths[0]))
+    constraint = PaddedArea(budget=budget, length="duration")
+    boundaries = index.boundaries(4)
+    collate = DecodeCollate(fields=("key", "audio", "sample_rate"))
+    if road == "stream":
+        pipe = (IterableWrapper(paths).sharded_shuffle(buffer, seed=0, index=index)
+                .durations_from_index()
+                .bucket_by_length(bucket, boundaries=boundaries, constraint=constraint, seed=0)
+                .block_batch(constraint=constraint, seed=0))
+    else:
+        pipe = IterableWrapper(paths).plan_batches(
+            constraint=constraint, index=index, streams=1 if road == "planned-1" else 8,
+            seed=0, buffer_size=buffer, bucket_buffer=bucket, boundaries=boundaries)
+    return pipe.collate(collate_fn=collate)
+
+
+def one_pass(road: str, paths: list[str], workers: int, budget: float, buffer: int,
+             bucket: int) -> dict:
+    start = time.perf_counter()
+    loader = build_loader(pipeline(road, paths, budget, buffer, bucket), num_workers=workers,
+                          seed=0)
+    first = None
+    real = padded = 0
+    for batch in loader:
+        if first is None:
+            first = time.perf_counter() - start
+        lengths = batch["audio_len"]
+        real += int(lengths.sum())
+        padded += int(lengths.numel() * batch["audio"].shape[1])
+    seconds = time.perf_counter() - start
+    return {"audio_s_per_s": real / RATE / seconds, "first_s": first or 0.0,
+            "efficiency": real / padded if padded else 0.0}
+
+
+def _median_range(values: list[float]) -> str:
+    return f"{statistics.median(values):.1f} ({min(values):.1f}-{max(values):.1f})"
+
+
+def run(n: int, per_shard: int, rounds: int, budget: float, buffer: int, bucket: int) -> str:
+    root = os.path.join(tempfile.gettempdir(), "speechpipe-bench-streams")
+    paths = make_shards(root, n, per_shard)
+    lines = [f"{n} utterances in {len(paths)} shards, budget {budget:g} padded s, shuffle "
+             f"buffer {buffer}, bucket buffer {bucket}, {rounds} round(s); load average "
+             f"{os.getloadavg()[0]:.1f} at the start",
+             f"{'road':<10} {'workers':>7} {'audio-s/s median (range)':>26} "
+             f"{'first batch s':>14} {'padding eff.':>12}"]
+    for workers in (0, 2):
+        results: dict[str, list[dict]] = {road: [] for road in ROADS}
+        for _ in range(rounds):
+            for road in ROADS:
+                results[road].append(one_pass(road, paths, workers, budget, buffer, bucket))
+        for road in ROADS:
+            rows = results[road]
+            lines.append(
+                f"{road:<10} {workers:>7} {_median_range([r['audio_s_per_s'] for r in rows]):>26}"
+                f" {statistics.median(r['first_s'] for r in rows):>14.2f}"
+                f" {statistics.median(r['efficiency'] for r in rows):>12.4f}")
+    lines.append(f"load average {os.getloadavg()[0]:.1f} at the end")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tiny", action="store_true")
+    parser.add_argument("--utterances", type=int, default=2000)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--budget", type=float, default=200.0, help="padded seconds per batch")
+    args = parser.parse_args(argv)
+    if args.tiny:
+        print(run(200, 25, 1, 100.0, 50, 60))
+    else:
+        print(run(args.utterances, 100, args.rounds, args.budget, 500, 600))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,498 @@
+"""Virtual streams: an epoch's batches planned on metadata, the same for any ranks and workers.
+
+The streaming road (``sharded_shuffle -> bucket_by_length -> block_batch``) batches inside
+each process: with another number of DataLoader workers or ranks, every process reads another
+share of the data, so the batches differ and a checkpoint cannot move to another topology.
+``plan_batches`` (:class:`BatchPlannerIterDataPipe`) plans the epoch's batches instead, once,
+on the lengths of a shard index or of a manifest's mapped rows (nothing is read but
+metadata), over ``V`` **virtual streams**:
+
+1. the shards (shuffled with ``(seed, epoch)``) are split between the ``V`` streams, balanced
+   by total length (:func:`~speechpipe.pipes.order.assign_shards` with ``V`` parts); manifest
+   rows are permuted (:class:`~speechpipe.pipes.order.FeistelOrder`) and dealt out;
+2. each stream runs the streaming road's own algorithms on its lengths, with generators from
+   ``(seed, epoch, stream)``: a sample shuffle buffer
+   (:func:`~speechpipe.pipes.order.shuffle_buffer`, shards only), length buckets
+   (:func:`~speechpipe.pipes.batching._buckets.bucket_groups`), budget packing
+   (:func:`~speechpipe.pipes.batching._buckets.pack_batches`) and a batch shuffle window;
+3. the streams' batches are interleaved into one global sequence ``b0, b1, ...``: round robin
+   over the streams not yet exhausted (:func:`plan_stream_batches`, a :class:`StreamPlan`).
+
+The sequence is a function of ``(seed, epoch, V, data, batching settings)`` only. Rank ``r`` of
+``W`` trains at step ``s`` on ``b[s * W + r]``; its DataLoader worker ``k`` of ``K`` produces the
+rank's steps ``s`` with ``s % K == k``, which the DataLoader's round robin over workers hands
+back in step order -- so the order reaching the training loop does not depend on ``K``, and a
+run on 2 ranks sees at its step ``s`` what a run on 1 rank sees at steps ``2s`` and ``2s + 1``.
+Each process then reads only the samples of its batches (mapped manifest rows by position;
+shards read with :func:`~speechpipe.pipes.order.read_shard`, keeping the members its batches
+need). Every rank takes the same number of steps, known before the epoch: ``ceil(N / W)``
+(``uneven="pad"``: the last step's missing batches repeat the epoch's first ones) or
+``floor(N / W)`` (``"drop"``) -- no collective is needed.
+
+**Resume on any topology.** The position is one number, the global batches consumed, so the
+state rank 0's loader returns (:meth:`speechpipe.loader.Loader.state_dict`) resumes every rank of
+any world size and number of workers: the rest of the epoch is the unbroken run's.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import numpy as np
+
+from ...errors import DataError, check_int
+from ...index import ShardEntry, ShardIndex
+from ...sample import KEY
+from ...seeding import derive_rng, derive_seed, process_position
+from .._core import IterDataPipe, SampleSource, Seeded, check_seed, functional_datapipe
+from ..order import (
+    FeistelOrder, assign_shards, index_entries, read_shard, shuffle_buffer, shuffle_shards,
+    source_rows,
+)
+from ..order import shuffle_window as window_shuffle
+from ._buckets import bucket_groups, pack_batches
+from ._constraints import (
+    BatchConstraint, BatchStats, IndexLength, OVERSIZE, batch_constraint, primary_measure,
+)
+
+__all__ = [
+    "BatchPlanner",
+    "BatchPlannerIterDataPipe",
+    "StreamPlan",
+    "UNEVEN",
+    "plan_stream_batches",
+]
+
+#: What the last step does when the epoch's batches do not fill every rank: ``"pad"`` repeats
+#: the epoch's first batches (``ceil(N / W)`` steps), ``"drop"`` leaves the last ``N mod W``.
+UNEVEN = ("pad", "drop")
+#: Streams when none is given: one per shard up to this many (manifests: this many).
+DEFAULT_STREAMS = 8
+_SALT = "virtual-stream"
+
+
+# --------------------------------------------------------------------------- the plan
+
+
+@dataclass(frozen=True)
+class StreamPlan:
+    """One epoch's global sequence of batches over virtual streams.
+
+    Attributes:
+        epoch: the epoch planned.
+        streams: ``V``.
+        batches: the global sequence, each batch a tuple of item numbers (what they number is
+            the road's: a manifest row, a member of a shard).
+        stream_of: the stream each batch comes from.
+        stats: padding and batch sizes, measured on the planned lengths.
+    """
+
+    epoch: int
+    streams: int
+    batches: tuple[tuple[int, ...], ...]
+    stream_of: tuple[int, ...]
+    stats: BatchStats = field(default_factory=lambda: BatchStats("plan_batches"),
+                              compare=False, repr=False)
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def steps(self, world_size: int = 1, *, start: int = 0, uneven: str = "pad") -> int:
+        """Steps every rank takes from global batch ``start`` on (the same on every rank).
+
+        >>> plan = StreamPlan(0, 1, ((0,), (1,), (2,)), (0, 0, 0))
+        >>> plan.steps(2), plan.steps(2, uneven="drop"), plan.steps(2, start=2)
+        (2, 1, 1)
+        """
+        left = max(0, len(self.batches) - start)
+        if not self.batches:
+            return 0
+        return -(-left // world_size) if uneven == "pad" else left // world_size
+
+    def positions(self, rank: int = 0, world_size: int = 1, worker: int = 0,
+                  num_workers: int = 1, *, start: int = 0, uneven: str = "pad") -> list[int]:
+        """The global positions one process produces, in order: rank ``rank``'s steps ``s``
+        with ``s % num_workers == worker``, each ``start + s * world_size + rank``; a
+        position past the end (``uneven="pad"``) stands for batch ``position % len(self)``.
+
+        >>> plan = StreamPlan(0, 1, tuple((i,) for i in range(5)), (0,) * 5)
+        >>> plan.positions(1, 2), plan.positions(0, 2, 1, 2), plan.positions(1, 2, start=2)
+        ([1, 3, 5], [2], [3, 5])
+        """
+        steps = self.steps(world_size, start=start, uneven=uneven)
+        return [start + s * world_size + rank for s in range(worker, steps, num_workers)]
+
+
+def _interleave(per_stream: list[list[tuple[int, ...]]]) -> tuple[list, list]:
+    """Round robin over the streams not yet exhausted: batch ``i`` of every stream (in stream
+    order), then batch ``i + 1``..."""
+    batches, owners = [], []
+    depth = max((len(b) for b in per_stream), default=0)
+    for i in range(depth):
+        for v, mine in enumerate(per_stream):
+            if i < len(mine):
+                batches.append(mine[i])
+                owners.append(v)
+    return batches, owners
+
+
+# long: the plan of one stream is one chain of the road's generators, read here in one place
+def plan_stream_batches(
+    streams: Sequence[Sequence[tuple[int, Any]]],
+    constraint: BatchConstraint,
+    *,
+    seed: int,
+    epoch: int,
+    buffer_size: int = 1,
+    bucket_buffer: int = 2000,
+    boundaries: Sequence[float] | None = None,
+    shuffle_window: int = 100,
+    oversize: str = "emit",
+) -> StreamPlan:
+    """The global batch sequence of an epoch from each stream's items in reading order.
+
+    Args:
+        streams: per stream, ``(item number, length)`` pairs in the order the stream reads
+            them (lengths as the constraint measures them, e.g. :class:`IndexLength`).
+        constraint: the budget.
+        seed, epoch: with the stream number, the seeds of the stream's generators.
+        buffer_size: the stream's sample shuffle buffer (1: reading order).
+        bucket_buffer: items held by the stream's length buckets.
+        boundaries: bucket edges (``None``: one bucket, sorted within the buffer).
+        shuffle_window: batches of a stream emitted in random order within this window.
+        oversize: ``"emit"`` or ``"drop"`` an item over the budget alone.
+
+    >>> from speechpipe.pipes.batching import PaddedArea
+    >>> items = [[(0, 3.0), (1, 1.0), (2, 2.0)], [(3, 5.0), (4, 5.0)]]
+    >>> plan = plan_stream_batches(items, PaddedArea(6.0), seed=0, epoch=0, shuffle_window=1)
+    >>> plan.batches, plan.stream_of
+    (((1, 2), (3,), (0,), (4,)), (0, 1, 0, 1))
+    """
+    if oversize not in OVERSIZE:
+        raise ValueError(f"oversize must be one of {OVERSIZE}, got {oversize!r}")
+    stats = BatchStats("plan_batches")
+    measure = constraint.measure
+
+    def length(item: tuple[int, Any]) -> Any:
+        return measure(item[1])
+
+    per_stream = []
+    for v, items in enumerate(streams):
+        rng = derive_rng(seed, epoch, v, 0, _SALT, "samples")
+        ties = derive_rng(seed, epoch, v, 0, _SALT, "buckets")
+        order = derive_rng(seed, epoch, v, 0, _SALT, "batches")
+        read = shuffle_buffer(items, buffer_size, rng) if buffer_size > 1 else iter(items)
+        groups = bucket_groups(read, buffer_size=bucket_buffer, boundaries=boundaries,
+                               measure=length, rng=ties)
+        packed = (batch for group in groups for batch in pack_batches(
+            group, constraint, oversize=oversize, stats=stats, lengths=length))
+        per_stream.append([tuple(i for i, _ in batch)
+                           for batch in window_shuffle(packed, shuffle_window, order)])
+    batches, owners = _interleave(per_stream)
+    return StreamPlan(epoch, len(per_stream), tuple(batches), tuple(owners), stats)
+
+
+# --------------------------------------------------------------------------- the two roads
+
+
+class _ShardRoad:
+    """Items of a shard index: item ``offsets[s] + m`` is member ``m`` of shard ``names[s]``
+    (names in the source's order)."""
+
+    def __init__(self, names: list[str], entries: dict[str, ShardEntry], unit: str,
+                 rate: int | None) -> None:
+        self.names = names
+        self.entries = entries
+        self.unit, self.rate = unit, rate
+        self.offsets = np.cumsum([0] + [entries[n].count for n in names]).tolist()
+        self.number = {n: i for i, n in enumerate(names)}
+
+    def default_streams(self) -> int:
+        return max(1, min(len(self.names), DEFAULT_STREAMS))
+
+    def streams(self, seed: int, epoch: int, streams: int) -> list[list[tuple[int, Any]]]:
+        order = shuffle_shards(self.names, seed, epoch)
+        weights = {n: self.entries[n].total_length for n in self.names}
+        split = assign_shards(order, world_size=streams, num_workers=1, weights=weights,
+                              unit=self.unit)
+        out = []
+        for v in range(streams):
+            items = []
+            for name in split.shards(v, 0):
+                first = self.offsets[self.number[name]]
+                items.extend((first + m, IndexLength(n, self.unit, self.rate))
+                             for m, n in enumerate(self.entries[name].lengths))
+            out.append(items)
+        return out
+
+    def where(self, item: int) -> tuple[int, int]:
+        s = int(np.searchsorted(self.offsets, item, "right")) - 1
+        return s, item - self.offsets[s]
+
+    def fetch(self, positions_items: list[list[int]], read_options: Any) -> Iterator[list]:
+        """The samples of each batch, each shard read once while some batch still needs it
+        (only the members still needed are kept)."""
+        needed: dict[int, dict[str, int]] = {}
+        for batch in positions_items:
+            for item in batch:
+                s, m = self.where(item)
+                keys = needed.setdefault(s, {})
+                key = self.entries[self.names[s]].keys[m]
+                keys[key] = keys.get(key, 0) + 1
+        held: dict[int, dict[str, Any]] = {}
+        for batch in positions_items:
+            samples = []
+            for item in batch:
+                s, m = self.where(item)
+                name = self.names[s]
+                key = self.entries[name].keys[m]
+                if s not in held:
+                    held[s] = self._read(name, needed[s], read_options)
+                samples.append(held[s][key])
+                needed[s][key] -= 1
+                if not needed[s][key]:
+                    del needed[s][key], held[s][key]
+                    if not needed[s]:
+                        del needed[s], held[s]
+            yield samples
+
+    @staticmethod
+    def _read(name: str, wanted: dict[str, int], read_options: Any) -> dict[str, Any]:
+        found = {}
+        for sample in read_shard(name, read_options=read_options):
+            if sample[KEY] in wanted:
+                found[sample[KEY]] = sample
+        missing = [k for k in wanted if k not in found]
+        if missing:
+            raise DataError(f"plan_batches: {len(missing)} member(s) of the index are not in "
+                            "the shard (the shard changed since the index was written)",
+                            source=name, key=missing[0])
+        return found
+
+
+class _RowRoad:
+    """Items of mapped manifest rows: item ``i`` is row ``i`` (of the kept rows)."""
+
+    def __init__(self, rows: Any) -> None:
+        self.rows = rows
+        durations = np.concatenate([np.asarray(t.durations, np.float64) for t in rows.tables]) \
+            if rows.tables else np.zeros(0)
+        if rows.kept is not None:
+            durations = durations[rows.kept]
+        bad = np.flatnonzero(~np.isfinite(durations))
+        if bad.size:
+            sample = rows.sample(int(bad[0]))
+            raise DataError("plan_batches: a manifest row without a duration (the plan "
+                            "batches by duration)", source=sample.get("source"),
+                            key=sample.get(KEY))
+        self.durations = durations.tolist()
+
+    def default_streams(self) -> int:
+        return DEFAULT_STREAMS
+
+    def streams(self, seed: int, epoch: int, streams: int) -> list[list[tuple[int, Any]]]:
+        n, key = len(self.durations), derive_seed(seed, epoch, 0, 0, _SALT, "rows")
+        out = []
+        for v in range(streams):
+            order = FeistelOrder(n, key, v, streams)
+            out.append([(int(order[i]), IndexLength(self.durations[int(order[i])], "seconds"))
+                        for i in range(len(order))])
+        return out
+
+    def fetch(self, positions_items: list[list[int]], read_options: Any) -> Iterator[list]:
+        for batch in positions_items:
+            yield [self.rows.sample(i) for i in batch]
+
+
+# --------------------------------------------------------------------------- the pipe
+
+
+@functional_datapipe("plan_batches")
+class BatchPlannerIterDataPipe(Seeded, SampleSource, IterDataPipe[list]):
+    """Batches planned on metadata over virtual streams (functional name: ``plan_batches``).
+
+    Consumes shard names with an ``index`` (``True``: the ``index.jsonl`` beside them, or a
+    :class:`~speechpipe.index.ShardIndex`), or ``read_manifest_files`` over local JSON-lines
+    manifests with durations (their mapped rows); yields batches -- lists of samples: raw ones
+    of the shards (follow with ``.collate(collate_fn=DecodeCollate(...))``) or parsed rows --
+    the same global sequence of batches for any number of ranks and DataLoader workers (see
+    the module documentation). ``len()`` is this process's steps in the epoch.
+
+    Args:
+        source_datapipe: shard names, or a ``read_manifest_files`` pipe.
+        constraint, batch_len, max_duration, max_samples: the budget, as ``block_batch``'s;
+            the index's lengths are measured in the constraint's unit
+            (:class:`~speechpipe.pipes.batching.IndexLength`), manifests in seconds.
+        streams: ``V``, the virtual streams (default: the number of shards up to 8; 8 for
+            manifests). Fixed for a run: a state is refused by another ``V``. More streams mix
+            more shards into each stretch of batches; any ``V`` serves any topology.
+        seed: the base seed of every stream's generators ``(seed, epoch, stream)``.
+        buffer_size: each stream's sample shuffle buffer (shards; rows are permuted whole).
+        bucket_buffer: items each stream's length buckets hold.
+        boundaries: bucket edges in the measured unit (``None``: one bucket).
+        shuffle_window: each stream's batch shuffle window.
+        oversize: ``"emit"`` or ``"drop"`` a sample over the budget alone.
+        uneven: ``"pad"`` (default) or ``"drop"`` (:data:`UNEVEN`).
+        index: the shard index (shards road).
+        read_options: how shards are read (:class:`~speechpipe.pipes.shards.ShardReadOptions`).
+
+    >>> import os, tempfile
+    >>> from speechpipe import IterableWrapper
+    >>> from speechpipe.pipes.sources import write_manifest
+    >>> path = os.path.join(tempfile.mkdtemp(), "m.jsonl")
+    >>> _ = write_manifest(path, [{"key": f"u{i}", "duration": 1.0 + i % 3} for i in range(8)])
+    >>> pipe = IterableWrapper([path]).read_manifest_files().plan_batches(
+    ...     max_duration=6.0, streams=2, seed=0)
+    >>> batches = [[s["key"] for s in b] for b in pipe]
+    >>> sorted(k for b in batches for k in b) == sorted(f"u{i}" for i in range(8)), len(pipe)
+    (True, 4)
+    """
+
+    topology_free = True  # the loader saves one position for every rank and worker
+    draws_in_sequence = False
+    decides_batches = ("constraint", "streams", "seed", "buffer_size", "bucket_buffer",
+                       "boundaries", "shuffle_window", "oversize", "uneven", "index")
+
+    def __init__(
+        self,
+        source_datapipe: Any,
+        batch_len: float | None = None,
+        *,
+        constraint: BatchConstraint | None = None,
+        max_duration: float | None = None,
+        max_samples: int | None = None,
+        streams: int | None = None,
+        seed: int = 0,
+        buffer_size: int = 1000,
+        bucket_buffer: int = 2000,
+        boundaries: Sequence[float] | None = None,
+        shuffle_window: int = 100,
+        oversize: str = "emit",
+        uneven: str = "pad",
+        index: ShardIndex | bool | None = None,
+        read_options: Any = None,
+    ) -> None:
+        self.constraint = batch_constraint(constraint, batch_len=batch_len,
+                                           max_samples=max_samples, max_duration=max_duration,
+                                           required=True)
+        if streams is not None:
+            check_int("streams", streams, 1)
+        for name, value in (("buffer_size", buffer_size), ("bucket_buffer", bucket_buffer),
+                            ("shuffle_window", shuffle_window)):
+            check_int(name, value, 1)
+        if boundaries is not None:
+            boundaries = [float(b) for b in boundaries]
+            if any(b >= c for b, c in zip(boundaries, boundaries[1:])):
+                raise ValueError(f"boundaries must increase strictly, got {boundaries}")
+        if oversize not in OVERSIZE:
+            raise ValueError(f"oversize must be one of {OVERSIZE}, got {oversize!r}")
+        if uneven not in UNEVEN:
+            raise ValueError(f"uneven must be one of {UNEVEN}, got {uneven!r}")
+        if not (index is None or isinstance(index, (bool, ShardIndex))):
+            raise TypeError(f"index must be None, True or a ShardIndex, got {index!r}")
+        self.source_datapipe = source_datapipe
+        self.streams = streams
+        self.seed = check_seed(seed)
+        self.epoch = 0
+        self.start = 0
+        self.buffer_size = buffer_size
+        self.bucket_buffer = bucket_buffer
+        self.boundaries = boundaries
+        self.shuffle_window = shuffle_window
+        self.oversize = oversize
+        self.uneven = uneven
+        self.index = None if index is False else index
+        self.read_options = read_options
+        self._road: Any = None
+        self._plan: StreamPlan | None = None
+
+    def __getstate__(self) -> dict:
+        state = super().__getstate__()
+        state["_road"] = state["_plan"] = None  # planned again in each process
+        return state
+
+    def set_epoch(self, epoch: int, *, start: int = 0) -> "BatchPlannerIterDataPipe":
+        """Draw ``epoch`` in the next pass, from global batch ``start`` on (resuming)."""
+        super().set_epoch(epoch)
+        self.start = check_int("start", start, 0)
+        return self
+
+    # -- planning
+
+    def road(self) -> Any:
+        """The items the plan numbers: the manifests' rows or the index's shard members."""
+        if self._road is None:
+            rows = source_rows(self.source_datapipe)
+            if rows is not None:
+                self._road = _RowRoad(rows)
+            else:
+                self._road = self._shard_road()
+        return self._road
+
+    def _shard_road(self) -> _ShardRoad:
+        if self.index is None:
+            raise ValueError("plan_batches plans on metadata: give shard names with index=True "
+                             "(or a ShardIndex), or read_manifest_files over JSON-lines "
+                             "manifests with durations")
+        names = [str(n) for n in self.source_datapipe]
+        index = (self.index if isinstance(self.index, ShardIndex)
+                 else ShardIndex.for_shards(sorted(set(names))))
+        return _ShardRoad(names, index_entries(names, index), index.length_unit,
+                          index.sample_rate)
+
+    @property
+    def num_streams(self) -> int:
+        """``V``: the ``streams`` given, else the road's default."""
+        return self.streams if self.streams is not None else self.road().default_streams()
+
+    def plan(self, epoch: int | None = None) -> StreamPlan:
+        """The epoch's global batch sequence (default: the current epoch); reads metadata."""
+        epoch = self.epoch if epoch is None else check_int("epoch", epoch, 0)
+        if self._plan is None or self._plan.epoch != epoch:
+            road = self.road()
+            self._plan = plan_stream_batches(
+                road.streams(self.seed, epoch, self.num_streams), self.constraint,
+                seed=self.seed, epoch=epoch,
+                buffer_size=self.buffer_size if isinstance(road, _ShardRoad) else 1,
+                bucket_buffer=self.bucket_buffer, boundaries=self.boundaries,
+                shuffle_window=self.shuffle_window, oversize=self.oversize)
+        return self._plan
+
+    def _positions(self, start: int) -> list[int]:
+        where = process_position()
+        return self.plan().positions(where.rank, where.world_size, where.worker,
+                                     where.num_workers, start=start, uneven=self.uneven)
+
+    # -- passes
+
+    def __iter__(self) -> Iterator[list]:
+        self._begin_pass()
+        state, _ = self._take_resume()
+        start = self.start if state is None else check_int("start", state["start"], 0)
+        if state is not None:
+            self.epoch = check_int("epoch", state["epoch"], 0)
+        positions = self._positions(start)
+        skip = 0 if state is None else check_int("next", state["next"], 0)
+        plan = self.plan()
+        n = len(plan)
+        items = [plan.batches[p % n] for p in positions[skip:]]
+        live = self._live = {"epoch": self.epoch, "start": start, "next": skip}
+        try:
+            for batch in self.road().fetch(items, self.read_options):
+                live["next"] += 1
+                yield batch
+        finally:
+            self._live = None
+
+    def __len__(self) -> int:
+        return len(self._positions(self.start))
+
+    def _snapshot(self, live: dict) -> dict:
+        """Epoch, start and the batches this process has yielded: nothing is held."""
+        return dict(live)
+
+
+BatchPlanner = BatchPlannerIterDataPipe

@@ -1,0 +1,245 @@
+"""Virtual streams (issue 29): batches planned on metadata, the same for any topology.
+
+In one process (the quick lane): the plan's global sequence and the positions each (rank,
+worker) produces; the DataLoader's round robin over workers and ranks stepping together give
+back the one sequence for every world size and number of workers; both roads (a shard index,
+mapped manifest rows) yield every sample once per epoch, through ``build_loader`` too; a
+state saved by the loader is one global position, resumes under another number of workers,
+and refuses another V, budget, seed or shard list by name. Real process groups and workers:
+``tests/test_virtual_streams_ddp.py``.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+
+import pytest
+import torch
+
+import speechpipe as sp
+from speechpipe.index import ShardEntry, ShardIndex
+from speechpipe.pipes.batching import PaddedArea, StreamPlan, plan_stream_batches
+from speechpipe.pipes.shards import ShardWriter
+from speechpipe.pipes.sources import write_manifest
+
+
+def write_shards(folder: str, shards: int = 12, per_shard: int = 10) -> list[str]:
+    """Tar shards of ``{key, dat: n bytes}`` with an index counting n (frames)."""
+    os.makedirs(folder, exist_ok=True)
+    entries = []
+    for i in range(shards):
+        rng = random.Random(i)
+        keys = [f"s{i}_{j}" for j in range(per_shard)]
+        lengths = [rng.randint(20, 200) for _ in keys]
+        path = os.path.join(folder, f"data-{i:05d}.tar")
+        with ShardWriter(path) as writer:
+            for key, n in zip(keys, lengths):
+                writer.write({"key": key, "dat": bytes([i]) * n})
+        entries.append(ShardEntry(os.path.basename(path), per_shard, os.path.getsize(path),
+                                  tuple(keys), tuple(float(n) for n in lengths)))
+    ShardIndex(folder, entries).write()
+    return [os.path.join(folder, e.name) for e in entries]
+
+
+def write_rows(folder: str, rows: int = 150) -> str:
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, "train.jsonl")
+    write_manifest(path, [{"key": f"r{i:04d}", "duration": 1.0 + (i * 7) % 13 / 2}
+                          for i in range(rows)])
+    return path
+
+
+def collate(batch: list) -> dict:
+    """Keys and a padded tensor of the samples' bytes (shards) or durations (rows)."""
+    if "dat" in batch[0]:
+        n = max(len(s["dat"]) for s in batch)
+        x = torch.zeros(len(batch), n, dtype=torch.uint8)
+        for i, s in enumerate(batch):
+            x[i, :len(s["dat"])] = torch.frombuffer(bytearray(s["dat"]), dtype=torch.uint8)
+    else:
+        x = torch.tensor([s["duration"] for s in batch], dtype=torch.float64)
+    return {"key": [s["key"] for s in batch], "x": x}
+
+
+def shard_pipe(paths, *, streams=4, budget=800, seed=0):
+    return sp.IterableWrapper(paths).plan_batches(
+        batch_len=budget, index=True, streams=streams, seed=seed, buffer_size=8,
+        bucket_buffer=12, boundaries=[100], shuffle_window=3).collate(collate_fn=collate)
+
+
+def row_pipe(path, *, streams=4, budget=20.0, seed=0):
+    return sp.IterableWrapper([path]).read_manifest_files().plan_batches(
+        max_duration=budget, streams=streams, seed=seed, bucket_buffer=30,
+        shuffle_window=5).collate(collate_fn=collate)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("virtual")
+    return {"shards": write_shards(str(folder / "shards")), "rows": write_rows(str(folder))}
+
+
+def as_delivered(plan: StreamPlan, world: int, workers: int, *, start: int = 0,
+                 uneven: str = "pad") -> list[list[int]]:
+    """What each rank's training loop receives, step by step: its workers' positions handed
+    back by the DataLoader's round robin (worker ``s % K`` at step ``s``)."""
+    out = []
+    for rank in range(world):
+        mine = [iter(plan.positions(rank, world, k, workers, start=start, uneven=uneven))
+                for k in range(workers)]
+        steps = plan.steps(world, start=start, uneven=uneven)
+        out.append([next(mine[s % workers]) for s in range(steps)])
+    return out
+
+
+# --------------------------------------------------------------------------- the plan
+
+
+def test_every_topology_trains_on_one_global_sequence():
+    """With W ranks, step s trains on batches sW..sW+W-1, whatever the number of workers; the
+    last step repeats the first batches (pad) or is left out (drop)."""
+    items = [[(v * 100 + i, float(1 + (i * 5) % 9)) for i in range(23 + v)] for v in range(3)]
+    plan = plan_stream_batches(items, PaddedArea(12.0), seed=3, epoch=0, bucket_buffer=6,
+                               boundaries=[4.0], shuffle_window=2)
+    n = len(plan)
+    assert sorted(i for b in plan.batches for i in b) == sorted(i for s in items for i, _ in s)
+    for world in (1, 2, 4):
+        for workers in (1, 2, 4):
+            got = as_delivered(plan, world, workers)
+            steps = -(-n // world)
+            assert got == [[s * world + r for s in range(steps)] for r in range(world)]
+            dropped = as_delivered(plan, world, workers, uneven="drop")
+            assert dropped == [[s * world + r for s in range(n // world)] for r in range(world)]
+            resumed = as_delivered(plan, world, workers, start=5)
+            assert sorted(p for rank in resumed for p in rank if p < n) == list(range(5, n))
+
+
+def test_streams_are_interleaved_round_robin_and_seeded_per_stream():
+    items = [[(0, 1.0), (1, 1.0)], [(2, 1.0)], [(3, 1.0), (4, 1.0), (5, 1.0)]]
+    plan = plan_stream_batches(items, PaddedArea(1.0), seed=0, epoch=0, shuffle_window=1)
+    assert plan.stream_of == (0, 1, 2, 0, 2, 2)
+    assert plan == plan_stream_batches(items, PaddedArea(1.0), seed=0, epoch=0, shuffle_window=1)
+    other = plan_stream_batches(items, PaddedArea(3.0), seed=0, epoch=1, shuffle_window=4,
+                                bucket_buffer=3)
+    assert sorted(i for b in other.batches for i in b) == list(range(6))
+
+
+@pytest.mark.parametrize("road", ["shards", "rows"])
+def test_each_road_yields_every_sample_once_per_epoch(corpus, road):
+    pipe = shard_pipe(corpus["shards"]) if road == "shards" else row_pipe(corpus["rows"])
+    total = 120 if road == "shards" else 150
+    for epoch in (0, 1):
+        sp.set_epoch(pipe, epoch)
+        keys = [k for batch in pipe for k in batch["key"]]
+        assert len(keys) == len(set(keys)) == total
+    planner = pipe.datapipe
+    assert len(planner.plan(1)) == len(pipe) and planner.plan(0) != planner.plan(1)
+    assert planner.plan(0).stats.efficiency > 0.8
+
+
+def test_the_shard_road_measures_the_index_unit_and_needs_an_index(corpus):
+    with pytest.raises(ValueError, match="index=True"):
+        list(sp.IterableWrapper(corpus["shards"]).plan_batches(batch_len=800))
+    index = ShardIndex.read(os.path.dirname(corpus["shards"][0]))
+    seconds = ShardIndex(index.root, index.shards, length_unit="seconds")
+    with pytest.raises(sp.LengthUnitError):  # frames asked of an index in seconds
+        list(sp.IterableWrapper(corpus["shards"]).plan_batches(batch_len=800, index=seconds))
+
+
+def test_a_manifest_row_without_a_duration_is_named(tmp_path):
+    path = str(tmp_path / "m.jsonl")
+    write_manifest(path, [{"key": "a", "duration": 1.0}, {"key": "b"}])
+    with pytest.raises(sp.DataError, match="without a duration") as info:
+        list(sp.IterableWrapper([path]).read_manifest_files().plan_batches(max_duration=5.0))
+    assert info.value.key == "b"
+
+
+# --------------------------------------------------------------------------- the loader
+
+
+def keys_of(loader) -> list[list[str]]:
+    return [list(batch["key"]) for batch in loader]
+
+
+@pytest.mark.parametrize("road", ["shards", "rows"])
+def test_a_state_is_one_global_position_and_resumes_the_rest_of_the_epoch(corpus, road):
+    make = (lambda: shard_pipe(corpus["shards"])) if road == "shards" else (
+        lambda: row_pipe(corpus["rows"]))
+    unbroken = keys_of(sp.build_loader(make(), seed=0))
+    loader = sp.build_loader(make(), seed=0)
+    for step, _ in enumerate(loader):
+        if step == 6:
+            state = loader.state_dict()
+            break
+    assert state["batches"] == 7 and state["dataloader"] is None
+    assert "num_workers" not in state["fingerprint"]["loader"]
+    resumed = sp.build_loader(make(), seed=0)
+    resumed.load_state_dict(state)
+    assert resumed.state_dict()["batches"] == 7  # loaded, not yet iterated
+    assert keys_of(resumed) == unbroken[7:]
+    assert resumed.state_dict() == {**state, "epoch": 1, "batches": 0}
+    assert keys_of(resumed) == keys_of(sp.build_loader(make(), seed=0).set_epoch(1))
+    moved = sp.build_loader(make(), seed=0)
+    moved.load_state_dict(state)
+    moved.set_epoch(0)  # the loop's own set_epoch, the state's epoch: the position stays
+    assert keys_of(moved) == unbroken[7:]
+    moved.load_state_dict(state)
+    moved.set_epoch(1)  # another epoch: from its start
+    assert keys_of(moved) == keys_of(sp.build_loader(make(), seed=0).set_epoch(1))
+
+
+@pytest.mark.parametrize("change, field", [
+    (dict(streams=3), "streams"), (dict(budget=600), "budget"), (dict(seed=1), "seed"),
+    ("shards", "iterable"), ("stages", "stages")])
+def test_a_state_refuses_another_plan_by_name(corpus, change, field):
+    loader = sp.build_loader(shard_pipe(corpus["shards"]), seed=0)
+    next(iter(loader))
+    state = loader.state_dict()
+    if change == "shards":
+        other = shard_pipe(corpus["shards"][:-1])
+    elif change == "stages":
+        other = shard_pipe(corpus["shards"]).map(lambda b: b)
+    else:
+        other = shard_pipe(corpus["shards"], **change)
+    with pytest.raises(sp.ResumeError, match=field):
+        sp.build_loader(other, seed=0).load_state_dict(state)
+
+
+def frames(sample: dict) -> dict:
+    return {**sample, "num_frames": len(sample["dat"])}
+
+
+def test_a_topology_bound_state_is_refused_by_a_planned_loader_and_back(corpus):
+    bound = sp.IterableWrapper(corpus["shards"]).sharded_shuffle(
+        buffer_size=4, index=True).map(frames).block_batch(batch_len=800).collate(
+            collate_fn=collate)
+    loader = sp.build_loader(bound, seed=0)
+    next(iter(loader))
+    with pytest.raises(sp.ResumeError, match="num_workers"):
+        sp.build_loader(shard_pipe(corpus["shards"]), seed=0).load_state_dict(
+            loader.state_dict())
+    planned = sp.build_loader(shard_pipe(corpus["shards"]), seed=0)
+    next(iter(planned))
+    with pytest.raises(sp.ResumeError, match="positions"):
+        sp.build_loader(bound, seed=0).load_state_dict(planned.state_dict())
+
+
+def test_a_changed_budget_allowed_on_purpose_starts_the_next_epoch(corpus):
+    loader = sp.build_loader(shard_pipe(corpus["shards"]), seed=0)
+    next(iter(loader))
+    state = loader.state_dict()
+    other = sp.build_loader(shard_pipe(corpus["shards"], budget=600), seed=0)
+    with pytest.warns(sp.ResumeWarning, match="epoch 1"):
+        other.load_state_dict(state, allow_changes=("budget",))
+    assert other.epoch == 1 and other.state_dict()["batches"] == 0
+
+
+def test_an_impossible_global_position_is_refused_by_name(corpus):
+    loader = sp.build_loader(shard_pipe(corpus["shards"]), seed=0)
+    next(iter(loader))
+    state = loader.state_dict()
+    for bad in (-1, "3", None):
+        with pytest.raises(sp.ResumeError, match="global batch position"):
+            sp.build_loader(shard_pipe(corpus["shards"]), seed=0).load_state_dict(
+                {**state, "batches": bad})
