@@ -77,11 +77,11 @@ def pipeline(road: str, paths: list[str], budget: float, buffer: int, bucket: in
     if road == "stream":
         pipe = (IterableWrapper(paths).sharded_shuffle(buffer, seed=0, index=index)
                 .durations_from_index()
-                .bucket_by_length(bucket, boundaries=boundaries, constraint=constraint, seed=0)
-                .block_batch(constraint=constraint, seed=0))
+                .bucket_by_length(bucket, boundaries=boundaries, budget=constraint, seed=0)
+                .block_batch(budget=constraint, seed=0))
     else:
         pipe = IterableWrapper(paths).plan_batches(
-            constraint=constraint, index=index, streams=1 if road == "planned-1" else 8,
+            budget=constraint, index=index, streams=1 if road == "planned-1" else 8,
             seed=0, buffer_size=buffer, bucket_buffer=bucket, boundaries=boundaries)
     return pipe.collate(collate_fn=collate)
 

@@ -55,7 +55,7 @@ from ..order import (
 from ..order import shuffle_window as window_shuffle
 from ._buckets import bucket_groups, pack_batches
 from ._constraints import (
-    BatchConstraint, BatchStats, IndexLength, OVERSIZE, batch_constraint, primary_measure,
+    BatchConstraint, BatchStats, IndexLength, OVERSIZE, batch_budget, primary_measure,
 )
 
 __all__ = [
@@ -323,8 +323,8 @@ class BatchPlannerIterDataPipe(Seeded, SampleSource, IterDataPipe[list]):
 
     Args:
         source_datapipe: shard names, or a ``read_manifest_files`` pipe.
-        constraint, batch_len, max_duration, max_samples: the budget, as ``block_batch``'s;
-            the index's lengths are measured in the constraint's unit
+        budget, max_samples: the budget, as ``block_batch``'s (seconds, or a constraint);
+            the index's lengths are measured in the budget's unit
             (:class:`~speechpipe.pipes.batching.IndexLength`), manifests in seconds.
         streams: ``V``, the virtual streams (default: the number of shards up to 8; 8 for
             manifests). Fixed for a run: a state is refused by another ``V``. More streams mix
@@ -345,7 +345,7 @@ class BatchPlannerIterDataPipe(Seeded, SampleSource, IterDataPipe[list]):
     >>> path = os.path.join(tempfile.mkdtemp(), "m.jsonl")
     >>> _ = write_manifest(path, [{"key": f"u{i}", "duration": 1.0 + i % 3} for i in range(8)])
     >>> pipe = IterableWrapper([path]).read_manifest_files().plan_batches(
-    ...     max_duration=6.0, streams=2, seed=0)
+    ...     6.0, streams=2, seed=0)
     >>> batches = [[s["key"] for s in b] for b in pipe]
     >>> sorted(k for b in batches for k in b) == sorted(f"u{i}" for i in range(8)), len(pipe)
     (True, 4)
@@ -359,10 +359,8 @@ class BatchPlannerIterDataPipe(Seeded, SampleSource, IterDataPipe[list]):
     def __init__(
         self,
         source_datapipe: Any,
-        batch_len: float | None = None,
+        budget: float | BatchConstraint | None = None,
         *,
-        constraint: BatchConstraint | None = None,
-        max_duration: float | None = None,
         max_samples: int | None = None,
         streams: int | None = None,
         seed: int = 0,
@@ -375,9 +373,7 @@ class BatchPlannerIterDataPipe(Seeded, SampleSource, IterDataPipe[list]):
         index: ShardIndex | bool | None = None,
         read_options: Any = None,
     ) -> None:
-        self.constraint = batch_constraint(constraint, batch_len=batch_len,
-                                           max_samples=max_samples, max_duration=max_duration,
-                                           required=True)
+        self.constraint = batch_budget(budget, max_samples=max_samples, required=True)
         if streams is not None:
             check_int("streams", streams, 1)
         for name, value in (("buffer_size", buffer_size), ("bucket_buffer", bucket_buffer),

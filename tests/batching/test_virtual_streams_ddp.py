@@ -224,7 +224,8 @@ def test_a_state_saved_on_one_topology_resumes_exactly_on_another(runs, road):
 
 # --------------------------------------------------------------------------- docs/resume.md
 
-PAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs",
+PAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                    "docs",
                     "resume.md")
 
 

@@ -64,13 +64,13 @@ def collate(batch: list) -> dict:
 
 def shard_pipe(paths, *, streams=4, budget=800, seed=0):
     return sp.IterableWrapper(paths).plan_batches(
-        batch_len=budget, index=True, streams=streams, seed=seed, buffer_size=8,
+        budget=PaddedArea(budget), index=True, streams=streams, seed=seed, buffer_size=8,
         bucket_buffer=12, boundaries=[100], shuffle_window=3).collate(collate_fn=collate)
 
 
 def row_pipe(path, *, streams=4, budget=20.0, seed=0):
     return sp.IterableWrapper([path]).read_manifest_files().plan_batches(
-        max_duration=budget, streams=streams, seed=seed, bucket_buffer=30,
+        budget=budget, streams=streams, seed=seed, bucket_buffer=30,
         shuffle_window=5).collate(collate_fn=collate)
 
 
@@ -140,18 +140,19 @@ def test_each_road_yields_every_sample_once_per_epoch(corpus, road):
 
 def test_the_shard_road_measures_the_index_unit_and_needs_an_index(corpus):
     with pytest.raises(ValueError, match="index=True"):
-        list(sp.IterableWrapper(corpus["shards"]).plan_batches(batch_len=800))
+        list(sp.IterableWrapper(corpus["shards"]).plan_batches(budget=PaddedArea(800)))
     index = ShardIndex.read(os.path.dirname(corpus["shards"][0]))
     seconds = ShardIndex(index.root, index.shards, length_unit="seconds")
     with pytest.raises(sp.LengthUnitError):  # frames asked of an index in seconds
-        list(sp.IterableWrapper(corpus["shards"]).plan_batches(batch_len=800, index=seconds))
+        list(sp.IterableWrapper(corpus["shards"]).plan_batches(budget=PaddedArea(800),
+                                                               index=seconds))
 
 
 def test_a_manifest_row_without_a_duration_is_named(tmp_path):
     path = str(tmp_path / "m.jsonl")
     write_manifest(path, [{"key": "a", "duration": 1.0}, {"key": "b"}])
     with pytest.raises(sp.DataError, match="without a duration") as info:
-        list(sp.IterableWrapper([path]).read_manifest_files().plan_batches(max_duration=5.0))
+        list(sp.IterableWrapper([path]).read_manifest_files().plan_batches(budget=5.0))
     assert info.value.key == "b"
 
 
@@ -212,7 +213,7 @@ def frames(sample: dict) -> dict:
 
 def test_a_topology_bound_state_is_refused_by_a_planned_loader_and_back(corpus):
     bound = sp.IterableWrapper(corpus["shards"]).sharded_shuffle(
-        buffer_size=4, index=True).map(frames).block_batch(batch_len=800).collate(
+        buffer_size=4, index=True).map(frames).block_batch(budget=PaddedArea(800)).collate(
             collate_fn=collate)
     loader = sp.build_loader(bound, seed=0)
     next(iter(loader))
