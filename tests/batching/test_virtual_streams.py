@@ -6,7 +6,7 @@ back the one sequence for every world size and number of workers; both roads (a 
 mapped manifest rows) yield every sample once per epoch, through ``build_loader`` too; a
 state saved by the loader is one global position, resumes under another number of workers,
 and refuses another V, budget, seed or shard list by name. Real process groups and workers:
-``tests/test_virtual_streams_ddp.py``.
+``tests/batching/test_virtual_streams_ddp.py``.
 """
 
 from __future__ import annotations

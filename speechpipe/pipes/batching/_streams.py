@@ -36,7 +36,6 @@ any world size and number of workers: the rest of the epoch is the unbroken run'
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Iterator
@@ -169,7 +168,7 @@ def plan_stream_batches(
     >>> items = [[(0, 3.0), (1, 1.0), (2, 2.0)], [(3, 5.0), (4, 5.0)]]
     >>> plan = plan_stream_batches(items, PaddedArea(6.0), seed=0, epoch=0, shuffle_window=1)
     >>> plan.batches, plan.stream_of
-    (((1, 2), (3,), (0,), (4,)), (0, 1, 0, 1))
+    (((1, 2), (4,), (0,), (3,)), (0, 1, 0, 1))
     """
     if oversize not in OVERSIZE:
         raise ValueError(f"oversize must be one of {OVERSIZE}, got {oversize!r}")
