@@ -54,7 +54,7 @@ from ..order import (
 from ..order import shuffle_window as window_shuffle
 from ._buckets import bucket_groups, pack_batches
 from ._constraints import (
-    BatchConstraint, BatchStats, IndexLength, OVERSIZE, batch_budget, primary_measure,
+    BatchConstraint, BatchStats, IndexLength, OVERSIZE, batch_budget,
 )
 
 __all__ = [
