@@ -51,6 +51,7 @@ from speechpipe.testing import sample_durations
 
 RATE = 16000
 PER_SHARD = 20
+FORMS = ("FLAC", "Opus -> FLAC16", "features")
 
 
 def speech_noise(seconds: float, rng: np.random.Generator) -> np.ndarray:
@@ -62,8 +63,9 @@ def speech_noise(seconds: float, rng: np.random.Generator) -> np.ndarray:
     return np.clip(x * envelope * 6000, -32768, 32767).astype(np.int16)
 
 
-def make_corpus(root: str, n: int, tiny: bool) -> dict:
-    """The three forms of one corpus; returns ``{form: (pack_data kwargs, audio seconds)}``."""
+def make_corpus(root: str, n: int, tiny: bool, per_shard: int = PER_SHARD,
+                forms: tuple[str, ...] = FORMS) -> dict:
+    """The forms of one corpus; returns ``{form: (pack_data kwargs, audio seconds)}``."""
     rng = np.random.default_rng(0)
     durations = (np.full(n, 1.5) if tiny else
                  sample_durations("librispeech-train-clean-100", n, seed=0))
@@ -74,12 +76,15 @@ def make_corpus(root: str, n: int, tiny: bool) -> dict:
             key = f"utt{i:05d}"
             samples = speech_noise(float(seconds), rng)
             soundfile.write(f"{root}/audio/{key}.wav", samples, RATE, subtype="PCM_16")
-            soundfile.write(f"{root}/audio/{key}.opus", samples, RATE, format="OGG",
-                            subtype="OPUS")
+            if "Opus -> FLAC16" in forms:
+                soundfile.write(f"{root}/audio/{key}.opus", samples, RATE, format="OGG",
+                                subtype="OPUS")
             rows_wav.append({"key": key, "audio_path": f"{root}/audio/{key}.wav",
                              "text": f"utterance {i}", "speaker": str(i % 7)})
             rows_opus.append({**rows_wav[-1], "audio_path": f"{root}/audio/{key}.opus"})
-            feats(key, rng.standard_normal((int(seconds * 100), 80)).astype(np.float32))
+            matrix = rng.standard_normal((int(seconds * 100), 80)).astype(np.float32)
+            if "features" in forms:  # (drawn anyway: the audio is the same whatever forms)
+                feats(key, matrix)
             labels.append(f"{key} utterance {i}\n")
     for name, rows in (("wav", rows_wav), ("opus", rows_opus)):
         with open(f"{root}/{name}.jsonl", "w") as f:
@@ -87,8 +92,8 @@ def make_corpus(root: str, n: int, tiny: bool) -> dict:
     with open(f"{root}/text", "w") as f:
         f.writelines(labels)
     total = float(durations.sum())
-    common = {"utts_per_shard": PER_SHARD, "progress": False}
-    return {
+    common = {"utts_per_shard": per_shard, "progress": False}
+    every = {
         "FLAC": ({"f_scps": None, "f_labels": None, "manifests": f"{root}/wav.jsonl",
                   **common}, total),
         "Opus -> FLAC16": ({"f_scps": None, "f_labels": None,
@@ -97,6 +102,7 @@ def make_corpus(root: str, n: int, tiny: bool) -> dict:
         "features": ({"f_scps": f"{root}/feats.scp", "f_labels": f"{root}/text", **common},
                      total),
     }
+    return {form: every[form] for form in forms}
 
 
 def digest(folder: str) -> str:
@@ -151,6 +157,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tiny", action="store_true", help="6 short utterances, 1 round")
     parser.add_argument("--utterances", type=int, default=120)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--utts-per-shard", type=int, default=PER_SHARD,
+                        help=f"utterances per shard (default {PER_SHARD}; pack's own: 2000)")
+    parser.add_argument("--forms", nargs="+", choices=FORMS, default=list(FORMS),
+                        metavar="FORM", help=f"forms to pack (default all: {', '.join(FORMS)})")
     args = parser.parse_args(argv)
     n, rounds = (6, 1) if args.tiny else (args.utterances, args.rounds)
     print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())} "
@@ -158,7 +168,8 @@ def main(argv: list[str] | None = None) -> None:
     root = tempfile.mkdtemp(prefix="bench_pack_")
     stack: list = []
     try:
-        forms = make_corpus(f"{root}/corpus", n, args.tiny)
+        forms = make_corpus(f"{root}/corpus", n, args.tiny, args.utts_per_shard,
+                            tuple(args.forms))
         pools = executors(stack)
         rows = []
         for form, (kwargs, seconds) in forms.items():
