@@ -10,10 +10,13 @@ percentiles (speech-band noise, 16 kHz), in three forms, each packed by
 - **features**: 80-dim float32 matrices (100 frames/s) in a Kaldi ark + feats.scp, packed as
   ``.feats.npy`` members.
 
-Each with four executors, side by side: the local process pool (``concurrent.futures``
-``ProcessPoolExecutor``, spawn) with 1 and 2 processes, and Dask's ``LocalCluster``
-(``processes=True``, one thread per worker, on 127.0.0.1) with 1 and 2 workers, passed as
-``executor=``. Every executor is started, and warmed by one untimed pack, before the timed
+Each with five executors, side by side: the local process pool (``concurrent.futures``
+``ProcessPoolExecutor``, spawn) with 1 and 2 processes, Dask's ``LocalCluster``
+(``processes=True``, one thread per worker, on 127.0.0.1) with 1 and 2 workers, as Dask starts
+them, and Dask x2 started without ``MALLOC_TRIM_THRESHOLD_`` (:data:`NO_TRIM`: Dask's nanny
+sets it to 64 KiB in every worker, which makes every large buffer a fresh mapping: the cost
+this benchmark found), each passed as ``executor=``. The time to start each executor and
+one no-op task's round trip are printed first. Every executor is started, and warmed by one untimed pack, before the timed
 runs: a cluster is up before its jobs come (the pool's start-up would otherwise be counted
 against it alone). The contenders take turns run by run (the order rotated each round), each
 run into a fresh folder; the shards and index of every run are checked byte-identical to the
@@ -25,6 +28,8 @@ pool at the same count with the range of the per-round ratios. The load average 
 before and after: on a shared machine, compare only figures of one run.
 
     python -m benchmarks bench_pack            # 120 utterances (~25 min of audio), 3 rounds
+    python -m benchmarks bench_pack --utterances 2000 --utts-per-shard 200 --forms FLAC features
+                                               # shards of realistic size (~60-80 MB)
     python -m benchmarks bench_pack --tiny     # 6 short utterances, 1 round, no warm-up
                                                # (smoke test)
 """
@@ -122,39 +127,79 @@ def _warm(_: object = None) -> int:
     return os.getpid()
 
 
-def executors(stack) -> dict:
-    """The four executors, started and with speechpipe imported in every process."""
+#: Dask's nanny starts each worker with ``MALLOC_TRIM_THRESHOLD_=65536`` (its default
+#: ``distributed.nanny.pre-spawn-environ``, to hand freed memory back to the system at once).
+#: Setting it switches off glibc's adaptive mmap threshold: every buffer over 128 KiB (an
+#: utterance's audio, a feature matrix) is then mapped and unmapped at each use, page faults
+#: included. ``None`` unsets it (the ``no malloc trim`` contender).
+NO_TRIM = {"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None}
+
+
+def _noop(_: object = None) -> None:
+    return None
+
+
+def task_cost(executor, n: int = 100) -> float:
+    """Median seconds of one no-op task, submitted and waited for, one at a time."""
+    times = []
+    for _ in range(n):
+        start = time.perf_counter()
+        executor.submit(_noop).result()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def executors(stack, no_trim: bool = True) -> dict:
+    """The executors, started and with speechpipe imported in every process: the local pool
+    and Dask's LocalCluster (Dask's defaults) with 1 and 2 processes, and with ``no_trim``
+    Dask x2 started without ``MALLOC_TRIM_THRESHOLD_`` (:data:`NO_TRIM`); ``{name: (executor,
+    seconds to start it, no-op task seconds)}``."""
+    import dask
     import distributed
 
     found = {}
     for n in (1, 2):
+        started = time.perf_counter()
         pool = concurrent.futures.ProcessPoolExecutor(
             n, mp_context=multiprocessing.get_context("spawn"))
         stack.append(pool.shutdown)
         list(pool.map(_warm, range(4 * n)))
-        found[("local pool", n)] = pool
-    for n in (1, 2):
-        cluster = distributed.LocalCluster(n_workers=n, threads_per_worker=1, processes=True,
-                                           host="127.0.0.1", dashboard_address="127.0.0.1:0")
+        found[("local pool", n)] = (pool, time.perf_counter() - started)
+    dasks = [("Dask LocalCluster", n, {}) for n in (1, 2)]
+    if no_trim:
+        dasks.append(("Dask, no malloc trim", 2, NO_TRIM))
+    for name, n, config in dasks:
+        started = time.perf_counter()
+        with dask.config.set(config):
+            cluster = distributed.LocalCluster(n_workers=n, threads_per_worker=1,
+                                               processes=True, host="127.0.0.1",
+                                               dashboard_address="127.0.0.1:0")
         client = distributed.Client(cluster)
         stack.append(cluster.close)
         stack.append(client.close)
         client.run(_warm)
-        found[("Dask LocalCluster", n)] = client
-    return found
+        found[(name, n)] = (client, time.perf_counter() - started)
+    return {key: (ex, start, task_cost(ex.get_executor() if hasattr(ex, "get_executor")
+                                       else ex)) for key, (ex, start) in found.items()}
 
 
-def run(kwargs: dict, out: str, executor) -> float:
+def run(kwargs: dict, out: str, executor, shape: dict | None = None) -> float:
+    """Seconds of one pack; ``shape`` gets its shard count and mean shard size."""
     kwargs = dict(kwargs)
     scps, labels = kwargs.pop("f_scps"), kwargs.pop("f_labels")
     start = time.perf_counter()
-    pack_data(scps, labels, out, executor=executor, **kwargs)
-    return time.perf_counter() - start
+    report = pack_data(scps, labels, out, executor=executor, **kwargs)
+    seconds = time.perf_counter() - start
+    if shape is not None:
+        shape["shards"] = report.shards_written
+        shape["MB"] = report.bytes_written / max(1, report.shards_written) / 1e6
+    return seconds
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="bench_pack")
-    parser.add_argument("--tiny", action="store_true", help="6 short utterances, 1 round")
+    parser.add_argument("--tiny", action="store_true",
+                        help="6 short utterances, 1 round, no warm-up, no no-trim contender")
     parser.add_argument("--utterances", type=int, default=120)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--utts-per-shard", type=int, default=PER_SHARD,
@@ -170,7 +215,12 @@ def main(argv: list[str] | None = None) -> None:
     try:
         forms = make_corpus(f"{root}/corpus", n, args.tiny, args.utts_per_shard,
                             tuple(args.forms))
-        pools = executors(stack)
+        started = executors(stack, not args.tiny)
+        pools = {name: ex for name, (ex, _, _) in started.items()}
+        print("executor start (s, not counted in the runs) and one no-op task's round trip "
+              "(ms, median of 100):")
+        for (engine, procs), (_, start, cost) in started.items():
+            print(f"  {engine} x{procs}: start {start:.2f} s, no-op task {cost * 1e3:.2f} ms")
         rows = []
         for form, (kwargs, seconds) in forms.items():
             names = list(pools)
@@ -184,10 +234,11 @@ def main(argv: list[str] | None = None) -> None:
                     raise RuntimeError(f"{form}: {name} wrote other bytes")
                 shutil.rmtree(out)
             times: dict = {name: [] for name in names}
+            shape: dict = {}
             for r in range(rounds):
                 for name in names[r % len(names):] + names[:r % len(names)]:
                     out = f"{root}/out"
-                    times[name].append(run(kwargs, out, pools[name]))
+                    times[name].append(run(kwargs, out, pools[name], shape))
                     reference = reference or digest(out)
                     if digest(out) != reference:
                         raise RuntimeError(f"{form}: {name} wrote other bytes")
@@ -197,16 +248,19 @@ def main(argv: list[str] | None = None) -> None:
                 rate = [seconds / x for x in t]
                 local = times[("local pool", procs)]
                 ratio = [x / y for x, y in zip(t, local)]
-                rows.append((form, f"{engine} x{procs}", seconds, statistics.median(rate),
+                rows.append((f"{form}", f"{engine} x{procs}", seconds, statistics.median(rate),
                              min(rate), max(rate), statistics.median(rate) / procs,
                              statistics.median(ratio), min(ratio), max(ratio)))
+            print(f"{form}: {shape['shards']} shards of {shape['MB']:.1f} MB on average "
+                  f"({args.utts_per_shard if not args.tiny else PER_SHARD} utterances each; "
+                  f"tasks per pack: as many to measure, as many to write)")
         print(f"{n} utterances, {rounds} round(s); audio s/s = audio-seconds packed per "
               "wall second (median, range); per core = / processes; time ratio = this "
               "executor's time / the local pool's at the same count (median, range)")
-        print(f"{'form':<16}{'executor':<22}{'audio s':>9}{'audio s/s':>11}{'range':>17}"
+        print(f"{'form':<16}{'executor':<26}{'audio s':>9}{'audio s/s':>11}{'range':>17}"
               f"{'per core':>10}{'time ratio':>12}{'range':>14}")
         for form, ex, sec, med, lo, hi, core, ratio, rlo, rhi in rows:
-            print(f"{form:<16}{ex:<22}{sec:>9.0f}{med:>11.1f}{f'{lo:.1f}-{hi:.1f}':>17}"
+            print(f"{form:<16}{ex:<26}{sec:>9.0f}{med:>11.1f}{f'{lo:.1f}-{hi:.1f}':>17}"
                   f"{core:>10.1f}{ratio:>12.2f}{f'{rlo:.2f}-{rhi:.2f}':>14}")
         print("byte-identical shards and index for every executor and run: yes")
     finally:
