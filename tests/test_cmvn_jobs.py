@@ -138,3 +138,22 @@ def test_the_cli_on_dask_and_as_a_job_array_on_the_demo_corpus(tmp_path, capsys)
                                    cluster.scheduler_address], capsys)
     assert status == 0
     same(CmvnStats.load(tmp_path / "dask.json"), CmvnStats.load(one))
+
+
+def test_manifest_and_shard_sources_as_a_job_array(scp, tmp_path, capsys):
+    import speechpipe as sp
+
+    labels = tmp_path / "text"
+    labels.write_text("".join(f"utt{i:02d} words\n" for i in range(20)))
+    sp.pack_data(scp, str(labels), str(tmp_path / "shards"), utts_per_shard=6, progress=False)
+    manifests = sp.get_recipe("librispeech").prepare_librispeech(
+        sp.DEMO_CORPUS, tmp_path / "m", parts="dev-clean", progress=False)
+    sources = {"shards": ["--shards", str(tmp_path / "shards" / "data-*.tar")],
+               "manifest": ["--manifest", str(manifests["dev-clean"])]}
+    for name, source in sources.items():
+        one, array = str(tmp_path / f"{name}.json"), str(tmp_path / f"{name}-array.json")
+        assert cmvn_cli([*source, "--out", one], capsys)[0] == 0
+        for task in (3, 1, 2):
+            assert cmvn_cli([*source, "--out", array, "--task", f"{task}/3"], capsys)[0] == 0
+        assert cmvn_cli([*source, "--out", array, "--merge"], capsys)[0] == 0
+        same(CmvnStats.load(array), CmvnStats.load(one))
