@@ -13,9 +13,9 @@ percentiles (speech-band noise, 16 kHz), in three forms, each packed by
 Each with five executors, side by side: the local process pool (``concurrent.futures``
 ``ProcessPoolExecutor``, spawn) with 1 and 2 processes, Dask's ``LocalCluster``
 (``processes=True``, one thread per worker, on 127.0.0.1) with 1 and 2 workers, as Dask starts
-them, and Dask x2 started without ``MALLOC_TRIM_THRESHOLD_`` (:data:`NO_TRIM`: Dask's nanny
-sets it to 64 KiB in every worker, which makes every large buffer a fresh mapping: the cost
-this benchmark found), each passed as ``executor=``. The time to start each executor and
+them, and Dask x2 with the allocator of its workers left as Dask sets it (:data:`UNTUNED`:
+the cost this benchmark found, which ``speechpipe.executors.tune_allocator`` removes), each
+passed as ``executor=``. The time to start each executor and
 one no-op task's round trip are printed first. Every executor is started, and warmed by one untimed pack, before the timed
 runs: a cluster is up before its jobs come (the pool's start-up would otherwise be counted
 against it alone). The contenders take turns run by run (the order rotated each round), each
@@ -127,12 +127,13 @@ def _warm(_: object = None) -> int:
     return os.getpid()
 
 
-#: Dask's nanny starts each worker with ``MALLOC_TRIM_THRESHOLD_=65536`` (its default
-#: ``distributed.nanny.pre-spawn-environ``, to hand freed memory back to the system at once).
-#: Setting it switches off glibc's adaptive mmap threshold: every buffer over 128 KiB (an
-#: utterance's audio, a feature matrix) is then mapped and unmapped at each use, page faults
-#: included. ``None`` unsets it (the ``no malloc trim`` contender).
-NO_TRIM = {"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None}
+#: Dask x2 as before speechpipe tuned its workers' allocator
+#: (:func:`speechpipe.executors.tune_allocator`, switched off by this variable in the workers'
+#: environment): Dask's nanny starts each worker with ``MALLOC_TRIM_THRESHOLD_=65536``, which
+#: switches glibc's adaptive thresholds off, and tasks run in a worker thread: every buffer
+#: over 128 KiB (an utterance's audio, a feature matrix, a member's bytes) was then mapped and
+#: faulted in at each use, doubling a pack task's own CPU time.
+UNTUNED = {"distributed.nanny.pre-spawn-environ.SPEECHPIPE_TUNE_ALLOCATOR": "0"}
 
 
 def _noop(_: object = None) -> None:
@@ -149,11 +150,11 @@ def task_cost(executor, n: int = 100) -> float:
     return statistics.median(times)
 
 
-def executors(stack, no_trim: bool = True) -> dict:
+def executors(stack, untuned: bool = True) -> dict:
     """The executors, started and with speechpipe imported in every process: the local pool
-    and Dask's LocalCluster (Dask's defaults) with 1 and 2 processes, and with ``no_trim``
-    Dask x2 started without ``MALLOC_TRIM_THRESHOLD_`` (:data:`NO_TRIM`); ``{name: (executor,
-    seconds to start it, no-op task seconds)}``."""
+    and Dask's LocalCluster with 1 and 2 processes, and with ``untuned`` Dask x2 whose workers
+    keep Dask's allocator settings (:data:`UNTUNED`); ``{name: (executor, seconds to start it,
+    no-op task seconds)}``."""
     import dask
     import distributed
 
@@ -166,8 +167,8 @@ def executors(stack, no_trim: bool = True) -> dict:
         list(pool.map(_warm, range(4 * n)))
         found[("local pool", n)] = (pool, time.perf_counter() - started)
     dasks = [("Dask LocalCluster", n, {}) for n in (1, 2)]
-    if no_trim:
-        dasks.append(("Dask, no malloc trim", 2, NO_TRIM))
+    if untuned:
+        dasks.append(("Dask, untuned allocator", 2, UNTUNED))
     for name, n, config in dasks:
         started = time.perf_counter()
         with dask.config.set(config):
@@ -199,7 +200,7 @@ def run(kwargs: dict, out: str, executor, shape: dict | None = None) -> float:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="bench_pack")
     parser.add_argument("--tiny", action="store_true",
-                        help="6 short utterances, 1 round, no warm-up, no no-trim contender")
+                        help="6 short utterances, 1 round, no warm-up, no untuned contender")
     parser.add_argument("--utterances", type=int, default=120)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--utts-per-shard", type=int, default=PER_SHARD,
