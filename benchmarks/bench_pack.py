@@ -23,7 +23,8 @@ run into a fresh folder; the shards and index of every run are checked byte-iden
 first one's.
 
 Reported per form and executor: audio-seconds packed per wall second, the same per core (per
-process or worker), the median over the rounds with the range, and the ratio Dask / local
+process or worker), the CPU seconds its worker processes used per pack (every thread: robust
+to other load, where wall time is not), the median over the rounds with the range, and the ratio Dask / local
 pool at the same count with the range of the per-round ratios. The load average is printed
 before and after: on a shared machine, compare only figures of one run.
 
@@ -184,17 +185,35 @@ def executors(stack, untuned: bool = True) -> dict:
                                        else ex)) for key, (ex, start) in found.items()}
 
 
-def run(kwargs: dict, out: str, executor, shape: dict | None = None) -> float:
-    """Seconds of one pack; ``shape`` gets its shard count and mean shard size."""
+def worker_pids(executor) -> list[int]:
+    """The worker processes of a started executor."""
+    if hasattr(executor, "run"):  # distributed.Client
+        return sorted(executor.run(os.getpid).values())
+    return sorted(executor._processes)  # (a started ProcessPoolExecutor's own table)
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU seconds the processes ``pids`` have used so far (all threads)."""
+    import psutil
+
+    return sum(sum(psutil.Process(pid).cpu_times()[:2]) for pid in pids)
+
+
+def run(kwargs: dict, out: str, executor, shape: dict | None = None,
+        pids: list[int] | None = None) -> tuple[float, float]:
+    """``(wall seconds, workers' CPU seconds)`` of one pack; ``shape`` gets its shard count
+    and mean shard size."""
     kwargs = dict(kwargs)
     scps, labels = kwargs.pop("f_scps"), kwargs.pop("f_labels")
+    cpu = cpu_seconds(pids) if pids else 0.0
     start = time.perf_counter()
     report = pack_data(scps, labels, out, executor=executor, **kwargs)
     seconds = time.perf_counter() - start
+    cpu = (cpu_seconds(pids) - cpu) if pids else 0.0
     if shape is not None:
         shape["shards"] = report.shards_written
         shape["MB"] = report.bytes_written / max(1, report.shards_written) / 1e6
-    return seconds
+    return seconds, cpu
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -218,6 +237,7 @@ def main(argv: list[str] | None = None) -> None:
                             tuple(args.forms))
         started = executors(stack, not args.tiny)
         pools = {name: ex for name, (ex, _, _) in started.items()}
+        pids = {name: worker_pids(ex) for name, ex in pools.items()}
         print("executor start (s, not counted in the runs) and one no-op task's round trip "
               "(ms, median of 100):")
         for (engine, procs), (_, start, cost) in started.items():
@@ -235,11 +255,14 @@ def main(argv: list[str] | None = None) -> None:
                     raise RuntimeError(f"{form}: {name} wrote other bytes")
                 shutil.rmtree(out)
             times: dict = {name: [] for name in names}
+            cpus: dict = {name: [] for name in names}
             shape: dict = {}
             for r in range(rounds):
                 for name in names[r % len(names):] + names[:r % len(names)]:
                     out = f"{root}/out"
-                    times[name].append(run(kwargs, out, pools[name], shape))
+                    wall, cpu = run(kwargs, out, pools[name], shape, pids[name])
+                    times[name].append(wall)
+                    cpus[name].append(cpu)
                     reference = reference or digest(out)
                     if digest(out) != reference:
                         raise RuntimeError(f"{form}: {name} wrote other bytes")
@@ -251,18 +274,20 @@ def main(argv: list[str] | None = None) -> None:
                 ratio = [x / y for x, y in zip(t, local)]
                 rows.append((f"{form}", f"{engine} x{procs}", seconds, statistics.median(rate),
                              min(rate), max(rate), statistics.median(rate) / procs,
-                             statistics.median(ratio), min(ratio), max(ratio)))
+                             statistics.median(ratio), min(ratio), max(ratio),
+                             statistics.median(cpus[(engine, procs)])))
             print(f"{form}: {shape['shards']} shards of {shape['MB']:.1f} MB on average "
                   f"({args.utts_per_shard if not args.tiny else PER_SHARD} utterances each; "
                   f"tasks per pack: as many to measure, as many to write)")
         print(f"{n} utterances, {rounds} round(s); audio s/s = audio-seconds packed per "
               "wall second (median, range); per core = / processes; time ratio = this "
-              "executor's time / the local pool's at the same count (median, range)")
+              "executor's time / the local pool's at the same count (median, range); worker "
+              "CPU = CPU seconds its worker processes used per pack (all threads; median)")
         print(f"{'form':<16}{'executor':<26}{'audio s':>9}{'audio s/s':>11}{'range':>17}"
-              f"{'per core':>10}{'time ratio':>12}{'range':>14}")
-        for form, ex, sec, med, lo, hi, core, ratio, rlo, rhi in rows:
+              f"{'per core':>10}{'time ratio':>12}{'range':>14}{'worker CPU':>12}")
+        for form, ex, sec, med, lo, hi, core, ratio, rlo, rhi, cpu in rows:
             print(f"{form:<16}{ex:<26}{sec:>9.0f}{med:>11.1f}{f'{lo:.1f}-{hi:.1f}':>17}"
-                  f"{core:>10.1f}{ratio:>12.2f}{f'{rlo:.2f}-{rhi:.2f}':>14}")
+                  f"{core:>10.1f}{ratio:>12.2f}{f'{rlo:.2f}-{rhi:.2f}':>14}{cpu:>12.2f}")
         print("byte-identical shards and index for every executor and run: yes")
     finally:
         for close in reversed(stack):
