@@ -205,6 +205,9 @@ def test_a_job_array_of_3_with_a_task_killed_reports_what_one_run_reports(faulty
 def test_the_steps_need_verify_and_a_plan(faulty, tmp_path, capsys):
     with pytest.raises(ValueError, match=r"--task 1/2 shares out the verification"):
         prepare_kaldi_dir(faulty, tmp_path / "m", progress=False, step=(1, 2))
+    with pytest.raises(ValueError, match="executor= decodes the files of the verification"):
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            prepare_kaldi_dir(faulty, tmp_path / "m", progress=False, executor=pool)
     with pytest.raises(ValueError, match="step must be None, 'plan', 'merge' or a task"):
         prepare_kaldi_dir(faulty, tmp_path / "m", progress=False, verify=True, step=(3, 2))
     with pytest.raises(MissingDataError, match=r"no verification plan for kaldi_dir part "

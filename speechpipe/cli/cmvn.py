@@ -204,6 +204,8 @@ def _merge_partials(out: str) -> CmvnStats:
 def _cmvn_command(args: argparse.Namespace) -> int:
     client = None
     try:
+        if (args.task or args.merge) and args.dask:
+            raise ValueError(f"{'--task' if args.task else '--merge'} runs here: drop --dask")
         if args.merge:
             stats = _merge_partials(args.out)
             print(f"cmvn --merge: {stats.count} frames of dim {stats.dim} -> {args.out}")

@@ -367,6 +367,9 @@ def prepare_parts(
     if step is not None and (not verify or output_dir is None):
         raise ValueError(f"{step_name(step)} shares out the verification of a prepare writing "
                          "manifests: pass verify=True (--verify) and an output folder")
+    if executor is not None and not verify:
+        raise ValueError("executor= decodes the files of the verification: pass verify=True "
+                         "(--verify) with it")
     options = {"empty_text": empty_text, "verify": bool(verify), "on_error": on_error,
                **dict(settings or {})}
     result = PreparedParts()
