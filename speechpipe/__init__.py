@@ -29,7 +29,7 @@ from .pipes._core import Buffering, IterableWrapper, SequenceWrapper
 from .pipes._core import ResumeWarning
 from .pipes._core import EpochWarning
 from .pipes.order import UnevenSplitWarning
-from .pipes.audio import CmvnStats, compute_cmvn_stats
+from .pipes.audio import CmvnStats, compute_cmvn_stats, merge_cmvn_stats
 from .pipes.decode import encode_audio
 from .pipes.collate import DecodeCollate, PadCollate  # noqa: E402
 from .pipes.concurrency import start  # noqa: E402
@@ -147,6 +147,7 @@ __all__ = [
     "load_tokenizer",
     "log_mel",
     "manifest_path",
+    "merge_cmvn_stats",
     "merge_pack",
     "mfcc",
     "pack_data",

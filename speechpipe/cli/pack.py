@@ -8,6 +8,7 @@ import sys
 from typing import Any
 
 from ..errors import FolderLockedError, MissingDataError, OutputError, SpeechpipeError
+from ..executors import dask_client
 from ..pack import (
     AUDIO_FORMATS,
     COMPRESS,
@@ -24,7 +25,7 @@ from ..recipes import EMPTY_TEXT
 from ..remote import RemoteOptions
 from .stats import storage_option
 
-__all__ = ["add_command", "run_command"]
+__all__ = ["add_command", "run_command", "task_argument"]
 
 _CLI_EXAMPLES = """\
 examples:
@@ -133,7 +134,7 @@ def add_command(subparsers: Any) -> argparse.ArgumentParser:
     step = steps.add_mutually_exclusive_group()
     step.add_argument("--plan-only", action="store_true",
                       help="read and measure the inputs, write DIR/pack_plan.jsonl, no shard")
-    step.add_argument("--task", metavar="I/N", type=_task,
+    step.add_argument("--task", metavar="I/N", type=task_argument,
                       help="write the shards of task I of N (1 <= I <= N) of the plan in DIR; "
                       "complete shards are kept")
     step.add_argument("--merge", action="store_true",
@@ -147,8 +148,8 @@ def add_command(subparsers: Any) -> argparse.ArgumentParser:
     return parser
 
 
-def _task(text: str) -> tuple[int, int]:
-    """``"2/3"`` to ``(2, 3)``."""
+def task_argument(text: str) -> tuple[int, int]:
+    """``"2/3"`` to ``(2, 3)`` (an argparse ``type`` of ``--task I/N``)."""
     try:
         task, tasks = (int(part) for part in text.split("/"))
     except ValueError:
@@ -156,15 +157,6 @@ def _task(text: str) -> tuple[int, int]:
     if not 1 <= task <= tasks:
         raise argparse.ArgumentTypeError(f"expected 1 <= I <= N, got {text!r}")
     return task, tasks
-
-
-def _dask_client(address: str):
-    try:
-        from distributed import Client
-    except ImportError as exc:
-        raise ImportError("--dask needs Dask's distributed: pip install 'speechpipe[dask]'"
-                          ) from exc
-    return Client(address)
 
 
 def _run(args: argparse.Namespace, executor: Any) -> Any:
@@ -197,7 +189,7 @@ def run_command(args: argparse.Namespace) -> int:
     client = None
     try:
         if args.dask:
-            client = _dask_client(args.dask)
+            client = dask_client(args.dask)
         report = _run(args, client)
     except FolderLockedError as exc:
         print(f"speechpipe pack: error: {exc}", file=sys.stderr)

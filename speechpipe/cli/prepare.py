@@ -7,7 +7,9 @@ import inspect
 import sys
 from typing import Any, Callable
 
+from ..executors import dask_client
 from ..recipes import EMPTY_TEXT, ON_MISMATCH, RECIPES, get_recipe
+from .pack import task_argument
 
 __all__ = ["add_command"]
 
@@ -23,9 +25,10 @@ def recipe_function(corpus: str, verb: str) -> Callable[..., Any]:
     return fn
 
 
-#: Options forwarded only when set (``--allow-commands`` -> ``allow_commands=True``); the
-#: last four are the checks every recipe built on ``prepare_parts`` takes as ``**checks``.
-_OPTIONAL = ("root", "allow_commands", "sample_rate", "verify", "on_error", "empty_text")
+#: Options forwarded only when set (``--allow-commands`` -> ``allow_commands=True``); from the
+#: third on, the checks every recipe built on ``prepare_parts`` takes as ``**checks``.
+_OPTIONAL = ("root", "allow_commands", "sample_rate", "verify", "on_error", "empty_text",
+             "step", "executor")
 
 
 def _accepts(fn: Callable[..., Any], name: str) -> bool:
@@ -34,28 +37,43 @@ def _accepts(fn: Callable[..., Any], name: str) -> bool:
         p.kind is p.VAR_KEYWORD for p in params.values()))
 
 
+_FLAGS = {"step": "--plan-only, --task and --merge", "executor": "--dask"}
+
+
 def _run_prepare(args: argparse.Namespace) -> int:
     prepare = recipe_function(args.corpus, "prepare")
     kwargs: dict[str, Any] = dict(parts=args.parts or "auto", num_jobs=args.jobs,
                                   on_mismatch=args.on_mismatch, force=args.force,
                                   progress=not args.no_progress)
-    for name in _OPTIONAL:
-        value = getattr(args, name)
-        if value is None or value is False:
-            continue
-        if not _accepts(prepare, name):
-            print(f"speechpipe prepare: error: --{name.replace('_', '-')} is not an option of "
-                  f"{args.corpus}", file=sys.stderr)
-            return 2
-        kwargs[name] = None if name == "sample_rate" and value == 0 else value
+    args.step = "plan" if args.plan_only else "merge" if args.merge else args.task
+    args.executor = None
+    client = None
     try:
+        for name in _OPTIONAL:
+            value = args.dask if name == "executor" else getattr(args, name)
+            if value is None or value is False:
+                continue
+            if not _accepts(prepare, name):
+                flag = _FLAGS.get(name, f"--{name.replace('_', '-')}")
+                print(f"speechpipe prepare: error: {flag} is not an option of {args.corpus}",
+                      file=sys.stderr)
+                return 2
+            if name == "executor":
+                value = client = dask_client(args.dask)
+            kwargs[name] = None if name == "sample_rate" and value == 0 else value
         result = prepare(args.corpus_dir, args.out_dir, **kwargs)
-    except (ValueError, OSError) as exc:  # DataError, MissingDataError included
+    except (ValueError, OSError, ImportError) as exc:  # DataError, MissingDataError included
         print(f"speechpipe prepare: error: {exc}", file=sys.stderr)
         return 2
+    finally:
+        if client is not None:
+            client.close()
     reports = getattr(result, "reports", {})
+    steps = getattr(result, "steps", {})
     for part, path in result.items():
-        if part in reports:
+        if part in steps:
+            print(f"{args.corpus} {part}: {steps[part]}")
+        elif part in reports:
             print(f"{args.corpus} {reports[part].report()}")
         else:
             print(f"{args.corpus} {part}: {path}")
@@ -67,7 +85,8 @@ def add_command(subparsers: Any) -> argparse.ArgumentParser:
 
     ``speechpipe prepare <corpus> <corpus_dir> <out_dir> [--parts P ...] [--jobs N]
     [--on-mismatch error|skip] [--force] [--root DIR] [--allow-commands] [--sample-rate HZ]
-    [--verify] [--on-error raise|skip] [--empty-text error|skip|keep]`` forwards to
+    [--verify] [--on-error raise|skip] [--empty-text error|skip|keep] [--dask SCHEDULER]
+    [--plan-only | --task I/N | --merge]`` forwards to
     ``prepare_<corpus>`` and prints, per part, whether its manifest was written, rewritten
     (and why) or is up to date, with its utterances, speakers, hours, sample rates and what
     was skipped. ``args.func(args)`` returns the exit status.
@@ -122,6 +141,21 @@ def add_command(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--empty-text", choices=EMPTY_TEXT, default=None,
                         help="utterances with an empty transcript: error (default), skip or "
                         "keep them, counted")
+    parser.add_argument("--dask", metavar="SCHEDULER",
+                        help="--verify decodes on the Dask cluster of this scheduler address "
+                        "(tcp://host:8786) instead of --jobs threads")
+    steps = parser.add_argument_group(
+        "job arrays for --verify (plan, tasks, merge: the same manifests and report as one run)")
+    step = steps.add_mutually_exclusive_group()
+    step.add_argument("--plan-only", action="store_true",
+                      help="find each part's samples and write the plan of what to decode, "
+                      "<out_dir>/<corpus>_verify_<part>.plan.jsonl.gz")
+    step.add_argument("--task", metavar="I/N", type=task_argument,
+                      help="decode task I of N's share of every plan (1 <= I <= N); a task "
+                      "that finished is not run again")
+    step.add_argument("--merge", action="store_true",
+                      help="gather the tasks' results and write the manifests, or report every "
+                      "fault, as one run does")
     parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
     parser.set_defaults(func=_run_prepare)
     return parser

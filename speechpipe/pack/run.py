@@ -12,9 +12,10 @@ import os
 import tempfile
 import time
 from collections import Counter
-from typing import Any, Iterator, Mapping, NamedTuple, Sequence
+from typing import Any, Mapping, NamedTuple, Sequence
 
 from ..errors import DataError, FolderLockedError, OutputError
+from ..executors import as_executor, leave_interrupts_to_the_main_process, run_tasks
 from ..index import INDEX_NAME, ShardIndex
 from ..remote import RemoteOptions
 from ..progress import progress_bar
@@ -496,7 +497,7 @@ def _measure(executor: concurrent.futures.Executor | None, inputs: Inputs,
     measured: list[list[tuple[int, int | None]]] = [[] for _ in chunks]
     with progress_bar(total=len(chunks), desc="pack: measure", unit="chunk",
                       disable=not options.progress) as bar:
-        for i, result in _run_all(executor, measure_chunk_args, [
+        for i, result in run_tasks(executor, measure_chunk_args, [
                 (inputs.mode, chunk, options.allow_commands) for chunk in chunks], bar):
             measured[i] = result
     native = [n for chunk in measured for n in chunk]
@@ -544,7 +545,7 @@ def _write_shards(executor: concurrent.futures.Executor | None, plan: ShardPlan,
     with progress_bar(total=len(tasks) + report.shards_skipped,
                       initial=report.shards_skipped, desc="pack: write", unit="shard",
                       disable=not progress) as bar:
-        for i, (written, size, clipped) in _run_all(executor, run_shard_task, tasks, bar):
+        for i, (written, size, clipped) in run_tasks(executor, run_shard_task, tasks, bar):
             report.clipped += clipped
             sizes[tasks[i].path] = size
             report.bytes_total += size
@@ -628,13 +629,7 @@ def _executor(num_workers: int, executor: Any = None
     if executor is not None:
         if num_workers != 1:
             raise ValueError(f"pass executor= or num_workers={num_workers}, not both")
-        if isinstance(executor, concurrent.futures.Executor):
-            return executor, False
-        get = getattr(executor, "get_executor", None)  # distributed.Client
-        if callable(get):
-            return get(), False
-        raise TypeError(f"executor must be a concurrent.futures.Executor or a Dask "
-                        f"distributed.Client, got {executor!r}")
+        return as_executor(executor), False
     if num_workers == 1:
         return None, False
     # spawn: workers start clean (no inherited threads or locks from torch or tqdm). Ctrl-C
@@ -642,46 +637,4 @@ def _executor(num_workers: int, executor: Any = None
     # process, which stops the run and says how to continue (no traceback per worker).
     return concurrent.futures.ProcessPoolExecutor(
         max_workers=num_workers, mp_context=multiprocessing.get_context("spawn"),
-        initializer=_leave_interrupts_to_the_main_process), True
-
-
-def _submit_all(executor, fn, args: Sequence) -> dict:
-    """Submit every task; the workers this starts inherit an ignored Ctrl-C (SIGINT), so
-    that one arriving while they start up (before their initializer runs) prints no
-    traceback either."""
-    import signal
-    import threading
-
-    if threading.current_thread() is not threading.main_thread():
-        return {executor.submit(fn, arg): i for i, arg in enumerate(args)}
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        return {executor.submit(fn, arg): i for i, arg in enumerate(args)}
-    finally:
-        signal.signal(signal.SIGINT, previous)
-
-
-def _leave_interrupts_to_the_main_process() -> None:
-    """A pack worker ignores Ctrl-C (SIGINT): the main process handles it."""
-    import signal
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
-def _run_all(executor, fn, args: Sequence, bar) -> Iterator[tuple[int, Any]]:
-    """``(index, fn(args[index]))`` as they complete; stops everything at the first error."""
-    if executor is None:
-        for i, arg in enumerate(args):
-            result = fn(arg)
-            bar.update(1)
-            yield i, result
-        return
-    futures = _submit_all(executor, fn, args)
-    try:
-        for future in concurrent.futures.as_completed(futures):
-            result = future.result()
-            bar.update(1)
-            yield futures[future], result
-    finally:
-        for future in futures:
-            future.cancel()
+        initializer=leave_interrupts_to_the_main_process), True

@@ -8,7 +8,8 @@ A recipe module (``speechpipe/recipes/<corpus>.py``) is a fixed set of names (ST
     prepare_<corpus>(corpus_dir, output_dir=None, parts="auto", num_jobs=1, *,
                      on_mismatch="error", force=False, progress=True,
                      **checks) -> dict[part, manifest]  # checks: sample_rate, verify,
-                                                         # on_error, empty_text
+                                                         # on_error, empty_text,
+                                                         # executor, step
     <corpus>_train(manifests, ...) / <corpus>_valid(...) / <corpus>_test(...)   # pipelines
 
 and is listed in :data:`RECIPES`, which the ``speechpipe download`` and ``speechpipe prepare``
@@ -22,7 +23,8 @@ transcript format, the defaults of its usual practice), are exported here:
   per utterance), :func:`resolve_parts`, :func:`check_pairs`, :func:`measure_audio`,
   :func:`prepare_parts` (with its checks, ``_checks``: :func:`verify_audio`, the one
   empty-transcript policy :data:`EMPTY_TEXT`, the record that makes reruns idempotent, and
-  the :class:`PartReport` of each part), :func:`resolve_manifests`;
+  the :class:`PartReport` of each part; the verification as a job array, ``_jobs``: a plan,
+  tasks, a merge), :func:`resolve_manifests`;
 - **pipelines** (``_pipelines``): :func:`train_pipeline`, :func:`eval_pipeline`,
   :func:`semi_supervised_pipeline` over manifests, their :class:`FrontEnd` (speed
   perturbation, reverberation and noise, features, tokenization), :func:`augment_source`

@@ -51,6 +51,16 @@ from ._checks import (
     record_path,
     verify_audio,
 )
+from ._jobs import (
+    VerifyPlan,
+    check_step,
+    plan_path,
+    read_task_checks,
+    remove_job_files,
+    step_name,
+    task_path,
+    write_task_result,
+)
 
 __all__ = [
     "AUDIO_PATH",
@@ -267,9 +277,12 @@ def measure_audio(
 class PreparedParts(dict):
     """``{part: manifest}`` as ``prepare_<corpus>`` returns it, with :attr:`reports`:
     ``{part: PartReport}`` (written, rewritten and why, or up to date; utterances, speakers,
-    hours, sample rates, skips), which ``speechpipe prepare`` prints."""
+    hours, sample rates, skips), which ``speechpipe prepare`` prints. The plan and task steps
+    of a job array (``step=``) map each part to the file they wrote instead, and say what
+    they did in :attr:`steps` (``{part: line}``)."""
 
     reports: dict[str, PartReport]
+    steps: dict[str, str]
 
 
 # long: the one place that runs a part's checks in order; each step is one call
@@ -288,6 +301,8 @@ def prepare_parts(
     progress: bool = True,
     inputs: Callable[[str], Iterable[str]] | None = None,
     settings: Mapping[str, Any] | None = None,
+    executor: Any = None,
+    step: Any = None,
 ) -> PreparedParts:
     """Write (or reuse) one ``samples`` manifest per part; return ``{part: manifest}``.
 
@@ -311,17 +326,25 @@ def prepare_parts(
         force: rebuild parts whose manifest is up to date.
         sample_rate: the rate the recipe pipelines resample to (16 kHz for ASR); the report
             counts the utterances at each rate and says which are resampled when read.
-        verify: decode every audio file once (``num_jobs`` threads, a progress bar) and
-            find missing, corrupt, truncated and empty files.
+        verify: decode every audio file once (``num_jobs`` threads, or ``executor``, a
+            progress bar) and find missing, corrupt, truncated, empty and non-finite files.
         on_error: what verification does with them: ``"raise"`` a
             :class:`~speechpipe.errors.DataError` with counts and examples per problem, or
             ``"skip"``: leave them out of the manifest, counted in the report.
         empty_text: empty transcripts: ``"error"`` (default), ``"skip"`` or ``"keep"``
             (:data:`~speechpipe.recipes._checks.EMPTY_TEXT`), counted in the report.
-        num_jobs, progress: threads and progress bars of the verification.
+        num_jobs, progress: threads (reading headers; decoding, without ``executor``) and
+            progress bars.
         inputs: the files a part is read from besides its audio (transcripts, tables, or
             the whole part folder), for the record.
         settings: the recipe's own options that change the manifest (recorded too).
+        executor: where the verification decodes: any
+            :class:`concurrent.futures.Executor` or a Dask ``distributed.Client``
+            (:func:`~speechpipe.recipes._checks.verify_audio`); the result is the same.
+        step: the verification as a job array (:mod:`~speechpipe.recipes._jobs`): ``"plan"``
+            writes each part's plan, ``(i, n)`` decodes task ``i``'s share of it, ``"merge"``
+            gathers the tasks' results and does what one run does with them (the same
+            manifest, report, or error). ``None``: all in this call.
 
     Returns:
         :class:`PreparedParts`: the ``{part: manifest}`` dict with ``.reports``.
@@ -337,71 +360,164 @@ def prepare_parts(
     """
     check_empty_text(empty_text)
     check_on_error(on_error)
+    step = check_step(step)
     if sample_rate is not None and (isinstance(sample_rate, bool) or not isinstance(
             sample_rate, int) or sample_rate < 1):
         raise ValueError(f"sample_rate must be an int >= 1 (Hz) or None, got {sample_rate!r}")
+    if step is not None and (not verify or output_dir is None):
+        raise ValueError(f"{step_name(step)} shares out the verification of a prepare writing "
+                         "manifests: pass verify=True (--verify) and an output folder")
+    if executor is not None and not verify:
+        raise ValueError("executor= decodes the files of the verification: pass verify=True "
+                         "(--verify) with it")
     options = {"empty_text": empty_text, "verify": bool(verify), "on_error": on_error,
                **dict(settings or {})}
     result = PreparedParts()
-    result.reports = {}
+    result.reports, result.steps = {}, {}
     if output_dir is not None:
         Path(output_dir).mkdir(parents=True, exist_ok=True)
     for part in parts:
         path = None if output_dir is None else manifest_path(output_dir, corpus, part)
         stage = f"prepare_{corpus} {part}"
+        if step not in (None, "plan") and plan_path(output_dir, corpus, part).exists():
+            planned = _planned_part(output_dir, corpus, part, stage, step, settings,
+                                    num_jobs=num_jobs, progress=progress, executor=executor)
+            if isinstance(step, tuple):
+                result[part], result.steps[part] = planned
+                continue
+            plan, checks = planned
+            _write_part(result, part, path, plan.samples, plan.diagnostics(stage),
+                        list(plan.faults), plan.inputs, plan.reason, stage=stage,
+                        corpus=corpus, verify=True, checks=checks, options=options,
+                        sample_rate=sample_rate)
+            remove_job_files(output_dir, corpus, part)
+            continue
         extra = list(inputs(part)) if inputs is not None and path is not None else []
         reason = ""
         if path is not None and path.exists():
             up_to_date, reason = _up_to_date(path, extra, options)
             if up_to_date and not force:
                 log.info("%s %s: up to date, %s", corpus, part, path)
+                if step == "plan":
+                    remove_job_files(output_dir, corpus, part)
+                if step not in (None, "merge"):  # (a merge reports it as one run does)
+                    result.steps[part] = "up to date: nothing to verify"
                 result[part] = path
                 report = PartReport.from_record(part, str(path), read_record(path) or {})
                 report.target_sample_rate = sample_rate
                 result.reports[part] = report
                 continue
             reason = "--force" if up_to_date else reason
-        diagnostics = Diagnostics(stage)
-        # --verify: every fault of every kind is collected, then reported at once
-        faults: list | None = [] if verify else None
-        token = _DIAGNOSTICS.set(diagnostics)  # check_pairs counts into it
-        verifying = VERIFYING.set(bool(verify))  # measure_audio leaves bad files to verify
-        collecting = _FAULTS.set(faults)
-        try:
-            samples = make_samples(part)
-        finally:
-            _DIAGNOSTICS.reset(token)
-            VERIFYING.reset(verifying)
-            _FAULTS.reset(collecting)
-        samples, kept_empty = apply_empty_text(samples, empty_text, stage=stage,
-                                               diagnostics=diagnostics, faults=faults)
-        if verify:
-            checks = verify_audio([s[AUDIO_PATH] for s in samples if AUDIO_PATH in s],
-                                  num_jobs=num_jobs, progress=progress, desc=f"verify {part}")
-            samples = apply_verification(samples, checks, on_error, stage=stage,
-                                         diagnostics=diagnostics, faults=faults)
-        if faults:
-            summary = PartReport.of(part, None, samples, diagnostics, sample_rate, kept_empty)
-            summary.status = "not written"
-            raise DataError(_faults_message(faults, summary), source=stage)
-        if not samples:
-            raise DataError(f"{corpus} part {part!r}: no utterance left to write "
-                            f"({diagnostics.report()})")
-        report = PartReport.of(part, None if path is None else str(path), samples,
-                               diagnostics, sample_rate, kept_empty)
-        result.reports[part] = report
-        if path is None:
-            result[part] = samples
+        if step not in (None, "plan"):
+            raise MissingDataError(_no_plan(corpus, part), source=str(
+                plan_path(output_dir, corpus, part)))
+        samples, diagnostics, faults = _collect(part, make_samples, stage, verify)
+        if step == "plan":
+            remove_job_files(output_dir, corpus, part)
+            plan = VerifyPlan(corpus, part, samples, dict(settings or {}), reason,
+                              dict(diagnostics.counts), {k: list(v) for k, v in
+                                                         diagnostics.examples.items()},
+                              list(faults or []), extra)
+            result[part] = plan_path(output_dir, corpus, part)
+            plan.write(result[part])
+            result.steps[part] = (f"planned: {len(plan.paths)} audio file(s) to verify, "
+                                  f"{result[part]}")
             continue
-        count = write_manifest(path, samples)
-        write_manifest_table(path)  # the mapped rows training plans from (compact.py)
-        if reason:
-            report.status, report.reason = "rewritten", reason
-        record = report.to_record(fingerprint(extra + _audio_paths(samples)), options)
-        _write_json(record_path(path), record)
-        log.info("%s %s: wrote %d utterances to %s", corpus, part, count, path)
-        result[part] = path
+        _write_part(result, part, path, samples, diagnostics, faults, extra, reason,
+                    stage=stage, corpus=corpus, verify=verify, options=options,
+                    sample_rate=sample_rate, num_jobs=num_jobs, progress=progress,
+                    executor=executor)
     return result
+
+
+def _collect(part: str, make_samples: Callable[[str], list[Sample]], stage: str,
+             verify: bool) -> tuple[list[Sample], Diagnostics, list | None]:
+    """A part's samples, with what finding them left out (counted) and, when verifying, the
+    faults found (reported with every other at the end)."""
+    diagnostics = Diagnostics(stage)
+    # --verify: every fault of every kind is collected, then reported at once
+    faults: list | None = [] if verify else None
+    token = _DIAGNOSTICS.set(diagnostics)  # check_pairs counts into it
+    verifying = VERIFYING.set(bool(verify))  # measure_audio leaves bad files to verify
+    collecting = _FAULTS.set(faults)
+    try:
+        samples = make_samples(part)
+    finally:
+        _DIAGNOSTICS.reset(token)
+        VERIFYING.reset(verifying)
+        _FAULTS.reset(collecting)
+    return samples, diagnostics, faults
+
+
+def _write_part(result: PreparedParts, part: str, path: Path | None, samples: list[Sample],
+                diagnostics: Diagnostics, faults: list | None, extra: list[str], reason: str,
+                *, stage: str, corpus: str, verify: bool, options: Mapping[str, Any],
+                sample_rate: int | None, checks: Mapping | None = None, num_jobs: int = 1,
+                progress: bool = False, executor: Any = None) -> None:
+    """The empty-transcript policy, the verification (``checks``: its tasks' results, else
+    decoded here), then every fault at once or the manifest and its record."""
+    samples, kept_empty = apply_empty_text(samples, options["empty_text"], stage=stage,
+                                           diagnostics=diagnostics, faults=faults)
+    if verify:
+        if checks is None:
+            checks = verify_audio([s[AUDIO_PATH] for s in samples if AUDIO_PATH in s],
+                                  num_jobs=num_jobs, progress=progress, desc=f"verify {part}",
+                                  executor=executor)
+        samples = apply_verification(samples, checks, options["on_error"], stage=stage,
+                                     diagnostics=diagnostics, faults=faults)
+    if faults:
+        summary = PartReport.of(part, None, samples, diagnostics, sample_rate, kept_empty)
+        summary.status = "not written"
+        raise DataError(_faults_message(faults, summary), source=stage)
+    if not samples:
+        raise DataError(f"{corpus} part {part!r}: no utterance left to write "
+                        f"({diagnostics.report()})")
+    report = PartReport.of(part, None if path is None else str(path), samples,
+                           diagnostics, sample_rate, kept_empty)
+    result.reports[part] = report
+    if path is None:
+        result[part] = samples
+        return
+    count = write_manifest(path, samples)
+    write_manifest_table(path)  # the mapped rows training plans from (compact.py)
+    if reason:
+        report.status, report.reason = "rewritten", reason
+    record = report.to_record(fingerprint(extra + _audio_paths(samples)), options)
+    _write_json(record_path(path), record)
+    log.info("%s %s: wrote %d utterances to %s", corpus, part, count, path)
+    result[part] = path
+
+
+def _planned_part(output_dir, corpus: str, part: str, stage: str, step: Any,
+                  settings: Mapping[str, Any] | None, **verifying: Any) -> tuple:
+    """A task of a job array: ``(its result file, a line saying what it did)``; the merge:
+    ``(the plan, every file's check)``."""
+    plan = VerifyPlan.read(plan_path(output_dir, corpus, part))
+    if step == "merge":
+        now = dict(settings or {})
+        if plan.settings != now:
+            changed = ", ".join(f"{k}={plan.settings.get(k)!r} (this merge: {now.get(k)!r})"
+                                for k in sorted(set(plan.settings) | set(now))
+                                if plan.settings.get(k) != now.get(k))
+            raise ValueError(f"{stage}: the verification plan was made with {changed}: merge "
+                             "with the plan's options, or plan again")
+        return plan, read_task_checks(output_dir, plan, stage)
+    task, tasks = step
+    out = task_path(output_dir, corpus, part, task, tasks)
+    paths = plan.paths[task - 1::tasks]
+    if out.exists():  # done already (a rerun of a finished task)
+        return out, f"task {task}/{tasks}: {len(paths)} audio file(s) verified already, {out}"
+    checks = verify_audio(paths, desc=f"verify {part} {task}/{tasks}", **verifying)
+    write_task_result(out, plan, task, tasks, [checks[p] for p in paths])
+    bad = sum(check.problem is not None for check in checks.values())
+    return out, (f"task {task}/{tasks}: {len(paths)} audio file(s) verified, {bad} with a "
+                 f"fault (reported by --merge), {out}")
+
+
+def _no_plan(corpus: str, part: str) -> str:
+    return (f"no verification plan for {corpus} part {part!r} and its manifest is not up to "
+            f"date: run 'speechpipe prepare {corpus} ... --verify --plan-only' first, then "
+            "the tasks (--task I/N), then --merge")
 
 
 #: Where :func:`check_pairs` counts what it leaves out while :func:`prepare_parts` builds a

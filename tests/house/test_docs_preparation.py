@@ -42,3 +42,5 @@ def test_the_preparation_page_runs_and_both_roads_give_the_same_bytes(tmp_path):
     assert "objects, identical" in out
     assert "utterances in 2 length groups" in out
     assert "'meta'" in out and "'text'" in out
+    assert "36 utterances, 4 speakers" in out and "the same manifest on Dask" in out
+    assert "frames, the statistics of one run" in out

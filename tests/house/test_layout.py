@@ -28,7 +28,7 @@ ROOT = pathlib.Path(speechpipe.__file__).parent
 
 FLOORS = [
     ("base", ["errors", "sample", "seeding", "diagnostics", "remote", "index", "compact", "progress",
-              "memory", "testing", "pipes._core"]),
+              "memory", "testing", "executors", "pipes._core"]),
     ("sources", ["pipes.sources"]),
     ("shards", ["pipes.shards"]),
     ("decode", ["pipes.decode"]),

@@ -14,8 +14,8 @@ from ._channels import (
     Resampler, ResamplerIterDataPipe, RESAMPLING_METHODS,
 )
 from ._cmvn import (
-    CmvnApplier, CmvnApplierIterDataPipe, CmvnStats, compute_cmvn_stats, normalize_batch,
-    normalize_features, VAR_FLOOR,
+    CmvnApplier, CmvnApplierIterDataPipe, CmvnStats, cmvn_stats_of_part, compute_cmvn_stats,
+    merge_cmvn_stats, normalize_batch, normalize_features, VAR_FLOOR,
 )
 from ._common import (
     audio_of, batch_feats_of, batch_where, channels_first, check_real, check_sample,
@@ -83,6 +83,7 @@ __all__ = [
     "check_real",
     "check_sample",
     "checked_audio",
+    "cmvn_stats_of_part",
     "compute_cmvn_stats",
     "compute_features",
     "convolve_rir",
@@ -92,6 +93,7 @@ __all__ = [
     "feats_of",
     "log_mel",
     "mel_num_frames",
+    "merge_cmvn_stats",
     "mfcc",
     "mix_at_snr",
     "noise_segment",

@@ -39,7 +39,9 @@ __all__ = [
     "CmvnApplierIterDataPipe",
     "CmvnStats",
     "VAR_FLOOR",
+    "cmvn_stats_of_part",
     "compute_cmvn_stats",
+    "merge_cmvn_stats",
     "normalize_batch",
     "normalize_features",
 ]
@@ -189,7 +191,7 @@ class CmvnStats:
 
 def compute_cmvn_stats(
     samples: Iterable[Any], *, progress: bool = True, desc: str = "cmvn",
-    per_channel: bool = False,
+    per_channel: bool = False, executor: Any = None,
 ) -> CmvnStats:
     """Accumulate :class:`CmvnStats` over samples with ``feats`` (or bare ``(frames, dim)`` /
     ``(frames, channels, dim)`` arrays), streaming: one utterance in memory at a time, float64
@@ -199,18 +201,90 @@ def compute_cmvn_stats(
     documentation says why); ``per_channel=True`` keeps them per ``(channel, dim)``, and then
     every sample must have the first one's channel count.
 
+    **On an executor** (any :class:`concurrent.futures.Executor`, or a Dask
+    ``distributed.Client``): ``samples`` is then a sequence of *parts*, each an iterable of
+    samples that is sent to a worker and iterated there (a list, a datapipe over some shards
+    or manifest rows that loads and computes the features: whatever pickles); each part's
+    partial sums come back and are merged in part order. The result is the one-process result
+    over the parts one after the other, up to float64 rounding (sums added in another order:
+    a relative difference around ``1e-15``); the frame count is exact. A part without frames
+    adds nothing. The job-array form is ``speechpipe cmvn --task I/N`` then ``--merge``.
+
     Raises :class:`~speechpipe.errors.DataError` naming the key for a sample without features
-    or whose dimension (per channel: shape) differs from the first one's, and ``ValueError``
-    when there are no frames at all.
+    or whose dimension (per channel: shape) differs from the first one's (across parts: naming
+    the part), and ``ValueError`` when there are no frames at all.
 
     >>> s = compute_cmvn_stats([np.ones((3, 2), np.float32)], progress=False)
     >>> s.count, s.mean.tolist()
     (3, [1.0, 1.0])
+    >>> import concurrent.futures
+    >>> with concurrent.futures.ThreadPoolExecutor(2) as pool:
+    ...     parts = [[np.ones((3, 2), np.float32)], [np.zeros((1, 2), np.float32)]]
+    ...     compute_cmvn_stats(parts, executor=pool, progress=False).count
+    4
     """
     from ...progress import progress_bar
 
+    if executor is not None:
+        from ...executors import as_executor, run_tasks
+
+        parts = list(samples)
+        found: list[CmvnStats | None] = [None] * len(parts)
+        with progress_bar(total=len(parts), desc=desc, unit="part",
+                          disable=not progress) as bar:
+            for i, partial in run_tasks(as_executor(executor), cmvn_stats_of_part,
+                                        [(part, per_channel) for part in parts], bar):
+                found[i] = partial
+        return merge_cmvn_stats(found)
+    with progress_bar(samples, desc=desc, unit="utt", disable=not progress) as items:
+        stats = _accumulate(items, per_channel)
+    if stats is None or stats.count == 0:
+        raise ValueError("compute_cmvn_stats: no frames to accumulate")
+    return stats
+
+
+def cmvn_stats_of_part(args: tuple[Iterable[Any], bool]) -> CmvnStats | None:
+    """The statistics of one part (``(samples, per_channel)``), ``None`` without frames: a
+    task of :func:`compute_cmvn_stats` on an executor (a module-level function: a Dask worker
+    imports it by name)."""
+    samples, per_channel = args
+    stats = _accumulate(samples, per_channel)
+    return None if stats is None or stats.count == 0 else stats
+
+
+def merge_cmvn_stats(parts: Sequence[CmvnStats | None]) -> CmvnStats:
+    """The statistics of every part (``None``: a part without frames), merged in order.
+
+    Raises:
+        DataError: parts of different dimensions (per channel: shapes), naming them.
+        ValueError: no frames in any part.
+
+    >>> one = CmvnStats(1, np.array([2.0]), np.array([4.0]))
+    >>> merge_cmvn_stats([one, None, one]).count
+    2
+    """
+    total: CmvnStats | None = None
+    first = 0
+    for i, partial in enumerate(parts):
+        if partial is None:
+            continue
+        if total is None:
+            total, first = CmvnStats(partial.count, partial.sum.copy(),
+                                     partial.sum_sq.copy()), i
+            continue
+        if partial.sum.shape != total.sum.shape:
+            raise DataError(f"compute_cmvn_stats: part {i + 1} has features of shape "
+                            f"{partial.sum.shape} (dim, or channels x dim), part {first + 1} "
+                            f"of {total.sum.shape}")
+        total = total.merge(partial)
+    if total is None or total.count == 0:
+        raise ValueError("compute_cmvn_stats: no frames to accumulate")
+    return total
+
+
+def _accumulate(samples: Iterable[Any], per_channel: bool) -> CmvnStats | None:
     stats: CmvnStats | None = None
-    for item in progress_bar(samples, desc=desc, unit="utt", disable=not progress):
+    for item in samples:
         if isinstance(item, Mapping):
             feats = feats_of(item, "compute_cmvn_stats", channels=True)
             where = sample_where(item)
@@ -228,8 +302,6 @@ def compute_cmvn_stats(
             raise DataError(f"compute_cmvn_stats: per-channel statistics of {stats.channels} "
                             f"channels, but these features have shape {feats.shape}", **where)
         stats.update(feats)
-    if stats is None or stats.count == 0:
-        raise ValueError("compute_cmvn_stats: no frames to accumulate")
     return stats
 
 
