@@ -7,6 +7,7 @@ import argparse
 import sys
 from typing import Any
 
+from ..diagnostics import ON_ERROR
 from ..errors import FolderLockedError, MissingDataError, OutputError, SpeechpipeError
 from ..pack import (
     AUDIO_FORMATS,
@@ -121,6 +122,12 @@ def add_command(subparsers: Any) -> argparse.ArgumentParser:
     run.add_argument("--empty-text", choices=EMPTY_TEXT, default="error",
                      help="utterances whose label is empty: error (default), skip or keep "
                      "them, counted in the report")
+    run.add_argument("--on-error", choices=ON_ERROR, default="raise",
+                     help="an utterance whose file (in wav.scp, feats.scp, a segments "
+                     "recording or a manifest) is missing, unreadable, truncated or corrupt: "
+                     "raise (default: stop, naming the file and line) or skip it (every audio "
+                     "file is then decoded while measuring; skipped ones are counted and "
+                     "listed in the report)")
     run.add_argument("--allow-commands", action="store_true",
                      help="run the 'cmd |' values of wav.scp (as Kaldi recipes write them: "
                      "flac -c -d -s x.flac |) and pack their audio")
@@ -186,7 +193,8 @@ def _run(args: argparse.Namespace, executor: Any) -> Any:
         kind=args.kind, on_mismatch=args.on_mismatch,
         num_workers=1 if executor else args.workers, progress=not args.no_progress,
         length_unit=args.length_unit, audio_format=args.audio_format, force=args.force,
-        allow_commands=args.allow_commands, empty_text=args.empty_text, compress=args.compress)
+        allow_commands=args.allow_commands, empty_text=args.empty_text, compress=args.compress,
+        on_error=args.on_error)
     step = plan_pack if args.plan_only else pack_data
     return step(args.scp or None, args.labels or None, args.out,
                 segments=args.segments or None, manifests=args.manifest or None,
@@ -208,8 +216,11 @@ def run_command(args: argparse.Namespace) -> int:
               "stopped (complete shards are kept)", file=sys.stderr)
         return 130
     except MissingDataError as exc:
+        skip = ("; or leave out every utterance whose data cannot be read, counted: "
+                "--on-error skip" if exc.key is not None and not args.task
+                and args.on_error == "raise" else "")
         print(f"speechpipe pack: error: {exc}\n  check the path, then run the same command "
-              "again (complete shards are kept)", file=sys.stderr)
+              f"again (complete shards are kept){skip}", file=sys.stderr)
         return 2
     except OutputError as exc:  # a full or read-only disk: the file being written is named
         print(f"speechpipe pack: error: {exc}\n  make room (or choose another --out), then "

@@ -67,6 +67,7 @@ def pack_data(
     allow_commands: bool = _Default("allow_commands"),
     empty_text: str = _Default("empty_text"),
     compress: str | None = _Default("compress"),
+    on_error: str = _Default("on_error"),
     options: PackOptions | None = None,
     executor: Any = None,
     remote: RemoteOptions | None = None,
@@ -121,7 +122,7 @@ def pack_data(
     Everything else is rewritten. Content is not compared: after changing the data of
     existing keys, pack into a fresh folder.
 
-    The settings (``fmt`` to ``compress``) are passed as keyword arguments or together as
+    The settings (``fmt`` to ``on_error``) are passed as keyword arguments or together as
     ``options=PackOptions(...)`` (:class:`~speechpipe.pack.PackOptions`), not both.
 
     Args:
@@ -174,7 +175,15 @@ def pack_data(
         compress: ``None`` (plain tar), ``"gz"`` or ``"zst"``: shards compressed as they are
             written, named ``*.tar.gz``/``*.tar.zst``; read sequentially, never mapped
             (smaller to store and send, slower to read: benchmarks/README.md).
-        options: all the settings above (``fmt`` to ``compress``) in one
+        on_error: an utterance whose data is missing, unreadable, truncated or corrupt (a file
+            a ``wav.scp``, ``feats.scp``, ``segments`` recording or manifest line names):
+            ``"raise"`` (default) a :class:`~speechpipe.errors.MissingDataError` or
+            :class:`~speechpipe.errors.DataError` naming the file, line and key, or
+            ``"skip"``: left out before planning, counted once per utterance and reported
+            with a few examples (:attr:`PackReport.unreadable`). Under ``"skip"`` every audio
+            file is decoded through while measuring (a truncated file has a good header), so
+            the audio is read twice. A table command that is not allowed still raises.
+        options: all the settings above (``fmt`` to ``on_error``) in one
             :class:`~speechpipe.pack.PackOptions`, instead of the keyword arguments.
         remote: how ``d_out`` is written when it is a URL (``s3://bucket/corpus``, any fsspec
             URL; :class:`~speechpipe.remote.RemoteOptions`, e.g. its ``storage_options``):
@@ -223,7 +232,8 @@ def pack_data(
                                          progress=progress, length_unit=length_unit,
                                          audio_format=audio_format, force=force,
                                          allow_commands=allow_commands,
-                                         empty_text=empty_text, compress=compress)
+                                         empty_text=empty_text, compress=compress,
+                                         on_error=on_error)
     pool, owned = _executor(options.num_workers, executor)
     try:
         # 1. Tables, keys and lengths (read only); 2. groups and shards (under the lock);
@@ -406,7 +416,7 @@ def _measure_inputs(files, store: Storage, options: PackOptions,
     if not options.force:
         refuse_or_clean(others, store, options)  # refuses, before anything is read
     inputs = read_inputs(files.scps, files.labels, files.segments, files.manifests,
-                          options.kind, options.allow_commands)
+                         options.kind, options.allow_commands, options.on_error)
     unit = _length_unit(options.length_unit, inputs.kind)
     items, no_label, no_data = match_keys(inputs, options.on_mismatch)
     items, empty = _empty_labels(items, options.empty_text, inputs)
@@ -417,7 +427,7 @@ def _measure_inputs(files, store: Storage, options: PackOptions,
         empty_text=len(empty), empty_text_examples=empty[:EXAMPLES],
         empty_text_policy=options.empty_text,
     )
-    measured = _measure(pool, inputs, items, unit, options)
+    measured = _measure(pool, inputs, items, unit, options, report)
     sample_rate = _sample_rates(measured, unit, report, inputs.data_files)
     return _MeasuredInputs(inputs, unit, measured, report, sample_rate)
 
@@ -492,17 +502,30 @@ def _length_unit(length_unit: str | None, kind: str) -> str:
 
 
 def _measure(executor: concurrent.futures.Executor | None, inputs: Inputs,
-             items: list[Item], unit: str, options: PackOptions) -> Measured:
-    """Measure every item, ``utts_per_shard`` per task (in the workers, if any)."""
+             items: list[Item], unit: str, options: PackOptions, report: PackReport
+             ) -> Measured:
+    """Measure every item, ``utts_per_shard`` per task (in the workers, if any); those that
+    cannot be read (``on_error="skip"``) are left out and counted in ``report``."""
     per_task = options.utts_per_shard
     chunks = [items[i:i + per_task] for i in range(0, len(items), per_task)]
-    measured: list[list[tuple[int, int | None]]] = [[] for _ in chunks]
+    measured: list[list[tuple[int, int | None] | str]] = [[] for _ in chunks]
     with progress_bar(total=len(chunks), desc="pack: measure", unit="chunk",
                       disable=not options.progress) as bar:
         for i, result in _run_all(executor, measure_chunk_args, [
-                (inputs.mode, chunk, options.allow_commands) for chunk in chunks], bar):
+                (inputs.mode, chunk, options.allow_commands, options.on_error)
+                for chunk in chunks], bar):
             measured[i] = result
-    native = [n for chunk in measured for n in chunk]
+    results = [n for chunk in measured for n in chunk]
+    faults = [(item, n) for item, n in zip(items, results) if isinstance(n, str)]
+    if faults:
+        report.unreadable = len(faults)
+        report.unreadable_examples = [fault for _, fault in faults[:EXAMPLES]]
+        if len(faults) == len(items):
+            raise DataError(f"nothing to pack: none of the {len(items)} utterance(s) can be "
+                            f"read (e.g. {faults[0][1]})",
+                            source=", ".join(inputs.data_files))
+        items = [item for item, n in zip(items, results) if not isinstance(n, str)]
+    native = [n for n in results if not isinstance(n, str)]
     lengths = [n / rate if unit == "seconds" else n for n, rate in native]
     return Measured(items, native, lengths)
 
