@@ -195,3 +195,24 @@ def test_two_workers_skip_the_same_utterances_and_write_the_same_bytes(broken):
     assert (two.unreadable, two.unreadable_examples) == (one.unreadable,
                                                          one.unreadable_examples)
     assert tree_digest(tmp / "one") == tree_digest(tmp / "two")
+
+
+def test_cli_says_to_pass_the_option_when_the_error_is_a_choice_not_a_broken_file(tmp_path,
+                                                                                   capsys):
+    # the new-user trial (issue 32): a refused `sox ... |` line of a Kaldi wav.scp, or audio
+    # at two rates with --length-unit samples, said "fix the file at the place named above"
+    scp, _ = write_wavs(str(tmp_path), {"a": 800})
+    with open(scp, "a") as f:
+        f.write(f"b sox {tmp_path}/a.wav -r 16000 -t wav - |\n")
+    text = write_text(tmp_path / "text", {"a": "x", "b": "y"})
+    argv = ["pack", "--scp", scp, "--labels", text, "--out", str(tmp_path / "out"),
+            "--no-progress"]
+    assert run_cli(argv) == 2
+    err = capsys.readouterr().err
+    assert "(CLI: --allow-commands)" in err and "fix the file at the place" not in err
+    assert "fix the input, or pass the option named above" in err
+    assert run_cli(argv + ["--allow-commands", "--length-unit", "samples"]) == 2
+    err = capsys.readouterr().err
+    assert "2 sample rates" in err and "pass the option named above" in err
+    assert run_cli(argv + ["--allow-commands"]) == 0  # several rates: seconds by default
+    assert "lengths in seconds" in capsys.readouterr().out

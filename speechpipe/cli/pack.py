@@ -104,8 +104,9 @@ def add_command(subparsers: Any) -> argparse.ArgumentParser:
                         help="keep lengths LO <= length < HI, written to DIR/LO_HI/ "
                         "(repeat for several non-overlapping groups)")
     output.add_argument("--length-unit", choices=LENGTH_UNITS, default=None,
-                        help="unit of lengths and groups: frames (features), samples (audio, "
-                        "default) or seconds (audio)")
+                        help="unit of lengths and groups: frames (features), samples or "
+                        "seconds (audio); default: frames, or samples for audio at one sample "
+                        "rate and seconds at several (without --group)")
     output.add_argument("--audio-format", choices=AUDIO_FORMATS, default="lossless",
                         help="lossless (default: 16-bit sources as FLAC, finer ones as float "
                         "WAV) or flac16 (every utterance as 16-bit FLAC: decoded Opus/MP3 "
@@ -230,6 +231,9 @@ def run_command(args: argparse.Namespace) -> int:
         hint = ("fix the file at the place named above and run the same command again: "
                 "complete shards are kept" if isinstance(exc, SpeechpipeError)
                 else "see 'speechpipe pack --help'")
+        if isinstance(exc, SpeechpipeError) and "(CLI: --" in str(exc):  # a choice, not a fault
+            hint = ("fix the input, or pass the option named above; then run the same command "
+                    "again: complete shards are kept")
         print(f"speechpipe pack: error: {exc}\n  {hint}", file=sys.stderr)
         return 2
     finally:

@@ -155,8 +155,11 @@ def pack_data(
             ``if __name__ == "__main__":`` guard.
         progress: show progress (measuring, then one step per shard): tqdm bars on a
             terminal, else a line every 30 s (:func:`~speechpipe.progress.progress_bar`).
-        length_unit: ``"frames"`` (features), ``"samples"`` (audio, the default) or
-            ``"seconds"`` (audio).
+        length_unit: ``"frames"`` (features), ``"samples"`` or ``"seconds"`` (audio). By
+            default frames for features, and for audio samples when it has one sample rate,
+            seconds when it has several (8 kHz telephone speech beside 16 kHz and 48 kHz
+            recordings: samples would mean different durations) and no ``filter_group`` is
+            given (groups are in the unit: name it); the report and the index say which.
         audio_format: ``"lossless"`` (16-bit sources as FLAC, finer ones as float WAV) or
             ``"flac16"``: every utterance as 16-bit FLAC, rounding finer samples (decoded
             Opus or MP3 as in WenetSpeech, GigaSpeech, Common Voice) to 16 bits as Kaldi and
@@ -428,6 +431,10 @@ def _measure_inputs(files, store: Storage, options: PackOptions,
         empty_text_policy=options.empty_text,
     )
     measured = _measure(pool, inputs, items, unit, options, report)
+    if options.length_unit is None and unit == "samples" and not options.groups and len(
+            {rate for _, rate in measured.native if rate is not None}) > 1:
+        unit = report.length_unit = "seconds"  # audio at several rates: durations
+        measured = measured._replace(lengths=[n / rate for n, rate in measured.native])
     sample_rate = _sample_rates(measured, unit, report, inputs.data_files)
     return _MeasuredInputs(inputs, unit, measured, report, sample_rate)
 
