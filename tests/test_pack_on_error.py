@@ -216,3 +216,21 @@ def test_cli_says_to_pass_the_option_when_the_error_is_a_choice_not_a_broken_fil
     assert "2 sample rates" in err and "pass the option named above" in err
     assert run_cli(argv + ["--allow-commands"]) == 0  # several rates: seconds by default
     assert "lengths in seconds" in capsys.readouterr().out
+
+
+def test_the_examples_show_each_distinct_fault_before_repeating_one(tmp_path):
+    # the trial: 13 segments of a truncated recording filled the five examples and hid the
+    # one segment whose recording was missing
+    scp, _ = write_wavs(str(tmp_path), {"rec1": 16000, "rec2": 16000})
+    with open(scp, "a") as f:
+        f.write(f"ghost {tmp_path}/ghost.wav\n")
+    _truncate(tmp_path / "rec1.wav", -8000)
+    segments = [f"s{i} rec1 {i * 0.1:.1f} {i * 0.1 + 0.1:.1f}" for i in range(7)]
+    segments += ["t0 rec2 0.0 0.5", "z0 ghost 0.0 0.5"]
+    (tmp_path / "segments").write_text("\n".join(segments) + "\n")
+    text = write_text(tmp_path / "text", {s.split()[0]: "x" for s in segments})
+    report = pack_data(scp, text, tmp_path / "out", segments=str(tmp_path / "segments"),
+                       progress=False, on_error="skip")
+    assert (report.groups, report.unreadable) == ({".": 1}, 8)
+    shown = report.unreadable_examples
+    assert len(shown) == 5 and "(key 'z0')" in shown[-1] and "(key 's0')" in shown[0]

@@ -252,3 +252,22 @@ def test_a_data_dir_given_as_dot_is_named_after_its_folder(recipe, tmp_path, mon
     out = prepare_kaldi_dir(".", tmp_path / "m", root=recipe, progress=False)
     assert list(out) == ["dev"]
     assert out["dev"] == manifest_path(tmp_path / "m", "kaldi_dir", "dev")
+
+
+def test_a_failed_first_prepare_command_leaves_no_empty_output_folder(recipe, tmp_path,
+                                                                       capsys):
+    # the new-user trial (issue 32): `prepare kaldi_dir` without --allow-commands on a
+    # wav.scp with a `sox ... |` line failed, and left the empty output folder behind
+    data = recipe / "data" / "train"
+    (data / "wav.scp").write_text("rec1 sox wav/rec1.wav -t wav - |\nrec2 wav/rec2.wav\n")
+    parser = argparse.ArgumentParser(prog="speechpipe")
+    add_prepare_command(parser.add_subparsers(dest="command"))
+    out = tmp_path / "out" / "m"
+    for folder in (out, tmp_path / "kept"):
+        if folder.name == "kept":
+            folder.mkdir()  # a folder that was there before is left as it was
+        args = parser.parse_args(["prepare", "kaldi_dir", str(data), str(folder), "--root",
+                                  str(recipe), "--no-progress"])
+        assert args.func(args) == 2
+        assert "this wav.scp value is a command" in capsys.readouterr().err
+    assert not out.exists() and (tmp_path / "kept").is_dir()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import os
 import sys
 from typing import Any, Callable
 
@@ -48,9 +49,12 @@ def _run_prepare(args: argparse.Namespace) -> int:
                   f"{args.corpus}", file=sys.stderr)
             return 2
         kwargs[name] = None if name == "sample_rate" and value == 0 else value
+    fresh = not os.path.lexists(args.out_dir)
     try:
         result = prepare(args.corpus_dir, args.out_dir, **kwargs)
     except (ValueError, OSError) as exc:  # DataError, MissingDataError included
+        if fresh and os.path.isdir(args.out_dir) and not os.listdir(args.out_dir):
+            os.rmdir(args.out_dir)  # a failed first run leaves no empty output folder
         print(f"speechpipe prepare: error: {exc}", file=sys.stderr)
         return 2
     reports = getattr(result, "reports", {})

@@ -526,7 +526,7 @@ def _measure(executor: concurrent.futures.Executor | None, inputs: Inputs,
     faults = [(item, n) for item, n in zip(items, results) if isinstance(n, str)]
     if faults:
         report.unreadable = len(faults)
-        report.unreadable_examples = [fault for _, fault in faults[:EXAMPLES]]
+        report.unreadable_examples = _distinct_examples([fault for _, fault in faults])
         if len(faults) == len(items):
             raise DataError(f"nothing to pack: none of the {len(items)} utterance(s) can be "
                             f"read (e.g. {faults[0][1]})",
@@ -535,6 +535,20 @@ def _measure(executor: concurrent.futures.Executor | None, inputs: Inputs,
     native = [n for n in results if not isinstance(n, str)]
     lengths = [n / rate if unit == "seconds" else n for n, rate in native]
     return Measured(items, native, lengths)
+
+
+def _distinct_examples(faults: list[str]) -> list[str]:
+    """Up to :data:`EXAMPLES` faults, one per distinct fault first (every segment of a broken
+    recording says the same after its place), then the others in order."""
+    seen: set[str] = set()
+    first = []
+    for fault in faults:
+        what = fault.split("): ", 1)[-1]
+        if what not in seen:
+            seen.add(what)
+            first.append(fault)
+    rest = [fault for fault in faults if fault not in first]
+    return sorted((first + rest)[:EXAMPLES], key=faults.index)
 
 
 def _sample_rates(measured: Measured, unit: str, report: PackReport,
