@@ -76,7 +76,7 @@ class Seeded(CarriesRank):
         epoch)``, the same on every rank.
 
         Which calls count is told from the calls themselves, without looking at torch's
-        code: an iterator with workers (torch 1.13 to 2.14) seeds the pipe in its
+        code: an iterator with workers (torch 2.14's dataloader.py) seeds the pipe in its
         ``__init__`` before starting them (that call counts), in its ``_reset`` right after
         (the second of the pair: it does not), and each worker seeds its own copy, in
         another process (not counted either: the copy keeps the epoch it was given). A pass
