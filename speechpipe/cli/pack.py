@@ -7,6 +7,7 @@ import argparse
 import sys
 from typing import Any
 
+from ..diagnostics import ON_ERROR
 from ..errors import FolderLockedError, MissingDataError, OutputError, SpeechpipeError
 from ..executors import dask_client
 from ..pack import (
@@ -103,8 +104,9 @@ def add_command(subparsers: Any) -> argparse.ArgumentParser:
                         help="keep lengths LO <= length < HI, written to DIR/LO_HI/ "
                         "(repeat for several non-overlapping groups)")
     output.add_argument("--length-unit", choices=LENGTH_UNITS, default=None,
-                        help="unit of lengths and groups: frames (features), samples (audio, "
-                        "default) or seconds (audio)")
+                        help="unit of lengths and groups: frames (features), samples or "
+                        "seconds (audio); default: frames, or samples for audio at one sample "
+                        "rate and seconds at several (without --group)")
     output.add_argument("--audio-format", choices=AUDIO_FORMATS, default="lossless",
                         help="lossless (default: 16-bit sources as FLAC, finer ones as float "
                         "WAV) or flac16 (every utterance as 16-bit FLAC: decoded Opus/MP3 "
@@ -121,6 +123,12 @@ def add_command(subparsers: Any) -> argparse.ArgumentParser:
     run.add_argument("--empty-text", choices=EMPTY_TEXT, default="error",
                      help="utterances whose label is empty: error (default), skip or keep "
                      "them, counted in the report")
+    run.add_argument("--on-error", choices=ON_ERROR, default="raise",
+                     help="an utterance whose file (in wav.scp, feats.scp, a segments "
+                     "recording or a manifest) is missing, unreadable, truncated or corrupt: "
+                     "raise (default: stop, naming the file and line) or skip it (every audio "
+                     "file is then decoded while measuring; skipped ones are counted and "
+                     "listed in the report)")
     run.add_argument("--allow-commands", action="store_true",
                      help="run the 'cmd |' values of wav.scp (as Kaldi recipes write them: "
                      "flac -c -d -s x.flac |) and pack their audio")
@@ -177,7 +185,8 @@ def _run(args: argparse.Namespace, executor: Any) -> Any:
         kind=args.kind, on_mismatch=args.on_mismatch,
         num_workers=1 if executor else args.workers, progress=not args.no_progress,
         length_unit=args.length_unit, audio_format=args.audio_format, force=args.force,
-        allow_commands=args.allow_commands, empty_text=args.empty_text, compress=args.compress)
+        allow_commands=args.allow_commands, empty_text=args.empty_text, compress=args.compress,
+        on_error=args.on_error)
     step = plan_pack if args.plan_only else pack_data
     return step(args.scp or None, args.labels or None, args.out,
                 segments=args.segments or None, manifests=args.manifest or None,
@@ -199,8 +208,11 @@ def run_command(args: argparse.Namespace) -> int:
               "stopped (complete shards are kept)", file=sys.stderr)
         return 130
     except MissingDataError as exc:
+        skip = ("; or leave out every utterance whose data cannot be read, counted: "
+                "--on-error skip" if exc.key is not None and not args.task
+                and args.on_error == "raise" else "")
         print(f"speechpipe pack: error: {exc}\n  check the path, then run the same command "
-              "again (complete shards are kept)", file=sys.stderr)
+              f"again (complete shards are kept){skip}", file=sys.stderr)
         return 2
     except OutputError as exc:  # a full or read-only disk: the file being written is named
         print(f"speechpipe pack: error: {exc}\n  make room (or choose another --out), then "
@@ -210,6 +222,9 @@ def run_command(args: argparse.Namespace) -> int:
         hint = ("fix the file at the place named above and run the same command again: "
                 "complete shards are kept" if isinstance(exc, SpeechpipeError)
                 else "see 'speechpipe pack --help'")
+        if isinstance(exc, SpeechpipeError) and "(CLI: --" in str(exc):  # a choice, not a fault
+            hint = ("fix the input, or pass the option named above; then run the same command "
+                    "again: complete shards are kept")
         print(f"speechpipe pack: error: {exc}\n  {hint}", file=sys.stderr)
         return 2
     finally:

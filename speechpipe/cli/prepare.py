@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import os
 import sys
 from typing import Any, Callable
 
@@ -48,6 +49,7 @@ def _run_prepare(args: argparse.Namespace) -> int:
     args.step = "plan" if args.plan_only else "merge" if args.merge else args.task
     args.executor = None
     client = None
+    fresh = not os.path.lexists(args.out_dir)
     try:
         for name in _OPTIONAL:
             value = args.dask if name == "executor" else getattr(args, name)
@@ -63,6 +65,8 @@ def _run_prepare(args: argparse.Namespace) -> int:
             kwargs[name] = None if name == "sample_rate" and value == 0 else value
         result = prepare(args.corpus_dir, args.out_dir, **kwargs)
     except (ValueError, OSError, ImportError) as exc:  # DataError, MissingDataError included
+        if fresh and os.path.isdir(args.out_dir) and not os.listdir(args.out_dir):
+            os.rmdir(args.out_dir)  # a failed first run leaves no empty output folder
         print(f"speechpipe prepare: error: {exc}", file=sys.stderr)
         return 2
     finally:

@@ -129,15 +129,32 @@ class Inputs(NamedTuple):
     label_files: list[str]
 
 
+def _table_kind(table: dict[str, ScpEntry], allow_commands: bool, on_error: str) -> str | None:
+    """The kind of a table from its first value; under ``on_error="skip"`` from its first
+    value naming a file that exists (the others are measured, and skipped, later), ``None``
+    if there is none."""
+    for entry in table.values():
+        try:
+            return _detect_kind(entry, allow_commands)
+        except MissingDataError:
+            if on_error != "skip":
+                raise
+    return None
+
+
 def _read_scps(scps: list[str], kind: str, segments: list[str],
-               allow_commands: bool = False) -> tuple[str, str, dict]:
+               allow_commands: bool = False, on_error: str = "raise") -> tuple[str, str, dict]:
     tables = [(path, read_scp_table(path)) for path in scps]
     kinds = {}
     for path, table in tables:
         if kind != "auto":
             kinds[path] = kind
         elif table:
-            kinds[path] = _detect_kind(next(iter(table.values())), allow_commands)
+            kinds[path] = _table_kind(table, allow_commands, on_error)
+    if kind == "auto" and tables and all(k is None for k in kinds.values()) and kinds:
+        first = next(table for _, table in tables if table)
+        _detect_kind(next(iter(first.values())), allow_commands)  # names the first file
+    kinds = {path: k for path, k in kinds.items() if k is not None}
     found = sorted(set(kinds.values()))
     if len(found) > 1:
         feats = next(p for p, k in kinds.items() if k == "feats")
@@ -246,11 +263,12 @@ def input_files(f_scps, f_labels, segments, manifests) -> _InputFiles:
     return files
 
 
-def read_inputs(scps, labels, segments, manifests, kind, allow_commands=False) -> Inputs:
+def read_inputs(scps, labels, segments, manifests, kind, allow_commands=False,
+                on_error="raise") -> Inputs:
     if manifests:
         data, label_table = _read_manifests(manifests)
         return Inputs("wav", MANIFEST, data, label_table, manifests, manifests)
-    resolved, mode, data = _read_scps(scps, kind, segments, allow_commands)
+    resolved, mode, data = _read_scps(scps, kind, segments, allow_commands, on_error)
     label_table: dict[str, ScpEntry] = {}
     for path in labels:
         for key, entry in read_scp_table(path, allow_empty=True).items():

@@ -15,6 +15,7 @@ import soundfile
 from ..errors import DataError, MissingDataError, UnsafeInputError
 from ..pipes.decode import read_audio_segment
 from ..pipes.kaldi import ScpEntry, parse_ark_ref, parse_segment, read_matrix, read_wav_value
+from ..recipes import verify_audio
 from .inputs import FEATS, SEGMENT, WAV, Item, no_commands
 
 __all__ = ["LENGTH_UNITS", "LengthGroup", "parse_length_groups"]
@@ -175,45 +176,95 @@ def _audio_info(path: str, files_cache: dict) -> tuple[int, int, int] | None:
     return cached
 
 
-def _measure_chunk(mode: str, items: Sequence[Item],
-                   allow_commands: bool = False) -> list[tuple[int, int | None]]:
-    """``(length, sample_rate or None)`` of each item: frames of features, samples of audio.
+def _measure_chunk(mode: str, items: Sequence[Item], allow_commands: bool = False,
+                   on_error: str = "raise") -> list[tuple[int, int | None] | str]:
+    """``(length, sample_rate or None)`` of each item: frames of features, samples of audio;
+    under ``on_error="skip"``, the fault (a sentence naming the file, line and key) of an item
+    that cannot be read instead.
 
     Headers only where they tell the length (Kaldi binary matrices, audio files); anything
-    else (text or NPY matrices, ranges, wavs stored in arks) is read in full. Runs in worker
-    processes, hence module level.
+    else (text or NPY matrices, ranges, wavs stored in arks) is read in full. Under
+    ``"skip"`` every audio file is decoded through once (a truncated or corrupt file has a
+    good header), so that what is planned can be written. Runs in worker processes, hence
+    module level.
     """
-    out: list[tuple[int, int | None]] = []
+    out: list[tuple[int, int | None] | str] = []
     files = _Files()
     infos: dict[str, Any] = {}
+    if on_error == "skip" and mode != FEATS:  # decode every audio file through, once
+        paths = [(i.recording.value if mode == SEGMENT else i.value) for i in items]
+        found = verify_audio([p for p in paths if os.path.isfile(p)], progress=False)
+        infos.update({("verified", path): check for path, check in found.items()})
     try:
         for item in items:
-            where = dict(source=item.source, line=item.line, key=item.key)
             try:
-                if mode == FEATS:
-                    rows = None
-                    ref = parse_ark_ref(item.value)
-                    if ref is not None and ref.range is None and not item.value.endswith("|"):
-                        rows = _binary_rows(files, ref.path, ref.offset or 0)
-                    if rows is None:
-                        rows = read_matrix(item.value, **where).shape[0]
-                    out.append((rows, None))
-                elif mode == WAV:
-                    info = None if item.value.endswith("|") else _audio_info(item.value, infos)
-                    if info is None:
-                        audio, rate = read_wav_value(item.value, allow_commands=allow_commands,
-                                                     **where)
-                        info = (audio.shape[0], rate, 1)
-                    out.append(info[:2])
-                elif mode == SEGMENT:
-                    out.append(_segment_length(item, infos, allow_commands))
-                else:
-                    out.append(_manifest_length(item, infos))
+                out.append(_measure_item(mode, item, files, infos, allow_commands))
             except UnsafeInputError as exc:
                 raise no_commands(exc) from exc
+            except (DataError, MissingDataError, OSError) as exc:
+                if on_error != "skip":
+                    raise
+                out.append(_fault(exc, item))
     finally:
         files.close()
     return out
+
+
+def _fault(exc: BaseException, item: Item) -> str:
+    """A skipped item's fault as one line naming its place (file, line, key); a segment's
+    names the segment, then its recording's place if the fault is there."""
+    where = f"{item.source}:{item.line}" if item.line is not None else str(item.source)
+    where = f"{where} (key {item.key!r})"
+    if not isinstance(exc, (DataError, MissingDataError)) or exc.source is None:
+        return f"{where}: {exc}"
+    if item.recording is not None and exc.key == item.recording.key:
+        return f"{where}: its recording, {exc}"
+    return str(exc)
+
+
+def _verified(path: str, infos: dict, item: Item | ScpEntry) -> None:
+    """The fault :func:`~speechpipe.recipes.verify_audio` found in ``path``, if any, raised
+    naming the item (``on_error="skip"``)."""
+    check = infos.get(("verified", path))
+    if check is None:
+        return
+    if check.problem == "missing":
+        raise MissingDataError(f"{path}: audio file not found", source=item.source,
+                               line=item.line, key=item.key)
+    if check.problem is not None:
+        raise DataError(f"{path}: {check.problem} audio: {check.detail}", source=item.source,
+                        line=item.line, key=item.key)
+
+
+def _measure_item(mode: str, item: Item, files: _Files, infos: dict,
+                  allow_commands: bool) -> tuple[int, int | None]:
+    """The length and rate of one item (see :func:`_measure_chunk`); an audio file that
+    soundfile opens is checked against what decoding it found, if it was decoded."""
+    where = dict(source=item.source, line=item.line, key=item.key)
+    if mode == FEATS:
+        rows = None
+        ref = parse_ark_ref(item.value)
+        if ref is not None and ref.range is None and not item.value.endswith("|"):
+            rows = _binary_rows(files, ref.path, ref.offset or 0)
+        if rows is None:
+            rows = read_matrix(item.value, **where).shape[0]
+        return rows, None
+    if mode == WAV:
+        info = None if item.value.endswith("|") else _audio_info(item.value, infos)
+        if info is not None:
+            _verified(item.value, infos, item)
+        if info is None:
+            audio, rate = read_wav_value(item.value, allow_commands=allow_commands, **where)
+            info = (audio.shape[0], rate, 1)
+        return info[:2]
+    if mode == SEGMENT:
+        reco = item.recording
+        if not reco.value.endswith("|") and _audio_info(reco.value, infos) is not None:
+            _verified(reco.value, infos, item)
+        return _segment_length(item, infos, allow_commands)
+    if _audio_info(item.value, infos) is not None:
+        _verified(item.value, infos, item)
+    return _manifest_length(item, infos)
 
 
 def _segment_length(item: Item, infos: dict, allow_commands: bool = False) -> tuple[int, int]:
@@ -269,6 +320,6 @@ def _manifest_length(item: Item, infos: dict) -> tuple[int, int]:
 
 
 
-def measure_chunk_args(args: tuple[str, Sequence[Item], bool]
-                        ) -> list[tuple[int, int | None]]:
+def measure_chunk_args(args: tuple[str, Sequence[Item], bool, str]
+                       ) -> list[tuple[int, int | None] | str]:
     return _measure_chunk(*args)

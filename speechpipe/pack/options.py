@@ -7,6 +7,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from ..diagnostics import check_on_error
 from ..index import COMPRESSIONS, shard_compression
 from ..recipes import EMPTY_TEXT
 from .inputs import KINDS
@@ -59,6 +60,7 @@ class PackOptions:
     allow_commands: bool = False
     empty_text: str = "error"
     compress: str | None = None
+    on_error: str = "raise"
 
     def __post_init__(self) -> None:
         _check_fmt(self.fmt)
@@ -84,6 +86,7 @@ class PackOptions:
                 raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
         if self.empty_text not in EMPTY_TEXT:
             raise ValueError(f"empty_text must be one of {EMPTY_TEXT}, got {self.empty_text!r}")
+        check_on_error(self.on_error)
 
     @property
     def groups(self) -> list[LengthGroup]:

@@ -146,7 +146,8 @@ def _full(store: Storage, folder: str) -> str:
 _REPORT_FIELDS = ("kind", "length_unit", "groups", "out_of_range", "out_of_range_examples",
                   "keys_without_label", "keys_without_label_examples", "labels_without_data",
                   "labels_without_data_examples", "sample_rates", "empty_text",
-                  "empty_text_examples", "empty_text_policy")
+                  "empty_text_examples", "empty_text_policy", "unreadable",
+                  "unreadable_examples")
 
 
 def _report_fields(report: PackReport) -> dict[str, Any]:

@@ -35,6 +35,9 @@ class PackReport:
         clipped: utterances (of the shards written by this run) with samples beyond
             ``[-1, 1)`` that ``audio_format="flac16"`` clipped to the 16-bit range.
         sample_rates: ``{Hz: utterances}`` of the audio (empty for features).
+        unreadable: utterances left out by ``on_error="skip"`` because their data is missing,
+            unreadable, truncated or corrupt (each counted once);
+            ``unreadable_examples``: a few of them, each naming its file, line and key.
         empty_text: utterances whose label is empty; ``empty_text_examples``: a few keys;
             ``empty_text_policy``: whether they were packed (``"keep"``) or not (``"skip"``).
         seconds: wall-clock time.
@@ -62,6 +65,8 @@ class PackReport:
     empty_text: int = 0
     empty_text_examples: list[str] = field(default_factory=list)
     empty_text_policy: str = "error"
+    unreadable: int = 0
+    unreadable_examples: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
     @property
@@ -94,6 +99,10 @@ class PackReport:
             done = "packed" if self.empty_text_policy == "keep" else "not packed"
             lines.append(f"  empty labels ({done}): {self.empty_text} (e.g. "
                          f"{', '.join(repr(k) for k in self.empty_text_examples)})")
+        if self.unreadable:
+            lines.append(f"  unreadable data (not packed, --on-error skip): "
+                         f"{self.unreadable} utterance(s), e.g.:")
+            lines.extend(f"    {example}" for example in self.unreadable_examples)
         for what, count, examples in (
             ("keys without a label", self.keys_without_label, self.keys_without_label_examples),
             ("labels without data", self.labels_without_data,

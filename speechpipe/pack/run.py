@@ -68,6 +68,7 @@ def pack_data(
     allow_commands: bool = _Default("allow_commands"),
     empty_text: str = _Default("empty_text"),
     compress: str | None = _Default("compress"),
+    on_error: str = _Default("on_error"),
     executor: Any = None,
     remote: RemoteOptions | None = None,
 ) -> PackReport:
@@ -121,7 +122,7 @@ def pack_data(
     Everything else is rewritten. Content is not compared: after changing the data of
     existing keys, pack into a fresh folder.
 
-    The settings (``fmt`` to ``compress``) are keyword arguments, checked together as a
+    The settings (``fmt`` to ``on_error``) are keyword arguments, checked together as a
     :class:`~speechpipe.pack.PackOptions` (what a job array's plan records).
 
     Args:
@@ -154,8 +155,11 @@ def pack_data(
             ``if __name__ == "__main__":`` guard.
         progress: show progress (measuring, then one step per shard): tqdm bars on a
             terminal, else a line every 30 s (:func:`~speechpipe.progress.progress_bar`).
-        length_unit: ``"frames"`` (features), ``"samples"`` (audio, the default) or
-            ``"seconds"`` (audio).
+        length_unit: ``"frames"`` (features), ``"samples"`` or ``"seconds"`` (audio). By
+            default frames for features, and for audio samples when it has one sample rate,
+            seconds when it has several (8 kHz telephone speech beside 16 kHz and 48 kHz
+            recordings: samples would mean different durations) and no ``filter_group`` is
+            given (groups are in the unit: name it); the report and the index say which.
         audio_format: ``"lossless"`` (16-bit sources as FLAC, finer ones as float WAV) or
             ``"flac16"``: every utterance as 16-bit FLAC, rounding finer samples (decoded
             Opus or MP3 as in WenetSpeech, GigaSpeech, Common Voice) to 16 bits as Kaldi and
@@ -174,6 +178,14 @@ def pack_data(
         compress: ``None`` (plain tar), ``"gz"`` or ``"zst"``: shards compressed as they are
             written, named ``*.tar.gz``/``*.tar.zst``; read sequentially, never mapped
             (smaller to store and send, slower to read: benchmarks/README.md).
+        on_error: an utterance whose data is missing, unreadable, truncated or corrupt (a file
+            a ``wav.scp``, ``feats.scp``, ``segments`` recording or manifest line names):
+            ``"raise"`` (default) a :class:`~speechpipe.errors.MissingDataError` or
+            :class:`~speechpipe.errors.DataError` naming the file, line and key, or
+            ``"skip"``: left out before planning, counted once per utterance and reported
+            with a few examples (:attr:`PackReport.unreadable`). Under ``"skip"`` every audio
+            file is decoded through while measuring (a truncated file has a good header), so
+            the audio is read twice. A table command that is not allowed still raises.
         remote: how ``d_out`` is written when it is a URL (``s3://bucket/corpus``, any fsspec
             URL; :class:`~speechpipe.remote.RemoteOptions`, e.g. its ``storage_options``):
             each shard is written locally, then uploaded under its final name (an object
@@ -221,7 +233,8 @@ def pack_data(
                                          progress=progress, length_unit=length_unit,
                                          audio_format=audio_format, force=force,
                                          allow_commands=allow_commands,
-                                         empty_text=empty_text, compress=compress)
+                                         empty_text=empty_text, compress=compress,
+                                         on_error=on_error)
     pool, owned = _executor(options.num_workers, executor)
     try:
         # 1. Tables, keys and lengths (read only); 2. groups and shards (under the lock);
@@ -406,7 +419,7 @@ def _measure_inputs(files, store: Storage, options: PackOptions,
     if not options.force:
         refuse_or_clean(others, store, options)  # refuses, before anything is read
     inputs = read_inputs(files.scps, files.labels, files.segments, files.manifests,
-                          options.kind, options.allow_commands)
+                         options.kind, options.allow_commands, options.on_error)
     unit = _length_unit(options.length_unit, inputs.kind)
     items, no_label, no_data = match_keys(inputs, options.on_mismatch)
     items, empty = _empty_labels(items, options.empty_text, inputs)
@@ -417,7 +430,11 @@ def _measure_inputs(files, store: Storage, options: PackOptions,
         empty_text=len(empty), empty_text_examples=empty[:EXAMPLES],
         empty_text_policy=options.empty_text,
     )
-    measured = _measure(pool, inputs, items, unit, options)
+    measured = _measure(pool, inputs, items, unit, options, report)
+    if options.length_unit is None and unit == "samples" and not options.groups and len(
+            {rate for _, rate in measured.native if rate is not None}) > 1:
+        unit = report.length_unit = "seconds"  # audio at several rates: durations
+        measured = measured._replace(lengths=[n / rate for n, rate in measured.native])
     sample_rate = _sample_rates(measured, unit, report, inputs.data_files)
     return _MeasuredInputs(inputs, unit, measured, report, sample_rate)
 
@@ -490,19 +507,46 @@ def _length_unit(length_unit: str | None, kind: str) -> str:
 
 
 def _measure(executor: concurrent.futures.Executor | None, inputs: Inputs,
-             items: list[Item], unit: str, options: PackOptions) -> Measured:
-    """Measure every item, ``utts_per_shard`` per task (in the workers, if any)."""
+             items: list[Item], unit: str, options: PackOptions, report: PackReport
+             ) -> Measured:
+    """Measure every item, ``utts_per_shard`` per task (in the workers, if any); those that
+    cannot be read (``on_error="skip"``) are left out and counted in ``report``."""
     per_task = options.utts_per_shard
     chunks = [items[i:i + per_task] for i in range(0, len(items), per_task)]
-    measured: list[list[tuple[int, int | None]]] = [[] for _ in chunks]
+    measured: list[list[tuple[int, int | None] | str]] = [[] for _ in chunks]
     with progress_bar(total=len(chunks), desc="pack: measure", unit="chunk",
                       disable=not options.progress) as bar:
         for i, result in run_tasks(executor, measure_chunk_args, [
-                (inputs.mode, chunk, options.allow_commands) for chunk in chunks], bar):
+                (inputs.mode, chunk, options.allow_commands, options.on_error)
+                for chunk in chunks], bar):
             measured[i] = result
-    native = [n for chunk in measured for n in chunk]
+    results = [n for chunk in measured for n in chunk]
+    faults = [(item, n) for item, n in zip(items, results) if isinstance(n, str)]
+    if faults:
+        report.unreadable = len(faults)
+        report.unreadable_examples = _distinct_examples([fault for _, fault in faults])
+        if len(faults) == len(items):
+            raise DataError(f"nothing to pack: none of the {len(items)} utterance(s) can be "
+                            f"read (e.g. {faults[0][1]})",
+                            source=", ".join(inputs.data_files))
+        items = [item for item, n in zip(items, results) if not isinstance(n, str)]
+    native = [n for n in results if not isinstance(n, str)]
     lengths = [n / rate if unit == "seconds" else n for n, rate in native]
     return Measured(items, native, lengths)
+
+
+def _distinct_examples(faults: list[str]) -> list[str]:
+    """Up to :data:`EXAMPLES` faults, one per distinct fault first (every segment of a broken
+    recording says the same after its place), then the others in order."""
+    seen: set[str] = set()
+    first = []
+    for fault in faults:
+        what = fault.split("): ", 1)[-1]
+        if what not in seen:
+            seen.add(what)
+            first.append(fault)
+    rest = [fault for fault in faults if fault not in first]
+    return sorted((first + rest)[:EXAMPLES], key=faults.index)
 
 
 def _sample_rates(measured: Measured, unit: str, report: PackReport,

@@ -538,12 +538,23 @@ def _faults_message(faults: list, summary: PartReport) -> str:
     total = sum(count for _, count, _, _ in faults)
     lines = [f"verification found {total} fault(s) of {len(faults)} kind(s):"]
     for what, count, examples, flag in faults:
-        lines.append(f"  {what}: {count} (e.g. {'; '.join(examples)}) -- to leave them out, "
-                     f"counted: {flag}")
-    flags = list(dict.fromkeys(flag.split(" (")[0] for _, _, _, flag in faults))
-    lines.append(f"Fix the corpus, or rerun with {' '.join(flags)}. Without them:")
+        lines.append(f"  {what}: {count} (e.g. {'; '.join(examples)}) -- "
+                     + (f"to leave them out, counted: {flag}" if flag else
+                        "no option leaves them out: fix them"))
+    flags = list(dict.fromkeys(flag.split(" (")[0] for _, _, _, flag in faults if flag))
+    fixed = sum(count for _, count, _, flag in faults if not flag)
+    lines.append(f"Fix the corpus{', or rerun with ' + ' '.join(flags) if flags else ''}"
+                 + (f" (the {fixed} fault(s) no option leaves out must be fixed)"
+                    if fixed and flags else "") + ". Without them:")
     lines.extend("  " + line for line in summary.report().splitlines())
     return "\n".join(lines)
+
+
+def collected_faults() -> list | None:
+    """The list :func:`prepare_parts` collects the faults of a verified part in (``None``
+    when not verifying): a recipe adds ``(what, count, examples, flag or None)`` to it
+    instead of raising at the first one."""
+    return _FAULTS.get()
 
 
 #: Whether :func:`prepare_parts` verifies the part being built (then :func:`measure_audio`

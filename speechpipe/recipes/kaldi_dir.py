@@ -44,6 +44,7 @@ from ._prepare import (
     OFFSET,
     VERIFYING,
     as_names,
+    collected_faults,
     check_prepare_args,
     files_under,
     check_pairs,
@@ -326,6 +327,7 @@ def _audio_samples(data_dir: Path, wav: dict[str, ScpEntry],
                           "sample_rate": rate}
             origin[r] = _where(wav[r])
         return samples, origin
+    misfits: list[str] = []  # prepare --verify: segments outside their recording, all at once
     for utt, entry in segments.items():
         seg = parse_segment(entry)
         if seg.recording not in wav:
@@ -339,11 +341,21 @@ def _audio_samples(data_dir: Path, wav: dict[str, ScpEntry],
         if (frames, rate) == (0, 1) and VERIFYING.get():  # unreadable: verify reports it
             end = seg.start if seg.end == -1 else max(seg.end, seg.start)
         else:
-            end = _segment_end(seg, frames / rate, entry, utt)
+            try:
+                end = _segment_end(seg, frames / rate, entry, utt)
+            except DataError as exc:
+                if collected_faults() is None:
+                    raise
+                misfits.append(str(exc))
+                origin[utt] = _where(entry)  # in origin, not in samples: reported already
+                continue
         samples[utt] = {KEY: utt, AUDIO_PATH: paths[seg.recording], OFFSET: seg.start,
                         DURATION: round(end - seg.start, 6), "sample_rate": rate,
                         "recording": seg.recording}
         origin[utt] = _where(entry)
+    if misfits:
+        collected_faults().append(("segment outside its recording (or a truncated recording)",
+                                   len(misfits), misfits[:3], None))
     return samples, origin
 
 
@@ -368,8 +380,9 @@ def _add_feats_samples(samples: dict[str, dict], origin: dict[str, str], data_di
     """Add ``feats_path`` and ``num_frames`` to the utterances of ``feats.scp`` (the same keys
     as the audio's, if any); without audio, they are the utterances (durations from
     ``utt2dur``, or frames × the frame shift)."""
-    if samples and set(feats) != set(samples):
-        extra = sorted(set(feats) - set(samples))
+    faulted = set(origin) - set(samples)  # audio faults prepare --verify reports already
+    if (samples or faulted) and set(feats) - faulted != set(samples):
+        extra = sorted(set(feats) - faulted - set(samples))
         lacking = sorted(set(samples) - set(feats))
         raise DataError(
             f"feats.scp keys differ from the utterances: {len(extra)} not an utterance "
@@ -377,6 +390,8 @@ def _add_feats_samples(samples: dict[str, dict], origin: dict[str, str], data_di
             f"(e.g. {lacking[:3]})", source=str(data_dir / "feats.scp"))
     utt2dur = _table(data_dir / "utt2dur")
     for utt, entry in feats.items():
+        if utt in faulted:
+            continue
         value = _feats_value(entry, root)
         frames = int(read_matrix(value, source=entry.source, line=entry.line,
                                  key=utt).shape[0])
@@ -400,7 +415,8 @@ def _labelled(samples: dict[str, dict], origin: dict[str, str], data_dir: Path, 
     keep = set(samples)
     if text is not None:
         without_text = [origin[u] for u in sorted(samples) if u not in text]
-        without_audio = [_where(text[u]) for u in sorted(text) if u not in samples]
+        without_audio = [_where(text[u]) for u in sorted(text)
+                         if u not in samples and u not in origin]  # origin only: a fault
         check_pairs(without_text, without_audio, on_mismatch=on_mismatch,
                     stage=f"prepare_kaldi_dir {data_dir.name}", source=data_dir)
         keep = {u for u in samples if u in text}

@@ -113,7 +113,7 @@ def test_pack_refuses_lengths_in_samples_of_mixed_rates_and_packs_them_in_second
     write_manifest(manifest, mixed_rates)
     with pytest.raises(sp.DataError, match=r"8000 Hz: 1, 16000 Hz: 2.*'b08'.*--length-unit"):
         pack_data(None, None, manifests=[str(manifest)], d_out=tmp_path / "out",
-                  progress=False)
+                  progress=False, length_unit="samples")  # issue 32: seconds by default
     report = pack_data(None, None, manifests=[str(manifest)], d_out=tmp_path / "out",
                        progress=False, length_unit="seconds")
     assert report.sample_rates == {8000: 1, 16000: 2}
@@ -154,3 +154,29 @@ def test_shards_of_folders_at_different_rates_are_refused_together(tmp_path):
     with pytest.raises(sp.DataError, match=r"different sample rates: \[8000, 16000\]"):
         sp.ShardIndex.for_shards([str(tmp_path / "a" / "data-00000.tar"),
                                   str(tmp_path / "b" / "data-00000.tar")])
+
+
+# Issue 32, the new-user trial on real recorded speech (8, 16 and 48 kHz): pack stopped on a
+# mixed corpus until told --length-unit seconds, the only unit that means one thing there.
+def test_pack_counts_seconds_by_default_when_the_audio_has_several_rates(mixed_rates, tmp_path):
+    manifest = tmp_path / "m.jsonl"
+    write_manifest(manifest, mixed_rates)
+    report = sp.pack_data(None, None, tmp_path / "shards", manifests=[str(manifest)],
+                          progress=False)
+    assert report.length_unit == "seconds" and "lengths in seconds" in report.report()
+    index = sp.ShardIndex.read(str(tmp_path / "shards"))
+    assert index.length_unit == "seconds" and index.lengths() == [1.5, 1.5, 1.5]
+    write_manifest(manifest, [row for row in mixed_rates if row["sample_rate"] == 16000])
+    report = sp.pack_data(None, None, tmp_path / "one", manifests=[str(manifest)],
+                          progress=False)
+    assert report.length_unit == "samples"  # one rate: samples, as before
+
+
+def test_pack_at_several_rates_still_refuses_samples_named_or_groups_without_a_unit(
+        mixed_rates, tmp_path):
+    manifest = tmp_path / "m.jsonl"
+    write_manifest(manifest, mixed_rates)
+    for kwargs in ({"length_unit": "samples"}, {"filter_group": ["0:30000"]}):
+        with pytest.raises(sp.DataError, match=r"the audio has 2 sample rates"):
+            sp.pack_data(None, None, tmp_path / "out", manifests=[str(manifest)],
+                         progress=False, **kwargs)

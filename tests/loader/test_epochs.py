@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 import speechpipe
@@ -108,3 +110,47 @@ def test_a_plain_torch_dataloader_with_fresh_workers_moves_to_the_next_epoch(rec
     again = [s["key"] for s in loader]
     sp.set_epoch(pipe, 7)
     assert [s["key"] for s in loader] == again
+
+
+def _loader_orders(pipe, epochs, **loader_kwargs):
+    import torch
+
+    loader = torch.utils.data.DataLoader(pipe, batch_size=None, **loader_kwargs)
+    return [[s["key"] for s in loader] for _ in range(epochs)]
+
+
+@pytest.mark.parametrize("loader_kwargs", [
+    {"num_workers": 0}, {"num_workers": 2}, {"num_workers": 2, "persistent_workers": True}])
+def test_a_plain_dataloader_gives_exactly_the_orders_of_epochs_0_1_2(loader_kwargs, recwarn):
+    # Issue 32.12, second round: the epoch is told from torch's calls of set_seed (two per
+    # iterator with workers, one in each worker's process), without reading call frames
+    import speechpipe as sp
+
+    rows = [{"key": f"u{i:02d}"} for i in range(16)]
+    pipe = sp.IterableWrapper(rows).shuffle_samples(seed=5)
+    orders = _loader_orders(pipe, 3, **loader_kwargs)
+    expected = [_loader_orders(sp.set_epoch(sp.IterableWrapper(rows).shuffle_samples(seed=5),
+                                            e), 1, **loader_kwargs)[0] for e in range(3)]
+    assert orders == expected and expected[0] != expected[1] != expected[2]
+    assert not [w for w in recwarn if w.category.__name__ == "EpochWarning"]
+
+
+def test_a_worker_copied_after_a_set_seed_that_did_not_count_says_so(capfd):
+    # a set_seed call by hand shifts the pairs torch's calls come in: the worker cannot
+    # trust its epoch, and says what it does (keeps it) instead of repeating silently
+    import torch
+
+    import speechpipe as sp
+
+    rows = [{"key": f"u{i:02d}"} for i in range(8)]
+    pipe = sp.IterableWrapper(rows).shuffle_samples(seed=5)
+    pipe.set_seed(1)
+    loader = torch.utils.data.DataLoader(pipe, batch_size=None, num_workers=1,
+                                         multiprocessing_context="spawn")
+    keys = [s["key"] for s in loader]  # the worker warns in its process: on stderr
+    assert sorted(keys) == [r["key"] for r in rows]
+    err = capfd.readouterr().err
+    assert re.search(r"EpochWarning: SampleShufflerIterDataPipe was copied into a DataLoader "
+                     r"worker after a set_seed call that did not count as a new epoch "
+                     r"\(torch [^ ]+ seeds pipes in an order speechpipe does not know, or "
+                     r"set_seed was called by hand\): this worker keeps epoch 0", err), err

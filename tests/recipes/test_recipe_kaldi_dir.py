@@ -9,6 +9,7 @@ spk2utt, feats.scp) and data/dev (feats.scp only, utt2dur); paths relative to it
 from __future__ import annotations
 
 import argparse
+import re
 import shutil
 from pathlib import Path
 
@@ -253,3 +254,46 @@ def test_a_data_dir_given_as_dot_is_named_after_its_folder(recipe, tmp_path, mon
     out = prepare_kaldi_dir(".", tmp_path / "m", root=recipe, progress=False)
     assert list(out) == ["dev"]
     assert out["dev"] == manifest_path(tmp_path / "m", "kaldi_dir", "dev")
+
+
+def test_a_failed_first_prepare_command_leaves_no_empty_output_folder(recipe, tmp_path,
+                                                                       capsys):
+    # the new-user trial (issue 32): `prepare kaldi_dir` without --allow-commands on a
+    # wav.scp with a `sox ... |` line failed, and left the empty output folder behind
+    data = recipe / "data" / "train"
+    (data / "wav.scp").write_text("rec1 sox wav/rec1.wav -t wav - |\nrec2 wav/rec2.wav\n")
+    parser = argparse.ArgumentParser(prog="speechpipe")
+    add_prepare_command(parser.add_subparsers(dest="command"))
+    out = tmp_path / "out" / "m"
+    for folder in (out, tmp_path / "kept"):
+        if folder.name == "kept":
+            folder.mkdir()  # a folder that was there before is left as it was
+        args = parser.parse_args(["prepare", "kaldi_dir", str(data), str(folder), "--root",
+                                  str(recipe), "--no-progress"])
+        assert args.func(args) == 2
+        assert "this wav.scp value is a command" in capsys.readouterr().err
+    assert not out.exists() and (tmp_path / "kept").is_dir()
+
+
+def test_verify_reports_segments_outside_a_truncated_recording_with_every_other_fault(
+        recipe, tmp_path):
+    # the new-user trial (issue 32): a truncated recording (its WAV data cut short) and a
+    # missing one; --verify stopped at the first segment past the end of the truncated one
+    (recipe / "wav" / "rec1.wav").unlink()
+    rec2 = recipe / "wav" / "rec2.wav"
+    rec2.write_bytes(rec2.read_bytes()[:44 + 2 * 27200])  # 1.7 s of the 2.92 s promised
+    data = recipe / "data" / "train"
+    with pytest.raises(DataError) as info:
+        prepare_kaldi_dir(data, tmp_path / "m", root=recipe, progress=False, verify=True)
+    message = str(info.value)
+    assert "verification found 4 fault(s) of 3 kind(s)" in message
+    assert re.search(r"segment outside its recording \(or a truncated recording\): 1 \(e\.g\. "
+                     r".*segments:4 \(key 'spkB-rec2-001'\): segment ends at 2\.92 s, past the "
+                     r"end of recording 'rec2'.*\) -- no option leaves them out: fix them",
+                     message)
+    assert "missing audio: 2" in message and "truncated audio: 1" in message
+    assert "transcript without audio" not in message
+    assert ("Fix the corpus, or rerun with --on-error skip (the 1 fault(s) no option leaves "
+            "out must be fixed)") in message
+    with pytest.raises(MissingDataError, match=r"wav.scp:1 \(key 'rec1'\)"):
+        prepare_kaldi_dir(data, tmp_path / "m", root=recipe, progress=False)  # the first

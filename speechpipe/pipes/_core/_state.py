@@ -69,21 +69,38 @@ class Seeded(CarriesRank):
 
     def set_seed(self, seed: int) -> "Seeded":
         """What torch's DataLoader calls on the main process's pipe at every ``iter()``,
-        before the workers start from a copy of it: each call after the first is the next
-        epoch (unless :meth:`set_epoch` gave one since), so that workers that are not
+        before the workers start from a copy of it: each such call after the first is the
+        next epoch (unless :meth:`set_epoch` gave one since), so that workers that are not
         persistent -- fresh copies each epoch -- start from the epoch's order instead of
         repeating the first. torch's ``seed`` is not used: the order comes from ``(seed,
-        epoch)``, the same on every rank."""
-        if not _the_loaders_first_call():
-            # torch calls it in the iterator's __init__, before the workers copy the pipe;
-            # again in its _reset, after (and once per epoch with persistent workers, which
-            # count their epochs themselves); and in each worker on its copy: only the first
-            # counts
+        epoch)``, the same on every rank.
+
+        Which calls count is told from the calls themselves, without looking at torch's
+        code: an iterator with workers (torch 2.14's dataloader.py) seeds the pipe in its
+        ``__init__`` before starting them (that call counts), in its ``_reset`` right after
+        (the second of the pair: it does not), and each worker seeds its own copy, in
+        another process (not counted either: the copy keeps the epoch it was given). A pass
+        of the pipe in this process (no workers) starts the count of pairs again. A worker
+        whose copy was not taken right after a counted call -- another torch seeding in
+        another order, or a ``set_seed`` of the user's -- warns (:class:`EpochWarning`) that
+        its epoch may repeat one."""
+        import os
+
+        pid = os.getpid()
+        if self.__dict__.get("_seed_pid", pid) != pid:  # a copy in a DataLoader worker
+            if not self.__dict__.get("_seed_counted", True) and not _warned_in_worker:
+                _warn_copied_after_an_uncounted_call(type(self).__name__, self.epoch)
+            self._seed_pid, self._seed_calls = pid, 1  # its next call is the second of a pair
             return self
-        calls = self.__dict__.get("_loader_epochs", 0)
-        if calls and not self.__dict__.get("_epoch_given", False):
+        calls = self.__dict__.get("_seed_calls", 0)  # since this object's last pass here
+        self._seed_pid, self._seed_calls = pid, calls + 1
+        self._seed_counted = calls % 2 == 0
+        if not self._seed_counted:  # the iterator's _reset, after the workers copied it
+            return self
+        epochs = self.__dict__.get("_loader_epochs", 0)
+        if epochs and not self.__dict__.get("_epoch_given", False):
             self.epoch += 1
-        self._loader_epochs = calls + 1
+        self._loader_epochs = epochs + 1
         self._epoch_given = False
         self._epoch_from_loader = True  # the workers' copies: this pass's epoch is given
         return self
@@ -102,25 +119,12 @@ class Seeded(CarriesRank):
             _warn_if_worker_without_epoch(type(self).__name__)
         self._passes = passes + 1
         self._epoch_given = False
+        self._seed_calls = 0  # the next set_seed (a DataLoader's iter()) is a new epoch's
 
     def _rng(self, salt: str):
         """A ``random.Random`` from ``(seed, epoch, rank, worker, salt)`` of this process."""
         where = process_position()
         return derive_rng(self.seed, self.epoch, where.rank, where.worker, salt)
-
-
-def _the_loaders_first_call() -> bool:
-    """Whether ``set_seed`` was called by a DataLoader iterator's ``__init__`` (through
-    ``graph_settings.apply_random_seed``), before the workers copy the pipe -- not by its
-    ``_reset``, nor in a worker's ``_worker_loop`` on its copy, nor by anyone else."""
-    import sys
-
-    try:
-        caller = sys._getframe(3)  # set_seed <- apply_random_seed <- __init__ / _reset / ...
-    except ValueError:  # a shallower stack: not torch's call
-        return False
-    return (caller.f_code.co_name == "__init__"
-            and "torch/utils/data" in caller.f_code.co_filename.replace("\\", "/"))
 
 
 class EpochWarning(UserWarning):
@@ -141,6 +145,20 @@ def _warn_if_worker_without_epoch(stage: str) -> None:
         f"{stage} runs in a DataLoader worker but no epoch was set on it: a worker that is not "
         "persistent starts from a fresh copy every epoch, so every epoch repeats this order. "
         "Build the loader with speechpipe.build_loader (epochs reach its workers), or call "
+        "speechpipe.set_epoch(pipe, epoch) before each epoch", EpochWarning, stacklevel=4)
+
+
+def _warn_copied_after_an_uncounted_call(stage: str, epoch: int) -> None:
+    global _warned_in_worker
+    import torch
+
+    _warned_in_worker = True
+    warnings.warn(
+        f"{stage} was copied into a DataLoader worker after a set_seed call that did not "
+        f"count as a new epoch (torch {torch.__version__} seeds pipes in an order speechpipe "
+        "does not know, or set_seed was called by hand): this worker keeps epoch "
+        f"{epoch}, which may repeat an earlier epoch's order. Build the loader with "
+        "speechpipe.build_loader (epochs reach its workers), or call "
         "speechpipe.set_epoch(pipe, epoch) before each epoch", EpochWarning, stacklevel=4)
 
 
