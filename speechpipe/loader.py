@@ -472,8 +472,9 @@ class Loader:
         clock = time.perf_counter
         handed = None  # when the last batch was handed to the loop
         while True:
-            asked = clock()
+            stepped = clock()  # the step ends; counting the ready batches is no wait
             ready = _ready_batches(getattr(self.dataloader, "_iterator", None))
+            asked = clock()
             try:
                 batch = next(iterator)
             except StopIteration:
@@ -484,7 +485,7 @@ class Loader:
             if handed is None:
                 telemetry.record_first_batch(now - started)
             else:
-                telemetry.record_step(now - asked, asked - handed, ready)
+                telemetry.record_step(now - asked, stepped - handed, ready)
             handed = clock()
             yield batch
 

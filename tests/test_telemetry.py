@@ -140,3 +140,34 @@ def test_bad_telemetry_arguments_are_named():
         sp.Telemetry(every=5)
     with pytest.raises(ValueError, match=r"data_bound_share must be in \(0, 1\), got 2"):
         sp.Telemetry(data_bound_share=2)
+
+
+def test_the_waits_split_into_waiting_on_data_and_receiving_ready_batches():
+    telemetry = sp.Telemetry()
+    telemetry.record_first_batch(2.0)
+    for wait, step, ready in [(0.002, 0.098, 3), (0.003, 0.097, 1), (0.05, 0.05, 0),
+                              (0.003, 0.097, 2)]:
+        telemetry.record_step(wait, step, ready)
+    telemetry.record_first_batch(1.0)  # the next pass's first batch: not a step
+    snap = telemetry.snapshot()
+    assert snap["wait_share"] == pytest.approx(0.058 / 0.4)
+    assert snap["starved_share"] == pytest.approx(0.05 / 0.4)  # no batch was ready
+    assert snap["receive_share"] == pytest.approx(0.008 / 0.4)  # a ready batch taken
+    assert snap["first_batch_seconds"] == 2.0
+    assert snap["passes"] == 2 and snap["pass_start_seconds"] == pytest.approx(3.0)
+    report = telemetry.report().splitlines()
+    assert report[2] == ("  of which 12.5 % with no batch ready (waiting on data) and 2.0 % "
+                         "receiving ready batches")
+    assert report[3] == ("first batch after 2.00 s; 2 passes started in 3.00 s in all (not in "
+                         "the waits above)")
+
+
+def test_a_loader_ahead_of_the_loop_only_receives(rows):
+    # Invariant: one worker prepares the demo corpus's batches far faster than a 150 ms step:
+    # after the first of a pass, a batch is always ready, and the loop's waits are receipts.
+    loader = sp.build_loader(demo_pipe(rows), num_workers=1, seed=0, telemetry=True)
+    train(loader, 0.15, passes=2)
+    snap = loader.telemetry.snapshot()
+    assert snap["passes"] == 2 and snap["steps"] > 4
+    assert snap["starved_share"] < 0.5 * snap["wait_share"], loader.telemetry.report()
+    assert snap["receive_share"] + snap["starved_share"] == pytest.approx(snap["wait_share"])
