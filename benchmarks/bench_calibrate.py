@@ -7,7 +7,8 @@ frames a second, lengths drawn from LibriSpeech train-clean-100's range, 1-35 s;
 per second) up to 85 % of the device's memory. It prints each bucket's cap, the fitted
 Quadratic budget, and the padded audio seconds per step it allows at each bucket's longest
 utterance beside the analytic budget (``train_pipeline``'s default, 200 padded seconds),
-then checks the calibrated worst batches once more: peak memory of each against the device.
+then checks the calibrated worst batches once more: peak memory of each against the device,
+and prints the fitted ``Quadratic`` and ``TwoDimensional`` budgets.
 Without CUDA it prints "no CUDA device" and exits 0.
 
     python -m benchmarks bench_calibrate           # d_model 256, 8 layers
@@ -91,6 +92,12 @@ def main(argv: list[str] | None = None) -> None:
         print(f"fitted Quadratic(budget={quadratic.budget:.0f} frames, q={quadratic.q:.0f})")
     except ValueError as exc:
         print(f"no Quadratic fit: {exc}")
+    try:
+        two = cal.two_dimensional()
+        print(f"fitted TwoDimensional(budget_in={two.budget_in:.0f} frames, "
+              f"budget_out={two.budget_out:.0f} tokens)")
+    except ValueError as exc:
+        print(f"no TwoDimensional fit: {exc}")
 
 
 if __name__ == "__main__":
