@@ -154,7 +154,9 @@ class SavedBytes:
 
         def keep(tensor):
             self.bytes += tensor.numel() * tensor.element_size()
-            return tensor
+            # detached: a saved output holding its own grad_fn is a cycle torch never frees
+            # without a backward pass (every step leaked its activations)
+            return tensor.detach()
 
         feats = torch.zeros(n, frames, 80)
         with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
