@@ -354,8 +354,10 @@ class Telemetry:
         path, top = max(stages.items(), key=lambda kv: kv[1]["cpu"])
         name = path.split(":", 1)[1]
         head += f"; {name} takes {100 * top['cpu_share']:.0f} % of the workers' CPU"
+        boundary = self._boundary()
         if share <= self.data_bound_share:
-            return head + "; the loop rarely waits: nothing to do"
+            return head + (f"; {boundary}" if boundary else
+                           "; the loop rarely waits: nothing to do")
         tries = []
         wait, step = self.wait_seconds, self.step_seconds
         workers = max(self.num_workers, 1)
@@ -364,7 +366,20 @@ class Telemetry:
             tries.append(f"{more} {'more ' if self.num_workers else ''}"
                          f"worker{'s' * (more > 1)}")
         tries.extend(_remedies(name))
-        return head + "; try " + ", ".join(tries)
+        return head + "; try " + ", ".join(tries) + (f"; {boundary}" if boundary else "")
+
+    def _boundary(self) -> str | None:
+        """A clause on the passes' starts (the epoch boundaries) when, after the first pass's,
+        they take more than ``data_bound_share`` of the loop's time; else ``None``."""
+        later = sum(self.pass_starts[1:])
+        loop = self.wait_seconds + self.step_seconds + later
+        if not loop or later <= self.data_bound_share * loop:
+            return None
+        each = later / (len(self.pass_starts) - 1)
+        return (f"each pass after the first waited {each:.2f} s for its first batch "
+                f"({100 * later / loop:.0f} % of the loop's time): try "
+                f"{'' if self.num_workers else 'workers with '}persistent_workers=True or a "
+                "smaller bucket buffer (filled before the first batch)")
 
     def report(self) -> str:
         """The verdict, then the figures: steps, waits, first batch, ready batches, stages."""

@@ -171,3 +171,27 @@ def test_a_loader_ahead_of_the_loop_only_receives(rows):
     assert snap["passes"] == 2 and snap["steps"] > 4
     assert snap["starved_share"] < 0.5 * snap["wait_share"], loader.telemetry.report()
     assert snap["receive_share"] + snap["starved_share"] == pytest.approx(snap["wait_share"])
+
+
+def test_the_verdict_names_slow_epoch_boundaries():
+    # Invariant: ten passes of 10 steps of 100 ms, each pass after the first waiting 0.5 s
+    # for its first batch (a fresh set of workers filling a bucket buffer): a third of the
+    # loop's time, which the steps' waits do not show.
+    telemetry = sp.Telemetry()
+    telemetry.num_workers = 2
+    telemetry.workers = {0: {"0:load_audio": {"items": 10, "cpu": 1.0, "wall": 1.0}}}
+    for _ in range(10):
+        telemetry.record_first_batch(0.5)
+        for _ in range(10):
+            telemetry.record_step(0.001, 0.1, 2)
+    verdict = telemetry.verdict()
+    assert verdict.startswith("data-bound in 0 % of steps; load_audio takes 100 % of the "), \
+        verdict
+    assert verdict.endswith("; each pass after the first waited 0.50 s for its first batch (31 % "
+                            "of the loop's time): try persistent_workers=True or a smaller "
+                            "bucket buffer (filled before the first batch)"), verdict
+    one_pass = sp.Telemetry()  # the first pass's start alone is no boundary
+    one_pass.workers = telemetry.workers
+    one_pass.record_first_batch(5.0)
+    one_pass.record_step(0.001, 0.1, 2)
+    assert one_pass.verdict().endswith("the loop rarely waits: nothing to do")
