@@ -231,3 +231,14 @@ def test_two_dimensional_needs_output_lengths_and_a_positive_ratio(proportional)
     given = cal.two_dimensional(ratio=0.125, output="text_len")
     assert given.budget_out == pytest.approx(0.125 * given.budget_in)
     assert given.output == "text_len"
+
+
+def test_the_half_transcript_steps_stay_out_of_the_quadratic_fit(lengths):
+    model = Model()
+    cal = sp.calibrate_budget(model.step, lengths, num_buckets=4, memory=model.memory,
+                              limit=LIMIT)
+    worst = [m for m in cal.measurements if (m[1], m[2]) in set(cal.buckets)]
+    assert len(worst) == len(cal.measurements) - len(cal.buckets)  # one half step a bucket
+    alone = sp.Calibration(limit=cal.limit, buckets=cal.buckets, caps=cal.caps,
+                           measurements=worst)
+    assert cal.fit() == alone.fit()

@@ -57,11 +57,14 @@ class Calibration:
 
     def fit(self) -> tuple[float, float, float]:
         """``(base, a, b)`` of ``memory = base + a·n·L + b·n·L²``, least squares over the
-        steps that ran."""
+        steps that ran on a bucket's worst batch (the steps with half a transcript, for
+        :meth:`two_dimensional`, are left out: this fit has no term for the outputs)."""
         import numpy as np
 
+        worst = set(self.buckets)
         rows = [(1.0, n * length, n * length * length, memory)
-                for n, length, _, memory in self.measurements if math.isfinite(memory)]
+                for n, length, out, memory in self.measurements
+                if math.isfinite(memory) and (length, out) in worst]
         if len(rows) < 3:
             raise ValueError(f"need at least 3 measured steps to fit, got {len(rows)}")
         data = np.array(rows, dtype=np.float64)
