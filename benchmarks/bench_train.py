@@ -28,11 +28,12 @@ default, one of the example's 4 layers, as every layer saves the same tensors) a
 peak: the limit is the memory of the analytic budget's largest batch in its pass (measured).
 On the CPU the memory measured is the bytes of the tensors the model's forward and CTC loss
 save for the backward pass (``saved_tensors_hooks``: the activations, attention's ``n·T²``
-weights included; weights and optimiser state are the same for every batch). Over ``--budget-utterances`` utterances with LibriSpeech
-train-clean-100's durations (100 frames a second, 4 tokens a second ± 20 %), each budget
-plans one pass with ``bucket_by_length`` + ``block_batch``; printed per budget: batches,
-utterances and audio seconds per step (means), padding efficiency (audio / padded), and the
-largest batch's memory over the limit (every batch is measured).
+weights included; weights and optimiser state are the same for every batch). Over
+``--budget-utterances`` utterances with LibriSpeech train-clean-100's durations (100 frames a
+second, 4 tokens a second ± 20 %), each budget plans one pass with ``bucket_by_length`` +
+``block_batch``; printed per budget: batches, utterances and audio seconds per step (means),
+padding efficiency (audio / padded), and the largest batch's memory over the limit (every
+batch is measured).
 
     python -m benchmarks bench_train            # 3 rounds, 4 passes, step 100 ms, 400 utts
     python -m benchmarks bench_train --tiny     # 1 round, 1 pass, workers 0 and 1; 40 utts
@@ -198,9 +199,10 @@ def budgets(utterances: int, analytic_seconds: float, d_model: int, layers: int,
                               memory=measure.memory, limit=limit)
     took = time.perf_counter() - start
     contenders = [(f"analytic PaddedArea({analytic_seconds:g} s)", analytic)]
-    for name, make in (("calibrated Quadratic", lambda: cal.quadratic(length=frames_of)),
-                       ("calibrated TwoDimensional", cal.two_dimensional),
-                       ("calibrated PaddedArea (caps)", lambda: cal.padded_area(length=frames_of))):
+    fits = (("calibrated Quadratic", lambda: cal.quadratic(length=frames_of)),
+            ("calibrated TwoDimensional", cal.two_dimensional),
+            ("calibrated PaddedArea (caps)", lambda: cal.padded_area(length=frames_of)))
+    for name, make in fits:
         try:
             contenders.append((name, make()))
         except ValueError as exc:  # a fit the measurements do not allow, said as such

@@ -4,9 +4,9 @@
 caller's training step on the worst batch of that bucket -- ``n`` utterances of the bucket's
 longest length, with its longest transcript -- searching the largest ``n`` whose peak memory
 stays within a limit (doubling, then bisecting; an out-of-memory error counts as over the
-limit). When the corpus has transcripts, one more step at each bucket's cap with half its longest
-transcript tells the memory per frame from the memory per token (the worst batches alone
-cannot when transcripts grow with the audio). The measurements then give:
+limit). When the corpus has transcripts, one more step at each bucket's cap with half its
+longest transcript tells the memory per frame from the memory per token (the worst batches
+alone cannot when transcripts grow with the audio). The measurements then give:
 
 * :attr:`Calibration.caps`: the largest batch of each bucket (``n`` at the bucket's longest);
 * :meth:`Calibration.quadratic`: a :class:`~speechpipe.pipes.batching._constraints.Quadratic` budget
