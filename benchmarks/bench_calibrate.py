@@ -82,9 +82,14 @@ def main(argv: list[str] | None = None) -> None:
     for (top, out), cap in zip(cal.buckets, cal.caps):
         top_s = top / FRAMES_PER_SECOND
         analytic = int(ANALYTIC_SECONDS // top_s) * top_s
+        torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
-        step(max(cap, 1), top, out)
-        peak = torch.cuda.max_memory_allocated() / 2**30
+        try:
+            step(max(cap, 1), top, out)
+            peak = torch.cuda.max_memory_allocated() / 2**30
+        except torch.cuda.OutOfMemoryError:  # a cap of 0 (not even one fits) tried with 1
+            peak = float("inf")
+            torch.cuda.empty_cache()
         print(f"{top_s:>16.1f} {cap:>6} {cap * top_s:>14.0f} {analytic:>9.0f} "
               f"{cap * top_s / analytic if analytic else float('nan'):>6.2f} {peak:>9.2f}")
     try:
