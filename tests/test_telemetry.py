@@ -195,3 +195,23 @@ def test_the_verdict_names_slow_epoch_boundaries():
     one_pass.record_first_batch(5.0)
     one_pass.record_step(0.001, 0.1, 2)
     assert one_pass.verdict().endswith("the loop rarely waits: nothing to do")
+
+
+def test_counting_the_ready_batches_is_not_timed_as_a_wait(monkeypatch):
+    # Invariant: the loop's wait is the time inside next() only; the probe that counts the
+    # ready batches before it (here made to take 30 ms) is neither a wait nor a step.
+    import speechpipe.loader as loader_module
+
+    def slow_count(iterator):
+        time.sleep(0.03)
+        return 1
+
+    monkeypatch.setattr(loader_module, "_ready_batches", slow_count)
+    rows = [{"key": f"u{i}", "x": i} for i in range(12)]
+    loader = sp.build_loader(sp.IterableWrapper(rows).shuffle_samples(seed=0), seed=0,
+                             telemetry=True)
+    assert len(list(loader)) == 12
+    telemetry = loader.telemetry
+    assert telemetry.steps == 11
+    assert sorted(telemetry.waits)[5] < 0.015, telemetry.waits  # the median; each was >= 30 ms
+    assert telemetry.step_seconds < 0.3, telemetry.step_seconds  # nor in the steps (11 x 30 ms)
