@@ -386,6 +386,7 @@ class Loader:
         self.telemetry = telemetry
         if telemetry is not None:
             telemetry.num_workers = dataloader.num_workers
+            telemetry.persistent_workers = bool(dataloader.persistent_workers)
             telemetry._refresh = weakref.WeakMethod(self._read_stage_figures)  # not a cycle
         self._epoch_given = True  # the first pass uses the epoch the loader starts at
         self._between_epochs = False  # the last pass ran to its end; none has started since

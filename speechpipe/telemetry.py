@@ -225,6 +225,7 @@ class Telemetry:
         self.callback = callback
         self.data_bound_share = float(data_bound_share)
         self.num_workers = 0
+        self.persistent_workers = False  # set by the loader, for the verdict's advice
         self.reset()
 
     def reset(self) -> None:
@@ -376,10 +377,11 @@ class Telemetry:
         if not loop or later <= self.data_bound_share * loop:
             return None
         each = later / (len(self.pass_starts) - 1)
+        tries = "" if self.persistent_workers else (
+            f"{'' if self.num_workers else 'workers with '}persistent_workers=True or ")
         return (f"each pass after the first waited {each:.2f} s for its first batch "
-                f"({100 * later / loop:.0f} % of the loop's time): try "
-                f"{'' if self.num_workers else 'workers with '}persistent_workers=True or a "
-                "smaller bucket buffer (filled before the first batch)")
+                f"({100 * later / loop:.0f} % of the loop's time): try {tries}a smaller "
+                "bucket buffer (filled before the first batch)")
 
     def report(self) -> str:
         """The verdict, then the figures: steps, waits, first batch, ready batches, stages."""

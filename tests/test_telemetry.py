@@ -165,7 +165,9 @@ def test_the_waits_split_into_waiting_on_data_and_receiving_ready_batches():
 def test_a_loader_ahead_of_the_loop_only_receives(rows):
     # Invariant: one worker prepares the demo corpus's batches far faster than a 150 ms step:
     # after the first of a pass, a batch is always ready, and the loop's waits are receipts.
-    loader = sp.build_loader(demo_pipe(rows), num_workers=1, seed=0, telemetry=True)
+    loader = sp.build_loader(demo_pipe(rows), num_workers=1, seed=0, telemetry=True,
+                             persistent_workers=True)
+    assert loader.telemetry.persistent_workers
     train(loader, 0.15, passes=2)
     snap = loader.telemetry.snapshot()
     assert snap["passes"] == 2 and snap["steps"] > 4
@@ -190,6 +192,9 @@ def test_the_verdict_names_slow_epoch_boundaries():
     assert verdict.endswith("; each pass after the first waited 0.50 s for its first batch (31 % "
                             "of the loop's time): try persistent_workers=True or a smaller "
                             "bucket buffer (filled before the first batch)"), verdict
+    telemetry.persistent_workers = True  # then only the buffer is left to try
+    assert telemetry.verdict().endswith("(31 % of the loop's time): try a smaller bucket buffer "
+                                        "(filled before the first batch)")
     one_pass = sp.Telemetry()  # the first pass's start alone is no boundary
     one_pass.workers = telemetry.workers
     one_pass.record_first_batch(5.0)
