@@ -7,7 +7,8 @@ frames a second, lengths drawn from LibriSpeech train-clean-100's range, 1-35 s;
 per second) up to 85 % of the device's memory. It prints each bucket's cap, the fitted
 Quadratic budget, and the padded audio seconds per step it allows at each bucket's longest
 utterance beside the analytic budget (``train_pipeline``'s default, 200 padded seconds),
-then checks the calibrated worst batches once more: peak memory of each against the device.
+then checks the calibrated worst batches once more: peak memory of each against the device,
+and prints the fitted ``Quadratic`` and ``TwoDimensional`` budgets.
 Without CUDA it prints "no CUDA device" and exits 0.
 
     python -m benchmarks bench_calibrate           # d_model 256, 8 layers
@@ -81,9 +82,14 @@ def main(argv: list[str] | None = None) -> None:
     for (top, out), cap in zip(cal.buckets, cal.caps):
         top_s = top / FRAMES_PER_SECOND
         analytic = int(ANALYTIC_SECONDS // top_s) * top_s
+        torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
-        step(max(cap, 1), top, out)
-        peak = torch.cuda.max_memory_allocated() / 2**30
+        try:
+            step(max(cap, 1), top, out)
+            peak = torch.cuda.max_memory_allocated() / 2**30
+        except torch.cuda.OutOfMemoryError:  # a cap of 0 (not even one fits) tried with 1
+            peak = float("inf")
+            torch.cuda.empty_cache()
         print(f"{top_s:>16.1f} {cap:>6} {cap * top_s:>14.0f} {analytic:>9.0f} "
               f"{cap * top_s / analytic if analytic else float('nan'):>6.2f} {peak:>9.2f}")
     try:
@@ -91,6 +97,12 @@ def main(argv: list[str] | None = None) -> None:
         print(f"fitted Quadratic(budget={quadratic.budget:.0f} frames, q={quadratic.q:.0f})")
     except ValueError as exc:
         print(f"no Quadratic fit: {exc}")
+    try:
+        two = cal.two_dimensional()
+        print(f"fitted TwoDimensional(budget_in={two.budget_in:.0f} frames, "
+              f"budget_out={two.budget_out:.0f} tokens)")
+    except ValueError as exc:
+        print(f"no TwoDimensional fit: {exc}")
 
 
 if __name__ == "__main__":

@@ -389,6 +389,7 @@ class Loader:
         self.telemetry = telemetry
         if telemetry is not None:
             telemetry.num_workers = dataloader.num_workers
+            telemetry.persistent_workers = bool(dataloader.persistent_workers)
             telemetry._refresh = weakref.WeakMethod(self._read_stage_figures)  # not a cycle
         self._epoch_given = True  # the first pass uses the epoch the loader starts at
         self._between_epochs = False  # the last pass ran to its end; none has started since
@@ -480,8 +481,9 @@ class Loader:
         clock = time.perf_counter
         handed = None  # when the last batch was handed to the loop
         while True:
-            asked = clock()
+            stepped = clock()  # the step ends; counting the ready batches is no wait
             ready = _ready_batches(getattr(self.dataloader, "_iterator", None))
+            asked = clock()
             try:
                 batch = next(iterator)
             except StopIteration:
@@ -492,7 +494,7 @@ class Loader:
             if handed is None:
                 telemetry.record_first_batch(now - started)
             else:
-                telemetry.record_step(now - asked, asked - handed, ready)
+                telemetry.record_step(now - asked, stepped - handed, ready)
             handed = clock()
             yield batch
 

@@ -6,8 +6,9 @@ the loader a ``loader.telemetry`` that records:
 * **in the main process**, per step: the time the training loop waited inside ``next()``
   (and the time it spent between two ``next()`` calls: the step itself), the batches ready in
   the DataLoader's queue when it asked (``StatefulDataLoader``'s received batches not yet
-  handed out plus its result queue's ``qsize``; ``None`` without workers), and the time from
-  ``iter(loader)`` to the first batch;
+  handed out plus its result queue's ``qsize``; ``None`` without workers), so that the waits
+  split into waiting on data (no batch ready) and receiving a ready batch; and, per pass, the
+  time from ``iter(loader)`` to its first batch (the epoch boundary, apart from the steps);
 * **in each worker** (or the main process without workers), per stage of the pipeline: items,
   the wall time around each ``next()`` of the stage and the CPU time of the thread that ran it
   (``time.thread_time`` is read around one call in :data:`SAMPLE_EVERY`, as that clock costs a
@@ -224,6 +225,7 @@ class Telemetry:
         self.callback = callback
         self.data_bound_share = float(data_bound_share)
         self.num_workers = 0
+        self.persistent_workers = False  # set by the loader, for the verdict's advice
         self.reset()
 
     def reset(self) -> None:
@@ -231,23 +233,30 @@ class Telemetry:
         self.steps = 0
         self.data_bound = 0
         self.wait_seconds = 0.0
+        self.starved_seconds = 0.0  # waits with no batch ready (all of them without workers)
         self.step_seconds = 0.0
         self.waits: list[float] = []
         self.ready: list[int] = []
         self.first_batch_seconds: float | None = None
+        self.pass_starts: list[float] = []  # every pass's time to its first batch
         self.workers: dict[int, dict] = {}  # the running pass's figures, per worker
         self._earlier: dict[int, dict] = {}  # the passes before, summed
 
     # -- recording (the loader calls these)
 
     def record_first_batch(self, seconds: float) -> None:
+        """A pass's time from ``iter(loader)`` to its first batch (not a step's wait)."""
+        self.pass_starts.append(seconds)
         if self.first_batch_seconds is None:
             self.first_batch_seconds = seconds
 
     def record_step(self, wait: float, step: float, ready: int | None) -> None:
-        """One step: ``wait`` seconds in ``next()``, ``step`` seconds in the loop before it."""
+        """One step: ``wait`` seconds in ``next()``, ``step`` seconds in the loop before it,
+        ``ready`` batches received or queued when it asked (``None``: no workers)."""
         self.steps += 1
         self.wait_seconds += wait
+        if not ready:
+            self.starved_seconds += wait
         self.step_seconds += step
         self.waits.append(wait)
         if ready is not None:
@@ -306,18 +315,26 @@ class Telemetry:
 
     def snapshot(self) -> dict[str, float]:
         """A flat dict for a logger: steps, data-bound share, waits, ready batches, first
-        batch, and per stage its share of the workers' CPU (``stage/<path>/cpu_share``)."""
+        batch, and per stage its share of the workers' CPU (``stage/<path>/cpu_share``).
+
+        ``wait_share`` (the waits over the loop's time) is ``starved_share`` (waits with no
+        batch ready: the loop waited on data) plus ``receive_share`` (waits for a batch that
+        was ready: the cost of taking it from the workers' queue)."""
         steps = self.steps
+        loop = self.wait_seconds + self.step_seconds
         out: dict[str, float] = {
             "steps": steps,
             "data_bound_steps": self.data_bound / steps if steps else 0.0,
-            "wait_share": (self.wait_seconds / (self.wait_seconds + self.step_seconds)
-                           if self.wait_seconds + self.step_seconds else 0.0),
+            "wait_share": self.wait_seconds / loop if loop else 0.0,
+            "starved_share": self.starved_seconds / loop if loop else 0.0,
+            "receive_share": (self.wait_seconds - self.starved_seconds) / loop if loop else 0.0,
             "wait_seconds": self.wait_seconds,
             "wait_p50_ms": 1e3 * _quantile(self.waits, 0.5),
             "wait_p99_ms": 1e3 * _quantile(self.waits, 0.99),
             "first_batch_seconds": (math.nan if self.first_batch_seconds is None
                                     else self.first_batch_seconds),
+            "passes": len(self.pass_starts),
+            "pass_start_seconds": sum(self.pass_starts),
         }
         if self.ready:
             out["ready_batches_mean"] = sum(self.ready) / len(self.ready)
@@ -338,8 +355,10 @@ class Telemetry:
         path, top = max(stages.items(), key=lambda kv: kv[1]["cpu"])
         name = path.split(":", 1)[1]
         head += f"; {name} takes {100 * top['cpu_share']:.0f} % of the workers' CPU"
+        boundary = self._boundary()
         if share <= self.data_bound_share:
-            return head + "; the loop rarely waits: nothing to do"
+            return head + (f"; {boundary}" if boundary else
+                           "; the loop rarely waits: nothing to do")
         tries = []
         wait, step = self.wait_seconds, self.step_seconds
         workers = max(self.num_workers, 1)
@@ -348,7 +367,21 @@ class Telemetry:
             tries.append(f"{more} {'more ' if self.num_workers else ''}"
                          f"worker{'s' * (more > 1)}")
         tries.extend(_remedies(name))
-        return head + "; try " + ", ".join(tries)
+        return head + "; try " + ", ".join(tries) + (f"; {boundary}" if boundary else "")
+
+    def _boundary(self) -> str | None:
+        """A clause on the passes' starts (the epoch boundaries) when, after the first pass's,
+        they take more than ``data_bound_share`` of the loop's time; else ``None``."""
+        later = sum(self.pass_starts[1:])
+        loop = self.wait_seconds + self.step_seconds + later
+        if not loop or later <= self.data_bound_share * loop:
+            return None
+        each = later / (len(self.pass_starts) - 1)
+        tries = "" if self.persistent_workers else (
+            f"{'' if self.num_workers else 'workers with '}persistent_workers=True or ")
+        return (f"each pass after the first waited {each:.2f} s for its first batch "
+                f"({100 * later / loop:.0f} % of the loop's time): try {tries}a smaller "
+                "bucket buffer (filled before the first batch)")
 
     def report(self) -> str:
         """The verdict, then the figures: steps, waits, first batch, ready batches, stages."""
@@ -357,7 +390,13 @@ class Telemetry:
                  f"steps {self.steps}: waited {self.wait_seconds:.2f} s in next() "
                  f"({100 * snap['wait_share']:.1f} % of the loop's time; per step p50 "
                  f"{snap['wait_p50_ms']:.1f} ms, p99 {snap['wait_p99_ms']:.1f} ms)",
-                 f"first batch after {snap['first_batch_seconds']:.2f} s"]
+                 *([f"  of which {100 * snap['starved_share']:.1f} % with no batch ready "
+                    f"(waiting on data) and {100 * snap['receive_share']:.1f} % receiving "
+                    "ready batches"] if self.ready else []),
+                 f"first batch after {snap['first_batch_seconds']:.2f} s" + (
+                     f"; {len(self.pass_starts)} passes started in "
+                     f"{snap['pass_start_seconds']:.2f} s in all (not in the waits above)"
+                     if len(self.pass_starts) > 1 else "")]
         if self.ready:
             lines.append(f"batches ready when asked: {snap['ready_batches_mean']:.1f} on average")
         else:

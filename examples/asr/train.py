@@ -155,6 +155,8 @@ def train_loader(args: argparse.Namespace, manifests: Any, tokenizer: Any,
     options: dict[str, Any] = {}
     if telemetry:
         options["telemetry"] = True
+    if args.persistent_workers and args.workers:
+        options["persistent_workers"] = True  # no fresh workers at each epoch's start
     return sp.build_loader(pipe, num_workers=args.workers, device=device,
                            pin_memory=device.type == "cuda", seed=args.seed, uneven="stop",
                            snapshot_every=args.checkpoint_every or 100, **options)
@@ -246,6 +248,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-duration", type=float, default=20.0)
     p.add_argument("--bucket-buffer", type=int, default=2000)
     p.add_argument("--workers", type=int, default=0, help="DataLoader workers per rank")
+    p.add_argument("--persistent-workers", action="store_true",
+                   help="keep the workers across epochs (with --workers)")
     p.add_argument("--vocab-size", type=int, default=64)
     p.add_argument("--d-model", type=int, default=144)
     p.add_argument("--layers", type=int, default=4)

@@ -130,3 +130,115 @@ def test_without_cuda_memory_and_limit_are_required(monkeypatch):
         sp.calibrate_budget(lambda n, length, out: None, [10], limit=100)
     with pytest.raises(ValueError, match="limit is required without a CUDA device"):
         sp.calibrate_budget(lambda n, length, out: None, [10], memory=lambda: 1)
+
+
+PER_FRAME, PER_TOKEN_2D = 4000.0, 40000.0  # tokens as dear as frames: the split matters
+
+
+class LinearModel:
+    """Peak bytes of a step: base + n (a L + c U): what TwoDimensional describes."""
+
+    def __init__(self) -> None:
+        self.peak = 0.0
+        self.steps = []
+
+    def step(self, n, length, out):
+        self.steps.append((n, length, out))
+        self.peak = BASE + n * (PER_FRAME * length + PER_TOKEN_2D * out)
+
+    def memory(self):
+        return self.peak
+
+    @staticmethod
+    def largest(length, out):
+        return math.floor((LIMIT - BASE) / (PER_FRAME * length + PER_TOKEN_2D * out))
+
+
+@pytest.fixture(scope="module")
+def proportional():
+    """(frames, tokens) with transcripts growing with the audio, as in speech corpora."""
+    rng = random.Random(1)
+    frames = [rng.randint(100, 2000) for _ in range(1000)]
+    return [(f, max(1, round(f / 8 * rng.uniform(0.9, 1.1)))) for f in frames]
+
+
+def test_the_fitted_two_dimensional_recovers_the_model_and_the_largest_batches(proportional):
+    model = LinearModel()
+    cal = sp.calibrate_budget(model.step, proportional, num_buckets=6, memory=model.memory,
+                              limit=LIMIT)
+    # each bucket's worst batch, then one step at its cap with half its longest transcript
+    for (top, out), cap in zip(cal.buckets, cal.caps):
+        assert cap == model.largest(top, out)
+        assert (cap, top, out / 2) in model.steps
+    base, a, c = cal.fit_two_dimensional()
+    assert a == pytest.approx(PER_FRAME, rel=0.05) and c == pytest.approx(PER_TOKEN_2D, rel=0.05)
+    assert base == pytest.approx(BASE, rel=0.05)
+    budget = cal.two_dimensional()
+    assert isinstance(budget, sp.TwoDimensional)
+    # a batch within both budgets needs at most the limit
+    assert BASE + PER_FRAME * budget.budget_in + PER_TOKEN_2D * budget.budget_out \
+        == pytest.approx(LIMIT, rel=1e-6)
+    for (top, out), cap in zip(cal.buckets, cal.caps):  # the largest batch, within 5 %
+        allowed = max(n for n in range(1, 2 * cap) if budget.fits([(top, out)] * n))
+        assert cap * 0.95 <= allowed <= cap, (top, out, allowed, cap)
+    pipe = sp.IterableWrapper(proportional).bucket_by_length(1000, budget=budget, seed=0)
+    batches = list(pipe.block_batch(budget=budget, seed=0))
+    assert sorted(p for b in batches for p in b) == sorted(proportional)
+    for batch in batches:  # every batch within the limit, by the model's own measure
+        model.step(len(batch), max(f for f, _ in batch), max(t for _, t in batch))
+        assert model.peak <= LIMIT, batch
+
+
+def test_without_the_half_transcript_steps_the_two_costs_could_not_be_told_apart(proportional):
+    """The worst batches alone have transcripts in one proportion to the audio: frames and
+    tokens are collinear there and the least squares cannot split them."""
+    model = LinearModel()
+    exact = [(8 * (f // 8), f // 8) for f, _ in proportional]  # tokens exactly proportional
+    cal = sp.calibrate_budget(model.step, exact, num_buckets=4, memory=model.memory,
+                              limit=LIMIT)
+    base, a, c = cal.fit_two_dimensional()
+    assert a == pytest.approx(PER_FRAME, rel=0.05) and c == pytest.approx(PER_TOKEN_2D, rel=0.05)
+    worst_only = sp.Calibration(limit=cal.limit, buckets=cal.buckets, caps=cal.caps,
+                                measurements=[m for m in cal.measurements
+                                              if m[2] in {out for _, out in cal.buckets}])
+    _, a2, c2 = worst_only.fit_two_dimensional()
+    assert a2 != pytest.approx(PER_FRAME, rel=0.05) or c2 != pytest.approx(PER_TOKEN_2D, rel=0.05)
+
+
+def test_the_two_dimensional_budget_keeps_to_the_caps_when_the_model_is_quadratic(lengths):
+    """Attention's n L² is no term of the fit: the budgets are scaled to the measured caps."""
+    model = Model()
+    cal = sp.calibrate_budget(model.step, lengths, num_buckets=4, memory=model.memory,
+                              limit=LIMIT)
+    budget = cal.two_dimensional()
+    for (top, out), cap in zip(cal.buckets, cal.caps):
+        allowed = max(n for n in range(1, 2 * cap) if budget.fits([(top, out)] * n))
+        assert allowed <= cap
+        model.step(allowed, top, out)
+        assert model.peak <= LIMIT
+
+
+def test_two_dimensional_needs_output_lengths_and_a_positive_ratio(proportional):
+    model = Model(per_token=0.0)
+    cal = sp.calibrate_budget(model.step, [f for f, _ in proportional], memory=model.memory,
+                              limit=LIMIT)
+    with pytest.raises(ValueError, match="no measured step has an output length"):
+        cal.two_dimensional()
+    model = LinearModel()
+    cal = sp.calibrate_budget(model.step, proportional, memory=model.memory, limit=LIMIT)
+    with pytest.raises(ValueError, match="ratio must be a number > 0, got 0"):
+        cal.two_dimensional(ratio=0)
+    given = cal.two_dimensional(ratio=0.125, output="text_len")
+    assert given.budget_out == pytest.approx(0.125 * given.budget_in)
+    assert given.output == "text_len"
+
+
+def test_the_half_transcript_steps_stay_out_of_the_quadratic_fit(lengths):
+    model = Model()
+    cal = sp.calibrate_budget(model.step, lengths, num_buckets=4, memory=model.memory,
+                              limit=LIMIT)
+    worst = [m for m in cal.measurements if (m[1], m[2]) in set(cal.buckets)]
+    assert len(worst) == len(cal.measurements) - len(cal.buckets)  # one half step a bucket
+    alone = sp.Calibration(limit=cal.limit, buckets=cal.buckets, caps=cal.caps,
+                           measurements=worst)
+    assert cal.fit() == alone.fit()

@@ -140,3 +140,83 @@ def test_bad_telemetry_arguments_are_named():
         sp.Telemetry(every=5)
     with pytest.raises(ValueError, match=r"data_bound_share must be in \(0, 1\), got 2"):
         sp.Telemetry(data_bound_share=2)
+
+
+def test_the_waits_split_into_waiting_on_data_and_receiving_ready_batches():
+    telemetry = sp.Telemetry()
+    telemetry.record_first_batch(2.0)
+    for wait, step, ready in [(0.002, 0.098, 3), (0.003, 0.097, 1), (0.05, 0.05, 0),
+                              (0.003, 0.097, 2)]:
+        telemetry.record_step(wait, step, ready)
+    telemetry.record_first_batch(1.0)  # the next pass's first batch: not a step
+    snap = telemetry.snapshot()
+    assert snap["wait_share"] == pytest.approx(0.058 / 0.4)
+    assert snap["starved_share"] == pytest.approx(0.05 / 0.4)  # no batch was ready
+    assert snap["receive_share"] == pytest.approx(0.008 / 0.4)  # a ready batch taken
+    assert snap["first_batch_seconds"] == 2.0
+    assert snap["passes"] == 2 and snap["pass_start_seconds"] == pytest.approx(3.0)
+    report = telemetry.report().splitlines()
+    assert report[2] == ("  of which 12.5 % with no batch ready (waiting on data) and 2.0 % "
+                         "receiving ready batches")
+    assert report[3] == ("first batch after 2.00 s; 2 passes started in 3.00 s in all (not in "
+                         "the waits above)")
+
+
+def test_a_loader_ahead_of_the_loop_only_receives(rows):
+    # Invariant: one worker prepares the demo corpus's batches far faster than a 150 ms step:
+    # after the first of a pass, a batch is always ready, and the loop's waits are receipts.
+    loader = sp.build_loader(demo_pipe(rows), num_workers=1, seed=0, telemetry=True,
+                             persistent_workers=True)
+    assert loader.telemetry.persistent_workers
+    train(loader, 0.15, passes=2)
+    snap = loader.telemetry.snapshot()
+    assert snap["passes"] == 2 and snap["steps"] > 4
+    assert snap["starved_share"] < 0.5 * snap["wait_share"], loader.telemetry.report()
+    assert snap["receive_share"] + snap["starved_share"] == pytest.approx(snap["wait_share"])
+
+
+def test_the_verdict_names_slow_epoch_boundaries():
+    # Invariant: ten passes of 10 steps of 100 ms, each pass after the first waiting 0.5 s
+    # for its first batch (a fresh set of workers filling a bucket buffer): a third of the
+    # loop's time, which the steps' waits do not show.
+    telemetry = sp.Telemetry()
+    telemetry.num_workers = 2
+    telemetry.workers = {0: {"0:load_audio": {"items": 10, "cpu": 1.0, "wall": 1.0}}}
+    for _ in range(10):
+        telemetry.record_first_batch(0.5)
+        for _ in range(10):
+            telemetry.record_step(0.001, 0.1, 2)
+    verdict = telemetry.verdict()
+    assert verdict.startswith("data-bound in 0 % of steps; load_audio takes 100 % of the "), \
+        verdict
+    assert verdict.endswith("; each pass after the first waited 0.50 s for its first batch (31 % "
+                            "of the loop's time): try persistent_workers=True or a smaller "
+                            "bucket buffer (filled before the first batch)"), verdict
+    telemetry.persistent_workers = True  # then only the buffer is left to try
+    assert telemetry.verdict().endswith("(31 % of the loop's time): try a smaller bucket buffer "
+                                        "(filled before the first batch)")
+    one_pass = sp.Telemetry()  # the first pass's start alone is no boundary
+    one_pass.workers = telemetry.workers
+    one_pass.record_first_batch(5.0)
+    one_pass.record_step(0.001, 0.1, 2)
+    assert one_pass.verdict().endswith("the loop rarely waits: nothing to do")
+
+
+def test_counting_the_ready_batches_is_not_timed_as_a_wait(monkeypatch):
+    # Invariant: the loop's wait is the time inside next() only; the probe that counts the
+    # ready batches before it (here made to take 30 ms) is neither a wait nor a step.
+    import speechpipe.loader as loader_module
+
+    def slow_count(iterator):
+        time.sleep(0.03)
+        return 1
+
+    monkeypatch.setattr(loader_module, "_ready_batches", slow_count)
+    rows = [{"key": f"u{i}", "x": i} for i in range(12)]
+    loader = sp.build_loader(sp.IterableWrapper(rows).shuffle_samples(seed=0), seed=0,
+                             telemetry=True)
+    assert len(list(loader)) == 12
+    telemetry = loader.telemetry
+    assert telemetry.steps == 11
+    assert sorted(telemetry.waits)[5] < 0.015, telemetry.waits  # the median; each was >= 30 ms
+    assert telemetry.step_seconds < 0.3, telemetry.step_seconds  # nor in the steps (11 x 30 ms)

@@ -65,13 +65,16 @@ def test_loss_falls_on_a_fixed_set_of_batches(train, tmp_path):
     assert 0.0 <= summary["wer"] and summary["utterances"] == 36  # validated: every utterance
 
 
-def test_stopped_and_resumed_run_equals_the_unbroken_one(train, tmp_path):
+@pytest.mark.parametrize("persistent", [[], ["--persistent-workers"]],
+                         ids=["fresh-workers", "persistent-workers"])
+def test_stopped_and_resumed_run_equals_the_unbroken_one(train, tmp_path, persistent):
     # Invariant: stop at step 5 (a checkpoint of model, optimiser, loader and generator), a
     # fresh loop resumes: its batches, losses and final weights are the unbroken run's. With
-    # 2 DataLoader workers, gradient accumulation over 2 batches, dropout on, and the 14 steps
-    # crossing epochs (the demo corpus gives 6 batches an epoch at this budget).
+    # 2 DataLoader workers (fresh at each epoch, or persistent), gradient accumulation over 2
+    # batches, dropout on, and the 14 steps crossing epochs (the demo corpus gives 6 batches
+    # an epoch at this budget).
     common = TINY + ["--steps", "14", "--accum", "2", "--workers", "2", "--warmup", "4",
-                     "--dropout", "0.1"]
+                     "--dropout", "0.1"] + persistent
     whole, broken = str(tmp_path / "whole"), str(tmp_path / "broken")
     train.main(common + ["--out", whole])
     first = train.main(common + ["--out", broken, "--stop-after", "5"])

@@ -4,13 +4,22 @@
 caller's training step on the worst batch of that bucket -- ``n`` utterances of the bucket's
 longest length, with its longest transcript -- searching the largest ``n`` whose peak memory
 stays within a limit (doubling, then bisecting; an out-of-memory error counts as over the
-limit). The measurements then give:
+limit). When the corpus has transcripts, one more step at each bucket's cap with half its
+longest transcript tells the memory per frame from the memory per token (the worst batches
+alone cannot when transcripts grow with the audio). The measurements then give:
 
 * :attr:`Calibration.caps`: the largest batch of each bucket (``n`` at the bucket's longest);
 * :meth:`Calibration.quadratic`: a :class:`~speechpipe.pipes.batching._constraints.Quadratic` budget
   fitted to them (least squares of ``memory = base + a·n·L + b·n·L²``, so ``q = a / b`` and
   ``budget = (limit - base) / a``), for ``bucket_by_length`` + ``block_batch``:
-  ``constraint=calibration.quadratic(length=...)``;
+  ``budget=calibration.quadratic(length=...)``;
+* :meth:`Calibration.two_dimensional`: a
+  :class:`~speechpipe.pipes.batching._constraints.TwoDimensional` budget over inputs and
+  outputs fitted to them (least squares of ``memory = base + a·n·L + c·n·U``, ``U`` the
+  transcript's length): any batch within ``n·L <= budget_in`` and ``n·U <= budget_out`` needs
+  at most ``base + a·budget_in + c·budget_out = limit``; the headroom is split between the two
+  at the ratio of outputs to inputs that admits the most audio in the buckets' worst batches,
+  then both budgets are scaled down where a bucket's measured cap is below what they allow;
 * :meth:`Calibration.padded_area`: the linear budget (``n·L``) the caps allow in every bucket.
 
 On CUDA the peak memory is ``torch.cuda.max_memory_allocated`` (reset before each step) and
@@ -24,7 +33,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from ._constraints import PaddedArea, Quadratic
+from ._constraints import PaddedArea, Quadratic, TwoDimensional
 
 __all__ = ["Calibration", "calibrate_budget"]
 
@@ -48,11 +57,14 @@ class Calibration:
 
     def fit(self) -> tuple[float, float, float]:
         """``(base, a, b)`` of ``memory = base + a·n·L + b·n·L²``, least squares over the
-        steps that ran."""
+        steps that ran on a bucket's worst batch (the steps with half a transcript, for
+        :meth:`two_dimensional`, are left out: this fit has no term for the outputs)."""
         import numpy as np
 
+        worst = set(self.buckets)
         rows = [(1.0, n * length, n * length * length, memory)
-                for n, length, _, memory in self.measurements if math.isfinite(memory)]
+                for n, length, out, memory in self.measurements
+                if math.isfinite(memory) and (length, out) in worst]
         if len(rows) < 3:
             raise ValueError(f"need at least 3 measured steps to fit, got {len(rows)}")
         data = np.array(rows, dtype=np.float64)
@@ -71,6 +83,78 @@ class Calibration:
         q = a / b if b > 0 else 1e30  # no quadratic term: a padded area
         return Quadratic(budget=(self.limit - base) / a, q=q, max_samples=max_samples,
                          length=length)
+
+    def fit_two_dimensional(self) -> tuple[float, float, float]:
+        """``(base, a, c)`` of ``memory = base + a·n·L + c·n·U`` (``U``: the output length),
+        least squares over the steps that ran."""
+        import numpy as np
+
+        rows = [(1.0, n * length, n * out, memory)
+                for n, length, out, memory in self.measurements if math.isfinite(memory)]
+        if not any(row[2] for row in rows):
+            raise ValueError("no measured step has an output length: calibrate with "
+                             "(length, output_length) pairs for a TwoDimensional budget")
+        if len(rows) < 3:
+            raise ValueError(f"need at least 3 measured steps to fit, got {len(rows)}")
+        data = np.array(rows, dtype=np.float64)
+        scale = np.abs(data[:, :3]).max(axis=0)
+        solution, *_ = np.linalg.lstsq(data[:, :3] / scale, data[:, 3], rcond=None)
+        base, a, c = (solution / scale).tolist()
+        return base, a, c
+
+    # long: the split of the headroom between the two budgets and the check against the caps
+    def two_dimensional(self, *, ratio: float | None = None, length: Any = None,
+                        output: str = "tokens", max_samples: int | None = None
+                        ) -> TwoDimensional:
+        """A :class:`TwoDimensional` budget fitted to the measurements: ``n × longest input
+        <= budget_in`` and ``n × longest output <= budget_out`` (``length`` and ``output``
+        as :class:`TwoDimensional` takes them, in the calibration's units).
+
+        The fit ``memory = base + a·n·L + c·n·U`` bounds a batch within both budgets by
+        ``base + a·budget_in + c·budget_out``, set to the limit; ``ratio`` (outputs per
+        input unit, ``budget_out / budget_in``) splits it, by default the ratio among the
+        buckets' (longest output / longest input) that admits the most audio (``n × L``)
+        summed over their worst batches. Both budgets are then scaled down, if needed, so
+        that no bucket's worst batch is allowed more utterances than its measured cap (a
+        model with terms the fit lacks, such as attention's ``n·L²``, stays within the
+        limit where it was measured).
+        """
+        base, a, c = self.fit_two_dimensional()
+        if a <= 0:
+            raise ValueError(f"the fitted memory per input unit is {a!r}, not > 0: the "
+                             "measurements do not grow with the batch")
+        if ratio is not None and not (isinstance(ratio, (int, float)) and ratio > 0):
+            raise ValueError(f"ratio must be a number > 0, got {ratio!r}")
+        headroom = self.limit - base
+        if not headroom > 0:
+            raise ValueError(f"the fitted memory of an empty batch ({base:.4g}) is not below "
+                             f"the limit ({self.limit:.4g})")
+        c = max(c, 0.0)  # outputs that cost nothing measurable
+        worst = [(top, out, cap) for (top, out), cap in zip(self.buckets, self.caps)
+                 if top > 0 and out > 0]
+
+        def budgets(r: float) -> tuple[float, float]:
+            budget_in = headroom / (a + c * r)
+            return budget_in, (budget_in * r if c > 0 else math.inf)
+
+        def allowed(budget_in: float, budget_out: float, top: float, out: float) -> float:
+            return min(budget_in / top, budget_out / out)
+
+        if ratio is None:
+            ratios = sorted({out / top for top, out, _ in worst})
+            if not ratios:
+                raise ValueError("no bucket has an output length: calibrate with "
+                                 "(length, output_length) pairs for a TwoDimensional budget")
+            ratio = max(ratios, key=lambda r: sum(
+                math.floor(allowed(*budgets(r), top, out)) * top for top, out, _ in worst))
+        budget_in, budget_out = budgets(ratio)
+        scale = 1.0
+        for top, out, cap in worst:  # the measured caps are the truth at the worst batches
+            n = allowed(budget_in, budget_out, top, out)
+            if cap and math.floor(n) > cap:
+                scale = min(scale, cap / n)
+        return TwoDimensional(budget_in=budget_in * scale, budget_out=budget_out * scale,
+                              max_samples=max_samples, length=length, output=output)
 
     def padded_area(self, *, length: Any = None) -> PaddedArea:
         """The largest ``n × L`` budget every bucket's measured cap allows."""
@@ -95,7 +179,29 @@ def _buckets(lengths: Sequence[tuple[float, float]], num_buckets: int,
     return [(max(p[0] for p in g), max(p[1] for p in g)) for g in groups if g]
 
 
-# long: argument checks, the doubling-then-bisection search per bucket and a 24-line docstring
+def _largest(fits: Callable[[int, float, float], bool], top: float, out: float,
+             max_batch: int) -> int:
+    """The largest ``n <= max_batch`` that fits: doubling, then bisecting (0: not even one)."""
+    good, bad = 0, None
+    n = 1
+    while n <= max_batch:  # double until over the limit
+        if fits(n, top, out):
+            good, n = n, n * 2
+        else:
+            bad = n
+            break
+    if bad is None:
+        return good
+    while bad - good > 1:  # bisect between the last fit and the first miss
+        middle = (good + bad) // 2
+        if fits(middle, top, out):
+            good = middle
+        else:
+            bad = middle
+    return good
+
+
+# long: argument checks, the search per bucket and a 26-line docstring
 def calibrate_budget(
     step_fn: Callable[[int, float, float], Any],
     lengths: Sequence[float] | Sequence[tuple[float, float]],
@@ -123,6 +229,9 @@ def calibrate_budget(
         limit: the memory the steps may use; on CUDA by default ``fraction`` of the device's.
         fraction: of the device's memory, when ``limit`` is not given (CUDA).
         max_batch: the largest batch tried.
+
+    With output lengths, one more step per bucket runs at its cap with half the bucket's
+    longest output (for :meth:`Calibration.two_dimensional`'s fit).
 
     >>> def step(n, length, out):  # a model whose step needs 100 + n × length² bytes
     ...     step.peak = 100 + n * length ** 2
@@ -179,24 +288,8 @@ def calibrate_budget(
         return used <= limit
 
     buckets = _buckets(pairs, num_buckets, boundaries)
-    caps = []
-    for top, out in buckets:
-        good, bad = 0, None
-        n = 1
-        while n <= max_batch:  # double until over the limit
-            if fits(n, top, out):
-                good, n = n, n * 2
-            else:
-                bad = n
-                break
-        if bad is None:
-            caps.append(good if good else 0)
-            continue
-        while bad - good > 1:  # bisect between the last fit and the first miss
-            middle = (good + bad) // 2
-            if fits(middle, top, out):
-                good = middle
-            else:
-                bad = middle
-        caps.append(good)
+    caps = [_largest(fits, top, out, max_batch) for top, out in buckets]
+    for (top, out), cap in zip(buckets, caps):
+        if cap and out:  # half the transcript at the cap: memory per token apart from per frame
+            fits(cap, top, out / 2)
     return Calibration(limit=float(limit), buckets=buckets, caps=caps, measurements=measurements)
