@@ -493,7 +493,10 @@ class MappedLengths(Sequence):
     def __repr__(self) -> str:
         return repr(tuple(self))
 
-    def __reduce__(self):  # pickled (sent to a worker that has no map): a tuple
+    def __reduce__(self):  # pickled (sent to a spawned worker): mapped again there
+        if self.span is not None and self.span[0].sidecar is not None:
+            table, start, stop = self.span
+            return _remapped_lengths, (table.sidecar, table.signature(), start, stop)
         return tuple, (tuple(self),)
 
 
@@ -545,6 +548,8 @@ class MappedKeys(Sequence):
         return repr(tuple(self))
 
     def __reduce__(self):
+        if self.table.sidecar is not None:
+            return _remapped_keys, (self.table.sidecar, self.table.signature(), self.shard)
         return tuple, (tuple(self),)
 
 
@@ -615,6 +620,11 @@ class IndexTable:
             at += 1
         return None
 
+    def signature(self) -> tuple:
+        """What identifies this table's content: the size and time of its index."""
+        return (self.header.get("source_size"), self.header.get("source_mtime_ns"),
+                len(self), int(self.starts[-1]))
+
     def is_current(self) -> bool:
         try:
             sig = _signature(self.path)
@@ -679,6 +689,34 @@ class IndexTable:
         finally:
             os.remove(tmp)  # the maps keep the pages
         return cls(source, None, head, arrays)
+
+
+#: Tables mapped again in this process for pickled views, by sidecar path.
+_REMAPPED: dict[str, IndexTable] = {}
+
+
+def _remapped(sidecar: str, signature: tuple) -> IndexTable:
+    table = _REMAPPED.get(sidecar)
+    if table is None or table.signature() != tuple(signature):
+        header, arrays = read_mapped(sidecar)
+        table = IndexTable(sidecar[:-len(MAPPED_SUFFIX)], sidecar, header, arrays)
+        if table.signature() != tuple(signature):
+            raise DataError("the index's table changed since this index was sent here (the "
+                            "index was rewritten): read it again", source=sidecar)
+        _REMAPPED[sidecar] = table
+    return table
+
+
+def _remapped_keys(sidecar: str, signature: tuple, shard: int) -> MappedKeys:
+    return MappedKeys(_remapped(sidecar, signature), shard)
+
+
+def _remapped_lengths(sidecar: str, signature: tuple, start: int, stop: int) -> MappedLengths:
+    table = _remapped(sidecar, signature)
+    shard = int(np.searchsorted(table.starts, start, "right")) - 1
+    total = float(table.totals[shard]) if stop > start else 0.0
+    return MappedLengths(table.lengths[start:stop], total,
+                         (table, start, stop))
 
 
 def build_index_table(out: str, header: dict, entries: Iterable[IndexRow], *, source: str,

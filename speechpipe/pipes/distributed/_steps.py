@@ -253,7 +253,8 @@ def _plan_lengths(plan: EpochPlan) -> np.ndarray:
 
 def _array_lower_bound(lengths: np.ndarray, constraint: Any, oversize: str, unit: str,
                        rate: int | None) -> int:
-    """:func:`_lower_bound` of ``lengths`` without a Python object per utterance: each
+    """The fewest batches any order of ``lengths`` can be packed into under ``constraint``,
+    computed without a Python object per utterance: each
     distinct length is measured once, and the sums are added in order (as ``sum`` adds
     them: the same bound to the last bit)."""
     if lengths.size == 0:
@@ -283,27 +284,6 @@ def _array_lower_bound(lengths: np.ndarray, constraint: Any, oversize: str, unit
         bound = max(bound, 1)
     return bound + (over if oversize == "emit" else 0)
 
-
-def _lower_bound(lengths: Sequence, constraint: Any, oversize: str) -> int:
-    """Fewest batches any order of ``lengths`` can be packed into under ``constraint``."""
-    if not lengths:
-        return 0
-    empty = constraint.empty()
-    normal = [n for n in lengths if constraint.within(constraint.add(empty, n))]
-    over = len(lengths) - len(normal)
-    bound = 0
-    if normal:
-        if isinstance(constraint, TwoDimensional):
-            bound = max(math.ceil(sum(n[0] for n in normal) / constraint.budget_in),
-                        math.ceil(sum(n[1] for n in normal) / constraint.budget_out))
-        else:
-            budget = getattr(constraint, "budget", math.inf)
-            total = sum(n[0] if isinstance(n, tuple) else n for n in normal)
-            bound = math.ceil(total / budget) if math.isfinite(budget) else 1
-        if constraint.max_samples is not None:
-            bound = max(bound, math.ceil(len(normal) / constraint.max_samples))
-        bound = max(bound, 1)
-    return bound + (over if oversize == "emit" else 0)
 
 def batch_samples(batch: Any) -> int:
     """Samples in a batch: ``len`` of a list, of a dict's ``"key"`` list (as ``PadCollate``
