@@ -437,7 +437,7 @@ def _check_unique(table: ManifestTable, parse: Parser) -> None:
 # --------------------------------------------------------------------------- shard indexes
 
 _INDEX_FORMAT = "speechpipe-shard-index-table"
-_INDEX_VERSION = 1
+_INDEX_VERSION = 2
 
 #: What :func:`build_index_table` takes per shard: ``(name, count, bytes, keys, lengths,
 #: line)`` -- an entry of ``index.jsonl``, checked, and its line number there.
@@ -560,7 +560,9 @@ class IndexTable:
     Per shard: ``counts``, ``bytes``, ``totals`` (the sum of its lengths), ``lines`` (its line
     in ``index.jsonl``), ``starts`` (``shards + 1`` offsets of its utterances in the
     per-utterance arrays) and its name (``names`` bytes at ``name_starts``). Per utterance:
-    ``lengths`` (float64, the index's unit), keys (``keys`` bytes at ``key_starts``), and,
+    ``lengths`` (float64, the index's unit), ``codes`` (the place of each length in
+    ``distinct``, the sorted distinct lengths: what is measured once per distinct length),
+    keys (``keys`` bytes at ``key_starts``), and,
     within each shard's range, the :func:`key_hash` of its keys sorted (``hashes``) with the
     position of each in the shard (``hash_pos``). ``header`` holds the index's own header
     (``index_header``: unit, audio format, rates) and the size and modification time of the
@@ -573,7 +575,8 @@ class IndexTable:
         self.sidecar = sidecar
         self.header = header
         for name in ("counts", "bytes", "totals", "lines", "starts", "name_starts", "names",
-                     "lengths", "key_starts", "keys", "hashes", "hash_pos"):
+                     "lengths", "key_starts", "keys", "hashes", "hash_pos", "distinct",
+                     "codes"):
             setattr(self, name, np.asarray(arrays[name]))
 
     def __len__(self) -> int:
@@ -750,6 +753,7 @@ def build_index_table(out: str, header: dict, entries: Iterable[IndexRow], *, so
         hashes.extend(shard_hashes[p] for p in order)
         hash_pos.extend(order)
     n = starts[-1]
+    distinct, codes = np.unique(np.frombuffer(lengths, np.float64), return_inverse=True)
     arrays = {
         "counts": np.frombuffer(counts, np.int64), "bytes": np.frombuffer(sizes, np.int64),
         "totals": np.frombuffer(totals, np.float64), "lines": np.frombuffer(lines, np.int64),
@@ -761,6 +765,7 @@ def build_index_table(out: str, header: dict, entries: Iterable[IndexRow], *, so
         "keys": np.frombuffer(bytes(keys), np.uint8),
         "hashes": np.frombuffer(hashes, np.uint64),
         "hash_pos": np.frombuffer(hash_pos, np.int64).astype(index_dtype(n)),
+        "distinct": distinct, "codes": codes.reshape(-1).astype(index_dtype(distinct.size)),
     }
     head = {"format": _INDEX_FORMAT, "version": _INDEX_VERSION, "index_header": header,
             "shards": len(counts), "utterances": n, **sig}

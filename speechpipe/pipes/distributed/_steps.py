@@ -209,8 +209,8 @@ class StepPlanner:
         if isinstance(self.batching, int):
             return -(-sum(len(shard.lengths) for shard in plan.shards) // self.batching)
         if isinstance(self.batching, BatchConstraint):  # from the mapped lengths
-            return _array_lower_bound(_plan_lengths(plan), self.batching, self.oversize,
-                                      unit, rate)
+            measured = self.__dict__.setdefault("_measured", {})
+            return _array_lower_bound(plan, self.batching, self.oversize, unit, rate, measured)
         lengths = [IndexLength(n, unit, rate) for shard in plan.shards for n in shard.lengths]
         ordered = list(self.sharded.sample_order(plan, lengths))
         return sum(1 for _ in self.batching(ordered))
@@ -243,46 +243,71 @@ def index_unit(sharded: Any) -> tuple[str, int | None]:
     return getattr(index, "length_unit", "frames"), getattr(index, "sample_rate", None)
 
 
-def _plan_lengths(plan: EpochPlan) -> np.ndarray:
-    """A worker's index lengths, in reading order, as one float64 array (a mapped view's
-    numbers, copied once: 8 bytes per utterance of this worker's share)."""
-    parts = [np.asarray(getattr(s.lengths, "array", s.lengths), dtype=np.float64)
-             for s in plan.shards]
-    return np.concatenate(parts) if parts else np.zeros(0)
+def _plan_codes(plan: EpochPlan) -> tuple[Any, np.ndarray] | None:
+    """``(table, codes)``: a worker's lengths as their places in the mapped table's distinct
+    lengths, in reading order, when every shard of the plan is a whole shard of one table;
+    else ``None``."""
+    spans = [getattr(s.lengths, "span", None) for s in plan.shards]
+    if not spans or any(sp is None or sp[0] is not spans[0][0] for sp in spans):
+        return None
+    table = spans[0][0]
+    return table, np.concatenate([table.codes[start:stop] for _, start, stop in spans])
 
 
-def _array_lower_bound(lengths: np.ndarray, constraint: Any, oversize: str, unit: str,
-                       rate: int | None) -> int:
-    """The fewest batches any order of ``lengths`` can be packed into under ``constraint``,
-    computed without a Python object per utterance: each
-    distinct length is measured once, and the sums are added in order (as ``sum`` adds
-    them: the same bound to the last bit)."""
-    if lengths.size == 0:
+def _array_lower_bound(plan: EpochPlan, constraint: Any, oversize: str, unit: str,
+                       rate: int | None, cache: dict) -> int:
+    """The fewest batches any order of the plan's lengths can be packed into under
+    ``constraint``, computed without a Python object per utterance: each distinct length is
+    measured once (``cache`` keeps them across the workers of a plan), and the sums are
+    added in order, as ``sum`` adds them (the same bound to the last bit)."""
+    coded = _plan_codes(plan)
+    if coded is not None:
+        table, where = coded
+        key = (id(table), unit, rate)
+        if cache.get("table") is not table or cache.get("key") != key:
+            cache.clear()
+            cache.update(_measured(table.distinct, constraint, unit, rate), table=table,
+                         key=key)
+        known = cache
+    else:
+        parts = [np.asarray(getattr(s.lengths, "array", s.lengths), dtype=np.float64)
+                 for s in plan.shards]
+        lengths = np.concatenate(parts) if parts else np.zeros(0)
+        known = _measured(np.unique(lengths), constraint, unit, rate)
+        where = np.searchsorted(known["lengths"], lengths)
+    if where.size == 0:
         return 0
-    distinct, where = np.unique(lengths, return_inverse=True)
-    measured = [constraint.measure(IndexLength(n, unit, rate)) for n in distinct.tolist()]
-    empty = constraint.empty()
-    fits = np.array([constraint.within(constraint.add(empty, m)) for m in measured])[where]
+    fits = known["fits"][where]
     normal = int(fits.sum())
-    over = lengths.size - normal
+    over = where.size - normal
     bound = 0
     if normal:
-        def total(part: int | None) -> float:
-            values = np.array([float(m[part] if part is not None else m) for m in measured])
-            return float(np.cumsum(values[where][fits])[-1])
+        def total(part: int) -> float:
+            return float(np.cumsum(known["measures"][:, part][where[fits]])[-1])
 
-        tuples = isinstance(measured[0], tuple)
         if isinstance(constraint, TwoDimensional):
             bound = max(math.ceil(total(0) / constraint.budget_in),
                         math.ceil(total(1) / constraint.budget_out))
         else:
             budget = getattr(constraint, "budget", math.inf)
-            bound = (math.ceil(total(0 if tuples else None) / budget) if math.isfinite(budget)
-                     else 1)
+            bound = math.ceil(total(0) / budget) if math.isfinite(budget) else 1
         if constraint.max_samples is not None:
             bound = max(bound, math.ceil(normal / constraint.max_samples))
         bound = max(bound, 1)
     return bound + (over if oversize == "emit" else 0)
+
+
+def _measured(distinct: np.ndarray, constraint: Any, unit: str, rate: int | None) -> dict:
+    """For sorted distinct ``lengths``: ``measures`` (the constraint's measure of each, one
+    column per part of a tuple) and ``fits`` (whether one alone is within the budget)."""
+    empty = constraint.empty()
+    measures, fits = [], []
+    for n in distinct.tolist():
+        m = constraint.measure(IndexLength(n, unit, rate))
+        measures.append([float(x) for x in m] if isinstance(m, tuple) else [float(m)])
+        fits.append(constraint.within(constraint.add(empty, m)))
+    return {"lengths": distinct, "measures": np.array(measures, dtype=np.float64).reshape(
+        len(measures), -1), "fits": np.array(fits, dtype=bool)}
 
 
 def batch_samples(batch: Any) -> int:
