@@ -909,14 +909,15 @@ def test_force_deletes_the_other_groups_and_the_glob_reads_each_utterance_once(f
     out = feats_corpus["out"]
     report = pack_feats(feats_corpus, filter_group=["10:40", "40:60"], force=True)
     assert sorted(os.listdir(out)) == ["10_40", "40_60"]
-    assert len(report.removed) == 5 and "removed (--force): 5 file(s)" in report.report()
+    # 3 shards, 2 indexes and their 2 mapped tables
+    assert len(report.removed) == 7 and "removed (--force): 7 file(s)" in report.report()
     keys = [s["key"] for s in IterableWrapper(expand_patterns(f"{out}/*/data-*.tar"))
             .open().read_shards()]
     assert sorted(keys) == sorted(feats_corpus["arrays"])
     report = pack_data(feats_corpus["scps"], feats_corpus["labels"], out,
                        options=PackOptions(utts_per_shard=3, progress=False, force=True))
     assert sorted(os.listdir(out)) == ["data-00000.tar", "data-00001.tar", "data-00002.tar",
-                                       INDEX_NAME]
+                                       INDEX_NAME, INDEX_NAME + ".spmap"]
 
 
 def test_a_folder_mixing_a_top_index_and_group_indexes_is_refused_by_readers(feats_corpus):
