@@ -1,4 +1,6 @@
-"""Compact, memory-mapped forms of what planning an epoch reads: a manifest's row table.
+"""Compact, memory-mapped forms of what planning an epoch reads: a manifest's row table
+(:class:`ManifestTable`) and a shard index's table (:class:`IndexTable`, read through
+:class:`speechpipe.index.ShardIndex`).
 
 A JSON-lines manifest stays the readable truth; beside it (``train.jsonl.gz`` ->
 ``train.jsonl.gz.spmap``) a binary sidecar holds, per row, what ordering and filtering need

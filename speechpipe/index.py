@@ -13,6 +13,12 @@ With it, a streaming epoch can be planned on metadata before any byte is read: i
 length, bucket boundaries (:meth:`ShardIndex.boundaries`), a duration-balanced split across
 ranks, an exact resume position.
 
+The text is for people; planning reads its mapped table, ``index.jsonl.spmap``
+(:class:`~speechpipe.compact.IndexTable`: per-shard counts, sizes and sums, per-utterance
+lengths and keys), which :meth:`ShardIndex.write` writes beside it and :meth:`ShardIndex.read`
+builds when it is missing or stale. Every process on a node maps the same pages; a process
+holds Python objects per shard, none per utterance.
+
 The index and its shards may live in object storage (``s3://bucket/corpus/index.jsonl``, any
 fsspec URL, read through :mod:`speechpipe.remote`): shard names are then URLs in the same
 folder, and remote shards are planned exactly like local ones.

@@ -344,3 +344,28 @@ def test_a_worker_holds_under_16_bytes_per_utterance_of_a_million_utterance_inde
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got["count"] == n
     assert got["anonymous"] < 16 * n + 4 * 2**20, got
+
+
+def test_step_planner_counts_budget_batches_from_the_mapped_lengths(tmp_path):
+    # issue 28: the lower bound measured an IndexLength per utterance; now each distinct
+    # length once, the sums in arrays -- the same counts, and a worker with no shard counts 0
+    import math
+
+    import speechpipe as sp
+
+    lengths = [[150, 300, 450], [1200, 80], [300, 300, 300, 300], [2500]]
+    ShardIndex(str(tmp_path), [entry(f"s{i}.tar", ls) for i, ls in enumerate(lengths)]).write()
+    pipe = sp.IterableWrapper([str(tmp_path)]).sharded_shuffle(index=True)
+    budget = sp.PaddedArea(10.0, length="duration")
+    plan = sp.StepPlanner(pipe, budget, num_workers=3, world_size=2).plan()
+    expected = []
+    for rank in pipe.epoch_plans(world_size=2, num_workers=3):
+        total = 0
+        for worker in rank:
+            seconds = [n / 100 for s in worker.shards for n in s.lengths]
+            normal = [x for x in seconds if x <= 10.0]
+            total += ((max(1, math.ceil(sum(normal) / 10.0)) if normal else 0)
+                      + len(seconds) - len(normal))
+        expected.append(total)
+    assert plan.rank_batches == tuple(expected) and not plan.exact
+    assert 0 in [len(w.shards) for r in pipe.epoch_plans(world_size=2, num_workers=3) for w in r]

@@ -260,6 +260,8 @@ def _array_lower_bound(plan: EpochPlan, constraint: Any, oversize: str, unit: st
     ``constraint``, computed without a Python object per utterance: each distinct length is
     measured once (``cache`` keeps them across the workers of a plan), and the sums are
     added in order, as ``sum`` adds them (the same bound to the last bit)."""
+    if not any(len(s.lengths) for s in plan.shards):
+        return 0  # a worker with nothing to read this epoch
     coded = _plan_codes(plan)
     if coded is not None:
         table, where = coded
@@ -307,7 +309,7 @@ def _measured(distinct: np.ndarray, constraint: Any, unit: str, rate: int | None
         measures.append([float(x) for x in m] if isinstance(m, tuple) else [float(m)])
         fits.append(constraint.within(constraint.add(empty, m)))
     return {"lengths": distinct, "measures": np.array(measures, dtype=np.float64).reshape(
-        len(measures), -1), "fits": np.array(fits, dtype=bool)}
+        len(measures), -1 if measures else 1), "fits": np.array(fits, dtype=bool)}
 
 
 def batch_samples(batch: Any) -> int:
