@@ -3,7 +3,7 @@
 Synthetic corpora shaped like WenetSpeech L (durations drawn from its published percentiles,
 ``speechpipe.testing.sample_durations("wenetspeech-l")``; short rows with a key, a duration,
 an audio path and a text) at 0.1M, 1M, 4M and 15M utterances, written once under ``--root``
-and reused. Two roads:
+and reused. Three measurements:
 
 - **manifest** (every recipe's train builder): ``manifest_samples([m.jsonl.gz])
   .filter_by_duration(1, 15).shuffle_samples(seed) .bucket_by_length(2000)
@@ -13,19 +13,29 @@ and reused. Two roads:
   the process's memory growth by then (``/proc/self/smaps_rollup``: ``Anonymous`` -- the
   process's own --, ``Private_*`` and ``Shared_*`` of the mapped files); and the resume
   latency: ``load_state_dict`` of a state saved at step 50 to the first resumed batch.
-- **shard index**: ``ShardIndex.read`` of a 2000-utterance-per-shard ``index.jsonl`` (time and
-  memory), and planning an epoch for 64 ranks x 8 workers
-  (``shard_assignment(IterableWrapper([folder]).sharded_shuffle(index=True), world_size=64,
-  num_workers=8)``) from a fresh process.
+- **shard index** (``--roads index``): ``ShardIndex.read`` of a 2000-utterance-per-shard
+  ``index.jsonl`` (time and memory; its mapped table is built first, as ``pack`` writes it),
+  then planning an epoch for 64 ranks x 8 workers from it in the same fresh process:
+  ``sharded_shuffle(index=True).epoch_plans(world_size=64, num_workers=8)`` and
+  ``StepPlanner(pipe, PaddedArea(200 s, length="duration"), num_workers=8,
+  world_size=64).plan()``, and the memory after planning.
+- **shard road** (``--roads shards``): ``sharded_shuffle(buffer_size=2000, index=True)
+  .durations_from_index().bucket_by_length(2000).block_batch(PaddedArea(200 s))`` in
+  ``build_loader``, measured as the manifest road (first batch with 0 and 2 workers, memory,
+  resume at step 50), over the same index with real tiny tar shards (the index's keys, a 1-byte
+  field) for the first 6 shards each process reads in epoch 0 (:func:`make_real_shards`); the
+  index's other shards need not exist.
 
 Contenders, side by side in one run: ``after`` (this checkout), ``before`` (``--base DIR``: an
-older speechpipe, e.g. ``git archive 84dc3a1 speechpipe | tar -x -C DIR``), and lhotse's lazy
+older speechpipe, e.g. ``git archive bb089fd speechpipe | tar -x -C DIR``), and lhotse's lazy
 manifests (``CutSet.from_jsonl_lazy`` + ``DynamicBucketingSampler(max_duration=200,
 num_buckets=30, shuffle=True)``, the same rows as MonoCuts) on the manifest road, up to
-``--lhotse-max`` rows. The old code holds the whole manifest in every process (about 1.4 KB
-per row): ``--base-max`` keeps it off the sizes this machine cannot hold.
+``--lhotse-max`` rows (lhotse's Shar shards are not run: no contender on the shard road).
+Code older than bb089fd held the whole manifest in every process (about 1.4 KB per row):
+``--base-max`` keeps it off the sizes this machine cannot hold; bb089fd holds about 130 B per
+utterance of a shard index in every process (``--index-base-max``).
 
-    python -m benchmarks.bench_scale --base /tmp/sp_84dc3a1 [--sizes 0.1M,1M,4M,15M]
+    python -m benchmarks.bench_scale --base /tmp/sp_bb089fd [--sizes 0.1M,1M,4M,15M]
     python -m benchmarks bench_scale --tiny   # 2,000 rows, this checkout, one run
 """
 
