@@ -3,7 +3,7 @@
 Synthetic corpora shaped like WenetSpeech L (durations drawn from its published percentiles,
 ``speechpipe.testing.sample_durations("wenetspeech-l")``; short rows with a key, a duration,
 an audio path and a text) at 0.1M, 1M, 4M and 15M utterances, written once under ``--root``
-and reused. Two roads:
+and reused. Three measurements:
 
 - **manifest** (every recipe's train builder): ``manifest_samples([m.jsonl.gz])
   .filter_by_duration(1, 15).shuffle_samples(seed) .bucket_by_length(2000)
@@ -13,19 +13,29 @@ and reused. Two roads:
   the process's memory growth by then (``/proc/self/smaps_rollup``: ``Anonymous`` -- the
   process's own --, ``Private_*`` and ``Shared_*`` of the mapped files); and the resume
   latency: ``load_state_dict`` of a state saved at step 50 to the first resumed batch.
-- **shard index**: ``ShardIndex.read`` of a 2000-utterance-per-shard ``index.jsonl`` (time and
-  memory), and planning an epoch for 64 ranks x 8 workers
-  (``shard_assignment(IterableWrapper([folder]).sharded_shuffle(index=True), world_size=64,
-  num_workers=8)``) from a fresh process.
+- **shard index** (``--roads index``): ``ShardIndex.read`` of a 2000-utterance-per-shard
+  ``index.jsonl`` (time and memory; its mapped table is built first, as ``pack`` writes it),
+  then planning an epoch for 64 ranks x 8 workers from it in the same fresh process:
+  ``sharded_shuffle(index=True).epoch_plans(world_size=64, num_workers=8)`` and
+  ``StepPlanner(pipe, PaddedArea(200 s, length="duration"), num_workers=8,
+  world_size=64).plan()``, and the memory after planning.
+- **shard road** (``--roads shards``): ``sharded_shuffle(buffer_size=2000, index=True)
+  .durations_from_index().bucket_by_length(2000).block_batch(PaddedArea(200 s))`` in
+  ``build_loader``, measured as the manifest road (first batch with 0 and 2 workers, memory,
+  resume at step 50), over the same index with real tiny tar shards (the index's keys, a 1-byte
+  field) for the first 6 shards each process reads in epoch 0 (:func:`make_real_shards`); the
+  index's other shards need not exist.
 
 Contenders, side by side in one run: ``after`` (this checkout), ``before`` (``--base DIR``: an
-older speechpipe, e.g. ``git archive 84dc3a1 speechpipe | tar -x -C DIR``), and lhotse's lazy
+older speechpipe, e.g. ``git archive bb089fd speechpipe | tar -x -C DIR``), and lhotse's lazy
 manifests (``CutSet.from_jsonl_lazy`` + ``DynamicBucketingSampler(max_duration=200,
 num_buckets=30, shuffle=True)``, the same rows as MonoCuts) on the manifest road, up to
-``--lhotse-max`` rows. The old code holds the whole manifest in every process (about 1.4 KB
-per row): ``--base-max`` keeps it off the sizes this machine cannot hold.
+``--lhotse-max`` rows (lhotse's Shar shards are not run: no contender on the shard road).
+Code older than bb089fd held the whole manifest in every process (about 1.4 KB per row):
+``--base-max`` keeps it off the sizes this machine cannot hold; bb089fd holds about 130 B per
+utterance of a shard index in every process (``--index-base-max``).
 
-    python -m benchmarks.bench_scale --base /tmp/sp_84dc3a1 [--sizes 0.1M,1M,4M,15M]
+    python -m benchmarks.bench_scale --base /tmp/sp_bb089fd [--sizes 0.1M,1M,4M,15M]
     python -m benchmarks bench_scale --tiny   # 2,000 rows, this checkout, one run
 """
 
@@ -130,11 +140,27 @@ t0 = time.perf_counter()
 index = ShardIndex.read(spec["path"])
 out = {"read_s": time.perf_counter() - t0, "memory": grown(imported, smaps())}
 t0 = time.perf_counter()
-pipe = sp.IterableWrapper([spec["path"]]).sharded_shuffle(index=True)
-plan = sp.shard_assignment(pipe, world_size=64, num_workers=8)
+pipe = sp.IterableWrapper([spec["path"]]).sharded_shuffle(buffer_size=2000, index=True)
+plans = pipe.epoch_plans(world_size=64, num_workers=8)
 out["plan_s"] = time.perf_counter() - t0
+t0 = time.perf_counter()
+c = sp.PaddedArea(budget=200.0, length="duration")
+steps = sp.StepPlanner(pipe, c, num_workers=8, world_size=64).plan()
+out["steps_s"] = time.perf_counter() - t0
+out["steps"] = steps.steps
+out["memory_planned"] = grown(imported, smaps())
 print(json.dumps(out))
 """
+
+# The shard road as a recipe streams it: raw samples, durations from the index, bucketed and
+# batched on them (decoding would follow, in the batch).
+_SHARD_CHILD = _MANIFEST_CHILD.replace(
+    """pipe = (manifest_samples([spec["path"]]).filter_by_duration(1.0, 15.0, warn=False)
+        .shuffle_samples(seed=0).bucket_by_length(2000, constraint=c, seed=0)""",
+    """c = sp.PaddedArea(budget=200.0, length="duration")
+pipe = (sp.IterableWrapper([spec["path"]]).sharded_shuffle(buffer_size=2000, index=True, seed=0)
+        .durations_from_index().bucket_by_length(2000, constraint=c, seed=0)""")
+assert _SHARD_CHILD != _MANIFEST_CHILD
 
 
 def _size(text: str) -> int:
@@ -228,6 +254,29 @@ def make_index(root: str, n: int) -> str:
     return folder
 
 
+def make_real_shards(folder: str, per_plan: int = 6) -> int:
+    """Real tar shards (tiny fields, the index's keys) for the first ``per_plan`` shards each
+    process reads in epoch 0 with 0 and 2 workers: what the first batches and a resume at
+    step 50 open; the index's other shards need not exist. Returns how many were written."""
+    import speechpipe as sp
+    from speechpipe.index import ShardIndex
+    from speechpipe.pipes.shards import write_shard
+
+    pipe = sp.IterableWrapper([folder]).sharded_shuffle(buffer_size=2000, index=True, seed=0)
+    wanted = []
+    for workers in (1, 2):
+        for worker_plan in pipe.epoch_plans(0, world_size=1, num_workers=workers)[0]:
+            wanted += worker_plan.names[:per_plan]
+    entries = {os.path.join(folder, e.name): e for e in ShardIndex.read(folder).shards}
+    written = 0
+    for path in dict.fromkeys(wanted):
+        if not os.path.exists(path):
+            write_shard(path + ".part", [{"key": k, "txt": "x"} for k in entries[path].keys])
+            os.replace(path + ".part", path)
+            written += 1
+    return written
+
+
 def child(script: str, spec: dict, code_root: str) -> dict:
     env = {**os.environ, "PYTHONPATH": code_root}
     # run in code_root: ``python -c`` puts the working directory first on sys.path
@@ -252,8 +301,8 @@ def _mib(memory: dict | None, key: str) -> float:
 
 
 def run_manifest(name: str, code_root: str, path: str, n: int, runs: int, workers_list,
-                 lhotse: bool, tmp: str) -> list[dict]:
-    script = _LHOTSE_CHILD if lhotse else _MANIFEST_CHILD
+                 lhotse: bool, tmp: str, road: str = "manifest") -> list[dict]:
+    script = _LHOTSE_CHILD if lhotse else _SHARD_CHILD if road == "shards" else _MANIFEST_CHILD
     rows = []
     for workers in workers_list:
         if lhotse and workers:
@@ -266,10 +315,10 @@ def run_manifest(name: str, code_root: str, path: str, n: int, runs: int, worker
                 break
             firsts.append(got["first_s"])
             memory = got["memory"]
-        row = {"road": "manifest", "name": name, "n": n, "workers": workers, "first": firsts,
+        row = {"road": road, "name": name, "n": n, "workers": workers, "first": firsts,
                "memory": memory, "resume": []}
         if workers == 0 and firsts:
-            state = os.path.join(tmp, f"state-{name}-{n}")
+            state = os.path.join(tmp, f"state-{road}-{name}-{n}")
             got = child(script, {"path": path, "workers": 0, "save": state,
                                  "resume_at": RESUME_AT if n > 20_000 else 5}, code_root)
             if "error" in got:
@@ -289,7 +338,7 @@ def run_manifest(name: str, code_root: str, path: str, n: int, runs: int, worker
 
 
 def run_index(name: str, code_root: str, folder: str, n: int, runs: int) -> dict:
-    reads, plans, memory = [], [], None
+    reads, plans, steps, memory, planned = [], [], [], None, None
     for _ in range(runs):
         got = child(_INDEX_CHILD, {"path": folder}, code_root)
         if "error" in got:
@@ -297,42 +346,63 @@ def run_index(name: str, code_root: str, folder: str, n: int, runs: int) -> dict
             break
         reads.append(got["read_s"])
         plans.append(got["plan_s"])
-        memory = got["memory"]
+        steps.append(got["steps_s"])
+        memory, planned = got["memory"], got["memory_planned"]
     print(f"  {name:7s} {_label(n):>6s} index: read {_median(reads)} s, plan 64x8 "
-          f"{_median(plans)} s, anon +{_mib(memory, 'Anonymous'):.1f} MiB", flush=True)
+          f"{_median(plans)} s, steps 64x8 {_median(steps)} s, anon +"
+          f"{_mib(memory, 'Anonymous'):.1f} MiB, after planning +"
+          f"{_mib(planned, 'Anonymous'):.1f} MiB", flush=True)
     return {"road": "index", "name": name, "n": n, "read": reads, "plan": plans,
-            "memory": memory}
+            "steps": steps, "memory": memory, "memory_planned": planned}
 
 
 def report(rows: list[dict], tables: dict) -> None:
-    print("\nManifest road (times: median (range) over runs, s; memory: growth of the process "
-          "with 0 workers, MiB; B/row from Anonymous)")
-    print("| contender | rows | table build s | first batch, 0 workers | first batch, 2 workers"
-          " | resume at step 50 | Anonymous MiB (B/row) | Private MiB | Shared MiB |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    by = {}
-    for r in rows:
-        if r["road"] == "manifest":
-            by.setdefault((r["name"], r["n"]), {})[r["workers"]] = r
-    for (name, n), per in sorted(by.items(), key=lambda t: (t[0][1], t[0][0])):
-        zero, two = per.get(0, {}), per.get(2, {})
-        mem = zero.get("memory")
-        anon = _mib(mem, "Anonymous")
-        private = _mib(mem, "Private_Clean") + _mib(mem, "Private_Dirty")
-        shared = _mib(mem, "Shared_Clean") + _mib(mem, "Shared_Dirty")
-        build = tables.get(n) if name == "after" else None
-        print(f"| {name} | {_label(n)} | {'-' if build is None else f'{build:.1f}'} | "
-              f"{_median(zero.get('first', []))} | {_median(two.get('first', []))} | "
-              f"{_median(zero.get('resume', []))} | {anon:.1f} ({anon * 2**20 / n:.1f}) | "
-              f"{private:.1f} | {shared:.1f} |")
-    print("\nShard index road (ShardIndex.read; planning 64 ranks x 8 workers from a fresh "
-          "process)")
-    print("| contender | utterances | read s | plan 64x8 s | Anonymous MiB (B/utt) |")
-    print("|---|---|---|---|---|")
+    for road, title in (("manifest", "Manifest road"), ("shards", "Shard road (sharded_shuffle "
+                                                         "-> durations_from_index)")):
+        if not any(r["road"] == road for r in rows):
+            continue
+        print(f"\n{title} (times: median (range) over runs, s; memory: growth of the process "
+              "with 0 workers, MiB; B/row from Anonymous)")
+        print("| contender | rows | table build s | first batch, 0 workers | first batch, 2 "
+              "workers | resume at step 50 | Anonymous MiB (B/row) | Private MiB | Shared MiB |")
+        print("|---|---|---|---|---|---|---|---|---|")
+        by = {}
+        for r in rows:
+            if r["road"] == road:
+                by.setdefault((r["name"], r["n"]), {})[r["workers"]] = r
+        for (name, n), per in sorted(by.items(), key=lambda t: (t[0][1], t[0][0])):
+            zero, two = per.get(0, {}), per.get(2, {})
+            mem = zero.get("memory")
+            anon = _mib(mem, "Anonymous")
+            private = _mib(mem, "Private_Clean") + _mib(mem, "Private_Dirty")
+            shared = _mib(mem, "Shared_Clean") + _mib(mem, "Shared_Dirty")
+            build = tables.get((road, n)) if name == "after" else None
+            print(f"| {name} | {_label(n)} | {'-' if build is None else f'{build:.1f}'} | "
+                  f"{_median(zero.get('first', []))} | {_median(two.get('first', []))} | "
+                  f"{_median(zero.get('resume', []))} | {anon:.1f} ({anon * 2**20 / n:.1f}) | "
+                  f"{private:.1f} | {shared:.1f} |")
+    print("\nShard index (ShardIndex.read; planning 64 ranks x 8 workers, epoch_plans and "
+          "StepPlanner(PaddedArea(200 s)), from a fresh process, after that read)")
+    print("| contender | utterances | read s | plan 64x8 s | steps 64x8 s | Anonymous MiB "
+          "(B/utt) after read | after planning |")
+    print("|---|---|---|---|---|---|---|")
     for r in sorted((r for r in rows if r["road"] == "index"), key=lambda r: (r["n"], r["name"])):
-        anon = _mib(r["memory"], "Anonymous")
+        anon, planned = _mib(r["memory"], "Anonymous"), _mib(r["memory_planned"], "Anonymous")
         print(f"| {r['name']} | {_label(r['n'])} | {_median(r['read'])} | "
-              f"{_median(r['plan'])} | {anon:.1f} ({anon * 2**20 / r['n']:.1f}) |")
+              f"{_median(r['plan'])} | {_median(r['steps'])} | "
+              f"{anon:.1f} ({anon * 2**20 / r['n']:.1f}) | "
+              f"{planned:.1f} ({planned * 2**20 / r['n']:.1f}) |")
+
+
+def make_index_table(folder: str) -> float:
+    """Build the index's mapped table with this checkout (what pack's merge now writes)."""
+    from speechpipe.index import ShardIndex
+
+    if os.path.exists(os.path.join(folder, "index.jsonl.spmap")):
+        return float("nan")
+    t0 = time.perf_counter()
+    ShardIndex.read(folder)
+    return time.perf_counter() - t0
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -346,9 +416,11 @@ def main(argv: list[str] | None = None) -> None:
                         help="largest size --base runs with 2 workers (each holds it all)")
     parser.add_argument("--lhotse-max", default="1M", help="largest size run with lhotse "
                         "(0: none)")
-    parser.add_argument("--index-max", default="4M", help="largest shard index read")
+    parser.add_argument("--index-max", default="15M", help="largest shard index read")
+    parser.add_argument("--index-base-max", default="15M",
+                        help="largest shard index --base reads (about 130 B per utterance)")
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--roads", default="manifest,index")
+    parser.add_argument("--roads", default="manifest,index,shards")
     parser.add_argument("--contenders", default="after,before,lhotse")
     args = parser.parse_args(argv)
     sizes = [2000] if args.tiny else [_size(s) for s in args.sizes.split(",")]
@@ -363,7 +435,7 @@ def main(argv: list[str] | None = None) -> None:
             print(f"== {_label(n)} rows", flush=True)
             if "manifest" in roads:
                 path = make_manifest(root, n)
-                tables[n] = make_table(path)
+                tables[("manifest", n)] = make_table(path)
                 if "after" in who:
                     rows += run_manifest("after", REPO, path, n, runs, (0, 2), False, tmp)
                 if "before" in who and args.base and n <= _size(args.base_max):
@@ -373,15 +445,25 @@ def main(argv: list[str] | None = None) -> None:
                 if "lhotse" in who and (args.tiny or n <= _size(args.lhotse_max)):
                     rows += run_manifest("lhotse", REPO, make_cuts(root, n), n, runs, (0,),
                                          True, tmp)
-            if "index" in roads and (args.tiny or n <= _size(args.index_max)):
+            if {"index", "shards"} & set(roads) and (args.tiny or n <= _size(args.index_max)):
                 folder = make_index(root, n)
-                if "after" in who:
+                tables[("shards", n)] = make_index_table(folder)
+                base = "before" in who and args.base and n <= _size(args.index_base_max)
+                if "index" in roads and "after" in who:
                     rows.append(run_index("after", REPO, folder, n, runs))
-                if "before" in who and args.base and n <= _size(args.base_max):
+                if "index" in roads and base:
                     rows.append(run_index("before", args.base, folder, n, runs))
+                if "shards" in roads:
+                    make_real_shards(folder)
+                    if "after" in who:
+                        rows += run_manifest("after", REPO, folder, n, runs, (0, 2), False, tmp,
+                                             road="shards")
+                    if base:
+                        rows += run_manifest("before", args.base, folder, n, runs, (0, 2),
+                                             False, tmp, road="shards")
     report(rows, tables)
     with open(os.path.join(root, f"bench_scale-{'-'.join(who)}.json"), "w") as f:
-        json.dump({"rows": rows, "tables": tables}, f)
+        json.dump({"rows": rows, "tables": [[*k, v] for k, v in tables.items()]}, f)
     if args.root is None:
         import shutil
 

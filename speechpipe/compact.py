@@ -1,4 +1,6 @@
-"""Compact, memory-mapped forms of what planning an epoch reads: a manifest's row table.
+"""Compact, memory-mapped forms of what planning an epoch reads: a manifest's row table
+(:class:`ManifestTable`) and a shard index's table (:class:`IndexTable`, read through
+:class:`speechpipe.index.ShardIndex`).
 
 A JSON-lines manifest stays the readable truth; beside it (``train.jsonl.gz`` ->
 ``train.jsonl.gz.spmap``) a binary sidecar holds, per row, what ordering and filtering need
@@ -41,15 +43,15 @@ import tempfile
 import warnings
 import zlib
 from array import array
-from typing import Any, Callable, Iterable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
 from .errors import DataError, MissingDataError
 from .sample import KEY, sample_duration
 
-__all__ = ["MAPPED_SUFFIX", "ManifestTable", "index_dtype", "key_hash", "read_mapped",
-           "write_mapped"]
+__all__ = ["IndexTable", "MAPPED_SUFFIX", "ManifestTable", "MappedKeys", "MappedLengths",
+           "build_index_table", "index_dtype", "key_hash", "read_mapped", "write_mapped"]
 
 #: The sidecar's name is the text file's name plus this suffix.
 MAPPED_SUFFIX = ".spmap"
@@ -432,3 +434,374 @@ def _check_unique(table: ManifestTable, parse: Parser) -> None:
             seen[key] = lineno
     if first_error is not None:
         raise first_error[1]
+
+
+# --------------------------------------------------------------------------- shard indexes
+
+_INDEX_FORMAT = "speechpipe-shard-index-table"
+_INDEX_VERSION = 2
+
+#: What :func:`build_index_table` takes per shard: ``(name, count, bytes, keys, lengths,
+#: line)`` -- an entry of ``index.jsonl``, checked, and its line number there.
+IndexRow = tuple[str, int, int, "Sequence[str]", "Sequence[float]", int]
+
+
+class MappedLengths(Sequence):
+    """A shard's utterance lengths as a read-only sequence over a memory-mapped array (what
+    :attr:`speechpipe.index.ShardEntry.lengths` holds for an index read from its table): items
+    are Python floats, a slice is another view (no copy), and it compares equal to a tuple of
+    the same numbers.
+
+    >>> view = MappedLengths(np.array([3.0, 1.0, 2.0]))
+    >>> view[0], view[1:], sum(view), view == (3.0, 1.0, 2.0)
+    (3.0, (1.0, 2.0), 6.0, True)
+    """
+
+    __slots__ = ("array", "_total", "span")
+
+    def __init__(self, array: np.ndarray, total: float | None = None,
+                 span: tuple | None = None) -> None:
+        self.array = array
+        self._total = total
+        self.span = span  # (table, start, stop): a whole shard's lengths in its table
+
+    def __len__(self) -> int:
+        return int(self.array.shape[0])
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return MappedLengths(self.array[i])
+        return float(self.array[i])
+
+    def __iter__(self) -> Iterator[float]:
+        return iter(self.array.tolist())
+
+    def total(self) -> float:
+        """The sum, added in order as Python's ``sum`` adds (the same float to the last bit)."""
+        if self._total is None:
+            self._total = float(np.cumsum(self.array)[-1]) if len(self) else 0.0
+        return self._total
+
+    def __eq__(self, other) -> bool:
+        if isinstance(other, MappedLengths):
+            return bool(np.array_equal(self.array, other.array))
+        if isinstance(other, (tuple, list)):
+            return tuple(self) == tuple(other)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(tuple(self))
+
+    def __repr__(self) -> str:
+        return repr(tuple(self))
+
+    def __reduce__(self):  # pickled (sent to a spawned worker): mapped again there
+        if self.span is not None and self.span[0].sidecar is not None:
+            table, start, stop = self.span
+            return _remapped_lengths, (table.sidecar, table.signature(), start, stop)
+        return tuple, (tuple(self),)
+
+
+class MappedKeys(Sequence):
+    """A shard's keys, read from a mapped :class:`IndexTable` when asked for (no Python
+    string per utterance is held); :meth:`position` finds a key by its hash.
+
+    Compares equal to a tuple of the same keys; pickles as one.
+    """
+
+    __slots__ = ("table", "shard", "start", "stop")
+
+    def __init__(self, table: "IndexTable", shard: int) -> None:
+        self.table = table
+        self.shard = shard
+        self.start = int(table.starts[shard])
+        self.stop = int(table.starts[shard + 1])
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return tuple(self.table.key(j) for j in range(self.start, self.stop)[i])
+        n = len(self)
+        if not -n <= i < n:
+            raise IndexError("key index out of range")
+        return self.table.key(self.start + (i % n))
+
+    def __iter__(self) -> Iterator[str]:
+        return self.table.keys_of(self.start, self.stop)
+
+    def position(self, key: str) -> int | None:
+        """Where ``key`` is in the shard (``None``: not there), by hash, then checked."""
+        return self.table.find(self.shard, key)
+
+    def __contains__(self, key) -> bool:
+        return isinstance(key, str) and self.position(key) is not None
+
+    def __eq__(self, other) -> bool:
+        if isinstance(other, (MappedKeys, tuple, list)):
+            return tuple(self) == tuple(other)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(tuple(self))
+
+    def __repr__(self) -> str:
+        return repr(tuple(self))
+
+    def __reduce__(self):
+        if self.table.sidecar is not None:
+            return _remapped_keys, (self.table.sidecar, self.table.signature(), self.shard)
+        return tuple, (tuple(self),)
+
+
+class IndexTable:
+    """The mapped table of a shard index (``index.jsonl`` -> ``index.jsonl.spmap``): what
+    planning an epoch reads, shared by every process that maps it.
+
+    Per shard: ``counts``, ``bytes``, ``totals`` (the sum of its lengths), ``lines`` (its line
+    in ``index.jsonl``), ``starts`` (``shards + 1`` offsets of its utterances in the
+    per-utterance arrays) and its name (``names`` bytes at ``name_starts``). Per utterance:
+    ``lengths`` (float64, the index's unit), ``codes`` (the place of each length in
+    ``distinct``, the sorted distinct lengths: what is measured once per distinct length),
+    keys (``keys`` bytes at ``key_starts``), and,
+    within each shard's range, the :func:`key_hash` of its keys sorted (``hashes``) with the
+    position of each in the shard (``hash_pos``). ``header`` holds the index's own header
+    (``index_header``: unit, audio format, rates) and the size and modification time of the
+    ``index.jsonl`` it was built from.
+    """
+
+    def __init__(self, path: str, sidecar: str | None, header: dict,
+                 arrays: Mapping[str, np.ndarray]) -> None:
+        self.path = path
+        self.sidecar = sidecar
+        self.header = header
+        for name in ("counts", "bytes", "totals", "lines", "starts", "name_starts", "names",
+                     "lengths", "key_starts", "keys", "hashes", "hash_pos", "distinct",
+                     "codes"):
+            setattr(self, name, np.asarray(arrays[name]))
+
+    def __len__(self) -> int:
+        """Shards."""
+        return int(self.counts.shape[0])
+
+    @property
+    def index_header(self) -> dict:
+        return dict(self.header.get("index_header") or {})
+
+    def name(self, i: int) -> str:
+        return self.names[int(self.name_starts[i]):int(self.name_starts[i + 1])
+                          ].tobytes().decode("utf-8", "surrogatepass")
+
+    def key(self, j: int) -> str:
+        """The key of utterance ``j`` (over all shards)."""
+        return self.keys[int(self.key_starts[j]):int(self.key_starts[j + 1])
+                         ].tobytes().decode("utf-8", "surrogatepass")
+
+    def keys_of(self, start: int, stop: int) -> Iterator[str]:
+        bounds = self.key_starts[start:stop + 1].tolist()
+        if not bounds:
+            return iter(())
+        blob = self.keys[bounds[0]:bounds[-1]].tobytes()
+        base = bounds[0]
+        return (blob[a - base:b - base].decode("utf-8", "surrogatepass")
+                for a, b in zip(bounds, bounds[1:]))
+
+    def lengths_of(self, i: int) -> MappedLengths:
+        start, stop = int(self.starts[i]), int(self.starts[i + 1])
+        return MappedLengths(self.lengths[start:stop], float(self.totals[i]),
+                             (self, start, stop))
+
+    def find(self, i: int, key: str) -> int | None:
+        """The position of ``key`` in shard ``i`` (``None``: not there)."""
+        lo, hi = int(self.starts[i]), int(self.starts[i + 1])
+        wanted = np.uint64(key_hash(key))
+        hashes = self.hashes[lo:hi]
+        at = int(np.searchsorted(hashes, wanted, "left"))
+        while at < hi - lo and hashes[at] == wanted:
+            pos = int(self.hash_pos[lo + at])
+            if self.key(lo + pos) == key:
+                return pos
+            at += 1
+        return None
+
+    def signature(self) -> tuple:
+        """What identifies this table's content: the size and time of its index."""
+        return (self.header.get("source_size"), self.header.get("source_mtime_ns"),
+                len(self), int(self.starts[-1]))
+
+    def is_current(self) -> bool:
+        try:
+            sig = _signature(self.path)
+        except OSError:
+            return False
+        return all(self.header.get(k) == v for k, v in sig.items())
+
+    @classmethod
+    def open(cls, path: str, rows: Callable[[], tuple[dict, Iterable[IndexRow]]], *,
+             write: bool = True) -> "IndexTable":
+        """The table of the local index at ``path``: its sidecar (``path + ".spmap"``) mapped
+        when current, else built from ``rows()`` (``(the index's header, its entries)``,
+        checked by the caller) and written beside it -- or, where that folder cannot be
+        written, into the temporary folder under a name made of the index's path, size and
+        modification time, so that the processes of a node still share one file. Processes
+        that find it missing at once build it once (a lock on the index file).
+        """
+        sig = _signature(path)
+        beside, cached = path + MAPPED_SUFFIX, _cache_path(path, sig)
+        for place in (beside, cached):
+            table = cls._current(path, place, sig)
+            if table is not None:
+                return table
+        writable = write and os.access(os.path.dirname(os.path.abspath(path)), os.W_OK)
+        with _locked(path):
+            for place in (beside, cached):
+                table = cls._current(path, place, sig)
+                if table is not None:
+                    return table
+            for place in (beside, cached) if writable else (cached,):
+                header, entries = rows()
+                try:
+                    build_index_table(place, header, entries, source=path, mode_of=path)
+                except OSError:
+                    continue
+                table = cls._current(path, place, sig)
+                if table is not None:
+                    return table
+        header, entries = rows()  # nowhere to write (or the index changed meanwhile)
+        return cls.build(header, entries, source=path)
+
+    @classmethod
+    def _current(cls, path: str, place: str, sig: dict) -> "IndexTable | None":
+        try:
+            header, arrays = read_mapped(place)
+        except (MissingDataError, DataError):
+            return None
+        if (header.get("format") == _INDEX_FORMAT and header.get("version") == _INDEX_VERSION
+                and all(header.get(k) == v for k, v in sig.items())):
+            return cls(path, place, header, arrays)
+        return None
+
+    @classmethod
+    def build(cls, header: dict, entries: Iterable[IndexRow], *, source: str) -> "IndexTable":
+        """A table of ``entries`` not tied to a local file (an index read from a URL), in a
+        temporary file mapped and then removed."""
+        fd, tmp = tempfile.mkstemp(prefix="speechpipe-index-", suffix=MAPPED_SUFFIX)
+        os.close(fd)
+        try:
+            build_index_table(tmp, header, entries, source=source)
+            head, arrays = read_mapped(tmp)
+        finally:
+            os.remove(tmp)  # the maps keep the pages
+        return cls(source, None, head, arrays)
+
+
+#: Tables mapped again in this process for pickled views, by sidecar path.
+_REMAPPED: dict[str, IndexTable] = {}
+
+
+def _remapped(sidecar: str, signature: tuple) -> IndexTable:
+    table = _REMAPPED.get(sidecar)
+    if table is None or table.signature() != tuple(signature):
+        header, arrays = read_mapped(sidecar)
+        table = IndexTable(sidecar[:-len(MAPPED_SUFFIX)], sidecar, header, arrays)
+        if table.signature() != tuple(signature):
+            raise DataError("the index's table changed since this index was sent here (the "
+                            "index was rewritten): read it again", source=sidecar)
+        _REMAPPED[sidecar] = table
+    return table
+
+
+def _remapped_keys(sidecar: str, signature: tuple, shard: int) -> MappedKeys:
+    return MappedKeys(_remapped(sidecar, signature), shard)
+
+
+def _remapped_lengths(sidecar: str, signature: tuple, start: int, stop: int) -> MappedLengths:
+    table = _remapped(sidecar, signature)
+    shard = int(np.searchsorted(table.starts, start, "right")) - 1
+    total = float(table.totals[shard]) if stop > start else 0.0
+    return MappedLengths(table.lengths[start:stop], total,
+                         (table, start, stop))
+
+
+def build_index_table(out: str, header: dict, entries: Iterable[IndexRow], *, source: str,
+                      mode_of: str | None = None) -> str:
+    """Write the :class:`IndexTable` of a shard index's ``header`` and checked ``entries`` to
+    ``out`` (atomically). ``source``: the local ``index.jsonl`` whose size and modification
+    time the table records, or a URL."""
+    sig = {} if not os.path.isfile(source) else _signature(source)
+    counts, sizes, totals, lines = array("q"), array("q"), array("d"), array("q")
+    starts, name_starts, key_starts = array("q", [0]), array("q", [0]), array("q", [0])
+    names, keys = bytearray(), bytearray()
+    lengths, hashes, hash_pos = array("d"), array("Q"), array("q")
+    for name, count, size, shard_keys, shard_lengths, line in entries:
+        counts.append(count)
+        sizes.append(size)
+        lines.append(line)
+        values = [float(n) for n in shard_lengths]
+        totals.append(float(sum(values)))
+        lengths.extend(values)
+        starts.append(starts[-1] + count)
+        names += name.encode("utf-8", "surrogatepass")
+        name_starts.append(len(names))
+        shard_hashes = []
+        for key in shard_keys:
+            data = key.encode("utf-8", "surrogatepass")
+            keys += data
+            key_starts.append(len(keys))
+            shard_hashes.append(int.from_bytes(
+                hashlib.blake2b(data, digest_size=8).digest(), "little"))
+        order = sorted(range(count), key=shard_hashes.__getitem__)
+        hashes.extend(shard_hashes[p] for p in order)
+        hash_pos.extend(order)
+    n = starts[-1]
+    distinct, codes = np.unique(np.frombuffer(lengths, np.float64), return_inverse=True)
+    arrays = {
+        "counts": np.frombuffer(counts, np.int64), "bytes": np.frombuffer(sizes, np.int64),
+        "totals": np.frombuffer(totals, np.float64), "lines": np.frombuffer(lines, np.int64),
+        "starts": np.frombuffer(starts, np.int64),
+        "name_starts": np.frombuffer(name_starts, np.int64),
+        "names": np.frombuffer(bytes(names), np.uint8),
+        "lengths": np.frombuffer(lengths, np.float64),
+        "key_starts": np.frombuffer(key_starts, np.int64),
+        "keys": np.frombuffer(bytes(keys), np.uint8),
+        "hashes": np.frombuffer(hashes, np.uint64),
+        "hash_pos": np.frombuffer(hash_pos, np.int64).astype(index_dtype(n)),
+        "distinct": distinct, "codes": codes.reshape(-1).astype(index_dtype(distinct.size)),
+    }
+    head = {"format": _INDEX_FORMAT, "version": _INDEX_VERSION, "index_header": header,
+            "shards": len(counts), "utterances": n, **sig}
+    return write_mapped(out, head, arrays, mode_of=mode_of)
+
+
+def _cache_path(path: str, sig: dict) -> str:
+    """Where the table of an index in a folder that cannot be written goes: the temporary
+    folder, named by the index's absolute path, size and modification time."""
+    what = f"{os.path.abspath(path)}\0{sig['source_size']}\0{sig['source_mtime_ns']}"
+    digest = hashlib.blake2b(what.encode("utf-8", "surrogatepass"), digest_size=12).hexdigest()
+    return os.path.join(tempfile.gettempdir(), f"speechpipe-index-{digest}{MAPPED_SUFFIX}")
+
+
+class _locked:
+    """An exclusive ``flock`` on the index file while its table is built (processes starting
+    at once build it once); no lock where the file system has none."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.fd = None
+
+    def __enter__(self) -> "_locked":
+        try:
+            import fcntl
+
+            self.fd = os.open(self.path, os.O_RDONLY)
+            fcntl.flock(self.fd, fcntl.LOCK_EX)
+        except (ImportError, OSError):
+            if self.fd is not None:
+                os.close(self.fd)
+            self.fd = None
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.fd is not None:
+            os.close(self.fd)  # releases the lock

@@ -13,6 +13,12 @@ With it, a streaming epoch can be planned on metadata before any byte is read: i
 length, bucket boundaries (:meth:`ShardIndex.boundaries`), a duration-balanced split across
 ranks, an exact resume position.
 
+The text is for people; planning reads its mapped table, ``index.jsonl.spmap``
+(:class:`~speechpipe.compact.IndexTable`: per-shard counts, sizes and sums, per-utterance
+lengths and keys), which :meth:`ShardIndex.write` writes beside it and :meth:`ShardIndex.read`
+builds when it is missing or stale. Every process on a node maps the same pages; a process
+holds Python objects per shard, none per utterance.
+
 The index and its shards may live in object storage (``s3://bucket/corpus/index.jsonl``, any
 fsspec URL, read through :mod:`speechpipe.remote`): shard names are then URLs in the same
 folder, and remote shards are planned exactly like local ones.
@@ -30,6 +36,9 @@ import os
 from dataclasses import dataclass, replace
 from typing import Sequence
 
+import numpy as np
+
+from .compact import MAPPED_SUFFIX, IndexTable, MappedKeys, build_index_table
 from .errors import DataError, MissingDataError, UnsafeInputError
 from .remote import RemoteOptions, is_remote, join_url, read_remote_bytes, remote_glob
 from .sample import estimate_boundaries
@@ -72,7 +81,13 @@ def is_folder_url(name: str) -> bool:
 
 @dataclass(frozen=True)
 class ShardEntry:
-    """One shard: its file name (relative to the index's folder) and what it holds."""
+    """One shard: its file name (relative to the index's folder) and what it holds.
+
+    An entry read from an index holds its ``keys`` and ``lengths`` as read-only views of the
+    index's memory-mapped table (:class:`~speechpipe.compact.MappedKeys`,
+    :class:`~speechpipe.compact.MappedLengths`: sequences that compare equal to tuples);
+    one built by hand holds tuples.
+    """
 
     name: str
     count: int
@@ -82,7 +97,8 @@ class ShardEntry:
 
     @property
     def total_length(self) -> float:
-        return float(sum(self.lengths))
+        total = getattr(self.lengths, "total", None)  # a mapped view keeps its sum
+        return total() if total is not None else float(sum(self.lengths))
 
     @property
     def mappable(self) -> bool:
@@ -147,12 +163,34 @@ class ShardIndex:
     def lengths(self) -> list[float]:
         return [n for s in self.shards for n in s.lengths]
 
+    def length_array(self) -> np.ndarray:
+        """Every length in the index, in shard order, as a float64 array: for an index read
+        from one table whose shards are in the table's order, a view of the mapped lengths
+        (no copy, nothing per utterance in this process); else a new array."""
+        spans = [getattr(s.lengths, "span", None) for s in self.shards]
+        if spans and all(sp is not None for sp in spans):
+            table = spans[0][0]
+            if all(sp[0] is table and sp[1] == (spans[i - 1][2] if i else sp[1])
+                   for i, sp in enumerate(spans)):
+                return table.lengths[spans[0][1]:spans[-1][2]]
+            return np.concatenate([s.lengths.array for s in self.shards])
+        return np.fromiter((n for s in self.shards for n in s.lengths), np.float64)
+
     def total_bytes(self) -> int:
         return sum(s.bytes for s in self.shards)
 
     def boundaries(self, num_buckets: int) -> list[float]:
-        """Equal-count bucket boundaries over every length in the index."""
-        return estimate_boundaries(self.lengths(), num_buckets)
+        """Equal-count bucket boundaries over every length in the index (the quantiles
+        :func:`~speechpipe.sample.estimate_boundaries` takes, from the mapped lengths)."""
+        if num_buckets < 1:
+            raise ValueError(f"num_buckets must be >= 1, got {num_buckets}")
+        lengths = self.length_array()
+        if lengths.size == 0 or num_buckets == 1:
+            return estimate_boundaries([], num_buckets)
+        n = lengths.size
+        at = [min(n - 1, (i * n) // num_buckets) for i in range(1, num_buckets)]
+        cuts = np.partition(lengths, sorted(set(at)))[at].tolist()
+        return sorted(set(cuts))
 
     def boundaries_fn(self, num_buckets: int):
         """A picklable callable returning :meth:`boundaries` (for ``bucket_by_length``, which
@@ -181,6 +219,13 @@ class ShardIndex:
             for entry in self.shards:
                 f.write(entry.to_json() + "\n")
         os.replace(tmp, path)
+        table = path + MAPPED_SUFFIX
+        if all(len(e.keys) == len(e.lengths) == e.count for e in self.shards):
+            build_index_table(table, header, (
+                (e.name, e.count, e.bytes, e.keys, e.lengths, n)
+                for n, e in enumerate(self.shards, start=2)), source=path, mode_of=path)
+        elif os.path.exists(table):  # a reader builds it from the text (and says what is wrong)
+            os.remove(table)
         return path
 
     def missing_or_short(self) -> list[str]:
@@ -273,21 +318,32 @@ class ShardIndex:
     @classmethod
     def _parse(cls, path: str, remote: RemoteOptions | None, allow_outside: bool
                ) -> "ShardIndex":
-        lines, path = _index_lines(path, remote)
-        if not lines:
-            raise DataError("empty shard index", source=path)
-        header = _json_line(lines[0], path, 1)
-        if not isinstance(header, dict) or header.get("format") != _FORMAT:
-            raise DataError(f"not a speechpipe shard index (header {lines[0].strip()[:80]!r})",
-                            source=path, line=1)
-        if header.get("version") != _VERSION:
-            raise DataError(f"unsupported index version {header.get('version')!r}",
-                            source=path, line=1)
-        shards = [_entry(_json_line(line, path, n), path, n)
-                  for n, line in enumerate(lines[1:], start=2) if line.strip()]
+        """The index at ``path`` from its mapped table (:class:`~speechpipe.compact.
+        IndexTable`, ``index.jsonl.spmap``): mapped when current, else built from the text
+        (checked line by line) and written beside it; a URL's is built from the fetched
+        text in a temporary file. The entries' keys and lengths are views of the table."""
+        if is_remote(path):
+            if not path.endswith(".jsonl"):
+                path = join_url(path, INDEX_NAME)
+            lines = _remote_lines(path, remote)
+            table = IndexTable.build(*_checked_rows(lines, path), source=path)
+        else:
+            if os.path.isdir(path):
+                path = os.path.join(path, INDEX_NAME)
+            try:
+                table = IndexTable.open(path, lambda: _checked_rows(_file_lines(path), path))
+            except FileNotFoundError as exc:
+                raise MissingDataError(
+                    "no shard index here; write one with 'speechpipe pack'", source=path
+                ) from exc
+        header = table.index_header
+        shards = [ShardEntry(table.name(i), int(count), int(size), MappedKeys(table, i),
+                             table.lengths_of(i))
+                  for i, (count, size) in enumerate(zip(table.counts.tolist(),
+                                                        table.bytes.tolist()))]
         if not allow_outside:
-            for n, entry in enumerate(shards, start=2):
-                check_entry_name(entry.name, path, n)
+            for entry, line in zip(shards, table.lines.tolist()):
+                check_entry_name(entry.name, path, line)
         audio_format = header.get("audio_format")
         rate = header.get("sample_rate")
         if rate is not None and (isinstance(rate, bool) or not isinstance(rate, int) or rate < 1):
@@ -457,29 +513,64 @@ def index_folders(folder: str | os.PathLike) -> list[str]:
     return subfolders
 
 
-def _index_lines(path: str, remote: RemoteOptions | None) -> tuple[list[str], str]:
-    """The lines of the index at ``path`` (a file or folder, local or a URL), and its file."""
-    if is_remote(path):
-        if not path.endswith(".jsonl"):
-            path = join_url(path, INDEX_NAME)
+def _remote_lines(path: str, remote: RemoteOptions | None) -> list[str]:
+    """The lines of the index at the URL ``path``."""
+    try:
+        data = read_remote_bytes(path, remote)
+    except MissingDataError as exc:
+        raise MissingDataError("no shard index here; write one with 'speechpipe pack' "
+                               "and upload it beside the shards", source=path) from exc
+    try:
+        return data.decode("utf-8").splitlines(keepends=True)
+    except UnicodeDecodeError as exc:
+        raise DataError(f"not UTF-8 text: {exc.reason}", source=path) from None
+
+
+def _file_lines(path: str):
+    """The lines of a local index, read as they are used."""
+    with open(path, encoding="utf-8") as f:
         try:
-            data = read_remote_bytes(path, remote)
-        except MissingDataError as exc:
-            raise MissingDataError("no shard index here; write one with 'speechpipe pack' "
-                                   "and upload it beside the shards", source=path) from exc
-        try:
-            return data.decode("utf-8").splitlines(keepends=True), path
+            yield from f
         except UnicodeDecodeError as exc:
             raise DataError(f"not UTF-8 text: {exc.reason}", source=path) from None
-    if os.path.isdir(path):
-        path = os.path.join(path, INDEX_NAME)
+
+
+def _checked_rows(lines, path: str):
+    """``(header, rows)`` of an index's lines: the header checked now, each entry checked
+    (:func:`_entry`, naming the file and line) as the rows are read."""
+    lines = iter(lines)
     try:
-        with open(path, encoding="utf-8") as f:
-            return list(f), path
-    except FileNotFoundError as exc:
-        raise MissingDataError(
-            "no shard index here; write one with 'speechpipe pack'", source=path
-        ) from exc
+        header = _checked_header(next(lines, None), path)
+    except BaseException:
+        close = getattr(lines, "close", None)
+        if close is not None:
+            close()
+        raise
+
+    def rows():
+        try:
+            for n, line in enumerate(lines, start=2):
+                if line.strip():
+                    e = _entry(_json_line(line, path, n), path, n)
+                    yield e.name, e.count, e.bytes, e.keys, e.lengths, n
+        finally:
+            close = getattr(lines, "close", None)
+            if close is not None:
+                close()
+    return header, rows()
+
+
+def _checked_header(first: str | None, path: str) -> dict:
+    if first is None:
+        raise DataError("empty shard index", source=path)
+    header = _json_line(first, path, 1)
+    if not isinstance(header, dict) or header.get("format") != _FORMAT:
+        raise DataError(f"not a speechpipe shard index (header {first.strip()[:80]!r})",
+                        source=path, line=1)
+    if header.get("version") != _VERSION:
+        raise DataError(f"unsupported index version {header.get('version')!r}",
+                        source=path, line=1)
+    return header
 
 
 def _json_line(line: str, path: str, number: int):

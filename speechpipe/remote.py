@@ -56,7 +56,7 @@ def is_remote(name: str) -> bool:
     >>> is_remote("s3://bucket/data-00000.tar"), is_remote("data/a.tar")
     (True, False)
     """
-    return bool(_SCHEME.match(name)) and not name.startswith("file://")
+    return "://" in name and bool(_SCHEME.match(name)) and not name.startswith("file://")
 
 
 def join_url(folder: str, name: str) -> str:

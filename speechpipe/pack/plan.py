@@ -10,6 +10,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from ..compact import MAPPED_SUFFIX
 from ..errors import DataError, MissingDataError
 from ..index import INDEX_NAME, ShardEntry, ShardIndex
 from ..pipes.kaldi import ScpEntry
@@ -210,7 +211,7 @@ def other_packs(store: Storage, options: PackOptions) -> list[str]:
 
 def _packed_file(name: str, options: PackOptions) -> bool:
     """Whether ``name`` is a file a pack writes: a shard, a shard being written, an index."""
-    if name in (INDEX_NAME, f"{INDEX_NAME}.tmp"):
+    if name in (INDEX_NAME, f"{INDEX_NAME}.tmp", INDEX_NAME + MAPPED_SUFFIX):
         return True
     return bool(options.shard_name_re.fullmatch(name.removesuffix(".tmp"))
                 or is_tmp_of(name, options.shard_name_re))
@@ -276,8 +277,9 @@ def plan_shards(by_group: dict[str, list[int]], measured: Measured, store: Stora
         _plan_folder(plan, folder, indices, measured, inputs, unit, options, report, store)
     # An index means a complete pack: remove stale ones before any shard changes.
     for folder in sorted(set(plan.folders)):
-        if store.isfile(store.join(folder, INDEX_NAME)):
-            store.remove(store.join(folder, INDEX_NAME))
+        for name in (INDEX_NAME, INDEX_NAME + MAPPED_SUFFIX):  # the index and its table
+            if store.isfile(store.join(folder, name)):
+                store.remove(store.join(folder, name))
     return plan
 
 

@@ -80,10 +80,16 @@ def read_back(folder):
 
 
 def tree_digest(folder):
-    """sha256 over every file under ``folder`` (relative names and bytes)."""
+    """sha256 over every file under ``folder`` (relative names and bytes), but the indexes'
+    mapped tables (``index.jsonl.spmap``): a cache of the index beside it that records the
+    index's size and modification time (as a ``.pyc`` records its source's), so that two
+    runs' tables differ in those bytes; what they hold is compared in
+    ``test_two_runs_give_byte_identical_shards_and_index``."""
     digest = hashlib.sha256()
     for root, _, files in sorted(os.walk(folder)):
         for name in sorted(files):
+            if name.endswith(".spmap"):
+                continue
             path = os.path.join(root, name)
             digest.update(os.path.relpath(path, folder).encode() + b"\0")
             with open(path, "rb") as f:
@@ -484,6 +490,15 @@ def test_two_runs_give_byte_identical_shards_and_index(feats_corpus, tmp_path):
     pack_feats(feats_corpus, out=str(tmp_path / "one"), filter_group=["10:30", "30:100"])
     pack_feats(feats_corpus, out=str(tmp_path / "two"), filter_group=["10:30", "30:100"])
     assert tree_digest(tmp_path / "one") == tree_digest(tmp_path / "two")
+    from speechpipe.compact import IndexTable, read_mapped
+
+    for group in ("10_30", "30_100"):  # the tables hold the same, but the index's time
+        (h1, a1), (h2, a2) = (read_mapped(str(tmp_path / run / group / "index.jsonl.spmap"))
+                              for run in ("one", "two"))
+        assert {k: v for k, v in h1.items() if k != "source_mtime_ns"} == {
+            k: v for k, v in h2.items() if k != "source_mtime_ns"}
+        assert all(a1[k].tobytes() == a2[k].tobytes() for k in a1) and a1
+        assert IndexTable(str(tmp_path / "one" / group / "index.jsonl"), None, h1, a1).is_current()
 
 
 def test_two_workers_write_the_same_bytes_as_one(tmp_path):
@@ -882,14 +897,15 @@ def test_force_deletes_the_other_groups_and_the_glob_reads_each_utterance_once(f
     out = feats_corpus["out"]
     report = pack_feats(feats_corpus, filter_group=["10:40", "40:60"], force=True)
     assert sorted(os.listdir(out)) == ["10_40", "40_60"]
-    assert len(report.removed) == 5 and "removed (--force): 5 file(s)" in report.report()
+    # 3 shards, 2 indexes and their 2 mapped tables
+    assert len(report.removed) == 7 and "removed (--force): 7 file(s)" in report.report()
     keys = [s["key"] for s in IterableWrapper(expand_patterns(f"{out}/*/data-*.tar"))
             .open().read_shards()]
     assert sorted(keys) == sorted(feats_corpus["arrays"])
     report = pack_data(feats_corpus["scps"], feats_corpus["labels"], out,
                        utts_per_shard=3, progress=False, force=True)
     assert sorted(os.listdir(out)) == ["data-00000.tar", "data-00001.tar", "data-00002.tar",
-                                       INDEX_NAME]
+                                       INDEX_NAME, INDEX_NAME + ".spmap"]
 
 
 def test_a_folder_mixing_a_top_index_and_group_indexes_is_refused_by_readers(feats_corpus):

@@ -196,3 +196,176 @@ def test_a_rewritten_index_is_read_again_and_a_copy_is_handed_out(tmp_path, monk
     assert len(ShardIndex.read(tmp_path)) == 2 and len(parsed) == 1
     ShardIndex(str(tmp_path), [entry("a.tar", [100, 200, 50])]).write()  # same size or not
     assert len(ShardIndex.read(tmp_path)) == 3 and len(parsed) == 2
+
+
+# ------------------------------------------------------- the mapped table (issue 28)
+
+
+def test_write_puts_the_mapped_table_beside_and_read_maps_it(tmp_path):
+    from speechpipe.compact import MAPPED_SUFFIX, MappedKeys, MappedLengths
+
+    idx = ShardIndex(str(tmp_path), [entry("a.tar", [100, 200]), entry("b.tar", [300])])
+    idx.write()
+    assert (tmp_path / (INDEX_NAME + MAPPED_SUFFIX)).is_file()
+    again = ShardIndex.read(tmp_path)
+    first = again.shards[0]
+    assert isinstance(first.keys, MappedKeys) and isinstance(first.lengths, MappedLengths)
+    assert again.shards == idx.shards  # views compare equal to the tuples they map
+    assert first.keys == ("a.tar-0", "a.tar-1") and first.lengths[1:] == (200.0,)
+    assert first.keys.position("a.tar-1") == 1 and first.keys.position("zz") is None
+    assert first.total_length == 300.0 and again.lengths() == [100.0, 200.0, 300.0]
+    assert again.length_array().tolist() == [100.0, 200.0, 300.0]
+    assert json.loads(first.to_json())["keys"] == ["a.tar-0", "a.tar-1"]
+
+
+def test_a_missing_or_stale_table_is_rebuilt_from_the_text(tmp_path, monkeypatch):
+    import speechpipe.index as index
+    from speechpipe.compact import MAPPED_SUFFIX
+
+    ShardIndex(str(tmp_path), [entry("a.tar", [100, 200])]).write()
+    table = tmp_path / (INDEX_NAME + MAPPED_SUFFIX)
+    table.unlink()
+    assert ShardIndex.read(tmp_path).lengths() == [100.0, 200.0] and table.is_file()
+    # the text rewritten by hand (another tool, an edit): the table no longer matches it
+    monkeypatch.setattr(index, "_READ", {})
+    text = (tmp_path / INDEX_NAME).read_text().replace("[100,200]", "[7,8]")
+    (tmp_path / INDEX_NAME).write_text(text + _entry_line("b.tar") + "\n")
+    again = ShardIndex.read(tmp_path)
+    assert again.lengths() == [7.0, 8.0, 1.0] and again.shards[1].keys == ("k",)
+
+
+def test_a_folder_that_cannot_be_written_gets_its_table_in_the_temporary_folder(
+        tmp_path, monkeypatch):
+    import os
+    import tempfile
+
+    import speechpipe.compact as compact
+    from speechpipe.compact import MAPPED_SUFFIX
+
+    folder, cache = tmp_path / "ro", tmp_path / "cache"
+    folder.mkdir()
+    cache.mkdir()
+    (folder / INDEX_NAME).write_text(f"{HEADER}\n{_entry_line('a.tar')}\n")
+    monkeypatch.setattr(tempfile, "tempdir", str(cache))
+    monkeypatch.setattr(compact.os, "access", lambda path, mode: False)  # root writes anyway
+    idx = ShardIndex.read(folder)
+    assert idx.shards[0].keys == ("k",) and not (folder / (INDEX_NAME + MAPPED_SUFFIX)).exists()
+    assert [p.endswith(MAPPED_SUFFIX) for p in os.listdir(cache)] == [True]
+
+
+def test_a_mapped_index_pickles_by_reference_and_maps_again(tmp_path):
+    import speechpipe.compact as compact
+
+    ShardIndex(str(tmp_path), [entry("a.tar", [100, 200]), entry("b.tar", [])]).write()
+    idx = ShardIndex.read(tmp_path)
+    data = pickle.dumps(idx)
+    assert b"a.tar-1" not in data  # the keys stay in the table
+    compact._REMAPPED.clear()
+    again = pickle.loads(data)
+    assert again.shards == idx.shards and isinstance(again.shards[0].keys, compact.MappedKeys)
+    assert again.shards[1].lengths == () and again.shards[0].total_length == 300.0
+
+
+def test_durations_from_index_finds_keys_in_the_mapped_table(tmp_path):
+    import os
+
+    import speechpipe as sp
+
+    ShardIndex(str(tmp_path), [entry("a.tar", [100, 250])]).write()
+    shard = os.path.join(str(tmp_path), "a.tar")
+    samples = [{"key": "a.tar-1", "source": shard}, {"key": "a.tar-0", "source": shard}]
+    out = list(sp.IterableWrapper(samples).durations_from_index())
+    assert [s["duration"] for s in out] == [2.5, 1.0]
+    with pytest.raises(DataError, match="key is not in its shard's entry"):
+        list(sp.IterableWrapper([{"key": "nope", "source": shard}]).durations_from_index())
+
+
+_INDEX_MEMORY_PROBE = """
+import json, os, sys, tempfile
+import speechpipe as sp
+from speechpipe.index import ShardEntry, ShardIndex
+from speechpipe.seeding import Position
+
+def anonymous():
+    with open("/proc/self/smaps_rollup") as f:
+        fields = dict(line.split(":", 1) for line in f if ":" in line)
+    return int(fields["Anonymous"].split()[0]) * 1024
+
+def plan(folder):
+    pipe = sp.IterableWrapper([folder]).sharded_shuffle(buffer_size=2000, index=True)
+    mine = pipe.epoch_plan(position=Position(3, 8, 5, 8))  # what a worker plans
+    assignment = sp.shard_assignment(pipe, world_size=8, num_workers=8)
+    index = ShardIndex.read(folder)
+    bounds = index.boundaries(30)
+    lengths = [s.lengths for s in mine.shards]
+    shards = [s.name for s in mine.shards] or [os.path.join(folder, "a.tar")]
+    found = {os.path.join(folder, s.name): s for s in index.shards}[shards[0]]
+    sample = {"key": found.keys[-1], "source": shards[0]}
+    looked = list(sp.IterableWrapper([sample]).durations_from_index())
+    return len(pipe), mine, assignment, bounds, lengths, index, looked
+
+tiny = tempfile.mkdtemp()
+ShardIndex(tiny, [ShardEntry("a.tar", 2, 10, ("u0", "u1"), (100.0, 200.0))]).write()
+plan(tiny)  # the imports and code paths, warm
+before = anonymous()
+held = plan(sys.argv[1])
+after = anonymous()
+print(json.dumps({"anonymous": after - before, "count": held[0]}))
+"""
+
+
+@pytest.mark.slow
+def test_a_worker_holds_under_16_bytes_per_utterance_of_a_million_utterance_index(tmp_path):
+    # issue 28: ShardIndex.read parsed the index into Python tuples (about 130 B per
+    # utterance in every process that planned an epoch). Now a process maps the table and
+    # holds objects per shard only (500 here); the table's pages are file-backed and shared.
+    # The bound is on Anonymous memory (the process's own), with 4 MiB for what planning
+    # allocates besides.
+    import subprocess
+    import sys
+
+    import numpy as np
+
+    from speechpipe.testing import sample_durations
+
+    n, per = 1_000_000, 2000
+    frames = (np.round(sample_durations("wenetspeech-l", n, seed=0), 2) * 100).astype(int)
+    with open(tmp_path / INDEX_NAME, "w") as f:
+        f.write(HEADER + "\n")
+        for s in range(0, n, per):
+            f.write(json.dumps({"name": f"data-{s // per:05d}.tar", "count": per,
+                                "bytes": 64000 * per,
+                                "keys": [f"Y{i:010d}" for i in range(s, s + per)],
+                                "lengths": frames[s:s + per].tolist()}) + "\n")
+    ShardIndex.read(tmp_path)  # builds the table beside it, as pack's merge writes it
+    out = subprocess.run([sys.executable, "-c", _INDEX_MEMORY_PROBE, str(tmp_path)],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["count"] == n
+    assert got["anonymous"] < 16 * n + 4 * 2**20, got
+
+
+def test_step_planner_counts_budget_batches_from_the_mapped_lengths(tmp_path):
+    # issue 28: the lower bound measured an IndexLength per utterance; now each distinct
+    # length once, the sums in arrays -- the same counts, and a worker with no shard counts 0
+    import math
+
+    import speechpipe as sp
+
+    lengths = [[150, 300, 450], [1200, 80], [300, 300, 300, 300], [2500]]
+    ShardIndex(str(tmp_path), [entry(f"s{i}.tar", ls) for i, ls in enumerate(lengths)]).write()
+    pipe = sp.IterableWrapper([str(tmp_path)]).sharded_shuffle(index=True)
+    budget = sp.PaddedArea(10.0, length="duration")
+    plan = sp.StepPlanner(pipe, budget, num_workers=3, world_size=2).plan()
+    expected = []
+    for rank in pipe.epoch_plans(world_size=2, num_workers=3):
+        total = 0
+        for worker in rank:
+            seconds = [n / 100 for s in worker.shards for n in s.lengths]
+            normal = [x for x in seconds if x <= 10.0]
+            total += ((max(1, math.ceil(sum(normal) / 10.0)) if normal else 0)
+                      + len(seconds) - len(normal))
+        expected.append(total)
+    assert plan.rank_batches == tuple(expected) and not plan.exact
+    assert 0 in [len(w.shards) for r in pipe.epoch_plans(world_size=2, num_workers=3) for w in r]

@@ -655,6 +655,10 @@ class DurationFilterIterDataPipe(IterDataPipe[Sample]):
 DurationFilter = DurationFilterIterDataPipe
 
 
+#: Rows whose durations ``filter_by_duration`` compares at a time (from the mapped table).
+_FILTER_CHUNK = 1 << 20
+
+
 def _rows_in_range(rows, low: float | None, high: float | None,
                    diagnostics: Diagnostics) -> Any:  # numpy array
     """Sorted positions of the mapped ``rows`` whose duration is within ``[low, high]``,
@@ -666,29 +670,34 @@ def _rows_in_range(rows, low: float | None, high: float | None,
 
     dtype = index_dtype(rows.total)
     parts = []
-    for base, table in rows.chunks():
-        seconds = table.durations
-        keep = np.ones(seconds.size, dtype=bool)
-        for i in np.flatnonzero(np.isnan(seconds)).tolist():
-            sample = rows.parse_row(base + i)
-            try:  # NaN: no duration, or not a number (a JSON NaN is kept, as in a pass)
-                sample_duration(sample)
-            except (KeyError, TypeError, ValueError) as exc:
-                key = sample.get(KEY)
-                raise DataError(f"filter_by_duration: no duration ({exc})",
-                                source=sample.get(SOURCE),
-                                key=key if isinstance(key, str) else None) from exc
-        for bound, reason, out in (
-                (low, f"shorter than {low} s", lambda d, b: d < b),
-                (high, f"longer than {high} s", lambda d, b: d > b)):
-            if bound is None:
-                continue
-            dropped = np.flatnonzero(out(seconds, bound) & keep)
-            keep[dropped] = False
-            for i in dropped[:diagnostics.max_examples].tolist():
+    for first, table in rows.chunks():
+        for start in range(0, table.durations.size, _FILTER_CHUNK):  # temporaries stay small
+            seconds = table.durations[start:start + _FILTER_CHUNK]
+            base = first + start
+            keep = ~np.isnan(seconds)
+            for i in np.flatnonzero(~keep).tolist():
                 sample = rows.parse_row(base + i)
-                diagnostics.record(reason, f"key {sample.get(KEY)!r} ({seconds[i]:.2f} s)")
-            if dropped.size > diagnostics.max_examples:
-                diagnostics.counts[reason] += int(dropped.size) - diagnostics.max_examples
-        parts.append((np.flatnonzero(keep) + base).astype(dtype))
+                try:  # NaN: no duration, or not a number (a JSON NaN is kept, as in a pass)
+                    sample_duration(sample)
+                except (KeyError, TypeError, ValueError) as exc:
+                    key = sample.get(KEY)
+                    raise DataError(f"filter_by_duration: no duration ({exc})",
+                                    source=sample.get(SOURCE),
+                                    key=key if isinstance(key, str) else None) from exc
+                keep[i] = True
+            for bound, reason, out in (
+                    (low, f"shorter than {low} s", np.less),
+                    (high, f"longer than {high} s", np.greater)):
+                if bound is None:
+                    continue
+                dropped = np.flatnonzero(out(seconds, bound) & keep)
+                keep[dropped] = False
+                room = max(0, diagnostics.max_examples
+                           - len(diagnostics.examples.get(reason, ())))
+                for i in dropped[:room].tolist():  # the first few, parsed for their keys
+                    sample = rows.parse_row(base + i)
+                    diagnostics.record(reason, f"key {sample.get(KEY)!r} ({seconds[i]:.2f} s)")
+                if dropped.size > room:
+                    diagnostics.counts[reason] += int(dropped.size) - room
+            parts.append(np.flatnonzero(keep).astype(dtype) + dtype.type(base))
     return np.concatenate(parts) if parts else np.zeros(0, dtype)

@@ -476,17 +476,18 @@ class IndexDurationReaderIterDataPipe(IterDataPipe[Sample]):
     def __iter__(self):
         for sample in self.source_datapipe:
             source, key = sample.get(SOURCE), sample.get(KEY)
-            lengths, seconds = self._shard(source, key)
-            length = lengths.get(key)
+            entry, seconds = self._shard(source, key)
+            length = _length_of(entry, key)
             if length is None:
                 raise DataError("key is not in its shard's entry of the shard index (the "
                                 "index was written for other shards)", source=source, key=key)
             yield {**sample, DURATION: length * seconds}
 
-    def _shard(self, source: Any, key: Any) -> tuple[dict[str, float], float]:
-        """``({key: length}, seconds per length)`` of the shard ``source``; each index is read
-        once (a folder's ``index.jsonl`` when its first shard comes), each shard's keys looked
-        up once."""
+    def _shard(self, source: Any, key: Any) -> tuple[Any, float]:
+        """``(lookup, seconds per length)`` of the shard ``source``: its index entry when the
+        index is mapped (a key is found by its hash in the table: nothing per utterance is
+        held), else a ``{key: length}`` dict; each index is read once (a folder's
+        ``index.jsonl`` when its first shard comes)."""
         if not isinstance(source, str):
             raise DataError("the sample has no shard 'source' to look up in the shard index "
                             "(durations_from_index follows sharded_shuffle or read_shards)",
@@ -508,12 +509,23 @@ class IndexDurationReaderIterDataPipe(IterDataPipe[Sample]):
         entry = self._entries.get(name)
         if entry is None:
             raise DataError("the shard is not in the shard index", source=source, key=key)
-        found = self._shards[name] = (dict(zip(entry[0].keys, entry[0].lengths)), entry[1])
+        lookup = (entry[0] if hasattr(entry[0].keys, "position")
+                  else dict(zip(entry[0].keys, entry[0].lengths)))
+        found = self._shards[name] = (lookup, entry[1])
         return found
 
     def _add_index(self, index: ShardIndex) -> None:
         seconds = length_seconds(1.0, index.length_unit, sample_rate=index.sample_rate or 16000)
         self._entries.update((path, (entry, seconds)) for path, entry in index.by_path().items())
+
+
+def _length_of(lookup: Any, key: Any) -> float | None:
+    """The length of ``key`` in a shard: from a ``{key: length}`` dict, or by the mapped
+    entry's hash search."""
+    if isinstance(lookup, dict):
+        return lookup.get(key)
+    at = lookup.keys.position(key) if isinstance(key, str) else None
+    return None if at is None else lookup.lengths[at]
 
 
 IndexDurationReader = IndexDurationReaderIterDataPipe

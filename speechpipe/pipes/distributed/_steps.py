@@ -18,6 +18,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
+import numpy as np
+
 from ...errors import check_int
 from ..batching import BatchConstraint, IndexLength, OVERSIZE, TwoDimensional
 from ..order import dist_world, EpochPlan, ShardedShufflerIterDataPipe
@@ -205,12 +207,12 @@ class StepPlanner:
 
     def _worker_batches(self, plan: EpochPlan) -> int:
         unit, rate = index_unit(self.sharded)
-        lengths = [IndexLength(n, unit, rate) for shard in plan.shards for n in shard.lengths]
         if isinstance(self.batching, int):
-            return -(-len(lengths) // self.batching)
-        if isinstance(self.batching, BatchConstraint):
-            measure = self.batching.measure
-            return _lower_bound([measure(n) for n in lengths], self.batching, self.oversize)
+            return -(-sum(len(shard.lengths) for shard in plan.shards) // self.batching)
+        if isinstance(self.batching, BatchConstraint):  # from the mapped lengths
+            measured = self.__dict__.setdefault("_measured", {})
+            return _array_lower_bound(plan, self.batching, self.oversize, unit, rate, measured)
+        lengths = [IndexLength(n, unit, rate) for shard in plan.shards for n in shard.lengths]
         ordered = list(self.sharded.sample_order(plan, lengths))
         return sum(1 for _ in self.batching(ordered))
 
@@ -242,26 +244,74 @@ def index_unit(sharded: Any) -> tuple[str, int | None]:
     return getattr(index, "length_unit", "frames"), getattr(index, "sample_rate", None)
 
 
-def _lower_bound(lengths: Sequence, constraint: Any, oversize: str) -> int:
-    """Fewest batches any order of ``lengths`` can be packed into under ``constraint``."""
-    if not lengths:
+def _plan_codes(plan: EpochPlan) -> tuple[Any, np.ndarray] | None:
+    """``(table, codes)``: a worker's lengths as their places in the mapped table's distinct
+    lengths, in reading order, when every shard of the plan is a whole shard of one table;
+    else ``None``."""
+    spans = [getattr(s.lengths, "span", None) for s in plan.shards]
+    if not spans or any(sp is None or sp[0] is not spans[0][0] for sp in spans):
+        return None
+    table = spans[0][0]
+    return table, np.concatenate([table.codes[start:stop] for _, start, stop in spans])
+
+
+def _array_lower_bound(plan: EpochPlan, constraint: Any, oversize: str, unit: str,
+                       rate: int | None, cache: dict) -> int:
+    """The fewest batches any order of the plan's lengths can be packed into under
+    ``constraint``, computed without a Python object per utterance: each distinct length is
+    measured once (``cache`` keeps them across the workers of a plan), and the sums are
+    added in order, as ``sum`` adds them (the same bound to the last bit)."""
+    if not any(len(s.lengths) for s in plan.shards):
+        return 0  # a worker with nothing to read this epoch
+    coded = _plan_codes(plan)
+    if coded is not None:
+        table, where = coded
+        key = (id(table), unit, rate)
+        if cache.get("table") is not table or cache.get("key") != key:
+            cache.clear()
+            cache.update(_measured(table.distinct, constraint, unit, rate), table=table,
+                         key=key)
+        known = cache
+    else:
+        parts = [np.asarray(getattr(s.lengths, "array", s.lengths), dtype=np.float64)
+                 for s in plan.shards]
+        lengths = np.concatenate(parts) if parts else np.zeros(0)
+        known = _measured(np.unique(lengths), constraint, unit, rate)
+        where = np.searchsorted(known["lengths"], lengths)
+    if where.size == 0:
         return 0
-    empty = constraint.empty()
-    normal = [n for n in lengths if constraint.within(constraint.add(empty, n))]
-    over = len(lengths) - len(normal)
+    fits = known["fits"][where]
+    normal = int(fits.sum())
+    over = where.size - normal
     bound = 0
     if normal:
+        def total(part: int) -> float:
+            return float(np.cumsum(known["measures"][:, part][where[fits]])[-1])
+
         if isinstance(constraint, TwoDimensional):
-            bound = max(math.ceil(sum(n[0] for n in normal) / constraint.budget_in),
-                        math.ceil(sum(n[1] for n in normal) / constraint.budget_out))
+            bound = max(math.ceil(total(0) / constraint.budget_in),
+                        math.ceil(total(1) / constraint.budget_out))
         else:
             budget = getattr(constraint, "budget", math.inf)
-            total = sum(n[0] if isinstance(n, tuple) else n for n in normal)
-            bound = math.ceil(total / budget) if math.isfinite(budget) else 1
+            bound = math.ceil(total(0) / budget) if math.isfinite(budget) else 1
         if constraint.max_samples is not None:
-            bound = max(bound, math.ceil(len(normal) / constraint.max_samples))
+            bound = max(bound, math.ceil(normal / constraint.max_samples))
         bound = max(bound, 1)
     return bound + (over if oversize == "emit" else 0)
+
+
+def _measured(distinct: np.ndarray, constraint: Any, unit: str, rate: int | None) -> dict:
+    """For sorted distinct ``lengths``: ``measures`` (the constraint's measure of each, one
+    column per part of a tuple) and ``fits`` (whether one alone is within the budget)."""
+    empty = constraint.empty()
+    measures, fits = [], []
+    for n in distinct.tolist():
+        m = constraint.measure(IndexLength(n, unit, rate))
+        measures.append([float(x) for x in m] if isinstance(m, tuple) else [float(m)])
+        fits.append(constraint.within(constraint.add(empty, m)))
+    return {"lengths": distinct, "measures": np.array(measures, dtype=np.float64).reshape(
+        len(measures), -1 if measures else 1), "fits": np.array(fits, dtype=bool)}
+
 
 def batch_samples(batch: Any) -> int:
     """Samples in a batch: ``len`` of a list, of a dict's ``"key"`` list (as ``PadCollate``

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import urllib.parse
-from typing import Iterable
+from typing import Sequence
 
 from ...errors import DataError
 from ...index import ShardEntry, ShardIndex
@@ -26,15 +26,16 @@ def common_tail(a: list[str], b: list[str]) -> int:
     return n
 
 
-def index_entries(names: Iterable[str], index: ShardIndex) -> dict[str, ShardEntry]:
+def index_entries(names: Sequence[str], index: ShardIndex) -> dict[str, ShardEntry]:
     """``{name: entry}`` for each distinct name. A local path matches the entry with the same
     absolute path; a URL matches the entry sharing the longest tail of path components (at
     least the file name), which must be unique."""
     by_path = index.by_path()
     by_base: dict[str, list[tuple[list[str], ShardEntry]]] = {}
-    for path, entry in by_path.items():
-        parts = path_parts(path)
-        by_base.setdefault(parts[-1] if parts else "", []).append((parts, entry))
+    if any(is_url(name) and name not in by_path for name in names):  # matched by their tails
+        for path, entry in by_path.items():
+            parts = path_parts(path)
+            by_base.setdefault(parts[-1] if parts else "", []).append((parts, entry))
     found: dict[str, ShardEntry] = {}
     for name in names:
         if name in found:

@@ -782,7 +782,9 @@ def _planned(epoch: int, position: Position, names: list[str],
         if stride is not None:
             lengths = lengths[(stride[0] - seen) % stride[1]::stride[1]]
             seen += entries[n].count
-        shards.append(PlannedShard(n, len(lengths), entries[n].bytes, tuple(lengths)))
+        if not hasattr(lengths, "array"):  # a mapped view stays one: nothing per utterance
+            lengths = tuple(lengths)
+        shards.append(PlannedShard(n, len(lengths), entries[n].bytes, lengths))
     return EpochPlan(epoch, position, tuple(shards))
 
 
