@@ -71,7 +71,7 @@ def grown(a, b):
 """
 
 _MANIFEST_CHILD = _SMAPS + """
-import json, sys, time
+import inspect, json, sys, time
 spec = json.loads(sys.argv[1])
 before = smaps()
 import torch
@@ -81,9 +81,12 @@ from speechpipe.sample import sample_duration
 imported = smaps()
 t0 = time.perf_counter()
 c = sp.PaddedArea(budget=200.0, length=sample_duration)
+# the budget's keyword: budget= since 0.2's one spelling, constraint= in older trees (--base)
+kw = ("budget" if "budget" in inspect.signature(
+    sp.pipes.batching.LengthBucketerIterDataPipe).parameters else "constraint")
 pipe = (manifest_samples([spec["path"]]).filter_by_duration(1.0, 15.0, warn=False)
-        .shuffle_samples(seed=0).bucket_by_length(2000, budget=c, seed=0)
-        .block_batch(c, seed=0))
+        .shuffle_samples(seed=0).bucket_by_length(2000, **{kw: c}, seed=0)
+        .block_batch(**{kw: c}, seed=0))
 loader = sp.build_loader(pipe, num_workers=spec["workers"], seed=0, snapshot_every=1)
 out = {}
 if spec.get("resume"):
@@ -156,10 +159,10 @@ print(json.dumps(out))
 # batched on them (decoding would follow, in the batch).
 _SHARD_CHILD = _MANIFEST_CHILD.replace(
     """pipe = (manifest_samples([spec["path"]]).filter_by_duration(1.0, 15.0, warn=False)
-        .shuffle_samples(seed=0).bucket_by_length(2000, constraint=c, seed=0)""",
+        .shuffle_samples(seed=0).bucket_by_length(2000, **{kw: c}, seed=0)""",
     """c = sp.PaddedArea(budget=200.0, length="duration")
 pipe = (sp.IterableWrapper([spec["path"]]).sharded_shuffle(buffer_size=2000, index=True, seed=0)
-        .durations_from_index().bucket_by_length(2000, constraint=c, seed=0)""")
+        .durations_from_index().bucket_by_length(2000, **{kw: c}, seed=0)""")
 assert _SHARD_CHILD != _MANIFEST_CHILD
 
 
