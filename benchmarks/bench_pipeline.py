@@ -146,7 +146,7 @@ class Setup:
         return int(self.budget_seconds * FPS)
 
 
-TINY = Setup(shuffle=10, bucket=20, buckets=4, budget=60.0, shard_size=10)
+TINY = Setup(shuffle=10, bucket=20, buckets=4, budget_seconds=60.0, shard_size=10)
 
 
 # --------------------------------------------------------------------------------------------

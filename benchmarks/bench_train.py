@@ -100,7 +100,7 @@ def contest(utterances: int, step_seconds: float, rounds: int, tiny: bool) -> li
     the same step: waiting share per system and worker count."""
     from benchmarks import bench_pipeline as bp
 
-    setup = bp.TINY if tiny else bp.Setup(budget=60.0, shuffle=200, bucket=400,
+    setup = bp.TINY if tiny else bp.Setup(budget_seconds=60.0, shuffle=200, bucket=400,
                                           buckets=8)
     data = bp.make_audio(tempfile.mkdtemp(prefix="bench-train-audio-"), utterances, setup)
     systems = ("speechpipe", "webdataset", "lhotse")
