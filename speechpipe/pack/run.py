@@ -221,8 +221,8 @@ def pack_data(
     ...               "500:800"], utts_per_shard=1, progress=False)
     >>> r.groups, r.shards_written, r.out_of_range_examples
     ({'10_500': 2, '500_800': 1}, 3, ['utt4 (length 5)'])
-    >>> sorted(os.listdir(f"{d}/out/10_500"))
-    ['data-00000.tar', 'data-00001.tar', 'index.jsonl']
+    >>> sorted(os.listdir(f"{d}/out/10_500"))  # the index's mapped table beside it
+    ['data-00000.tar', 'data-00001.tar', 'index.jsonl', 'index.jsonl.spmap']
     >>> tmp.cleanup()
     """
     started = time.monotonic()

@@ -479,8 +479,12 @@ def bucket_files(s3, url, options=None):
 
 
 def local_files(folder):
+    """``{relative name: bytes}`` of a local pack, without the indexes' mapped tables (a cache
+    that a reader builds beside a local index; none is written into a bucket)."""
     out = {}
     for name in shard_files(folder):
+        if name.endswith(".spmap"):
+            continue
         with open(os.path.join(folder, name), "rb") as f:
             out[name.replace(os.sep, "/")] = f.read()
     return out
