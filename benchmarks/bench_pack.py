@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import hashlib
 import json
 import multiprocessing
 import os
@@ -53,7 +52,7 @@ import numpy as np
 import soundfile
 
 from speechpipe.pack import pack_data
-from speechpipe.testing import sample_durations
+from speechpipe.testing import pack_digest as digest, sample_durations
 
 RATE = 16000
 PER_SHARD = 20
@@ -109,22 +108,6 @@ def make_corpus(root: str, n: int, tiny: bool, per_shard: int = PER_SHARD,
                      total),
     }
     return {form: every[form] for form in forms}
-
-
-def digest(folder: str) -> str:
-    """sha256 of the shards and indexes; the indexes' mapped tables (``*.spmap``) are left out:
-    a cache that records its index's modification time (tests/pack/test_pack.py compares
-    what they hold)."""
-    h = hashlib.sha256()
-    for base, _, names in sorted(os.walk(folder)):
-        for name in sorted(names):
-            if name.endswith(".spmap"):
-                continue
-            path = os.path.join(base, name)
-            h.update(os.path.relpath(path, folder).encode() + b"\0")
-            with open(path, "rb") as f:
-                h.update(f.read())
-    return h.hexdigest()
 
 
 def _warm(_: object = None) -> int:

@@ -200,6 +200,16 @@ def _signature(path: str) -> dict:
     return {"source_size": st.st_size, "source_mtime_ns": st.st_mtime_ns}
 
 
+def _is_current(path: str, header: dict) -> bool:
+    """Whether the file at ``path`` still has the size and modification time ``header`` (a
+    table's) recorded when the table was built from it."""
+    try:
+        sig = _signature(path)
+    except OSError:
+        return False
+    return all(header.get(k) == v for k, v in sig.items())
+
+
 class ManifestTable:
     """The mapped row table of one local JSON-lines manifest (``.jsonl``, ``.jsonl.gz``).
 
@@ -248,11 +258,7 @@ class ManifestTable:
 
     def is_current(self) -> bool:
         """Whether the manifest still has the size and modification time it was built from."""
-        try:
-            sig = _signature(self.path)
-        except OSError:
-            return False
-        return all(self.header.get(k) == v for k, v in sig.items())
+        return _is_current(self.path, self.header)
 
     @classmethod
     def open(cls, path: str, parse: Parser, *, key_column: str | None = None,
@@ -631,11 +637,8 @@ class IndexTable:
                 len(self), int(self.starts[-1]))
 
     def is_current(self) -> bool:
-        try:
-            sig = _signature(self.path)
-        except OSError:
-            return False
-        return all(self.header.get(k) == v for k, v in sig.items())
+        """Whether the index still has the size and modification time it was built from."""
+        return _is_current(self.path, self.header)
 
     @classmethod
     def open(cls, path: str, rows: Callable[[], tuple[dict, Iterable[IndexRow]]], *,

@@ -21,9 +21,14 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import http.client
 import http.server
+import json
 import os
+import socket
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -32,8 +37,8 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 __all__ = ["DURATION_PERCENTILES", "FaultProxy", "MUSAN_FIXTURE", "S3_TEST_CREDENTIALS",
-           "USABLE_RANGE", "cut_and_resume", "demo_speech", "on_pcm_grid", "sample_durations",
-           "serve_directory", "serve_handler", "serve_s3", "snr_db", "upload_folder",
+           "USABLE_RANGE", "cut_and_resume", "demo_speech", "on_pcm_grid", "pack_digest",
+           "run_ranks", "sample_durations", "serve_directory", "serve_handler", "serve_s3", "snr_db", "upload_folder",
            "write_musan", "write_rirs_noises"]
 
 #: Published percentile points ``(quantile, seconds)`` of utterance durations. Sources:
@@ -547,3 +552,69 @@ class FaultProxy:
         self._server.shutdown()
         self._server.server_close()
         self._thread.join()
+
+
+def run_ranks(script: str, world: int, ctx: Any, folder: str, tag: str, *, timeout: float,
+              env: dict | None = None, expect_exit: dict | None = None) -> list:
+    """Run a gloo group of ``world`` processes, ``python script RANK WORLD PORT CTX OUT`` (the
+    rendezvous on a free port of 127.0.0.1, ``ctx`` written as JSON to ``CTX``), and return
+    each rank's result, the JSON it wrote to ``OUT``. Files are
+    ``folder/{ctx,rankR}-{tag}.{json,log}``. Every process is killed when ``timeout`` seconds
+    have passed (an ``AssertionError`` then says a rank hung: never a hang); a rank exiting
+    with another status than ``expect_exit.get(rank, 0)`` is an ``AssertionError`` with the
+    end of its log."""
+    ctx_path = os.path.join(folder, f"ctx-{tag}.json")
+    with open(ctx_path, "w") as f:
+        json.dump(ctx, f)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, GLOO_SOCKET_IFNAME=os.environ.get("GLOO_SOCKET_IFNAME", "lo"),
+               PYTHONWARNINGS="ignore", **(env or {}))
+    outs = [os.path.join(folder, f"rank{r}-{tag}.json") for r in range(world)]
+    log_paths = [os.path.join(folder, f"rank{r}-{tag}.log") for r in range(world)]
+    logs = [open(path, "w") for path in log_paths]
+    procs = [subprocess.Popen([sys.executable, script, str(r), str(world), str(port),
+                               ctx_path, outs[r]], env=env, stdout=logs[r],
+                              stderr=subprocess.STDOUT) for r in range(world)]
+    deadline = time.monotonic() + timeout
+    try:
+        for proc in procs:
+            proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        for proc in procs:
+            proc.kill()
+        raise AssertionError(f"a rank hung: killed after {timeout} s; logs in {folder}")
+    finally:
+        for proc in procs:
+            proc.wait()
+        for log in logs:
+            log.close()
+    expect_exit = expect_exit or {}
+    for r, proc in enumerate(procs):
+        if proc.returncode != expect_exit.get(r, 0):
+            with open(log_paths[r]) as f:
+                raise AssertionError(f"rank {r} exited with {proc.returncode}:\n"
+                                     f"{f.read()[-3000:]}")
+    results = []
+    for path in outs:
+        with open(path) as f:
+            results.append(json.load(f))
+    return results
+
+
+def pack_digest(folder: str | os.PathLike) -> str:
+    """sha256 over every file under ``folder`` (relative names and bytes) but the indexes'
+    mapped tables (``*.spmap``): a cache of the index beside it that records the index's size
+    and modification time (as a ``.pyc`` records its source's), so that two runs' tables differ
+    in those bytes. What two packs hold, compared byte for byte."""
+    digest = hashlib.sha256()
+    for root, _, files in sorted(os.walk(folder)):
+        for name in sorted(files):
+            if name.endswith(".spmap"):
+                continue
+            path = os.path.join(root, name)
+            digest.update(os.path.relpath(path, folder).encode() + b"\0")
+            with open(path, "rb") as f:
+                digest.update(f.read())
+    return digest.hexdigest()

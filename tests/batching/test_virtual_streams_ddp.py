@@ -20,11 +20,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import random
-import socket
 import subprocess
 import sys
-import time
 import warnings
 from datetime import timedelta
 
@@ -32,6 +29,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from test_virtual_streams import row_pipe, shard_pipe, write_rows, write_shards  # noqa: E402
+from speechpipe.testing import run_ranks  # noqa: E402
 
 WORLDS = (1, 2, 4)
 WORKERS = (0, 1, 2, 4)
@@ -109,50 +107,11 @@ def _rank_main(rank: int, world: int, port: int, ctx_path: str, out: str) -> Non
     dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_group(tmp: str, world: int, ctx: dict) -> list[dict]:
     """``ctx`` in a fresh gloo group of ``world`` subprocesses: each rank's results. Every
     process is killed after PROCESS_TIMEOUT seconds (never hangs)."""
-    tag = f"{ctx['phase']}-{world}"
-    ctx_path = os.path.join(tmp, f"ctx-{tag}.json")
-    with open(ctx_path, "w") as f:
-        json.dump(ctx, f)
-    port = _free_port()
-    env = dict(os.environ, GLOO_SOCKET_IFNAME=os.environ.get("GLOO_SOCKET_IFNAME", "lo"),
-               PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
-    outs = [os.path.join(tmp, f"rank{r}-{tag}.json") for r in range(world)]
-    logs = [open(os.path.join(tmp, f"rank{r}-{tag}.log"), "w") for r in range(world)]
-    procs = [subprocess.Popen([sys.executable, __file__, str(r), str(world), str(port),
-                               ctx_path, outs[r]], env=env, stdout=logs[r],
-                              stderr=subprocess.STDOUT) for r in range(world)]
-    deadline = time.monotonic() + PROCESS_TIMEOUT
-    try:
-        for proc in procs:
-            proc.wait(timeout=max(1.0, deadline - time.monotonic()))
-    except subprocess.TimeoutExpired:
-        for proc in procs:
-            proc.kill()
-        raise AssertionError(f"a rank hung: killed after {PROCESS_TIMEOUT} s; logs in {tmp}")
-    finally:
-        for proc in procs:
-            proc.wait()
-        for log in logs:
-            log.close()
-    for r, proc in enumerate(procs):
-        if proc.returncode != 0:
-            with open(os.path.join(tmp, f"rank{r}-{tag}.log")) as f:
-                raise AssertionError(
-                    f"rank {r} exited with {proc.returncode}:\n{f.read()[-3000:]}")
-    results = []
-    for path in outs:
-        with open(path) as f:
-            results.append(json.load(f))
-    return results
+    return run_ranks(__file__, world, ctx, tmp, f"{ctx['phase']}-{world}",
+                     timeout=PROCESS_TIMEOUT, env={"OMP_NUM_THREADS": "1"})
 
 
 @pytest.fixture(scope="module")

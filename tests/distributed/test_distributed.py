@@ -31,8 +31,6 @@ import json
 import os
 import random
 import shutil
-import socket
-import subprocess
 import sys
 import tarfile
 import time
@@ -42,6 +40,7 @@ from datetime import timedelta
 import pytest
 import torch
 
+from speechpipe.testing import run_ranks
 import speechpipe
 from speechpipe.errors import DataError
 from speechpipe.index import ShardEntry, ShardIndex
@@ -917,49 +916,11 @@ def _rank_main(rank: int, world: int, port: int, ctx_path: str, out: str) -> Non
     dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_group(tmp, world: int, ctx: dict, expect_exit: dict | None = None) -> list[dict]:
     """Run ``ctx["scenarios"]`` in a fresh gloo group of ``world`` subprocesses; return each
     rank's results. Kills every process after PROCESS_TIMEOUT seconds (never hangs)."""
-    ctx_path = os.path.join(tmp, f"ctx-{world}.json")
-    with open(ctx_path, "w") as f:
-        json.dump(ctx, f)
-    port = _free_port()
-    env = dict(os.environ, GLOO_SOCKET_IFNAME=os.environ.get("GLOO_SOCKET_IFNAME", "lo"),
-               PYTHONWARNINGS="ignore")
-    outs = [os.path.join(tmp, f"rank{r}-of-{world}.json") for r in range(world)]
-    logs = [open(os.path.join(tmp, f"rank{r}-of-{world}.log"), "w") for r in range(world)]
-    procs = [subprocess.Popen([sys.executable, __file__, str(r), str(world), str(port),
-                               ctx_path, outs[r]], env=env, stdout=logs[r],
-                              stderr=subprocess.STDOUT) for r in range(world)]
-    deadline = time.monotonic() + PROCESS_TIMEOUT
-    try:
-        for proc in procs:
-            proc.wait(timeout=max(1.0, deadline - time.monotonic()))
-    except subprocess.TimeoutExpired:
-        for proc in procs:
-            proc.kill()
-        raise AssertionError(f"a rank hung: killed after {PROCESS_TIMEOUT} s; logs in {tmp}")
-    finally:
-        for proc in procs:
-            proc.wait()
-        for log in logs:
-            log.close()
-    expect_exit = expect_exit or {}
-    for r, proc in enumerate(procs):
-        if proc.returncode != expect_exit.get(r, 0):
-            with open(os.path.join(tmp, f"rank{r}-of-{world}.log")) as f:
-                raise AssertionError(f"rank {r} exited with {proc.returncode}:\n{f.read()[-3000:]}")
-    results = []
-    for path in outs:
-        with open(path) as f:
-            results.append(json.load(f))
-    return results
+    return run_ranks(__file__, world, ctx, str(tmp), f"of-{world}", timeout=PROCESS_TIMEOUT,
+                     expect_exit=expect_exit)
 
 
 @pytest.mark.parametrize("context", ["spawn", "fork"])

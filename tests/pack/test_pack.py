@@ -8,7 +8,6 @@ inputs give the same bytes; a shard name on disk always holds a complete shard.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import io
 import json
 import os
@@ -24,6 +23,7 @@ import speechpipe  # noqa: F401  (registers open, read_shards, decode)
 import speechpipe.pack.lengths as pack_module
 from speechpipe.cli.pack import add_command as add_pack_command
 from speechpipe.errors import DataError, MissingDataError, UnsafeInputError
+from speechpipe.testing import pack_digest
 from speechpipe.index import INDEX_NAME, ShardIndex
 from speechpipe.pack import PackOptions, PackReport, pack_data, parse_length_groups, plan_pack
 from speechpipe.pipes.shards import _writer as shards_module
@@ -80,21 +80,10 @@ def read_back(folder):
 
 
 def tree_digest(folder):
-    """sha256 over every file under ``folder`` (relative names and bytes), but the indexes'
-    mapped tables (``index.jsonl.spmap``): a cache of the index beside it that records the
-    index's size and modification time (as a ``.pyc`` records its source's), so that two
-    runs' tables differ in those bytes; what they hold is compared in
+    """The pack's bytes (:func:`speechpipe.testing.pack_digest`: the indexes' mapped tables,
+    a cache recording the index's time, left out); what the tables hold is compared in
     ``test_two_runs_give_byte_identical_shards_and_index``."""
-    digest = hashlib.sha256()
-    for root, _, files in sorted(os.walk(folder)):
-        for name in sorted(files):
-            if name.endswith(".spmap"):
-                continue
-            path = os.path.join(root, name)
-            digest.update(os.path.relpath(path, folder).encode() + b"\0")
-            with open(path, "rb") as f:
-                digest.update(f.read())
-    return digest.hexdigest()
+    return pack_digest(folder)
 
 
 def mtimes(folder):

@@ -59,19 +59,11 @@ class Calibration:
         """``(base, a, b)`` of ``memory = base + a·n·L + b·n·L²``, least squares over the
         steps that ran on a bucket's worst batch (the steps with half a transcript, for
         :meth:`two_dimensional`, are left out: this fit has no term for the outputs)."""
-        import numpy as np
-
         worst = set(self.buckets)
         rows = [(1.0, n * length, n * length * length, memory)
                 for n, length, out, memory in self.measurements
                 if math.isfinite(memory) and (length, out) in worst]
-        if len(rows) < 3:
-            raise ValueError(f"need at least 3 measured steps to fit, got {len(rows)}")
-        data = np.array(rows, dtype=np.float64)
-        scale = np.abs(data[:, :3]).max(axis=0)
-        solution, *_ = np.linalg.lstsq(data[:, :3] / scale, data[:, 3], rcond=None)
-        base, a, b = (solution / scale).tolist()
-        return base, a, b
+        return _least_squares(rows)
 
     def quadratic(self, *, length: Any = None, max_samples: int | None = None) -> Quadratic:
         """A :class:`Quadratic` budget fitted to the measurements (``length``: how samples
@@ -87,20 +79,12 @@ class Calibration:
     def fit_two_dimensional(self) -> tuple[float, float, float]:
         """``(base, a, c)`` of ``memory = base + a·n·L + c·n·U`` (``U``: the output length),
         least squares over the steps that ran."""
-        import numpy as np
-
         rows = [(1.0, n * length, n * out, memory)
                 for n, length, out, memory in self.measurements if math.isfinite(memory)]
         if not any(row[2] for row in rows):
             raise ValueError("no measured step has an output length: calibrate with "
                              "(length, output_length) pairs for a TwoDimensional budget")
-        if len(rows) < 3:
-            raise ValueError(f"need at least 3 measured steps to fit, got {len(rows)}")
-        data = np.array(rows, dtype=np.float64)
-        scale = np.abs(data[:, :3]).max(axis=0)
-        solution, *_ = np.linalg.lstsq(data[:, :3] / scale, data[:, 3], rcond=None)
-        base, a, c = (solution / scale).tolist()
-        return base, a, c
+        return _least_squares(rows)
 
     # long: the split of the headroom between the two budgets and the check against the caps
     def two_dimensional(self, *, ratio: float | None = None, length: Any = None,
@@ -293,3 +277,17 @@ def calibrate_budget(
         if cap and out:  # half the transcript at the cap: memory per token apart from per frame
             fits(cap, top, out / 2)
     return Calibration(limit=float(limit), buckets=buckets, caps=caps, measurements=measurements)
+
+
+def _least_squares(rows: list[tuple[float, float, float, float]]) -> tuple[float, float, float]:
+    """The three coefficients of ``memory = x0·r0 + x1·r1 + x2·r2`` over rows
+    ``(r0, r1, r2, memory)``, least squares with the columns scaled to 1."""
+    import numpy as np
+
+    if len(rows) < 3:
+        raise ValueError(f"need at least 3 measured steps to fit, got {len(rows)}")
+    data = np.array(rows, dtype=np.float64)
+    scale = np.abs(data[:, :3]).max(axis=0)
+    solution, *_ = np.linalg.lstsq(data[:, :3] / scale, data[:, 3], rcond=None)
+    x0, x1, x2 = (solution / scale).tolist()
+    return x0, x1, x2
