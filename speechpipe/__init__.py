@@ -58,7 +58,8 @@ from .pipes.batching import BatchView, compute_lengths, read_data_len, select_ke
 from .pipes.batching import Calibration, calibrate_budget
 from .pipes.batching import StreamPlan
 from .recipes import (  # noqa: E402
-    FrontEnd, eval_pipeline, get_recipe, manifest_path, pipeline_report, train_pipeline,
+    FrontEnd, eval_pipeline, get_recipe, manifest_path, manifest_samples, pipeline_report,
+    train_pipeline,
 )
 from .remote import RemoteOptions  # noqa: E402
 from .telemetry import Telemetry  # noqa: E402
@@ -147,6 +148,7 @@ __all__ = [
     "load_tokenizer",
     "log_mel",
     "manifest_path",
+    "manifest_samples",
     "merge_cmvn_stats",
     "merge_pack",
     "mfcc",

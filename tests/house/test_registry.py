@@ -323,6 +323,7 @@ PUBLIC = [
     "load_tokenizer",
     "log_mel",
     "manifest_path",
+    "manifest_samples",
     "merge_cmvn_stats",
     "merge_pack",
     "mfcc",
