@@ -416,7 +416,23 @@ def run_index(name: str, code_root: str, folder: str, n: int, runs: int) -> dict
             "steps": steps, "memory": memory, "memory_planned": planned}
 
 
+def merged(rows: list[dict]) -> list[dict]:
+    """The rounds' rows of one contender, size and number of workers as one row."""
+    out: dict = {}
+    for r in rows:
+        key = (r["road"], r["name"], r["n"], r.get("workers", id(r)))
+        if key not in out:
+            out[key] = {**r, **{k: list(r.get(k, [])) for k in ("first", "resume",
+                                                              "per_worker")}}
+            continue
+        for k in ("first", "resume", "per_worker"):
+            out[key][k] += r.get(k, [])
+        out[key]["memory"] = r.get("memory") or out[key]["memory"]
+    return list(out.values())
+
+
 def report(rows: list[dict], tables: dict) -> None:
+    rows = merged(rows)
     for road, title in (("manifest", "Manifest road"), ("shards", "Shard road (sharded_shuffle "
                                                          "-> durations_from_index)")):
         if not any(r["road"] == road for r in rows):
@@ -440,7 +456,7 @@ def report(rows: list[dict], tables: dict) -> None:
             build = tables.get((road, n)) if name == "after" else None
             chosen = tables.get(("selection", n)) if name == "after" and road == "manifest" \
                 else None
-            build = "-" if build is None else f"{build:.1f}" + (
+            build = "-" if build is None or build != build else f"{build:.1f}" + (
                 "" if chosen is None else f" ({chosen:.1f})")
             print(f"| {name} | {_label(n)} | {build} | "
                   f"{_median(zero.get('first', []))} | {_median(two.get('first', []))} | "
@@ -517,12 +533,13 @@ def main(argv: list[str] | None = None) -> None:
                 tables[("manifest", n)] = make_table(path)
                 if "after" in who:
                     tables[("selection", n)] = make_selection(path)
-                if "after" in who:
-                    rows += run_manifest("after", REPO, path, n, runs, (0, 2), False, tmp)
+                contenders = [("after", REPO, (0, 2))] if "after" in who else []
                 if "before" in who and args.base and n <= _size(args.base_max):
-                    workers = (0, 2) if n <= _size(args.base_workers_max) else (0,)
-                    rows += run_manifest("before", args.base, path, n, runs, workers, False,
-                                         tmp)
+                    contenders.append(("before", args.base, (0, 2) if n <= _size(
+                        args.base_workers_max) else (0,)))
+                for _ in range(runs):  # rounds: the contenders alternate, under one load
+                    for name, code_root, workers in contenders:
+                        rows += run_manifest(name, code_root, path, n, 1, workers, False, tmp)
                 if "lhotse" in who and (args.tiny or n <= _size(args.lhotse_max)):
                     rows += run_manifest("lhotse", REPO, make_cuts(root, n), n, runs, (0,),
                                          True, tmp)
