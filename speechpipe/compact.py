@@ -116,10 +116,8 @@ def write_mapped(path: str, header: Mapping[str, Any],
     layout: dict[str, dict] = {}
     offset = 0
     for name, value in arrays.items():
-        if isinstance(value, tuple):
-            dtype, count = np.dtype(np.uint8), int(value[1])
-        else:
-            dtype, count = value.dtype, int(value.size)
+        dtype, count = ((np.dtype(np.uint8), int(value[1])) if isinstance(value, tuple)
+                        else (value.dtype, int(value.size)))
         layout[name] = {"dtype": dtype.str, "offset": offset, "count": count}
         offset = _aligned(offset + dtype.itemsize * count)
     head = json.dumps({**header, "arrays": layout}).encode("utf-8")
@@ -155,8 +153,7 @@ def write_mapped(path: str, header: Mapping[str, Any],
 
 
 def read_mapped(path: str) -> tuple[dict, dict[str, np.ndarray]]:
-    """``(header, {name: read-only memory-mapped array})`` of a file :func:`write_mapped`
-    wrote.
+    """``(header, {name: read-only memory-mapped array})`` of a :func:`write_mapped` file.
 
     Raises:
         MissingDataError: no such file.
@@ -231,7 +228,7 @@ class ManifestTable:
         return int(self.lines.size)
 
     def row(self, i: int) -> tuple[int, str]:  # (line number, text, its newline kept)
-        return self.rows_at(np.array([i]))[0]
+        return int(self.lines[i]), _line(self.text[self.starts[i]:self.starts[i + 1]].tobytes())
 
     def rows_at(self, rows: np.ndarray) -> list[tuple[int, str]]:
         """:meth:`row` of each of ``rows`` (an integer array), their offsets and line numbers
@@ -245,14 +242,13 @@ class ManifestTable:
         finally:
             if fd is not None:
                 os.close(fd)
-        cut = [raw[:raw.find(b"\n") + 1] if b"\n" in raw else raw for raw in raws]
-        return [(n, raw.decode("utf-8")) for n, raw in zip(self.lines[rows].tolist(), cut)]
+        return [(n, _line(raw)) for n, raw in zip(self.lines[rows].tolist(), raws)]
 
     def _text_fd(self) -> int | None:  # the file whose text is mapped, while it is that file
         try:
             fd = os.open(self.text_file[0], os.O_RDONLY) if self.text_file else None
         except OSError:
-            fd = None
+            return None
         return fd if fd is None or os.fstat(fd).st_ino == self.text_file[2] else os.close(fd)
 
     def rows_of(self, key: str) -> list[int]:
@@ -316,6 +312,10 @@ class ManifestTable:
         if isinstance(text, np.memmap) and text.filename:
             table.text_file = (text.filename, text.offset, os.stat(text.filename).st_ino)
         return table
+
+
+def _line(raw: bytes) -> str:  # a row's bytes to its first newline (kept), decoded
+    return (raw[:raw.find(b"\n") + 1] if b"\n" in raw else raw).decode("utf-8")
 
 
 def _scan(path: str, parse: Parser, numbered: Numbered, text_out) -> tuple[dict, int]:
@@ -422,8 +422,8 @@ def build_manifest_table(path: str, parse: Parser, *, key_column: str | None = N
             os.remove(text_tmp)
 
 
-class _NotWritten(Exception):
-    """The caller asked for a table held in memory (``write=False``)."""
+class _NotWritten(Exception):  # the caller asked for a table held in memory (write=False)
+    pass
 
 
 def _check_unique(table: ManifestTable, parse: Parser) -> None:
