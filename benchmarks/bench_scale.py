@@ -68,6 +68,27 @@ def smaps():
 
 def grown(a, b):
     return {k: b[k] - a[k] for k in a}
+
+def worker_memory(main_before):
+    # each DataLoader worker's /proc/<pid>/smaps_rollup, read from the main process (the
+    # workers are its children). A forked worker starts with every page shared with the main
+    # process: its Private_* are what it touched or allocated since; "Anonymous_grown" is its
+    # Anonymous less the main process's just before the workers started.
+    import os
+    pid = os.getpid()
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        children = [int(c) for c in f.read().split()]
+    out = []
+    for child in children:
+        try:
+            with open(f"/proc/{child}/smaps_rollup") as f:
+                fields = dict(line.split(":", 1) for line in f if ":" in line)
+        except OSError:
+            continue
+        got = {k: int(fields[k].split()[0]) * 1024 for k in main_before}
+        got["Anonymous_grown"] = got["Anonymous"] - main_before["Anonymous"]
+        out.append(got)
+    return out
 """
 
 _MANIFEST_CHILD = _SMAPS + """
@@ -93,10 +114,15 @@ if spec.get("resume"):
     state = torch.load(spec["resume"], weights_only=True)
     t0 = time.perf_counter()
     loader.load_state_dict(state)
+main_before = smaps()
 it = iter(loader)
 batch = next(it)
 out["first_s"] = time.perf_counter() - t0
 out["memory"] = grown(imported, smaps())
+if spec["workers"] and not spec.get("save"):
+    for _ in range(spec["workers"] - 1):  # every worker has made a batch (round robin)
+        next(it)
+    out["workers_memory"] = worker_memory(main_before)
 if spec.get("save"):
     for _ in range(spec["resume_at"] - 1):
         next(it)
@@ -214,6 +240,20 @@ def make_table(path: str) -> float:
     return time.perf_counter() - t0
 
 
+def make_selection(path: str) -> float:
+    """The first pass's one-time work with this checkout: ``filter_by_duration(1, 15)``'s
+    selection of the rows, written beside the manifest (``.within-1.0-15.0.spmap``) and
+    mapped by every later process and pass."""
+    import speechpipe as sp
+
+    if os.path.exists(f"{path}.within-1.0-15.0.spmap"):
+        return float("nan")
+    t0 = time.perf_counter()
+    sp.IterableWrapper([path]).read_manifest_files().filter_by_duration(
+        1.0, 15.0, warn=False).row_table()
+    return time.perf_counter() - t0
+
+
 def make_cuts(root: str, n: int) -> str:
     """The same rows as lhotse MonoCuts (``cuts_<n>.jsonl.gz``), once."""
     path = os.path.join(root, f"cuts_{n}.jsonl.gz")
@@ -310,7 +350,7 @@ def run_manifest(name: str, code_root: str, path: str, n: int, runs: int, worker
     for workers in workers_list:
         if lhotse and workers:
             continue  # the sampler runs in the main process
-        firsts, memory = [], None
+        firsts, memory, per_worker = [], None, []
         for _ in range(runs):
             got = child(script, {"path": path, "workers": workers}, code_root)
             if "error" in got:
@@ -318,8 +358,9 @@ def run_manifest(name: str, code_root: str, path: str, n: int, runs: int, worker
                 break
             firsts.append(got["first_s"])
             memory = got["memory"]
+            per_worker += got.get("workers_memory", [])
         row = {"road": road, "name": name, "n": n, "workers": workers, "first": firsts,
-               "memory": memory, "resume": []}
+               "memory": memory, "resume": [], "per_worker": per_worker}
         if workers == 0 and firsts:
             state = os.path.join(tmp, f"state-{road}-{name}-{n}")
             got = child(script, {"path": path, "workers": 0, "save": state,
@@ -335,9 +376,25 @@ def run_manifest(name: str, code_root: str, path: str, n: int, runs: int, worker
                 row["resume"].append(again["first_s"])
         rows.append(row)
         print(f"  {name:7s} {_label(n):>6s} workers={workers}: first {_median(firsts)} s, "
-              f"anon +{_mib(memory, 'Anonymous'):.1f} MiB, resume {_median(row['resume'])} s",
-              flush=True)
+              f"anon +{_mib(memory, 'Anonymous'):.1f} MiB, resume {_median(row['resume'])} s"
+              + (f", per worker {_worker_line(per_worker)}" if per_worker else ""), flush=True)
     return rows
+
+
+_WORKER_FIELDS = (("Anonymous_grown", "Anonymous grown"), ("Private_Dirty", "Private_Dirty"),
+                  ("Private_Clean", "Private_Clean"), ("Shared", "Shared"))
+
+
+def _worker_mib(memory: dict, key: str) -> float:
+    if key == "Shared":
+        return (memory["Shared_Clean"] + memory["Shared_Dirty"]) / 2**20
+    return memory[key] / 2**20
+
+
+def _worker_line(per_worker: list[dict]) -> str:
+    """Each field's median (range) over every worker of every run, MiB."""
+    return " | ".join(_median([_worker_mib(m, k) for m in per_worker])
+                      for k, _ in _WORKER_FIELDS)
 
 
 def run_index(name: str, code_root: str, folder: str, n: int, runs: int) -> dict:
@@ -359,15 +416,32 @@ def run_index(name: str, code_root: str, folder: str, n: int, runs: int) -> dict
             "steps": steps, "memory": memory, "memory_planned": planned}
 
 
+def merged(rows: list[dict]) -> list[dict]:
+    """The rounds' rows of one contender, size and number of workers as one row."""
+    out: dict = {}
+    for r in rows:
+        key = (r["road"], r["name"], r["n"], r.get("workers", id(r)))
+        if key not in out:
+            out[key] = {**r, **{k: list(r.get(k, [])) for k in ("first", "resume",
+                                                              "per_worker")}}
+            continue
+        for k in ("first", "resume", "per_worker"):
+            out[key][k] += r.get(k, [])
+        out[key]["memory"] = r.get("memory") or out[key]["memory"]
+    return list(out.values())
+
+
 def report(rows: list[dict], tables: dict) -> None:
+    rows = merged(rows)
     for road, title in (("manifest", "Manifest road"), ("shards", "Shard road (sharded_shuffle "
                                                          "-> durations_from_index)")):
         if not any(r["road"] == road for r in rows):
             continue
         print(f"\n{title} (times: median (range) over runs, s; memory: growth of the process "
               "with 0 workers, MiB; B/row from Anonymous)")
-        print("| contender | rows | table build s | first batch, 0 workers | first batch, 2 "
-              "workers | resume at step 50 | Anonymous MiB (B/row) | Private MiB | Shared MiB |")
+        print("| contender | rows | table (selection) build s | first batch, 0 workers | "
+              "first batch, 2 workers | resume at step 50 | Anonymous MiB (B/row) | "
+              "Private MiB | Shared MiB |")
         print("|---|---|---|---|---|---|---|---|---|")
         by = {}
         for r in rows:
@@ -380,10 +454,28 @@ def report(rows: list[dict], tables: dict) -> None:
             private = _mib(mem, "Private_Clean") + _mib(mem, "Private_Dirty")
             shared = _mib(mem, "Shared_Clean") + _mib(mem, "Shared_Dirty")
             build = tables.get((road, n)) if name == "after" else None
-            print(f"| {name} | {_label(n)} | {'-' if build is None else f'{build:.1f}'} | "
+            chosen = tables.get(("selection", n)) if name == "after" and road == "manifest" \
+                else None
+            build = "-" if build is None or build != build else f"{build:.1f}" + (
+                "" if chosen is None else f" ({chosen:.1f})")
+            print(f"| {name} | {_label(n)} | {build} | "
                   f"{_median(zero.get('first', []))} | {_median(two.get('first', []))} | "
                   f"{_median(zero.get('resume', []))} | {anon:.1f} ({anon * 2**20 / n:.1f}) | "
                   f"{private:.1f} | {shared:.1f} |")
+    if any(r.get("per_worker") for r in rows):
+        print("\nPer DataLoader worker with 2 workers, at the first batches (each worker's "
+              "/proc/<pid>/smaps_rollup read from the main process; MiB, median (range) over "
+              "the workers of every run; Anonymous grown: less the main process's before the "
+              "workers started)")
+        print("| road | contender | rows | " + " | ".join(t for _, t in _WORKER_FIELDS)
+              + " | Private B/row |")
+        print("|---|---|---|" + "---|" * (len(_WORKER_FIELDS) + 1))
+        for r in sorted((r for r in rows if r.get("per_worker")),
+                        key=lambda r: (r["road"], r["n"], r["name"])):
+            own = statistics.median(m["Private_Dirty"] + m["Private_Clean"]
+                                    for m in r["per_worker"])
+            print(f"| {r['road']} | {r['name']} | {_label(r['n'])} | "
+                  f"{_worker_line(r['per_worker'])} | {own / r['n']:.1f} |")
     print("\nShard index (ShardIndex.read; planning 64 ranks x 8 workers, epoch_plans and "
           "StepPlanner(PaddedArea(200 s)), from a fresh process, after that read)")
     print("| contender | utterances | read s | plan 64x8 s | steps 64x8 s | Anonymous MiB "
@@ -440,11 +532,14 @@ def main(argv: list[str] | None = None) -> None:
                 path = make_manifest(root, n)
                 tables[("manifest", n)] = make_table(path)
                 if "after" in who:
-                    rows += run_manifest("after", REPO, path, n, runs, (0, 2), False, tmp)
+                    tables[("selection", n)] = make_selection(path)
+                contenders = [("after", REPO, (0, 2))] if "after" in who else []
                 if "before" in who and args.base and n <= _size(args.base_max):
-                    workers = (0, 2) if n <= _size(args.base_workers_max) else (0,)
-                    rows += run_manifest("before", args.base, path, n, runs, workers, False,
-                                         tmp)
+                    contenders.append(("before", args.base, (0, 2) if n <= _size(
+                        args.base_workers_max) else (0,)))
+                for _ in range(runs):  # rounds: the contenders alternate, under one load
+                    for name, code_root, workers in contenders:
+                        rows += run_manifest(name, code_root, path, n, 1, workers, False, tmp)
                 if "lhotse" in who and (args.tiny or n <= _size(args.lhotse_max)):
                     rows += run_manifest("lhotse", REPO, make_cuts(root, n), n, runs, (0,),
                                          True, tmp)

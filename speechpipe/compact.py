@@ -4,18 +4,16 @@
 
 A JSON-lines manifest stays the readable truth; beside it (``train.jsonl.gz`` ->
 ``train.jsonl.gz.spmap``) a binary sidecar holds, per row, what ordering and filtering need
-without parsing the rows: the row's byte offset in the (uncompressed) text, its line number,
-its duration in seconds (NaN where the row has none), and the 64-bit hashes of the keys,
-sorted, with the row of each (to find a held sample again by key). A gzipped manifest's text
-is stored decompressed in the sidecar, so that any row can be read at its offset.
+without parsing the rows: its byte offset in the (uncompressed: a gzipped manifest's text is
+stored decompressed in the sidecar) text, its line number, its duration in seconds (NaN where
+the row has none), and the 64-bit hashes of the keys, sorted, with the row of each (to find a
+held sample again by key). The sidecar is memory-mapped: every process on a node maps the same
+pages and none holds a Python object per row. It records the manifest's size and modification
+time and is rebuilt when they no longer match (stale).
 
-The sidecar is read with ``numpy.memmap``: every process on a node maps the same pages (the
-page cache holds them once) and no process holds a Python object per row. It records the
-manifest's size and modification time and is rebuilt when they no longer match (stale).
-
-Layout (little-endian): 8 bytes of magic, a 64-bit header length, the JSON header (format,
-version, what the source was, each array's dtype, offset and length), then the arrays, each
-aligned to 64 bytes. :func:`write_mapped` and :func:`read_mapped` read and write any such file.
+Layout (:func:`write_mapped`, :func:`read_mapped`; little-endian): 8 bytes of magic, a 64-bit
+header length, the JSON header (format, version, what the source was, each array's dtype,
+offset and length), then the arrays, each aligned to 64 bytes.
 
 >>> import os, tempfile, json
 >>> path = os.path.join(tempfile.mkdtemp(), "m.jsonl")
@@ -60,6 +58,7 @@ _ALIGN = 64
 _MANIFEST_FORMAT = "speechpipe-manifest-rows"
 _MANIFEST_VERSION = 1
 _BOM = "\ufeff"
+_ROW_ARRAYS = ("starts", "lines", "durations", "hashes", "hash_rows")
 
 #: ``parse(line number, text) -> sample dict with a string "key"`` (raises DataError).
 Parser = Callable[[int, str], Mapping[str, Any]]
@@ -117,10 +116,8 @@ def write_mapped(path: str, header: Mapping[str, Any],
     layout: dict[str, dict] = {}
     offset = 0
     for name, value in arrays.items():
-        if isinstance(value, tuple):
-            dtype, count = np.dtype(np.uint8), int(value[1])
-        else:
-            dtype, count = value.dtype, int(value.size)
+        dtype, count = ((np.dtype(np.uint8), int(value[1])) if isinstance(value, tuple)
+                        else (value.dtype, int(value.size)))
         layout[name] = {"dtype": dtype.str, "offset": offset, "count": count}
         offset = _aligned(offset + dtype.itemsize * count)
     head = json.dumps({**header, "arrays": layout}).encode("utf-8")
@@ -156,8 +153,7 @@ def write_mapped(path: str, header: Mapping[str, Any],
 
 
 def read_mapped(path: str) -> tuple[dict, dict[str, np.ndarray]]:
-    """``(header, {name: read-only memory-mapped array})`` of a file :func:`write_mapped`
-    wrote.
+    """``(header, {name: read-only memory-mapped array})`` of a :func:`write_mapped` file.
 
     Raises:
         MissingDataError: no such file.
@@ -167,9 +163,11 @@ def read_mapped(path: str) -> tuple[dict, dict[str, np.ndarray]]:
         size = os.path.getsize(path)
         with open(path, "rb") as f:
             start = f.read(16)
-            if len(start) < 16 or start[:8] != _MAGIC:
-                raise DataError("not a speechpipe mapped file (bad magic)", source=path)
-            head = f.read(int.from_bytes(start[8:], "little"))
+            length = int.from_bytes(start[8:16], "little")
+            if len(start) < 16 or start[:8] != _MAGIC or length > size - 16:
+                raise DataError("not a speechpipe mapped file (bad magic or header length)",
+                                source=path)
+            head = f.read(length)
     except FileNotFoundError as exc:
         raise MissingDataError("no mapped file here", source=path) from exc
     try:
@@ -196,18 +194,15 @@ def _aligned(n: int) -> int:
 
 
 def _signature(path: str) -> dict:
-    st = os.stat(path)
-    return {"source_size": st.st_size, "source_mtime_ns": st.st_mtime_ns}
+    return {"source_size": (st := os.stat(path)).st_size, "source_mtime_ns": st.st_mtime_ns}
 
 
 def _is_current(path: str, header: dict) -> bool:
-    """Whether the file at ``path`` still has the size and modification time ``header`` (a
-    table's) recorded when the table was built from it."""
+    """Whether the file at ``path`` has the size and modification time in ``header``."""
     try:
-        sig = _signature(path)
+        return all(header.get(k) == v for k, v in _signature(path).items())
     except OSError:
         return False
-    return all(header.get(k) == v for k, v in sig.items())
 
 
 class ManifestTable:
@@ -217,9 +212,7 @@ class ManifestTable:
     uncompressed text; a row ends at its first newline), ``lines`` (each row's line number),
     ``durations`` (seconds, float64; NaN where the row has none or it is not a number),
     ``hashes`` (:func:`key_hash` of each key, sorted) and ``hash_rows`` (the row of each).
-
-    Open it with :meth:`open`, which builds or rebuilds the sidecar when missing or stale.
-    """
+    Open it with :meth:`open`, which builds or rebuilds the sidecar when missing or stale."""
 
     def __init__(self, path: str, sidecar: str | None, header: dict,
                  arrays: dict[str, np.ndarray], text: np.ndarray) -> None:
@@ -227,23 +220,36 @@ class ManifestTable:
         self.sidecar = sidecar
         self.header = header
         # plain ndarray views of the maps (np.memmap's own indexing costs ~20 us a call)
-        self.starts = np.asarray(arrays["starts"])
-        self.lines = np.asarray(arrays["lines"])
-        self.durations = np.asarray(arrays["durations"])
-        self.hashes = np.asarray(arrays["hashes"])
-        self.hash_rows = np.asarray(arrays["hash_rows"])
-        self.text = np.asarray(text)
+        self.starts, self.lines, self.durations, self.hashes, self.hash_rows, self.text = (
+            np.asarray(a) for a in (*(arrays[k] for k in _ROW_ARRAYS), text))
+        self.text_file: tuple | None = None  # (file, offset, inode) of a mapped text
 
     def __len__(self) -> int:
         return int(self.lines.size)
 
-    def row(self, i: int) -> tuple[int, str]:
-        """``(line number, text)`` of row ``i`` (the text decoded, its newline kept)."""
-        raw = self.text[int(self.starts[i]):int(self.starts[i + 1])].tobytes()
-        end = raw.find(b"\n")
-        if end >= 0:
-            raw = raw[:end + 1]
-        return int(self.lines[i]), raw.decode("utf-8")
+    def row(self, i: int) -> tuple[int, str]:  # (line number, text, its newline kept)
+        return int(self.lines[i]), _line(self.text[self.starts[i]:self.starts[i + 1]].tobytes())
+
+    def rows_at(self, rows: np.ndarray) -> list[tuple[int, str]]:
+        """:meth:`row` of each of ``rows`` (an integer array), their offsets and line numbers
+        gathered at once; a mapped text is read with ``pread`` (a page fault per row read at
+        random in a large text costs several times a read from the page cache) from 16 rows."""
+        spans = zip(self.starts[rows].tolist(), self.starts[rows + 1].tolist())
+        fd = self._text_fd() if rows.size >= 16 else None  # an open per call
+        try:
+            raws = [self.text[a:b].tobytes() if fd is None else
+                    os.pread(fd, b - a, self.text_file[1] + a) for a, b in spans]
+        finally:
+            if fd is not None:
+                os.close(fd)
+        return [(n, _line(raw)) for n, raw in zip(self.lines[rows].tolist(), raws)]
+
+    def _text_fd(self) -> int | None:  # the file whose text is mapped, while it is that file
+        try:
+            fd = os.open(self.text_file[0], os.O_RDONLY) if self.text_file else None
+        except OSError:
+            return None
+        return fd if fd is None or os.fstat(fd).st_ino == self.text_file[2] else os.close(fd)
 
     def rows_of(self, key: str) -> list[int]:
         """The rows whose key hashes as ``key`` does (a caller checks the parsed key)."""
@@ -275,8 +281,7 @@ class ManifestTable:
             numbered: how lines are numbered and decoded (see :data:`Numbered`).
 
         Raises:
-            DataError: a malformed line (from ``parse``), invalid UTF-8, a truncated gzip
-                stream, a duplicate key (naming both lines).
+            DataError: a bad line (``parse``'s error), invalid UTF-8, a cut gzip, a repeated key.
         """
         sidecar = path + MAPPED_SUFFIX
         try:
@@ -287,10 +292,9 @@ class ManifestTable:
             header, arrays = read_mapped(sidecar)
         except (MissingDataError, DataError):
             header = None
-        if (header is not None and header.get("format") == _MANIFEST_FORMAT
-                and header.get("version") == _MANIFEST_VERSION
-                and header.get("key_column") == key_column
-                and all(header.get(k) == v for k, v in sig.items())):
+        want = {"format": _MANIFEST_FORMAT, "version": _MANIFEST_VERSION,
+                "key_column": key_column, **sig}
+        if header is not None and all(header.get(k) == v for k, v in want.items()):
             return cls._of(path, sidecar, header, arrays)
         return build_manifest_table(path, parse, key_column=key_column, write=write,
                                     numbered=numbered)
@@ -304,7 +308,14 @@ class ManifestTable:
             text = np.zeros(0, np.uint8)
         else:
             text = np.memmap(path, dtype=np.uint8, mode="r")
-        return cls(path, sidecar, header, arrays, text)
+        table = cls(path, sidecar, header, arrays, text)
+        if isinstance(text, np.memmap) and text.filename:
+            table.text_file = (text.filename, text.offset, os.stat(text.filename).st_ino)
+        return table
+
+
+def _line(raw: bytes) -> str:  # a row's bytes to its first newline (kept), decoded
+    return (raw[:raw.find(b"\n") + 1] if b"\n" in raw else raw).decode("utf-8")
 
 
 def _scan(path: str, parse: Parser, numbered: Numbered, text_out) -> tuple[dict, int]:
@@ -348,13 +359,12 @@ def _scan(path: str, parse: Parser, numbered: Numbered, text_out) -> tuple[dict,
             lines.append(lineno)
             hashes.append(key_hash(sample[KEY]))
             try:
-                seconds = float(sample_duration(sample))
+                durations.append(float(sample_duration(sample)))
             except (KeyError, TypeError, ValueError):
-                seconds = math.nan
-            durations.append(seconds)
+                durations.append(math.nan)
     starts.append(position["end"])
-    return {"starts": starts, "lines": lines, "durations": durations,
-            "hashes": hashes}, position["end"]
+    return {"starts": starts, "lines": lines, "durations": durations, "hashes": hashes}, \
+        position["end"]
 
 
 def build_manifest_table(path: str, parse: Parser, *, key_column: str | None = None,
@@ -412,8 +422,8 @@ def build_manifest_table(path: str, parse: Parser, *, key_column: str | None = N
             os.remove(text_tmp)
 
 
-class _NotWritten(Exception):
-    """The caller asked for a table held in memory (``write=False``)."""
+class _NotWritten(Exception):  # the caller asked for a table held in memory (write=False)
+    pass
 
 
 def _check_unique(table: ManifestTable, parse: Parser) -> None:

@@ -15,6 +15,7 @@ import os
 import stat
 import subprocess
 import sys
+import tempfile
 import textwrap
 
 import numpy as np
@@ -25,6 +26,7 @@ from speechpipe.compact import MAPPED_SUFFIX, ManifestTable, read_mapped
 from speechpipe.errors import DataError
 from speechpipe.pipes.sources import read_manifest
 from speechpipe.pipes.sources import write_manifest_table
+from speechpipe.pipes.sources._selection import EXAMPLES
 from speechpipe.sample import sample_duration
 
 
@@ -336,7 +338,7 @@ def test_the_duration_filter_reads_the_mapped_durations_in_chunks_to_the_same_re
         tmp_path, monkeypatch):
     # issue 28: the filter compared all of a table's durations at once (temporaries of the
     # corpus's size: 0.96 s of the 2.2 s to the first batch at 15M rows); now 2**20 at a time
-    import speechpipe.pipes.batching._buckets as buckets
+    import speechpipe.pipes.sources._selection as selection
 
     rows = [{"key": f"u{i:03d}", "duration": [0.5, 3.0, 20.0][i % 3]} for i in range(40)]
     path = _write(tmp_path / "m.jsonl", rows)
@@ -348,7 +350,148 @@ def test_the_duration_filter_reads_the_mapped_durations_in_chunks_to_the_same_re
         return kept, dict(pipe.diagnostics.counts), dict(pipe.diagnostics.examples)
 
     whole = run()
-    monkeypatch.setattr(buckets, "_FILTER_CHUNK", 7)
+    for name in os.listdir(tmp_path):  # the selection written by the first run
+        if ".within-" in name:
+            os.remove(tmp_path / name)
+    monkeypatch.setattr(selection, "CHUNK", 7)
     assert run() == whole
     assert whole[1] == {"shorter than 1.0 s": 14, "longer than 15.0 s": 13}
     assert len(whole[0]) == 13 and whole[2]["shorter than 1.0 s"][0].startswith("key 'u000'")
+
+
+# ------------------------------------------------- the duration filter's selection, mapped
+
+
+class _CountingDurations(np.ndarray):
+    """A table's durations that count the values read through them (slices and items)."""
+
+    read = 0
+
+    def __getitem__(self, item):
+        out = np.ndarray.__getitem__(self, item)
+        _CountingDurations.read += int(np.size(out))
+        return out.view(np.ndarray) if isinstance(out, np.ndarray) else out
+
+
+@pytest.fixture
+def counted_durations(monkeypatch):
+    real = ManifestTable.__init__
+
+    def init(self, *args, **kwargs):
+        real(self, *args, **kwargs)
+        self.durations = self.durations.view(_CountingDurations)
+
+    monkeypatch.setattr(ManifestTable, "__init__", init)
+    _CountingDurations.read = 0
+    return _CountingDurations
+
+
+def test_the_selection_is_computed_once_and_mapped_by_later_passes_and_pipes(
+        tmp_path, counted_durations):
+    # issue 28: filter_by_duration compared every row's duration at the start of every pass
+    # in every process (15M rows: 0.1-0.3 s before the first batch, growing with the
+    # corpus). Now the first pass writes the selection beside the manifest and every later
+    # pass and process maps it: a pass reads only the examples' durations.
+    path = _write(tmp_path / "m.jsonl.gz", _rows(3000))
+    write_manifest_table(path)
+    ref = listed([path], 1.0, 10.0)
+    pipe = mapped([path], 1.0, 10.0)
+    assert list(pipe) == list(ref)
+    assert counted_durations.read >= 3000  # the first pass computes it
+    for epoch, make in ((1, lambda: pipe), (2, lambda: mapped([path], 1.0, 10.0))):
+        counted_durations.read = 0
+        again = make()  # the next pass; a pipe of another process (its own tables)
+        assert list(again.set_epoch(epoch)) == list(ref.set_epoch(epoch))
+        # the examples' (at most 16 per bound), not the rows'
+        assert counted_durations.read <= 2 * EXAMPLES, counted_durations.read
+        assert dict(again.source_datapipe.diagnostics.counts) == dict(
+            ref.source_datapipe.diagnostics.counts)
+        assert again.source_datapipe.diagnostics.examples == \
+            ref.source_datapipe.diagnostics.examples
+    names = sorted(os.listdir(tmp_path))
+    assert names == ["m.jsonl.gz", "m.jsonl.gz.spmap", "m.jsonl.gz.within-1.0-10.0.spmap"]
+
+
+def test_workers_map_the_selection_that_the_first_process_wrote(tmp_path):
+    path = _write(tmp_path / "m.jsonl", _rows(400))
+    constraint = sp.PaddedArea(budget=30.0, length=sample_duration)
+    make = lambda: mapped([path], 1.0, 10.0).block_batch(constraint, seed=1)  # noqa: E731
+    alone = [[s["key"] for s in b] for b in sp.build_loader(make(), num_workers=0, seed=0)]
+    selection = path + ".within-1.0-10.0" + MAPPED_SUFFIX
+    written = os.stat(selection)
+    loader = sp.build_loader(make(), num_workers=2, seed=0)
+    got = [[s["key"] for s in b] for b in loader]
+    assert sorted(k for b in got for k in b) == sorted(k for b in alone for k in b)
+    now = os.stat(selection)
+    assert (now.st_ino, now.st_mtime_ns) == (written.st_ino, written.st_mtime_ns)
+
+
+def test_a_stale_or_corrupt_selection_is_computed_again(tmp_path, counted_durations):
+    path = _write(tmp_path / "m.jsonl", _rows(200))
+    selection = path + ".within-1.0-none" + MAPPED_SUFFIX
+    assert _keys(mapped([path], 1.0)) == _keys(listed([path], 1.0))
+    built = os.stat(path).st_mtime_ns
+    _write(path, _rows(260, seed=4))  # new durations: the table and the selection are stale
+    os.utime(path, ns=(built + 10**9, built + 10**9))
+    pipe = mapped([path], 1.0)
+    assert list(pipe) == list(listed([path], 1.0))
+    assert read_mapped(selection)[0]["rows"] == 260
+    with open(selection, "wb") as f:
+        f.write(b"SPMAP\x00v1 cut short")
+    counted_durations.read = 0
+    ref = listed([path], 1.0)
+    assert list(pipe.set_epoch(0)) == list(ref)
+    assert counted_durations.read >= 260
+    assert dict(pipe.source_datapipe.diagnostics.counts) == dict(
+        ref.source_datapipe.diagnostics.counts)
+
+
+def test_a_selection_that_cannot_be_written_beside_goes_to_the_temporary_folder(
+        tmp_path, monkeypatch, counted_durations):
+    import speechpipe.pipes.sources._selection as selection
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    os.makedirs(tmp_path / "tmp")
+    monkeypatch.setattr(selection, "selection_path",
+                        lambda table, low, high: str(tmp_path / "no-such-folder" / "x.spmap"))
+    path = _write(tmp_path / "m.jsonl", _rows(100))
+    assert _keys(mapped([path], 2.0, 9.0)) == _keys(listed([path], 2.0, 9.0))
+    assert len([n for n in os.listdir(tmp_path / "tmp") if n.startswith("speechpipe-within-")]) == 1
+    counted_durations.read = 0
+    assert _keys(mapped([path], 2.0, 9.0)) == _keys(listed([path], 2.0, 9.0))
+    assert counted_durations.read <= 2 * EXAMPLES
+
+
+def test_mapped_rows_are_read_in_blocks_each_parsed_when_taken(tmp_path, monkeypatch):
+    # issue 28: a row read at random in a 2 GB text cost a page fault each (and three Python
+    # calls into the arrays): now a block of rows' offsets and line numbers is gathered at
+    # once and their bytes read with pread, each row parsed when its turn comes
+    import speechpipe.pipes.order._lists as lists
+
+    path = _write(tmp_path / "m.jsonl.gz", _rows(1500))
+    write_manifest_table(path)
+    blocks = []
+    real = ManifestTable.rows_at
+    monkeypatch.setattr(ManifestTable, "rows_at",
+                        lambda self, rows: blocks.append(len(rows)) or real(self, rows))
+    monkeypatch.setattr(lists, "READ_AHEAD", 100)
+    pipe = mapped([path], 1.0)
+    got = list(pipe)
+    assert got == list(listed([path], 1.0))
+    reads = [n for n in blocks if n > 1]  # a block per 100 rows (single rows: the examples)
+    assert len(reads) == -(-len(got) // 100) and sum(reads) == len(got)
+
+
+def test_rows_read_at_once_are_the_rows_and_survive_a_replaced_sidecar(tmp_path):
+    for name in ("m.jsonl", "m.jsonl.gz"):
+        path = _write(tmp_path / name, _rows(60), blank_every=5)
+        table = ManifestTable.open(path, lambda n, t: json.loads(t))
+        assert table.text_file is not None  # read with pread from the mapped file
+        order = np.random.default_rng(0).permutation(60)
+        assert table.rows_at(order) == [table.row(i) for i in order.tolist()]
+        before = table.rows_at(np.arange(60))
+        os.remove(path + MAPPED_SUFFIX)
+        os.remove(path)
+        _write(path, _rows(60, seed=9))  # a new file (inode): the old mapping stays valid
+        ManifestTable.open(path, lambda n, t: json.loads(t))
+        assert table.rows_at(np.arange(60)) == before

@@ -639,65 +639,39 @@ class DurationFilterIterDataPipe(IterDataPipe[Sample]):
     def row_table(self):
         """The rows of its source's ``row_table()`` within the range, from the mapped
         durations without parsing a row (``None`` when the source offers none). Counts and
-        reports the drops as a pass over the samples would (examples: the first few)."""
+        reports the drops as a pass over the samples would (examples: the first few). The
+        selection is computed once per manifest and range and mapped by every process and
+        pass after (:meth:`~speechpipe.pipes.sources.ManifestRows.within`): starting a pass
+        does not compare every row's duration again."""
         from ..order import source_rows
 
         rows = source_rows(self.source_datapipe)
         if rows is None:
             return None
         self.diagnostics.reset()
-        kept = _rows_in_range(rows, self.min_duration, self.max_duration, self.diagnostics)
+        kept, dropped, examples = rows.within(self.min_duration, self.max_duration,
+                                              _check_has_duration)
+        for name, bound in (("low", self.min_duration), ("high", self.max_duration)):
+            reason = f"{'shorter' if name == 'low' else 'longer'} than {bound} s"
+            shown = examples[name][:self.diagnostics.max_examples]
+            for position, seconds in shown:  # the first few, parsed for their keys
+                sample = rows.parse_row(position)
+                self.diagnostics.record(reason, f"key {sample.get(KEY)!r} ({seconds:.2f} s)")
+            if dropped[name] > len(shown):
+                self.diagnostics.counts[reason] += dropped[name] - len(shown)
         if self.warn:
             self.diagnostics.warn_if_skipped()
         return rows.restricted(kept)
 
 
+def _check_has_duration(sample: Sample) -> None:
+    """Raise as a pass would for a mapped row whose duration is NaN (a JSON NaN is kept)."""
+    try:
+        sample_duration(sample)
+    except (KeyError, TypeError, ValueError) as exc:
+        key = sample.get(KEY)
+        raise DataError(f"filter_by_duration: no duration ({exc})", source=sample.get(SOURCE),
+                        key=key if isinstance(key, str) else None) from exc
+
+
 DurationFilter = DurationFilterIterDataPipe
-
-
-#: Rows whose durations ``filter_by_duration`` compares at a time (from the mapped table).
-_FILTER_CHUNK = 1 << 20
-
-
-def _rows_in_range(rows, low: float | None, high: float | None,
-                   diagnostics: Diagnostics) -> Any:  # numpy array
-    """Sorted positions of the mapped ``rows`` whose duration is within ``[low, high]``,
-    counting the others in ``diagnostics`` as ``filter_by_duration`` does; a row without a
-    duration is parsed and raises as the pipe would."""
-    import numpy as np
-
-    from ...compact import index_dtype
-
-    dtype = index_dtype(rows.total)
-    parts = []
-    for first, table in rows.chunks():
-        for start in range(0, table.durations.size, _FILTER_CHUNK):  # temporaries stay small
-            seconds = table.durations[start:start + _FILTER_CHUNK]
-            base = first + start
-            keep = ~np.isnan(seconds)
-            for i in np.flatnonzero(~keep).tolist():
-                sample = rows.parse_row(base + i)
-                try:  # NaN: no duration, or not a number (a JSON NaN is kept, as in a pass)
-                    sample_duration(sample)
-                except (KeyError, TypeError, ValueError) as exc:
-                    key = sample.get(KEY)
-                    raise DataError(f"filter_by_duration: no duration ({exc})",
-                                    source=sample.get(SOURCE),
-                                    key=key if isinstance(key, str) else None) from exc
-                keep[i] = True
-            for bound, reason, out in (
-                    (low, f"shorter than {low} s", np.less),
-                    (high, f"longer than {high} s", np.greater)):
-                if bound is None:
-                    continue
-                dropped = np.flatnonzero(out(seconds, bound) & keep)
-                keep[dropped] = False
-                room = max(0, diagnostics.max_examples
-                           - len(diagnostics.examples.get(reason, ())))
-                for i in dropped[:room].tolist():  # the first few, parsed for their keys
-                    sample = rows.parse_row(base + i)
-                    diagnostics.record(reason, f"key {sample.get(KEY)!r} ({seconds[i]:.2f} s)")
-                if dropped.size > room:
-                    diagnostics.counts[reason] += int(dropped.size) - room
-            parts.append(np.flatnonzero(keep).astype(dtype) + dtype.type(base))
-    return np.concatenate(parts) if parts else np.zeros(0, dtype)

@@ -147,6 +147,22 @@ def source_rows(source: object):
     return offer() if callable(offer) else None
 
 
+#: Rows whose bytes mapped rows read at once (in the file's order), each parsed when taken.
+READ_AHEAD = 512
+
+
+def _taken(rows, mine: Sequence[int], start: int) -> Iterator[Sample]:
+    """``rows.sample(mine[i])`` for ``i`` from ``start`` on; mapped rows (``samples``) read
+    :data:`READ_AHEAD` rows' bytes at a time."""
+    many = getattr(rows, "samples", None)
+    if many is None:
+        for i in range(start, len(mine)):
+            yield rows.sample(int(mine[i]))
+        return
+    for first in range(start, len(mine), READ_AHEAD):
+        yield from many([int(mine[i]) for i in range(first, min(first + READ_AHEAD, len(mine)))])
+
+
 class _SampleList(CarriesRank, SampleSource):
     """A source yielding this process's share of an order over a sample list read whole each
     pass; resumable at any sample (the position), held samples found again by key. A mixin
@@ -224,9 +240,9 @@ class _SampleList(CarriesRank, SampleSource):
         if held is not None:
             self.buffers.add(held)  # held whole until the pass ends
         try:
-            for i in range(start, len(mine)):
+            for i, sample in enumerate(_taken(rows, mine, start), start):
                 live["next"] = i + 1
-                yield rows.sample(int(mine[i]))
+                yield sample
         finally:
             self._live = None
             if held is not None:

@@ -35,6 +35,7 @@ from ...sample import DURATION, KEY, NUM_FRAMES, SOURCE, Sample
 from .._core import functional_datapipe, IterDataPipe
 from ._files import check_path_stream, iter_text_lines, open_stream
 from ...compact import ManifestTable
+from ._selection import within
 
 __all__ = [
     "FORMATS",
@@ -417,6 +418,32 @@ class ManifestRows:
     def restricted(self, kept: np.ndarray) -> "ManifestRows":
         """These rows, keeping only the positions ``kept`` (sorted, of all files' rows)."""
         return ManifestRows(self.tables, self.key_column, kept)
+
+    def within(self, low: float | None, high: float | None, check) -> tuple:
+        """``filter_by_duration``'s selection of these rows (``kept`` ignored), computed once
+        per file and range and mapped by every process after: see :func:`._selection.within`."""
+        return within(self, low, high, check)
+
+    def samples(self, indices: list[int]) -> Iterator[Sample]:
+        """The ``i``-th rows (of ``kept`` when set) for ``i`` in ``indices``, each parsed when
+        it is taken; their offsets, line numbers and bytes are read first, in one gather per
+        file in the file's order (not a Python call per array element)."""
+        positions = np.asarray(indices, np.int64)
+        if self.kept is not None:
+            positions = self.kept[positions].astype(np.int64)
+        files = np.searchsorted(self.bases, positions, "right") - 1
+        raw: list = [None] * positions.size
+        for f in np.unique(files).tolist():
+            at = np.flatnonzero(files == f)
+            at = at[np.argsort(positions[at], kind="stable")]
+            for n, line_text in zip(at.tolist(), self.tables[f].rows_at(
+                    positions[at] - self.bases[f])):
+                raw[n] = (f, *line_text)
+        for f, lineno, text in raw:
+            path = self.tables[f].path
+            sample = _parse_json_line(path, lineno, text, self.key_column)
+            sample.setdefault(SOURCE, f"{path}:{lineno}")
+            yield sample
 
     def chunks(self) -> Iterator[tuple[int, ManifestTable]]:
         """``(first position, table)`` per file."""
