@@ -244,3 +244,32 @@ def test_an_impossible_global_position_is_refused_by_name(corpus):
         with pytest.raises(sp.ResumeError, match="global batch position"):
             sp.build_loader(shard_pipe(corpus["shards"]), seed=0).load_state_dict(
                 {**state, "batches": bad})
+
+
+def test_the_plan_holds_a_few_bytes_per_utterance(tmp_path):
+    """Issue 28's rule: no Python object per utterance. The manifest road's plan (and what
+    the pipe keeps to plan the next epoch) stays under 8 bytes per row; tuples of ints per
+    batch held about 40, a list of durations 32 more."""
+    import gc
+    import tracemalloc
+
+    rows = 20_000
+    path = str(tmp_path / "big.jsonl")
+    write_manifest(path, [{"key": f"r{i}", "duration": 0.5 + (i * 7919) % 1000 / 100}
+                          for i in range(rows)])
+    pipe = sp.IterableWrapper([path]).read_manifest_files().plan_batches(
+        budget=60.0, streams=4, seed=0, boundaries=[2.0, 5.0])
+    pipe.road()  # the manifest's mapped table, which the plan reads (a file-backed map)
+    row_pipe(write_rows(str(tmp_path / "warm"), rows=20)).datapipe.plan(0)  # imports done
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        plan = pipe.plan(0)
+        gc.collect()
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert sum(len(b) for b in plan.batches) == rows
+    assert plan.nbytes < 6 * rows
+    assert held < 8 * rows, f"{held / rows:.1f} bytes per row held"
