@@ -18,11 +18,11 @@ from __future__ import annotations
 
 from typing import Any, Iterator, Mapping
 
-from .errors import ResumeError
+from .errors import DataError, ResumeError
 from .pipes._core import graph_nodes
 from .seeding import process_position
 
-__all__ = ["GlobalPosition", "planned_stages", "saved_workers", "set_start"]
+__all__ = ["GlobalPosition", "check_position", "planned_stages", "saved_workers", "set_start"]
 
 
 def planned_stages(pipe: Any) -> list:
@@ -75,7 +75,9 @@ class GlobalPosition:
             return 0
         if self.loaded is not None:  # loaded, no pass since
             return self.loaded if self.loaded_epoch == epoch else 0
-        return self.start + self.steps * process_position().world_size
+        consumed = self.start + self.steps * process_position().world_size
+        # the last step of a padded epoch repeats its first batches: the epoch is consumed
+        return min([consumed] + [len(stage.plan(epoch)) for stage in self.stages])
 
     def load(self, state: Mapping, epoch: int) -> None:
         """Start the next pass (of ``epoch``) where ``state`` stood."""
@@ -83,8 +85,22 @@ class GlobalPosition:
         if not isinstance(batches, int) or isinstance(batches, bool) or batches < 0:
             raise ResumeError(f"the state's global batch position must be an int >= 0, got "
                               f"{batches!r}")
+        check_position(self.stages, epoch, batches)
         self.loaded, self.loaded_epoch = batches, epoch
         set_start(self.stages, epoch, batches)  # len() counts the steps left
+
+
+def check_position(stages: list, epoch: int, batches: int) -> None:
+    """Refuse a global position past the end of ``epoch`` (plans it): an edited state, or
+    one of another corpus that the fingerprint did not tell apart, would otherwise resume on
+    an empty rest of the epoch without a word."""
+    for stage in stages:
+        total = len(stage.plan(epoch))
+        if batches > total:
+            raise DataError(
+                f"the state's global batch position {batches} is past the end of epoch "
+                f"{epoch}, which has {total} global batches: the state does not belong to this "
+                "data (or was edited)", source=type(stage).__name__)
 
 
 def saved_workers(state: Any) -> int | None:

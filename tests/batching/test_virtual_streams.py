@@ -273,3 +273,49 @@ def test_the_plan_holds_a_few_bytes_per_utterance(tmp_path):
     assert sum(len(b) for b in plan.batches) == rows
     assert plan.nbytes < 6 * rows
     assert held < 8 * rows, f"{held / rows:.1f} bytes per row held"
+
+
+@pytest.mark.parametrize("road", ["shards", "rows"])
+def test_a_position_past_the_end_of_the_epoch_is_refused_by_name(corpus, road):
+    """A state whose global position is past the epoch's batches (edited, or of other data the
+    fingerprint did not tell apart) is a DataError, not an empty rest of the epoch; the last
+    batch's state (a padded last step repeats the first batches) stands at the epoch's end."""
+    make = (lambda: shard_pipe(corpus["shards"])) if road == "shards" else (
+        lambda: row_pipe(corpus["rows"]))
+    total = len(make().datapipe.plan(0))
+    loader = sp.build_loader(make(), seed=0)
+    next(iter(loader))
+    state = loader.state_dict()
+    for bad in (total + 1, total + 7, 10**9):
+        with pytest.raises(sp.DataError, match=f"position {bad} is past the end of epoch 0, "
+                                               f"which has {total} global batches"):
+            sp.build_loader(make(), seed=0).load_state_dict({**state, "batches": bad})
+    at_end = sp.build_loader(make(), seed=0)
+    at_end.load_state_dict({**state, "batches": total})
+    assert keys_of(at_end) == []  # the epoch is over; the next pass is epoch 1
+    pipe = make()
+    pipe.datapipe.set_epoch(0, start=total + 1)  # by hand, without a loader
+    with pytest.raises(sp.DataError, match="past the end of epoch 0"):
+        list(pipe)
+
+
+@pytest.mark.parametrize("road", ["shards", "rows"])
+def test_the_state_at_a_padded_last_step_stands_at_the_end_of_the_epoch(corpus, road,
+                                                                        monkeypatch):
+    """Rank 0 of W after the last step of an epoch whose batches do not fill the ranks: that
+    step repeated first batches, and the state says the epoch's end (not past it), which
+    resumes on the empty rest of the epoch."""
+    make = (lambda: shard_pipe(corpus["shards"])) if road == "shards" else (
+        lambda: row_pipe(corpus["rows"]))
+    total = len(make().datapipe.plan(0))
+    world = next(w for w in range(2, 9) if total % w)
+    monkeypatch.setattr("speechpipe.seeding._pinned", (0, world))  # rank 0 of `world`
+    loader = sp.build_loader(make(), seed=0)
+    batches = iter(loader)
+    for _ in range(-(-total // world)):
+        next(batches)
+    state = loader.state_dict()
+    assert state["batches"] == total and state["epoch"] == 0
+    resumed = sp.build_loader(make(), seed=0)
+    resumed.load_state_dict(state)
+    assert keys_of(resumed) == [] and resumed.epoch == 1

@@ -224,7 +224,8 @@ def plan_stream_batches(
 
     Args:
         streams: per stream, ``(item number, length)`` pairs in the order the stream reads
-            them (iterables, read one stream after the other) (lengths as the constraint measures them, e.g. :class:`IndexLength`).
+            them (iterables, read one stream after the other; lengths as the constraint
+            measures them, e.g. :class:`IndexLength`).
         constraint: the budget.
         seed, epoch: with the stream number, the seeds of the stream's generators.
         buffer_size: the stream's sample shuffle buffer (1: reading order).
@@ -548,10 +549,18 @@ class BatchPlannerIterDataPipe(Seeded, SampleSource, IterDataPipe[list]):
         start = self.start if state is None else check_int("start", state["start"], 0)
         if state is not None:
             self.epoch = check_int("epoch", state["epoch"], 0)
-        positions = self._positions(start)
-        skip = 0 if state is None else check_int("next", state["next"], 0)
         plan = self.plan()
         n = len(plan)
+        if start > n:
+            raise DataError(f"plan_batches: global batch {start} is past the end of epoch "
+                            f"{self.epoch}, which has {n} global batches (an edited state, or "
+                            "one of other data?)", source=type(self).__name__)
+        positions = self._positions(start)
+        skip = 0 if state is None else check_int("next", state["next"], 0)
+        if skip > len(positions):
+            raise DataError(f"plan_batches: the state says this process yielded {skip} batches "
+                            f"of epoch {self.epoch} from global batch {start}, but it has "
+                            f"{len(positions)} there", source=type(self).__name__)
         items = [plan.batch(p % n) for p in positions[skip:]]
         live = self._live = {"epoch": self.epoch, "start": start, "next": skip}
         try:
