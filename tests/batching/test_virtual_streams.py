@@ -319,3 +319,35 @@ def test_the_state_at_a_padded_last_step_stands_at_the_end_of_the_epoch(corpus, 
     resumed = sp.build_loader(make(), seed=0)
     resumed.load_state_dict(state)
     assert keys_of(resumed) == [] and resumed.epoch == 1
+
+
+# --------------------------------------------------------------------------- equal steps
+
+
+@pytest.mark.parametrize("road", ["shards", "rows"])
+def test_step_planner_and_equal_steps_count_over_streams(corpus, road):
+    """StepPlanner takes a plan_batches pipeline (or a loader over one) and counts its steps
+    exactly from the plan; EqualSteps(policy="plan") finds it by itself, and len() of the
+    loader is the steps of the pass, a resumed one's too. (Ranks: the gloo test.)"""
+    make = (lambda: shard_pipe(corpus["shards"])) if road == "shards" else (
+        lambda: row_pipe(corpus["rows"]))
+    pipe = make()
+    planner = sp.StepPlanner(pipe)
+    total = len(pipe.datapipe.plan(0))
+    assert planner.exact and planner.steps(0) == total == len(list(pipe))
+    assert sp.StepPlanner(pipe, world_size=4).plan(1).rank_batches == (
+        (-(-len(pipe.datapipe.plan(1)) // 4),) * 4)
+    with pytest.raises(TypeError, match="batches itself"):
+        sp.StepPlanner(pipe, 3)
+    for workers in (0, 2):
+        loader = sp.build_loader(make(), seed=0, num_workers=workers, uneven="plan")
+        assert isinstance(loader.uneven.steps, sp.StepPlanner)
+        assert len(loader) == total == len(list(loader))
+        assert loader.uneven.stats.steps == total and loader.uneven.stats.dropped_batches == 0
+        assert len(loader) == len(pipe.datapipe.plan(1)) == len(list(loader))
+    state = {**sp.build_loader(make(), seed=0).state_dict(), "batches": 5}
+    resumed = sp.build_loader(make(), seed=0, uneven="plan")
+    resumed.load_state_dict(state)
+    assert len(resumed) == total - 5 == len(list(resumed))
+    wrapped = sp.EqualSteps(sp.build_loader(make(), seed=0), "plan")  # found in the loader
+    assert len(wrapped) == total == len(list(wrapped))
