@@ -2,8 +2,9 @@
 
 A ``StatefulDataLoader`` state is shaped by its number of workers (:func:`saved_workers` reads
 it back) and each worker's part holds that worker's position: it resumes on the same topology
-only. A pipeline that starts from ``plan_batches`` (a stage whose class says
-``topology_free = True``: :mod:`speechpipe.pipes.batching._streams`) has one position for every
+only. A pipeline that starts from ``plan_batches`` (a stage that says ``topology_free = True``:
+:mod:`speechpipe.pipes.batching._streams`; ``batch_by_view`` over a view with streams) has one
+position for every
 rank and worker instead -- the global batches consumed in the epoch -- kept by
 :class:`GlobalPosition`: rank ``r`` of ``W`` has consumed ``start + steps * W`` of them after
 ``steps`` batches of a pass that started at ``start``, the same number on every rank (every
@@ -27,13 +28,13 @@ __all__ = ["GlobalPosition", "check_position", "planned_stages", "saved_workers"
 
 def planned_stages(pipe: Any) -> list:
     """The stages of ``pipe`` whose position does not depend on the topology."""
-    return [n for n in graph_nodes(pipe) if getattr(type(n), "topology_free", False)]
+    return [n for n in graph_nodes(pipe) if getattr(n, "topology_free", False) is True]
 
 
 def set_start(nodes: list, epoch: int, start: int) -> None:
     """Start the pass of each topology-free stage among ``nodes`` at global batch ``start``."""
     for node in nodes:
-        if getattr(type(node), "topology_free", False):
+        if getattr(node, "topology_free", False) is True:
             node.set_epoch(epoch, start=start)
 
 

@@ -351,3 +351,100 @@ def test_step_planner_and_equal_steps_count_over_streams(corpus, road):
     assert len(resumed) == total - 5 == len(list(resumed))
     wrapped = sp.EqualSteps(sp.build_loader(make(), seed=0), "plan")  # found in the loader
     assert len(wrapped) == total == len(list(wrapped))
+
+
+# --------------------------------------------------------------------------- BatchView
+
+
+VIEW_LENGTHS = {f"v{i:03d}": 1.0 + (i * 7) % 13 / 2 for i in range(150)}
+VIEW_DATA = {k: {"key": k, "duration": v} for k, v in VIEW_LENGTHS.items()}
+
+
+def view_pipe(*, streams=4, budget=20.0, seed=0, uneven="pad"):
+    view = sp.BatchView(VIEW_LENGTHS, budget=budget, streams=streams, seed=seed, uneven=uneven)
+    return sp.SequenceWrapper(VIEW_DATA).batch_by_view(view).collate(collate_fn=collate)
+
+
+def rank_runs(monkeypatch, world: int, workers: int, state=None, epochs: int = 1) -> list:
+    """Each rank's batches (keys) of ``world`` ranks, one after the other in this process
+    (the rank pinned as a worker process pins it)."""
+    out = []
+    for rank in range(world):
+        monkeypatch.setattr("speechpipe.seeding._pinned", (rank, world))
+        loader = sp.build_loader(view_pipe(), seed=0, num_workers=workers)
+        if state is not None:
+            loader.load_state_dict(state)
+        out.append([keys_of(loader) for _ in range(epochs)])
+    monkeypatch.setattr("speechpipe.seeding._pinned", None)
+    return out
+
+
+def test_a_view_over_streams_is_one_global_sequence_for_any_topology(monkeypatch):
+    """BatchView(streams=V) through batch_by_view: rank r of W trains at step s on global
+    batch sW + r of one sequence, whatever W and the number of workers; two epochs differ."""
+    reference = keys_of(sp.build_loader(view_pipe(), seed=0))
+    view = view_pipe().datapipe.view
+    assert [view._streams.keys_of(b) for b in view.plan(0).batches] == reference
+    assert sorted(k for b in reference for k in b) == sorted(VIEW_LENGTHS)
+    other = view.batches(1)  # the same streams and sizes (ties of length drawn anew)
+    assert other != reference and sorted(map(len, other)) == sorted(map(len, reference))
+    n = len(reference)
+    for world in (1, 2, 4):
+        steps = -(-n // world)
+        for workers in (0, 2):
+            runs = rank_runs(monkeypatch, world, workers)
+            for rank, (got,) in enumerate(runs):
+                assert got == [reference[(s * world + rank) % n] for s in range(steps)], (
+                    world, workers, rank)
+
+
+@pytest.mark.parametrize("saved, resumed, at", [
+    ((2, 2), (1, 0), 4), ((1, 0), (4, 1), 9), ((4, 1), (2, 0), 2), ((1, 2), (2, 2), 0),
+    ((2, 0), (4, 2), "end")])
+def test_a_view_state_resumes_exactly_on_another_topology(monkeypatch, saved, resumed, at):
+    reference = [keys_of(loader) for loader in [sp.build_loader(view_pipe(), seed=0)]
+                 for _ in range(2)]
+    world, workers = saved
+    monkeypatch.setattr("speechpipe.seeding._pinned", (0, world))
+    loader = sp.build_loader(view_pipe(), seed=0, num_workers=workers)
+    if at == "end":
+        keys_of(loader)
+    else:
+        for step, _ in enumerate(loader):
+            if step == at:
+                break
+    state = loader.state_dict()
+    epoch, start = (1, 0) if at == "end" else (0, (at + 1) * world)
+    assert (state["epoch"], state["batches"]) == (epoch, start)
+    world2, workers2 = resumed
+    runs = rank_runs(monkeypatch, world2, workers2, state, epochs=2)
+    n = len(reference[epoch])
+    for rank, (rest, following) in enumerate(runs):
+        steps = -(-(n - start) // world2)
+        assert rest == [reference[epoch][(start + s * world2 + rank) % n] for s in range(steps)]
+        if epoch == 0:
+            assert following == [reference[1][(s * world2 + rank) % n]
+                                 for s in range(-(-n // world2))]
+    real = [k for rank, (rest, _) in enumerate(runs) for s, b in enumerate(rest)
+            if start + s * world2 + rank < n for k in b]
+    assert sorted(real) == sorted(k for b in reference[epoch][start:] for k in b)
+    assert len(real) == len(set(real))  # none twice, none lost
+
+
+def test_a_view_over_streams_refuses_what_it_cannot_serve(monkeypatch):
+    with pytest.raises(ValueError, match="any world size|every world size"):
+        sp.BatchView(VIEW_LENGTHS, budget=20.0, streams=4, world_size=2)
+    loader = sp.build_loader(view_pipe(), seed=0)
+    next(iter(loader))
+    state = loader.state_dict()
+    for change in (dict(streams=3), dict(seed=1), dict(budget=15.0)):
+        with pytest.raises(sp.ResumeError, match="view"):
+            sp.build_loader(view_pipe(**change), seed=0).load_state_dict(state)
+    with pytest.raises(sp.ResumeError, match="streams=4.*streams=5"):
+        sp.build_loader(view_pipe(streams=5), seed=0).load_state_dict(state)
+    total = len(view_pipe().datapipe.view.plan(0))
+    with pytest.raises(sp.DataError, match="past the end of epoch 0"):
+        sp.build_loader(view_pipe(), seed=0).load_state_dict({**state, "batches": total + 1})
+    monkeypatch.setattr("speechpipe.seeding._pinned", (1, 4))
+    assert len(sp.build_loader(view_pipe(), seed=0)) == -(-total // 4)
+    assert len(sp.build_loader(view_pipe(uneven="drop"), seed=0)) == total // 4

@@ -370,20 +370,73 @@ class _RowRoad:
         return DEFAULT_STREAMS
 
     def streams(self, seed: int, epoch: int, streams: int) -> list[Iterator[tuple[int, Any]]]:
-        durations = self.durations()
-        key = derive_seed(seed, epoch, 0, 0, _SALT, "rows")
-        return [self._items(FeistelOrder(len(durations), key, v, streams), durations)
-                for v in range(streams)]
-
-    @staticmethod
-    def _items(order: FeistelOrder, durations: np.ndarray) -> Iterator[tuple[int, Any]]:
-        rows = np.fromiter((order[i] for i in range(len(order))), np.int64, len(order))
-        for row, duration in zip(rows.tolist(), durations[rows].tolist()):
-            yield row, IndexLength(duration, "seconds")
+        return deal_items(self.durations(), derive_seed(seed, epoch, 0, 0, _SALT, "rows"),
+                          streams, _seconds)
 
     def fetch(self, batches: list[np.ndarray], read_options: Any) -> Iterator[list]:
         for batch in batches:
             yield [self.rows.sample(i) for i in batch.tolist()]
+
+
+def _seconds(duration: float) -> IndexLength:
+    return IndexLength(duration, "seconds")
+
+
+def deal_items(lengths: np.ndarray, key: int, streams: int,
+               as_length: Any = float) -> list[Iterator[tuple[int, Any]]]:
+    """Items ``0 .. n - 1`` (with ``lengths``) dealt to ``streams`` virtual streams: a keyed
+    permutation (:class:`~speechpipe.pipes.order.FeistelOrder`), stream ``v`` reading its
+    positions ``v, v + V, ...``; each stream an iterator of ``(item, as_length(length))``.
+
+    >>> [list(s) for s in deal_items(np.array([1.0, 2.0, 3.0]), key=5, streams=2)]
+    [[(2, 3.0), (1, 2.0)], [(0, 1.0)]]
+    """
+    return [_dealt(FeistelOrder(len(lengths), key, v, streams), lengths, as_length)
+            for v in range(streams)]
+
+
+def _dealt(order: FeistelOrder, lengths: np.ndarray, as_length: Any
+           ) -> Iterator[tuple[int, Any]]:
+    items = np.fromiter((order[i] for i in range(len(order))), np.int64, len(order))
+    for item, length in zip(items.tolist(), lengths[items].tolist()):
+        yield item, as_length(length)
+
+
+class LengthStreams:
+    """Virtual streams over an in-memory table of lengths, for a :class:`~speechpipe.pipes.
+    batching.BatchView` with ``streams=V``: the keys (sorted) are items ``0 .. n - 1``, dealt
+    once to the ``V`` streams (:func:`deal_items`, the same deal every epoch, so every epoch
+    has the same batches in another order, as a view's); each stream sorts its keys by length
+    (one bucket as large as the stream), packs them within the budget and shuffles its
+    batches (``shuffle``); :func:`plan_stream_batches` interleaves them: plan_batches' planning.
+
+    >>> from speechpipe.pipes.batching import PaddedArea
+    >>> streams = LengthStreams({"a": 5, "b": 3, "c": 9, "d": 2}, PaddedArea(10), streams=2)
+    >>> [streams.keys_of(b) for b in streams.plan(0).batches]
+    [['d', 'b'], ['a'], ['c']]
+    """
+
+    def __init__(self, lengths: dict, constraint: BatchConstraint, *, streams: int,
+                 seed: int = 0, shuffle: bool = True, oversize: str = "emit") -> None:
+        self.keys = sorted(lengths)
+        self.lengths = np.array([lengths[k] for k in self.keys], np.float64)
+        self.constraint, self.streams = constraint, check_int("streams", streams, 1)
+        self.seed, self.shuffle, self.oversize = seed, shuffle, oversize
+        self._plan: StreamPlan | None = None
+
+    def plan(self, epoch: int) -> StreamPlan:
+        """The global batch sequence of ``epoch`` (items: positions in :attr:`keys`)."""
+        if self._plan is None or self._plan.epoch != epoch:
+            n = max(1, len(self.keys))
+            self._plan = plan_stream_batches(
+                deal_items(self.lengths, derive_seed(self.seed, 0, 0, 0, _SALT, "view"),
+                           self.streams), self.constraint, seed=self.seed, epoch=epoch,
+                bucket_buffer=n, shuffle_window=n if self.shuffle else 1,
+                oversize=self.oversize)
+        return self._plan
+
+    def keys_of(self, items: Iterable[int]) -> list:
+        return [self.keys[i] for i in items]
 
 
 # --------------------------------------------------------------------------- the pipe
