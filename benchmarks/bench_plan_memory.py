@@ -12,8 +12,8 @@ Roads: mapped manifest rows (`--manifest`, a JSON-lines manifest with durations;
 written here with `--utterances` rows) and a shard index (`--index FOLDER`: its `index.jsonl`;
 the shards themselves are not read).
 
-    python -m benchmarks bench_plan_memory --manifest /data/wenet_1000000.jsonl.gz
-    python -m benchmarks bench_plan_memory --index /data/index_1000000
+    python -m benchmarks.bench_plan_memory --manifest /data/wenet_1000000.jsonl.gz
+    python -m benchmarks.bench_plan_memory --index /data/index_1000000
 """
 
 from __future__ import annotations

@@ -573,8 +573,11 @@ class BatchView:
         check_int("epoch", epoch, 0)
         if self.streams is not None:  # start_step: global batches; whole ones per rank
             plan, start = self.plan(epoch), self._check_start(start_step)
+            world = check_int("world_size", world_size or 1, 1)
+            if rank is not None and not (isinstance(rank, int) and 0 <= rank < world):
+                raise ValueError(f"rank must be an int in [0, {world}), got {rank!r}")
             where = range(start, len(plan)) if rank is None else plan.positions(
-                rank, world_size or 1, start=start, uneven=self.uneven)
+                rank, world, start=start, uneven=self.uneven)
             return [self._streams.keys_of(plan.batch(p % len(plan))) for p in where]
         self._check_rank(rank, world_size)
         start_step = self._check_start(start_step)
