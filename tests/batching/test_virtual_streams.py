@@ -448,3 +448,15 @@ def test_a_view_over_streams_refuses_what_it_cannot_serve(monkeypatch):
     monkeypatch.setattr("speechpipe.seeding._pinned", (1, 4))
     assert len(sp.build_loader(view_pipe(), seed=0)) == -(-total // 4)
     assert len(sp.build_loader(view_pipe(uneven="drop"), seed=0)) == total // 4
+
+
+def test_step_planner_counts_a_view_over_streams(monkeypatch):
+    total = len(view_pipe().datapipe.view.plan(0))
+    monkeypatch.setattr("speechpipe.seeding._pinned", (1, 4))
+    for uneven, steps in (("pad", -(-total // 4)), ("drop", total // 4)):
+        loader = sp.build_loader(view_pipe(uneven=uneven), seed=0, uneven="plan")
+        assert sp.StepPlanner(loader).steps() == len(loader) == steps == len(list(loader))
+    state = {**sp.build_loader(view_pipe(), seed=0).state_dict(), "batches": 6}
+    resumed = sp.build_loader(view_pipe(), seed=0, uneven="plan")
+    resumed.load_state_dict(state)
+    assert len(resumed) == -(-(total - 6) // 4) == len(list(resumed))

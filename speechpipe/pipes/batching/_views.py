@@ -688,8 +688,12 @@ class ViewLoaderIterDataPipe(SampleSource, IterDataPipe[list]):
         return self
 
     def plan(self, epoch: int) -> StreamPlan:
-        """Over a view with streams: the epoch's global batch sequence."""
+        """Over a view with streams: the epoch's global batch sequence (``start`` and
+        ``uneven`` are what :class:`~speechpipe.StepPlanner` counts steps from)."""
         return self.view.plan(epoch)
+
+    start = property(lambda self: self.start_step)
+    uneven = property(lambda self: self.view.uneven)
 
     def apply_sharding(self, num_of_instances: int, instance_id: int, sharding_group: int = 1
                        ) -> None:

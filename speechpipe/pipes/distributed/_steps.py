@@ -23,9 +23,7 @@ import numpy as np
 from ...errors import check_int
 from ...seeding import process_position
 from .._core import graph_nodes, IterDataPipe
-from ..batching import (
-    BatchConstraint, BatchPlannerIterDataPipe, IndexLength, OVERSIZE, TwoDimensional,
-)
+from ..batching import BatchConstraint, IndexLength, OVERSIZE, TwoDimensional
 from ..order import dist_world, EpochPlan, ShardedShufflerIterDataPipe
 
 __all__ = [
@@ -277,9 +275,10 @@ class StepPlanner:
         return self.plan(epoch).steps
 
 
-def stream_planner(pipeline: Any) -> BatchPlannerIterDataPipe | None:
-    """The ``plan_batches`` stage of a pipeline (or of a loader, DataLoader or dataset over
-    one: their ``dataset`` / ``pipe``), or ``None`` if it has none.
+def stream_planner(pipeline: Any) -> Any:
+    """The stage of a pipeline that plans over virtual streams (``plan_batches``, or
+    ``batch_by_view`` over a view with streams; of a loader, DataLoader or dataset over one:
+    their ``dataset`` / ``pipe``), or ``None`` if it has none.
 
     >>> from speechpipe import IterableWrapper
     >>> stream_planner(IterableWrapper(["a.tar"]).plan_batches(60.0, index=True)) is not None
@@ -294,7 +293,7 @@ def stream_planner(pipeline: Any) -> BatchPlannerIterDataPipe | None:
         seen += 1
     if not isinstance(pipeline, IterDataPipe):
         return None
-    found = [n for n in graph_nodes(pipeline) if isinstance(n, BatchPlannerIterDataPipe)]
+    found = [n for n in graph_nodes(pipeline) if getattr(n, "topology_free", False) is True]
     if len(found) > 1:
         raise ValueError(f"the pipeline has {len(found)} plan_batches stages: one counts the "
                          "steps")
