@@ -3,12 +3,10 @@ its batches of keys as a ``batch_sampler``."""
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Any, Hashable, Iterator
 
 from ...errors import check_int
 from ...seeding import derive_seed
-from ._constraints import SampleCount  # noqa: F401  (the doctest's)
-from ._views import BatchView, Key
 
 __all__ = ["ViewSampler"]
 
@@ -29,15 +27,16 @@ class ViewSampler:
             None for the global batches.
         start_step: batches of this epoch to skip (resuming).
 
+    >>> from speechpipe.pipes.batching import BatchView, SampleCount
     >>> view = BatchView({"a": 1, "b": 2, "c": 3}, budget=SampleCount(2), shuffle=False)
     >>> sampler = view.sampler()
     >>> list(sampler), len(sampler)
     ([['c', 'b'], ['a']], 2)
     """
 
-    def __init__(self, view: BatchView, epoch: int = 0, *, rank: int | None = None,
+    def __init__(self, view: Any, epoch: int = 0, *, rank: int | None = None,
                  start_step: int = 0) -> None:
-        if not isinstance(view, BatchView):
+        if not isinstance(getattr(type(view), "batching_view", None), property):  # a BatchView
             raise TypeError(f"view must be a BatchView, got {view!r}")
         view._check_rank(rank, None)
         self.view = view
@@ -50,7 +49,7 @@ class ViewSampler:
         self.start_step = self.view._check_start(start_step)
         return self
 
-    def __iter__(self) -> Iterator[list[Key]]:
+    def __iter__(self) -> Iterator[list[Hashable]]:
         yield from self.view.batches(self.epoch, rank=self.rank, start_step=self.start_step)
 
     def __len__(self) -> int:

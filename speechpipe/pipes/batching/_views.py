@@ -44,6 +44,7 @@ from ._constraints import (
     TwoDimensional,
 )
 from ._lengths import check_group_info, check_lengths, read_group_labels
+from ._sampler import ViewSampler
 from ._streams import LengthStreams, StreamPlan, UNEVEN
 
 __all__ = [
@@ -600,11 +601,9 @@ class BatchView:
         return shard_batch(batch, rank, self.world_size, descending=self.descending)
 
     def sampler(self, epoch: int = 0, *, rank: int | None = None, start_step: int = 0
-                ) -> Any:
+                ) -> ViewSampler:
         """A ``batch_sampler`` for a map-style ``torch.utils.data.DataLoader`` (see
         :class:`~speechpipe.pipes.batching._sampler.ViewSampler`)."""
-        from ._sampler import ViewSampler
-
         return ViewSampler(self, epoch, rank=rank, start_step=start_step)
 
 
