@@ -2,8 +2,9 @@
 
 A ``StatefulDataLoader`` state is shaped by its number of workers (:func:`saved_workers` reads
 it back) and each worker's part holds that worker's position: it resumes on the same topology
-only. A pipeline that starts from ``plan_batches`` (a stage whose class says
-``topology_free = True``: :mod:`speechpipe.pipes.batching._streams`) has one position for every
+only. A pipeline that starts from ``plan_batches`` (a stage that says ``topology_free = True``:
+:mod:`speechpipe.pipes.batching._streams`; ``batch_by_view`` over a view with streams) has one
+position for every
 rank and worker instead -- the global batches consumed in the epoch -- kept by
 :class:`GlobalPosition`: rank ``r`` of ``W`` has consumed ``start + steps * W`` of them after
 ``steps`` batches of a pass that started at ``start``, the same number on every rank (every
@@ -18,22 +19,22 @@ from __future__ import annotations
 
 from typing import Any, Iterator, Mapping
 
-from .errors import ResumeError
+from .errors import DataError, ResumeError
 from .pipes._core import graph_nodes
 from .seeding import process_position
 
-__all__ = ["GlobalPosition", "planned_stages", "saved_workers", "set_start"]
+__all__ = ["GlobalPosition", "check_position", "planned_stages", "saved_workers", "set_start"]
 
 
 def planned_stages(pipe: Any) -> list:
     """The stages of ``pipe`` whose position does not depend on the topology."""
-    return [n for n in graph_nodes(pipe) if getattr(type(n), "topology_free", False)]
+    return [n for n in graph_nodes(pipe) if getattr(n, "topology_free", False) is True]
 
 
 def set_start(nodes: list, epoch: int, start: int) -> None:
     """Start the pass of each topology-free stage among ``nodes`` at global batch ``start``."""
     for node in nodes:
-        if getattr(type(node), "topology_free", False):
+        if getattr(node, "topology_free", False) is True:
             node.set_epoch(epoch, start=start)
 
 
@@ -75,7 +76,9 @@ class GlobalPosition:
             return 0
         if self.loaded is not None:  # loaded, no pass since
             return self.loaded if self.loaded_epoch == epoch else 0
-        return self.start + self.steps * process_position().world_size
+        consumed = self.start + self.steps * process_position().world_size
+        # the last step of a padded epoch repeats its first batches: the epoch is consumed
+        return min([consumed] + [len(stage.plan(epoch)) for stage in self.stages])
 
     def load(self, state: Mapping, epoch: int) -> None:
         """Start the next pass (of ``epoch``) where ``state`` stood."""
@@ -83,8 +86,22 @@ class GlobalPosition:
         if not isinstance(batches, int) or isinstance(batches, bool) or batches < 0:
             raise ResumeError(f"the state's global batch position must be an int >= 0, got "
                               f"{batches!r}")
+        check_position(self.stages, epoch, batches)
         self.loaded, self.loaded_epoch = batches, epoch
         set_start(self.stages, epoch, batches)  # len() counts the steps left
+
+
+def check_position(stages: list, epoch: int, batches: int) -> None:
+    """Refuse a global position past the end of ``epoch`` (plans it): an edited state, or
+    one of another corpus that the fingerprint did not tell apart, would otherwise resume on
+    an empty rest of the epoch without a word."""
+    for stage in stages:
+        total = len(stage.plan(epoch))
+        if batches > total:
+            raise DataError(
+                f"the state's global batch position {batches} is past the end of epoch "
+                f"{epoch}, which has {total} global batches: the state does not belong to this "
+                "data (or was edited)", source=type(stage).__name__)
 
 
 def saved_workers(state: Any) -> int | None:

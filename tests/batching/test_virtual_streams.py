@@ -244,3 +244,219 @@ def test_an_impossible_global_position_is_refused_by_name(corpus):
         with pytest.raises(sp.ResumeError, match="global batch position"):
             sp.build_loader(shard_pipe(corpus["shards"]), seed=0).load_state_dict(
                 {**state, "batches": bad})
+
+
+def test_the_plan_holds_a_few_bytes_per_utterance(tmp_path):
+    """Issue 28's rule: no Python object per utterance. The manifest road's plan (and what
+    the pipe keeps to plan the next epoch) stays under 8 bytes per row; tuples of ints per
+    batch held about 40, a list of durations 32 more."""
+    import gc
+    import tracemalloc
+
+    rows = 20_000
+    path = str(tmp_path / "big.jsonl")
+    write_manifest(path, [{"key": f"r{i}", "duration": 0.5 + (i * 7919) % 1000 / 100}
+                          for i in range(rows)])
+    pipe = sp.IterableWrapper([path]).read_manifest_files().plan_batches(
+        budget=60.0, streams=4, seed=0, boundaries=[2.0, 5.0])
+    pipe.road()  # the manifest's mapped table, which the plan reads (a file-backed map)
+    row_pipe(write_rows(str(tmp_path / "warm"), rows=20)).datapipe.plan(0)  # imports done
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        plan = pipe.plan(0)
+        gc.collect()
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert sum(len(b) for b in plan.batches) == rows
+    assert plan.nbytes < 6 * rows
+    assert held < 8 * rows, f"{held / rows:.1f} bytes per row held"
+
+
+@pytest.mark.parametrize("road", ["shards", "rows"])
+def test_a_position_past_the_end_of_the_epoch_is_refused_by_name(corpus, road):
+    """A state whose global position is past the epoch's batches (edited, or of other data the
+    fingerprint did not tell apart) is a DataError, not an empty rest of the epoch; the last
+    batch's state (a padded last step repeats the first batches) stands at the epoch's end."""
+    make = (lambda: shard_pipe(corpus["shards"])) if road == "shards" else (
+        lambda: row_pipe(corpus["rows"]))
+    total = len(make().datapipe.plan(0))
+    loader = sp.build_loader(make(), seed=0)
+    next(iter(loader))
+    state = loader.state_dict()
+    for bad in (total + 1, total + 7, 10**9):
+        with pytest.raises(sp.DataError, match=f"position {bad} is past the end of epoch 0, "
+                                               f"which has {total} global batches"):
+            sp.build_loader(make(), seed=0).load_state_dict({**state, "batches": bad})
+    at_end = sp.build_loader(make(), seed=0)
+    at_end.load_state_dict({**state, "batches": total})
+    assert keys_of(at_end) == []  # the epoch is over; the next pass is epoch 1
+    pipe = make()
+    pipe.datapipe.set_epoch(0, start=total + 1)  # by hand, without a loader
+    with pytest.raises(sp.DataError, match="past the end of epoch 0"):
+        list(pipe)
+
+
+@pytest.mark.parametrize("road", ["shards", "rows"])
+def test_the_state_at_a_padded_last_step_stands_at_the_end_of_the_epoch(corpus, road,
+                                                                        monkeypatch):
+    """Rank 0 of W after the last step of an epoch whose batches do not fill the ranks: that
+    step repeated first batches, and the state says the epoch's end (not past it), which
+    resumes on the empty rest of the epoch."""
+    make = (lambda: shard_pipe(corpus["shards"])) if road == "shards" else (
+        lambda: row_pipe(corpus["rows"]))
+    total = len(make().datapipe.plan(0))
+    world = next(w for w in range(2, 9) if total % w)
+    monkeypatch.setattr("speechpipe.seeding._pinned", (0, world))  # rank 0 of `world`
+    loader = sp.build_loader(make(), seed=0)
+    batches = iter(loader)
+    for _ in range(-(-total // world)):
+        next(batches)
+    state = loader.state_dict()
+    assert state["batches"] == total and state["epoch"] == 0
+    resumed = sp.build_loader(make(), seed=0)
+    resumed.load_state_dict(state)
+    assert keys_of(resumed) == [] and resumed.epoch == 1
+
+
+# --------------------------------------------------------------------------- equal steps
+
+
+@pytest.mark.parametrize("road", ["shards", "rows"])
+def test_step_planner_and_equal_steps_count_over_streams(corpus, road):
+    """StepPlanner takes a plan_batches pipeline (or a loader over one) and counts its steps
+    exactly from the plan; EqualSteps(policy="plan") finds it by itself, and len() of the
+    loader is the steps of the pass, a resumed one's too. (Ranks: the gloo test.)"""
+    make = (lambda: shard_pipe(corpus["shards"])) if road == "shards" else (
+        lambda: row_pipe(corpus["rows"]))
+    pipe = make()
+    planner = sp.StepPlanner(pipe)
+    total = len(pipe.datapipe.plan(0))
+    assert planner.exact and planner.steps(0) == total == len(list(pipe))
+    assert sp.StepPlanner(pipe, world_size=4).plan(1).rank_batches == (
+        (-(-len(pipe.datapipe.plan(1)) // 4),) * 4)
+    with pytest.raises(TypeError, match="batches itself"):
+        sp.StepPlanner(pipe, 3)
+    for workers in (0, 2):
+        loader = sp.build_loader(make(), seed=0, num_workers=workers, uneven="plan")
+        assert isinstance(loader.uneven.steps, sp.StepPlanner)
+        assert len(loader) == total == len(list(loader))
+        assert loader.uneven.stats.steps == total and loader.uneven.stats.dropped_batches == 0
+        assert len(loader) == len(pipe.datapipe.plan(1)) == len(list(loader))
+    state = {**sp.build_loader(make(), seed=0).state_dict(), "batches": 5}
+    resumed = sp.build_loader(make(), seed=0, uneven="plan")
+    resumed.load_state_dict(state)
+    assert len(resumed) == total - 5 == len(list(resumed))
+    wrapped = sp.EqualSteps(sp.build_loader(make(), seed=0), "plan")  # found in the loader
+    assert len(wrapped) == total == len(list(wrapped))
+
+
+# --------------------------------------------------------------------------- BatchView
+
+
+VIEW_LENGTHS = {f"v{i:03d}": 1.0 + (i * 7) % 13 / 2 for i in range(150)}
+VIEW_DATA = {k: {"key": k, "duration": v} for k, v in VIEW_LENGTHS.items()}
+
+
+def view_pipe(*, streams=4, budget=20.0, seed=0, uneven="pad"):
+    view = sp.BatchView(VIEW_LENGTHS, budget=budget, streams=streams, seed=seed, uneven=uneven)
+    return sp.SequenceWrapper(VIEW_DATA).batch_by_view(view).collate(collate_fn=collate)
+
+
+def rank_runs(monkeypatch, world: int, workers: int, state=None, epochs: int = 1) -> list:
+    """Each rank's batches (keys) of ``world`` ranks, one after the other in this process
+    (the rank pinned as a worker process pins it)."""
+    out = []
+    for rank in range(world):
+        monkeypatch.setattr("speechpipe.seeding._pinned", (rank, world))
+        loader = sp.build_loader(view_pipe(), seed=0, num_workers=workers)
+        if state is not None:
+            loader.load_state_dict(state)
+        out.append([keys_of(loader) for _ in range(epochs)])
+    monkeypatch.setattr("speechpipe.seeding._pinned", None)
+    return out
+
+
+def test_a_view_over_streams_is_one_global_sequence_for_any_topology(monkeypatch):
+    """BatchView(streams=V) through batch_by_view: rank r of W trains at step s on global
+    batch sW + r of one sequence, whatever W and the number of workers; two epochs differ."""
+    reference = keys_of(sp.build_loader(view_pipe(), seed=0))
+    view = view_pipe().datapipe.view
+    assert [view._streams.keys_of(b) for b in view.plan(0).batches] == reference
+    assert sorted(k for b in reference for k in b) == sorted(VIEW_LENGTHS)
+    other = view.batches(1)  # the same streams and sizes (ties of length drawn anew)
+    assert other != reference and sorted(map(len, other)) == sorted(map(len, reference))
+    n = len(reference)
+    for world in (1, 2, 4):
+        steps = -(-n // world)
+        for workers in (0, 2):
+            runs = rank_runs(monkeypatch, world, workers)
+            for rank, (got,) in enumerate(runs):
+                assert got == [reference[(s * world + rank) % n] for s in range(steps)], (
+                    world, workers, rank)
+
+
+@pytest.mark.parametrize("saved, resumed, at", [
+    ((2, 2), (1, 0), 4), ((1, 0), (4, 1), 9), ((4, 1), (2, 0), 2), ((1, 2), (2, 2), 0),
+    ((2, 0), (4, 2), "end")])
+def test_a_view_state_resumes_exactly_on_another_topology(monkeypatch, saved, resumed, at):
+    reference = [keys_of(loader) for loader in [sp.build_loader(view_pipe(), seed=0)]
+                 for _ in range(2)]
+    world, workers = saved
+    monkeypatch.setattr("speechpipe.seeding._pinned", (0, world))
+    loader = sp.build_loader(view_pipe(), seed=0, num_workers=workers)
+    if at == "end":
+        keys_of(loader)
+    else:
+        for step, _ in enumerate(loader):
+            if step == at:
+                break
+    state = loader.state_dict()
+    epoch, start = (1, 0) if at == "end" else (0, (at + 1) * world)
+    assert (state["epoch"], state["batches"]) == (epoch, start)
+    world2, workers2 = resumed
+    runs = rank_runs(monkeypatch, world2, workers2, state, epochs=2)
+    n = len(reference[epoch])
+    for rank, (rest, following) in enumerate(runs):
+        steps = -(-(n - start) // world2)
+        assert rest == [reference[epoch][(start + s * world2 + rank) % n] for s in range(steps)]
+        if epoch == 0:
+            assert following == [reference[1][(s * world2 + rank) % n]
+                                 for s in range(-(-n // world2))]
+    real = [k for rank, (rest, _) in enumerate(runs) for s, b in enumerate(rest)
+            if start + s * world2 + rank < n for k in b]
+    assert sorted(real) == sorted(k for b in reference[epoch][start:] for k in b)
+    assert len(real) == len(set(real))  # none twice, none lost
+
+
+def test_a_view_over_streams_refuses_what_it_cannot_serve(monkeypatch):
+    with pytest.raises(ValueError, match="any world size|every world size"):
+        sp.BatchView(VIEW_LENGTHS, budget=20.0, streams=4, world_size=2)
+    loader = sp.build_loader(view_pipe(), seed=0)
+    next(iter(loader))
+    state = loader.state_dict()
+    for change in (dict(streams=3), dict(seed=1), dict(budget=15.0)):
+        with pytest.raises(sp.ResumeError, match="view"):
+            sp.build_loader(view_pipe(**change), seed=0).load_state_dict(state)
+    with pytest.raises(sp.ResumeError, match="streams=4.*streams=5"):
+        sp.build_loader(view_pipe(streams=5), seed=0).load_state_dict(state)
+    total = len(view_pipe().datapipe.view.plan(0))
+    with pytest.raises(sp.DataError, match="past the end of epoch 0"):
+        sp.build_loader(view_pipe(), seed=0).load_state_dict({**state, "batches": total + 1})
+    monkeypatch.setattr("speechpipe.seeding._pinned", (1, 4))
+    assert len(sp.build_loader(view_pipe(), seed=0)) == -(-total // 4)
+    assert len(sp.build_loader(view_pipe(uneven="drop"), seed=0)) == total // 4
+
+
+def test_step_planner_counts_a_view_over_streams(monkeypatch):
+    total = len(view_pipe().datapipe.view.plan(0))
+    monkeypatch.setattr("speechpipe.seeding._pinned", (1, 4))
+    for uneven, steps in (("pad", -(-total // 4)), ("drop", total // 4)):
+        loader = sp.build_loader(view_pipe(uneven=uneven), seed=0, uneven="plan")
+        assert sp.StepPlanner(loader).steps() == len(loader) == steps == len(list(loader))
+    state = {**sp.build_loader(view_pipe(), seed=0).state_dict(), "batches": 6}
+    resumed = sp.build_loader(view_pipe(), seed=0, uneven="plan")
+    resumed.load_state_dict(state)
+    assert len(resumed) == -(-(total - 6) // 4) == len(list(resumed))

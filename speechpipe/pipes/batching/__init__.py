@@ -21,9 +21,9 @@ from ._lengths import (
 from ._streams import (
     BatchPlanner, BatchPlannerIterDataPipe, plan_stream_batches, StreamPlan, UNEVEN,
 )
+from ._sampler import ViewSampler
 from ._views import (
     BatchView, epoch_batches, form_batches, shard_batch, ViewLoader, ViewLoaderIterDataPipe,
-    ViewSampler,
 )
 
 __all__ = [

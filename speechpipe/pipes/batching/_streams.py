@@ -36,8 +36,8 @@ any world size and number of workers: the rest of the epoch is the unbroken run'
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Sequence
+from array import array
 from typing import Any, Iterator
 
 import numpy as np
@@ -76,38 +76,93 @@ _SALT = "virtual-stream"
 # --------------------------------------------------------------------------- the plan
 
 
-@dataclass(frozen=True)
 class StreamPlan:
-    """One epoch's global sequence of batches over virtual streams.
+    """One epoch's global sequence of batches over virtual streams, held in numpy arrays (a
+    few bytes per utterance: no Python object per batch or utterance, so the copies forked
+    DataLoader workers inherit stay shared).
+
+    Batch ``i`` is ``items[offsets[i]:offsets[i + 1]]`` (:meth:`batch`); build one from
+    Python batches with :meth:`from_batches`.
 
     Attributes:
         epoch: the epoch planned.
         streams: ``V``.
-        batches: the global sequence, each batch a tuple of item numbers (what they number is
-            the road's: a manifest row, a member of a shard).
-        stream_of: the stream each batch comes from.
+        offsets: ``int64``, ``len(self) + 1`` batch boundaries in ``items``.
+        items: the item numbers of every batch, one after the other (what they number is the
+            road's: a manifest row, a member of a shard); ``int32`` when they fit.
+        owners: ``int32``, the stream each batch comes from.
         stats: padding and batch sizes, measured on the planned lengths.
     """
 
-    epoch: int
-    streams: int
-    batches: tuple[tuple[int, ...], ...]
-    stream_of: tuple[int, ...]
-    stats: BatchStats = field(default_factory=lambda: BatchStats("plan_batches"),
-                              compare=False, repr=False)
+    __slots__ = ("epoch", "streams", "offsets", "items", "owners", "stats")
+
+    def __init__(self, epoch: int, streams: int, offsets: np.ndarray, items: np.ndarray,
+                 owners: np.ndarray, stats: BatchStats | None = None) -> None:
+        self.epoch, self.streams = epoch, streams
+        self.offsets = np.asarray(offsets, np.int64)
+        self.items = np.asarray(items)
+        self.owners = np.asarray(owners, np.int32)
+        self.stats = stats if stats is not None else BatchStats("plan_batches")
+        for array in (self.offsets, self.items, self.owners):
+            array.flags.writeable = False
+
+    @classmethod
+    def from_batches(cls, epoch: int, streams: int, batches: Sequence[Sequence[int]],
+                     stream_of: Sequence[int], stats: BatchStats | None = None) -> StreamPlan:
+        """A plan from Python batches of item numbers and each batch's stream."""
+        sizes = [len(b) for b in batches]
+        flat = [i for b in batches for i in b]
+        return cls(epoch, streams, np.cumsum([0] + sizes), _item_array(flat), stream_of, stats)
 
     def __len__(self) -> int:
-        return len(self.batches)
+        return len(self.offsets) - 1
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, StreamPlan):
+            return NotImplemented
+        return (self.epoch, self.streams) == (other.epoch, other.streams) and all(
+            np.array_equal(a, b) for a, b in ((self.offsets, other.offsets),
+                                              (self.items, other.items),
+                                              (self.owners, other.owners)))
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return (f"StreamPlan(epoch={self.epoch}, streams={self.streams}, batches={len(self)}, "
+                f"items={len(self.items)})")
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the plan's arrays hold."""
+        return self.offsets.nbytes + self.items.nbytes + self.owners.nbytes
+
+    def batch(self, i: int) -> np.ndarray:
+        """The item numbers of batch ``i`` (a view)."""
+        return self.items[self.offsets[i]:self.offsets[i + 1]]
+
+    @property
+    def batches(self) -> tuple[tuple[int, ...], ...]:
+        """Every batch as a tuple of ints: Python objects made on each call (to look at a
+        small plan; the pipe reads :meth:`batch`)."""
+        flat = self.items.tolist()
+        bounds = self.offsets.tolist()
+        return tuple(tuple(flat[a:b]) for a, b in zip(bounds, bounds[1:]))
+
+    @property
+    def stream_of(self) -> tuple[int, ...]:
+        """The stream of each batch, as a tuple of ints (made on each call)."""
+        return tuple(self.owners.tolist())
 
     def steps(self, world_size: int = 1, *, start: int = 0, uneven: str = "pad") -> int:
         """Steps every rank takes from global batch ``start`` on (the same on every rank).
 
-        >>> plan = StreamPlan(0, 1, ((0,), (1,), (2,)), (0, 0, 0))
+        >>> plan = StreamPlan.from_batches(0, 1, ((0,), (1,), (2,)), (0, 0, 0))
         >>> plan.steps(2), plan.steps(2, uneven="drop"), plan.steps(2, start=2)
         (2, 1, 1)
         """
-        left = max(0, len(self.batches) - start)
-        if not self.batches:
+        n = len(self)
+        left = max(0, n - start)
+        if not n:
             return 0
         return -(-left // world_size) if uneven == "pad" else left // world_size
 
@@ -117,7 +172,7 @@ class StreamPlan:
         with ``s % num_workers == worker``, each ``start + s * world_size + rank``; a
         position past the end (``uneven="pad"``) stands for batch ``position % len(self)``.
 
-        >>> plan = StreamPlan(0, 1, tuple((i,) for i in range(5)), (0,) * 5)
+        >>> plan = StreamPlan.from_batches(0, 1, tuple((i,) for i in range(5)), (0,) * 5)
         >>> plan.positions(1, 2), plan.positions(0, 2, 1, 2), plan.positions(1, 2, start=2)
         ([1, 3, 5], [2], [3, 5])
         """
@@ -125,22 +180,36 @@ class StreamPlan:
         return [start + s * world_size + rank for s in range(worker, steps, num_workers)]
 
 
-def _interleave(per_stream: list[list[tuple[int, ...]]]) -> tuple[list, list]:
+def _item_array(items: Any) -> np.ndarray:
+    """Item numbers as ``int32`` when they fit, else ``int64``."""
+    array = np.asarray(items, np.int64)
+    if not array.size or (array.min() >= 0 and array.max() < 2**31):
+        return array.astype(np.int32)
+    return array
+
+
+def _interleave(sizes: list[np.ndarray], items: list[np.ndarray]) -> tuple[np.ndarray, ...]:
     """Round robin over the streams not yet exhausted: batch ``i`` of every stream (in stream
-    order), then batch ``i + 1``..."""
-    batches, owners = [], []
-    depth = max((len(b) for b in per_stream), default=0)
-    for i in range(depth):
-        for v, mine in enumerate(per_stream):
-            if i < len(mine):
-                batches.append(mine[i])
-                owners.append(v)
-    return batches, owners
+    order), then batch ``i + 1``...; each stream's batches given as their sizes and its items
+    one after the other. Returns the global offsets, items and owners."""
+    counts = [len(s) for s in sizes]
+    owner = np.repeat(np.arange(len(sizes), dtype=np.int32), counts)
+    depth = np.concatenate([np.arange(c, dtype=np.int64) for c in counts]) if counts \
+        else np.zeros(0, np.int64)
+    order = np.lexsort((owner, depth))  # by depth, then stream
+    all_sizes = np.concatenate(sizes) if sizes else np.zeros(0, np.int64)
+    starts = np.cumsum(np.concatenate([[0], all_sizes]))[:-1]  # in the streams' items
+    flat = np.concatenate(items) if items else np.zeros(0, np.int64)
+    sizes_out = all_sizes[order]
+    offsets = np.concatenate([[0], np.cumsum(sizes_out)]).astype(np.int64)
+    # item j of global batch b: flat[starts[order[b]] + j]
+    gather = np.repeat(starts[order] - offsets[:-1], sizes_out) + np.arange(offsets[-1])
+    return offsets, _item_array(flat[gather]), owner[order]
 
 
 # long: the plan of one stream is one chain of the road's generators, read here in one place
 def plan_stream_batches(
-    streams: Sequence[Sequence[tuple[int, Any]]],
+    streams: Iterable[Iterable[tuple[int, Any]]],
     constraint: BatchConstraint,
     *,
     seed: int,
@@ -155,7 +224,8 @@ def plan_stream_batches(
 
     Args:
         streams: per stream, ``(item number, length)`` pairs in the order the stream reads
-            them (lengths as the constraint measures them, e.g. :class:`IndexLength`).
+            them (iterables, read one stream after the other; lengths as the constraint
+            measures them, e.g. :class:`IndexLength`).
         constraint: the budget.
         seed, epoch: with the stream number, the seeds of the stream's generators.
         buffer_size: the stream's sample shuffle buffer (1: reading order).
@@ -169,6 +239,8 @@ def plan_stream_batches(
     >>> plan = plan_stream_batches(items, PaddedArea(6.0), seed=0, epoch=0, shuffle_window=1)
     >>> plan.batches, plan.stream_of
     (((1, 2), (4,), (0,), (3,)), (0, 1, 0, 1))
+    >>> plan.batch(1), plan.nbytes
+    (array([4], dtype=int32), 76)
     """
     if oversize not in OVERSIZE:
         raise ValueError(f"oversize must be one of {OVERSIZE}, got {oversize!r}")
@@ -178,8 +250,8 @@ def plan_stream_batches(
     def length(item: tuple[int, Any]) -> Any:
         return measure(item[1])
 
-    per_stream = []
-    for v, items in enumerate(streams):
+    sizes, flat = [], []
+    for v, items in enumerate(streams):  # one stream at a time: only its buffers are held
         rng = derive_rng(seed, epoch, v, 0, _SALT, "samples")
         ties = derive_rng(seed, epoch, v, 0, _SALT, "buckets")
         order = derive_rng(seed, epoch, v, 0, _SALT, "batches")
@@ -188,10 +260,13 @@ def plan_stream_batches(
                                measure=length, rng=ties)
         packed = (batch for group in groups for batch in pack_batches(
             group, constraint, oversize=oversize, stats=stats, lengths=length))
-        per_stream.append([tuple(i for i, _ in batch)
-                           for batch in window_shuffle(packed, shuffle_window, order)])
-    batches, owners = _interleave(per_stream)
-    return StreamPlan(epoch, len(per_stream), tuple(batches), tuple(owners), stats)
+        mine_sizes, mine = array("q"), array("q")
+        for batch in window_shuffle(packed, shuffle_window, order):
+            mine_sizes.append(len(batch))
+            mine.extend(i for i, _ in batch)
+        sizes.append(np.frombuffer(mine_sizes, np.int64))
+        flat.append(np.frombuffer(mine, np.int64))
+    return StreamPlan(epoch, len(sizes), *_interleave(sizes, flat), stats)
 
 
 # --------------------------------------------------------------------------- the two roads
@@ -206,65 +281,64 @@ class _ShardRoad:
         self.names = names
         self.entries = entries
         self.unit, self.rate = unit, rate
-        self.offsets = np.cumsum([0] + [entries[n].count for n in names]).tolist()
+        self.offsets = np.cumsum([0] + [entries[n].count for n in names]).astype(np.int64)
         self.number = {n: i for i, n in enumerate(names)}
 
     def default_streams(self) -> int:
         return max(1, min(len(self.names), DEFAULT_STREAMS))
 
-    def streams(self, seed: int, epoch: int, streams: int) -> list[list[tuple[int, Any]]]:
+    def streams(self, seed: int, epoch: int, streams: int) -> list[Iterator[tuple[int, Any]]]:
         order = shuffle_shards(self.names, seed, epoch)
         weights = {n: self.entries[n].total_length for n in self.names}
         split = assign_shards(order, world_size=streams, num_workers=1, weights=weights,
                               unit=self.unit)
-        out = []
-        for v in range(streams):
-            items = []
-            for name in split.shards(v, 0):
-                first = self.offsets[self.number[name]]
-                items.extend((first + m, IndexLength(n, self.unit, self.rate))
-                             for m, n in enumerate(self.entries[name].lengths))
-            out.append(items)
-        return out
+        return [self._items(split.shards(v, 0)) for v in range(streams)]
 
-    def where(self, item: int) -> tuple[int, int]:
-        s = int(np.searchsorted(self.offsets, item, "right")) - 1
-        return s, item - self.offsets[s]
+    def _items(self, names: list[str]) -> Iterator[tuple[int, Any]]:
+        for name in names:
+            first = int(self.offsets[self.number[name]])
+            for m, n in enumerate(self.entries[name].lengths):
+                yield first + m, IndexLength(n, self.unit, self.rate)
 
-    def fetch(self, positions_items: list[list[int]], read_options: Any) -> Iterator[list]:
+    def fetch(self, batches: list[np.ndarray], read_options: Any) -> Iterator[list]:
         """The samples of each batch, each shard read once while some batch still needs it
-        (only the members still needed are kept)."""
-        needed: dict[int, dict[str, int]] = {}
-        for batch in positions_items:
-            for item in batch:
-                s, m = self.where(item)
-                keys = needed.setdefault(s, {})
-                key = self.entries[self.names[s]].keys[m]
-                keys[key] = keys.get(key, 0) + 1
-        held: dict[int, dict[str, Any]] = {}
-        for batch in positions_items:
+        (only the members still needed are kept; the count of uses left is an array per
+        shard in reading, made when it is read)."""
+        flat = np.concatenate(batches) if batches else np.zeros(0, np.int64)
+        shard_of = np.searchsorted(self.offsets, flat, "right") - 1
+        by_shard = np.argsort(shard_of, kind="stable")  # this process's items, shard by shard
+        bounds = np.searchsorted(shard_of[by_shard], np.arange(len(self.names) + 1))
+        left = np.diff(bounds)  # uses left of each shard
+        held: dict[int, tuple[np.ndarray, dict[int, Any]]] = {}
+        for batch in batches:
             samples = []
-            for item in batch:
-                s, m = self.where(item)
-                name = self.names[s]
-                key = self.entries[name].keys[m]
+            for item in batch.tolist():
+                s = int(np.searchsorted(self.offsets, item, "right")) - 1
+                m = item - int(self.offsets[s])
                 if s not in held:
-                    held[s] = self._read(name, needed[s], read_options)
-                samples.append(held[s][key])
-                needed[s][key] -= 1
-                if not needed[s][key]:
-                    del needed[s][key], held[s][key]
-                    if not needed[s]:
-                        del needed[s], held[s]
+                    members = flat[by_shard[bounds[s]:bounds[s + 1]]] - self.offsets[s]
+                    uses = np.bincount(members, minlength=self.entries[self.names[s]].count)
+                    held[s] = uses, self._read(self.names[s], np.flatnonzero(uses).tolist(),
+                                               read_options)
+                uses, found = held[s]
+                samples.append(found[m])
+                uses[m] -= 1
+                if not uses[m]:
+                    del found[m]
+                left[s] -= 1
+                if not left[s]:
+                    del held[s]
             yield samples
 
-    @staticmethod
-    def _read(name: str, wanted: dict[str, int], read_options: Any) -> dict[str, Any]:
+    def _read(self, name: str, members: list[int], read_options: Any) -> dict[int, Any]:
+        keys = self.entries[name].keys
+        wanted = {keys[m]: m for m in members}
         found = {}
         for sample in read_shard(name, read_options=read_options):
-            if sample[KEY] in wanted:
-                found[sample[KEY]] = sample
-        missing = [k for k in wanted if k not in found]
+            m = wanted.get(sample[KEY])
+            if m is not None:
+                found[m] = sample
+        missing = [keys[m] for m in members if m not in found]
         if missing:
             raise DataError(f"plan_batches: {len(missing)} member(s) of the index are not in "
                             "the shard (the shard changed since the index was written)",
@@ -273,37 +347,96 @@ class _ShardRoad:
 
 
 class _RowRoad:
-    """Items of mapped manifest rows: item ``i`` is row ``i`` (of the kept rows)."""
+    """Items of mapped manifest rows: item ``i`` is row ``i`` (of the kept rows). Durations
+    are read from the mapped tables at each plan, not held."""
 
     def __init__(self, rows: Any) -> None:
         self.rows = rows
-        durations = np.concatenate([np.asarray(t.durations, np.float64) for t in rows.tables]) \
-            if rows.tables else np.zeros(0)
-        if rows.kept is not None:
-            durations = durations[rows.kept]
+        durations = self.durations()
         bad = np.flatnonzero(~np.isfinite(durations))
         if bad.size:
             sample = rows.sample(int(bad[0]))
             raise DataError("plan_batches: a manifest row without a duration (the plan "
                             "batches by duration)", source=sample.get("source"),
                             key=sample.get(KEY))
-        self.durations = durations.tolist()
+
+    def durations(self) -> np.ndarray:
+        rows = self.rows
+        durations = np.concatenate([np.asarray(t.durations, np.float64) for t in rows.tables]) \
+            if rows.tables else np.zeros(0)
+        return durations[rows.kept] if rows.kept is not None else durations
 
     def default_streams(self) -> int:
         return DEFAULT_STREAMS
 
-    def streams(self, seed: int, epoch: int, streams: int) -> list[list[tuple[int, Any]]]:
-        n, key = len(self.durations), derive_seed(seed, epoch, 0, 0, _SALT, "rows")
-        out = []
-        for v in range(streams):
-            order = FeistelOrder(n, key, v, streams)
-            out.append([(int(order[i]), IndexLength(self.durations[int(order[i])], "seconds"))
-                        for i in range(len(order))])
-        return out
+    def streams(self, seed: int, epoch: int, streams: int) -> list[Iterator[tuple[int, Any]]]:
+        return deal_items(self.durations(), derive_seed(seed, epoch, 0, 0, _SALT, "rows"),
+                          streams, _seconds)
 
-    def fetch(self, positions_items: list[list[int]], read_options: Any) -> Iterator[list]:
-        for batch in positions_items:
-            yield [self.rows.sample(i) for i in batch]
+    def fetch(self, batches: list[np.ndarray], read_options: Any) -> Iterator[list]:
+        for batch in batches:
+            yield [self.rows.sample(i) for i in batch.tolist()]
+
+
+def _seconds(duration: float) -> IndexLength:
+    return IndexLength(duration, "seconds")
+
+
+def deal_items(lengths: np.ndarray, key: int, streams: int,
+               as_length: Any = float) -> list[Iterator[tuple[int, Any]]]:
+    """Items ``0 .. n - 1`` (with ``lengths``) dealt to ``streams`` virtual streams: a keyed
+    permutation (:class:`~speechpipe.pipes.order.FeistelOrder`), stream ``v`` reading its
+    positions ``v, v + V, ...``; each stream an iterator of ``(item, as_length(length))``.
+
+    >>> [list(s) for s in deal_items(np.array([1.0, 2.0, 3.0]), key=5, streams=2)]
+    [[(2, 3.0), (1, 2.0)], [(0, 1.0)]]
+    """
+    return [_dealt(FeistelOrder(len(lengths), key, v, streams), lengths, as_length)
+            for v in range(streams)]
+
+
+def _dealt(order: FeistelOrder, lengths: np.ndarray, as_length: Any
+           ) -> Iterator[tuple[int, Any]]:
+    items = np.fromiter((order[i] for i in range(len(order))), np.int64, len(order))
+    for item, length in zip(items.tolist(), lengths[items].tolist()):
+        yield item, as_length(length)
+
+
+class LengthStreams:
+    """Virtual streams over an in-memory table of lengths, for a :class:`~speechpipe.pipes.
+    batching.BatchView` with ``streams=V``: the keys (sorted) are items ``0 .. n - 1``, dealt
+    once to the ``V`` streams (:func:`deal_items`, the same deal every epoch, so every epoch
+    has the same batches in another order, as a view's); each stream sorts its keys by length
+    (one bucket as large as the stream), packs them within the budget and shuffles its
+    batches (``shuffle``); :func:`plan_stream_batches` interleaves them: plan_batches' planning.
+
+    >>> from speechpipe.pipes.batching import PaddedArea
+    >>> streams = LengthStreams({"a": 5, "b": 3, "c": 9, "d": 2}, PaddedArea(10), streams=2)
+    >>> [streams.keys_of(b) for b in streams.plan(0).batches]
+    [['d', 'b'], ['a'], ['c']]
+    """
+
+    def __init__(self, lengths: dict, constraint: BatchConstraint, *, streams: int,
+                 seed: int = 0, shuffle: bool = True, oversize: str = "emit") -> None:
+        self.keys = sorted(lengths)
+        self.lengths = np.array([lengths[k] for k in self.keys], np.float64)
+        self.constraint, self.streams = constraint, check_int("streams", streams, 1)
+        self.seed, self.shuffle, self.oversize = seed, shuffle, oversize
+        self._plan: StreamPlan | None = None
+
+    def plan(self, epoch: int) -> StreamPlan:
+        """The global batch sequence of ``epoch`` (items: positions in :attr:`keys`)."""
+        if self._plan is None or self._plan.epoch != epoch:
+            n = max(1, len(self.keys))
+            self._plan = plan_stream_batches(
+                deal_items(self.lengths, derive_seed(self.seed, 0, 0, 0, _SALT, "view"),
+                           self.streams), self.constraint, seed=self.seed, epoch=epoch,
+                bucket_buffer=n, shuffle_window=n if self.shuffle else 1,
+                oversize=self.oversize)
+        return self._plan
+
+    def keys_of(self, items: Iterable[int]) -> list:
+        return [self.keys[i] for i in items]
 
 
 # --------------------------------------------------------------------------- the pipe
@@ -469,11 +602,19 @@ class BatchPlannerIterDataPipe(Seeded, SampleSource, IterDataPipe[list]):
         start = self.start if state is None else check_int("start", state["start"], 0)
         if state is not None:
             self.epoch = check_int("epoch", state["epoch"], 0)
-        positions = self._positions(start)
-        skip = 0 if state is None else check_int("next", state["next"], 0)
         plan = self.plan()
         n = len(plan)
-        items = [plan.batches[p % n] for p in positions[skip:]]
+        if start > n:
+            raise DataError(f"plan_batches: global batch {start} is past the end of epoch "
+                            f"{self.epoch}, which has {n} global batches (an edited state, or "
+                            "one of other data?)", source=type(self).__name__)
+        positions = self._positions(start)
+        skip = 0 if state is None else check_int("next", state["next"], 0)
+        if skip > len(positions):
+            raise DataError(f"plan_batches: the state says this process yielded {skip} batches "
+                            f"of epoch {self.epoch} from global batch {start}, but it has "
+                            f"{len(positions)} there", source=type(self).__name__)
+        items = [plan.batch(p % n) for p in positions[skip:]]
         live = self._live = {"epoch": self.epoch, "start": start, "next": skip}
         try:
             for batch in self.road().fetch(items, self.read_options):

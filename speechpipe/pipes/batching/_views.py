@@ -44,12 +44,13 @@ from ._constraints import (
     TwoDimensional,
 )
 from ._lengths import check_group_info, check_lengths, read_group_labels
+from ._sampler import ViewSampler
+from ._streams import LengthStreams, StreamPlan, UNEVEN
 
 __all__ = [
     "BatchView",
     "ViewLoader",
     "ViewLoaderIterDataPipe",
-    "ViewSampler",
     "epoch_batches",
     "form_batches",
     "shard_batch",
@@ -372,6 +373,17 @@ class BatchView:
             a source is an ``idx2data`` file ``<key> <label>`` (or a list of non-overlapping
             ones) or a mapping ``{key: label}``; read when :attr:`group_info` is first used.
         world_size: number of ranks sharing each batch (SpeeChain's ``ngpu``).
+        streams: ``V`` **virtual streams** (plan_batches' planning,
+            :class:`~speechpipe.pipes.batching._streams.LengthStreams`): the keys dealt once
+            to ``V`` streams, each sorted, packed and its batches shuffled per epoch, the
+            streams interleaved into one global sequence -- the same for any world size and
+            number of workers: rank ``r`` of ``W`` loads whole batches ``s * W + r``
+            (:meth:`batches` with ``rank``/``world_size``), and a loader over
+            ``batch_by_view`` saves one global position that resumes on any topology. With
+            streams: ``world_size=1``, no ``batches_fn`` nor ``batches_per_epoch``, numbers
+            as lengths; ``descending`` is not used.
+        uneven: with streams, ``"pad"`` (the last step repeats the epoch's first batches)
+            or ``"drop"`` (it is left out) when the batches do not fill every rank.
 
     Attributes:
         stats: a :class:`~speechpipe.pipes.batching._constraints.BatchStats` over the view (padding
@@ -401,8 +413,18 @@ class BatchView:
         oversize: str = "emit",
         group_info: Mapping[str, Any] | None = None,
         world_size: int = 1,
+        streams: int | None = None,
+        uneven: str = "pad",
     ) -> None:
         self.lengths = check_lengths(lengths)
+        self.streams = None if streams is None else check_int("streams", streams, 1)
+        if uneven not in UNEVEN:
+            raise ValueError(f"uneven must be one of {UNEVEN}, got {uneven!r}")
+        self.uneven = uneven
+        if streams is not None and (world_size != 1 or batches_fn or batches_per_epoch):
+            raise ValueError("a view over virtual streams (streams=) serves every world size "
+                             "with whole batches: give no world_size, batches_fn nor "
+                             "batches_per_epoch")
         self.world_size = check_int("world_size", world_size, 1)
         if batches_fn is not None and not callable(batches_fn):
             raise TypeError(f"batches_fn must be callable, got {batches_fn!r}")
@@ -428,6 +450,16 @@ class BatchView:
         self._view = self._form()
 
     def _form(self) -> list[list[Key]]:
+        if self.streams is not None:
+            if isinstance(self.constraint, TwoDimensional) or any(
+                    isinstance(n, tuple) for n in self.lengths.values()):
+                raise ValueError("a view over virtual streams takes numbers as lengths")
+            self._streams = LengthStreams(self.lengths, self.constraint, streams=self.streams,
+                                          seed=self.seed, shuffle=self.shuffle,
+                                          oversize=self.oversize)
+            plan = self._streams.plan(0)
+            self.stats = plan.stats
+            return [self._streams.keys_of(batch) for batch in plan.batches]
         keys = _sorted_keys(self.lengths, self.descending)
         if self.batches_fn is None:
             return form_batches(keys, self.lengths, budget=self.constraint,
@@ -496,6 +528,7 @@ class BatchView:
             f"{type(self).__name__}(keys={len(self.lengths)}, batches={len(self._view)}, "
             f"batches_per_epoch={len(self)}, world_size={self.world_size}, "
             f"shuffle={self.shuffle}, descending={self.descending}, seed={self.seed}, "
+            + (f"streams={self.streams}, uneven={self.uneven}, " if self.streams else "") +
             f"batch size min/mean/max={min(sizes)}/{sum(sizes) / len(sizes):.1f}/{max(sizes)})"
         )
 
@@ -539,6 +572,14 @@ class BatchView:
                 uninterrupted epoch.
         """
         check_int("epoch", epoch, 0)
+        if self.streams is not None:  # start_step: global batches; whole ones per rank
+            plan, start = self.plan(epoch), self._check_start(start_step)
+            world = check_int("world_size", world_size or 1, 1)
+            if rank is not None and not (isinstance(rank, int) and 0 <= rank < world):
+                raise ValueError(f"rank must be an int in [0, {world}), got {rank!r}")
+            where = range(start, len(plan)) if rank is None else plan.positions(
+                rank, world, start=start, uneven=self.uneven)
+            return [self._streams.keys_of(plan.batch(p % len(plan))) for p in where]
         self._check_rank(rank, world_size)
         start_step = self._check_start(start_step)
         out = epoch_batches(self._view, epoch, shuffle=self.shuffle, seed=self.seed,
@@ -546,6 +587,13 @@ class BatchView:
         if rank is None:
             return out
         return [self.shard(batch, rank) for batch in out]
+
+    def plan(self, epoch: int) -> StreamPlan:
+        """With ``streams``: the epoch's global batch sequence (items: positions in the
+        sorted keys)."""
+        if self.streams is None:
+            raise TypeError("this view has no virtual streams (BatchView(streams=V))")
+        return self._streams.plan(check_int("epoch", epoch, 0))
 
     def shard(self, batch: Sequence[Key], rank: int, world_size: int | None = None) -> list[Key]:
         """``rank``'s part of a global ``batch`` (:func:`shard_batch` with the view's order)."""
@@ -555,61 +603,8 @@ class BatchView:
     def sampler(self, epoch: int = 0, *, rank: int | None = None, start_step: int = 0
                 ) -> ViewSampler:
         """A ``batch_sampler`` for a map-style ``torch.utils.data.DataLoader`` (see
-        :class:`ViewSampler`)."""
+        :class:`~speechpipe.pipes.batching._sampler.ViewSampler`)."""
         return ViewSampler(self, epoch, rank=rank, start_step=start_step)
-
-
-class ViewSampler:
-    """The key lists of one epoch of a :class:`BatchView`, as a DataLoader ``batch_sampler``.
-
-    ``DataLoader(dataset, batch_sampler=view.sampler(epoch), collate_fn=..., num_workers=...,
-    pin_memory=..., generator=sampler.generator())`` loads ``dataset[key]`` for the keys of
-    each batch, in the view's order, in the workers; ``len(loader)`` is exact. ``dataset`` is
-    any map-style dataset indexed by the view's keys (a ``MapDataPipe``, a dict-backed
-    ``Dataset``). Reuse one sampler across epochs with :meth:`set_epoch`.
-
-    Args:
-        view: the batching view.
-        epoch: the epoch drawn.
-        rank: this process's rank for a view with ``world_size > 1`` (its part of each batch);
-            None for the global batches.
-        start_step: batches of this epoch to skip (resuming).
-
-    >>> view = BatchView({"a": 1, "b": 2, "c": 3}, budget=SampleCount(2), shuffle=False)
-    >>> sampler = view.sampler()
-    >>> list(sampler), len(sampler)
-    ([['c', 'b'], ['a']], 2)
-    """
-
-    def __init__(self, view: BatchView, epoch: int = 0, *, rank: int | None = None,
-                 start_step: int = 0) -> None:
-        if not isinstance(view, BatchView):
-            raise TypeError(f"view must be a BatchView, got {view!r}")
-        view._check_rank(rank, None)
-        self.view = view
-        self.rank = rank
-        self.set_epoch(epoch, start_step=start_step)
-
-    def set_epoch(self, epoch: int, *, start_step: int = 0) -> ViewSampler:
-        """Draw ``epoch`` next, skipping ``start_step`` batches (returns the sampler)."""
-        self.epoch = check_int("epoch", epoch, 0)
-        self.start_step = self.view._check_start(start_step)
-        return self
-
-    def __iter__(self) -> Iterator[list[Key]]:
-        yield from self.view.batches(self.epoch, rank=self.rank, start_step=self.start_step)
-
-    def __len__(self) -> int:
-        return len(self.view) - self.start_step
-
-    def generator(self):
-        """A ``torch.Generator`` seeded from ``(seed, epoch, rank)``, for the DataLoader's
-        ``generator=``: worker seeds (``random``, ``numpy``, ``torch`` in each worker) are then
-        reproducible, as SpeeChain's seeded ``worker_init_fn``."""
-        import torch
-
-        seed = derive_seed(self.view.seed, self.epoch, self.rank or 0, 0, "workers")
-        return torch.Generator().manual_seed(seed)
 
 
 # --------------------------------------------------------------------------- the pipe
@@ -677,11 +672,27 @@ class ViewLoaderIterDataPipe(SampleSource, IterDataPipe[list]):
         self._sharding: dict[int, tuple[int, int]] = {}
         self.set_epoch(epoch, start_step=start_step)
 
-    def set_epoch(self, epoch: int, *, start_step: int = 0) -> ViewLoaderIterDataPipe:
-        """Draw ``epoch`` in the next pass, skipping ``start_step`` batches (returns the pipe)."""
+    @property
+    def topology_free(self) -> bool:
+        """Over a view with streams: one global position for every rank and worker (the
+        loader saves it: :mod:`speechpipe.topology`)."""
+        return self.view.streams is not None
+
+    def set_epoch(self, epoch: int, *, start_step: int = 0, start: int | None = None
+                  ) -> ViewLoaderIterDataPipe:
+        """Draw ``epoch`` in the next pass, skipping ``start_step`` batches (returns the pipe);
+        over streams both count global batches (``start``: the loader's word for it)."""
         self.epoch = check_int("epoch", epoch, 0)
-        self.start_step = self.view._check_start(start_step)
+        self.start_step = self.view._check_start(start_step if start is None else start)
         return self
+
+    def plan(self, epoch: int) -> StreamPlan:
+        """Over a view with streams: the epoch's global batch sequence (``start`` and
+        ``uneven`` are what :class:`~speechpipe.StepPlanner` counts steps from)."""
+        return self.view.plan(epoch)
+
+    start = property(lambda self: self.start_step)
+    uneven = property(lambda self: self.view.uneven)
 
     def apply_sharding(self, num_of_instances: int, instance_id: int, sharding_group: int = 1
                        ) -> None:
@@ -700,7 +711,8 @@ class ViewLoaderIterDataPipe(SampleSource, IterDataPipe[list]):
         self._sharding[int(sharding_group)] = (num_of_instances, instance_id)
 
     def _position(self) -> tuple[int | None, int, int]:
-        """(rank for the view or None, worker, number of workers) of this copy."""
+        """(rank for the view or None, worker, number of workers) of this copy; over streams
+        (rank, world size, worker, number of workers)."""
         where = process_position()
         rank, world, worker, workers = where.rank, where.world_size, where.worker, where.num_workers
         sharding = self._sharding
@@ -712,6 +724,8 @@ class ViewLoaderIterDataPipe(SampleSource, IterDataPipe[list]):
             world, rank = sharding[2]
         if 3 in sharding:
             workers, worker = sharding[3]
+        if self.view.streams is not None:
+            return rank if self.rank is None else self.rank, world, worker, workers
         if self.rank is not None:
             rank = self.rank
         elif world != self.view.world_size:
@@ -723,12 +737,18 @@ class ViewLoaderIterDataPipe(SampleSource, IterDataPipe[list]):
         return (None if self.view.world_size == 1 else rank), worker, workers
 
     def __iter__(self) -> Iterator[list]:
-        rank, worker, workers = self._position()
+        where = self._position()
+        rank, worker, workers = where[0], where[-2], where[-1]
         state, _ = self._take_resume()
         epoch, start_step, first = self.epoch, self.start_step, worker
         if state is not None:  # resuming (speechpipe.loader): this copy's next step
             epoch, start_step, first = state["epoch"], state["start_step"], state["next"]
-        keys_per_step = self.view.batches(epoch, rank=rank, start_step=start_step)
+        if self.view.streams is not None:  # this process's whole global batches, in order
+            first, workers = (0 if state is None else first), 1
+            keys_per_step = self.view.batches(epoch, rank=rank, world_size=where[1],
+                                              start_step=start_step)[worker::where[3]]
+        else:
+            keys_per_step = self.view.batches(epoch, rank=rank, start_step=start_step)
         source = self.source_datapipe
         live = self._live = {"epoch": epoch, "start_step": start_step, "next": first}
         try:
@@ -749,6 +769,10 @@ class ViewLoaderIterDataPipe(SampleSource, IterDataPipe[list]):
             self._live = None
 
     def __len__(self) -> int:
+        if self.view.streams is not None:  # this rank's steps, over its workers
+            where = self._position()
+            return self.plan(self.epoch).steps(where[1], start=self.start_step,
+                                               uneven=self.view.uneven)
         return len(self.view) - self.start_step
 
     def _snapshot(self, live: dict) -> dict:

@@ -48,7 +48,10 @@ from typing import Any, Callable, Iterable, Iterator
 
 from ...errors import check_int, SpeechpipeError
 from .._core import functional_datapipe, IterDataPipe
-from ._steps import TARGETS, StepPlan, StepPlanner, StepStats, batch_samples, index_unit, target_steps
+from ._steps import (
+    TARGETS, StepPlan, StepPlanner, StepStats, batch_samples, index_unit, stream_planner,
+    target_steps,
+)
 
 __all__ = [
     "DistributedStepError",
@@ -334,16 +337,18 @@ class EqualSteps:
         if policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
         if policy == "plan":
+            if steps is None and stream_planner(loader) is not None:
+                steps = StepPlanner(loader)  # plan_batches: the plan knows the steps
             if steps is None:
                 raise ValueError("policy='plan' needs steps= (an int, epoch -> int, or a "
-                                 "StepPlanner)")
+                                 "StepPlanner), or a loader over a plan_batches pipeline")
             if isinstance(steps, bool) or not (
                 isinstance(steps, (int, StepPlanner)) or callable(steps)
             ):
                 raise TypeError(f"steps must be an int, a callable or a StepPlanner, got {steps!r}")
             if isinstance(steps, int) and steps < 0:
                 raise ValueError(f"steps must be >= 0, got {steps!r}")
-            if isinstance(steps, StepPlanner):
+            if isinstance(steps, StepPlanner) and steps.streams is None:
                 workers = getattr(loader, "num_workers", None)
                 if isinstance(workers, int) and max(1, workers) != max(1, steps.num_workers):
                     raise ValueError(
@@ -376,6 +381,9 @@ class EqualSteps:
     def __len__(self) -> int:
         if self.policy == "plan" and isinstance(self.steps, int):
             return self.steps
+        if self.policy == "plan" and isinstance(self.steps, StepPlanner) and \
+                self.steps.streams is not None:  # the same on every rank: no collective
+            return self.steps.steps(self.epoch)
         raise TypeError(
             f"EqualSteps(policy={self.policy!r}) has no len(): the steps are known only when "
             "the ranks agree (use policy='plan' with an int, or StepPlanner.steps())"
@@ -428,7 +436,8 @@ class EqualSteps:
         if abs(own - planned) <= _UNEVEN_SHARE * planned:
             return
         epoch = "" if self.epoch is None else f" epoch {self.epoch}"
-        unit = index_unit(self.steps.sharded)[0]
+        unit = "global batches" if self.steps.streams is not None else index_unit(
+            self.steps.sharded)[0]
         warnings.warn(
             f"equalize_steps(policy='plan'){epoch}: rank {signals.rank}'s loader yielded "
             f"{own} batches of its own data but the StepPlanner counted {planned} "

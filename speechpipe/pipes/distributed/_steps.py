@@ -21,6 +21,8 @@ from typing import Any, Callable, Iterable
 import numpy as np
 
 from ...errors import check_int
+from ...seeding import process_position
+from .._core import graph_nodes, IterDataPipe
 from ..batching import BatchConstraint, IndexLength, OVERSIZE, TwoDimensional
 from ..order import dist_world, EpochPlan, ShardedShufflerIterDataPipe
 
@@ -30,6 +32,7 @@ __all__ = [
     "StepStats",
     "TARGETS",
     "batch_samples",
+    "stream_planner",
 ]
 
 
@@ -123,6 +126,13 @@ class StepPlanner:
       sample (``oversize="emit"``). Conservative: use it when the pipeline filters or the
       lengths differ; the plan then drops the batches above the bound, counted.
 
+    **Over virtual streams.** Given a ``plan_batches`` pipeline (or a loader over one: see
+    :func:`stream_planner`) and no ``batching``, the count is the plan's own
+    (:meth:`~speechpipe.pipes.batching.StreamPlan.steps`): every rank takes the same steps,
+    ``ceil`` or ``floor`` of the epoch's global batches over the ranks (its ``uneven``), from
+    the global batch the pass starts at (a resumed epoch counts what is left). **Exact**, the
+    same on every rank, for any number of workers, and known without a collective.
+
     **Target.** The steps every rank takes: ``"min"`` (default) the fewest batches of any
     rank -- the others drop the rest, nothing is repeated; ``"max"`` the most -- the others
     repeat batches (as ``pad``, with no collective per step); ``"mean"`` the mean, rounded
@@ -157,16 +167,24 @@ class StepPlanner:
     def __init__(
         self,
         sharded: Any,
-        batching: int | Callable[[list], Iterable] | Any,
+        batching: int | Callable[[list], Iterable] | Any = None,
         *,
         num_workers: int = 0,
         world_size: int | None = None,
         oversize: str = "emit",
         target: str = "min",
     ) -> None:
-        if not isinstance(sharded, ShardedShufflerIterDataPipe):
-            raise TypeError(f"sharded must be a sharded_shuffle pipe, got {sharded!r}")
-        if sharded.index is None:
+        self.streams = None if isinstance(sharded, ShardedShufflerIterDataPipe) else \
+            stream_planner(sharded)
+        if self.streams is not None and batching is not None:
+            raise TypeError("a plan_batches pipeline batches itself: give StepPlanner no "
+                            f"batching, got {batching!r}")
+        if self.streams is not None:
+            batching = 0  # unused: the plan counts
+        elif not isinstance(sharded, ShardedShufflerIterDataPipe):
+            raise TypeError(f"sharded must be a sharded_shuffle pipe or a plan_batches "
+                            f"pipeline, got {sharded!r}")
+        elif sharded.index is None:
             raise ValueError(
                 "StepPlanner needs the shard index: build the pipe with "
                 "sharded_shuffle(..., index=True) (or index=ShardIndex(...))"
@@ -177,7 +195,7 @@ class StepPlanner:
             raise TypeError(
                 f"batching must be a batch size, a BatchConstraint or a callable, got {batching!r}"
             )
-        if isinstance(batching, int) and batching < 1:
+        if isinstance(batching, int) and batching < 1 and self.streams is None:
             raise ValueError(f"batching must be >= 1 as a batch size, got {batching!r}")
         check_int("num_workers", num_workers, 0)
         if world_size is not None:
@@ -187,7 +205,7 @@ class StepPlanner:
         if target not in TARGETS:
             raise ValueError(f"target must be one of {TARGETS}, got {target!r}")
         self.sharded = sharded
-        self.batching = batching
+        self.batching = batching if self.streams is None else None
         self.num_workers = num_workers
         self.world_size = world_size
         self.oversize = oversize
@@ -195,8 +213,20 @@ class StepPlanner:
 
     @property
     def exact(self) -> bool:
-        """True if the count is exact (batch size or callable), False for a lower bound."""
+        """True if the count is exact (batch size, callable, virtual streams), False for a
+        lower bound."""
         return not isinstance(self.batching, BatchConstraint)
+
+    def _stream_steps(self, epoch: int | None) -> tuple[int, int, int]:
+        """Over virtual streams: ``(epoch, world size, steps of every rank)``, from the global
+        batch the planner's pass starts at when ``epoch`` is its current one."""
+        planner = self.streams
+        epoch = planner.epoch if epoch is None else check_int("epoch", epoch, 0)
+        world = self.world_size if self.world_size is not None else \
+            process_position().world_size
+        start = planner.start if epoch == planner.epoch else 0
+        return epoch, world, planner.plan(epoch).steps(world, start=start,
+                                                       uneven=planner.uneven)
 
     def _plans(self, epoch: int | None) -> tuple[tuple[EpochPlan, ...], ...]:
         """Every worker's epoch plan, ``plans[rank][worker]``, from the pipe (one split)."""
@@ -219,6 +249,11 @@ class StepPlanner:
     def rank_batches(self, epoch: int | None = None, rank: int | None = None) -> int:
         """Batches ``rank`` (default: this process's) yields in ``epoch`` (default: the pipe's
         current epoch), over its workers."""
+        if self.streams is not None:
+            _, world, steps = self._stream_steps(epoch)
+            if rank is not None and not 0 <= rank < world:
+                raise ValueError(f"rank must be in [0, {world}), got {rank!r}")
+            return steps
         plans = self._plans(epoch)
         rank = dist_world()[0] if rank is None else rank
         if not 0 <= rank < len(plans):
@@ -228,6 +263,9 @@ class StepPlanner:
     def plan(self, epoch: int | None = None) -> StepPlan:
         """Batches of every rank in ``epoch`` (computes all ranks: ``world_size`` times the
         work of :meth:`rank_batches`)."""
+        if self.streams is not None:
+            epoch, world, steps = self._stream_steps(epoch)
+            return StepPlan(epoch, (steps,) * world, True, self.target)
         plans = self._plans(epoch)
         per_rank = tuple(sum(self._worker_batches(plan) for plan in rank) for rank in plans)
         return StepPlan(plans[0][0].epoch, per_rank, self.exact, self.target)
@@ -235,6 +273,31 @@ class StepPlanner:
     def steps(self, epoch: int | None = None) -> int:
         """Steps every rank takes in ``epoch`` (:attr:`StepPlan.steps` of :meth:`plan`)."""
         return self.plan(epoch).steps
+
+
+def stream_planner(pipeline: Any) -> Any:
+    """The stage of a pipeline that plans over virtual streams (``plan_batches``, or
+    ``batch_by_view`` over a view with streams; of a loader, DataLoader or dataset over one:
+    their ``dataset`` / ``pipe``), or ``None`` if it has none.
+
+    >>> from speechpipe import IterableWrapper
+    >>> stream_planner(IterableWrapper(["a.tar"]).plan_batches(60.0, index=True)) is not None
+    True
+    >>> stream_planner(IterableWrapper([1, 2])) is None
+    True
+    """
+    seen = 0
+    while not isinstance(pipeline, IterDataPipe) and seen < 3:  # Loader -> PipeDataset -> pipe
+        inner = getattr(pipeline, "dataset", None)  # not `or`: a dataset's truth is its len()
+        pipeline = inner if inner is not None else getattr(pipeline, "pipe", None)
+        seen += 1
+    if not isinstance(pipeline, IterDataPipe):
+        return None
+    found = [n for n in graph_nodes(pipeline) if getattr(n, "topology_free", False) is True]
+    if len(found) > 1:
+        raise ValueError(f"the pipeline has {len(found)} plan_batches stages: one counts the "
+                         "steps")
+    return found[0] if found else None
 
 
 def index_unit(sharded: Any) -> tuple[str, int | None]:
