@@ -570,8 +570,13 @@ def semi_supervised_pipeline(
         until: ``"sup"``, ``"unsup"``, ``"shortest"`` or ``"longest"`` (see ``zip_by_name``).
         seed: seed of the supervised pipeline; the unsupervised one uses ``seed + 1``.
         **options: other :func:`train_pipeline` options, given to both (with ``front_end``,
-            the unsupervised pipeline gets it without its tokenizer).
+            the unsupervised pipeline gets it without its tokenizer); not ``streams=``.
     """
+    if options.get("streams") is not None:
+        raise ValueError(
+            "semi_supervised_pipeline takes no streams= yet: its unsupervised pipeline restarts "
+            "inside the supervised epoch, so one global batch position cannot say where both "
+            "stand; give streams=None")
     sup_options, unsup_options = dict(options), dict(options)
     if options.get("front_end") is None:
         sup_options["tokenizer"], unsup_options["tokenizer"] = tokenizer, None
