@@ -38,8 +38,15 @@ from ..pipes.batching import BatchPlannerIterDataPipe, IndexLength
 from ..sample import AUDIO, DURATION, KEY, SOURCE
 from ..seeding import derive_rng, derive_seed
 
-__all__ = ["PLANNED", "BatchFrontEnd", "KeyedAugment", "RowPlanner", "apply_planned_speed",
-           "reverberated", "rows_loader"]
+__all__ = [
+    "BatchFrontEnd",
+    "KeyedAugment",
+    "PLANNED",
+    "RowPlanner",
+    "apply_planned_speed",
+    "reverberated",
+    "rows_loader",
+]
 
 #: The field a planned row carries to the front end: ``{"epoch": e, "speed": factor or None}``
 #: (removed before collating).
