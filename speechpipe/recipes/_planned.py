@@ -105,10 +105,12 @@ class RowPlanner(BatchPlannerIterDataPipe):
     >>> from speechpipe.pipes.sources import write_manifest
     >>> path = os.path.join(tempfile.mkdtemp(), "m.jsonl")
     >>> _ = write_manifest(path, [{"key": f"u{i}", "duration": 2.0} for i in range(4)])
-    >>> pipe = RowPlanner(IterableWrapper([path]).read_manifest_files(), 4.0,
-    ...                   speed_factors=(0.5,), streams=1)
-    >>> [[s["key"] for s in b] for b in pipe], next(iter(pipe))[0][PLANNED]
-    ([['u0'], ['u3'], ['u2'], ['u1']], {'epoch': 1, 'speed': 0.5})
+    >>> rows = IterableWrapper([path]).read_manifest_files()
+    >>> [len(b) for b in RowPlanner(rows, 4.0, streams=1)]  # 2 s each: two per 4 s
+    [2, 2]
+    >>> slow = RowPlanner(rows, 4.0, speed_factors=(0.5,), streams=1)  # 4 s each once slowed
+    >>> [len(b) for b in slow], next(iter(slow))[0][PLANNED]
+    ([1, 1, 1, 1], {'epoch': 1, 'speed': 0.5})
     """
 
     decides_batches = BatchPlannerIterDataPipe.decides_batches + ("speed_factors",)
