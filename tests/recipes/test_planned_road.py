@@ -193,3 +193,15 @@ def test_the_streaming_roads_refusal_of_another_topology_names_the_way_out(manif
         other.load_state_dict(state)
     assert "streams=8" in str(caught.value) and "plan_batches" in str(caught.value)
     assert "docs/resume.md" in str(caught.value)
+
+
+def test_a_state_of_the_streaming_road_is_refused_by_the_planned_one(manifest):
+    loader = sp.build_loader(sp.train_pipeline(manifest, budget=BUDGET, features=None), seed=0)
+    for step, _ in enumerate(loader):
+        if step == 1:
+            state = loader.state_dict()
+            break
+    planned = sp.build_loader(pipe(manifest, features=None, speed_perturb=None), seed=0)
+    with pytest.raises(ResumeError, match="RowPlanner") as caught:
+        planned.load_state_dict(state)
+    assert any(d[0] == "pipeline" for d in caught.value.differences)
