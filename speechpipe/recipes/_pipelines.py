@@ -17,7 +17,9 @@ from ..diagnostics import check_on_error
 from ..errors import DataError, check_int
 from ..pipes._core import IterableWrapper, IterDataPipe
 from ..pipes.audio import FEATURE_KINDS
-from ..pipes.batching import batch_budget, BatchConstraint, SampleCount
+from ..pipes.batching import (
+    batch_budget, BatchConstraint, IndexLength, LengthUnitError, SampleCount,
+)
 from ..pipes.collate import PadCollate
 from ..pipes.sources import ManifestFileReaderIterDataPipe
 from ..remote import RemoteOptions, is_remote
@@ -475,6 +477,12 @@ def _planned_train(rows: IterDataPipe, constraint: BatchConstraint, front_end: F
         raise ValueError("streams= plans on the mapped rows of local JSON-lines manifests "
                          "(paths, a folder, prepare's dict); these manifests are sample lists, "
                          "a pipe or object-storage URLs: give streams=None (the streaming road)")
+    try:
+        constraint.measure(IndexLength(1.0, "seconds"))
+    except LengthUnitError:
+        raise ValueError(f"streams= plans on the manifests' durations, but the budget "
+                         f"{constraint!r} measures another unit: give seconds (a number, or "
+                         "length='duration'), or streams=None") from None
     if not shard:
         raise ValueError("streams= shares the planned batches between ranks and workers; "
                          "shard=False (every process reads everything) needs streams=None")

@@ -171,6 +171,8 @@ def test_streams_need_local_manifests_and_say_what_to_do(manifest):
         sp.train_pipeline(manifest, streams=4, feature_options={"dither": 1.0})
     with pytest.raises(ValueError, match="streams"):
         sp.train_pipeline(manifest, streams=0)
+    with pytest.raises(ValueError, match="durations.*PaddedArea"):
+        sp.train_pipeline(manifest, streams=4, budget=sp.PaddedArea(3000))
     with pytest.raises(ValueError, match="semi_supervised_pipeline"):
         semi_supervised_pipeline(manifest, manifest, streams=4)
 
