@@ -29,7 +29,7 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 
 from ..errors import DataError
-from ..pipes._core import IterableWrapper, IterDataPipe, Seeded, graph_nodes
+from ..pipes._core import IterableWrapper, IterDataPipe, Seeded, graph_nodes, plain_iterator
 from ..pipes.audio import (
     AUGMENT, SPEED, audio_of, change_speed, channels_first, fast_fft_len, mix_at_snr,
     noise_segment, resampler, time_first,
@@ -270,6 +270,7 @@ def _mono_like(x: np.ndarray, audio: np.ndarray, key: str, sample: dict) -> np.n
                     "mixes mono items only", key=sample.get(KEY), source=sample.get(SOURCE))
 
 
+@plain_iterator
 class _Feeder(IterDataPipe):
     """The samples of the batch :class:`BatchFrontEnd` runs through its stages."""
 
@@ -288,6 +289,7 @@ def _unplanned(sample: dict) -> dict:
     return out
 
 
+@plain_iterator
 class BatchFrontEnd(IterDataPipe[list]):
     """Each batch of a plan through the per-sample stages ``build`` makes, one batch at a
     time: the batch's samples, transformed, in the plan's order. A sample the stages leave out
