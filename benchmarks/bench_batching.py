@@ -17,6 +17,10 @@ WenetSpeech M with icefall's 1-15 s filter), at the same padded budget, one run 
 then (b) again at the largest buffer whose repeat rate is at most (d)'s (found by bisection):
 the padding of the two at equal batch variety.
 
+With ``--recipe``, only the two roads of ``train_pipeline`` at its defaults (a bucket buffer of
+2,000 samples, one bucket sorted within it): (b) with that buffer -- what each process of
+``streams=None`` holds -- against (e) with 8 streams of that buffer each (``streams=8``).
+
 For each: padding efficiency (real / padded frames), batches per epoch, largest padded area
 (as a fraction of the budget), batches over budget, and the co-batch repeat rate: of the pairs
 of samples that share a batch in epoch e, the fraction that share one again in epoch e + 1
@@ -24,6 +28,7 @@ of samples that share a batch in epoch e, the fraction that share one again in e
 
     python -m benchmarks bench_batching           # 100,000 utterances per corpus, 3 epochs
     python -m benchmarks bench_batching --tiny    # 3,000 utterances, 2 epochs (smoke test)
+    python -m benchmarks bench_batching --recipe --budget 200   # the recipes' two roads
 """
 
 from __future__ import annotations
@@ -88,19 +93,29 @@ def fixed_random(lengths, budget, epochs, seed):
     return out
 
 
+class Ref:
+    """An utterance number that is not a number: a constraint measures a bare number as its
+    own length, so the stream carries these and ``length=`` looks each one up."""
+
+    __slots__ = ("i",)
+
+    def __init__(self, i: int) -> None:
+        self.i = i
+
+
 def streaming(lengths, budget, epochs, seed, buffer_size, num_buckets=None):
     out = []
     for e in range(epochs):
         order = list(range(len(lengths)))
         derive_rng(seed, e, 0, 0, "upstream").shuffle(order)  # stands for sharded_shuffle
-        constraint = PaddedArea(budget=budget, length=lambda i: lengths[i])
-        pipe = (IterableWrapper(order)
+        constraint = PaddedArea(budget=budget, length=lambda r: lengths[r.i])
+        pipe = (IterableWrapper([Ref(i) for i in order])
                 .bucket_by_length(buffer_size, num_buckets=num_buckets, seed=seed,
                                   budget=constraint)
                 .block_batch(constraint, seed=seed))
         pipe.set_epoch(e)
         pipe.source_datapipe.set_epoch(e)
-        out.append([list(b) for b in pipe])
+        out.append([[r.i for r in b] for b in pipe])
     return out
 
 
@@ -148,6 +163,29 @@ def lhotse_dynamic(durations, budget_seconds, epochs, seed, num_buckets=30):
             sampler.set_epoch(e)
             out.append([[int(c.id.rsplit("-", 1)[-1]) for c in batch] for batch in sampler])
     return out
+
+
+#: ``train_pipeline``'s bucket buffer (its default ``bucket_buffer``).
+RECIPE_BUFFER = 2000
+
+
+def run_recipe(n: int, epochs: int, budget_seconds: float, seed: int = 0) -> list[dict]:
+    """The recipes' two roads at their defaults (see the module documentation)."""
+    rows = []
+    for corpus in CORPORA:
+        durations = sample_durations(corpus, n, seed, usable_only=True)
+        lengths = np.round(durations * FRAMES_PER_SECOND).astype(np.int64)
+        budget = budget_seconds * FRAMES_PER_SECOND
+        buffer = min(n, RECIPE_BUFFER)
+        for name, fn in ((f"streams=None, buffer {buffer}",
+                          lambda: streaming(lengths, budget, epochs, seed, buffer_size=buffer)),
+                         (f"streams=8, buffer {buffer} each",
+                          lambda: virtual_streams(lengths, budget, epochs, seed, buffer))):
+            start = time.perf_counter()
+            result = fn()
+            rows.append({"corpus": corpus, **describe(
+                name, result, lengths, budget, time.perf_counter() - start)})
+    return rows
 
 
 def run(n: int, epochs: int, budget_seconds: float, seed: int = 0) -> list[dict]:
@@ -228,10 +266,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--utterances", type=int, default=100_000)
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--budget", type=float, default=600.0, help="padded seconds per batch")
+    parser.add_argument("--recipe", action="store_true",
+                        help="only train_pipeline's two roads at its defaults")
     args = parser.parse_args(argv)
     n, epochs = (3000, 2) if args.tiny else (args.utterances, args.epochs)
-    print(f"{n} utterances per corpus, {epochs} epochs, budget {args.budget:g} padded seconds")
-    print(table(run(n, epochs, args.budget)))
+    if not args.recipe:
+        print(f"{n} utterances per corpus, {epochs} epochs, budget {args.budget:g} padded "
+              "seconds")
+        print(table(run(n, epochs, args.budget)))
+    if args.tiny or args.recipe:
+        print(f"train_pipeline's roads, {n} utterances per corpus, {epochs} epochs, budget "
+              f"{args.budget:g} padded seconds")
+        print(table(run_recipe(n, epochs, args.budget)))
 
 
 if __name__ == "__main__":

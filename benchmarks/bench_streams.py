@@ -17,8 +17,18 @@ Rounds alternate the two (medians, per-round ranges): audio seconds per second o
 (from building the loader to its last batch), time to the first batch, and the padding
 efficiency of the decoded batches (``sum(audio_len) / (B x T)`` over the pass).
 
+With ``--recipe``, the recipes' road instead (issue 29): ``train_pipeline`` over a local
+JSON-lines manifest of FLAC files (the same durations), 80-bin fbank, speed perturbation
+(0.9, 1.0, 1.1), the recipe's budget and bucket buffer (200 s, 2,000), ``streams=None`` (the
+streaming road: ``shuffle_samples -> load -> perturb -> fbank -> bucket_by_length ->
+block_batch``) against ``streams=8`` (the planned road: ``plan_batches`` on the mapped rows,
+then each batch loaded and transformed): audio seconds (after perturbation) per second of a
+whole pass, time to the first batch, and the padding efficiency of the fbank batches
+(``sum(feats_len) / (B x T)``).
+
     python -m benchmarks bench_streams           # 2,000 utterances, 3 rounds
-    python -m benchmarks bench_streams --tiny    # 200 utterances, 1 round (smoke test)
+    python -m benchmarks bench_streams --tiny    # 200 (40 --recipe) utterances, 1 round
+    python -m benchmarks bench_streams --recipe --utterances 600   # the recipes' road
 """
 
 from __future__ import annotations
@@ -131,15 +141,91 @@ def run(n: int, per_shard: int, rounds: int, budget: float, buffer: int, bucket:
     return "\n".join(lines)
 
 
+def make_manifest(root: str, n: int, seed: int = 0) -> str:
+    """FLAC files of quiet noise at LibriSpeech-like durations and their local manifest."""
+    import json
+
+    import soundfile
+
+    folder = os.path.join(root, f"recipe-{n}")
+    path = os.path.join(folder, "train.jsonl")
+    if not os.path.exists(path):
+        os.makedirs(folder, exist_ok=True)
+        rng = np.random.default_rng(seed)
+        rows = []
+        for i, seconds in enumerate(sample_durations("librispeech-train-clean-100", n, seed,
+                                                     usable_only=True)):
+            audio = (rng.standard_normal(int(seconds * RATE)) * 0.01).astype(np.float32)
+            flac = os.path.join(folder, f"u{i:06d}.flac")
+            soundfile.write(flac, audio, RATE)
+            rows.append({"key": f"u{i:06d}", "audio_path": flac,
+                         "duration": audio.shape[0] / RATE, "text": "a"})
+        with open(path + ".tmp", "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in rows)
+        os.replace(path + ".tmp", path)
+    return path
+
+
+def recipe_pass(streams: int | None, manifest: str, workers: int, budget: float) -> dict:
+    from speechpipe.recipes import train_pipeline
+
+    start = time.perf_counter()
+    pipe = train_pipeline(manifest, budget=budget, seed=0, speed_perturb=(0.9, 1.0, 1.1),
+                          streams=streams)
+    loader = build_loader(pipe, num_workers=workers, seed=0)
+    first = None
+    audio = 0.0
+    real = padded = 0
+    for batch in loader:
+        if first is None:
+            first = time.perf_counter() - start
+        audio += float(batch["duration"].sum())
+        lengths = batch["feats_len"]
+        real += int(lengths.sum())
+        padded += int(lengths.numel() * batch["feats"].shape[1])
+    seconds = time.perf_counter() - start
+    return {"audio_s_per_s": audio / seconds, "first_s": first or 0.0,
+            "efficiency": real / padded if padded else 0.0}
+
+
+def run_recipe(n: int, rounds: int, budget: float) -> str:
+    root = os.path.join(tempfile.gettempdir(), "speechpipe-bench-streams")
+    manifest = make_manifest(root, n)
+    roads = {"streaming": None, "streams=8": 8}
+    lines = [f"train_pipeline over {n} FLAC utterances, fbank, speed (0.9, 1.0, 1.1), budget "
+             f"{budget:g} padded s, {rounds} round(s); load average {os.getloadavg()[0]:.1f} at "
+             "the start",
+             f"{'road':<10} {'workers':>7} {'audio-s/s median (range)':>26} "
+             f"{'first batch s':>14} {'padding eff.':>12}"]
+    for workers in (0, 2):
+        results: dict[str, list[dict]] = {road: [] for road in roads}
+        for _ in range(rounds):
+            for road, streams in roads.items():
+                results[road].append(recipe_pass(streams, manifest, workers, budget))
+        for road in roads:
+            rows = results[road]
+            lines.append(
+                f"{road:<10} {workers:>7} {_median_range([r['audio_s_per_s'] for r in rows]):>26}"
+                f" {statistics.median(r['first_s'] for r in rows):>14.2f}"
+                f" {statistics.median(r['efficiency'] for r in rows):>12.4f}")
+    lines.append(f"load average {os.getloadavg()[0]:.1f} at the end")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tiny", action="store_true")
     parser.add_argument("--utterances", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--budget", type=float, default=200.0, help="padded seconds per batch")
+    parser.add_argument("--recipe", action="store_true",
+                        help="train_pipeline's streaming road against streams=8")
     args = parser.parse_args(argv)
-    if args.tiny:
+    if args.tiny:  # both tables
         print(run(200, 25, 1, 100.0, 50, 60))
+        print(run_recipe(40, 1, 100.0))
+    elif args.recipe:
+        print(run_recipe(args.utterances, args.rounds, args.budget))
     else:
         print(run(args.utterances, 100, args.rounds, args.budget, 500, 600))
 

@@ -20,7 +20,7 @@ SLOW_MODULES = {
     "test_registry", "test_remote", "test_remote_paths", "test_resume", "test_telemetry",
     "test_threads", "test_transfer", "test_trust", "test_virtual_streams_ddp",
     "test_virtual_streams_steps_ddp", "test_view_streams_ddp",
-    "test_prepare_jobs", "test_cmvn_jobs", "test_executors",
+    "test_prepare_jobs", "test_cmvn_jobs", "test_executors", "test_planned_road_ddp",
 }
 
 #: Single tests elsewhere that start processes or take seconds.
@@ -30,6 +30,8 @@ SLOW_TESTS = {
     "test_perturb_speed_kernels_are_per_rate_and_factor",
     "test_pipes_pickle_and_run_in_spawned_dataloader_workers",
     "test_two_workers_write_the_same_bytes_as_one",
+    "test_workers_do_not_change_the_batches_with_speed_noise_and_reverb",
+    "test_a_state_resumes_with_other_workers_in_one_process",
 }
 
 

@@ -14,13 +14,17 @@ from dataclasses import dataclass, fields, replace
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from ..diagnostics import check_on_error
-from ..errors import DataError
+from ..errors import DataError, check_int
 from ..pipes._core import IterableWrapper, IterDataPipe
 from ..pipes.audio import FEATURE_KINDS
-from ..pipes.batching import batch_budget, BatchConstraint, SampleCount
+from ..pipes.batching import (
+    batch_budget, BatchConstraint, IndexLength, LengthUnitError, SampleCount,
+)
 from ..pipes.collate import PadCollate
+from ..pipes.sources import ManifestFileReaderIterDataPipe
 from ..remote import RemoteOptions, is_remote
 from ..sample import DURATION, FEATS, KEY, SOURCE, TEXT, Sample
+from ._planned import BatchFrontEnd, KeyedAugment, RowPlanner, apply_planned_speed, rows_loader
 from ._prepare import AUDIO_PATH, FEATS_PATH, OFFSET, ManifestsArg, resolve_manifests
 
 __all__ = [
@@ -267,8 +271,48 @@ def augment_source(source: Any, *, seed: int = 0,
                            whole_without_offset=True, remote=remote)
 
 
+class _SourceItems:
+    """The items of a noise or response source in a fixed order (the planned road's
+    :class:`~speechpipe.recipes._planned.KeyedAugment`): a pipe's samples, or manifest rows."""
+
+    def __init__(self, source: Any, remote: RemoteOptions | None) -> None:
+        self.source, self.remote = source, remote
+
+    def __call__(self) -> list:
+        return list(self.source if isinstance(self.source, IterDataPipe)
+                    else manifest_samples(self.source, remote=self.remote))
+
+
+class _LoadItem:
+    """A noise or response row loaded as the training road loads utterances."""
+
+    def __init__(self, remote: RemoteOptions | None) -> None:
+        self.remote = remote
+
+    def __call__(self, pipe: IterDataPipe) -> IterDataPipe:
+        return pipe.load_audio(field=AUDIO_PATH, offset_field=OFFSET, duration_field=DURATION,
+                               whole_without_offset=True, remote=self.remote)
+
+
+def _keyed(kind: str, source: Any, front_end: FrontEnd, seed: int,
+           remote: RemoteOptions | None) -> KeyedAugment:
+    load = (_same if isinstance(source, IterDataPipe) else rows_loader(_LoadItem(remote)))
+    if kind == "reverb":
+        return KeyedAugment(kind, _SourceItems(source, remote), load, p=front_end.rir_p,
+                            seed=seed)
+    return KeyedAugment(kind, _SourceItems(source, remote), load, p=front_end.noise_p,
+                        snr_db=front_end.snr_db, babble=front_end.babble, seed=seed)
+
+
+def _same(sample: Any) -> Any:
+    return sample
+
+
 def _transformed(pipe: IterDataPipe, front_end: FrontEnd, *, input: Any, seed: int,
-                 history: int = 4096, remote: RemoteOptions | None = None) -> IterDataPipe:
+                 history: int = 4096, remote: RemoteOptions | None = None,
+                 planned: bool = False) -> IterDataPipe:
+    """The front end's stages; ``planned``: the planned road's (the speed factor drawn by
+    the plan, reverberation and noise drawn per key: :mod:`speechpipe.recipes._planned`)."""
     if front_end.perturbs and input == "feats":
         raise ValueError("speed_perturb, noise and rir need audio; these manifests give "
                          "features")
@@ -277,14 +321,21 @@ def _transformed(pipe: IterDataPipe, front_end: FrontEnd, *, input: Any, seed: i
         pipe = pipe.resample(rate)  # audio at rate Hz, sample_rate set
     if front_end.speed_perturb is not None:
         # audio resampled, duration updated
-        pipe = pipe.perturb_speed(factors=tuple(front_end.speed_perturb), seed=seed)
+        pipe = (pipe.map(apply_planned_speed) if planned else
+                pipe.perturb_speed(factors=tuple(front_end.speed_perturb), seed=seed))
     if front_end.rir is not None:  # audio reverberated, + augment [{"kind": "reverb"...}]
-        rir = augment_source(front_end.rir, seed=seed, remote=remote)
-        pipe = pipe.reverberate(rir, p=front_end.rir_p, seed=seed, history=history)
+        if planned:
+            pipe = pipe.map(_keyed("reverb", front_end.rir, front_end, seed, remote))
+        else:
+            rir = augment_source(front_end.rir, seed=seed, remote=remote)
+            pipe = pipe.reverberate(rir, p=front_end.rir_p, seed=seed, history=history)
     if front_end.noise is not None:  # audio mixed, + augment [{"kind": "noise"...}]
-        pipe = pipe.add_noise(augment_source(front_end.noise, seed=seed, remote=remote),
-                              snr_db=front_end.snr_db, p=front_end.noise_p,
-                              babble=front_end.babble, seed=seed, history=history)
+        if planned:
+            pipe = pipe.map(_keyed("noise", front_end.noise, front_end, seed, remote))
+        else:
+            pipe = pipe.add_noise(augment_source(front_end.noise, seed=seed, remote=remote),
+                                  snr_db=front_end.snr_db, p=front_end.noise_p,
+                                  babble=front_end.babble, seed=seed, history=history)
     if front_end.features is not None:
         if input == "feats":
             raise ValueError("features are computed from audio; these manifests give "
@@ -322,6 +373,7 @@ def train_pipeline(
     shard: bool = True,
     on_error: str = "raise",
     remote: RemoteOptions | None = None,
+    streams: int | None = None,
     **front_end_options: Any,
 ) -> IterDataPipe[dict]:
     """A training pipeline over manifests: yields padded batch dicts within a budget.
@@ -382,11 +434,27 @@ def train_pipeline(
             ``sample_rate``, ``features``, ``feature_options``, ``speed_perturb``,
             ``tokenizer``, ``text_field``, ``normalizer``, ``noise``, ``snr_db``, ``noise_p``,
             ``babble``, ``rir``, ``rir_p`` (giving both is a ``TypeError``).
+        streams: ``None`` (default): the streaming road above, whose batches depend on the
+            number of ranks and workers (a checkpoint resumes on its own topology only).
+            ``V`` (e.g. 8): the **planned road** -- the epoch's batches planned on the
+            manifests' mapped rows over ``V`` virtual streams (``plan_batches``; local
+            JSON-lines manifests with durations), then loaded and transformed batch by batch:
+            the same global batches for any ranks and workers, and rank 0's
+            ``loader.state_dict()`` resumes any topology (docs/resume.md). Speed factors are
+            drawn at planning time from ``(seed, epoch, row)`` and the plan packs
+            ``duration / factor``; reverberation and noise draw from ``(seed, epoch, key)``;
+            under ``on_error="skip"`` a batch that loses a sample stays a batch (smaller).
+            The order of a seed differs from the streaming road's.
     """
     _check_front_end(front_end, front_end_options, "train_pipeline", _FRONT_END_FIELDS)
     constraint = batch_budget(budget, required=True)
     _check_input(input, on_error)
     pipe = manifest_samples(manifests, remote=remote)
+    if streams is not None:
+        return _planned_train(pipe, constraint, front_end or FrontEnd(**front_end_options),
+                              streams=streams, min_duration=min_duration,
+                              max_duration=max_duration, seed=seed, bucket_buffer=bucket_buffer,
+                              input=input, shard=shard, on_error=on_error, remote=remote)
     pipe = pipe.filter_by_duration(min_duration, max_duration)
     pipe = pipe.shuffle_samples(seed=seed, split=shard)
     pipe = _loaded(pipe, input, on_error, remote)
@@ -397,6 +465,41 @@ def train_pipeline(
     pipe = pipe.bucket_by_length(bucket_buffer, budget=constraint, seed=seed)
     pipe = pipe.block_batch(constraint, seed=seed)
     return pipe.collate(collate_fn=PadCollate())
+
+
+def _planned_train(rows: IterDataPipe, constraint: BatchConstraint, front_end: FrontEnd, *,
+                   streams: int, min_duration: float | None, max_duration: float | None,
+                   seed: int, bucket_buffer: int, input: Any, shard: bool, on_error: str,
+                   remote: RemoteOptions | None) -> IterDataPipe[dict]:
+    """:func:`train_pipeline`'s planned road (``streams=V``)."""
+    check_int("streams", streams, 1)
+    if not isinstance(rows, ManifestFileReaderIterDataPipe):
+        raise ValueError("streams= plans on the mapped rows of local JSON-lines manifests "
+                         "(paths, a folder, prepare's dict); these manifests are sample lists, "
+                         "a pipe or object-storage URLs: give streams=None (the streaming road)")
+    try:
+        constraint.measure(IndexLength(1.0, "seconds"))
+    except LengthUnitError:
+        raise ValueError(f"streams= plans on the manifests' durations, but the budget "
+                         f"{constraint!r} measures another unit: give seconds (a number, or "
+                         "length='duration'), or streams=None") from None
+    if not shard:
+        raise ValueError("streams= shares the planned batches between ranks and workers; "
+                         "shard=False (every process reads everything) needs streams=None")
+    if (front_end.feature_options or {}).get("dither", 0.0) and front_end.features_on == "workers":
+        raise ValueError("streams=: compute_features' dither draws from a generator of each "
+                         "process, so batches would depend on the topology; give dither=0 or "
+                         "features_on='device', or streams=None")
+
+    def stages(pipe: IterDataPipe) -> IterDataPipe:
+        pipe = _loaded(pipe, input, on_error, remote)
+        return _transformed(pipe, front_end, input=input, seed=seed, remote=remote,
+                            planned=True)
+
+    rows = rows.filter_by_duration(min_duration, max_duration)
+    plan = RowPlanner(rows, constraint, streams=streams, seed=seed, bucket_buffer=bucket_buffer,
+                      speed_factors=front_end.speed_perturb)
+    return BatchFrontEnd(plan, stages).collate(collate_fn=PadCollate())
 
 
 def eval_pipeline(
@@ -475,8 +578,13 @@ def semi_supervised_pipeline(
         until: ``"sup"``, ``"unsup"``, ``"shortest"`` or ``"longest"`` (see ``zip_by_name``).
         seed: seed of the supervised pipeline; the unsupervised one uses ``seed + 1``.
         **options: other :func:`train_pipeline` options, given to both (with ``front_end``,
-            the unsupervised pipeline gets it without its tokenizer).
+            the unsupervised pipeline gets it without its tokenizer); not ``streams=``.
     """
+    if options.get("streams") is not None:
+        raise ValueError(
+            "semi_supervised_pipeline takes no streams= yet: its unsupervised pipeline restarts "
+            "inside the supervised epoch, so one global batch position cannot say where both "
+            "stand; give streams=None")
     sup_options, unsup_options = dict(options), dict(options)
     if options.get("front_end") is None:
         sup_options["tokenizer"], unsup_options["tokenizer"] = tokenizer, None

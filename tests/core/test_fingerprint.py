@@ -335,8 +335,10 @@ def test_the_resume_page_runs_and_says_what_it_shows(tmp_path):
     assert lines[:2] == ["0", "True"]
     assert quoted in out.stdout
     assert "They take effect from epoch 1, which starts now" in out.stdout
-    ours = [line for line in lines if not line.startswith("rank 0")]  # the last section's
+    # the allowed change's section, before the topology section's lines
+    ours = [line for line in lines if not line.startswith(("rank 0", "recipes' road"))]
     assert ours[-2:] == ["1", "True"]
+    assert "recipes' road: True" in lines  # the recipes' road resumed on another topology
 
 
 def test_a_fingerprint_holds_no_credentials_and_a_resigned_url_is_the_same_file():

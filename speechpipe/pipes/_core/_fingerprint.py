@@ -297,11 +297,23 @@ def allows_change(allowed: frozenset, difference: tuple) -> bool:
     return field in allowed or parts[0] in allowed or parts[-1] in allowed
 
 
+#: What a refusal of another topology adds: the road whose states move between topologies.
+_TOPOLOGY_WAY_OUT = (
+    "\nThis pipeline batches in each process (shuffle_samples / sharded_shuffle -> "
+    "bucket_by_length -> block_batch), so its batches and states belong to one number of "
+    "ranks and workers. To move a job between topologies, plan its batches over virtual "
+    "streams: train_pipeline(..., streams=8) (or a recipe builder's streams=), or "
+    "plan_batches(...) for a pipeline of your own; a state saved on that road resumes any "
+    "world size and number of workers (docs/resume.md, 'Resuming on another topology').")
+
+
 def refusal(refused: list) -> str:
     names = sorted({d[1].split(".")[-1] for d in refused})
     lines = "\n".join(f"  - {line}" for line in describe_differences(refused))
+    topology = any(d[0] == "loader" and d[1] in ("num_workers", "world_size") for d in refused)
     return (f"this state belongs to another loader: {len(refused)} "
             f"difference{'s' if len(refused) != 1 else ''} in what decides the batches "
             f"(saved -> current):\n{lines}\nResume it with the pipeline and loader it was "
             "saved with, or accept the changes from the next epoch on: "
-            f"loader.load_state_dict(state, allow_changes={tuple(names)!r})")
+            f"loader.load_state_dict(state, allow_changes={tuple(names)!r})"
+            + (_TOPOLOGY_WAY_OUT if topology else ""))

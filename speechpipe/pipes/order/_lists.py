@@ -253,7 +253,8 @@ class _SampleList(CarriesRank, SampleSource):
             raise DataError(
                 f"resume: {self._name} reads {total} samples ({count} for this process) but "
                 f"the state was saved with {state.get('total')} ({state.get('count')}); the "
-                "source, split or number of workers changed")
+                "source, split or number of workers changed (a job that moves between "
+                "topologies plans its batches: train_pipeline(..., streams=8) or plan_batches)")
         position = state.get("next")
         if not isinstance(position, int) or isinstance(position, bool) \
                 or not 0 <= position <= count:

@@ -1,0 +1,209 @@
+"""The recipes' planned road: ``train_pipeline(streams=V)`` (issue 29).
+
+On the demo corpus (36 real FLAC utterances, prepared into a local manifest): the batches do
+not depend on the number of DataLoader workers (speed perturbation, noise and reverberation
+on); the plan's budget holds on the perturbed durations; ``on_error="skip"`` keeps a batch a
+batch; a state from a pipeline with another budget, seed, streams or speed factors is refused
+by name; the streaming road's refusal of another topology names the way out. The gloo-group
+tests over ranks are in test_planned_road_ddp.py.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import warnings
+
+import pytest
+
+import speechpipe as sp
+from speechpipe.demo import DEMO_CORPUS
+from speechpipe.errors import DataError, ResumeError
+from speechpipe.recipes import semi_supervised_pipeline
+from speechpipe.recipes.librispeech import librispeech_train, prepare_librispeech
+
+BUDGET = 20.0
+SPEEDS = (0.9, 1.0, 1.1)
+
+
+@pytest.fixture(scope="module")
+def manifest(tmp_path_factory):
+    out = prepare_librispeech(DEMO_CORPUS, tmp_path_factory.mktemp("planned"),
+                              parts=["dev-clean"], progress=False)
+    return str(out["dev-clean"])
+
+
+def rows_of(path: str) -> list[dict]:
+    with gzip.open(path, "rt") as f:
+        return [json.loads(line) for line in f]
+
+
+def write_rows(path, rows: list[dict]) -> str:
+    with open(path, "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+    return str(path)
+
+
+def digest(batch: dict) -> str:
+    h = hashlib.sha256(json.dumps(list(batch["key"])).encode())
+    for name in sorted(batch):
+        value = batch[name]
+        if hasattr(value, "numpy"):
+            h.update(f"{name}{value.dtype}{tuple(value.shape)}".encode())
+            h.update(value.numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def pipe(manifest: str, **options):
+    settings = dict(budget=BUDGET, streams=4, speed_perturb=SPEEDS, seed=3)
+    settings.update(options)
+    return sp.train_pipeline(manifest, **settings)
+
+
+def passes(loader, epochs: int = 2) -> list[list[str]]:
+    return [[digest(b) for b in loader] for _ in range(epochs)]
+
+
+@pytest.mark.timeout(300)
+def test_workers_do_not_change_the_batches_with_speed_noise_and_reverb(manifest):
+    options = dict(noise=[manifest], noise_p=0.5, snr_db=(5.0, 15.0), rir=[manifest], rir_p=0.3)
+    runs = [passes(sp.build_loader(pipe(manifest, **options), num_workers=k, seed=0))
+            for k in (0, 2)]
+    assert runs[0] == runs[1]
+    assert runs[0][0] != runs[0][1] and len(runs[0][0]) > 8
+    # each utterance once per epoch, with its draws
+    batches = list(pipe(manifest, **options))
+    keys = [k for b in batches for k in b["key"]]
+    assert sorted(keys) == sorted(r["key"] for r in rows_of(manifest))
+    kinds = [a["kind"] for b in batches for aug in b["augment"] for a in aug]
+    assert {"noise", "reverb"} <= set(kinds)
+
+
+def test_the_budget_holds_on_the_perturbed_durations(manifest):
+    batches = list(pipe(manifest, features=None))
+    speeds = set()
+    for b in batches:
+        seconds = b["audio_len"].double() / b["sample_rate"].double()
+        # n x longest, on the audio after perturbation (change_speed rounds up: 1 sample)
+        assert len(seconds) * float(seconds.max()) <= BUDGET + len(seconds) / 16000
+        speeds.update(b["speed"].tolist())
+    assert speeds == set(SPEEDS)
+    # planned on the durations before perturbation, some batch would be over the budget
+    plain = {r["key"]: r["duration"] for r in rows_of(manifest)}
+    slow = [b for b in batches if any(s < 1 for s in b["speed"].tolist())]
+    assert any(len(b["key"]) * max(plain[k] for k in b["key"]) < BUDGET * 0.9 for b in slow)
+
+
+def test_the_speed_factor_is_drawn_per_row_and_epoch(manifest):
+    first = pipe(manifest, features=None)
+    sp.set_epoch(first, 0)
+    epoch0 = {k: s for b in first for k, s in zip(b["key"], b["speed"].tolist())}
+    again = pipe(manifest, features=None)
+    sp.set_epoch(again, 0)
+    assert {k: s for b in again for k, s in zip(b["key"], b["speed"].tolist())} == epoch0
+    sp.set_epoch(again, 1)
+    assert {k: s for b in again for k, s in zip(b["key"], b["speed"].tolist())} != epoch0
+
+
+def test_skip_keeps_a_batch_a_batch_and_counts_the_loss(manifest, tmp_path):
+    rows = rows_of(manifest)
+    broken = tmp_path / "broken.flac"
+    with open(rows[5]["audio_path"], "rb") as f:
+        broken.write_bytes(f.read()[:300])  # a truncated FLAC
+    rows[5] = {**rows[5], "audio_path": str(broken)}
+    path = write_rows(tmp_path / "m.jsonl", rows)
+    good = [list(b["key"]) for b in pipe(write_rows(tmp_path / "g.jsonl", rows_of(manifest)),
+                                         features=None)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        skipping = pipe(path, features=None, on_error="skip")
+        got = [list(b["key"]) for b in skipping]
+    assert len(got) == len(good)  # no batch lost: every rank keeps its steps
+    assert got == [[k for k in b if k != rows[5]["key"]] for b in good]
+    assert "1 item" in sp.pipeline_report(skipping) and rows[5]["key"] in sp.pipeline_report(
+        skipping)
+
+
+def test_a_batch_that_loses_every_sample_is_named(manifest, tmp_path):
+    rows = [{**r, "audio_path": str(tmp_path / f"missing{i}.flac")}
+            for i, r in enumerate(rows_of(manifest))]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(DataError, match="every utterance of a planned batch"):
+            list(pipe(write_rows(tmp_path / "m.jsonl", rows), features=None, on_error="skip"))
+
+
+@pytest.mark.parametrize("change, field", [
+    ({"budget": 25.0}, "budget"), ({"seed": 4}, "seed"), ({"streams": 8}, "streams"),
+    ({"speed_perturb": (0.9, 1.1)}, "speed_factors")])
+def test_a_state_from_another_planned_pipeline_is_refused_by_name(manifest, change, field):
+    loader = sp.build_loader(pipe(manifest, features=None), seed=0)
+    for step, _ in enumerate(loader):
+        if step == 2:
+            state = loader.state_dict()
+            break
+    other = sp.build_loader(pipe(manifest, features=None, **change), seed=0)
+    with pytest.raises(ResumeError, match=field) as caught:
+        other.load_state_dict(state)
+    assert len(caught.value.differences) == 1
+
+
+def test_a_state_resumes_with_other_workers_in_one_process(manifest):
+    unbroken = passes(sp.build_loader(pipe(manifest, features=None), seed=0))
+    loader = sp.build_loader(pipe(manifest, features=None), num_workers=2, seed=0)
+    for step, _ in enumerate(loader):
+        if step == 4:
+            state = loader.state_dict()
+            break
+    assert state["batches"] == 5
+    resumed = sp.build_loader(pipe(manifest, features=None), seed=0)
+    resumed.load_state_dict(state)
+    assert passes(resumed) == [unbroken[0][5:], unbroken[1]]
+
+
+def test_streams_need_local_manifests_and_say_what_to_do(manifest):
+    with pytest.raises(ValueError, match="streams=None"):
+        sp.train_pipeline([rows_of(manifest)], streams=4)
+    with pytest.raises(ValueError, match="shard=False"):
+        sp.train_pipeline(manifest, streams=4, shard=False)
+    with pytest.raises(ValueError, match="dither"):
+        sp.train_pipeline(manifest, streams=4, feature_options={"dither": 1.0})
+    with pytest.raises(ValueError, match="streams"):
+        sp.train_pipeline(manifest, streams=0)
+    with pytest.raises(ValueError, match="durations.*PaddedArea"):
+        sp.train_pipeline(manifest, streams=4, budget=sp.PaddedArea(3000))
+    with pytest.raises(ValueError, match="semi_supervised_pipeline"):
+        semi_supervised_pipeline(manifest, manifest, streams=4)
+
+
+def test_recipe_builders_take_streams(manifest):
+    batches = list(librispeech_train([manifest], streams=2, features=None, budget=BUDGET))
+    assert sorted(k for b in batches for k in b["key"]) == sorted(
+        r["key"] for r in rows_of(manifest) if 1.0 <= r["duration"] <= 20.0)
+
+
+def test_the_streaming_roads_refusal_of_another_topology_names_the_way_out(manifest):
+    loader = sp.build_loader(sp.train_pipeline(manifest, budget=BUDGET, features=None),
+                             num_workers=2, seed=0, snapshot_every=1)
+    for step, _ in enumerate(loader):
+        if step == 2:
+            state = loader.state_dict()
+            break
+    other = sp.build_loader(sp.train_pipeline(manifest, budget=BUDGET, features=None), seed=0)
+    with pytest.raises(ResumeError, match="num_workers") as caught:
+        other.load_state_dict(state)
+    assert "streams=8" in str(caught.value) and "plan_batches" in str(caught.value)
+    assert "docs/resume.md" in str(caught.value)
+
+
+def test_a_state_of_the_streaming_road_is_refused_by_the_planned_one(manifest):
+    loader = sp.build_loader(sp.train_pipeline(manifest, budget=BUDGET, features=None), seed=0)
+    for step, _ in enumerate(loader):
+        if step == 1:
+            state = loader.state_dict()
+            break
+    planned = sp.build_loader(pipe(manifest, features=None, speed_perturb=None), seed=0)
+    with pytest.raises(ResumeError, match="RowPlanner") as caught:
+        planned.load_state_dict(state)
+    assert any(d[0] == "pipeline" for d in caught.value.differences)
