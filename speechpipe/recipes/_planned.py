@@ -68,7 +68,7 @@ class _SpeedRows:
         if self.owner.speed_factors is None:
             return None
         if self._factors is None or self._factors[0] != epoch:
-            n = len(self.road.durations)
+            n = len(self.road.durations())
             rng = np.random.default_rng(derive_seed(self.owner.seed, epoch, 0, 0, "planned-speed"))
             choices = np.asarray(self.owner.speed_factors, np.float64)
             self._factors = (epoch, choices[rng.integers(0, len(choices), n)])
