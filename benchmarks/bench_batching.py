@@ -25,7 +25,7 @@ of samples that share a batch in epoch e, the fraction that share one again in e
     python -m benchmarks bench_batching           # 100,000 utterances per corpus, 3 epochs
     python -m benchmarks bench_batching --tiny    # 3,000 utterances, 2 epochs (smoke test)
 
-Two trees side by side (issues 28 and 29: "no regression beyond 2 %"): ``--base DIR`` runs
+Two trees side by side (issues 28 and 29: "no regression beyond 2 %"): ``--base DIR[,DIR...]`` runs
 speechpipe's own contenders, (b), (c) and (e), with the speechpipe of another checkout (an
 ``git archive`` of an older commit) beside this one's (``--head DIR``: another checkout for
 this side too), each in a child process, on the same lengths; ``--rounds R`` draws the
@@ -34,6 +34,7 @@ contender's median efficiency with the range over the rounds. Efficiency and bat
 are deterministic for a seed; the times per epoch are not (the load average is printed)::
 
     python -m benchmarks.bench_batching --base /tmp/sp_bb089fd --rounds 3
+    python -m benchmarks.bench_batching --base /tmp/sp_71ef56c,/tmp/sp_bb089fd  # three
 """
 
 from __future__ import annotations
@@ -199,6 +200,7 @@ def run(n: int, epochs: int, budget_seconds: float, seed: int = 0,
             (f"(e) 8 streams, buffer {max(1, small // 8)} each",
              lambda: virtual_streams(lengths, budget, epochs, seed, max(1, small // 8))),
         ]
+        slots = {name: i for i, (name, _) in enumerate(contenders)}
         if own_only:
             contenders = [c for c in contenders if c[0].startswith(OWN)]
         for name, fn in contenders:
@@ -208,7 +210,7 @@ def run(n: int, epochs: int, budget_seconds: float, seed: int = 0,
             except ImportError as exc:  # e.g. the view not yet importable
                 print(f"  {corpus} {name}: skipped ({exc})")
                 continue
-            rows.append({"corpus": corpus, **describe(
+            rows.append({"corpus": corpus, "slot": slots[name], **describe(
                 name, result, lengths, budget, time.perf_counter() - start)})
         lhotse_row = next((r for r in rows if r["corpus"] == corpus
                            and r["contender"].startswith("(d)")), None)
@@ -279,6 +281,7 @@ def side_by_side(trees: dict[str, str], n: int, epochs: int, budget: float,
                  rounds: int) -> str:
     """speechpipe's contenders in each tree, ``rounds`` seeds, the trees taking turns."""
     got: dict[tuple, list[dict]] = {}
+    names: dict[tuple, str] = {}  # each contender's name in the first round
     loads = []
     with tempfile.TemporaryDirectory() as scratch:
         for seed in range(rounds):
@@ -286,19 +289,20 @@ def side_by_side(trees: dict[str, str], n: int, epochs: int, budget: float,
                 loads.append(os.getloadavg()[0])
                 for row in in_tree(tree, os.path.join(scratch, label), n, epochs, budget,
                                    seed):
-                    key = (row["corpus"], row["contender"].split(",")[0], label)
+                    key = (row["corpus"], row["slot"], label)
                     got.setdefault(key, []).append(row)
+                    names.setdefault(key[:2], row["contender"])
                 loads.append(os.getloadavg()[0])
                 print(f"  round {seed} {label} done (load {loads[-1]:.1f})", flush=True)
     labels = list(trees)
-    head = (f"{'corpus':<28} {'contender':<26} " + " ".join(
+    head = (f"{'corpus':<28} {'contender':<32} " + " ".join(
         f"{'effic. ' + lb:>30}" for lb in labels) + f" {'diff.':>8} "
         + " ".join(f"{'ms/epoch ' + lb:>22}" for lb in labels))
     lines = [head, "-" * len(head)]
-    for corpus, contender in dict.fromkeys((k[0], k[1]) for k in got):
+    for (corpus, slot), contender in names.items():
         cells, medians, times = [], [], []
         for label in labels:
-            rows = got.get((corpus, contender, label), [])
+            rows = got.get((corpus, slot, label), [])
             if not rows:
                 cells.append(f"{'(not in this tree)':>30}")
                 medians.append(None)
@@ -311,7 +315,7 @@ def side_by_side(trees: dict[str, str], n: int, epochs: int, budget: float,
             times.append(f"{statistics.median(ms):>8.0f} ({min(ms):.0f}-{max(ms):.0f})")
         diff = (f"{100 * (medians[0] / medians[-1] - 1):>+7.2f}%"
                 if None not in medians and len(medians) > 1 else f"{'':>8}")
-        lines.append(f"{corpus:<28} {contender:<26} " + " ".join(cells) + f" {diff} "
+        lines.append(f"{corpus:<28} {contender:<32} " + " ".join(cells) + f" {diff} "
                      + " ".join(times))
     lines.append(f"diff.: the first tree's median efficiency over the last's; medians over "
                  f"{rounds} rounds (seeds 0-{rounds - 1}: the lengths and the seed), the range "
@@ -328,7 +332,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--budget", type=float, default=600.0, help="padded seconds per batch")
     parser.add_argument("--base", default=None,
-                        help="a folder holding an older speechpipe, run beside this one")
+                        help="folders holding older speechpipes (comma-separated), run "
+                             "beside this one")
     parser.add_argument("--head", default=None,
                         help="with --base: the folder of the newer speechpipe (default: this "
                              "checkout)")
@@ -344,10 +349,10 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{n} utterances per corpus, {epochs} epochs, budget {args.budget:g} padded seconds")
     if args.base:
         here = args.head or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        trees = {os.path.basename(os.path.normpath(here)) or "head": here,
-                 os.path.basename(os.path.normpath(args.base)) or "base": args.base}
-        if len(set(trees)) < 2:
-            trees = {"head": here, "base": args.base}
+        folders = [here] + args.base.split(",")
+        trees = {os.path.basename(os.path.normpath(f)): f for f in folders}
+        if len(trees) < len(folders):
+            trees = {f"tree{i}": f for i, f in enumerate(folders)}
         print(side_by_side(trees, n, epochs, args.budget, 1 if args.tiny else args.rounds))
         return
     print(table(run(n, epochs, args.budget)))
