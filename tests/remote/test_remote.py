@@ -96,6 +96,18 @@ def s3(tmp_path_factory):
                "options": options, "endpoint": endpoint}
 
 
+@pytest.fixture(scope="module", autouse=True)
+def node_cache_of_this_module(tmp_path_factory):
+    """The index tables of this module's reads in a folder of its own (not the user's)."""
+    before = os.environ.get("SPEECHPIPE_CACHE_DIR")
+    os.environ["SPEECHPIPE_CACHE_DIR"] = str(tmp_path_factory.mktemp("node-cache"))
+    yield
+    if before is None:
+        os.environ.pop("SPEECHPIPE_CACHE_DIR", None)
+    else:
+        os.environ["SPEECHPIPE_CACHE_DIR"] = before
+
+
 @pytest.fixture
 def proxy(s3):
     s3["proxy"].clear()
@@ -471,12 +483,9 @@ def test_an_object_overwritten_while_it_is_read_is_a_named_error(s3):
     assert read_bytes(url, options) == second  # opened again: the new object, whole
 
 
-def test_an_index_in_the_bucket_is_fetched_once_per_process(s3, proxy, monkeypatch):
+def test_an_index_in_the_bucket_is_fetched_once_per_process(s3, proxy, cache_dir):
     # issue 28: over object storage each index is fetched once per process, not per shard
-    # listed, per plan or per pass
-    import speechpipe.index as index
-
-    monkeypatch.setattr(index, "_READ", {})
+    # listed, per plan or per pass (and once per node: test_..._once_per_node)
     read = ShardReadOptions(remote=s3["options"])
     pipe = IterableWrapper(s3["urls"]).sharded_shuffle(buffer_size=4, index=True, seed=5,
                                                        read_options=read)
