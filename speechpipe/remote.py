@@ -208,7 +208,7 @@ retries=3, backoff=0.5, timeout=60.0)
     retries: int = 5
     backoff: float = 0.5
     timeout: float = 60.0
-    cache_dir: str | None = None
+    cache_dir: str | None = field(default=None, repr=False)  # where, not what: no fingerprint
 
     def __post_init__(self) -> None:
         if self.storage_options is not None and not isinstance(self.storage_options, Mapping):
