@@ -489,6 +489,10 @@ def remote_info(url: str, options: RemoteOptions | None = None) -> dict:
     """
     options = _options(options)
     fs, path = _filesystem(url, options)
+    try:  # asked of the store, not of a listing this process cached (s3fs keeps them)
+        fs.invalidate_cache(path)
+    except Exception:  # noqa: BLE001 - a file system without a cache
+        pass
     return _stat(fs, path, url, options)
 
 
