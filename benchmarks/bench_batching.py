@@ -29,17 +29,35 @@ of samples that share a batch in epoch e, the fraction that share one again in e
     python -m benchmarks bench_batching           # 100,000 utterances per corpus, 3 epochs
     python -m benchmarks bench_batching --tiny    # 3,000 utterances, 2 epochs (smoke test)
     python -m benchmarks bench_batching --recipe --budget 200   # the recipes' two roads
+
+Two trees side by side (issues 28 and 29: "no regression beyond 2 %"): ``--base DIR[,DIR...]`` runs
+speechpipe's own contenders, (b), (c) and (e), with the speechpipe of another checkout (an
+``git archive`` of an older commit) beside this one's (``--head DIR``: another checkout for
+this side too), each in a child process, on the same lengths; ``--rounds R`` draws the
+lengths with seeds 0..R-1 (the trees take turns within each round) and reports each
+contender's median efficiency with the range over the rounds. Efficiency and batch counts
+are deterministic for a seed; the times per epoch are not (the load average is printed)::
+
+    python -m benchmarks.bench_batching --base /tmp/sp_bb089fd --rounds 3
+    python -m benchmarks.bench_batching --base /tmp/sp_71ef56c,/tmp/sp_bb089fd  # three
 """
 
 from __future__ import annotations
 
 import argparse
+import inspect
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
 import time
 
 import numpy as np
 
 from speechpipe.pipes._core import IterableWrapper
-from speechpipe.pipes.batching import PaddedArea
+from speechpipe.pipes.batching import LengthBucketerIterDataPipe, PaddedArea
 from speechpipe.seeding import derive_rng
 from speechpipe.testing import sample_durations
 
@@ -49,6 +67,13 @@ CORPORA = ("librispeech-train-clean-100", "aishell-1-train", "wenetspeech-m")
 #: 4 times that trades variety for less padding.
 BUFFER_BATCHES = 35
 FRAMES_PER_SECOND = 100
+#: speechpipe's own contenders (run in each tree with --base)
+OWN = ("(b)", "(c)", "(e)")
+
+
+def _budget_keyword(cls) -> str:
+    """``budget=`` since 0.2's one spelling, ``constraint=`` in older trees (``--base``)."""
+    return "budget" if "budget" in inspect.signature(cls).parameters else "constraint"
 
 
 def repeat_rate(epoch_a: list[list[int]], epoch_b: list[list[int]], n: int) -> float:
@@ -93,29 +118,20 @@ def fixed_random(lengths, budget, epochs, seed):
     return out
 
 
-class Ref:
-    """An utterance number that is not a number: a constraint measures a bare number as its
-    own length, so the stream carries these and ``length=`` looks each one up."""
-
-    __slots__ = ("i",)
-
-    def __init__(self, i: int) -> None:
-        self.i = i
-
-
 def streaming(lengths, budget, epochs, seed, buffer_size, num_buckets=None):
     out = []
     for e in range(epochs):
         order = list(range(len(lengths)))
         derive_rng(seed, e, 0, 0, "upstream").shuffle(order)  # stands for sharded_shuffle
-        constraint = PaddedArea(budget=budget, length=lambda r: lengths[r.i])
-        pipe = (IterableWrapper([Ref(i) for i in order])
+        constraint = PaddedArea(budget=budget, length=lambda i: lengths[i])
+        kw = _budget_keyword(LengthBucketerIterDataPipe)
+        pipe = (IterableWrapper(order)
                 .bucket_by_length(buffer_size, num_buckets=num_buckets, seed=seed,
-                                  budget=constraint)
-                .block_batch(constraint, seed=seed))
+                                  **{kw: constraint})
+                .block_batch(**{kw: constraint}, seed=seed))
         pipe.set_epoch(e)
         pipe.source_datapipe.set_epoch(e)
-        out.append([[r.i for r in b] for b in pipe])
+        out.append([list(b) for b in pipe])
     return out
 
 
@@ -138,7 +154,7 @@ def global_sort(lengths, budget, epochs, seed):
     from speechpipe.pipes.batching import BatchView
 
     keys = {str(i): float(n) for i, n in enumerate(lengths)}
-    view = BatchView(keys, budget=PaddedArea(budget=budget), seed=seed)
+    view = BatchView(keys, **{_budget_keyword(BatchView): PaddedArea(budget=budget)}, seed=seed)
     return [[[int(k) for k in batch] for batch in view.batches(e)] for e in range(epochs)]
 
 
@@ -188,7 +204,9 @@ def run_recipe(n: int, epochs: int, budget_seconds: float, seed: int = 0) -> lis
     return rows
 
 
-def run(n: int, epochs: int, budget_seconds: float, seed: int = 0) -> list[dict]:
+def run(n: int, epochs: int, budget_seconds: float, seed: int = 0,
+        own_only: bool = False) -> list[dict]:
+    """Every contender on each corpus (``own_only``: speechpipe's, :data:`OWN`)."""
     rows = []
     for corpus in CORPORA:
         durations = sample_durations(corpus, n, seed, usable_only=True)
@@ -210,6 +228,9 @@ def run(n: int, epochs: int, budget_seconds: float, seed: int = 0) -> list[dict]
             (f"(e) 8 streams, buffer {max(1, small // 8)} each",
              lambda: virtual_streams(lengths, budget, epochs, seed, max(1, small // 8))),
         ]
+        slots = {name: i for i, (name, _) in enumerate(contenders)}
+        if own_only:
+            contenders = [c for c in contenders if c[0].startswith(OWN)]
         for name, fn in contenders:
             start = time.perf_counter()
             try:
@@ -217,11 +238,11 @@ def run(n: int, epochs: int, budget_seconds: float, seed: int = 0) -> list[dict]
             except ImportError as exc:  # e.g. the view not yet importable
                 print(f"  {corpus} {name}: skipped ({exc})")
                 continue
-            rows.append({"corpus": corpus, **describe(
+            rows.append({"corpus": corpus, "slot": slots[name], **describe(
                 name, result, lengths, budget, time.perf_counter() - start)})
         lhotse_row = next((r for r in rows if r["corpus"] == corpus
                            and r["contender"].startswith("(d)")), None)
-        if lhotse_row is not None:
+        if lhotse_row is not None and not own_only:
             rows.append({"corpus": corpus, **matched_variety(
                 lengths, budget, epochs, seed, lhotse_row["repeat"], per_batch)})
     return rows
@@ -260,6 +281,78 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def tree_env(tree: str, scratch: str) -> dict:
+    """The environment of a child that imports ``speechpipe`` from ``tree`` and the
+    benchmarks from this checkout (links in ``scratch``: the two trees both hold a
+    ``benchmarks`` package)."""
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    os.makedirs(scratch, exist_ok=True)
+    for name, target in (("speechpipe", os.path.join(tree, "speechpipe")),
+                         ("benchmarks", os.path.join(here, "benchmarks"))):
+        link = os.path.join(scratch, name)
+        if not os.path.lexists(link):
+            os.symlink(os.path.abspath(target), link)
+    return {**os.environ, "PYTHONPATH": scratch}
+
+
+def in_tree(tree: str, scratch: str, n: int, epochs: int, budget: float, seed: int) -> list:
+    spec = json.dumps({"n": n, "epochs": epochs, "budget": budget, "seed": seed})
+    out = subprocess.run([sys.executable, "-m", "benchmarks.bench_batching", "--child", spec],
+                         capture_output=True, text=True, timeout=7200,
+                         env=tree_env(tree, scratch), cwd=scratch)
+    if out.returncode:
+        raise RuntimeError(f"{tree} failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def side_by_side(trees: dict[str, str], n: int, epochs: int, budget: float,
+                 rounds: int) -> str:
+    """speechpipe's contenders in each tree, ``rounds`` seeds, the trees taking turns."""
+    got: dict[tuple, list[dict]] = {}
+    names: dict[tuple, str] = {}  # each contender's name in the first round
+    loads = []
+    with tempfile.TemporaryDirectory() as scratch:
+        for seed in range(rounds):
+            for label, tree in (trees.items() if seed % 2 == 0 else reversed(trees.items())):
+                loads.append(os.getloadavg()[0])
+                for row in in_tree(tree, os.path.join(scratch, label), n, epochs, budget,
+                                   seed):
+                    key = (row["corpus"], row["slot"], label)
+                    got.setdefault(key, []).append(row)
+                    names.setdefault(key[:2], row["contender"])
+                loads.append(os.getloadavg()[0])
+                print(f"  round {seed} {label} done (load {loads[-1]:.1f})", flush=True)
+    labels = list(trees)
+    head = (f"{'corpus':<28} {'contender':<32} " + " ".join(
+        f"{'effic. ' + lb:>30}" for lb in labels) + f" {'diff.':>8} "
+        + " ".join(f"{'ms/epoch ' + lb:>22}" for lb in labels))
+    lines = [head, "-" * len(head)]
+    for (corpus, slot), contender in names.items():
+        cells, medians, times = [], [], []
+        for label in labels:
+            rows = got.get((corpus, slot, label), [])
+            if not rows:
+                cells.append(f"{'(not in this tree)':>30}")
+                medians.append(None)
+                times.append(f"{'':>22}")
+                continue
+            eff = [r["efficiency"] for r in rows]
+            ms = [r["ms_per_epoch"] for r in rows]
+            medians.append(statistics.median(eff))
+            cells.append(f"{statistics.median(eff):>12.4f} ({min(eff):.4f}-{max(eff):.4f})")
+            times.append(f"{statistics.median(ms):>8.0f} ({min(ms):.0f}-{max(ms):.0f})")
+        diff = (f"{100 * (medians[0] / medians[-1] - 1):>+7.2f}%"
+                if None not in medians and len(medians) > 1 else f"{'':>8}")
+        lines.append(f"{corpus:<28} {contender:<32} " + " ".join(cells) + f" {diff} "
+                     + " ".join(times))
+    lines.append(f"diff.: the first tree's median efficiency over the last's; medians over "
+                 f"{rounds} rounds (seeds 0-{rounds - 1}: the lengths and the seed), the range "
+                 "over them in brackets")
+    lines.append(f"load average (1 min) over the run: {min(loads):.1f}-{max(loads):.1f} on "
+                 f"{os.cpu_count()} cores")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tiny", action="store_true")
@@ -268,8 +361,31 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--budget", type=float, default=600.0, help="padded seconds per batch")
     parser.add_argument("--recipe", action="store_true",
                         help="only train_pipeline's two roads at its defaults")
+    parser.add_argument("--base", default=None,
+                        help="folders holding older speechpipes (comma-separated), run "
+                             "beside this one")
+    parser.add_argument("--head", default=None,
+                        help="with --base: the folder of the newer speechpipe (default: this "
+                             "checkout)")
+    parser.add_argument("--rounds", type=int, default=3, help="with --base: seeds")
+    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.child:
+        spec = json.loads(args.child)
+        print(json.dumps(run(spec["n"], spec["epochs"], spec["budget"], spec["seed"],
+                             own_only=True)))
+        return
     n, epochs = (3000, 2) if args.tiny else (args.utterances, args.epochs)
+    if args.base:
+        print(f"{n} utterances per corpus, {epochs} epochs, budget {args.budget:g} padded "
+              "seconds")
+        here = args.head or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        folders = [here] + args.base.split(",")
+        trees = {os.path.basename(os.path.normpath(f)): f for f in folders}
+        if len(trees) < len(folders):
+            trees = {f"tree{i}": f for i, f in enumerate(folders)}
+        print(side_by_side(trees, n, epochs, args.budget, 1 if args.tiny else args.rounds))
+        return
     if not args.recipe:
         print(f"{n} utterances per corpus, {epochs} epochs, budget {args.budget:g} padded "
               "seconds")

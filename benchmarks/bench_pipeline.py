@@ -64,6 +64,15 @@ each stage on in-memory samples; and workload 1 with batching and collation in t
 
     python -m benchmarks bench_pipeline              # 1500 / 600 utterances, 3 runs (~15 min)
     python -m benchmarks bench_pipeline --tiny       # 40 utterances, 1 run, in process (seconds)
+
+Two trees side by side (issues 28 and 29: "throughput within 2 %"): ``--base DIR[,DIR...]``
+runs speechpipe's own road (the ``speechpipe`` contender) with the speechpipe of each folder
+(an ``git archive`` of an older commit) beside this checkout's (``--head DIR``: another folder
+for this side), each run in a fresh process, the trees taking turns round by round, on the
+same corpus; the table, then each tree's audio-s/s over the first tree's (median and the range
+of the per-round ratios), and the load average. The other sections are left out::
+
+    python -m benchmarks.bench_pipeline --base /tmp/sp_bb089fd --runs 5
 """
 
 from __future__ import annotations
@@ -124,10 +133,38 @@ def torchaudio_fbank(audio: np.ndarray, rate: int) -> np.ndarray:
     return kaldi.fbank(waveform, num_mel_bins=DIM, sample_frequency=rate).numpy()
 #: The files each contender reads.
 READS = {"sp-kaldifb": "speechpipe", "sp-device": "speechpipe", "lhotse-batch": "lhotse"}
+#: ``--base``: ``{label: folder}`` of the trees whose speechpipe road runs side by side (the
+#: contenders ``speechpipe@<label>``); empty: this checkout's contenders as usual.
+TREES: dict[str, str] = {}
 
 
 def systems_of(kind: str) -> tuple[str, ...]:
+    if TREES:
+        return tuple(f"speechpipe@{label}" for label in TREES)
     return AUDIO_SYSTEMS if kind == "audio" else SYSTEMS
+
+
+def tree_env(tree: str, scratch: str) -> dict:
+    """The environment of a child that imports ``speechpipe`` from ``tree`` and the
+    benchmarks from this checkout (links in ``scratch``: both trees hold ``benchmarks``)."""
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    os.makedirs(scratch, exist_ok=True)
+    for name, target in (("speechpipe", os.path.join(tree, "speechpipe")),
+                         ("benchmarks", os.path.join(here, "benchmarks"))):
+        link = os.path.join(scratch, name)
+        if not os.path.lexists(link):
+            os.symlink(os.path.abspath(target), link)
+    return {**os.environ, "PYTHONPATH": scratch}
+
+
+def _block_batch(pipe, constraint):
+    """``block_batch`` with a constraint: ``budget=`` since 0.2's one spelling,
+    ``constraint=`` in older trees (``--base``)."""
+    from speechpipe.pipes.batching import BlockBatcherIterDataPipe
+
+    kw = ("budget" if "budget" in inspect.signature(BlockBatcherIterDataPipe).parameters
+          else "constraint")
+    return pipe.block_batch(**{kw: constraint}, seed=0)
 
 
 @dataclass(frozen=True)
@@ -326,8 +363,9 @@ def speechpipe_pipe(kind: str, data: dict, setup: Setup, *, batches: bool = True
         lengths = {k: n for e in index.shards for k, n in zip(e.keys, e.lengths)}
         pipe = pipe.map(functools.partial(with_num_frames, lengths))
         work, collate = _PER_BATCH[features]
-        pipe = (pipe.bucket_by_length(setup.bucket, boundaries=_boundaries(data, setup), seed=0)
-                .block_batch(PaddedArea(setup.budget_frames), seed=0))
+        pipe = _block_batch(pipe.bucket_by_length(
+            setup.bucket, boundaries=_boundaries(data, setup), seed=0),
+            PaddedArea(setup.budget_frames))
         pipe = pipe if work is None else pipe.map(work)
         return pipe if collate is None else pipe.collate(collate_fn=collate)
     pipe = pipe.decode()
@@ -339,9 +377,9 @@ def speechpipe_pipe(kind: str, data: dict, setup: Setup, *, batches: bool = True
 
 
 def batch_in_speechpipe(samples, data: dict, setup: Setup):
-    return (samples.bucket_by_length(setup.bucket, boundaries=_boundaries(data, setup), seed=0)
-            .block_batch(PaddedArea(setup.budget_frames), seed=0)
-            .collate(collate_fn=PadCollate()))
+    return _block_batch(
+        samples.bucket_by_length(setup.bucket, boundaries=_boundaries(data, setup), seed=0),
+        PaddedArea(setup.budget_frames)).collate(collate_fn=PadCollate())
 
 
 def speechpipe_loader(kind: str, data: dict, workers: int, setup: Setup,
@@ -562,20 +600,26 @@ def measure(system: str, kind: str, data: dict, workers: int, setup: Setup) -> d
 
 def run_one(system: str, kind: str, data: dict, workers: int, cold: bool, setup: Setup,
             in_process: bool) -> dict:
+    system, _, tree = system.partition("@")  # speechpipe@<label>: that tree's speechpipe
     files = data["files"][READS.get(system, system)]
     (evict if cold else warm)(files)
-    if in_process:
+    if in_process and not tree:
         return measure(system, kind, data, workers, setup)
     spec = json.dumps({"system": system, "kind": kind, "data": data, "workers": workers,
                        "setup": asdict(setup)})
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         p for p in (repo, os.environ.get("PYTHONPATH")) if p))
+    cwd = None
+    if tree:
+        cwd = os.path.join(tempfile.gettempdir(), f"speechpipe-bench-tree-{os.getpid()}-{tree}")
+        env = tree_env(TREES[tree], cwd)
     out = subprocess.run([sys.executable, "-m", "benchmarks.bench_pipeline", "--child", spec],
-                         capture_output=True, text=True, timeout=3600, env=env)
+                         capture_output=True, text=True, timeout=3600, env=env, cwd=cwd)
     if out.returncode:
         raise RuntimeError(f"{system} {kind} workers {workers} failed:\n{out.stderr[-3000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    return {**result, "system": f"{system}@{tree}" if tree else system}
 
 
 def _flac_blobs(data: dict) -> list[bytes]:
@@ -669,8 +713,11 @@ def contest(corpora: dict, setup: Setup, runs: int, in_process: bool,
                     if kind == "audio" and ceilings is not None and workers:
                         ceilings.append(two_at_once(blobs))
                     for system in by_system:
-                        by_system[system].append(run_one(system, kind, corpora[kind], workers,
-                                                         cold, setup, in_process))
+                        load = os.getloadavg()[0]
+                        result = run_one(system, kind, corpora[kind], workers, cold, setup,
+                                         in_process)
+                        by_system[system].append(
+                            {**result, "load": max(load, os.getloadavg()[0])})
                 for system, results in by_system.items():
                     row = {key: statistics.median(r[key] for r in results)
                            for key in ("seconds", "first", "utts", "audio_s", "peak_mib",
@@ -678,6 +725,7 @@ def contest(corpora: dict, setup: Setup, runs: int, in_process: bool,
                     row.update(system=system, workload=kind, workers=workers,
                                cache="cold" if cold else "warm")
                     row["rates"] = [r["audio_s"] / r["seconds"] for r in results]  # by round
+                    row["loads"] = [r["load"] for r in results if "load" in r]
                     row["utt_s"] = row["utts"] / row["seconds"]
                     row["audio_s_s"] = row["audio_s"] / row["seconds"]
                     rows.append(row)
@@ -726,8 +774,9 @@ def table(rows: list[dict], limits: dict[str, list[float]], ceilings: list[float
                    f"each at the same time, {ceiling:.0f} audio-s per wall s (median of "
                    f"{len(ceilings)}, {min(ceilings):.0f}-{max(ceilings):.0f}) = "
                    f"{ceiling / (2 * limit):.2f} x 2 x the one-core limit")
-    out.extend(_device_lines(rows, limits))
-    out.extend(_ratio_lines(rows))
+    if not TREES:  # (--base: the trees' own lines follow)
+        out.extend(_device_lines(rows, limits))
+        out.extend(_ratio_lines(rows))
     return "\n".join(out)
 
 
@@ -793,6 +842,31 @@ def steady_state(data: dict, setup: Setup, limits: dict[str, list[float]],
              f"non-persistent workers adds {statistics.median(one) - per_epoch:.2f} CPU-s "
              f"(their start)"]
     return lines
+
+
+def _tree_lines(rows: list[dict]) -> list[str]:
+    """Each tree's speechpipe road over the first tree's: audio-s/s, medians and the range of
+    the per-round ratios; the load average of each row's runs."""
+    out = [f"audio-s/s of each tree over {next(iter(TREES))}'s (median ratio [per-round range])"
+           f", load average over the rows' runs:"]
+    first = f"speechpipe@{next(iter(TREES))}"
+    for kind in sorted({r["workload"] for r in rows}, key=WORKLOADS.index):
+        for cache in ("cold", "warm"):
+            for workers in (0, 2):
+                get = {r["system"]: r for r in rows if r["workload"] == kind and
+                       r["cache"] == cache and r["workers"] == workers}
+                parts = []
+                for system, row in get.items():
+                    if system == first:
+                        continue
+                    rounds = [b / a for a, b in zip(get[first]["rates"], row["rates"])]
+                    parts.append(f"{system.partition('@')[2]} "
+                                 f"{row['audio_s_s'] / get[first]['audio_s_s']:.3f} "
+                                 f"[{min(rounds):.3f}-{max(rounds):.3f}]")
+                loads = [x for r in get.values() for x in r.get("loads", [])]
+                load = f" (load {min(loads):.1f}-{max(loads):.1f})" if loads else ""
+                out.append(f"  {kind} {cache} workers {workers}: " + ", ".join(parts) + load)
+    return out
 
 
 def _ratio_lines(rows: list[dict]) -> list[str]:
@@ -950,6 +1024,10 @@ def run(root: str, n_feats: int, n_audio: int, runs: int, setup: Setup, in_proce
     print(table(rows, limits, ceilings))
     print(f"load average before / after the runs: {load:.1f} / {os.getloadavg()[0]:.1f} "
           f"on {os.cpu_count()} cores")
+    if TREES:  # two trees side by side: their ratios, and nothing else
+        for line in _tree_lines(rows):
+            print(line)
+        return
     if "audio" in workloads:
         for line in steady_state(corpora["audio"], setup, limits, ceilings,
                                  1 if in_process else runs):
@@ -983,8 +1061,22 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--snapshot-every", type=int, default=DEFAULT_SNAPSHOT_EVERY)
     parser.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=list(WORKLOADS))
     parser.add_argument("--root", default=None, help="corpus folder (reused if present)")
+    parser.add_argument("--base", default=None,
+                        help="folders holding older speechpipes (comma-separated): their "
+                             "speechpipe road beside this one's")
+    parser.add_argument("--head", default=None,
+                        help="with --base: the folder of the newer speechpipe (default: this "
+                             "checkout)")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.base:
+        here = args.head or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        folders = [here] + args.base.split(",")
+        TREES.update((os.path.basename(os.path.normpath(f)), os.path.abspath(f))
+                     for f in folders)
+        if len(TREES) < len(folders):
+            TREES.clear()
+            TREES.update((f"tree{i}", os.path.abspath(f)) for i, f in enumerate(folders))
     if args.child:
         spec = json.loads(args.child)
         print(json.dumps(measure(spec["system"], spec["kind"], spec["data"], spec["workers"],
@@ -992,7 +1084,8 @@ def main(argv: list[str] | None = None) -> None:
         return
     if args.tiny:
         with tempfile.TemporaryDirectory() as root:
-            run(root, 40, 40, 1, TINY, in_process=True, show_profile=False)
+            run(root, 40, 40, 1, TINY, in_process=True, show_profile=False,
+                workloads=tuple(args.workloads))
         return
     root = args.root or os.path.join(
         tempfile.gettempdir(), f"speechpipe-bench-e2e-{args.feature_utterances}-"

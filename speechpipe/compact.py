@@ -46,6 +46,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 import numpy as np
 
 from .errors import DataError, MissingDataError
+from .node_cache import file_lock
 from .sample import KEY, sample_duration
 
 __all__ = ["IndexTable", "MAPPED_SUFFIX", "ManifestTable", "MappedKeys", "MappedLengths",
@@ -650,50 +651,70 @@ class IndexTable:
         """Whether the index still has the size and modification time it was built from."""
         return _is_current(self.path, self.header)
 
+    def fits(self) -> bool:
+        """Whether the arrays fit together (counts, offsets and lengths agree): a check of a
+        table read from a cache before it is trusted."""
+        n = self.header.get("utterances")
+        return (len(self.starts) == len(self) + 1 and int(self.starts[-1]) == n
+                and len(self.lengths) == n and len(self.codes) == n
+                and len(self.hashes) == n and len(self.hash_pos) == n
+                and len(self.key_starts) == n + 1 and int(self.key_starts[-1]) == len(self.keys)
+                and int(self.name_starts[-1]) == len(self.names))
+
     @classmethod
     def open(cls, path: str, rows: Callable[[], tuple[dict, Iterable[IndexRow]]], *,
-             write: bool = True) -> "IndexTable":
+             write: bool = True) -> "IndexTable | None":
         """The table of the local index at ``path``: its sidecar (``path + ".spmap"``) mapped
         when current, else built from ``rows()`` (``(the index's header, its entries)``,
-        checked by the caller) and written beside it -- or, where that folder cannot be
-        written, into the temporary folder under a name made of the index's path, size and
-        modification time, so that the processes of a node still share one file. Processes
-        that find it missing at once build it once (a lock on the index file).
+        checked by the caller) and written beside it; processes that find it missing at once
+        build it once (a lock on the index). ``None`` where that folder cannot be written
+        (:meth:`speechpipe.index.ShardIndex.read` then keeps it in the node's cache folder).
         """
-        sig = _signature(path)
-        beside, cached = path + MAPPED_SUFFIX, _cache_path(path, sig)
-        for place in (beside, cached):
-            table = cls._current(path, place, sig)
-            if table is not None:
-                return table
-        writable = write and os.access(os.path.dirname(os.path.abspath(path)), os.W_OK)
-        with _locked(path):
-            for place in (beside, cached):
-                table = cls._current(path, place, sig)
+        st = os.stat(path)
+        sig = {"source_size": st.st_size, "source_mtime_ns": st.st_mtime_ns}
+        beside = path + MAPPED_SUFFIX
+        table = cls._current(path, beside, sig)
+        if table is not None:
+            return table
+        if write and os.access(os.path.dirname(os.path.abspath(path)), os.W_OK):
+            with file_lock(path):
+                table = cls._current(path, beside, sig)
                 if table is not None:
                     return table
-            for place in (beside, cached) if writable else (cached,):
                 header, entries = rows()
                 try:
-                    build_index_table(place, header, entries, source=path, mode_of=path)
+                    build_index_table(beside, header, entries, source=path, mode_of=path)
                 except OSError:
-                    continue
-                table = cls._current(path, place, sig)
-                if table is not None:
-                    return table
-        header, entries = rows()  # nowhere to write (or the index changed meanwhile)
-        return cls.build(header, entries, source=path)
+                    pass
+                else:
+                    table = cls._current(path, beside, sig)
+                    if table is not None:
+                        return table
+        return None
+
+    @classmethod
+    def mapped(cls, place: str, path: str) -> "IndexTable":
+        """The table in the file ``place`` (of the index ``path``), mapped.
+
+        Raises:
+            MissingDataError: no such file.
+            DataError: not an index table of this version, or cut short.
+        """
+        header, arrays = read_mapped(place)
+        if header.get("format") != _INDEX_FORMAT or header.get("version") != _INDEX_VERSION:
+            raise DataError("not a shard index table of this version", source=place)
+        try:
+            return cls(path, place, header, arrays)
+        except KeyError as exc:
+            raise DataError(f"shard index table without its {exc} array", source=place) from None
 
     @classmethod
     def _current(cls, path: str, place: str, sig: dict) -> "IndexTable | None":
         try:
-            header, arrays = read_mapped(place)
+            table = cls.mapped(place, path)
         except (MissingDataError, DataError):
             return None
-        if (header.get("format") == _INDEX_FORMAT and header.get("version") == _INDEX_VERSION
-                and all(header.get(k) == v for k, v in sig.items())):
-            return cls(path, place, header, arrays)
-        return None
+        return table if all(table.header.get(k) == v for k, v in sig.items()) else None
 
     @classmethod
     def build(cls, header: dict, entries: Iterable[IndexRow], *, source: str) -> "IndexTable":
@@ -716,8 +737,14 @@ _REMAPPED: dict[str, IndexTable] = {}
 def _remapped(sidecar: str, signature: tuple) -> IndexTable:
     table = _REMAPPED.get(sidecar)
     if table is None or table.signature() != tuple(signature):
-        header, arrays = read_mapped(sidecar)
-        table = IndexTable(sidecar[:-len(MAPPED_SUFFIX)], sidecar, header, arrays)
+        try:
+            header, arrays = read_mapped(sidecar)
+        except MissingDataError:
+            raise DataError("the index's table is gone since this index was sent here (the "
+                            "index changed and its table was replaced): read it again",
+                            source=sidecar) from None
+        path = header.get("cache_source") or sidecar[:-len(MAPPED_SUFFIX)]
+        table = IndexTable(path, sidecar, header, arrays)
         if table.signature() != tuple(signature):
             raise DataError("the index's table changed since this index was sent here (the "
                             "index was rewritten): read it again", source=sidecar)
@@ -738,10 +765,12 @@ def _remapped_lengths(sidecar: str, signature: tuple, start: int, stop: int) -> 
 
 
 def build_index_table(out: str, header: dict, entries: Iterable[IndexRow], *, source: str,
-                      mode_of: str | None = None) -> str:
+                      mode_of: str | None = None, extra: Mapping[str, Any] | None = None
+                      ) -> str:
     """Write the :class:`IndexTable` of a shard index's ``header`` and checked ``entries`` to
     ``out`` (atomically). ``source``: the local ``index.jsonl`` whose size and modification
-    time the table records, or a URL."""
+    time the table records, or a URL; ``extra``: more header fields (a cached table's
+    source and version)."""
     sig = {} if not os.path.isfile(source) else _signature(source)
     counts, sizes, totals, lines = array("q"), array("q"), array("d"), array("q")
     starts, name_starts, key_starts = array("q", [0]), array("q", [0]), array("q", [0])
@@ -783,38 +812,5 @@ def build_index_table(out: str, header: dict, entries: Iterable[IndexRow], *, so
         "distinct": distinct, "codes": codes.reshape(-1).astype(index_dtype(distinct.size)),
     }
     head = {"format": _INDEX_FORMAT, "version": _INDEX_VERSION, "index_header": header,
-            "shards": len(counts), "utterances": n, **sig}
+            "shards": len(counts), "utterances": n, **sig, **(extra or {})}
     return write_mapped(out, head, arrays, mode_of=mode_of)
-
-
-def _cache_path(path: str, sig: dict) -> str:
-    """Where the table of an index in a folder that cannot be written goes: the temporary
-    folder, named by the index's absolute path, size and modification time."""
-    what = f"{os.path.abspath(path)}\0{sig['source_size']}\0{sig['source_mtime_ns']}"
-    digest = hashlib.blake2b(what.encode("utf-8", "surrogatepass"), digest_size=12).hexdigest()
-    return os.path.join(tempfile.gettempdir(), f"speechpipe-index-{digest}{MAPPED_SUFFIX}")
-
-
-class _locked:
-    """An exclusive ``flock`` on the index file while its table is built (processes starting
-    at once build it once); no lock where the file system has none."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self.fd = None
-
-    def __enter__(self) -> "_locked":
-        try:
-            import fcntl
-
-            self.fd = os.open(self.path, os.O_RDONLY)
-            fcntl.flock(self.fd, fcntl.LOCK_EX)
-        except (ImportError, OSError):
-            if self.fd is not None:
-                os.close(self.fd)
-            self.fd = None
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self.fd is not None:
-            os.close(self.fd)  # releases the lock

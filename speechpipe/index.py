@@ -21,7 +21,15 @@ holds Python objects per shard, none per utterance.
 
 The index and its shards may live in object storage (``s3://bucket/corpus/index.jsonl``, any
 fsspec URL, read through :mod:`speechpipe.remote`): shard names are then URLs in the same
-folder, and remote shards are planned exactly like local ones.
+folder, and remote shards are planned exactly like local ones. No table is written to the
+bucket: a remote index's table is kept in the node's cache folder
+(:mod:`speechpipe.node_cache`; ``RemoteOptions(cache_dir=)``, ``$SPEECHPIPE_CACHE_DIR``),
+named by the URL and the object's version (ETag, version id, size): the first process of a
+node to read it fetches the index and builds the table, under a lock; every other process
+of the node (ranks, DataLoader workers, later passes and runs) asks the object's version
+(one size request) and maps that file. A changed index is a new version: fetched and built
+again, the older table removed. The table of an index in a local folder that cannot be
+written is kept there too.
 
 Compressed shards (``.tar.gz``, ``.tgz``, ``.tar.zst``: :func:`shard_compression`) are read
 sequentially only: :attr:`ShardEntry.mappable` is false for them (no memory-mapped,
@@ -33,18 +41,23 @@ from __future__ import annotations
 
 import json
 import os
+import time
+import warnings
 from dataclasses import dataclass, replace
-from typing import Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from .compact import MAPPED_SUFFIX, IndexTable, MappedKeys, build_index_table
+from .compact import MAPPED_SUFFIX, IndexRow, IndexTable, MappedKeys, build_index_table
 from .errors import DataError, MissingDataError, UnsafeInputError
-from .remote import RemoteOptions, is_remote, join_url, read_remote_bytes, remote_glob
+from .node_cache import drop_other_versions, file_lock, index_cache_dir, versioned_path
+from .remote import (RemoteOptions, is_remote, join_url, object_version, read_remote_bytes,
+                     remote_glob, remote_info)
 from .sample import estimate_boundaries
 
-__all__ = ["COMPRESSIONS", "INDEX_NAME", "ShardEntry", "ShardIndex", "check_entry_name",
-           "index_folders", "is_folder_url", "length_seconds", "shard_compression"]
+__all__ = ["COMPRESSIONS", "INDEX_NAME", "ShardEntry", "ShardIndex", "cached_table",
+           "check_entry_name", "index_folders", "is_folder_url", "length_seconds",
+           "shard_compression"]
 
 INDEX_NAME = "index.jsonl"
 _FORMAT = "speechpipe-shard-index"
@@ -248,7 +261,8 @@ class ShardIndex:
 
     @classmethod
     def read(cls, path: str | os.PathLike, *, remote: RemoteOptions | None = None,
-             allow_outside: bool = False) -> "ShardIndex":
+             allow_outside: bool = False, cache_dir: str | os.PathLike | None = None
+             ) -> "ShardIndex":
         """Read ``index.jsonl`` (give the file or its folder; a folder URL such as
         ``s3://bucket/corpus`` reads ``s3://bucket/corpus/index.jsonl``), or every index of a
         folder ``pack`` wrote with length groups, local or a URL (one per group folder,
@@ -256,7 +270,9 @@ class ShardIndex:
         index of its own; the entries are then named ``<group>/<shard>``).
 
         Each index is parsed once per process: a later read of the same file (same inode,
-        size and modification time) or URL returns a copy of what the first one read.
+        size and modification time) or of the same version of a URL (one size request asks
+        it) returns a copy of what the first one read. A URL's table is fetched and built once
+        per node (see the module docs).
 
         Args:
             path: the file or folder, local or a URL.
@@ -268,6 +284,9 @@ class ShardIndex:
                 :class:`~speechpipe.errors.UnsafeInputError` naming the file and line.
                 ``True`` trusts the index's author: its names are joined and read wherever
                 they point (an index you wrote yourself over shards kept elsewhere).
+            cache_dir: the node's cache folder for the tables of remote indexes and of
+                indexes in folders that cannot be written; ``None``: ``remote.cache_dir``,
+                else :func:`speechpipe.node_cache.index_cache_dir`'s default.
 
         Raises:
             MissingDataError: no index there.
@@ -277,14 +296,19 @@ class ShardIndex:
         path = os.fspath(path)
         if not isinstance(allow_outside, bool):
             raise TypeError(f"allow_outside must be True or False, got {allow_outside!r}")
+        if cache_dir is None and remote is not None:
+            cache_dir = remote.cache_dir
+        cache_dir = None if cache_dir is None else os.fspath(cache_dir)
         if not is_remote(path) and os.path.isdir(path):
             folders = index_folders(path)
             if len(folders) > 1 or (folders and folders[0] != path):
-                return cls._read_groups(path, folders, allow_outside=allow_outside)
+                return cls._read_groups(path, folders, allow_outside=allow_outside,
+                                        cache_dir=cache_dir)
         if is_remote(path) and not path.endswith(".jsonl"):
             folder = path.rstrip("/")
             try:
-                return cls._cached(join_url(folder, INDEX_NAME), remote, allow_outside)
+                return cls._cached(join_url(folder, INDEX_NAME), remote, allow_outside,
+                                   cache_dir)
             except MissingDataError:
                 groups = remote_glob(join_url(folder, f"*/{INDEX_NAME}"), remote)
                 if not groups:
@@ -294,19 +318,26 @@ class ShardIndex:
                         "with 'speechpipe pack' (--out may be this URL), or upload the whole "
                         "pack folder", source=folder) from None
                 return cls._read_groups(folder, [g.rsplit("/", 1)[0] for g in groups], remote,
-                                        allow_outside=allow_outside)
-        return cls._cached(path, remote, allow_outside)
+                                        allow_outside=allow_outside, cache_dir=cache_dir)
+        return cls._cached(path, remote, allow_outside, cache_dir)
 
     @classmethod
-    def _cached(cls, path: str, remote: RemoteOptions | None, allow_outside: bool
-                ) -> "ShardIndex":
-        """The index at ``path``, parsed once per process while the file is the same (a
-        copy is handed out: callers may change their lists)."""
-        where = _cache_key(path)
+    def _cached(cls, path: str, remote: RemoteOptions | None, allow_outside: bool,
+                cache_dir: str | None = None) -> "ShardIndex":
+        """The index at ``path``, parsed once per process while the file (a URL: the
+        object's version) is the same (a copy is handed out: callers may change their
+        lists)."""
+        info = None
+        if is_remote(path):
+            path = path if path.endswith(".jsonl") else join_url(path, INDEX_NAME)
+            info = _remote_index_info(path, remote)
+            where = ("url", path, tuple(sorted(object_version(info)[0].items())))
+        else:
+            where = _cache_key(path)
         key = None if where is None else (where, allow_outside)
         cached = _READ.get(key) if key is not None else None
         if cached is None:
-            cached = cls._parse(path, remote, allow_outside)
+            cached = cls._parse(path, remote, allow_outside, cache_dir, info)
             if key is not None:
                 _READ[key] = cached
                 while len(_READ) > _READ_KEPT:
@@ -316,22 +347,28 @@ class ShardIndex:
                        else dict(cached.sample_rates))
 
     @classmethod
-    def _parse(cls, path: str, remote: RemoteOptions | None, allow_outside: bool
+    def _parse(cls, path: str, remote: RemoteOptions | None, allow_outside: bool,
+               cache_dir: str | None = None, info: Mapping[str, Any] | None = None
                ) -> "ShardIndex":
         """The index at ``path`` from its mapped table (:class:`~speechpipe.compact.
         IndexTable`, ``index.jsonl.spmap``): mapped when current, else built from the text
-        (checked line by line) and written beside it; a URL's is built from the fetched
-        text in a temporary file. The entries' keys and lengths are views of the table."""
+        (checked line by line) and written beside it; a URL's (``info``: its object's) and
+        that of a folder that cannot be written in the node's cache folder
+        (:func:`cached_table`). The entries' keys and lengths are views of the table."""
         if is_remote(path):
-            if not path.endswith(".jsonl"):
-                path = join_url(path, INDEX_NAME)
-            lines = _remote_lines(path, remote)
-            table = IndexTable.build(*_checked_rows(lines, path), source=path)
+            table = _remote_table(path, remote, cache_dir, info)
         else:
             if os.path.isdir(path):
                 path = os.path.join(path, INDEX_NAME)
             try:
+                st = os.stat(path)
                 table = IndexTable.open(path, lambda: _checked_rows(_file_lines(path), path))
+                if table is None:  # a folder that cannot be written
+                    version = {"size": st.st_size, "mtime_ns": st.st_mtime_ns,
+                               "inode": st.st_ino}
+                    table = cached_table(os.path.abspath(path), version,
+                                         lambda: _checked_rows(_file_lines(path), path),
+                                         cache_dir=cache_dir, path=path)
             except FileNotFoundError as exc:
                 raise MissingDataError(
                     "no shard index here; write one with 'speechpipe pack'", source=path
@@ -357,13 +394,16 @@ class ShardIndex:
 
     @classmethod
     def _read_groups(cls, root: str, folders: list[str], remote: RemoteOptions | None = None,
-                     *, allow_outside: bool = False) -> "ShardIndex":
+                     *, allow_outside: bool = False, cache_dir: str | None = None
+                     ) -> "ShardIndex":
         if is_remote(root):
             parts = [cls.read(join_url(folder, INDEX_NAME), remote=remote,
-                              allow_outside=allow_outside) for folder in folders]
+                              allow_outside=allow_outside, cache_dir=cache_dir)
+                     for folder in folders]
             names = [p.root[len(root) + 1:] + "/" + s.name for p in parts for s in p.shards]
         else:
-            parts = [cls.read(os.path.join(folder, INDEX_NAME), allow_outside=allow_outside)
+            parts = [cls.read(os.path.join(folder, INDEX_NAME), allow_outside=allow_outside,
+                              cache_dir=cache_dir)
                      for folder in folders]
             names = [os.path.join(os.path.relpath(p.root, root), s.name)
                      for p in parts for s in p.shards]
@@ -432,11 +472,9 @@ _READ_KEPT = 64
 
 
 def _cache_key(path: str) -> tuple | None:
-    """What identifies the index at ``path`` now: a URL as it is (fetched once per process),
-    a local file by inode, size and modification time (a rewritten index -- ``write``
-    replaces the file -- is read again); ``None`` where there is no file (the read raises)."""
-    if is_remote(path):
-        return ("url", path if path.endswith(".jsonl") else join_url(path, INDEX_NAME))
+    """What identifies the local index at ``path`` now: its inode, size and modification
+    time (a rewritten index -- ``write`` replaces the file -- is read again); ``None`` where
+    there is no file (the read raises). (A URL: its object's version, in ``_cached``.)"""
     if os.path.isdir(path):
         path = os.path.join(path, INDEX_NAME)
     try:
@@ -513,10 +551,103 @@ def index_folders(folder: str | os.PathLike) -> list[str]:
     return subfolders
 
 
-def _remote_lines(path: str, remote: RemoteOptions | None) -> list[str]:
-    """The lines of the index at the URL ``path``."""
+def cached_table(source: str, version: Mapping[str, Any],
+                 rows: Callable[[], tuple[dict, Iterable[IndexRow]]], *,
+                 cache_dir: str | None = None, path: str | None = None) -> IndexTable:
+    """The :class:`~speechpipe.compact.IndexTable` of the index ``source`` (a URL, or a local
+    index whose folder cannot be written) at ``version`` (what names it: an object's ETag and
+    size, a file's size, time and inode), kept in the node's cache folder
+    (:mod:`speechpipe.node_cache`): mapped when that version's file is there and whole, else
+    built from ``rows()`` once -- under a lock, so that the processes of a node that start at
+    once fetch and build it once -- and the source's older versions removed. A cached file
+    cut short, with a broken header or arrays that do not fit together is built again.
+    ``path``: the local index (for ``is_current``). Without a usable cache folder (a
+    warning says why), a table of this process only.
+
+    Raises:
+        DataError: the file just written cannot be read back.
+    """
+    folder = index_cache_dir(cache_dir)
+    if folder is None:
+        return IndexTable.build(*rows(), source=source)
+    place, stem = versioned_path(folder, source, version, suffix=MAPPED_SUFFIX)
+    mark = {"cache_source": source, "cache_version": dict(version)}
+    table = _in_cache(place, mark, path or source)
+    if table is not None:
+        return table
+    with file_lock(os.path.join(folder, stem + ".lock"), create=True):
+        table = _in_cache(place, mark, path or source)
+        if table is not None:
+            return table
+        header, entries = rows()
+        try:
+            build_index_table(place, header, entries, source=path or source,
+                              extra={**mark, "built": f"{os.getpid()}-{time.time_ns()}"})
+        except OSError as exc:  # a full disk: this process's own table
+            warnings.warn(f"cannot write {place} ({exc.strerror or exc}): this process "
+                          f"builds its own table of {source}", RuntimeWarning, stacklevel=2)
+            return IndexTable.build(*rows(), source=source)
+        drop_other_versions(folder, stem, place)
+        table = _in_cache(place, mark, path or source)
+    if table is None:
+        raise DataError("the index's table just written here cannot be read back",
+                        source=place)
+    return table
+
+
+def _in_cache(place: str, mark: dict, path: str) -> IndexTable | None:
+    """The cached table at ``place`` if it is whole and of ``mark``'s source and version."""
     try:
-        data = read_remote_bytes(path, remote)
+        table = IndexTable.mapped(place, path)
+    except (MissingDataError, DataError):
+        return None
+    if any(table.header.get(k) != v for k, v in mark.items()) or not table.fits():
+        return None
+    return table
+
+
+def _remote_index_info(url: str, remote: RemoteOptions | None) -> dict:
+    """The index object's info (one size request); named when it is missing."""
+    try:
+        return remote_info(url, remote)
+    except MissingDataError as exc:
+        raise MissingDataError("no shard index here; write one with 'speechpipe pack' "
+                               "and upload it beside the shards", source=url) from exc
+
+
+def _remote_table(url: str, remote: RemoteOptions | None, cache_dir: str | None,
+                  info: Mapping[str, Any] | None) -> IndexTable:
+    """The table of the index at ``url``: from the node's cache when the object's version
+    names its content (an ETag, a version id) or at least its time; else (a store that
+    gives a size only) this process's own, fetched and built here."""
+    if info is None:
+        info = _remote_index_info(url, remote)
+    version, strong = object_version(info)
+    endpoint = dict(remote.storage_options or {}).get("endpoint_url") if remote else None
+    if not strong and set(version) <= {"size"}:
+        version = {}  # a size alone does not name a version: this process's own table
+    elif endpoint:  # the same bucket and key behind another endpoint is another object
+        version["endpoint"] = str(endpoint)
+
+    def rows():
+        lines = _remote_lines(url, remote, info)
+        again = object_version(_remote_index_info(url, remote))[0]
+        if again != object_version(info)[0]:  # rewritten while it was read (a store without pinning)
+            raise DataError("the index changed while it was read (its version was "
+                            f"{object_version(info)[0]}, is {again}): read it again",
+                            source=url)
+        return _checked_rows(lines, url)
+
+    if not version:
+        return IndexTable.build(*rows(), source=url)
+    return cached_table(url, version, rows, cache_dir=cache_dir)
+
+
+def _remote_lines(path: str, remote: RemoteOptions | None,
+                  info: Mapping[str, Any] | None = None) -> list[str]:
+    """The lines of the index at the URL ``path`` (``info``: the version to read)."""
+    try:
+        data = read_remote_bytes(path, remote, info=info)
     except MissingDataError as exc:
         raise MissingDataError("no shard index here; write one with 'speechpipe pack' "
                                "and upload it beside the shards", source=path) from exc

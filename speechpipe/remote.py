@@ -35,6 +35,7 @@ index kept in the bucket.
 from __future__ import annotations
 
 import io
+import os
 import re
 import time
 from dataclasses import dataclass, field
@@ -43,7 +44,8 @@ from typing import Any, Mapping
 from .errors import DataError, MissingDataError, redact
 
 __all__ = ["ProgressDeadline", "RemoteOptions", "http_request", "is_remote", "join_url",
-           "open_http", "open_remote", "read_remote_bytes", "remote_filesystem", "remote_glob"]
+           "object_version", "open_http", "open_remote", "read_remote_bytes",
+           "remote_filesystem", "remote_glob", "remote_info"]
 
 _SCHEME = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]+)://")
 _INSTALL = "pip install 'speechpipe[s3]' (fsspec and s3fs), or the fsspec package of {0}://"
@@ -186,6 +188,11 @@ class RemoteOptions:
         timeout: seconds one request (a size request, a range request) may take in all
             before it counts as a failed attempt (for S3 also botocore's connect and read
             timeouts, unless ``storage_options["config_kwargs"]`` set them).
+        cache_dir: the node-local folder where the mapped tables of shard indexes read from
+            object storage are kept, one per index and version, shared by every process on
+            the node (:meth:`speechpipe.index.ShardIndex.read`); ``None``: ``$SPEECHPIPE_CACHE_DIR``,
+            else ``$XDG_CACHE_HOME/speechpipe``, else a folder of this user's in the temporary
+            folder (:func:`speechpipe.compact.index_cache_dir`).
 
     >>> RemoteOptions(storage_options={"key": "AKIA", "secret": "hush"}, retries=3)
     RemoteOptions(storage_options={'key': '***', 'secret': '***'}, block_size=8388608, \
@@ -201,6 +208,7 @@ retries=3, backoff=0.5, timeout=60.0)
     retries: int = 5
     backoff: float = 0.5
     timeout: float = 60.0
+    cache_dir: str | None = field(default=None, repr=False)  # where, not what: no fingerprint
 
     def __post_init__(self) -> None:
         if self.storage_options is not None and not isinstance(self.storage_options, Mapping):
@@ -214,12 +222,19 @@ retries=3, backoff=0.5, timeout=60.0)
             raise ValueError(f"backoff must be >= 0 seconds, got {self.backoff!r}")
         if not isinstance(self.timeout, (int, float)) or self.timeout <= 0:
             raise ValueError(f"timeout must be > 0 seconds, got {self.timeout!r}")
+        if self.cache_dir is not None:
+            if not isinstance(self.cache_dir, (str, os.PathLike)) or not os.fspath(self.cache_dir):
+                raise TypeError(f"cache_dir must be a folder path or None, got "
+                                f"{self.cache_dir!r}")
+            object.__setattr__(self, "cache_dir", os.fspath(self.cache_dir))
 
     def __repr__(self) -> str:
         hidden = (None if self.storage_options is None
                   else {k: "***" for k in self.storage_options})
+        cache = "" if self.cache_dir is None else f", cache_dir={self.cache_dir!r}"
         return (f"RemoteOptions(storage_options={hidden}, block_size={self.block_size}, "
-                f"retries={self.retries}, backoff={self.backoff}, timeout={self.timeout})")
+                f"retries={self.retries}, backoff={self.backoff}, timeout={self.timeout}"
+                f"{cache})")
 
     def secrets(self) -> list[str]:
         """Every string value of ``storage_options`` (nested ones too): what messages hide."""
@@ -463,7 +478,49 @@ def _stat(fs, path: str, url: str, options: RemoteOptions) -> dict:
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-def open_remote(url: str, options: RemoteOptions | None = None) -> io.BufferedReader:
+def remote_info(url: str, options: RemoteOptions | None = None) -> dict:
+    """The object's info as the store gives it (one size request, retried like a range
+    request): ``size``, and for S3 its ``ETag`` and, on a versioned bucket, ``VersionId``;
+    other stores their own fields (:func:`object_version` picks what names a version).
+
+    Raises:
+        MissingDataError: no such object.
+        DataError: access denied, or the request failed ``retries`` times.
+    """
+    options = _options(options)
+    fs, path = _filesystem(url, options)
+    try:  # asked of the store, not of a listing this process cached (s3fs keeps them)
+        fs.invalidate_cache(path)
+    except Exception:  # noqa: BLE001 - a file system without a cache
+        pass
+    return _stat(fs, path, url, options)
+
+
+#: Fields of an object's info that name its content (an ETag, a version, a generation, a
+#: digest): a change of content changes one of them.
+_STRONG = ("ETag", "etag", "VersionId", "version_id", "generation", "md5Hash", "md5",
+           "content_md5", "sha256")
+#: Fields that change when an object is rewritten, but not surely with its content.
+_WEAK = ("size", "mtime", "LastModified", "last_modified", "last-modified", "updated",
+         "created", "modified")
+
+
+def object_version(info: Mapping[str, Any]) -> tuple[dict, bool]:
+    """``({field: text}, strong)``: what names the version of the object whose ``info``
+    (:func:`remote_info`) this is, and whether a field of it names the content (an ETag, a
+    version id, a generation, a digest: ``strong``) or only its size and times.
+
+    >>> object_version({"size": 10, "ETag": '"abc"', "type": "file"})
+    ({'ETag': '"abc"', 'size': '10'}, True)
+    >>> object_version({"size": 10, "created": 1.5})
+    ({'size': '10', 'created': '1.5'}, False)
+    """
+    found = {k: str(info[k]) for k in _STRONG + _WEAK if info.get(k) is not None}
+    return found, any(k in found for k in _STRONG)
+
+
+def open_remote(url: str, options: RemoteOptions | None = None, *,
+                info: Mapping[str, Any] | None = None) -> io.BufferedReader:
     """Open a remote file for sequential binary reading (see the module docs): blocks of
     ``options.block_size`` bytes, each one range request, the next fetched while one is read.
 
@@ -476,18 +533,24 @@ def open_remote(url: str, options: RemoteOptions | None = None) -> io.BufferedRe
     Traceback (most recent call last):
     ...
     speechpipe.errors.MissingDataError: memory://speechpipe-doc/absent.tar: no such object
+
+    ``info``: the object's info from :func:`remote_info` (no size request then): the read is
+    pinned to that version (S3: a change since raises the error above).
     """
     options = _options(options)
     fs, path = _filesystem(url, options)
-    info = _stat(fs, path, url, options)
+    if info is None:
+        info = _stat(fs, path, url, options)
     pin = {"etag": info.get("ETag"), "version": info.get("VersionId")}
     raw = _RangeReader(fs, path, url, int(info["size"]), options, pin)
     return io.BufferedReader(raw, min(options.block_size, _SMALL_READS))
 
 
-def read_remote_bytes(url: str, options: RemoteOptions | None = None) -> bytes:
-    """The whole remote file (a small one: an index, a manifest)."""
-    with open_remote(url, options) as f:
+def read_remote_bytes(url: str, options: RemoteOptions | None = None, *,
+                      info: Mapping[str, Any] | None = None) -> bytes:
+    """The whole remote file (a small one: an index, a manifest); ``info``: as
+    :func:`open_remote`'s."""
+    with open_remote(url, options, info=info) as f:
         return f.read()
 
 

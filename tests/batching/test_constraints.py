@@ -144,3 +144,16 @@ def test_piece_batches_take_pairs_of_lengths_too():
     assert view.batching_view == [["c", "a"], ["b"]]
     with pytest.raises(ValueError, match="SampleCount must be a multiple of world_size=2, got 3"):
         BatchView({"a": 1}, budget=SampleCount(3), world_size=2)
+
+
+def test_a_length_function_measures_numbers_too():
+    # c14dde4 (one spelling) took every number as a bare length, even with the caller's own
+    # length function: sample indices batched by their length table were measured as the
+    # indices themselves (bench_batching's streaming road: batches 3.3 x over the budget)
+    table = [500, 10, 20, 500]
+    constraint = PaddedArea(budget=1000, length=lambda i: table[i])
+    assert [constraint.measure(i) for i in range(4)] == table
+    batches = list(IterableWrapper([0, 1, 2, 3]).block_batch(constraint, shuffle_window=1))
+    assert [sorted(b) for b in batches] == [[0, 1], [2, 3]]
+    assert PaddedArea(budget=1000).measure(7) == 7  # no length function: a bare length
+    assert PaddedArea(budget=1000, length="duration").measure(7.5) == 7.5

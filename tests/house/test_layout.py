@@ -27,7 +27,8 @@ import speechpipe
 ROOT = pathlib.Path(speechpipe.__file__).parent
 
 FLOORS = [
-    ("base", ["errors", "sample", "seeding", "diagnostics", "remote", "index", "compact", "progress",
+    ("base", ["errors", "sample", "seeding", "diagnostics", "remote", "index", "compact",
+              "node_cache", "progress",
               "memory", "testing", "executors", "pipes._core"]),
     ("sources", ["pipes.sources"]),
     ("shards", ["pipes.shards"]),

@@ -96,6 +96,18 @@ def s3(tmp_path_factory):
                "options": options, "endpoint": endpoint}
 
 
+@pytest.fixture(scope="module", autouse=True)
+def node_cache_of_this_module(tmp_path_factory):
+    """The index tables of this module's reads in a folder of its own (not the user's)."""
+    before = os.environ.get("SPEECHPIPE_CACHE_DIR")
+    os.environ["SPEECHPIPE_CACHE_DIR"] = str(tmp_path_factory.mktemp("node-cache"))
+    yield
+    if before is None:
+        os.environ.pop("SPEECHPIPE_CACHE_DIR", None)
+    else:
+        os.environ["SPEECHPIPE_CACHE_DIR"] = before
+
+
 @pytest.fixture
 def proxy(s3):
     s3["proxy"].clear()
@@ -471,12 +483,9 @@ def test_an_object_overwritten_while_it_is_read_is_a_named_error(s3):
     assert read_bytes(url, options) == second  # opened again: the new object, whole
 
 
-def test_an_index_in_the_bucket_is_fetched_once_per_process(s3, proxy, monkeypatch):
+def test_an_index_in_the_bucket_is_fetched_once_per_process(s3, proxy, cache_dir):
     # issue 28: over object storage each index is fetched once per process, not per shard
-    # listed, per plan or per pass
-    import speechpipe.index as index
-
-    monkeypatch.setattr(index, "_READ", {})
+    # listed, per plan or per pass (and once per node: test_..._once_per_node)
     read = ShardReadOptions(remote=s3["options"])
     pipe = IterableWrapper(s3["urls"]).sharded_shuffle(buffer_size=4, index=True, seed=5,
                                                        read_options=read)
@@ -487,3 +496,135 @@ def test_an_index_in_the_bucket_is_fetched_once_per_process(s3, proxy, monkeypat
     again = IterableWrapper(s3["urls"]).sharded_shuffle(index=True, read_options=read)
     assert len(again) == sum(SHARDS)
     assert len(gets(proxy, "index.jsonl")) == 1
+
+
+# ------------------------------------------- the index's table, once per node (issue 28)
+
+
+@pytest.fixture
+def cache_dir(tmp_path, monkeypatch):
+    """A fresh node cache for the index tables, and this process's reads forgotten."""
+    import speechpipe.index as index
+
+    monkeypatch.setattr(index, "_READ", {})
+    folder = tmp_path / "node-cache"
+    monkeypatch.setenv("SPEECHPIPE_CACHE_DIR", str(folder))
+    return folder
+
+
+def _tables(folder) -> list[str]:
+    return sorted(p for p in os.listdir(folder) if p.endswith(".spmap"))
+
+
+_NODE_PROCESS = """
+import json, sys
+from speechpipe.index import ShardIndex
+from speechpipe.pipes._core import IterableWrapper
+from speechpipe.pipes.shards import ShardReadOptions
+from speechpipe.remote import RemoteOptions
+ctx = json.loads(sys.argv[1])
+remote = RemoteOptions(storage_options=ctx["storage"], retries=3, backoff=0.01,
+                       cache_dir=ctx["cache"])
+index = ShardIndex.read(ctx["folder"], remote=remote)
+pipe = IterableWrapper(ctx["urls"]).sharded_shuffle(
+    buffer_size=4, index=True, seed=5, read_options=ShardReadOptions(remote=remote))
+plans = [pipe.epoch_plans(epoch, world_size=2, num_workers=2) for epoch in range(2)]
+print(json.dumps({"n": len(pipe), "built": index.shards[0].keys.table.header["built"],
+                  "keys": [list(s.keys) for s in index.shards]}))
+"""
+
+
+@pytest.mark.timeout(PROCESS_TIMEOUT + 30)
+def test_a_remote_index_is_fetched_and_built_once_per_node(s3, proxy, cache_dir):
+    # issue 28: every process (W ranks x K workers) fetched the index and built its table;
+    # now the first process of the node does, under a lock, and the others map its file
+    ctx = json.dumps({"storage": storage(s3["proxy"].url), "cache": str(cache_dir),
+                      "folder": s3["folder"], "urls": s3["urls"]})
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))]
+        + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+    started = [subprocess.Popen([sys.executable, "-c", _NODE_PROCESS, ctx], env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+               for _ in range(4)]  # at once: they meet at the lock
+    outs = [p.communicate(timeout=PROCESS_TIMEOUT) for p in started]
+    assert all(p.returncode == 0 for p in started), [err[-2000:] for _, err in outs]
+    got = [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
+    later = subprocess.run([sys.executable, "-c", _NODE_PROCESS, ctx], env=env,
+                           capture_output=True, text=True, timeout=PROCESS_TIMEOUT)
+    assert later.returncode == 0, later.stderr[-2000:]
+    got.append(json.loads(later.stdout.strip().splitlines()[-1]))
+    local = ShardIndex.read(os.path.dirname(s3["local"][0]))
+    assert all(g["n"] == sum(SHARDS) for g in got)
+    assert all(g["keys"] == [list(s.keys) for s in local.shards] for g in got)
+    assert len(gets(proxy, "index.jsonl")) == 1  # 5 processes, 2 passes each: one fetch
+    assert len({g["built"] for g in got}) == 1  # and one build
+    assert len(_tables(cache_dir)) == 1
+
+
+def _s3_client(endpoint: str):
+    import boto3
+
+    return boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
+                        aws_access_key_id=S3_TEST_CREDENTIALS["key"],
+                        aws_secret_access_key=S3_TEST_CREDENTIALS["secret"])
+
+
+def test_a_changed_remote_index_is_fetched_and_built_again(s3, proxy, cache_dir):
+    import speechpipe.index as index
+
+    client = _s3_client(s3["endpoint"])
+    with open(os.path.join(os.path.dirname(s3["local"][0]), "index.jsonl")) as f:
+        text = f.read()
+    lines = text.splitlines(keepends=True)
+    client.put_object(Bucket="speechpipe-remote", Key="changing/index.jsonl",
+                      Body=text.encode())
+    url = "s3://speechpipe-remote/changing"
+    first = ShardIndex.read(url, remote=s3["options"])
+    assert len(first) == sum(SHARDS) and len(gets(proxy, "changing/index.jsonl")) == 1
+    for _ in range(2):  # this process again, then another one (its reads forgotten)
+        assert len(ShardIndex.read(url, remote=s3["options"])) == sum(SHARDS)
+        index._READ.clear()
+    assert len(gets(proxy, "changing/index.jsonl")) == 1
+    tables = _tables(cache_dir)
+    from speechpipe.remote import remote_glob
+
+    assert remote_glob(url + "/*.jsonl", s3["options"])  # a listing s3fs keeps (its ETags)
+    client.put_object(Bucket="speechpipe-remote", Key="changing/index.jsonl",
+                      Body="".join(lines[:-1]).encode())  # the last shard gone
+    again = ShardIndex.read(url, remote=s3["options"])  # the same process sees the change
+    assert len(again) == sum(SHARDS[:-1]) and len(again.shards) == len(SHARDS) - 1
+    assert len(gets(proxy, "changing/index.jsonl")) == 2
+    assert len(_tables(cache_dir)) == 1 and _tables(cache_dir) != tables  # the old one gone
+    assert len(first) == sum(SHARDS)  # what was read before keeps its pages
+
+
+def test_a_cached_remote_table_cut_short_is_built_again_never_read_wrong(s3, proxy,
+                                                                         cache_dir):
+    import speechpipe.index as index
+
+    want = ShardIndex.read(s3["folder"], remote=s3["options"])
+    expected = [(s.name, list(s.keys), list(s.lengths)) for s in want.shards]
+    (name,) = _tables(cache_dir)
+    path = cache_dir / name
+    whole = path.read_bytes()
+    for cut in (len(whole) - 8, len(whole) // 2, 30):
+        path.write_bytes(whole[:cut])
+        index._READ.clear()
+        got = ShardIndex.read(s3["folder"], remote=s3["options"])
+        assert [(s.name, list(s.keys), list(s.lengths)) for s in got.shards] == expected
+    assert len(gets(proxy, "corpus/index.jsonl")) == 4  # each broken table: fetched again
+
+
+def test_a_remote_table_in_an_unusable_cache_folder_is_this_processs_own(s3, proxy,
+                                                                        tmp_path):
+    import speechpipe.index as index
+
+    index._READ.clear()
+    blocked = tmp_path / "a-file"
+    blocked.write_text("not a folder")
+    options = RemoteOptions(storage_options=storage(s3["proxy"].url), block_size=BLOCK,
+                            retries=3, backoff=0.01, cache_dir=str(blocked / "cache"))
+    with pytest.warns(RuntimeWarning, match="each process builds its own table"):
+        got = ShardIndex.read(s3["folder"], remote=options)
+    assert len(got) == sum(SHARDS) and got.shards[0].keys.table.sidecar is None
+    index._READ.clear()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import pickle
 
 import pytest
@@ -234,23 +235,70 @@ def test_a_missing_or_stale_table_is_rebuilt_from_the_text(tmp_path, monkeypatch
     assert again.lengths() == [7.0, 8.0, 1.0] and again.shards[1].keys == ("k",)
 
 
-def test_a_folder_that_cannot_be_written_gets_its_table_in_the_temporary_folder(
-        tmp_path, monkeypatch):
-    import os
-    import tempfile
-
+def _read_only(monkeypatch, folder):
+    """``folder`` cannot be written (root writes anyway: os.access says no for it)."""
     import speechpipe.compact as compact
+
+    real = compact.os.access
+    monkeypatch.setattr(compact.os, "access", lambda path, mode: (
+        False if os.path.abspath(path) == str(folder) else real(path, mode)))
+
+
+def test_a_folder_that_cannot_be_written_gets_its_table_in_the_cache_folder(
+        tmp_path, monkeypatch):
+    import speechpipe.index as index
     from speechpipe.compact import MAPPED_SUFFIX
+    from speechpipe.node_cache import CACHE_ENV
 
     folder, cache = tmp_path / "ro", tmp_path / "cache"
     folder.mkdir()
-    cache.mkdir()
     (folder / INDEX_NAME).write_text(f"{HEADER}\n{_entry_line('a.tar')}\n")
-    monkeypatch.setattr(tempfile, "tempdir", str(cache))
-    monkeypatch.setattr(compact.os, "access", lambda path, mode: False)  # root writes anyway
+    monkeypatch.setenv(CACHE_ENV, str(cache))
+    _read_only(monkeypatch, folder)
     idx = ShardIndex.read(folder)
     assert idx.shards[0].keys == ("k",) and not (folder / (INDEX_NAME + MAPPED_SUFFIX)).exists()
-    assert [p.endswith(MAPPED_SUFFIX) for p in os.listdir(cache)] == [True]
+    tables = [p for p in os.listdir(cache) if p.endswith(MAPPED_SUFFIX)]
+    assert len(tables) == 1
+    built = idx.shards[0].keys.table.header["built"]
+    for _ in range(3):  # read again in later processes (the per-process read forgotten)
+        monkeypatch.setattr(index, "_READ", {})
+        again = ShardIndex.read(folder)
+        assert again.shards[0].keys.table.header["built"] == built  # reused, not rebuilt
+    assert [p for p in os.listdir(cache) if p.endswith(MAPPED_SUFFIX)] == tables
+    # the index rewritten: a new table, and the old one removed (they do not pile up)
+    (folder / INDEX_NAME).write_text(f"{HEADER}\n{_entry_line('a.tar')}\n{_entry_line('b.tar')}\n")
+    assert len(ShardIndex.read(folder).shards) == 2
+    now = [p for p in os.listdir(cache) if p.endswith(MAPPED_SUFFIX)]
+    assert len(now) == 1 and now != tables
+
+
+def test_a_cached_table_cut_short_or_broken_is_built_again(tmp_path, monkeypatch):
+    import speechpipe.index as index
+    from speechpipe.compact import MAPPED_SUFFIX
+    from speechpipe.node_cache import CACHE_ENV
+
+    folder, cache = tmp_path / "ro", tmp_path / "cache"
+    folder.mkdir()
+    (folder / INDEX_NAME).write_text(
+        HEADER + "\n" + json.dumps({"name": "a.tar", "count": 3, "bytes": 10,
+                                    "keys": ["x", "y", "z"], "lengths": [1, 2, 3]}) + "\n")
+    monkeypatch.setenv(CACHE_ENV, str(cache))
+    _read_only(monkeypatch, folder)
+    ShardIndex.read(folder)
+    (table,) = [cache / p for p in os.listdir(cache) if p.endswith(MAPPED_SUFFIX)]
+    whole = table.read_bytes()
+    broken = {
+        "cut short": whole[:len(whole) - 40],
+        "a broken header": whole[:20] + b"#" * 30 + whole[50:],
+        "not a table": b"nothing",
+    }
+    for what, data in broken.items():
+        table.write_bytes(data)
+        monkeypatch.setattr(index, "_READ", {})
+        again = ShardIndex.read(folder)
+        assert list(again.shards[0].keys) == ["x", "y", "z"], what
+        assert again.lengths() == [1.0, 2.0, 3.0], what
+        assert table.read_bytes() == whole or table.stat().st_size == len(whole), what
 
 
 def test_a_mapped_index_pickles_by_reference_and_maps_again(tmp_path):
@@ -369,3 +417,54 @@ def test_step_planner_counts_budget_batches_from_the_mapped_lengths(tmp_path):
         expected.append(total)
     assert plan.rank_batches == tuple(expected) and not plan.exact
     assert 0 in [len(w.shards) for r in pipe.epoch_plans(world_size=2, num_workers=3) for w in r]
+
+
+def test_step_planner_hands_a_callable_one_object_per_distinct_length(tmp_path):
+    # issue 28: with a callable, StepPlanner made an IndexLength per utterance of each
+    # worker (about 70 B each at the planning's peak); from the mapped table it makes one per
+    # distinct length and hands the batching references to them, in the same order
+    import gc
+    import tracemalloc
+
+    import numpy as np
+
+    import speechpipe as sp
+    from speechpipe.pipes.batching import IndexLength
+
+    n, per = 60_000, 2000
+    rng = np.random.default_rng(0)
+    frames = rng.integers(100, 1500, n).tolist()  # ~1,400 distinct lengths
+    ShardIndex(str(tmp_path), [entry(f"s{i:03d}.tar", frames[s:s + per])
+                               for i, s in enumerate(range(0, n, per))]).write()
+    pipe = sp.IterableWrapper([str(tmp_path)]).sharded_shuffle(buffer_size=500, index=True,
+                                                               seed=3)
+    seen = []
+
+    def batching(lengths):
+        seen.append((len(lengths), len({id(x) for x in lengths}), lengths[:50]))
+        return sp.IterableWrapper(lengths, deepcopy=False).batch(64)
+
+    planner = sp.StepPlanner(pipe, batching, num_workers=2, world_size=2)
+    gc.collect()
+    tracemalloc.start()
+    plan = planner.plan(0)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    distinct = len(set(frames))
+    assert sum(count for count, _, _ in seen) == n
+    assert all(objects <= distinct for _, objects, _ in seen)  # not one per utterance
+    assert all(type(x) is IndexLength and x.unit == "frames" for *_, xs in seen for x in xs)
+    # the same order and counts as one object per length would give
+    expected = []
+    for rank in pipe.epoch_plans(0, world_size=2, num_workers=2):
+        total = 0
+        for worker in rank:
+            own = [IndexLength(x, "frames") for s in worker.shards for x in s.lengths]
+            ordered = list(pipe.sample_order(worker, own))
+            total += -(-len(ordered) // 64)
+            assert any(ordered[:50] == xs for *_, xs in seen)
+        expected.append(total)
+    assert plan.rank_batches == tuple(expected)
+    # a worker's list of references (a quarter of n here): 8 B per utterance, not an
+    # object of ~40 B + 8 B each (about 6 B per utterance of n at the peak, 20 before)
+    assert peak < 12 * n, peak

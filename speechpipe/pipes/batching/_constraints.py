@@ -165,8 +165,11 @@ class BatchConstraint(ABC):
         if type(sample) is not dict and not isinstance(sample, Mapping):
             if type(sample) is IndexLength:  # planning from an index: its unit checked
                 return sample.measured(self.length)
-            if self.length is None or (isinstance(sample, Real) and not isinstance(sample, bool)):
+            if self.length is None or (
+                    (isinstance(self.length, str) or self.length is sample_duration)
+                    and isinstance(sample, Real) and not isinstance(sample, bool)):
                 return sample  # a bare length, in whatever unit the caller planned
+            # else the caller's own length function measures it (a sample index, a key)
         elif self.length is None:
             return sample_length(sample)
         if isinstance(self.length, str):

@@ -13,8 +13,9 @@ knows that number before the epoch, with no collective per step:
 
 from __future__ import annotations
 
+import itertools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
@@ -242,8 +243,8 @@ class StepPlanner:
         if isinstance(self.batching, BatchConstraint):  # from the mapped lengths
             measured = self.__dict__.setdefault("_measured", {})
             return _array_lower_bound(plan, self.batching, self.oversize, unit, rate, measured)
-        lengths = [IndexLength(n, unit, rate) for shard in plan.shards for n in shard.lengths]
-        ordered = list(self.sharded.sample_order(plan, lengths))
+        ordered = list(self.sharded.sample_order(plan, _index_lengths(plan, unit, rate,
+                                                                      self.__dict__)))
         return sum(1 for _ in self.batching(ordered))
 
     def rank_batches(self, epoch: int | None = None, rank: int | None = None) -> int:
@@ -316,6 +317,27 @@ def _plan_codes(plan: EpochPlan) -> tuple[Any, np.ndarray] | None:
         return None
     table = spans[0][0]
     return table, np.concatenate([table.codes[start:stop] for _, start, stop in spans])
+
+
+def _index_lengths(plan: EpochPlan, unit: str, rate: int | None, cache: dict
+                   ) -> Iterator[IndexLength]:
+    """A worker's lengths as :class:`IndexLength` numbers, in reading order. From a mapped
+    table: one object per distinct length of the table (made once, kept in ``cache`` across
+    the workers and epochs of a planner), handed out by the table's codes -- the list the
+    batching gets holds references, not an object per utterance; else one per length."""
+    coded = _plan_codes(plan)
+    if coded is None:
+        return (IndexLength(n, unit, rate) for shard in plan.shards for n in shard.lengths)
+    table, where = coded
+    shared = cache.get("_interned")
+    if shared is None or shared[0] is not table or shared[1] != (unit, rate):
+        shared = (table, (unit, rate),
+                  [IndexLength(n, unit, rate) for n in table.distinct.tolist()])
+        cache["_interned"] = shared
+    objects = shared[2]
+    step = 4096  # codes turned into Python ints a slice at a time
+    return itertools.chain.from_iterable(map(objects.__getitem__, where[i:i + step].tolist())
+                                         for i in range(0, where.size, step))
 
 
 def _array_lower_bound(plan: EpochPlan, constraint: Any, oversize: str, unit: str,
