@@ -37,8 +37,8 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 __all__ = ["DURATION_PERCENTILES", "FaultProxy", "MUSAN_FIXTURE", "S3_TEST_CREDENTIALS",
-           "USABLE_RANGE", "cut_and_resume", "demo_speech", "on_pcm_grid", "pack_digest",
-           "run_ranks", "sample_durations", "serve_directory", "serve_handler", "serve_s3", "snr_db", "upload_folder",
+           "USABLE_RANGE", "cut_and_resume", "demo_speech", "join_rank_group", "on_pcm_grid",
+           "pack_digest", "run_ranks", "sample_durations", "serve_directory", "serve_handler", "serve_s3", "snr_db", "upload_folder",
            "write_musan", "write_rirs_noises"]
 
 #: Published percentile points ``(quantile, seconds)`` of utterance durations. Sources:
@@ -552,6 +552,29 @@ class FaultProxy:
         self._server.shutdown()
         self._server.server_close()
         self._thread.join()
+
+
+def join_rank_group(timeout: float = 120.0) -> tuple[int, int, Any, str]:
+    """In a script that :func:`run_ranks` started: join its gloo group and return ``(rank,
+    world, ctx, out)`` -- this rank, the world size, the ``ctx`` given to ``run_ranks`` and the
+    path to write this rank's JSON result to. Warnings are ignored (the rank's log is read only
+    when it fails); ``timeout`` seconds bound each collective.
+
+    Use: ``if __name__ == "__main__": main(*join_rank_group())``.
+    """
+    import warnings
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    rank, world, port, ctx_path, out = (int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]),
+                                        sys.argv[4], sys.argv[5])
+    warnings.simplefilter("ignore")
+    with open(ctx_path) as f:
+        ctx = json.load(f)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world, timeout=timedelta(seconds=timeout))
+    return rank, world, ctx, out
 
 
 def run_ranks(script: str, world: int, ctx: Any, folder: str, tag: str, *, timeout: float,

@@ -11,15 +11,13 @@ from __future__ import annotations
 import json
 import os
 import sys
-import warnings
-from datetime import timedelta
 
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from test_virtual_streams import view_pipe  # noqa: E402
 from test_virtual_streams_ddp import expected, run_epochs  # noqa: E402
-from speechpipe.testing import run_ranks  # noqa: E402
+from speechpipe.testing import join_rank_group, run_ranks  # noqa: E402
 
 WORLDS = (1, 2, 4)
 WORKERS = (0, 2)
@@ -28,16 +26,11 @@ PAIRS = [((2, 2), (1, 0), 4), ((1, 0), (4, 2), 9), ((4, 2), (2, 0), 2), ((1, 2),
          ((2, 0), (4, 0), "end"), ((4, 0), (1, 2), 1)]
 
 
-def _rank_main(rank: int, world: int, port: int, ctx_path: str, out: str) -> None:
+def _rank_main(rank: int, world: int, ctx: dict, out: str) -> None:
     import torch.distributed as dist
 
     import speechpipe as sp
 
-    warnings.simplefilter("ignore")
-    with open(ctx_path) as f:
-        ctx = json.load(f)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world, timeout=timedelta(seconds=120))
     results: dict = {}
     if ctx["phase"] == 1:
         for workers in WORKERS:
@@ -110,4 +103,4 @@ def test_a_view_state_saved_on_one_topology_resumes_exactly_on_another(runs):
 
 
 if __name__ == "__main__":
-    _rank_main(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5])
+    _rank_main(*join_rank_group())

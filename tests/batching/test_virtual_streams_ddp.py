@@ -22,14 +22,12 @@ import json
 import os
 import subprocess
 import sys
-import warnings
-from datetime import timedelta
 
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from test_virtual_streams import row_pipe, shard_pipe, write_rows, write_shards  # noqa: E402
-from speechpipe.testing import run_ranks  # noqa: E402
+from speechpipe.testing import join_rank_group, run_ranks  # noqa: E402
 
 WORLDS = (1, 2, 4)
 WORKERS = (0, 1, 2, 4)
@@ -72,16 +70,11 @@ def run_epochs(loader, epochs: int, save_at=()) -> tuple[list, dict]:
     return passes, states
 
 
-def _rank_main(rank: int, world: int, port: int, ctx_path: str, out: str) -> None:
+def _rank_main(rank: int, world: int, ctx: dict, out: str) -> None:
     import torch.distributed as dist
 
     import speechpipe as sp
 
-    warnings.simplefilter("ignore")
-    with open(ctx_path) as f:
-        ctx = json.load(f)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world, timeout=timedelta(seconds=120))
     results: dict = {}
     for road in ROADS:
         if ctx["phase"] == 1:
@@ -232,4 +225,4 @@ def test_the_resume_page_saves_on_2_ranks_x_2_workers_and_resumes_on_1_rank_with
 
 
 if __name__ == "__main__":
-    _rank_main(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5])
+    _rank_main(*join_rank_group())

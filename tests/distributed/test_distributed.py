@@ -31,16 +31,14 @@ import json
 import os
 import random
 import shutil
-import sys
 import tarfile
 import time
 import warnings
-from datetime import timedelta
 
 import pytest
 import torch
 
-from speechpipe.testing import run_ranks
+from speechpipe.testing import join_rank_group, run_ranks
 import speechpipe
 from speechpipe.errors import DataError
 from speechpipe.index import ShardEntry, ShardIndex
@@ -889,15 +887,10 @@ def _spawn_scenario(context: str) -> dict:
     return {"items": sorted(int(i) for batch in loader for i in batch)}
 
 
-def _rank_main(rank: int, world: int, port: int, ctx_path: str, out: str) -> None:
+def _rank_main(rank: int, world: int, ctx: dict, out: str) -> None:
     import torch.distributed as dist
 
-    warnings.simplefilter("ignore")
-    with open(ctx_path) as f:
-        ctx = json.load(f)
     ctx["world"] = world
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world, timeout=timedelta(seconds=60))
     results: dict = {}
 
     def write(partial=None):
@@ -1253,7 +1246,7 @@ def test_a_rank_that_dies_makes_the_others_fail_fast_not_at_the_timeout(group2):
 
 
 if __name__ == "__main__":
-    _rank_main(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5])
+    _rank_main(*join_rank_group(timeout=60))
 
 
 @pytest.mark.timeout(150)

@@ -19,14 +19,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import sys
-import warnings
-from datetime import timedelta
 
 import pytest
 
-from speechpipe.testing import run_ranks
+from speechpipe.testing import join_rank_group, run_ranks
 
 WORKERS = {1: (0, 2), 2: (0, 1, 2)}
 #: (W, K) saved -> (W', K') resumed, at a step of epoch 0.
@@ -63,16 +59,11 @@ def run_epochs(loader, save_at=()) -> tuple[list, dict]:
     return passes, states
 
 
-def _rank_main(rank: int, world: int, port: int, ctx_path: str, out: str) -> None:
+def _rank_main(rank: int, world: int, ctx: dict, out: str) -> None:
     import torch.distributed as dist
 
     import speechpipe as sp
 
-    warnings.simplefilter("ignore")
-    with open(ctx_path) as f:
-        ctx = json.load(f)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world, timeout=timedelta(seconds=200))
     results: dict = {}
     if ctx["phase"] == 1:
         for workers in WORKERS[world]:
@@ -163,4 +154,4 @@ def test_a_state_moves_between_topologies_with_nothing_twice_and_nothing_lost(ru
 
 
 if __name__ == "__main__":
-    _rank_main(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5])
+    _rank_main(*join_rank_group(timeout=200))
