@@ -62,11 +62,13 @@ class Words:
         self.buffer = np.zeros(0, np.uint64)
         self.pos = 0  # in buffer
         self.base = 0  # words used before buffer[0]
+        self.marks = [(0, self.start)]  # (words drawn, the generator's state then)
 
     def _ahead(self, n: int) -> np.ndarray:
         """The next ``n`` words, not yet used."""
         short = self.pos + n - len(self.buffer)
         if short > 0:
+            self.marks.append((self.base + len(self.buffer), self.bits.state))
             more = self.bits.random_raw(max(short, 4096))
             self.base += self.pos
             self.buffer = np.concatenate([self.buffer[self.pos:], more])
@@ -99,9 +101,11 @@ class Words:
 
     def rng(self) -> random.Random:
         """A ``random.Random`` standing where these words stop (for the rare draws left)."""
+        used = self.base + self.pos
+        drawn, state = [mark for mark in self.marks if mark[0] <= used][-1]
         bits = np.random.MT19937(0)
-        bits.state = self.start
-        bits.random_raw(self.base + self.pos)
+        bits.state = state
+        bits.random_raw(used - drawn)
         state = bits.state["state"]
         rng = random.Random()
         rng.setstate((3, tuple(int(x) for x in state["key"]) + (int(state["pos"]),), None))
@@ -128,7 +132,7 @@ def window_order(n: int, window: int, rng: random.Random) -> np.ndarray:
     drawn = words.randbelow(window, steps)
     # the pool is ``window`` slots; draw t empties slot drawn[t] (emitting what it holds) and
     # fills it with item window-1+t (the one just read; drawing the last slot emits it)
-    order = np.argsort(drawn, kind="stable")
+    order = np.argsort(drawn.astype(np.uint16) if window <= 2**16 else drawn, kind="stable")
     slots = drawn[order]
     same = np.flatnonzero(slots[1:] == slots[:-1]) + 1  # entries with an earlier one of a slot
     previous = np.full(steps, -1, np.int64)
@@ -159,25 +163,56 @@ def bucket_order(lengths: np.ndarray, boundaries: Sequence[float] | None, buffer
     words = Words(rng)
     ties = words.randoms(n)
     cuts = list(boundaries or [])
-    which = (np.searchsorted(np.asarray(cuts, np.float64), lengths, side="right") if cuts
-             else np.zeros(n, np.int64))
+    which = np.zeros(n, np.int64)  # bisect_right over the cuts: how many are <= the length
+    for cut in cuts:
+        which += lengths >= cut
     members = [np.flatnonzero(which == b) for b in range(len(cuts) + 1)]
     taken = [0] * len(members)
+    counts = np.zeros(len(members), np.int64)  # held, bucket by bucket
     groups, read, held = [], 0, 0
     while n - read >= buffer_size - held:  # the buffer fills: the fullest bucket leaves
+        counts += np.bincount(which[read:read + buffer_size - held], minlength=len(members))
         read += buffer_size - held
-        counts = [int(np.searchsorted(m, read)) - t for m, t in zip(members, taken)]
-        fullest = counts.index(max(counts))
-        groups.append(members[fullest][taken[fullest]:taken[fullest] + counts[fullest]])
-        taken[fullest] += counts[fullest]
-        held = buffer_size - counts[fullest]
+        fullest = int(np.argmax(counts))  # the first of the fullest, as max() takes
+        count = int(counts[fullest])
+        groups.append(members[fullest][taken[fullest]:taken[fullest] + count])
+        taken[fullest] += count
+        counts[fullest] = 0
+        held = buffer_size - count
     rest = [b for b in range(len(members)) if taken[b] < len(members[b])]
     words.rng().shuffle(rest)  # the end: what is left, bucket by bucket in random order
     groups.extend(members[b][taken[b]:] for b in rest)
     sizes = np.array([len(g) for g in groups], np.int64)
     flat = np.concatenate(groups) if groups else np.zeros(0, np.int64)
-    group = np.repeat(np.arange(len(groups)), sizes)
-    return flat[np.lexsort((ties[flat], lengths[flat], group))], sizes
+    return flat[_group_sort(sizes, lengths[flat], ties[flat])], sizes
+
+
+def _group_sort(sizes: np.ndarray, lengths: np.ndarray, ties: np.ndarray) -> np.ndarray:
+    """``np.lexsort((ties, lengths, group))`` for groups of ``sizes`` one after the other
+    (positions break what is left), computed as a sort of a 64-bit key in each group -- the
+    length scaled to 20 bits, the tie's leading 44 bits -- and checked against the exact
+    order afterwards (the lexsort where the key's order is not the exact one: lengths closer
+    than the scale resolves, ties alike in their leading bits)."""
+    n = len(lengths)
+    group = np.repeat(np.arange(len(sizes)), sizes)
+    if not n:
+        return np.zeros(0, np.int64)
+    low, high = float(lengths.min()), float(lengths.max())
+    scale = (2.0**20 - 1) / (high - low) if high > low else 0.0
+    with np.errstate(invalid="ignore"):
+        scaled = np.clip(np.floor((lengths - low) * scale), 0, 2**20 - 1).astype(np.uint64)
+    key = (scaled << np.uint64(44)) | (ties * 2.0**44).astype(np.uint64)
+    order = np.empty(n, np.int64)
+    ends = np.cumsum(sizes).tolist()
+    for lo, hi in zip([0] + ends, ends):  # group by group: sorts that stay in the cache
+        order[lo:hi] = np.argsort(key[lo:hi]) + lo
+    g, x, t = group[order], lengths[order], ties[order]
+    before = (g[:-1] < g[1:]) | ((g[:-1] == g[1:]) & (
+        (x[:-1] < x[1:]) | ((x[:-1] == x[1:]) & (
+            (t[:-1] < t[1:]) | ((t[:-1] == t[1:]) & (order[:-1] < order[1:]))))))
+    if not before.all():
+        return np.lexsort((ties, lengths, group))
+    return order
 
 
 def fast_constraint(constraint: BatchConstraint) -> bool:
@@ -260,7 +295,8 @@ def pack_order(lengths: np.ndarray, sizes: np.ndarray, constraint: BatchConstrai
     earliest = np.maximum(packed + 1 - room[packed].astype(np.int64), heads[group[packed]])
     if np.any(earliest[1:] < earliest[:-1]):
         return None
-    following = np.searchsorted(earliest, packed, side="right")  # the next batch's first
+    # the next batch's first: how many items may start a batch at or before each (linear)
+    following = np.cumsum(np.bincount(earliest, minlength=n))[packed]
     starts, step = array("q"), memoryview(following)
     s = 0
     while s < len(packed):  # one step per batch
