@@ -150,3 +150,63 @@ def test_the_row_road_plans_as_pinned(tmp_path):
         shuffle_window=30)
     for epoch in (0, 3):
         check(f"row-road-{epoch}", pipe.plan(epoch))
+
+
+# --------------------------------------------------------------------------- the array road
+
+
+def test_the_array_road_plans_what_the_per_item_road_plans():
+    """Random streams, constraints and settings: the numpy planner (``plan_arrays``) gives
+    the per-item planner's plan, array for array, and the same statistics (the same floats)."""
+    from speechpipe.pipes.batching import _streams
+
+    rng = random.Random(20)
+    for trial in range(60):
+        unit = rng.choice([None, "frames", "seconds", "samples"])
+        streams = []
+        for v in range(rng.randint(1, 5)):
+            n = rng.choice([0, 1, 3, rng.randint(5, 400)])
+            items = np.array(rng.sample(range(10_000), n), np.int64)
+            values = np.array([rng.choice([float(rng.randint(0, 300)), rng.uniform(0, 40)])
+                               for _ in range(n)])
+            streams.append((items, values))
+        budget = {None: 200.0, "frames": 600.0, "seconds": 60.0, "samples": 0.02}[unit]
+        length = "duration" if unit in ("seconds", "samples") else None
+        constraint = rng.choice([
+            PaddedArea(budget, length=length),
+            PaddedArea(budget, max_samples=rng.randint(1, 6), length=length),
+            Quadratic(budget * 3, q=50.0, length=length),
+            SampleCount(rng.randint(1, 9), length=length)])
+        options = dict(seed=rng.randrange(100), epoch=rng.randrange(3),
+                       buffer_size=rng.choice([1, 2, 7, 64, 5000]),
+                       bucket_buffer=rng.choice([1, 2, 9, 100, 5000]),
+                       boundaries=rng.choice([None, [20.0], [5.0, 50.0, 120.0]]),
+                       shuffle_window=rng.choice([1, 2, 5, 100]),
+                       oversize=rng.choice(["emit", "drop"]))
+        fast = _streams.plan_arrays(streams, unit, 16000, constraint, **options)
+        slow = _streams._plan_items([_streams._pairs(i, n, unit, 16000) for i, n in streams],
+                                    constraint, **options)
+        assert fast == slow, (trial, unit, constraint, options)
+        assert fast.stats.to_dict() == slow.stats.to_dict(), (trial, constraint, options)
+
+
+def test_the_roads_plan_on_arrays(tmp_path, monkeypatch):
+    """Neither road plans item by item under a budget in seconds or frames (the per-item
+    planner is not called)."""
+    from speechpipe.pipes.batching import _streams
+
+    def refused(*args, **kwargs):
+        raise AssertionError("planned item by item")
+
+    os.makedirs(tmp_path / "shards")
+    names = hand_index(str(tmp_path / "shards"))
+    path = str(tmp_path / "rows.jsonl")
+    write_manifest(path, [{"key": f"r{i}", "duration": 1.0 + i % 7} for i in range(300)])
+    monkeypatch.setattr(_streams, "_plan_items", refused)
+    shards = sp.IterableWrapper(names).plan_batches(
+        budget=PaddedArea(2400), index=ShardIndex.read(str(tmp_path / "shards")), streams=3,
+        boundaries=[200, 500])
+    rows = sp.IterableWrapper([path]).read_manifest_files().plan_batches(budget=30.0, streams=3)
+    assert len(shards.plan(0).items) == sum(e.count for e in ShardIndex.read(
+        str(tmp_path / "shards")).shards)
+    assert len(rows.plan(0).items) == 300

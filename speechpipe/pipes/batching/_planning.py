@@ -306,7 +306,7 @@ def pack_order(lengths: np.ndarray, sizes: np.ndarray, constraint: BatchConstrai
     count = np.diff(np.r_[first, len(packed)])
     first = packed[first]
     owner = group[first]
-    closes = np.r_[owner[1:] != owner[:-1], True]  # a group's last batch: emitted at its end
+    closes = np.r_[owner[1:] != owner[:-1], True][:len(owner)]  # a group's last batch
     single = np.flatnonzero(~fits)
     over = len(single)
     if oversize == "drop":
