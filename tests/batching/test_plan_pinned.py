@@ -210,3 +210,21 @@ def test_the_roads_plan_on_arrays(tmp_path, monkeypatch):
     assert len(shards.plan(0).items) == sum(e.count for e in ShardIndex.read(
         str(tmp_path / "shards")).shards)
     assert len(rows.plan(0).items) == 300
+
+
+def test_the_group_sort_is_the_exact_lexsort_where_its_key_cannot_tell():
+    """Lengths closer than the 20-bit key resolves, equal ties, equal lengths and ties: the
+    group sort still gives ``np.lexsort((ties, lengths, group))``."""
+    from speechpipe.pipes.batching import _planning
+
+    rng = np.random.default_rng(4)
+    for lengths, ties in (
+        (np.array([1.0, 1.0 + 1e-12, 1.0, 5e6, 1.0 + 2e-12, 0.0]), rng.random(6)),
+        (np.array([3.0, 2.0, 3.0, 2.0, 3.0, 1.0]), np.array([0.5, 0.5, 0.5, 0.25, 0.5, 0.5])),
+        (rng.integers(0, 5, 500).astype(float), rng.integers(0, 3, 500) / 4),
+        (rng.random(500), rng.random(500)),
+    ):
+        sizes = np.array([2, len(lengths) - 3, 1])
+        group = np.repeat(np.arange(3), sizes)
+        assert _planning._group_sort(sizes, lengths, ties).tolist() == np.lexsort(
+            (ties, lengths, group)).tolist()

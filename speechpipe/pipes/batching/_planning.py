@@ -34,7 +34,10 @@ import numpy as np
 from ...sample import DURATION, NUM_FRAMES, sample_duration
 from ._constraints import BatchConstraint, IndexLength, PaddedArea, Quadratic, SampleCount
 
-__all__ = ["Words", "batch_figures", "bucket_order", "fast_constraint", "measured", "pack_order", "window_order"]
+__all__ = [
+    "Words", "batch_figures", "bucket_order", "fast_constraint", "measured", "pack_order",
+    "window_order",
+]
 
 _TWO_53 = 1.0 / 9007199254740992.0
 
@@ -190,11 +193,10 @@ def bucket_order(lengths: np.ndarray, boundaries: Sequence[float] | None, buffer
 def _group_sort(sizes: np.ndarray, lengths: np.ndarray, ties: np.ndarray) -> np.ndarray:
     """``np.lexsort((ties, lengths, group))`` for groups of ``sizes`` one after the other
     (positions break what is left), computed as a sort of a 64-bit key in each group -- the
-    length scaled to 20 bits, the tie's leading 44 bits -- and checked against the exact
-    order afterwards (the lexsort where the key's order is not the exact one: lengths closer
-    than the scale resolves, ties alike in their leading bits)."""
+    length scaled to 20 bits, the tie's leading 44 bits -- and checked: the key never orders
+    two items against their exact order unless two neighbours share a key or a scaled length
+    (then the lexsort)."""
     n = len(lengths)
-    group = np.repeat(np.arange(len(sizes)), sizes)
     if not n:
         return np.zeros(0, np.int64)
     low, high = float(lengths.min()), float(lengths.max())
@@ -206,12 +208,13 @@ def _group_sort(sizes: np.ndarray, lengths: np.ndarray, ties: np.ndarray) -> np.
     ends = np.cumsum(sizes).tolist()
     for lo, hi in zip([0] + ends, ends):  # group by group: sorts that stay in the cache
         order[lo:hi] = np.argsort(key[lo:hi]) + lo
-    g, x, t = group[order], lengths[order], ties[order]
-    before = (g[:-1] < g[1:]) | ((g[:-1] == g[1:]) & (
-        (x[:-1] < x[1:]) | ((x[:-1] == x[1:]) & (
-            (t[:-1] < t[1:]) | ((t[:-1] == t[1:]) & (order[:-1] < order[1:]))))))
-    if not before.all():
-        return np.lexsort((ties, lengths, group))
+    # neighbours in a group: distinct keys, lengths not decreasing -> the exact order (a
+    # smaller scaled length is a smaller length; an equal one, a smaller tie)
+    k, x = key[order], lengths[order]
+    bad = (k[1:] == k[:-1]) | ~(x[1:] >= x[:-1])
+    bad[np.cumsum(sizes)[:-1] - 1] = False  # a group's first item after the last one's
+    if bad.any():
+        return np.lexsort((ties, lengths, np.repeat(np.arange(len(sizes)), sizes)))
     return order
 
 
@@ -260,8 +263,9 @@ def pack_order(lengths: np.ndarray, sizes: np.ndarray, constraint: BatchConstrai
                oversize: str) -> tuple[np.ndarray, np.ndarray, int] | None:
     """:func:`pack_batches` over each group of ascending ``lengths`` (groups of ``sizes``, one
     after the other): the batches in emission order as their first positions and sizes, and
-    the number of oversize items (emitted alone or dropped, as ``oversize`` says); ``None`` where the lengths do not allow it (not
-    ascending, negative or not finite: the caller packs item by item).
+    the number of oversize items (emitted alone or dropped, as ``oversize`` says); ``None``
+    where the lengths do not allow it (not ascending, negative or not finite: the caller
+    packs item by item).
 
     >>> pack_order(np.array([1.0, 2, 3, 3, 9, 30]), np.array([6]), PaddedArea(10), "emit")
     (array([0, 3, 5, 4]), array([3, 1, 1, 1]), 1)
