@@ -423,7 +423,7 @@ class _ShardRoad:
         weights = {n: self.entries[n].total_length for n in self.names}
         split = assign_shards(order, world_size=streams, num_workers=1, weights=weights,
                               unit=self.unit)
-        return [self._items(split.shards(v, 0)) for v in range(streams)]
+        return _Streams(streams, lambda v: self._items(split.shards(v, 0)))
 
     def _items(self, names: list[str]) -> tuple[np.ndarray, np.ndarray]:
         if not names:
@@ -510,12 +510,32 @@ class _RowRoad:
     def streams(self, seed: int, epoch: int, streams: int) -> list[tuple[np.ndarray, ...]]:
         """Per stream, its rows and their durations in reading order."""
         durations = self.durations()
-        return [(items, durations[items]) for items in dealt_items(
-            len(durations), derive_seed(seed, epoch, 0, 0, _SALT, "rows"), streams)]
+        key = derive_seed(seed, epoch, 0, 0, _SALT, "rows")
+
+        def stream(v: int) -> tuple[np.ndarray, np.ndarray]:
+            items = FeistelOrder(len(durations), key, v, streams).take()
+            return items, durations[items]
+
+        return _Streams(streams, stream)
 
     def fetch(self, batches: list[np.ndarray], read_options: Any) -> Iterator[list]:
         for batch in batches:
             yield [self.rows.sample(i) for i in batch.tolist()]
+
+
+class _Streams(Sequence):
+    """Each stream's arrays made when it is planned (one stream's arrays held at a time)."""
+
+    def __init__(self, count: int, make: Any) -> None:
+        self.count, self.make = count, make
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, v: int) -> tuple[np.ndarray, np.ndarray]:
+        if not 0 <= v < self.count:
+            raise IndexError(v)
+        return self.make(v)
 
 
 def dealt_items(n: int, key: int, streams: int) -> list[np.ndarray]:
