@@ -53,6 +53,9 @@ from ..order import (
 )
 from ..order import shuffle_window as window_shuffle
 from ._buckets import bucket_groups, pack_batches
+from ._planning import (
+    batch_figures, bucket_order, fast_constraint, measured, pack_order, window_order,
+)
 from ._constraints import (
     BatchConstraint, BatchStats, IndexLength, OVERSIZE, batch_budget,
 )
@@ -244,6 +247,44 @@ def plan_stream_batches(
     """
     if oversize not in OVERSIZE:
         raise ValueError(f"oversize must be one of {OVERSIZE}, got {oversize!r}")
+    options = dict(seed=seed, epoch=epoch, buffer_size=buffer_size, bucket_buffer=bucket_buffer,
+                   boundaries=boundaries, shuffle_window=shuffle_window, oversize=oversize)
+    if fast_constraint(constraint):
+        streams = [list(items) for items in streams]
+        arrays = _as_arrays(streams)
+        if arrays is not None:
+            return plan_arrays(arrays[0], arrays[1], arrays[2], constraint, **options)
+    return _plan_items(streams, constraint, **options)
+
+
+def _as_arrays(streams: list[list[tuple[int, Any]]]) -> tuple[list, str | None, Any] | None:
+    """Streams of ``(item, length)`` as arrays, with the lengths' unit and rate (``None``:
+    bare numbers); ``None`` when they are not all ints with lengths of one kind."""
+    kinds, arrays = set(), []
+    for items in streams:
+        numbers = [i for i, _ in items]
+        lengths = [n for _, n in items]
+        for n in lengths:
+            if type(n) is IndexLength:
+                kinds.add((n.unit, n.sample_rate))
+            elif type(n) in (float, int) or isinstance(n, (np.floating, np.integer)):
+                kinds.add(None)
+            else:
+                return None
+        if len(kinds) > 1 or not all(type(i) is int or isinstance(i, np.integer)
+                                     for i in numbers):
+            return None
+        arrays.append((np.array(numbers, np.int64), np.array(lengths, np.float64)))
+    unit, rate = next(iter(kinds)) if kinds and None not in kinds else (None, None)
+    return arrays, unit, rate
+
+
+def _plan_items(streams: Iterable[Iterable[tuple[int, Any]]], constraint: BatchConstraint, *,
+                seed: int, epoch: int, buffer_size: int, bucket_buffer: int,
+                boundaries: Sequence[float] | None, shuffle_window: int,
+                oversize: str) -> StreamPlan:
+    """:func:`plan_stream_batches` item by item: the streaming road's own generators (any
+    constraint and length)."""
     stats = BatchStats("plan_batches")
     measure = constraint.measure
 
@@ -269,6 +310,95 @@ def plan_stream_batches(
     return StreamPlan(epoch, len(sizes), *_interleave(sizes, flat), stats)
 
 
+def plan_arrays(streams: Sequence[tuple[np.ndarray, np.ndarray]], unit: str | None,
+                rate: int | None, constraint: BatchConstraint, *, seed: int, epoch: int,
+                buffer_size: int = 1, bucket_buffer: int = 2000,
+                boundaries: Sequence[float] | None = None, shuffle_window: int = 100,
+                oversize: str = "emit") -> StreamPlan:
+    """:func:`plan_stream_batches` over streams given as arrays: per stream, its item numbers
+    and their lengths (``IndexLength(length, unit, rate)`` each; ``unit=None``: bare lengths),
+    in reading order. The same plan, computed with numpy (:mod:`._planning`: no Python object
+    or random draw per item) where the constraint allows; item by item otherwise.
+
+    >>> from speechpipe.pipes.batching import PaddedArea
+    >>> items = [(np.array([0, 1, 2]), np.array([3.0, 1.0, 2.0])), (np.array([3, 4]),
+    ...          np.array([5.0, 5.0]))]
+    >>> plan_arrays(items, None, None, PaddedArea(6.0), seed=0, epoch=0, shuffle_window=1
+    ...             ).batches
+    ((1, 2), (4,), (0,), (3,))
+    """
+    if oversize not in OVERSIZE:
+        raise ValueError(f"oversize must be one of {OVERSIZE}, got {oversize!r}")
+    options = dict(seed=seed, epoch=epoch, buffer_size=buffer_size, bucket_buffer=bucket_buffer,
+                   boundaries=boundaries, shuffle_window=shuffle_window, oversize=oversize)
+    planned = None
+    if fast_constraint(constraint) and max(buffer_size, shuffle_window) <= 2**32:
+        planned = _planned(streams, unit, rate, constraint, **options)
+    if planned is None:  # item by item
+        return _plan_items([_pairs(items, lengths, unit, rate) for items, lengths in streams],
+                           constraint, **options)
+    return planned
+
+
+def _pairs(items: np.ndarray, lengths: np.ndarray, unit: str | None, rate: int | None
+           ) -> Iterator[tuple[int, Any]]:
+    for item, length in zip(items.tolist(), np.asarray(lengths, np.float64).tolist()):
+        yield item, (length if unit is None else IndexLength(length, unit, rate))
+
+
+# long: one stream after the other, each through the road's three stages on arrays
+def _planned(streams: Sequence[tuple[np.ndarray, np.ndarray]], unit: str | None,
+             rate: int | None, constraint: BatchConstraint, *, seed: int, epoch: int,
+             buffer_size: int, bucket_buffer: int, boundaries: Sequence[float] | None,
+             shuffle_window: int, oversize: str) -> StreamPlan | None:
+    """:func:`plan_arrays` with numpy, or ``None`` where lengths need the per-item road."""
+    sizes, flat, figures, over = [], [], [], 0
+    for v, (items, values) in enumerate(streams):
+        lengths = measured(values, unit, rate, constraint)
+        items = np.asarray(items, np.int64)
+        if buffer_size > 1:
+            read = window_order(len(items), buffer_size,
+                                derive_rng(seed, epoch, v, 0, _SALT, "samples"))
+            items, lengths = items[read], lengths[read]
+        grouped, groups = bucket_order(lengths, boundaries, bucket_buffer,
+                                       derive_rng(seed, epoch, v, 0, _SALT, "buckets"))
+        lengths = lengths[grouped]
+        packed = pack_order(lengths, groups, constraint, oversize)
+        if packed is None:
+            return None
+        at, size, oversized = packed
+        over += oversized
+        figures.append((size, *batch_figures(lengths, at, size, constraint)))
+        order = window_order(len(at), shuffle_window,
+                             derive_rng(seed, epoch, v, 0, _SALT, "batches"))
+        at, size = at[order], size[order]
+        ends = np.cumsum(size)
+        gather = np.repeat(at - (ends - size), size) + np.arange(ends[-1] if len(ends) else 0)
+        sizes.append(size)
+        flat.append(items[grouped][gather])
+    return StreamPlan(epoch, len(sizes), *_interleave(sizes, flat),
+                      _stats(figures, over, oversize))
+
+
+def _stats(figures: list[tuple[np.ndarray, ...]], over: int, oversize: str) -> BatchStats:
+    """The :class:`BatchStats` that packing the batches one by one adds up (the same floats:
+    running sums in packing order)."""
+    stats = BatchStats("plan_batches")
+    size, real, padded, cost = (np.concatenate(parts) if parts else np.zeros(0)
+                                for parts in zip(*figures)) if figures else [np.zeros(0)] * 4
+    stats.batches, stats.samples = len(size), int(size.sum())
+    if len(size):
+        stats.real = float(np.cumsum(real)[-1])
+        stats.padded = float(np.cumsum(padded)[-1])
+        stats.largest_cost = max(0.0, float(cost.max()))
+    stats.sizes = size.astype(np.int64).tolist()
+    if oversize == "emit":
+        stats.oversize_emitted = over
+    else:
+        stats.oversize_dropped = over
+    return stats
+
+
 # --------------------------------------------------------------------------- the two roads
 
 
@@ -287,18 +417,24 @@ class _ShardRoad:
     def default_streams(self) -> int:
         return max(1, min(len(self.names), DEFAULT_STREAMS))
 
-    def streams(self, seed: int, epoch: int, streams: int) -> list[Iterator[tuple[int, Any]]]:
+    def streams(self, seed: int, epoch: int, streams: int) -> list[tuple[np.ndarray, ...]]:
+        """Per stream, its items and their lengths (in the index's unit) in reading order."""
         order = shuffle_shards(self.names, seed, epoch)
         weights = {n: self.entries[n].total_length for n in self.names}
         split = assign_shards(order, world_size=streams, num_workers=1, weights=weights,
                               unit=self.unit)
-        return [self._items(split.shards(v, 0)) for v in range(streams)]
+        return _Streams(streams, lambda v: self._items(split.shards(v, 0)))
 
-    def _items(self, names: list[str]) -> Iterator[tuple[int, Any]]:
-        for name in names:
-            first = int(self.offsets[self.number[name]])
-            for m, n in enumerate(self.entries[name].lengths):
-                yield first + m, IndexLength(n, self.unit, self.rate)
+    def _items(self, names: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        if not names:
+            return np.zeros(0, np.int64), np.zeros(0, np.float64)
+        shards = [self.number[name] for name in names]
+        counts = np.diff(self.offsets)[shards]
+        ends = np.cumsum(counts)
+        items = np.repeat(self.offsets[shards] - (ends - counts), counts) + np.arange(ends[-1])
+        lengths = [getattr(self.entries[name].lengths, "array", self.entries[name].lengths)
+                   for name in names]
+        return items, np.concatenate([np.asarray(n, np.float64) for n in lengths])
 
     def fetch(self, batches: list[np.ndarray], read_options: Any) -> Iterator[list]:
         """The samples of each batch, each shard read once while some batch still needs it
@@ -350,6 +486,8 @@ class _RowRoad:
     """Items of mapped manifest rows: item ``i`` is row ``i`` (of the kept rows). Durations
     are read from the mapped tables at each plan, not held."""
 
+    unit, rate = "seconds", None  # durations
+
     def __init__(self, rows: Any) -> None:
         self.rows = rows
         durations = self.durations()
@@ -369,43 +507,52 @@ class _RowRoad:
     def default_streams(self) -> int:
         return DEFAULT_STREAMS
 
-    def streams(self, seed: int, epoch: int, streams: int) -> list[Iterator[tuple[int, Any]]]:
-        return deal_items(self.durations(), derive_seed(seed, epoch, 0, 0, _SALT, "rows"),
-                          streams, _seconds)
+    def streams(self, seed: int, epoch: int, streams: int) -> list[tuple[np.ndarray, ...]]:
+        """Per stream, its rows and their durations in reading order."""
+        durations = self.durations()
+        key = derive_seed(seed, epoch, 0, 0, _SALT, "rows")
+
+        def stream(v: int) -> tuple[np.ndarray, np.ndarray]:
+            items = FeistelOrder(len(durations), key, v, streams).take()
+            return items, durations[items]
+
+        return _Streams(streams, stream)
 
     def fetch(self, batches: list[np.ndarray], read_options: Any) -> Iterator[list]:
         for batch in batches:
             yield [self.rows.sample(i) for i in batch.tolist()]
 
 
-def _seconds(duration: float) -> IndexLength:
-    return IndexLength(duration, "seconds")
+class _Streams(Sequence):
+    """Each stream's arrays made when it is planned (one stream's arrays held at a time)."""
+
+    def __init__(self, count: int, make: Any) -> None:
+        self.count, self.make = count, make
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, v: int) -> tuple[np.ndarray, np.ndarray]:
+        if not 0 <= v < self.count:
+            raise IndexError(v)
+        return self.make(v)
 
 
-def deal_items(lengths: np.ndarray, key: int, streams: int,
-               as_length: Any = float) -> list[Iterator[tuple[int, Any]]]:
-    """Items ``0 .. n - 1`` (with ``lengths``) dealt to ``streams`` virtual streams: a keyed
-    permutation (:class:`~speechpipe.pipes.order.FeistelOrder`), stream ``v`` reading its
-    positions ``v, v + V, ...``; each stream an iterator of ``(item, as_length(length))``.
+def dealt_items(n: int, key: int, streams: int) -> list[np.ndarray]:
+    """Items ``0 .. n - 1`` dealt to ``streams`` virtual streams: a keyed permutation
+    (:class:`~speechpipe.pipes.order.FeistelOrder`), stream ``v`` reading its positions
+    ``v, v + V, ...``; each stream's items in reading order.
 
-    >>> [list(s) for s in deal_items(np.array([1.0, 2.0, 3.0]), key=5, streams=2)]
-    [[(2, 3.0), (1, 2.0)], [(0, 1.0)]]
+    >>> [s.tolist() for s in dealt_items(3, key=5, streams=2)]
+    [[2, 1], [0]]
     """
-    return [_dealt(FeistelOrder(len(lengths), key, v, streams), lengths, as_length)
-            for v in range(streams)]
-
-
-def _dealt(order: FeistelOrder, lengths: np.ndarray, as_length: Any
-           ) -> Iterator[tuple[int, Any]]:
-    items = np.fromiter((order[i] for i in range(len(order))), np.int64, len(order))
-    for item, length in zip(items.tolist(), lengths[items].tolist()):
-        yield item, as_length(length)
+    return [FeistelOrder(n, key, v, streams).take() for v in range(streams)]
 
 
 class LengthStreams:
     """Virtual streams over an in-memory table of lengths, for a :class:`~speechpipe.pipes.
     batching.BatchView` with ``streams=V``: the keys (sorted) are items ``0 .. n - 1``, dealt
-    once to the ``V`` streams (:func:`deal_items`, the same deal every epoch, so every epoch
+    once to the ``V`` streams (:func:`dealt_items`, the same deal every epoch, so every epoch
     has the same batches in another order, as a view's); each stream sorts its keys by length
     (one bucket as large as the stream), packs them within the budget and shuffles its
     batches (``shuffle``); :func:`plan_stream_batches` interleaves them: plan_batches' planning.
@@ -428,9 +575,11 @@ class LengthStreams:
         """The global batch sequence of ``epoch`` (items: positions in :attr:`keys`)."""
         if self._plan is None or self._plan.epoch != epoch:
             n = max(1, len(self.keys))
-            self._plan = plan_stream_batches(
-                deal_items(self.lengths, derive_seed(self.seed, 0, 0, 0, _SALT, "view"),
-                           self.streams), self.constraint, seed=self.seed, epoch=epoch,
+            dealt = dealt_items(len(self.lengths), derive_seed(self.seed, 0, 0, 0, _SALT,
+                                                               "view"), self.streams)
+            self._plan = plan_arrays(
+                [(items, self.lengths[items]) for items in dealt], None, None,
+                self.constraint, seed=self.seed, epoch=epoch,
                 bucket_buffer=n, shuffle_window=n if self.shuffle else 1,
                 oversize=self.oversize)
         return self._plan
@@ -581,9 +730,9 @@ class BatchPlannerIterDataPipe(Seeded, SampleSource, IterDataPipe[list]):
         epoch = self.epoch if epoch is None else check_int("epoch", epoch, 0)
         if self._plan is None or self._plan.epoch != epoch:
             road = self.road()
-            self._plan = plan_stream_batches(
-                road.streams(self.seed, epoch, self.num_streams), self.constraint,
-                seed=self.seed, epoch=epoch,
+            self._plan = plan_arrays(
+                road.streams(self.seed, epoch, self.num_streams), road.unit, road.rate,
+                self.constraint, seed=self.seed, epoch=epoch,
                 buffer_size=self.buffer_size if isinstance(road, _ShardRoad) else 1,
                 bucket_buffer=self.bucket_buffer, boundaries=self.boundaries,
                 shuffle_window=self.shuffle_window, oversize=self.oversize)
