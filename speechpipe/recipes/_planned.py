@@ -23,7 +23,7 @@ topology, and the loader's state is one global position that resumes any topolog
 
 from __future__ import annotations
 
-import collections
+import collections.abc
 from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
@@ -34,7 +34,7 @@ from ..pipes.audio import (
     AUGMENT, SPEED, audio_of, change_speed, channels_first, fast_fft_len, mix_at_snr,
     noise_segment, resampler, time_first,
 )
-from ..pipes.batching import BatchPlannerIterDataPipe, IndexLength
+from ..pipes.batching import BatchPlannerIterDataPipe
 from ..sample import AUDIO, DURATION, KEY, SOURCE
 from ..seeding import derive_rng, derive_seed
 
@@ -74,13 +74,21 @@ class _SpeedRows:
             self._factors = (epoch, choices[rng.integers(0, len(choices), n)])
         return self._factors[1]
 
-    def streams(self, seed: int, epoch: int, streams: int) -> list:
+    @property
+    def unit(self) -> str:
+        return self.road.unit
+
+    @property
+    def rate(self) -> Any:
+        return self.road.rate
+
+    def streams(self, seed: int, epoch: int, streams: int) -> Any:
+        """Per stream, its rows and their durations after the speed factor, as arrays."""
         planned = self.road.streams(seed, epoch, streams)
         factors = self.factors(epoch)
         if factors is None:
             return planned
-        return [[(i, IndexLength(float(length) / factors[i], "seconds")) for i, length in items]
-                for items in planned]
+        return _Slowed(planned, factors)
 
     def fetch(self, positions_items: list, read_options: Any) -> Iterator[list]:
         epoch = self.owner.epoch
@@ -89,6 +97,21 @@ class _SpeedRows:
             yield [{**sample, PLANNED: {"epoch": epoch, "speed": None if factors is None
                                         else float(factors[i])}}
                    for i, sample in zip(items, batch)]
+
+
+class _Slowed(collections.abc.Sequence):
+    """A road's streams ``(items, durations)`` with each duration divided by its row's speed
+    factor (made when the stream is planned, as the road's own)."""
+
+    def __init__(self, streams: Sequence, factors: np.ndarray) -> None:
+        self.streams, self.factors = streams, factors
+
+    def __len__(self) -> int:
+        return len(self.streams)
+
+    def __getitem__(self, v: int) -> tuple[np.ndarray, np.ndarray]:
+        items, durations = self.streams[v]
+        return items, durations / self.factors[items]
 
 
 class RowPlanner(BatchPlannerIterDataPipe):
