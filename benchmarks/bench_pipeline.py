@@ -113,6 +113,7 @@ from speechpipe.pipes.audio import fbank as kaldi_fbank
 from speechpipe.pipes.shards import ShardWriter
 from speechpipe.testing import sample_durations
 
+from .bench_batching import tree_env
 from .bench_shards import evict, warm
 from speechpipe import PaddedArea
 
@@ -142,19 +143,6 @@ def systems_of(kind: str) -> tuple[str, ...]:
     if TREES:
         return tuple(f"speechpipe@{label}" for label in TREES)
     return AUDIO_SYSTEMS if kind == "audio" else SYSTEMS
-
-
-def tree_env(tree: str, scratch: str) -> dict:
-    """The environment of a child that imports ``speechpipe`` from ``tree`` and the
-    benchmarks from this checkout (links in ``scratch``: both trees hold ``benchmarks``)."""
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    os.makedirs(scratch, exist_ok=True)
-    for name, target in (("speechpipe", os.path.join(tree, "speechpipe")),
-                         ("benchmarks", os.path.join(here, "benchmarks"))):
-        link = os.path.join(scratch, name)
-        if not os.path.lexists(link):
-            os.symlink(os.path.abspath(target), link)
-    return {**os.environ, "PYTHONPATH": scratch}
 
 
 def _block_batch(pipe, constraint):
