@@ -446,10 +446,11 @@ class _ShardRoad:
         bounds = np.searchsorted(shard_of[by_shard], np.arange(len(self.names) + 1))
         left = np.diff(bounds)  # uses left of each shard
         held: dict[int, tuple[np.ndarray, dict[int, Any]]] = {}
+        at = 0
         for batch in batches:
             samples = []
-            for item in batch.tolist():
-                s = int(np.searchsorted(self.offsets, item, "right")) - 1
+            shards, at = shard_of[at:at + len(batch)].tolist(), at + len(batch)
+            for item, s in zip(batch.tolist(), shards):
                 m = item - int(self.offsets[s])
                 if s not in held:
                     members = flat[by_shard[bounds[s]:bounds[s + 1]]] - self.offsets[s]
