@@ -31,11 +31,11 @@ import numpy as np
 from ..errors import DataError
 from ..pipes._core import IterableWrapper, IterDataPipe, Seeded, graph_nodes, plain_iterator
 from ..pipes.audio import (
-    AUGMENT, SPEED, audio_of, change_speed, channels_first, fast_fft_len, mix_at_snr,
-    noise_segment, resampler, time_first,
+    AUGMENT, audio_of, change_speed, channels_first, fast_fft_len, mix_at_snr, noise_segment,
+    played_at, resampler, time_first,
 )
 from ..pipes.batching import BatchPlannerIterDataPipe
-from ..sample import AUDIO, DURATION, KEY, SOURCE
+from ..sample import AUDIO, KEY, SOURCE
 from ..seeding import derive_rng, derive_seed
 
 __all__ = [
@@ -175,13 +175,7 @@ def apply_planned_speed(sample: dict) -> dict:
     if factor is None:
         return sample
     audio, rate = audio_of(sample, "perturb_speed")
-    out = dict(sample)
-    out[AUDIO] = change_speed(audio, rate, factor)
-    previous = out.get(SPEED)
-    out[SPEED] = factor if previous is None else float(previous) * factor
-    if DURATION in out:
-        out[DURATION] = out[AUDIO].shape[0] / rate
-    return out
+    return played_at(sample, change_speed(audio, rate, factor), rate, factor)
 
 
 class KeyedAugment:

@@ -5,9 +5,9 @@ users import from here, never from its ``_modules``.
 """
 
 from ._augment import (
-    change_speed, GAIN, PAPER_BINS, PAPER_FREQ_WIDTH, spec_augment, spec_augment_batch,
-    SpecAugmenter, SpecAugmenterIterDataPipe, SPEED, SpeedPerturber, SpeedPerturberIterDataPipe,
-    time_warp, VolumePerturber, VolumePerturberIterDataPipe,
+    change_speed, GAIN, PAPER_BINS, PAPER_FREQ_WIDTH, played_at, spec_augment,
+    spec_augment_batch, SpecAugmenter, SpecAugmenterIterDataPipe, SPEED, SpeedPerturber,
+    SpeedPerturberIterDataPipe, time_warp, VolumePerturber, VolumePerturberIterDataPipe,
 )
 from ._channels import (
     ChannelPicker, ChannelPickerIterDataPipe, Downmixer, DownmixerIterDataPipe, resample_audio,
@@ -100,6 +100,7 @@ __all__ = [
     "normalize_batch",
     "normalize_features",
     "num_frames",
+    "played_at",
     "resample_audio",
     "resampler",
     "sample_where",
