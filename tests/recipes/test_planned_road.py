@@ -11,7 +11,6 @@ tests over ranks are in test_planned_road_ddp.py.
 from __future__ import annotations
 
 import gzip
-import hashlib
 import json
 import warnings
 
@@ -22,6 +21,7 @@ from speechpipe.demo import DEMO_CORPUS
 from speechpipe.errors import DataError, ResumeError
 from speechpipe.recipes import semi_supervised_pipeline
 from speechpipe.recipes.librispeech import librispeech_train, prepare_librispeech
+from speechpipe.testing import batch_digest
 
 BUDGET = 20.0
 SPEEDS = (0.9, 1.0, 1.1)
@@ -46,13 +46,7 @@ def write_rows(path, rows: list[dict]) -> str:
 
 
 def digest(batch: dict) -> str:
-    h = hashlib.sha256(json.dumps(list(batch["key"])).encode())
-    for name in sorted(batch):
-        value = batch[name]
-        if hasattr(value, "numpy"):
-            h.update(f"{name}{value.dtype}{tuple(value.shape)}".encode())
-            h.update(value.numpy().tobytes())
-    return h.hexdigest()[:16]
+    return batch_digest(batch, 16)
 
 
 def pipe(manifest: str, **options):

@@ -17,12 +17,11 @@ Invariants:
 
 from __future__ import annotations
 
-import hashlib
 import json
 
 import pytest
 
-from speechpipe.testing import join_rank_group, run_ranks
+from speechpipe.testing import batch_digest, join_rank_group, run_ranks
 
 WORKERS = {1: (0, 2), 2: (0, 1, 2)}
 #: (W, K) saved -> (W', K') resumed, at a step of epoch 0.
@@ -31,13 +30,7 @@ PROCESS_TIMEOUT = 400
 
 
 def digest(batch: dict) -> str:
-    h = hashlib.sha256(json.dumps(list(batch["key"])).encode())
-    for name in sorted(batch):
-        value = batch[name]
-        if hasattr(value, "numpy"):
-            h.update(f"{name}{value.dtype}{tuple(value.shape)}".encode())
-            h.update(value.numpy().tobytes())
-    return h.hexdigest()[:20]
+    return batch_digest(batch, 20)
 
 
 def make_pipe(manifest: str):
