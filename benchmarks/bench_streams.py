@@ -21,8 +21,8 @@ With ``--recipe``, the recipes' road instead (issue 29): ``train_pipeline`` over
 JSON-lines manifest of FLAC files (the same durations), 80-bin fbank, speed perturbation
 (0.9, 1.0, 1.1), the recipe's budget and bucket buffer (200 s, 2,000), ``streams=None`` (the
 streaming road: ``shuffle_samples -> load -> perturb -> fbank -> bucket_by_length ->
-block_batch``) against ``streams=8`` (the planned road: ``plan_batches`` on the mapped rows,
-then each batch loaded and transformed): audio seconds (after perturbation) per second of a
+block_batch``) against ``streams=8`` and ``streams=1`` (the planned road: ``plan_batches`` on
+the mapped rows, then each batch loaded and transformed): audio seconds (after perturbation) per second of a
 whole pass, time to the first batch, and the padding efficiency of the fbank batches
 (``sum(feats_len) / (B x T)``).
 
@@ -191,7 +191,7 @@ def recipe_pass(streams: int | None, manifest: str, workers: int, budget: float)
 def run_recipe(n: int, rounds: int, budget: float) -> str:
     root = os.path.join(tempfile.gettempdir(), "speechpipe-bench-streams")
     manifest = make_manifest(root, n)
-    roads = {"streaming": None, "streams=8": 8}
+    roads = {"streaming": None, "streams=8": 8, "streams=1": 1}
     lines = [f"train_pipeline over {n} FLAC utterances, fbank, speed (0.9, 1.0, 1.1), budget "
              f"{budget:g} padded s, {rounds} round(s); load average {os.getloadavg()[0]:.1f} at "
              "the start",
