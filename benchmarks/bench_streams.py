@@ -26,9 +26,18 @@ the mapped rows, then each batch loaded and transformed): audio seconds (after p
 whole pass, time to the first batch, and the padding efficiency of the fbank batches
 (``sum(feats_len) / (B x T)``).
 
+With ``--reads``, what the planned road reads (no audio; computed from the plans, the
+streaming road's from ``sharded_shuffle``'s ``epoch_plans``): each process of ``plan_batches``
+reads every shard holding a member of one of its batches (whole: a tar is read from its
+start), so a shard is read by as many processes as its members' batches reach. The figure is
+the shards read in an epoch by all ``W x K`` processes together, over the shards of the
+corpus (1.00: each read once, the streaming road's), for ``V`` streams and topologies, on an
+index of ``--utterances`` WenetSpeech-like utterances, 2,000 per shard (budget 20,000 frames).
+
     python -m benchmarks bench_streams           # 2,000 utterances, 3 rounds
     python -m benchmarks bench_streams --tiny    # 200 (40 --recipe) utterances, 1 round
     python -m benchmarks bench_streams --recipe --utterances 600   # the recipes' road
+    python -m benchmarks bench_streams --reads --utterances 1000000  # reads per epoch
 """
 
 from __future__ import annotations
@@ -212,6 +221,56 @@ def run_recipe(n: int, rounds: int, budget: float) -> str:
     return "\n".join(lines)
 
 
+#: (W, K) of the reads table.
+TOPOLOGIES = ((1, 2), (2, 2), (1, 8), (4, 4), (8, 4), (16, 4))
+
+
+def synthetic_index(n: int, per_shard: int = 2000) -> tuple[list[str], ShardIndex]:
+    """An in-memory index of ``n`` WenetSpeech-like utterances (lengths in frames); the shards
+    need not exist: the reads are computed from the plans."""
+    frames = np.maximum(1, (sample_durations("wenetspeech-l", n, 0) * 100).astype(np.int64))
+    entries = []
+    for s, start in enumerate(range(0, n, per_shard)):
+        part = frames[start:start + per_shard].tolist()
+        entries.append(ShardEntry(f"data-{s:05d}.tar", len(part), 0,
+                                  tuple(f"u{start + i}" for i in range(len(part))), tuple(part)))
+    index = ShardIndex("/nonexistent-bench-streams", entries, length_unit="frames")
+    return [os.path.join(index.root, e.name) for e in entries], index
+
+
+def corpus_reads(plan, road, topology: tuple[int, int]) -> float:
+    """Shards read by all the processes of ``topology`` in the plan's epoch, over the shards."""
+    world, workers = topology
+    shards = [np.unique(np.searchsorted(road.offsets, plan.batch(i), "right") - 1)
+              for i in range(len(plan))]
+    reads = 0
+    for rank in range(world):
+        for worker in range(workers):
+            positions = plan.positions(rank, world, worker, workers, start=0, uneven="pad")
+            reads += len(np.unique(np.concatenate([shards[p % len(plan)] for p in positions])))
+    return reads / len(road.names)
+
+
+def run_reads(n: int, streams: tuple[int, ...]) -> str:
+    paths, index = synthetic_index(n)
+    lines = [f"shard reads per epoch over the corpus's {len(paths)} shards ({n} utterances, "
+             "2,000 per shard, budget 20,000 frames); 1.00 = each shard read once",
+             f"{'road':<14}" + "".join(f"{f'{w}x{k}':>8}" for w, k in TOPOLOGIES)]
+    row = []
+    for world, workers in TOPOLOGIES:  # the streaming road: each process's own shards
+        plans = (IterableWrapper(paths).sharded_shuffle(1000, seed=0, index=index)
+                 .epoch_plans(0, world_size=world, num_workers=workers))
+        row.append(sum(len(p.names) for rank in plans for p in rank) / len(paths))
+    lines.append(f"{'streaming':<14}" + "".join(f"{r:>8.2f}" for r in row))
+    for v in streams:
+        pipe = IterableWrapper(paths).plan_batches(PaddedArea(20000), streams=v, seed=0,
+                                                   index=index)
+        plan, road = pipe.plan(0), pipe.road()
+        lines.append(f"{f'planned V={v}':<14}" + "".join(
+            f"{corpus_reads(plan, road, t):>8.2f}" for t in TOPOLOGIES))
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tiny", action="store_true")
@@ -220,10 +279,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--budget", type=float, default=200.0, help="padded seconds per batch")
     parser.add_argument("--recipe", action="store_true",
                         help="train_pipeline's streaming road against streams=8")
+    parser.add_argument("--reads", action="store_true",
+                        help="shard reads per epoch of the planned road, by V and topology")
     args = parser.parse_args(argv)
-    if args.tiny:  # both tables
+    if args.tiny:  # every table
         print(run(200, 25, 1, 100.0, 50, 60))
         print(run_recipe(40, 1, 100.0))
+        print(run_reads(40_000, (1, 8)))
+    elif args.reads:
+        print(run_reads(args.utterances, (1, 8, 32, 64)))
     elif args.recipe:
         print(run_recipe(args.utterances, args.rounds, args.budget))
     else:
