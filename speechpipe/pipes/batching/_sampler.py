@@ -15,6 +15,7 @@ with another number of workers: torchdata's ``AssertionError``).
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import types
 from typing import Any, Hashable, Iterator, Mapping
@@ -116,8 +117,7 @@ class ViewSampler:
             rank, world = self._where()
             keys = view.batches(epoch, rank=rank, world_size=world, start_step=start)
         self._loaded = None
-        live = self._live = {"epoch": epoch, "start": start, "steps": 0, "world": world,
-                             "total": len(keys)}
+        live = self._live = {"epoch": epoch, "start": start, "steps": 0, "world": world}
         return _counted(keys, live)
 
     def __len__(self) -> int:
@@ -163,7 +163,7 @@ class ViewSampler:
             epoch, world = live["epoch"], live["world"]
             batches = self._consumed(epoch, live["start"] + live["steps"] * world, world)
         return {"epoch": epoch, "batches": batches, "world_size": world,
-                "fingerprint": self.fingerprint()}
+                "fingerprint": copy.deepcopy(self.fingerprint())}
 
     def load_state_dict(self, state: Mapping) -> None:
         """Start the next pass where ``state`` stood: a :meth:`state_dict`, or the whole state

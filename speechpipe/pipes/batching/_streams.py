@@ -568,8 +568,8 @@ class LengthStreams:
     [['d', 'b'], ['a'], ['c']]
     >>> pairs = LengthStreams({"a": (5, 9), "b": (3, 1), "c": (4, 2)}, TwoDimensional(10, 4),
     ...                       streams=1, shuffle=False)
-    >>> [pairs.keys_of(b) for b in pairs.plan(0).batches]
-    [['b', 'c'], ['a']]
+    >>> [pairs.keys_of(b) for b in pairs.plan(0).batches]  # a: 9 outputs alone, emitted first
+    [['a'], ['b', 'c']]
     """
 
     def __init__(self, lengths: dict, constraint: BatchConstraint, *, streams: int,
