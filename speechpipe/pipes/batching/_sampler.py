@@ -155,7 +155,9 @@ class ViewSampler:
         """Where the sampler stands: ``{"epoch", "batches", "world_size", "fingerprint"}`` --
         the batches of the epoch consumed by the steps handed out so far (global batches over
         streams; the world size it was saved on, which the position does not depend on) and
-        what decides the batches (:meth:`fingerprint`)."""
+        what decides the batches (:meth:`fingerprint`). With DataLoader workers the sampler
+        runs ahead of the training loop (prefetch): save the ``StatefulDataLoader``'s state,
+        which holds the sampler's as of a step it returned, and the steps since."""
         live = self._live
         if live is None:  # no pass since set_epoch: the start of the next one
             epoch, batches, world = self.epoch, self.start_step, 1
