@@ -19,7 +19,7 @@ SLOW_MODULES = {
     "test_lhotse", "test_loader", "test_noise", "test_pack_jobs", "test_recipe_wenetspeech",
     "test_registry", "test_remote", "test_remote_paths", "test_resume", "test_telemetry",
     "test_threads", "test_transfer", "test_trust", "test_virtual_streams_ddp",
-    "test_virtual_streams_steps_ddp", "test_view_streams_ddp",
+    "test_virtual_streams_steps_ddp", "test_view_streams_ddp", "test_view_sampler_ddp",
     "test_prepare_jobs", "test_cmvn_jobs", "test_executors", "test_planned_road_ddp",
 }
 

@@ -336,9 +336,11 @@ def test_the_resume_page_runs_and_says_what_it_shows(tmp_path):
     assert quoted in out.stdout
     assert "They take effect from epoch 1, which starts now" in out.stdout
     # the allowed change's section, before the topology section's lines
-    ours = [line for line in lines if not line.startswith(("rank 0", "recipes' road"))]
+    ours = [line for line in lines
+            if not line.startswith(("rank 0", "recipes' road", "map-style road"))]
     assert ours[-2:] == ["1", "True"]
     assert "recipes' road: True" in lines  # the recipes' road resumed on another topology
+    assert "map-style road: True" in lines  # ViewSampler over streams, 2x2 -> 1x0
 
 
 def test_a_fingerprint_holds_no_credentials_and_a_resigned_url_is_the_same_file():

@@ -57,7 +57,7 @@ from ._planning import (
     batch_figures, bucket_order, fast_constraint, measured, pack_order, window_order,
 )
 from ._constraints import (
-    BatchConstraint, BatchStats, IndexLength, OVERSIZE, batch_budget,
+    BatchConstraint, BatchStats, IndexLength, OVERSIZE, SampleCount, batch_budget,
 )
 
 __all__ = [
@@ -558,15 +558,24 @@ class LengthStreams:
     (one bucket as large as the stream), packs them within the budget and shuffles its
     batches (``shuffle``); :func:`plan_stream_batches` interleaves them: plan_batches' planning.
 
-    >>> from speechpipe.pipes.batching import PaddedArea
+    Lengths are numbers, or ``(input, output)`` pairs (:class:`~speechpipe.pipes.batching.
+    TwoDimensional`: packed within both budgets, sorted and padding counted on the input side,
+    as a view without streams does; a ``SampleCount`` plans on the input side alone).
+
+    >>> from speechpipe.pipes.batching import PaddedArea, TwoDimensional
     >>> streams = LengthStreams({"a": 5, "b": 3, "c": 9, "d": 2}, PaddedArea(10), streams=2)
     >>> [streams.keys_of(b) for b in streams.plan(0).batches]
     [['d', 'b'], ['a'], ['c']]
+    >>> pairs = LengthStreams({"a": (5, 9), "b": (3, 1), "c": (4, 2)}, TwoDimensional(10, 4),
+    ...                       streams=1, shuffle=False)
+    >>> [pairs.keys_of(b) for b in pairs.plan(0).batches]  # a: 9 outputs alone, emitted first
+    [['a'], ['b', 'c']]
     """
 
     def __init__(self, lengths: dict, constraint: BatchConstraint, *, streams: int,
                  seed: int = 0, shuffle: bool = True, oversize: str = "emit") -> None:
         self.keys = sorted(lengths)
+        # (n,) numbers, or (n, 2) pairs
         self.lengths = np.array([lengths[k] for k in self.keys], np.float64)
         self.constraint, self.streams = constraint, check_int("streams", streams, 1)
         self.seed, self.shuffle, self.oversize = seed, shuffle, oversize
@@ -578,11 +587,17 @@ class LengthStreams:
             n = max(1, len(self.keys))
             dealt = dealt_items(len(self.lengths), derive_seed(self.seed, 0, 0, 0, _SALT,
                                                                "view"), self.streams)
-            self._plan = plan_arrays(
-                [(items, self.lengths[items]) for items in dealt], None, None,
-                self.constraint, seed=self.seed, epoch=epoch,
-                bucket_buffer=n, shuffle_window=n if self.shuffle else 1,
-                oversize=self.oversize)
+            options = dict(seed=self.seed, epoch=epoch, bucket_buffer=n,
+                           shuffle_window=n if self.shuffle else 1, oversize=self.oversize)
+            lengths = self.lengths
+            if lengths.ndim == 2 and not isinstance(self.constraint, SampleCount):
+                self._plan = plan_stream_batches(  # pairs: item by item (tuples)
+                    (zip(items.tolist(), map(tuple, lengths[items].tolist())) for items in dealt),
+                    self.constraint, **options)
+            else:  # numbers, or a count over pairs: planned on the input side
+                lengths = lengths if lengths.ndim == 1 else lengths[:, 0]
+                self._plan = plan_arrays([(items, lengths[items]) for items in dealt], None,
+                                         None, self.constraint, **options)
         return self._plan
 
     def keys_of(self, items: Iterable[int]) -> list:

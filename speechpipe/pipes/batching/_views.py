@@ -378,10 +378,12 @@ class BatchView:
             to ``V`` streams, each sorted, packed and its batches shuffled per epoch, the
             streams interleaved into one global sequence -- the same for any world size and
             number of workers: rank ``r`` of ``W`` loads whole batches ``s * W + r``
-            (:meth:`batches` with ``rank``/``world_size``), and a loader over
-            ``batch_by_view`` saves one global position that resumes on any topology. With
-            streams: ``world_size=1``, no ``batches_fn`` nor ``batches_per_epoch``, numbers
-            as lengths; ``descending`` is not used.
+            (:meth:`batches` with ``rank``/``world_size``; :meth:`sampler`), and a loader
+            over ``batch_by_view`` (or a ``StatefulDataLoader`` over :meth:`sampler`) saves
+            one global position that resumes on any topology. With streams:
+            ``world_size=1``, no ``batches_fn`` nor ``batches_per_epoch``; lengths are
+            numbers, or pairs under ``TwoDimensional`` (or a ``SampleCount``), as without;
+            ``descending`` is not used (each stream sorts shortest first, ties at random).
         uneven: with streams, ``"pad"`` (the last step repeats the epoch's first batches)
             or ``"drop"`` (it is left out) when the batches do not fill every rank.
 
@@ -451,9 +453,6 @@ class BatchView:
 
     def _form(self) -> list[list[Key]]:
         if self.streams is not None:
-            if isinstance(self.constraint, TwoDimensional) or any(
-                    isinstance(n, tuple) for n in self.lengths.values()):
-                raise ValueError("a view over virtual streams takes numbers as lengths")
             self._streams = LengthStreams(self.lengths, self.constraint, streams=self.streams,
                                           seed=self.seed, shuffle=self.shuffle,
                                           oversize=self.oversize)
@@ -600,11 +599,12 @@ class BatchView:
         self._check_rank(rank, world_size)
         return shard_batch(batch, rank, self.world_size, descending=self.descending)
 
-    def sampler(self, epoch: int = 0, *, rank: int | None = None, start_step: int = 0
-                ) -> ViewSampler:
+    def sampler(self, epoch: int = 0, *, rank: int | None = None, world_size: int | None = None,
+                start_step: int = 0) -> ViewSampler:
         """A ``batch_sampler`` for a map-style ``torch.utils.data.DataLoader`` (see
-        :class:`~speechpipe.pipes.batching._sampler.ViewSampler`)."""
-        return ViewSampler(self, epoch, rank=rank, start_step=start_step)
+        :class:`~speechpipe.pipes.batching._sampler.ViewSampler`; over streams rank ``r`` of
+        ``world_size`` gets the global batches ``s * world_size + r``)."""
+        return ViewSampler(self, epoch, rank=rank, world_size=world_size, start_step=start_step)
 
 
 # --------------------------------------------------------------------------- the pipe
