@@ -219,6 +219,8 @@ def test_a_shard_larger_than_the_budget_is_read_directly(tmp_path, cache, decomp
     decompressions.clear()
     assert node_copy_samples(paths[0], small) is None  # marked: not decompressed again
     assert decompressions == []
+    assert list(node_copy_samples(paths[0], ShardReadOptions(node_copy_bytes=1 << 20)))
+    assert len(copies(cache)) == 1  # a larger budget copies it
     assert digests(pipe(paths, small)) == digests(pipe(paths, ShardReadOptions(
         node_copy_bytes=None)))
 
@@ -251,8 +253,8 @@ def test_a_copy_removed_before_it_was_opened_is_made_again(tmp_path, cache, monk
     want = digests(pipe(paths))
     real, removed = node_copies._find, []
 
-    def find_then_lose(prefix):
-        path = real(prefix)
+    def find_then_lose(prefix, budget):
+        path = real(prefix, budget)
         if path is not None and len(removed) < 3:  # another process's budget, just then
             os.remove(path)
             removed.append(path)
@@ -269,7 +271,7 @@ def test_a_copy_removed_while_it_is_read_is_read_whole(tmp_path, cache):
     paths = write_corpus(str(tmp_path / "corpus"))
     list(node_copy_samples(paths[0], None))
     (name,) = copies(cache)
-    samples = node_copy_samples(paths[0], None)
+    samples = iter(node_copy_samples(paths[0], None))
     first = next(samples)
     os.remove(cache / COPIES_FOLDER / name)  # evicted by another process meanwhile
     rest = list(samples)

@@ -43,7 +43,7 @@ import os
 import tempfile
 import time
 import warnings
-from typing import Any, BinaryIO, Iterator
+from typing import Any, BinaryIO, Iterable, Iterator
 
 from ...errors import redact
 from ...index import shard_compression
@@ -73,9 +73,11 @@ class _WriteFailed(Exception):
     """Writing the copy failed (``args[0]``: the ``OSError``)."""
 
 
-def node_copy_samples(name: str, read_options: ShardReadOptions | None) -> Iterator[Sample] | None:
+def node_copy_samples(name: str,
+                      read_options: ShardReadOptions | None) -> Iterable[Sample] | None:
     """The raw samples of shard ``name`` read from its node copy (made now if it is not
-    there), as :func:`~speechpipe.pipes.order.read_shard` gives them; ``None`` where no copy
+    there), as :func:`~speechpipe.pipes.order.read_shard` gives them (to be read once);
+    ``None`` where no copy
     is used -- a local plain tar or a ``pipe:`` command, ``node_copy_bytes=None``, no usable
     cache folder, a shard larger than the budget, a store naming no version, a copy that could
     not be written -- and the caller reads the shard directly.
@@ -95,18 +97,39 @@ def node_copy_samples(name: str, read_options: ShardReadOptions | None) -> Itera
     if folder is None:
         return None
     stream = _open_copy(name, options, folder)
-    return None if stream is None else _samples(stream, name, options)
+    return None if stream is None else _Samples(stream, name, options)
 
 
-def _samples(stream: BinaryIO, name: str, options: ShardReadOptions) -> Iterator[Sample]:
-    try:
-        yield from group_by_key(iter_plain_members(stream, name, options), source=name)
-    finally:
-        stream.close()
+class _Samples:
+    """The samples of an opened copy, read once; the file is closed when they are read, the
+    reading stops, or this object goes unread."""
+
+    def __init__(self, stream: BinaryIO, name: str, options: ShardReadOptions) -> None:
+        self.stream, self.name, self.options = stream, name, options
+
+    def __iter__(self) -> Iterator[Sample]:
+        stream, self.stream = self.stream, None
+        if stream is None:
+            raise RuntimeError(f"the node copy of {redact(self.name)} was read already")
+        try:
+            yield from group_by_key(iter_plain_members(stream, self.name, self.options),
+                                    source=self.name)
+        finally:
+            stream.close()
+
+    def __del__(self) -> None:
+        if getattr(self, "stream", None) is not None:
+            self.stream.close()
 
 
 def _copies_folder(remote: RemoteOptions | None) -> str | None:
-    base = index_cache_dir(remote.cache_dir if remote is not None else None)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        base = index_cache_dir(remote.cache_dir if remote is not None else None)
+    for warning in said:  # index_cache_dir's warning, with what it costs here
+        warnings.warn(f"{warning.message}; and plan_batches reads remote and compressed "
+                      "shards without node copies (each process downloads or decompresses "
+                      "every shard it needs)", warning.category, stacklevel=3)
     if base is None:
         return None
     folder = os.path.join(base, COPIES_FOLDER)
@@ -126,12 +149,13 @@ def _open_copy(name: str, options: ShardReadOptions, folder: str) -> BinaryIO | 
         return None
     source, version, info = found
     prefix, stem = versioned_path(folder, source, version, suffix="")
+    budget = options.node_copy_bytes
     for _ in range(_TRIES):
-        path = _find(prefix)
+        path = _find(prefix, budget)
         if path is None:
             with file_lock(os.path.join(folder, stem + ".lock"), create=True):
-                path = _find(prefix) or _make(name, options, (folder, prefix, stem),
-                                              info, version)
+                path = _find(prefix, budget) or _make(name, options, (folder, prefix, stem),
+                                                      info, version)
         if path is None or path == _OVER:
             return None
         try:
@@ -146,17 +170,21 @@ def _open_copy(name: str, options: ShardReadOptions, folder: str) -> BinaryIO | 
     return None
 
 
-def _find(prefix: str) -> str | None:
+def _find(prefix: str, budget: int) -> str | None:
     """The whole copy of ``prefix``'s version (``<prefix>.<bytes>.tar`` of that many bytes),
-    ``_OVER`` where it is larger than the budget, else ``None`` (a copy cut short removed)."""
+    ``_OVER`` where it is larger than ``budget`` (a marker ``<prefix>.over<bytes>`` of a
+    budget at least this one), else ``None`` (a copy cut short removed)."""
     folder, base = os.path.split(prefix)
-    if os.path.exists(prefix + _OVER):
-        return _OVER
     try:
-        names = [n for n in os.listdir(folder) if n.startswith(base + ".") and n.endswith(".tar")]
+        names = [n for n in os.listdir(folder) if n.startswith(base + ".")]
     except OSError:
         return None
     for found in names:
+        marked = found[len(base):]
+        if marked.startswith(_OVER) and marked[len(_OVER):].isdigit() \
+                and int(marked[len(_OVER):]) >= budget:
+            return _OVER
+    for found in (n for n in names if n.endswith(".tar")):
         path = os.path.join(folder, found)
         try:
             whole = os.stat(path).st_size == int(found[len(base) + 1:-len(".tar")])
@@ -219,7 +247,7 @@ def _make(name: str, options: ShardReadOptions, where: tuple[str, str, str], inf
     plain_size = int(info["size"]) if info is not None and shard_compression(name) is None \
         else None
     if plain_size is not None and plain_size > budget:
-        return _mark_over(prefix)
+        return _mark_over(prefix, budget)
     _evict(folder, budget - (plain_size or 0), keep=None)  # room for it, where known
     fd, tmp = tempfile.mkstemp(prefix=os.path.basename(prefix) + ".", suffix=".tmp", dir=folder)
     try:
@@ -234,7 +262,7 @@ def _make(name: str, options: ShardReadOptions, where: tuple[str, str, str], inf
         os.replace(tmp, path)
     except _TooBig:
         _remove(tmp)
-        return _mark_over(prefix)
+        return _mark_over(prefix, budget)
     except (_WriteFailed, OSError) as exc:
         _remove(tmp)
         error = exc.args[0] if isinstance(exc, _WriteFailed) else exc
@@ -290,9 +318,9 @@ def _fill(out: BinaryIO, name: str, options: ShardReadOptions, info: Any) -> int
     return written
 
 
-def _mark_over(prefix: str) -> str:
+def _mark_over(prefix: str, budget: int) -> str:
     try:
-        with open(prefix + _OVER, "wb"):
+        with open(f"{prefix}{_OVER}{budget}", "wb"):
             pass
     except OSError:
         pass
