@@ -226,3 +226,41 @@ def test_an_unusable_cache_folder_reads_as_before(s3, cache, tmp_path, monkeypat
         first = [batch_digest(b) for b in road(s3["urls"], read)]
     assert first == [batch_digest(b) for b in road(s3["urls"], read)]
     assert downloads(s3["proxy"]) == {f"data-{i:05d}.tar": 2 for i in range(SHARDS)}
+
+
+@pytest.fixture
+def http_folder(s3):
+    """The corpus served over plain HTTP on 127.0.0.1 (Last-Modified, no ETag); the requests
+    it answered, ``(method, path)``."""
+    import functools
+    import http.server
+    import threading
+
+    seen: list[tuple[str, str]] = []
+
+    class Handler(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args) -> None:
+            seen.append((self.command, self.path))
+
+    handler = functools.partial(Handler, directory=os.path.dirname(s3["local"][0]))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", seen
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_an_http_shard_is_fetched_once_into_its_copy(s3, cache, http_folder):
+    base, seen = http_folder
+    url = f"{base}/data-00002.tar"
+    first = list(node_copy_samples(url, None))
+    again = list(node_copy_samples(url, None))
+    assert [s["key"] for s in first] == [s["key"] for s in again] == [
+        f"s2_{j}" for j in range(PER_SHARD)]
+    assert {s["source"] for s in again} == {url}
+    assert [bytes(s["dat"]) for s in first] == [bytes(s["dat"]) for s in again]
+    assert [m for m, p in seen if p.endswith("data-00002.tar")].count("GET") == 1
+    assert len([n for n in os.listdir(cache / COPIES_FOLDER) if n.endswith(".tar")]) == 1
