@@ -315,3 +315,21 @@ def test_node_copy_bytes_is_checked():
     with pytest.raises(ValueError, match="node_copy_bytes"):
         ShardReadOptions(node_copy_bytes="4GiB")
     assert ShardReadOptions().node_copy_bytes == 8 << 30
+
+
+def test_a_copy_that_cannot_be_written_is_read_directly(tmp_path, cache, monkeypatch):
+    import errno
+
+    import speechpipe.pipes.shards._copies as node_copies
+
+    paths = write_corpus(str(tmp_path / "corpus"))
+    want = digests(pipe(paths, ShardReadOptions(node_copy_bytes=None)))
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(node_copies.os, "fsync", full)
+    with pytest.warns(RuntimeWarning, match="No space left on device.*reads it directly"):
+        assert digests(pipe(paths)) == want
+    assert copies(cache) == {}
+    assert not [p for p in (cache / COPIES_FOLDER).iterdir() if p.name.endswith(".tmp")]

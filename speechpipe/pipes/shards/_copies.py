@@ -45,7 +45,7 @@ import time
 import warnings
 from typing import Any, BinaryIO, Iterable, Iterator
 
-from ...errors import redact
+from ...errors import MissingDataError, redact
 from ...index import shard_compression
 from ...node_cache import drop_other_versions, file_lock, index_cache_dir, versioned_path
 from ...remote import is_remote, object_version, open_http, open_remote, remote_info
@@ -249,25 +249,28 @@ def _make(name: str, options: ShardReadOptions, where: tuple[str, str, str], inf
     if plain_size is not None and plain_size > budget:
         return _mark_over(prefix, budget)
     _evict(folder, budget - (plain_size or 0), keep=None)  # room for it, where known
-    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(prefix) + ".", suffix=".tmp", dir=folder)
+    tmp = None
     try:
+        fd, tmp = tempfile.mkstemp(prefix=os.path.basename(prefix) + ".", suffix=".tmp",
+                                   dir=folder)
         with os.fdopen(fd, "wb") as out:
             size = _fill(out, name, options, info)
             out.flush()
             os.fsync(out.fileno())
         if name.startswith(_HTTP) and _http_info(name, options.remote) != version:
-            os.remove(tmp)  # changed while it was downloaded: read directly
+            _remove(tmp)  # changed while it was downloaded: read directly
             return None
         path = f"{prefix}.{size}.tar"
         os.replace(tmp, path)
     except _TooBig:
         _remove(tmp)
         return _mark_over(prefix, budget)
-    except (_WriteFailed, OSError) as exc:
+    except MissingDataError:  # the shard's own error: as a direct read raises it
+        _remove(tmp)
+        raise
+    except (_WriteFailed, OSError) as exc:  # the copy's: a full disk, a vanished folder
         _remove(tmp)
         error = exc.args[0] if isinstance(exc, _WriteFailed) else exc
-        if not isinstance(error, OSError) or isinstance(error, FileNotFoundError):
-            raise
         warnings.warn(f"cannot write the node copy of {redact(name)} in {folder} "
                       f"({error.strerror or error}): this process reads it directly",
                       RuntimeWarning, stacklevel=4)
@@ -327,7 +330,9 @@ def _mark_over(prefix: str, budget: int) -> str:
     return _OVER
 
 
-def _remove(path: str) -> None:
+def _remove(path: str | None) -> None:
+    if path is None:
+        return
     try:
         os.remove(path)
     except OSError:
