@@ -384,7 +384,7 @@ def main(argv: list[str] | None = None) -> None:
         print(run_reads(40_000, (1, 8)))
         print(run_node_copies(40, 10, 1, 100.0, (3,)))
     elif args.node_copies:
-        print(run_node_copies(args.utterances, 50, args.rounds, args.budget, (8, 3)))
+        print(run_node_copies(args.utterances, 25, args.rounds, args.budget, (8, 3)))
     elif args.reads:
         print(run_reads(args.utterances, (1, 8, 32, 64)))
     elif args.recipe:
