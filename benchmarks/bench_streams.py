@@ -38,6 +38,14 @@ index of ``--utterances`` WenetSpeech-like utterances, 2,000 per shard (budget 2
     python -m benchmarks bench_streams --tiny    # 200 (40 --recipe) utterances, 1 round
     python -m benchmarks bench_streams --recipe --utterances 600   # the recipes' road
     python -m benchmarks bench_streams --reads --utterances 1000000  # reads per epoch
+    python -m benchmarks bench_streams --node-copies --utterances 600  # S3, node copies
+
+With ``--node-copies``, the planned road over the same FLAC shards kept in moto's S3 server
+(127.0.0.1, behind speechpipe.testing's recording proxy), 2 DataLoader workers, reading only
+(each sample's key and audio bytes touched, nothing decoded), ``V`` = 8 and 3, with node copies
+(``ShardReadOptions(node_copy_bytes=8 GiB)``, a fresh cache folder each round) and without
+(``None``): per epoch (the second one finds the first's copies), the megabytes fetched (the
+range requests' bytes), the downloads (requests from a shard's byte 0) and the wall time.
 """
 
 from __future__ import annotations
@@ -271,6 +279,92 @@ def run_reads(n: int, streams: tuple[int, ...]) -> str:
     return "\n".join(lines)
 
 
+def _fetched(requests: list) -> tuple[int, int]:
+    """(bytes, downloads) of the shards' GETs the proxy recorded: the bytes of each range
+    request, and the requests from a shard's byte 0."""
+    total = starts = 0
+    for method, path, rng, _ in requests:
+        if method != "GET" or not path.rsplit("/", 1)[-1].startswith("data-") or not rng:
+            continue
+        first, _, last = rng.partition("=")[2].partition("-")
+        total += int(last) - int(first) + 1
+        starts += first == "0"
+    return total, starts
+
+
+def copies_epochs(urls: list[str], remote, copies: bool, streams: int, budget: float,
+                  proxy, cache: str) -> list[dict]:
+    """Two epochs of the planned road over the bucket's shards with 2 workers, reading only
+    (keys and bytes touched, no decoding): wall time and what was fetched, per epoch."""
+    from speechpipe.pipes.shards import ShardReadOptions
+
+    os.environ["SPEECHPIPE_CACHE_DIR"] = cache
+    read = ShardReadOptions(remote=remote, node_copy_bytes=(8 << 30) if copies else None)
+    index = ShardIndex.read(urls[0].rsplit("/", 1)[0], remote=remote)
+    pipe = IterableWrapper(urls).plan_batches(
+        budget=PaddedArea(budget=budget, length="duration"), index=index, streams=streams,
+        seed=0, boundaries=index.boundaries(4), read_options=read).collate(
+        collate_fn=lambda batch: [len(s["key"]) + len(s["flac"]) for s in batch])
+    loader = build_loader(pipe, num_workers=2, seed=0)
+    out = []
+    for epoch in range(2):
+        proxy.clear()
+        start = time.perf_counter()
+        touched = sum(sum(b) for b in loader)
+        seconds = time.perf_counter() - start
+        fetched, downloads = _fetched(list(proxy.requests))
+        out.append({"seconds": seconds, "mb": fetched / 1e6, "downloads": downloads,
+                    "touched": touched})
+    return out
+
+
+def run_node_copies(n: int, per_shard: int, rounds: int, budget: float,
+                    streams: tuple[int, ...]) -> str:
+    """``plan_batches`` over FLAC shards in moto's S3 (127.0.0.1, through a recording proxy),
+    2 DataLoader workers, with and without node copies (a fresh cache folder each round)."""
+    import shutil
+
+    from speechpipe.remote import RemoteOptions
+    from speechpipe.testing import S3_TEST_CREDENTIALS, FaultProxy, serve_s3, upload_folder
+
+    root = os.path.join(tempfile.gettempdir(), "speechpipe-bench-streams")
+    paths = make_shards(root, n, per_shard)
+    corpus_mb = sum(os.path.getsize(p) for p in paths) / 1e6
+    cache = tempfile.mkdtemp(prefix="bench-node-copies-")
+    lines = [f"{n} utterances in {len(paths)} shards ({corpus_mb:.1f} MB) in moto's S3 on "
+             f"127.0.0.1, plan_batches, 2 workers, reading only; {rounds} round(s); load "
+             f"average {os.getloadavg()[0]:.1f} at the start",
+             f"{'V':>3} {'copies':>7} {'epoch':>5} {'MB fetched (range)':>22} "
+             f"{'downloads':>9} {'wall s median (range)':>22}"]
+    with serve_s3() as endpoint, FaultProxy(endpoint) as proxy:
+        folder = upload_folder(endpoint, os.path.dirname(paths[0]), "bench-copies", "corpus")
+        urls = [f"{folder}/{os.path.basename(p)}" for p in paths]
+        remote = RemoteOptions(storage_options={"endpoint_url": proxy.url,
+                                                **S3_TEST_CREDENTIALS})
+        for v in streams:
+            runs: dict[bool, list[list[dict]]] = {True: [], False: []}
+            for _ in range(rounds):
+                for copies in (True, False):  # alternating; a cold node cache each time
+                    shutil.rmtree(cache, ignore_errors=True)
+                    runs[copies].append(copies_epochs(urls, remote, copies, v, budget, proxy,
+                                                      cache))
+            for copies in (True, False):
+                for e in range(2):
+                    rows = [r[e] for r in runs[copies]]
+                    lines.append(
+                        f"{v:>3} {'yes' if copies else 'no':>7} {e:>5} "
+                        f"{_median_range([r['mb'] for r in rows]):>22} "
+                        f"{statistics.median(r['downloads'] for r in rows):>9.0f} "
+                        f"{_median_range2([r['seconds'] for r in rows]):>22}")
+    shutil.rmtree(cache, ignore_errors=True)
+    lines.append(f"load average {os.getloadavg()[0]:.1f} at the end")
+    return "\n".join(lines)
+
+
+def _median_range2(values: list[float]) -> str:
+    return f"{statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})"
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tiny", action="store_true")
@@ -281,11 +375,16 @@ def main(argv: list[str] | None = None) -> None:
                         help="train_pipeline's streaming road against streams=8")
     parser.add_argument("--reads", action="store_true",
                         help="shard reads per epoch of the planned road, by V and topology")
+    parser.add_argument("--node-copies", action="store_true",
+                        help="the planned road over S3 shards with and without node copies")
     args = parser.parse_args(argv)
     if args.tiny:  # every table
         print(run(200, 25, 1, 100.0, 50, 60))
         print(run_recipe(40, 1, 100.0))
         print(run_reads(40_000, (1, 8)))
+        print(run_node_copies(40, 10, 1, 100.0, (3,)))
+    elif args.node_copies:
+        print(run_node_copies(args.utterances, 25, args.rounds, args.budget, (8, 3)))
     elif args.reads:
         print(run_reads(args.utterances, (1, 8, 32, 64)))
     elif args.recipe:

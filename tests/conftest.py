@@ -21,6 +21,7 @@ SLOW_MODULES = {
     "test_threads", "test_transfer", "test_trust", "test_virtual_streams_ddp",
     "test_virtual_streams_steps_ddp", "test_view_streams_ddp", "test_view_sampler_ddp",
     "test_prepare_jobs", "test_cmvn_jobs", "test_executors", "test_planned_road_ddp",
+    "test_remote_copies",
 }
 
 #: Single tests elsewhere that start processes or take seconds.

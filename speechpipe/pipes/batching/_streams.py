@@ -52,6 +52,7 @@ from ..order import (
     source_rows,
 )
 from ..order import shuffle_window as window_shuffle
+from ..shards import node_copy_samples
 from ._buckets import bucket_groups, pack_batches
 from ._planning import (
     batch_figures, bucket_order, fast_constraint, measured, pack_order, window_order,
@@ -471,7 +472,10 @@ class _ShardRoad:
         keys = self.entries[name].keys
         wanted = {keys[m]: m for m in members}
         found = {}
-        for sample in read_shard(name, read_options=read_options):
+        samples = node_copy_samples(name, read_options)  # remote, compressed: once per node
+        if samples is None:
+            samples = read_shard(name, read_options=read_options)
+        for sample in samples:
             m = wanted.get(sample[KEY])
             if m is not None:
                 found[m] = sample
