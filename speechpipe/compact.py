@@ -11,9 +11,8 @@ held sample again by key). The sidecar is memory-mapped: every process on a node
 pages and none holds a Python object per row. It records the manifest's size and modification
 time and is rebuilt when they no longer match (stale).
 
-Layout (:func:`write_mapped`, :func:`read_mapped`; little-endian): 8 bytes of magic, a 64-bit
-header length, the JSON header (format, version, what the source was, each array's dtype,
-offset and length), then the arrays, each aligned to 64 bytes.
+The file format is :func:`speechpipe.node_cache.write_mapped`'s (a JSON header, then the arrays,
+each aligned to 64 bytes).
 
 >>> import os, tempfile, json
 >>> path = os.path.join(tempfile.mkdtemp(), "m.jsonl")
@@ -32,11 +31,8 @@ from __future__ import annotations
 
 import gzip
 import hashlib
-import json
 import math
 import os
-import shutil
-import stat
 import tempfile
 import warnings
 import zlib
@@ -46,16 +42,14 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 import numpy as np
 
 from .errors import DataError, MissingDataError
-from .node_cache import file_lock
+from .node_cache import file_lock, read_mapped, write_mapped
 from .sample import KEY, sample_duration
 
 __all__ = ["IndexTable", "MAPPED_SUFFIX", "ManifestTable", "MappedKeys", "MappedLengths",
-           "build_index_table", "index_dtype", "key_hash", "read_mapped", "write_mapped"]
+           "build_index_table", "index_dtype", "key_hash"]
 
 #: The sidecar's name is the text file's name plus this suffix.
 MAPPED_SUFFIX = ".spmap"
-_MAGIC = b"SPMAP\x00v1"
-_ALIGN = 64
 _MANIFEST_FORMAT = "speechpipe-manifest-rows"
 _MANIFEST_VERSION = 1
 _BOM = "\ufeff"
@@ -96,99 +90,6 @@ def key_hash(key: str) -> int:
     """
     data = key.encode("utf-8", "surrogatepass")
     return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
-
-
-# --------------------------------------------------------------------------- the file format
-
-
-def write_mapped(path: str, header: Mapping[str, Any],
-                 arrays: Mapping[str, np.ndarray | tuple[str, int]], *,
-                 mode_of: str | None = None) -> str:
-    """Write a mapped file atomically (a temporary file renamed into place).
-
-    Args:
-        path: where.
-        header: JSON-serialisable fields kept in the header (``"arrays"`` is added).
-        arrays: ``{name: array}``; a value ``(file, nbytes)`` copies a raw file's bytes as a
-            ``uint8`` array without loading it.
-        mode_of: a file whose permission bits the new file takes (whoever may read the text
-            may read its table); by default read-write for the owner, readable by all.
-    """
-    layout: dict[str, dict] = {}
-    offset = 0
-    for name, value in arrays.items():
-        dtype, count = ((np.dtype(np.uint8), int(value[1])) if isinstance(value, tuple)
-                        else (value.dtype, int(value.size)))
-        layout[name] = {"dtype": dtype.str, "offset": offset, "count": count}
-        offset = _aligned(offset + dtype.itemsize * count)
-    head = json.dumps({**header, "arrays": layout}).encode("utf-8")
-    base = _aligned(16 + len(head))
-    for entry in layout.values():
-        entry["offset"] += base
-    head = json.dumps({**header, "arrays": layout}).encode("utf-8")
-    if _aligned(16 + len(head)) != base:  # the offsets grew a digit: one more round
-        shift = _aligned(16 + len(head)) - base
-        for entry in layout.values():
-            entry["offset"] += shift
-        head = json.dumps({**header, "arrays": layout}).encode("utf-8")
-    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp",
-                               dir=os.path.dirname(os.path.abspath(path)))
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(_MAGIC + len(head).to_bytes(8, "little") + head)
-            for name, value in arrays.items():
-                f.write(b"\0" * (layout[name]["offset"] - f.tell()))
-                if isinstance(value, tuple):
-                    with open(value[0], "rb") as raw:
-                        shutil.copyfileobj(raw, f, 1 << 20)
-                else:
-                    f.write(np.ascontiguousarray(value).tobytes())
-        mode = 0o644 if mode_of is None else stat.S_IMODE(os.stat(mode_of).st_mode)
-        os.chmod(tmp, mode | stat.S_IRUSR | stat.S_IWUSR)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
-    return path
-
-
-def read_mapped(path: str) -> tuple[dict, dict[str, np.ndarray]]:
-    """``(header, {name: read-only memory-mapped array})`` of a :func:`write_mapped` file.
-
-    Raises:
-        MissingDataError: no such file.
-        DataError: not such a file, or cut short.
-    """
-    try:
-        size = os.path.getsize(path)
-        with open(path, "rb") as f:
-            start = f.read(16)
-            length = int.from_bytes(start[8:16], "little")
-            if len(start) < 16 or start[:8] != _MAGIC or length > size - 16:
-                raise DataError("not a speechpipe mapped file (bad magic or header length)",
-                                source=path)
-            head = f.read(length)
-    except FileNotFoundError as exc:
-        raise MissingDataError("no mapped file here", source=path) from exc
-    try:
-        header = json.loads(head)
-        layout = header["arrays"]
-    except (ValueError, KeyError, TypeError) as exc:
-        raise DataError(f"unreadable mapped-file header ({exc})", source=path) from None
-    arrays = {}
-    for name, entry in layout.items():
-        dtype, offset, count = np.dtype(entry["dtype"]), entry["offset"], entry["count"]
-        if offset + dtype.itemsize * count > size:
-            raise DataError(f"mapped file cut short: array {name!r} ends at byte "
-                            f"{offset + dtype.itemsize * count} of {size}", source=path)
-        arrays[name] = (np.zeros(0, dtype) if count == 0 else
-                        np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=(count,)))
-    return header, arrays
-
-
-def _aligned(n: int) -> int:
-    return (n + _ALIGN - 1) // _ALIGN * _ALIGN
 
 
 # --------------------------------------------------------------------------- manifests

@@ -22,7 +22,8 @@ import numpy as np
 import pytest
 
 import speechpipe as sp
-from speechpipe.compact import MAPPED_SUFFIX, ManifestTable, read_mapped
+from speechpipe.compact import MAPPED_SUFFIX, ManifestTable
+from speechpipe.node_cache import read_mapped
 from speechpipe.errors import DataError
 from speechpipe.pipes.sources import read_manifest
 from speechpipe.pipes.sources import write_manifest_table

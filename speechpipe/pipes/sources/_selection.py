@@ -23,7 +23,8 @@ from typing import Callable, NamedTuple
 
 import numpy as np
 
-from ...compact import index_dtype, MAPPED_SUFFIX, ManifestTable, read_mapped, write_mapped
+from ...compact import index_dtype, MAPPED_SUFFIX, ManifestTable
+from ...node_cache import index_cache_dir, read_mapped, versioned_path, write_mapped
 from ...errors import DataError, MissingDataError
 
 __all__ = ["DurationSelection", "compute_selection", "duration_selection", "selection_path",
