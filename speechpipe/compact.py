@@ -42,7 +42,10 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 import numpy as np
 
 from .errors import DataError, MissingDataError
-from .node_cache import file_lock, read_mapped, write_mapped
+from .node_cache import (
+    drop_other_versions, file_lock, index_cache_dir, read_mapped, sums_match, versioned_path,
+    write_mapped,
+)
 from .sample import KEY, sample_duration
 
 __all__ = ["IndexTable", "MAPPED_SUFFIX", "ManifestTable", "MappedKeys", "MappedLengths",
@@ -172,8 +175,10 @@ class ManifestTable:
     def open(cls, path: str, parse: Parser, *, key_column: str | None = None,
              write: bool = True, numbered: Numbered = _numbered) -> "ManifestTable":
         """The table of the manifest at ``path``: its sidecar mapped when current, else built
-        (and, with ``write``, written beside it; where the folder cannot be written, the
-        table is held in this process's memory instead, with a warning).
+        (and, with ``write``, written beside it; where the folder cannot be written, in the
+        node's cache folder, :mod:`speechpipe.node_cache`, built once per node under a lock
+        and checked by its CRC-32s; where that cannot be used either, the table is held in
+        this process's memory instead, with a warning).
 
         Args:
             path: a local ``.jsonl`` (``.json``, ``.ndjson``), optionally ``.gz``.
@@ -198,6 +203,11 @@ class ManifestTable:
                 "key_column": key_column, **sig}
         if header is not None and all(header.get(k) == v for k, v in want.items()):
             return cls._of(path, sidecar, header, arrays)
+        if write and not os.access(os.path.dirname(os.path.abspath(path)), os.W_OK):
+            table = _cached_rows(path, want, lambda out: build_manifest_table(
+                path, parse, key_column=key_column, numbered=numbered, out=out))
+            if table is not None:
+                return table
         return build_manifest_table(path, parse, key_column=key_column, write=write,
                                     numbered=numbered)
 
@@ -214,6 +224,40 @@ class ManifestTable:
         if isinstance(text, np.memmap) and text.filename:
             table.text_file = (text.filename, text.offset, os.stat(text.filename).st_ino)
         return table
+
+
+def _cached_rows(path: str, want: dict, build: Callable[[str], Any]) -> ManifestTable | None:
+    """The row table of ``path`` (a manifest in a folder that cannot be written) in the
+    node's cache folder, one file per manifest and version (``rows-<digest>-<digest>``),
+    built by ``build(place)`` once per node; ``None`` without a usable folder."""
+    folder = index_cache_dir()
+    if folder is None:
+        return None
+    version = {**want, "inode": os.stat(path).st_ino}
+    place, stem = versioned_path(folder, os.path.abspath(path), version, kind="rows")
+
+    def current() -> ManifestTable | None:
+        try:
+            header, arrays = read_mapped(place)
+        except (MissingDataError, DataError):
+            return None
+        if any(header.get(k) != v for k, v in want.items()) \
+                or not sums_match(place, header, arrays):
+            return None
+        return ManifestTable._of(path, place, header, arrays)
+
+    table = current()
+    if table is None:
+        with file_lock(os.path.join(folder, stem + ".lock"), create=True):
+            table = current()
+            if table is None:
+                try:
+                    build(place)
+                except OSError:
+                    return None
+                drop_other_versions(folder, stem, place)
+                table = current()
+    return table
 
 
 def _line(raw: bytes) -> str:  # a row's bytes to its first newline (kept), decoded
@@ -270,9 +314,12 @@ def _scan(path: str, parse: Parser, numbered: Numbered, text_out) -> tuple[dict,
 
 
 def build_manifest_table(path: str, parse: Parser, *, key_column: str | None = None,
-                         write: bool = True, numbered: Numbered = _numbered) -> ManifestTable:
+                         write: bool = True, numbered: Numbered = _numbered,
+                         out: str | None = None) -> ManifestTable:
     """Read the manifest at ``path`` once and build its :class:`ManifestTable` (see
-    :meth:`ManifestTable.open`, which calls this when the sidecar is missing or stale)."""
+    :meth:`ManifestTable.open`, which calls this when the sidecar is missing or stale).
+    ``out``: a file of the node's cache to write it to (with its sums; an ``OSError`` raised)
+    instead of the sidecar beside the manifest."""
     sig = _signature(path)
     text_tmp = text_out = None
     if path.lower().endswith(".gz"):
@@ -304,6 +351,9 @@ def build_manifest_table(path: str, parse: Parser, *, key_column: str | None = N
         _check_unique(table, parse)
         if text_tmp is not None:
             arrays["text"] = (text_tmp, text_size)
+        if out is not None:  # the node's cache: an OSError is the caller's
+            write_mapped(out, header, arrays, mode_of=path, sums=True)
+            return table
         try:
             if not write:
                 raise _NotWritten
@@ -666,12 +716,12 @@ def _remapped_lengths(sidecar: str, signature: tuple, start: int, stop: int) -> 
 
 
 def build_index_table(out: str, header: dict, entries: Iterable[IndexRow], *, source: str,
-                      mode_of: str | None = None, extra: Mapping[str, Any] | None = None
-                      ) -> str:
+                      mode_of: str | None = None, extra: Mapping[str, Any] | None = None,
+                      sums: bool = False) -> str:
     """Write the :class:`IndexTable` of a shard index's ``header`` and checked ``entries`` to
     ``out`` (atomically). ``source``: the local ``index.jsonl`` whose size and modification
     time the table records, or a URL; ``extra``: more header fields (a cached table's
-    source and version)."""
+    source and version); ``sums``: record the arrays' CRC-32s (a node's cache file)."""
     sig = {} if not os.path.isfile(source) else _signature(source)
     counts, sizes, totals, lines = array("q"), array("q"), array("d"), array("q")
     starts, name_starts, key_starts = array("q", [0]), array("q", [0]), array("q", [0])
@@ -714,4 +764,4 @@ def build_index_table(out: str, header: dict, entries: Iterable[IndexRow], *, so
     }
     head = {"format": _INDEX_FORMAT, "version": _INDEX_VERSION, "index_header": header,
             "shards": len(counts), "utterances": n, **sig, **(extra or {})}
-    return write_mapped(out, head, arrays, mode_of=mode_of)
+    return write_mapped(out, head, arrays, mode_of=mode_of, sums=sums)
