@@ -22,7 +22,7 @@ decides which positions a rank takes, not the plan: it is not in the key.
 
 **What is kept.** When a process writes epoch ``e``'s plan of a key, the key's plans of
 other epochs than ``e`` and ``e - 1`` are removed (a process still reading ``e - 1`` keeps
-its pages anyway), and any plan file or lock of any key not written for
+its pages anyway), and any plan file or lock of another key not written for
 :data:`PLAN_DAYS` days: at most two epochs per key in use -- at 15 million utterances about
 70 MB each. A budget whose lengths come from a function of yours (not ``"duration"`` /
 ``"num_frames"`` / ``sample_duration``) or a road that cannot say what its data are is
@@ -221,13 +221,14 @@ def _mapped(place: str, key: str, epoch: int, restore: Callable) -> Any:
 
 def _drop_old(folder: str, stem: str, epoch: int) -> None:
     """Remove ``stem``'s plans of epochs other than ``epoch`` and ``epoch - 1``, and every
-    plan file or lock not written for :data:`PLAN_DAYS` days."""
+    plan file or lock of another key not written for :data:`PLAN_DAYS` days."""
     keep = {f"{stem}-e{epoch}.spmap", f"{stem}-e{epoch - 1}.spmap"}
     drop_other_versions(folder, stem, os.path.join(folder, f"{stem}-e{epoch}.spmap"),
                         spare=keep.__contains__)
     old = time.time() - PLAN_DAYS * 86400
     try:
-        names = [n for n in os.listdir(folder) if n.startswith("plan-")]
+        names = [n for n in os.listdir(folder)
+                 if n.startswith("plan-") and not n.startswith(stem)]
     except OSError:
         return
     for name in names:
