@@ -70,11 +70,10 @@ _CHECKED: dict[str, tuple] = {}
 _NO_FLOCK_WARNED: list[bool] = []
 
 
-def index_cache_dir(cache_dir: str | os.PathLike | None = None, *, warn: bool = True
-                    ) -> str | None:
+def index_cache_dir(cache_dir: str | os.PathLike | None = None) -> str | None:
     """The node's cache folder, created if absent; ``None`` (with a warning saying why and
-    what it costs, unless ``warn=False``) where it cannot be used -- then each process builds
-    its own tables and plans.
+    what it costs) where it cannot be used -- then each process builds its own tables and
+    plans.
 
     ``cache_dir``, else ``$SPEECHPIPE_CACHE_DIR``, else ``$XDG_CACHE_HOME/speechpipe``, else
     ``<temporary folder>/speechpipe-<uid>``; the last must belong to this user and be writable
@@ -103,7 +102,7 @@ def index_cache_dir(cache_dir: str | os.PathLike | None = None, *, warn: bool = 
             why = "belongs to another user or others may write it"
         elif not os.access(folder, os.W_OK | os.X_OK):
             why = "cannot be written"
-    if why is not None and warn:
+    if why is not None:
         warnings.warn(f"speechpipe's cache folder {folder} {why}: each process builds its own "
                       "tables of remote or read-only indexes and manifests, and plans each "
                       f"epoch itself (set {CACHE_ENV}, or RemoteOptions(cache_dir=...), to a "
