@@ -15,10 +15,11 @@ buffers, bucket boundaries, shuffle window and ``oversize``, and a digest of the
 (the road's ``plan_key()``: the kept rows' durations; the shard names, counts and every
 length of the index), a digest of the code that plans (the source files of the batching and
 ordering stages, the index and seeding modules, and the planner's own module: a plan made by
-another speechpipe is never taken), then the epoch. The whole key is kept in the file's header and compared
-on reading, with the arrays' shapes and their CRC-32s (checked once per process): a file cut
-short, corrupt or of another key is planned again and replaced, never read wrong. ``uneven``
-decides which positions a rank takes, not the plan: it is not in the key.
+another speechpipe is never taken), then the epoch. The whole key is kept in the file's
+header and compared on reading, with the arrays' shapes and their CRC-32s (checked once per
+process): a file cut short, corrupt or of another key is planned again and replaced, never
+read wrong. ``uneven`` decides which positions a rank takes, not the plan: it is not in the
+key.
 
 **What is kept.** When a process writes epoch ``e``'s plan of a key, the key's plans of
 other epochs than ``e`` and ``e - 1`` are removed (a process still reading ``e - 1`` keeps
@@ -122,7 +123,8 @@ def plan_key(planner: Any, road: Any, streams: int, constraint: BatchConstraint,
     if data is None:
         return None
     return {"planner": f"{type(planner).__module__}.{type(planner).__qualname__}",
-            "code": _code_digest(planner), "streams": streams, "budget": budget, **settings, "data": data}
+            "code": _code_digest(planner), "streams": streams, "budget": budget, **settings,
+            "data": data}
 
 
 #: The code digest of each planner module, once per process.
