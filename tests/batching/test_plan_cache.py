@@ -310,3 +310,21 @@ def test_step_planner_and_a_resumed_epoch_are_the_same_with_the_cache(corpus, co
         resumed.load_state_dict(state)
         rest[value] = keys_of(resumed)
     assert rest[cache] == rest[False] and rest[cache]
+
+
+def test_the_recipes_planned_road_keys_its_plans_by_the_speed_factors_too(corpus, counted,
+                                                                          tmp_path):
+    from speechpipe.recipes._planned import RowPlanner
+
+    def make(cache, factors):
+        rows = sp.IterableWrapper([corpus["rows"]]).read_manifest_files()
+        return RowPlanner(rows, 20.0, speed_factors=factors, streams=2, plan_cache=cache)
+
+    cache = str(tmp_path / "cache")
+    slowed = [make(cache, (0.9, 1.0, 1.1)).plan(0) for _ in range(2)]
+    assert counted() == 1
+    assert slowed[1] == make(False, (0.9, 1.0, 1.1)).plan(0)
+    other = make(cache, (0.8, 1.2)).plan(0)
+    assert counted() == 3
+    assert other == make(False, (0.8, 1.2)).plan(0) != slowed[0]
+    assert make(cache, None).plan(0) == make(False, None).plan(0) != slowed[0]
