@@ -26,6 +26,19 @@ and reused. Three measurements:
   field) for the first 6 shards each process reads in epoch 0 (:func:`make_real_shards`); the
   index's other shards need not exist.
 
+- **planned road** (``--roads planned``, issue 29): ``plan_batches`` over the manifest's rows
+  (``read_manifest_files().plan_batches(60 s, streams=8, boundaries=[2, 4, 8])``) and over
+  the shard index (``PaddedArea(6000 frames)``, edges 200/400/800), as ``bench_plan_memory``
+  plans them. Per process, in a fresh process each: reading the metadata (``road()``), the
+  data's digest (``plan_key()``, cache only) and ``plan(0)``, for three contenders taking
+  turns in each round: ``off`` (``plan_cache=False``: every process plans), ``first`` (an
+  empty cache folder: this process plans and writes the plan) and ``later`` (a process after
+  it: maps the plan, its CRC-32s checked); the plan file's size; the CRC-32 of the node-cached
+  tables a process checks when it first maps one (the row table with its text, the duration
+  selection, the index table); and over the rows, the time from building the pipeline to the
+  first batch under ``build_loader(num_workers=2)``, cold (``off``, ``first``) and warm
+  (``later``).
+
 Contenders, side by side in one run: ``after`` (this checkout), ``before`` (``--base DIR``: an
 older speechpipe, e.g. ``git archive bb089fd speechpipe | tar -x -C DIR``), and lhotse's lazy
 manifests (``CutSet.from_jsonl_lazy`` + ``DynamicBucketingSampler(max_duration=200,
@@ -190,6 +203,137 @@ _SHARD_CHILD = _MANIFEST_CHILD.replace(
 pipe = (sp.IterableWrapper([spec["path"]]).sharded_shuffle(buffer_size=2000, index=True, seed=0)
         .durations_from_index().bucket_by_length(2000, **{kw: c}, seed=0)""")
 assert _SHARD_CHILD != _MANIFEST_CHILD
+
+
+_PLANNED_CHILD = """
+import json, os, sys, time
+spec = json.loads(sys.argv[1])
+import speechpipe as sp
+from speechpipe import node_cache
+t0 = time.perf_counter()
+cache = spec["cache"] if spec["cache"] else False
+if spec["road"] == "rows":
+    pipe = sp.IterableWrapper([spec["path"]]).read_manifest_files().plan_batches(
+        budget=60.0, streams=8, seed=0, boundaries=[2.0, 4.0, 8.0], plan_cache=cache)
+else:
+    from speechpipe.index import ShardIndex
+    index = ShardIndex.read(spec["path"])
+    names = [os.path.join(spec["path"], e.name) for e in index.shards]
+    pipe = sp.IterableWrapper(names).plan_batches(
+        budget=sp.PaddedArea(6000), index=index, streams=8, seed=0,
+        boundaries=[200, 400, 800], plan_cache=cache)
+out = {}
+if spec.get("workers") is not None:
+    loader = sp.build_loader(pipe, num_workers=spec["workers"], seed=0)
+    next(iter(loader))
+    out["first_s"] = time.perf_counter() - t0
+    print(json.dumps(out))
+    raise SystemExit
+road = pipe.road()
+_ = pipe.num_streams
+out["road_s"] = time.perf_counter() - t0
+t1 = time.perf_counter()
+if cache:
+    road.plan_key()
+out["key_s"] = time.perf_counter() - t1
+t1 = time.perf_counter()
+plan = pipe.plan(0)
+out["plan_s"] = time.perf_counter() - t1
+out["batches"] = len(plan)
+if cache:
+    names = [n for n in os.listdir(cache) if n.startswith("plan-") and n.endswith(".spmap")]
+    out["file_bytes"] = sum(os.path.getsize(os.path.join(cache, n)) for n in names)
+    header, arrays = node_cache.read_mapped(os.path.join(cache, names[0]))
+    t1 = time.perf_counter()
+    node_cache.array_sums(arrays)
+    out["plan_sum_s"] = time.perf_counter() - t1
+print(json.dumps(out))
+"""
+
+_SUMS_CHILD = """
+import json, sys, time
+from speechpipe import node_cache
+out = {}
+for name in json.loads(sys.argv[1])["files"]:
+    header, arrays = node_cache.read_mapped(name)
+    t0 = time.perf_counter()
+    node_cache.array_sums(arrays)
+    out[name] = [time.perf_counter() - t0, sum(a.nbytes for a in arrays.values())]
+print(json.dumps(out))
+"""
+
+
+def run_planned(n: int, road: str, path: str, runs: int, tmp: str) -> dict:
+    """The planned road's contenders (module documentation), taking turns in each round."""
+    got: dict = {}
+    for r in range(runs):
+        cache = os.path.join(tmp, f"plans-{road}-{n}-{r}")
+        for name, folder in (("off", None), ("first", cache), ("later", cache)):
+            res = child(_PLANNED_CHILD, {"road": road, "path": path, "cache": folder}, REPO)
+            if "error" in res:
+                print(f"  planned {road} {_label(n)} {name}: {res['error']}", flush=True)
+                continue
+            for k, v in res.items():
+                got.setdefault((name, k), []).append(v)
+        loaded = os.path.join(tmp, f"loaded-{road}-{n}-{r}")
+        for name, folder in (("off", None), ("first", loaded), ("later", loaded)) \
+                if road == "rows" else ():  # the index's shards are not written
+            res = child(_PLANNED_CHILD, {"road": road, "path": path, "cache": folder,
+                                         "workers": 2}, REPO)
+            if "error" in res:
+                print(f"  planned {road} {_label(n)} loader {name}: {res['error']}", flush=True)
+                continue
+            got.setdefault((name, "first_s"), []).append(res["first_s"])
+    for name in ("off", "first", "later"):
+        print(f"  planned {road:6s} {_label(n):>6s} {name:5s}: metadata "
+              f"{_median(got.get((name, 'road_s'), []))} s, digest "
+              f"{_median(got.get((name, 'key_s'), []))} s, plan "
+              f"{_median(got.get((name, 'plan_s'), []))} s, first batch (2 workers) "
+              f"{_median(got.get((name, 'first_s'), []))} s", flush=True)
+    return {"road": "planned", "kind": road, "n": n,
+            "got": {f"{a}/{b}": v for (a, b), v in got.items()}}
+
+
+def run_sums(n: int, files: list[str]) -> dict:
+    res = child(_SUMS_CHILD, {"files": [f for f in files if os.path.exists(f)]}, REPO)
+    for name, (seconds, size) in ({} if "error" in res else res).items():
+        print(f"  CRC-32 {_label(n)} {os.path.basename(name)}: {size / 2**20:.0f} MiB in "
+              f"{seconds:.2f} s", flush=True)
+    return {"road": "sums", "n": n, "got": res}
+
+
+def report_planned(rows: list[dict]) -> None:
+    planned = [r for r in rows if r["road"] == "planned"]
+    if not planned:
+        return
+    print("\nPlanned road: one epoch's plan per process (s, median (range) over rounds; fresh "
+          "processes; 'first' plans and writes into an empty cache folder, 'later' maps it)")
+    print("| road | rows | contender | metadata | digest | plan(0) | process total | "
+          "first batch, 2 workers | plan file MiB | its CRC-32 s |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in planned:
+        g = r["got"]
+        for name in ("off", "first", "later"):
+            total = [a + b + c for a, b, c in zip(g.get(f"{name}/road_s", []),
+                                                  g.get(f"{name}/key_s", []),
+                                                  g.get(f"{name}/plan_s", []))]
+            size = g.get(f"{name}/file_bytes", [])
+            cells = [r["kind"], _label(r["n"]), name] + [
+                _median(g.get(f"{name}/{k}", [])) for k in ("road_s", "key_s", "plan_s")] + [
+                _median(total), _median(g.get(f"{name}/first_s", [])),
+                f"{size[-1] / 2**20:.1f}" if size else "-",
+                _median(g.get(f"{name}/plan_sum_s", []))]
+            print("| " + " | ".join(cells) + " |")
+    sums = [r for r in rows if r["road"] == "sums" and "error" not in r["got"]]
+    if sums:
+        print("\nCRC-32 of a node-cached file's arrays (what a process checks once when it "
+              "first maps one; fresh process, pages cached)")
+        print("| rows | file | MiB | s |")
+        print("|---|---|---|---|")
+        for r in sums:
+            for name, (seconds, size) in r["got"].items():
+                print(f"| {_label(r['n'])} | {os.path.basename(name)} | {size / 2**20:.0f} | "
+                      f"{seconds:.2f} |")
 
 
 def _size(text: str) -> int:
@@ -432,7 +576,7 @@ def merged(rows: list[dict]) -> list[dict]:
 
 
 def report(rows: list[dict], tables: dict) -> None:
-    rows = merged(rows)
+    rows = merged([r for r in rows if r["road"] in ("manifest", "shards", "index")])
     for road, title in (("manifest", "Manifest road"), ("shards", "Shard road (sharded_shuffle "
                                                          "-> durations_from_index)")):
         if not any(r["road"] == road for r in rows):
@@ -515,7 +659,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--index-base-max", default="15M",
                         help="largest shard index --base reads (about 130 B per utterance)")
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--roads", default="manifest,index,shards")
+    parser.add_argument("--roads", default="manifest,index,shards,planned")
     parser.add_argument("--contenders", default="after,before,lhotse")
     args = parser.parse_args(argv)
     sizes = [2000] if args.tiny else [_size(s) for s in args.sizes.split(",")]
@@ -543,6 +687,17 @@ def main(argv: list[str] | None = None) -> None:
                 if "lhotse" in who and (args.tiny or n <= _size(args.lhotse_max)):
                     rows += run_manifest("lhotse", REPO, make_cuts(root, n), n, runs, (0,),
                                          True, tmp)
+            if "planned" in roads:
+                path = make_manifest(root, n)
+                make_table(path)
+                make_selection(path)
+                rows.append(run_planned(n, "rows", path, runs, tmp))
+                rows.append(run_sums(n, [path + ".spmap", f"{path}.within-1.0-15.0.spmap"]))
+            if "planned" in roads and (args.tiny or n <= _size(args.index_max)):
+                folder = make_index(root, n)
+                make_index_table(folder)
+                rows.append(run_planned(n, "shards", folder, runs, tmp))
+                rows.append(run_sums(n, [os.path.join(folder, "index.jsonl.spmap")]))
             if {"index", "shards"} & set(roads) and (args.tiny or n <= _size(args.index_max)):
                 folder = make_index(root, n)
                 tables[("shards", n)] = make_index_table(folder)
@@ -560,6 +715,7 @@ def main(argv: list[str] | None = None) -> None:
                         rows += run_manifest("before", args.base, folder, n, runs, (0, 2),
                                              False, tmp, road="shards")
     report(rows, tables)
+    report_planned(rows)
     with open(os.path.join(root, f"bench_scale-{'-'.join(who)}.json"), "w") as f:
         json.dump({"rows": rows, "tables": [[*k, v] for k, v in tables.items()]}, f)
     if args.root is None:

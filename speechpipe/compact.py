@@ -11,9 +11,8 @@ held sample again by key). The sidecar is memory-mapped: every process on a node
 pages and none holds a Python object per row. It records the manifest's size and modification
 time and is rebuilt when they no longer match (stale).
 
-Layout (:func:`write_mapped`, :func:`read_mapped`; little-endian): 8 bytes of magic, a 64-bit
-header length, the JSON header (format, version, what the source was, each array's dtype,
-offset and length), then the arrays, each aligned to 64 bytes.
+The file format is :func:`speechpipe.node_cache.write_mapped`'s (a JSON header, then the arrays,
+each aligned to 64 bytes).
 
 >>> import os, tempfile, json
 >>> path = os.path.join(tempfile.mkdtemp(), "m.jsonl")
@@ -32,11 +31,8 @@ from __future__ import annotations
 
 import gzip
 import hashlib
-import json
 import math
 import os
-import shutil
-import stat
 import tempfile
 import warnings
 import zlib
@@ -46,16 +42,17 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 import numpy as np
 
 from .errors import DataError, MissingDataError
-from .node_cache import file_lock
+from .node_cache import (
+    drop_other_versions, file_lock, index_cache_dir, read_mapped, sums_match, versioned_path,
+    write_mapped,
+)
 from .sample import KEY, sample_duration
 
 __all__ = ["IndexTable", "MAPPED_SUFFIX", "ManifestTable", "MappedKeys", "MappedLengths",
-           "build_index_table", "index_dtype", "key_hash", "read_mapped", "write_mapped"]
+           "build_index_table", "index_dtype", "key_hash"]
 
 #: The sidecar's name is the text file's name plus this suffix.
 MAPPED_SUFFIX = ".spmap"
-_MAGIC = b"SPMAP\x00v1"
-_ALIGN = 64
 _MANIFEST_FORMAT = "speechpipe-manifest-rows"
 _MANIFEST_VERSION = 1
 _BOM = "\ufeff"
@@ -96,99 +93,6 @@ def key_hash(key: str) -> int:
     """
     data = key.encode("utf-8", "surrogatepass")
     return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
-
-
-# --------------------------------------------------------------------------- the file format
-
-
-def write_mapped(path: str, header: Mapping[str, Any],
-                 arrays: Mapping[str, np.ndarray | tuple[str, int]], *,
-                 mode_of: str | None = None) -> str:
-    """Write a mapped file atomically (a temporary file renamed into place).
-
-    Args:
-        path: where.
-        header: JSON-serialisable fields kept in the header (``"arrays"`` is added).
-        arrays: ``{name: array}``; a value ``(file, nbytes)`` copies a raw file's bytes as a
-            ``uint8`` array without loading it.
-        mode_of: a file whose permission bits the new file takes (whoever may read the text
-            may read its table); by default read-write for the owner, readable by all.
-    """
-    layout: dict[str, dict] = {}
-    offset = 0
-    for name, value in arrays.items():
-        dtype, count = ((np.dtype(np.uint8), int(value[1])) if isinstance(value, tuple)
-                        else (value.dtype, int(value.size)))
-        layout[name] = {"dtype": dtype.str, "offset": offset, "count": count}
-        offset = _aligned(offset + dtype.itemsize * count)
-    head = json.dumps({**header, "arrays": layout}).encode("utf-8")
-    base = _aligned(16 + len(head))
-    for entry in layout.values():
-        entry["offset"] += base
-    head = json.dumps({**header, "arrays": layout}).encode("utf-8")
-    if _aligned(16 + len(head)) != base:  # the offsets grew a digit: one more round
-        shift = _aligned(16 + len(head)) - base
-        for entry in layout.values():
-            entry["offset"] += shift
-        head = json.dumps({**header, "arrays": layout}).encode("utf-8")
-    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp",
-                               dir=os.path.dirname(os.path.abspath(path)))
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(_MAGIC + len(head).to_bytes(8, "little") + head)
-            for name, value in arrays.items():
-                f.write(b"\0" * (layout[name]["offset"] - f.tell()))
-                if isinstance(value, tuple):
-                    with open(value[0], "rb") as raw:
-                        shutil.copyfileobj(raw, f, 1 << 20)
-                else:
-                    f.write(np.ascontiguousarray(value).tobytes())
-        mode = 0o644 if mode_of is None else stat.S_IMODE(os.stat(mode_of).st_mode)
-        os.chmod(tmp, mode | stat.S_IRUSR | stat.S_IWUSR)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
-    return path
-
-
-def read_mapped(path: str) -> tuple[dict, dict[str, np.ndarray]]:
-    """``(header, {name: read-only memory-mapped array})`` of a :func:`write_mapped` file.
-
-    Raises:
-        MissingDataError: no such file.
-        DataError: not such a file, or cut short.
-    """
-    try:
-        size = os.path.getsize(path)
-        with open(path, "rb") as f:
-            start = f.read(16)
-            length = int.from_bytes(start[8:16], "little")
-            if len(start) < 16 or start[:8] != _MAGIC or length > size - 16:
-                raise DataError("not a speechpipe mapped file (bad magic or header length)",
-                                source=path)
-            head = f.read(length)
-    except FileNotFoundError as exc:
-        raise MissingDataError("no mapped file here", source=path) from exc
-    try:
-        header = json.loads(head)
-        layout = header["arrays"]
-    except (ValueError, KeyError, TypeError) as exc:
-        raise DataError(f"unreadable mapped-file header ({exc})", source=path) from None
-    arrays = {}
-    for name, entry in layout.items():
-        dtype, offset, count = np.dtype(entry["dtype"]), entry["offset"], entry["count"]
-        if offset + dtype.itemsize * count > size:
-            raise DataError(f"mapped file cut short: array {name!r} ends at byte "
-                            f"{offset + dtype.itemsize * count} of {size}", source=path)
-        arrays[name] = (np.zeros(0, dtype) if count == 0 else
-                        np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=(count,)))
-    return header, arrays
-
-
-def _aligned(n: int) -> int:
-    return (n + _ALIGN - 1) // _ALIGN * _ALIGN
 
 
 # --------------------------------------------------------------------------- manifests
@@ -271,8 +175,10 @@ class ManifestTable:
     def open(cls, path: str, parse: Parser, *, key_column: str | None = None,
              write: bool = True, numbered: Numbered = _numbered) -> "ManifestTable":
         """The table of the manifest at ``path``: its sidecar mapped when current, else built
-        (and, with ``write``, written beside it; where the folder cannot be written, the
-        table is held in this process's memory instead, with a warning).
+        (and, with ``write``, written beside it; where the folder cannot be written, in the
+        node's cache folder, :mod:`speechpipe.node_cache`, built once per node under a lock
+        and checked by its CRC-32s; where that cannot be used either, the table is held in
+        this process's memory instead, with a warning).
 
         Args:
             path: a local ``.jsonl`` (``.json``, ``.ndjson``), optionally ``.gz``.
@@ -297,6 +203,11 @@ class ManifestTable:
                 "key_column": key_column, **sig}
         if header is not None and all(header.get(k) == v for k, v in want.items()):
             return cls._of(path, sidecar, header, arrays)
+        if write and not os.access(os.path.dirname(os.path.abspath(path)), os.W_OK):
+            table = _cached_rows(path, want, lambda out: build_manifest_table(
+                path, parse, key_column=key_column, numbered=numbered, out=out))
+            if table is not None:
+                return table
         return build_manifest_table(path, parse, key_column=key_column, write=write,
                                     numbered=numbered)
 
@@ -313,6 +224,40 @@ class ManifestTable:
         if isinstance(text, np.memmap) and text.filename:
             table.text_file = (text.filename, text.offset, os.stat(text.filename).st_ino)
         return table
+
+
+def _cached_rows(path: str, want: dict, build: Callable[[str], Any]) -> ManifestTable | None:
+    """The row table of ``path`` (a manifest in a folder that cannot be written) in the
+    node's cache folder, one file per manifest and version (``rows-<digest>-<digest>``),
+    built by ``build(place)`` once per node; ``None`` without a usable folder."""
+    folder = index_cache_dir()
+    if folder is None:
+        return None
+    version = {**want, "inode": os.stat(path).st_ino}
+    place, stem = versioned_path(folder, os.path.abspath(path), version, kind="rows")
+
+    def current() -> ManifestTable | None:
+        try:
+            header, arrays = read_mapped(place)
+        except (MissingDataError, DataError):
+            return None
+        if any(header.get(k) != v for k, v in want.items()) \
+                or not sums_match(place, header, arrays):
+            return None
+        return ManifestTable._of(path, place, header, arrays)
+
+    table = current()
+    if table is None:
+        with file_lock(os.path.join(folder, stem + ".lock"), create=True):
+            table = current()
+            if table is None:
+                try:
+                    build(place)
+                except OSError:
+                    return None
+                drop_other_versions(folder, stem, place)
+                table = current()
+    return table
 
 
 def _line(raw: bytes) -> str:  # a row's bytes to its first newline (kept), decoded
@@ -369,9 +314,12 @@ def _scan(path: str, parse: Parser, numbered: Numbered, text_out) -> tuple[dict,
 
 
 def build_manifest_table(path: str, parse: Parser, *, key_column: str | None = None,
-                         write: bool = True, numbered: Numbered = _numbered) -> ManifestTable:
+                         write: bool = True, numbered: Numbered = _numbered,
+                         out: str | None = None) -> ManifestTable:
     """Read the manifest at ``path`` once and build its :class:`ManifestTable` (see
-    :meth:`ManifestTable.open`, which calls this when the sidecar is missing or stale)."""
+    :meth:`ManifestTable.open`, which calls this when the sidecar is missing or stale).
+    ``out``: a file of the node's cache to write it to (with its sums; an ``OSError`` raised)
+    instead of the sidecar beside the manifest."""
     sig = _signature(path)
     text_tmp = text_out = None
     if path.lower().endswith(".gz"):
@@ -403,6 +351,9 @@ def build_manifest_table(path: str, parse: Parser, *, key_column: str | None = N
         _check_unique(table, parse)
         if text_tmp is not None:
             arrays["text"] = (text_tmp, text_size)
+        if out is not None:  # the node's cache: an OSError is the caller's
+            write_mapped(out, header, arrays, mode_of=path, sums=True)
+            return table
         try:
             if not write:
                 raise _NotWritten
@@ -765,12 +716,12 @@ def _remapped_lengths(sidecar: str, signature: tuple, start: int, stop: int) -> 
 
 
 def build_index_table(out: str, header: dict, entries: Iterable[IndexRow], *, source: str,
-                      mode_of: str | None = None, extra: Mapping[str, Any] | None = None
-                      ) -> str:
+                      mode_of: str | None = None, extra: Mapping[str, Any] | None = None,
+                      sums: bool = False) -> str:
     """Write the :class:`IndexTable` of a shard index's ``header`` and checked ``entries`` to
     ``out`` (atomically). ``source``: the local ``index.jsonl`` whose size and modification
     time the table records, or a URL; ``extra``: more header fields (a cached table's
-    source and version)."""
+    source and version); ``sums``: record the arrays' CRC-32s (a node's cache file)."""
     sig = {} if not os.path.isfile(source) else _signature(source)
     counts, sizes, totals, lines = array("q"), array("q"), array("d"), array("q")
     starts, name_starts, key_starts = array("q", [0]), array("q", [0]), array("q", [0])
@@ -813,4 +764,4 @@ def build_index_table(out: str, header: dict, entries: Iterable[IndexRow], *, so
     }
     head = {"format": _INDEX_FORMAT, "version": _INDEX_VERSION, "index_header": header,
             "shards": len(counts), "utterances": n, **sig, **(extra or {})}
-    return write_mapped(out, head, arrays, mode_of=mode_of)
+    return write_mapped(out, head, arrays, mode_of=mode_of, sums=sums)

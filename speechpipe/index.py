@@ -50,7 +50,9 @@ import numpy as np
 
 from .compact import MAPPED_SUFFIX, IndexRow, IndexTable, MappedKeys, build_index_table
 from .errors import DataError, MissingDataError, UnsafeInputError
-from .node_cache import drop_other_versions, file_lock, index_cache_dir, versioned_path
+from .node_cache import (
+    drop_other_versions, file_lock, index_cache_dir, sums_match, versioned_path,
+)
 from .remote import (RemoteOptions, is_remote, join_url, object_version, read_remote_bytes,
                      remote_glob, remote_info)
 from .sample import estimate_boundaries
@@ -560,7 +562,8 @@ def cached_table(source: str, version: Mapping[str, Any],
     (:mod:`speechpipe.node_cache`): mapped when that version's file is there and whole, else
     built from ``rows()`` once -- under a lock, so that the processes of a node that start at
     once fetch and build it once -- and the source's older versions removed. A cached file
-    cut short, with a broken header or arrays that do not fit together is built again.
+    cut short, with a broken header, arrays that do not fit together or bytes that do not
+    have the CRC-32s its header records (checked once per process) is built again.
     ``path``: the local index (for ``is_current``). Without a usable cache folder (a
     warning says why), a table of this process only.
 
@@ -581,7 +584,7 @@ def cached_table(source: str, version: Mapping[str, Any],
             return table
         header, entries = rows()
         try:
-            build_index_table(place, header, entries, source=path or source,
+            build_index_table(place, header, entries, source=path or source, sums=True,
                               extra={**mark, "built": f"{os.getpid()}-{time.time_ns()}"})
         except OSError as exc:  # a full disk: this process's own table
             warnings.warn(f"cannot write {place} ({exc.strerror or exc}): this process "
@@ -596,14 +599,17 @@ def cached_table(source: str, version: Mapping[str, Any],
 
 
 def _in_cache(place: str, mark: dict, path: str) -> IndexTable | None:
-    """The cached table at ``place`` if it is whole and of ``mark``'s source and version."""
+    """The cached table at ``place`` if it is whole (its arrays fit together and have the
+    CRC-32s its header records: checked once per process) and of ``mark``'s source and
+    version."""
     try:
         table = IndexTable.mapped(place, path)
     except (MissingDataError, DataError):
         return None
     if any(table.header.get(k) != v for k, v in mark.items()) or not table.fits():
         return None
-    return table
+    arrays = {name: getattr(table, name, None) for name in table.header["arrays"]}
+    return table if sums_match(place, table.header, arrays) else None
 
 
 def _remote_index_info(url: str, remote: RemoteOptions | None) -> dict:

@@ -64,6 +64,10 @@ class _SpeedRows:
     def default_streams(self) -> int:
         return self.road.default_streams()
 
+    def plan_key(self) -> dict | None:  # what the plan's data are (plan_batches' plan cache)
+        key = getattr(self.road, "plan_key", None)
+        return None if key is None else {**key(), "speed_factors": self.owner.speed_factors}
+
     def factors(self, epoch: int) -> np.ndarray | None:
         if self.owner.speed_factors is None:
             return None

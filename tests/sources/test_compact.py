@@ -15,14 +15,14 @@ import os
 import stat
 import subprocess
 import sys
-import tempfile
 import textwrap
 
 import numpy as np
 import pytest
 
 import speechpipe as sp
-from speechpipe.compact import MAPPED_SUFFIX, ManifestTable, read_mapped
+from speechpipe.compact import MAPPED_SUFFIX, ManifestTable
+from speechpipe.node_cache import read_mapped
 from speechpipe.errors import DataError
 from speechpipe.pipes.sources import read_manifest
 from speechpipe.pipes.sources import write_manifest_table
@@ -137,19 +137,32 @@ def test_a_corrupt_sidecar_is_rebuilt(tmp_path):
     assert read_mapped(path + MAPPED_SUFFIX)[0]["rows"] == 30
 
 
-def test_a_read_only_folder_holds_the_table_in_memory_with_a_warning(tmp_path):
-    if os.geteuid() == 0:
-        pytest.skip("root writes into read-only folders")
+def _read_only(monkeypatch, folder):
+    """``folder`` cannot be written (root writes anyway: os.access says no for it)."""
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode: (
+        False if os.path.abspath(path) == str(folder) else real(path, mode)))
+
+
+def test_a_read_only_folder_without_a_usable_cache_holds_the_table_in_memory(
+        tmp_path, monkeypatch):
+    from speechpipe.node_cache import CACHE_ENV
+
     folder = tmp_path / "ro"
     folder.mkdir()
     path = _write(folder / "m.jsonl.gz", _rows(30))
-    os.chmod(folder, stat.S_IRUSR | stat.S_IXUSR)
-    try:
-        with pytest.warns(UserWarning, match=r"m\.jsonl\.gz: could not write its row table"):
-            got = _keys(mapped([path]))
-    finally:
-        os.chmod(folder, stat.S_IRWXU)
+    (tmp_path / "a-file").write_text("x")
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "a-file" / "cache"))  # cannot be made
+    _read_only(monkeypatch, folder)
+    monkeypatch.setattr(sp.compact, "write_mapped", _refused)  # as the folder would
+    with pytest.warns(RuntimeWarning, match="cache folder"), \
+            pytest.warns(UserWarning, match=r"m\.jsonl\.gz: could not write its row table"):
+        got = _keys(mapped([path]))
     assert got == _keys(listed([path]))
+
+
+def _refused(*args, **kwargs):
+    raise PermissionError(13, "Permission denied")
 
 
 def test_a_state_resumes_at_the_next_sample_and_held_samples_are_found_by_key(tmp_path):
@@ -446,20 +459,65 @@ def test_a_stale_or_corrupt_selection_is_computed_again(tmp_path, counted_durati
         ref.source_datapipe.diagnostics.counts)
 
 
-def test_a_selection_that_cannot_be_written_beside_goes_to_the_temporary_folder(
-        tmp_path, monkeypatch, counted_durations):
-    import speechpipe.pipes.sources._selection as selection
+@pytest.mark.parametrize("suffix", [".jsonl", ".jsonl.gz"])
+def test_a_read_only_manifest_folder_keeps_its_table_and_selection_in_the_node_cache(
+        tmp_path, monkeypatch, counted_durations, suffix):
+    # issue 28's leftover: they went to the temporary folder (the selection) or were held in
+    # each process's memory (the table); now in the node's cache folder, as index tables
+    from speechpipe.node_cache import CACHE_ENV
 
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
-    os.makedirs(tmp_path / "tmp")
-    monkeypatch.setattr(selection, "selection_path",
-                        lambda table, low, high: str(tmp_path / "no-such-folder" / "x.spmap"))
-    path = _write(tmp_path / "m.jsonl", _rows(100))
+    folder, cache = tmp_path / "ro", tmp_path / "cache"
+    folder.mkdir()
+    path = _write(folder / f"m{suffix}", _rows(100))
+    monkeypatch.setenv(CACHE_ENV, str(cache))
+    _read_only(monkeypatch, folder)
     assert _keys(mapped([path], 2.0, 9.0)) == _keys(listed([path], 2.0, 9.0))
-    assert len([n for n in os.listdir(tmp_path / "tmp") if n.startswith("speechpipe-within-")]) == 1
+    assert os.listdir(folder) == [os.path.basename(path)]
+    files = sorted(n for n in os.listdir(cache) if n.endswith(MAPPED_SUFFIX))
+    assert [n.split("-")[0] for n in files] == ["rows", "within"]
+    stamps = {n: os.stat(cache / n).st_mtime_ns for n in files}
     counted_durations.read = 0
+    for _ in range(2):  # later pipes and processes map both
+        assert _keys(mapped([path], 2.0, 9.0)) == _keys(listed([path], 2.0, 9.0))
+    assert counted_durations.read <= 4 * EXAMPLES
+    assert {n: os.stat(cache / n).st_mtime_ns for n in files} == stamps  # not rebuilt
+    _write(path, _rows(120))  # the manifest rewritten: new versions, the old ones removed
     assert _keys(mapped([path], 2.0, 9.0)) == _keys(listed([path], 2.0, 9.0))
-    assert counted_durations.read <= 2 * EXAMPLES
+    now = sorted(n for n in os.listdir(cache) if n.endswith(MAPPED_SUFFIX))
+    assert len(now) == 2 and not set(now) & set(files)
+
+
+@pytest.mark.parametrize("which", ["rows", "within"])
+def test_a_node_cached_table_or_selection_with_corrupted_bytes_is_built_again(
+        tmp_path, monkeypatch, which):
+    # issue 28's leftover: a header and size intact, an array's bytes not (a crash before the
+    # data reached the disk): the CRC-32s in the header find it
+    import speechpipe.node_cache as node_cache
+    from speechpipe.node_cache import CACHE_ENV
+
+    folder, cache = tmp_path / "ro", tmp_path / "cache"
+    folder.mkdir()
+    path = _write(folder / "m.jsonl.gz", _rows(200))
+    monkeypatch.setenv(CACHE_ENV, str(cache))
+    _read_only(monkeypatch, folder)
+    want = _keys(listed([path], 2.0, 9.0))
+    assert _keys(mapped([path], 2.0, 9.0)) == want
+    (name,) = [n for n in os.listdir(cache) if n.startswith(which + "-")
+               and n.endswith(MAPPED_SUFFIX)]
+    place = str(cache / name)
+    header, _ = read_mapped(place)
+    array = "durations" if which == "rows" else "kept"
+    at = header["arrays"][array]["offset"] + 8
+    with open(place, "rb") as f:
+        data = bytearray(f.read())
+    data[at:at + 8] = bytes(8)  # zeros, as a block that never reached the disk
+    with open(place + ".new", "wb") as f:
+        f.write(data)
+    os.replace(place + ".new", place)  # a new file: maps taken before keep their pages
+    monkeypatch.setattr(node_cache, "_CHECKED", {})  # a new process
+    assert _keys(mapped([path], 2.0, 9.0)) == want
+    header, arrays = read_mapped(place)
+    assert node_cache.array_sums(arrays) == header["sums"]  # built again, whole
 
 
 def test_mapped_rows_are_read_in_blocks_each_parsed_when_taken(tmp_path, monkeypatch):

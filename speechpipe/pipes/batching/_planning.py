@@ -35,8 +35,8 @@ from ...sample import DURATION, NUM_FRAMES, sample_duration
 from ._constraints import BatchConstraint, IndexLength, PaddedArea, Quadratic, SampleCount
 
 __all__ = [
-    "Words", "batch_figures", "bucket_order", "fast_constraint", "measured", "pack_order",
-    "window_order",
+    "Words", "batch_figures", "bucket_order", "fast_constraint", "interleave", "item_array",
+    "measured", "pack_order", "window_order",
 ]
 
 _TWO_53 = 1.0 / 9007199254740992.0
@@ -335,3 +335,30 @@ def batch_figures(lengths: np.ndarray, at: np.ndarray, size: np.ndarray,
         live = np.flatnonzero(size > column)
         real[live] += lengths[at[live] + column]
     return real, padded, cost
+
+
+def item_array(items: Any) -> np.ndarray:
+    """Item numbers as ``int32`` when they fit, else ``int64``."""
+    array = np.asarray(items, np.int64)
+    if not array.size or (array.min() >= 0 and array.max() < 2**31):
+        return array.astype(np.int32)
+    return array
+
+
+def interleave(sizes: list[np.ndarray], items: list[np.ndarray]) -> tuple[np.ndarray, ...]:
+    """Round robin over the streams not yet exhausted: batch ``i`` of every stream (in stream
+    order), then batch ``i + 1``...; each stream's batches given as their sizes and its items
+    one after the other. Returns the global offsets, items and owners."""
+    counts = [len(s) for s in sizes]
+    owner = np.repeat(np.arange(len(sizes), dtype=np.int32), counts)
+    depth = np.concatenate([np.arange(c, dtype=np.int64) for c in counts]) if counts \
+        else np.zeros(0, np.int64)
+    order = np.lexsort((owner, depth))  # by depth, then stream
+    all_sizes = np.concatenate(sizes) if sizes else np.zeros(0, np.int64)
+    starts = np.cumsum(np.concatenate([[0], all_sizes]))[:-1]  # in the streams' items
+    flat = np.concatenate(items) if items else np.zeros(0, np.int64)
+    sizes_out = all_sizes[order]
+    offsets = np.concatenate([[0], np.cumsum(sizes_out)]).astype(np.int64)
+    # item j of global batch b: flat[starts[order[b]] + j]
+    gather = np.repeat(starts[order] - offsets[:-1], sizes_out) + np.arange(offsets[-1])
+    return offsets, item_array(flat[gather]), owner[order]

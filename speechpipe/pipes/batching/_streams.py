@@ -29,6 +29,11 @@ need). Every rank takes the same number of steps, known before the epoch: ``ceil
 (``uneven="pad"``: the last step's missing batches repeat the epoch's first ones) or
 ``floor(N / W)`` (``"drop"``) -- no collective is needed.
 
+**Planned once per node.** An epoch's plan is written by the first process of a node that
+needs it into the node's cache folder and mapped by every other (``plan_cache``,
+:mod:`speechpipe.pipes.batching._plan_cache`): the main process (``len(loader)``) and the
+DataLoader workers of every rank plan it once between them.
+
 **Resume on any topology.** The position is one number, the global batches consumed, so the
 state rank 0's loader returns (:meth:`speechpipe.loader.Loader.state_dict`) resumes every rank of
 any world size and number of workers: the rest of the epoch is the unbroken run's.
@@ -36,6 +41,7 @@ any world size and number of workers: the rest of the epoch is the unbroken run'
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Sequence
 from array import array
 from typing import Any, Iterator
@@ -54,8 +60,10 @@ from ..order import (
 from ..order import shuffle_window as window_shuffle
 from ..shards import node_copy_samples
 from ._buckets import bucket_groups, pack_batches
+from ._plan_cache import cached_plan, plan_key, rows_key, shards_key
 from ._planning import (
-    batch_figures, bucket_order, fast_constraint, measured, pack_order, window_order,
+    batch_figures, bucket_order, fast_constraint, interleave, item_array, measured, pack_order,
+    window_order,
 )
 from ._constraints import (
     BatchConstraint, BatchStats, IndexLength, OVERSIZE, SampleCount, batch_budget,
@@ -116,7 +124,7 @@ class StreamPlan:
         """A plan from Python batches of item numbers and each batch's stream."""
         sizes = [len(b) for b in batches]
         flat = [i for b in batches for i in b]
-        return cls(epoch, streams, np.cumsum([0] + sizes), _item_array(flat), stream_of, stats)
+        return cls(epoch, streams, np.cumsum([0] + sizes), item_array(flat), stream_of, stats)
 
     def __len__(self) -> int:
         return len(self.offsets) - 1
@@ -182,33 +190,6 @@ class StreamPlan:
         """
         steps = self.steps(world_size, start=start, uneven=uneven)
         return [start + s * world_size + rank for s in range(worker, steps, num_workers)]
-
-
-def _item_array(items: Any) -> np.ndarray:
-    """Item numbers as ``int32`` when they fit, else ``int64``."""
-    array = np.asarray(items, np.int64)
-    if not array.size or (array.min() >= 0 and array.max() < 2**31):
-        return array.astype(np.int32)
-    return array
-
-
-def _interleave(sizes: list[np.ndarray], items: list[np.ndarray]) -> tuple[np.ndarray, ...]:
-    """Round robin over the streams not yet exhausted: batch ``i`` of every stream (in stream
-    order), then batch ``i + 1``...; each stream's batches given as their sizes and its items
-    one after the other. Returns the global offsets, items and owners."""
-    counts = [len(s) for s in sizes]
-    owner = np.repeat(np.arange(len(sizes), dtype=np.int32), counts)
-    depth = np.concatenate([np.arange(c, dtype=np.int64) for c in counts]) if counts \
-        else np.zeros(0, np.int64)
-    order = np.lexsort((owner, depth))  # by depth, then stream
-    all_sizes = np.concatenate(sizes) if sizes else np.zeros(0, np.int64)
-    starts = np.cumsum(np.concatenate([[0], all_sizes]))[:-1]  # in the streams' items
-    flat = np.concatenate(items) if items else np.zeros(0, np.int64)
-    sizes_out = all_sizes[order]
-    offsets = np.concatenate([[0], np.cumsum(sizes_out)]).astype(np.int64)
-    # item j of global batch b: flat[starts[order[b]] + j]
-    gather = np.repeat(starts[order] - offsets[:-1], sizes_out) + np.arange(offsets[-1])
-    return offsets, _item_array(flat[gather]), owner[order]
 
 
 # long: the plan of one stream is one chain of the road's generators, read here in one place
@@ -308,7 +289,7 @@ def _plan_items(streams: Iterable[Iterable[tuple[int, Any]]], constraint: BatchC
             mine.extend(i for i, _ in batch)
         sizes.append(np.frombuffer(mine_sizes, np.int64))
         flat.append(np.frombuffer(mine, np.int64))
-    return StreamPlan(epoch, len(sizes), *_interleave(sizes, flat), stats)
+    return StreamPlan(epoch, len(sizes), *interleave(sizes, flat), stats)
 
 
 def plan_arrays(streams: Sequence[tuple[np.ndarray, np.ndarray]], unit: str | None,
@@ -377,7 +358,7 @@ def _planned(streams: Sequence[tuple[np.ndarray, np.ndarray]], unit: str | None,
         gather = np.repeat(at - (ends - size), size) + np.arange(ends[-1] if len(ends) else 0)
         sizes.append(size)
         flat.append(items[grouped][gather])
-    return StreamPlan(epoch, len(sizes), *_interleave(sizes, flat),
+    return StreamPlan(epoch, len(sizes), *interleave(sizes, flat),
                       _stats(figures, over, oversize))
 
 
@@ -417,6 +398,12 @@ class _ShardRoad:
 
     def default_streams(self) -> int:
         return max(1, min(len(self.names), DEFAULT_STREAMS))
+
+    def plan_key(self) -> dict:
+        """What the plans read of the data (:func:`shards_key`, computed once)."""
+        if getattr(self, "_key", None) is None:
+            self._key = shards_key(self.names, self.entries, self.unit, self.rate)
+        return self._key
 
     def streams(self, seed: int, epoch: int, streams: int) -> list[tuple[np.ndarray, ...]]:
         """Per stream, its items and their lengths (in the index's unit) in reading order."""
@@ -511,6 +498,12 @@ class _RowRoad:
 
     def default_streams(self) -> int:
         return DEFAULT_STREAMS
+
+    def plan_key(self) -> dict:
+        """What the plans read of the data (:func:`rows_key`, computed once)."""
+        if getattr(self, "_key", None) is None:
+            self._key = rows_key(self.durations())
+        return self._key
 
     def streams(self, seed: int, epoch: int, streams: int) -> list[tuple[np.ndarray, ...]]:
         """Per stream, its rows and their durations in reading order."""
@@ -639,6 +632,10 @@ class BatchPlannerIterDataPipe(Seeded, SampleSource, IterDataPipe[list]):
         uneven: ``"pad"`` (default) or ``"drop"`` (:data:`UNEVEN`).
         index: the shard index (shards road).
         read_options: how shards are read (:class:`~speechpipe.pipes.shards.ShardReadOptions`).
+        plan_cache: ``True`` (default): each epoch's plan is made once per node, in the
+            node's cache folder (:mod:`speechpipe.node_cache`), and mapped by every other
+            process; a folder: that cache folder; ``False``: each process plans for itself.
+            The batches are the same either way.
 
     >>> import os, tempfile
     >>> from speechpipe import IterableWrapper
@@ -673,7 +670,10 @@ class BatchPlannerIterDataPipe(Seeded, SampleSource, IterDataPipe[list]):
         uneven: str = "pad",
         index: ShardIndex | bool | None = None,
         read_options: Any = None,
+        plan_cache: bool | str | os.PathLike = True,
     ) -> None:
+        if not isinstance(plan_cache, (bool, str, os.PathLike)):
+            raise TypeError(f"plan_cache must be True, False or a folder, got {plan_cache!r}")
         self.constraint = batch_budget(budget, max_samples=max_samples, required=True)
         if streams is not None:
             check_int("streams", streams, 1)
@@ -703,6 +703,7 @@ class BatchPlannerIterDataPipe(Seeded, SampleSource, IterDataPipe[list]):
         self.uneven = uneven
         self.index = None if index is False else index
         self.read_options = read_options
+        self.plan_cache = plan_cache
         self._road: Any = None
         self._plan: StreamPlan | None = None
 
@@ -750,12 +751,23 @@ class BatchPlannerIterDataPipe(Seeded, SampleSource, IterDataPipe[list]):
         epoch = self.epoch if epoch is None else check_int("epoch", epoch, 0)
         if self._plan is None or self._plan.epoch != epoch:
             road = self.road()
-            self._plan = plan_arrays(
-                road.streams(self.seed, epoch, self.num_streams), road.unit, road.rate,
-                self.constraint, seed=self.seed, epoch=epoch,
+            settings = dict(
+                seed=self.seed,
                 buffer_size=self.buffer_size if isinstance(road, _ShardRoad) else 1,
                 bucket_buffer=self.bucket_buffer, boundaries=self.boundaries,
                 shuffle_window=self.shuffle_window, oversize=self.oversize)
+
+            def make() -> StreamPlan:
+                return plan_arrays(road.streams(self.seed, epoch, self.num_streams),
+                                   road.unit, road.rate, self.constraint, epoch=epoch,
+                                   **settings)
+
+            if self.plan_cache is False:
+                self._plan = make()
+            else:
+                key = plan_key(self, road, self.num_streams, self.constraint, settings)
+                self._plan = cached_plan(key, epoch, make, StreamPlan, cache_dir=None if
+                                         self.plan_cache is True else self.plan_cache)
         return self._plan
 
     def _positions(self, start: int) -> list[int]:

@@ -9,21 +9,24 @@ range and checked against the manifest's size and modification time as the table
 memory-mapped: every worker and every pass of the node shares one copy, and starting a pass
 costs a file open whatever the corpus's size.
 
-Where the manifest's folder cannot be written the selection goes to the temporary folder
-(named by the manifest's path, size, modification time and the range); where that fails too,
-the process holds it in memory.
+Where the manifest's folder cannot be written the selection goes to the node's cache folder
+(:mod:`speechpipe.node_cache`, as the tables of such manifests and of shard indexes do; named
+by the manifest's path and the range, versioned by its size and modification time, older
+versions removed, checked by its CRC-32s); where that cannot be used either, the process
+holds it in memory.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
-import tempfile
 from typing import Callable, NamedTuple
 
 import numpy as np
 
-from ...compact import index_dtype, MAPPED_SUFFIX, ManifestTable, read_mapped, write_mapped
+from ...compact import index_dtype, MAPPED_SUFFIX, ManifestTable
+from ...node_cache import (
+    drop_other_versions, index_cache_dir, read_mapped, sums_match, versioned_path, write_mapped,
+)
 from ...errors import DataError, MissingDataError
 
 __all__ = ["DurationSelection", "compute_selection", "duration_selection", "selection_path",
@@ -62,11 +65,15 @@ def selection_path(table: ManifestTable, low: float | None, high: float | None) 
     return f"{table.path}.within-{_bound(low)}-{_bound(high)}{MAPPED_SUFFIX}"
 
 
-def _temporary_path(table: ManifestTable, low: float | None, high: float | None) -> str:
-    what = (f"{os.path.abspath(table.path)}\0{table.header['source_size']}\0"
-            f"{table.header['source_mtime_ns']}\0{_bound(low)}\0{_bound(high)}")
-    digest = hashlib.blake2b(what.encode("utf-8", "surrogatepass"), digest_size=12).hexdigest()
-    return os.path.join(tempfile.gettempdir(), f"speechpipe-within-{digest}{MAPPED_SUFFIX}")
+def _cache_path(table: ManifestTable, low: float | None, high: float | None
+                ) -> tuple[str, str, str] | None:
+    """``(folder, file, stem)`` of the selection in the node's cache folder, or ``None``."""
+    folder = index_cache_dir()
+    if folder is None:
+        return None
+    source = f"{os.path.abspath(table.path)}\0{_bound(low)}\0{_bound(high)}"
+    version = {k: table.header[k] for k in ("source_size", "source_mtime_ns")}
+    return (folder, *versioned_path(folder, source, version, kind="within"))
 
 
 def _header(table: ManifestTable, low: float | None, high: float | None) -> dict:
@@ -76,13 +83,14 @@ def _header(table: ManifestTable, low: float | None, high: float | None) -> dict
             "source_mtime_ns": table.header["source_mtime_ns"]}
 
 
-def _mapped(path: str, header: dict) -> DurationSelection | None:
+def _mapped(path: str, header: dict, summed: bool = False) -> DurationSelection | None:
     try:
         found, arrays = read_mapped(path)
     except (MissingDataError, DataError, OSError):
         return None
     if any(found.get(k) != v for k, v in header.items()) \
-            or not {"kept", "low_examples", "high_examples"} <= set(arrays):
+            or not {"kept", "low_examples", "high_examples"} <= set(arrays) \
+            or (summed and not sums_match(path, found, arrays)):
         return None
     dropped = found.get("dropped")
     if not isinstance(dropped, dict) or set(dropped) != {"low", "high"}:
@@ -125,26 +133,30 @@ def duration_selection(table: ManifestTable, low: float | None, high: float | No
                        check: Callable[[int], None]) -> DurationSelection:
     """The rows of ``table`` within ``[low, high]``: mapped from the file a process wrote
     before when it is current, else computed (:func:`compute_selection`) and written for the
-    others (beside the manifest, else in the temporary folder, else held in memory)."""
+    others (beside the manifest, else in the node's cache folder, else held in memory)."""
     header = _header(table, low, high)
-    places = [selection_path(table, low, high), _temporary_path(table, low, high)]
-    for place in places:
-        found = _mapped(place, header)
+    beside = selection_path(table, low, high)
+    found = _mapped(beside, header)
+    if found is not None:
+        return found
+    writable = os.access(os.path.dirname(os.path.abspath(beside)), os.W_OK)
+    cached = None if writable else _cache_path(table, low, high)
+    if cached is not None:
+        found = _mapped(cached[1], header, summed=True)
         if found is not None:
             return found
     selection = compute_selection(table, low, high, check)
     arrays = {"kept": selection.kept, "low_examples": selection.examples["low"],
               "high_examples": selection.examples["high"]}
-    for place in places:
-        try:
-            write_mapped(place, {**header, "dropped": selection.dropped}, arrays,
-                         mode_of=table.path)
-        except OSError:
-            continue
-        found = _mapped(place, header)
-        if found is not None:
-            return found
-    return selection
+    place = beside if cached is None else cached[1]
+    try:
+        write_mapped(place, {**header, "dropped": selection.dropped}, arrays,
+                     mode_of=table.path, sums=cached is not None)
+    except OSError:
+        return selection
+    if cached is not None:
+        drop_other_versions(cached[0], cached[2], place)
+    return _mapped(place, header, summed=cached is not None) or selection
 
 
 def within(rows, low: float | None, high: float | None, check: Callable) -> tuple:
