@@ -393,8 +393,7 @@ class Loader:
             telemetry._refresh = weakref.WeakMethod(self._read_stage_figures)  # not a cycle
         self._epoch_given = True  # the first pass uses the epoch the loader starts at
         self._between_epochs = False  # the last pass ran to its end; none has started since
-        self._stages_fingerprint: dict | None = None  # the pipeline's part, taken once, before
-        # the first pass (stages of a loader without workers run in this process)
+        self._stages_fingerprint: dict | None = None  # taken once, before the first pass
         self.position = GlobalPosition(dataset.shared_start, dataset.pipe) if planned_stages(
             dataset.pipe) else None  # plan_batches: one position for any topology
 
@@ -410,8 +409,9 @@ class Loader:
         epoch to continue with), and a pass left early is followed by the next epoch too.
         """
         self.dataset.set_epoch(epoch)
-        if callable(getattr(self.uneven, "set_epoch", None)):
-            self.uneven.set_epoch(epoch)
+        for counter in (self.uneven, self.position):  # len() counts the epoch set
+            if callable(getattr(counter, "set_epoch", None)):
+                counter.set_epoch(epoch)
         self._epoch_given = True
         return self
 

@@ -65,6 +65,12 @@ class GlobalPosition:
         for stage in self.stages:  # planned once here: forked workers inherit the plan
             stage.plan(epoch)
 
+    def set_epoch(self, epoch: int) -> None:
+        """The next pass is of ``epoch``: ``len()`` counts its steps (from the loaded
+        position, if it is that epoch's) before the pass begins."""
+        start = self.loaded if self.loaded is not None and self.loaded_epoch == epoch else 0
+        set_start(self.stages, epoch, start)
+
     def counted(self, batches: Iterator[Any]) -> Iterator[Any]:
         for batch in batches:
             self.steps += 1

@@ -460,3 +460,19 @@ def test_step_planner_counts_a_view_over_streams(monkeypatch):
     resumed = sp.build_loader(view_pipe(), seed=0, uneven="plan")
     resumed.load_state_dict(state)
     assert len(resumed) == -(-(total - 6) // 4) == len(list(resumed))
+
+
+@pytest.mark.parametrize("uneven", [None, "plan"])
+@pytest.mark.parametrize("road", ["shards", "rows"])
+def test_len_of_the_loader_counts_the_epoch_set_before_the_pass(corpus, road, uneven):
+    """``loader.set_epoch(e)`` then ``len(loader)``: epoch e's steps, not the last pass's
+    (the planner learnt its epoch only when the pass began)."""
+    make = (lambda: shard_pipe(corpus["shards"])) if road == "shards" else (
+        lambda: row_pipe(corpus["rows"]))
+    plans = make().datapipe
+    counts = {e: len(plans.plan(e)) for e in range(12)}
+    epoch = next(e for e in range(1, 12) if counts[e] != counts[0])
+    loader = sp.build_loader(make(), seed=0, uneven=uneven)
+    assert len(loader) == counts[0]
+    loader.set_epoch(epoch)
+    assert len(loader) == counts[epoch] == len(list(loader))
