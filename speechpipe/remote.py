@@ -192,7 +192,7 @@ class RemoteOptions:
             object storage are kept, one per index and version, shared by every process on
             the node (:meth:`speechpipe.index.ShardIndex.read`); ``None``: ``$SPEECHPIPE_CACHE_DIR``,
             else ``$XDG_CACHE_HOME/speechpipe``, else a folder of this user's in the temporary
-            folder (:func:`speechpipe.compact.index_cache_dir`).
+            folder (:func:`speechpipe.node_cache.index_cache_dir`).
 
     >>> RemoteOptions(storage_options={"key": "AKIA", "secret": "hush"}, retries=3)
     RemoteOptions(storage_options={'key': '***', 'secret': '***'}, block_size=8388608, \

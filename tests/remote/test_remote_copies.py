@@ -114,10 +114,9 @@ def collate(batch: list) -> dict:
 
 
 def road(urls, read_options):
-    # the index read with the bucket's options (plan_batches' index=True reads it without)
-    index = ShardIndex.read(urls[0].rsplit("/", 1)[0], remote=read_options.remote)
+    # index=True: the index beside the shards, read with the bucket's options
     return sp.IterableWrapper(urls).plan_batches(
-        budget=PaddedArea(500), index=index, streams=1, seed=3, buffer_size=4,
+        budget=PaddedArea(500), index=True, streams=1, seed=3, buffer_size=4,
         bucket_buffer=6, shuffle_window=2, read_options=read_options).collate(
         collate_fn=collate)
 

@@ -736,8 +736,9 @@ class BatchPlannerIterDataPipe(Seeded, SampleSource, IterDataPipe[list]):
                              "(or a ShardIndex), or read_manifest_files over JSON-lines "
                              "manifests with durations")
         names = [str(n) for n in self.source_datapipe]
+        remote = self.read_options.remote if self.read_options is not None else None
         index = (self.index if isinstance(self.index, ShardIndex)
-                 else ShardIndex.for_shards(sorted(set(names))))
+                 else ShardIndex.for_shards(sorted(set(names)), remote=remote))
         return _ShardRoad(names, index_entries(names, index), index.length_unit,
                           index.sample_rate)
 
