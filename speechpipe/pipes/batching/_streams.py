@@ -18,6 +18,11 @@ metadata), over ``V`` **virtual streams**:
 3. the streams' batches are interleaved into one global sequence ``b0, b1, ...``: round robin
    over the streams not yet exhausted (:func:`plan_stream_batches`, a :class:`StreamPlan`).
 
+**How many streams.** ``V`` is given, or derived from the data and the batching settings
+alone (``streams="auto"``, the default): each stream buckets only its share, so the default
+gives every stream at least a bucket buffer's worth of items, from 1 stream (small corpora,
+which then pad as one stream) up to 8 (:mod:`~speechpipe.pipes.batching._stream_count`).
+
 The sequence is a function of ``(seed, epoch, V, data, batching settings)`` only. Rank ``r`` of
 ``W`` trains at step ``s`` on ``b[s * W + r]``; its DataLoader worker ``k`` of ``K`` produces the
 rank's steps ``s`` with ``s % K == k``, which the DataLoader's round robin over workers hands
@@ -53,6 +58,7 @@ from ..order import (
 )
 from ..order import shuffle_window as window_shuffle
 from ._buckets import bucket_groups, pack_batches
+from ._stream_count import AUTO, check_streams, derived_streams
 from ._planning import (
     batch_figures, bucket_order, fast_constraint, measured, pack_order, window_order,
 )
@@ -71,8 +77,6 @@ __all__ = [
 #: What the last step does when the epoch's batches do not fill every rank: ``"pad"`` repeats
 #: the epoch's first batches (``ceil(N / W)`` steps), ``"drop"`` leaves the last ``N mod W``.
 UNEVEN = ("pad", "drop")
-#: Streams when none is given: one per shard up to this many (manifests: this many).
-DEFAULT_STREAMS = 8
 _SALT = "virtual-stream"
 
 
@@ -407,15 +411,17 @@ class _ShardRoad:
     (names in the source's order)."""
 
     def __init__(self, names: list[str], entries: dict[str, ShardEntry], unit: str,
-                 rate: int | None) -> None:
+                 rate: int | None, bucket_buffer: int) -> None:
         self.names = names
         self.entries = entries
         self.unit, self.rate = unit, rate
         self.offsets = np.cumsum([0] + [entries[n].count for n in names]).astype(np.int64)
         self.number = {n: i for i, n in enumerate(names)}
+        self.bucket_buffer = bucket_buffer
 
     def default_streams(self) -> int:
-        return max(1, min(len(self.names), DEFAULT_STREAMS))
+        """:func:`derived_streams` of the members, the bucket buffer and the shards."""
+        return derived_streams(int(self.offsets[-1]), self.bucket_buffer, len(self.names))
 
     def streams(self, seed: int, epoch: int, streams: int) -> list[tuple[np.ndarray, ...]]:
         """Per stream, its items and their lengths (in the index's unit) in reading order."""
@@ -489,9 +495,11 @@ class _RowRoad:
 
     unit, rate = "seconds", None  # durations
 
-    def __init__(self, rows: Any) -> None:
+    def __init__(self, rows: Any, bucket_buffer: int) -> None:
         self.rows = rows
+        self.bucket_buffer = bucket_buffer
         durations = self.durations()
+        self.count = len(durations)
         bad = np.flatnonzero(~np.isfinite(durations))
         if bad.size:
             sample = rows.sample(int(bad[0]))
@@ -506,7 +514,8 @@ class _RowRoad:
         return durations[rows.kept] if rows.kept is not None else durations
 
     def default_streams(self) -> int:
-        return DEFAULT_STREAMS
+        """:func:`derived_streams` of the rows and the bucket buffer."""
+        return derived_streams(self.count, self.bucket_buffer)
 
     def streams(self, seed: int, epoch: int, streams: int) -> list[tuple[np.ndarray, ...]]:
         """Per stream, its rows and their durations in reading order."""
@@ -608,9 +617,11 @@ class BatchPlannerIterDataPipe(Seeded, SampleSource, IterDataPipe[list]):
         budget, max_samples: the budget, as ``block_batch``'s (seconds, or a constraint);
             the index's lengths are measured in the budget's unit
             (:class:`~speechpipe.pipes.batching.IndexLength`), manifests in seconds.
-        streams: ``V``, the virtual streams (default: the number of shards up to 8; 8 for
-            manifests). Fixed for a run: a state is refused by another ``V``. More streams mix
-            more shards into each stretch of batches; any ``V`` serves any topology.
+        streams: ``V``, or ``"auto"`` (default; ``None``: the same): the most streams, up
+            to 8, that each hold a ``bucket_buffer`` of items, over shards at most one per
+            shard (:func:`derived_streams`; a small corpus gets 1). Fixed for a run: a state
+            records the ``V`` used and refuses a pipeline that gives or derives another.
+            More streams mix more shards into each stretch; any ``V`` serves any topology.
         seed: the base seed of every stream's generators ``(seed, epoch, stream)``.
         buffer_size: each stream's sample shuffle buffer (shards; rows are permuted whole).
         bucket_buffer: items each stream's length buckets hold.
@@ -635,7 +646,7 @@ class BatchPlannerIterDataPipe(Seeded, SampleSource, IterDataPipe[list]):
 
     topology_free = True  # the loader saves one position for every rank and worker
     draws_in_sequence = False
-    decides_batches = ("constraint", "streams", "seed", "buffer_size", "bucket_buffer",
+    decides_batches = ("constraint", "num_streams", "seed", "buffer_size", "bucket_buffer",
                        "boundaries", "shuffle_window", "oversize", "uneven", "index")
 
     def __init__(
@@ -644,7 +655,7 @@ class BatchPlannerIterDataPipe(Seeded, SampleSource, IterDataPipe[list]):
         budget: float | BatchConstraint | None = None,
         *,
         max_samples: int | None = None,
-        streams: int | None = None,
+        streams: int | str | None = AUTO,
         seed: int = 0,
         buffer_size: int = 1000,
         bucket_buffer: int = 2000,
@@ -656,8 +667,7 @@ class BatchPlannerIterDataPipe(Seeded, SampleSource, IterDataPipe[list]):
         read_options: Any = None,
     ) -> None:
         self.constraint = batch_budget(budget, max_samples=max_samples, required=True)
-        if streams is not None:
-            check_int("streams", streams, 1)
+        streams = check_streams(streams)
         for name, value in (("buffer_size", buffer_size), ("bucket_buffer", bucket_buffer),
                             ("shuffle_window", shuffle_window)):
             check_int(name, value, 1)
@@ -705,7 +715,7 @@ class BatchPlannerIterDataPipe(Seeded, SampleSource, IterDataPipe[list]):
         if self._road is None:
             rows = source_rows(self.source_datapipe)
             if rows is not None:
-                self._road = _RowRoad(rows)
+                self._road = _RowRoad(rows, self.bucket_buffer)
             else:
                 self._road = self._shard_road()
         return self._road
@@ -719,12 +729,13 @@ class BatchPlannerIterDataPipe(Seeded, SampleSource, IterDataPipe[list]):
         index = (self.index if isinstance(self.index, ShardIndex)
                  else ShardIndex.for_shards(sorted(set(names))))
         return _ShardRoad(names, index_entries(names, index), index.length_unit,
-                          index.sample_rate)
+                          index.sample_rate, self.bucket_buffer)
 
     @property
     def num_streams(self) -> int:
-        """``V``: the ``streams`` given, else the road's default."""
-        return self.streams if self.streams is not None else self.road().default_streams()
+        """``V``: the ``streams`` given, else the road's default (:func:`derived_streams`:
+        reads the count of rows or members). A state's fingerprint records it."""
+        return self.streams if self.streams != AUTO else self.road().default_streams()
 
     def plan(self, epoch: int | None = None) -> StreamPlan:
         """The epoch's global batch sequence (default: the current epoch); reads metadata."""

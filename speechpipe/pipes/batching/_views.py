@@ -45,6 +45,7 @@ from ._constraints import (
 )
 from ._lengths import check_group_info, check_lengths, read_group_labels
 from ._sampler import ViewSampler
+from ._stream_count import view_streams
 from ._streams import LengthStreams, StreamPlan, UNEVEN
 
 __all__ = [
@@ -381,7 +382,9 @@ class BatchView:
             (:meth:`batches` with ``rank``/``world_size``), and a loader over
             ``batch_by_view`` saves one global position that resumes on any topology. With
             streams: ``world_size=1``, no ``batches_fn`` nor ``batches_per_epoch``, numbers
-            as lengths; ``descending`` is not used.
+            as lengths; ``descending`` is not used. ``"auto"``: ``V`` derived from the
+            number of keys (:func:`~speechpipe.pipes.batching._stream_count.view_streams`;
+            small views get 1); ``None`` (default): no streams.
         uneven: with streams, ``"pad"`` (the last step repeats the epoch's first batches)
             or ``"drop"`` (it is left out) when the batches do not fill every rank.
 
@@ -413,11 +416,11 @@ class BatchView:
         oversize: str = "emit",
         group_info: Mapping[str, Any] | None = None,
         world_size: int = 1,
-        streams: int | None = None,
+        streams: int | str | None = None,
         uneven: str = "pad",
     ) -> None:
         self.lengths = check_lengths(lengths)
-        self.streams = None if streams is None else check_int("streams", streams, 1)
+        self.streams = None if streams is None else view_streams(streams, len(self.lengths))
         if uneven not in UNEVEN:
             raise ValueError(f"uneven must be one of {UNEVEN}, got {uneven!r}")
         self.uneven = uneven
