@@ -22,8 +22,8 @@ streams): its padding efficiency over a manifest's mapped rows and over a shard 
 in-memory :class:`~speechpipe.index.ShardIndex` of ``--per-shard`` utterances a shard, lengths
 in seconds), and a ``BatchView(streams=V)``, for each ``V`` in ``--streams`` and ``"auto"`` (the
 derived default), each corpus size in ``--sizes`` and each bucket buffer in ``--buffers``; the
-median over ``--rounds`` seeds (lengths and plan) with the range, and each ``V``'s loss against
-``V = 1`` in points. Padding does not depend on the load (nothing is timed)::
+median over ``--rounds`` seeds (lengths and plan) with the range, and each ``V``'s difference to
+``V = 1`` in points (the median of the seeds' differences). Padding does not depend on the load (nothing is timed)::
 
     python -m benchmarks.bench_batching --streams-curve --budget 200
 
@@ -192,7 +192,7 @@ def lhotse_dynamic(durations, budget_seconds, epochs, seed, num_buckets=30):
 
 
 #: ``--streams-curve``'s defaults: corpus sizes, streams, bucket buffers, utterances a shard.
-CURVE_SIZES = (600, 3000, 10_000, 30_000, 100_000, 300_000)
+CURVE_SIZES = (600, 3000, 5000, 10_000, 17_000, 30_000, 100_000, 300_000)
 CURVE_STREAMS = (1, 2, 4, 8)
 CURVE_BUFFERS = (2000, 500)
 CURVE_PER_SHARD = 500
@@ -261,9 +261,9 @@ def streams_curve(sizes, streams, buffers, budget: float, rounds: int,
                     for name in os.listdir(folder):
                         os.remove(os.path.join(folder, name))
                 print(f"  {corpus} {n} done (load {os.getloadavg()[0]:.1f})", flush=True)
-    lines = [f"padding efficiency, median over {rounds} seed(s) [range]; (-x.xx): points "
-             f"below V=1; auto: the derived default (V used in braces); budget {budget:g} s, "
-             f"shards of {per_shard}"]
+    lines = [f"padding efficiency, median over {rounds} seed(s) [range]; (+-x.xx): the median "
+             f"of the seeds' differences to V=1, in points; auto: the derived default (the V "
+             f"used in braces); budget {budget:g} s, shards of {per_shard}"]
     for corpus in CORPORA:
         for road in ("rows", "shards", "view"):
             for buffer in (buffers if road != "view" else buffers[:1]):
@@ -274,7 +274,6 @@ def streams_curve(sizes, streams, buffers, budget: float, rounds: int,
                 lines.append(f"{'n':>8} " + " ".join(f"{'V=' + str(v):>24}" for v in columns))
                 for n in sizes:
                     base = got.get((corpus, road, buffer, n, 1))
-                    one = statistics.median(e for e, _ in base) if base else None
                     cells = []
                     for v in columns:
                         found = got.get((corpus, road, buffer, n, v))
@@ -283,7 +282,8 @@ def streams_curve(sizes, streams, buffers, budget: float, rounds: int,
                             continue
                         eff = [e for e, _ in found]
                         med = statistics.median(eff)
-                        loss = f"({100 * (med - one):+.2f})" if one is not None else ""
+                        paired = [e - b for e, (b, _) in zip(eff, base or [])]  # per seed
+                        loss = f"({100 * statistics.median(paired):+.2f})" if paired else ""
                         used = sorted({u for _, u in found})
                         tag = ("{" + ",".join(map(str, used)) + "}") if v == "auto" else ""
                         cells.append(f"{tag}{med:.4f}{loss}[{min(eff):.3f}-{max(eff):.3f}]"

@@ -20,7 +20,7 @@ metadata), over ``V`` **virtual streams**:
 
 **How many streams.** ``V`` is given, or derived from the data and the batching settings
 alone (``streams="auto"``, the default): each stream buckets only its share, so the default
-gives every stream at least a bucket buffer's worth of items, from 1 stream (small corpora,
+gives every stream at least 20 bucket buffers' worth of items, from 1 stream (small corpora,
 which then pad as one stream) up to 8 (:mod:`~speechpipe.pipes.batching._stream_count`).
 
 The sequence is a function of ``(seed, epoch, V, data, batching settings)`` only. Rank ``r`` of
@@ -618,7 +618,7 @@ class BatchPlannerIterDataPipe(Seeded, SampleSource, IterDataPipe[list]):
             the index's lengths are measured in the budget's unit
             (:class:`~speechpipe.pipes.batching.IndexLength`), manifests in seconds.
         streams: ``V``, or ``"auto"`` (default; ``None``: the same): the most streams, up
-            to 8, that each hold a ``bucket_buffer`` of items, over shards at most one per
+            to 8, that each hold 20 x ``bucket_buffer`` items, over shards at most one per
             shard (:func:`derived_streams`; a small corpus gets 1). Fixed for a run: a state
             records the ``V`` used and refuses a pipeline that gives or derives another.
             More streams mix more shards into each stretch; any ``V`` serves any topology.
