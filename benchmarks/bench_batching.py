@@ -29,7 +29,8 @@ median over ``--rounds`` seeds (lengths and plan) with the range, and each ``V``
 
 With ``--recipe``, only the two roads of ``train_pipeline`` at its defaults (a bucket buffer of
 2,000 samples, one bucket sorted within it): (b) with that buffer -- what each process of
-``streams=None`` holds -- against (e) with 8 streams of that buffer each (``streams=8``).
+``streams=None`` holds -- against (e) with 8 streams of that buffer each (``streams=8``) and
+with ``plan_batches``' derived number of streams (``streams="auto"``).
 
 For each: padding efficiency (real / padded frames), batches per epoch, largest padded area
 (as a fraction of the budget), batches over budget, and the co-batch repeat rate: of the pairs
@@ -297,17 +298,23 @@ RECIPE_BUFFER = 2000
 
 
 def run_recipe(n: int, epochs: int, budget_seconds: float, seed: int = 0) -> list[dict]:
-    """The recipes' two roads at their defaults (see the module documentation)."""
+    """The recipes' two roads at their defaults (see the module documentation), and the
+    planned road at ``plan_batches``' derived number of streams (``streams="auto"``)."""
+    from speechpipe.pipes.batching._stream_count import derived_streams
+
     rows = []
     for corpus in CORPORA:
         durations = sample_durations(corpus, n, seed, usable_only=True)
         lengths = np.round(durations * FRAMES_PER_SECOND).astype(np.int64)
         budget = budget_seconds * FRAMES_PER_SECOND
         buffer = min(n, RECIPE_BUFFER)
+        auto = derived_streams(n, RECIPE_BUFFER)  # plan_batches' default V
         for name, fn in ((f"streams=None, buffer {buffer}",
                           lambda: streaming(lengths, budget, epochs, seed, buffer_size=buffer)),
                          (f"streams=8, buffer {buffer} each",
-                          lambda: virtual_streams(lengths, budget, epochs, seed, buffer))):
+                          lambda: virtual_streams(lengths, budget, epochs, seed, buffer)),
+                         (f"streams=auto ({auto}), buffer {buffer} each",
+                          lambda: virtual_streams(lengths, budget, epochs, seed, buffer, auto))):
             start = time.perf_counter()
             result = fn()
             rows.append({"corpus": corpus, **describe(
