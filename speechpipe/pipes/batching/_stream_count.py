@@ -71,8 +71,8 @@ def check_streams(streams: Any) -> int | str:
 
 def view_streams(streams: Any, keys: int) -> int:
     """``BatchView(streams=)`` for a view of ``keys`` keys: an int >= 1 as given; ``"auto"``:
-    :func:`derived_streams` with :data:`VIEW_STREAM_ITEMS` as the buffer (a view's stream is
-    one bucket).
+    ``floor(keys / VIEW_STREAM_ITEMS)``, at least 1, at most :data:`DEFAULT_STREAMS` (a view's
+    stream is sorted whole: one bucket).
 
     >>> view_streams(3, 10), view_streams("auto", 600), view_streams("auto", 10**6)
     (3, 1, 8)
