@@ -23,7 +23,8 @@ in-memory :class:`~speechpipe.index.ShardIndex` of ``--per-shard`` utterances a 
 in seconds), and a ``BatchView(streams=V)``, for each ``V`` in ``--streams`` and ``"auto"`` (the
 derived default), each corpus size in ``--sizes`` and each bucket buffer in ``--buffers``; the
 median over ``--rounds`` seeds (lengths and plan) with the range, and each ``V``'s difference to
-``V = 1`` in points (the median of the seeds' differences). Padding does not depend on the load (nothing is timed)::
+``V = 1`` in points (the median of the seeds' differences). Padding does not depend on the
+load (nothing is timed)::
 
     python -m benchmarks.bench_batching --streams-curve --budget 200
 

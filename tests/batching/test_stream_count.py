@@ -180,7 +180,9 @@ def keys_of(loader) -> list:
 def saved_at_step_1(path: str, **options) -> tuple[dict, list]:
     """The state after step 1 of a loader over ``path`` (bucket buffer 2), and the keys of
     the unbroken epoch."""
-    make = lambda: rows_pipe(path, bucket_buffer=2, **options).collate(collate_fn=collate)  # noqa: E731
+    def make():
+        return rows_pipe(path, bucket_buffer=2, **options).collate(collate_fn=collate)
+
     unbroken = keys_of(sp.build_loader(make(), seed=0))
     loader = sp.build_loader(make(), seed=0)
     for step, _ in enumerate(loader):
