@@ -17,9 +17,21 @@ WenetSpeech M with icefall's 1-15 s filter), at the same padded budget, one run 
 then (b) again at the largest buffer whose repeat rate is at most (d)'s (found by bisection):
 the padding of the two at equal batch variety.
 
+With ``--streams-curve``, only ``plan_batches`` itself (issue 29: the default number of virtual
+streams): its padding efficiency over a manifest's mapped rows and over a shard index (an
+in-memory :class:`~speechpipe.index.ShardIndex` of ``--per-shard`` utterances a shard, lengths
+in seconds), and a ``BatchView(streams=V)``, for each ``V`` in ``--streams`` and ``"auto"`` (the
+derived default), each corpus size in ``--sizes`` and each bucket buffer in ``--buffers``; the
+median over ``--rounds`` seeds (lengths and plan) with the range, and each ``V``'s difference to
+``V = 1`` in points (the median of the seeds' differences). Padding does not depend on the
+load (nothing is timed)::
+
+    python -m benchmarks.bench_batching --streams-curve --budget 200
+
 With ``--recipe``, only the two roads of ``train_pipeline`` at its defaults (a bucket buffer of
 2,000 samples, one bucket sorted within it): (b) with that buffer -- what each process of
-``streams=None`` holds -- against (e) with 8 streams of that buffer each (``streams=8``).
+``streams=None`` holds -- against (e) with 8 streams of that buffer each (``streams=8``) and
+with ``plan_batches``' derived number of streams (``streams="auto"``).
 
 For each: padding efficiency (real / padded frames), batches per epoch, largest padded area
 (as a fraction of the budget), batches over budget, and the co-batch repeat rate: of the pairs
@@ -181,22 +193,129 @@ def lhotse_dynamic(durations, budget_seconds, epochs, seed, num_buckets=30):
     return out
 
 
+#: ``--streams-curve``'s defaults: corpus sizes, streams, bucket buffers, utterances a shard.
+CURVE_SIZES = (600, 3000, 5000, 10_000, 17_000, 30_000, 100_000, 300_000)
+CURVE_STREAMS = (1, 2, 4, 8)
+CURVE_BUFFERS = (2000, 500)
+CURVE_PER_SHARD = 500
+
+
+def curve_inputs(corpus: str, n: int, seed: int, folder: str, per_shard: int):
+    """A manifest of ``n`` utterances of ``corpus`` (durations, seed ``seed``) and the same
+    utterances as a shard index of ``per_shard`` a shard (nothing is packed: planning reads
+    the index only). Returns (manifest path, shard names, index, ``{key: duration}``)."""
+    from speechpipe.index import ShardEntry, ShardIndex
+    from speechpipe.pipes.sources import write_manifest
+
+    durations = np.round(sample_durations(corpus, n, seed, usable_only=True), 2)
+    keys = [f"u{i:07d}" for i in range(n)]
+    path = os.path.join(folder, f"{corpus}-{n}-{seed}.jsonl")
+    write_manifest(path, ({"key": k, "duration": float(d)} for k, d in zip(keys, durations)))
+    entries = [ShardEntry(f"{corpus}-{n}-{seed}-{j // per_shard:05d}.tar",
+                          len(keys[j:j + per_shard]), 0, tuple(keys[j:j + per_shard]),
+                          tuple(float(d) for d in durations[j:j + per_shard]))
+               for j in range(0, n, per_shard)]
+    index = ShardIndex(folder, entries, length_unit="seconds")
+    names = [os.path.join(folder, e.name) for e in entries]
+    return path, names, index, dict(zip(keys, durations.tolist()))
+
+
+def curve_efficiencies(path, names, index, lengths, budget: float, streams, buffers,
+                       seed: int) -> dict:
+    """``{(road, buffer, V): (efficiency, V used)}`` for one corpus sample (the view has no
+    bucket buffer: its streams are sorted whole; it is listed under each buffer)."""
+    from speechpipe.pipes.batching import BatchView
+
+    out = {}
+    for v in streams:
+        given = None if v == "auto" else v
+        try:
+            view = BatchView(lengths, budget=budget, seed=seed, streams=v)
+            view_row = (view.stats.efficiency, view.streams)
+        except (TypeError, ValueError):  # a tree whose view takes no "auto"
+            view_row = None
+        for buffer in buffers:
+            rows = IterableWrapper([path]).read_manifest_files().plan_batches(
+                budget, streams=given, seed=seed, bucket_buffer=buffer)
+            shards = IterableWrapper(names).plan_batches(
+                budget, index=index, streams=given, seed=seed, bucket_buffer=buffer)
+            for road, pipe in (("rows", rows), ("shards", shards)):
+                out[road, buffer, v] = (pipe.plan(0).stats.efficiency, pipe.num_streams)
+            if view_row is not None:
+                out["view", buffer, v] = view_row
+    return out
+
+
+def streams_curve(sizes, streams, buffers, budget: float, rounds: int,
+                  per_shard: int) -> str:
+    """``plan_batches``' padding efficiency against ``V`` and the corpus size (the module
+    documentation): one table per corpus, road and buffer."""
+    got: dict[tuple, list] = {}
+    columns = list(streams) + ["auto"]
+    with tempfile.TemporaryDirectory() as folder:
+        for corpus in CORPORA:
+            for n in sizes:
+                for seed in range(rounds):
+                    inputs = curve_inputs(corpus, n, seed, folder, per_shard)
+                    for (road, buffer, v), row in curve_efficiencies(
+                            *inputs, budget, columns, buffers, seed).items():
+                        got.setdefault((corpus, road, buffer, n, v), []).append(row)
+                    for name in os.listdir(folder):
+                        os.remove(os.path.join(folder, name))
+                print(f"  {corpus} {n} done (load {os.getloadavg()[0]:.1f})", flush=True)
+    lines = [f"padding efficiency, median over {rounds} seed(s) [range]; (+-x.xx): the median "
+             f"of the seeds' differences to V=1, in points; auto: the derived default (the V "
+             f"used in braces); budget {budget:g} s, shards of {per_shard}"]
+    for corpus in CORPORA:
+        for road in ("rows", "shards", "view"):
+            for buffer in (buffers if road != "view" else buffers[:1]):
+                if not any((corpus, road, buffer, n, 1) in got for n in sizes):
+                    continue
+                label = f"bucket buffer {buffer}" if road != "view" else "streams sorted whole"
+                lines.append(f"\n{corpus}, {road}, {label}")
+                lines.append(f"{'n':>8} " + " ".join(f"{'V=' + str(v):>24}" for v in columns))
+                for n in sizes:
+                    base = got.get((corpus, road, buffer, n, 1))
+                    cells = []
+                    for v in columns:
+                        found = got.get((corpus, road, buffer, n, v))
+                        if not found:
+                            cells.append(f"{'-':>24}")
+                            continue
+                        eff = [e for e, _ in found]
+                        med = statistics.median(eff)
+                        paired = [e - b for e, (b, _) in zip(eff, base or [])]  # per seed
+                        loss = f"({100 * statistics.median(paired):+.2f})" if paired else ""
+                        used = sorted({u for _, u in found})
+                        tag = ("{" + ",".join(map(str, used)) + "}") if v == "auto" else ""
+                        cells.append(f"{tag}{med:.4f}{loss}[{min(eff):.3f}-{max(eff):.3f}]"
+                                     .rjust(24))
+                    lines.append(f"{n:>8} " + " ".join(cells))
+    return "\n".join(lines)
+
+
 #: ``train_pipeline``'s bucket buffer (its default ``bucket_buffer``).
 RECIPE_BUFFER = 2000
 
 
 def run_recipe(n: int, epochs: int, budget_seconds: float, seed: int = 0) -> list[dict]:
-    """The recipes' two roads at their defaults (see the module documentation)."""
+    """The recipes' two roads at their defaults (see the module documentation), and the
+    planned road at ``plan_batches``' derived number of streams (``streams="auto"``)."""
+    from speechpipe.pipes.batching._stream_count import derived_streams
+
     rows = []
     for corpus in CORPORA:
         durations = sample_durations(corpus, n, seed, usable_only=True)
         lengths = np.round(durations * FRAMES_PER_SECOND).astype(np.int64)
         budget = budget_seconds * FRAMES_PER_SECOND
         buffer = min(n, RECIPE_BUFFER)
+        auto = derived_streams(n, RECIPE_BUFFER)  # plan_batches' default V
         for name, fn in ((f"streams=None, buffer {buffer}",
                           lambda: streaming(lengths, budget, epochs, seed, buffer_size=buffer)),
                          (f"streams=8, buffer {buffer} each",
-                          lambda: virtual_streams(lengths, budget, epochs, seed, buffer))):
+                          lambda: virtual_streams(lengths, budget, epochs, seed, buffer)),
+                         (f"streams=auto ({auto}), buffer {buffer} each",
+                          lambda: virtual_streams(lengths, budget, epochs, seed, buffer, auto))):
             start = time.perf_counter()
             result = fn()
             rows.append({"corpus": corpus, **describe(
@@ -361,6 +480,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--budget", type=float, default=600.0, help="padded seconds per batch")
     parser.add_argument("--recipe", action="store_true",
                         help="only train_pipeline's two roads at its defaults")
+    parser.add_argument("--streams-curve", action="store_true",
+                        help="only plan_batches' padding against V and the corpus size")
+    parser.add_argument("--sizes", default=",".join(map(str, CURVE_SIZES)),
+                        help="with --streams-curve: corpus sizes")
+    parser.add_argument("--streams", default=",".join(map(str, CURVE_STREAMS)),
+                        help="with --streams-curve: the V to compare (and auto)")
+    parser.add_argument("--buffers", default=",".join(map(str, CURVE_BUFFERS)),
+                        help="with --streams-curve: bucket buffers")
+    parser.add_argument("--per-shard", type=int, default=CURVE_PER_SHARD,
+                        help="with --streams-curve: utterances a shard")
     parser.add_argument("--base", default=None,
                         help="folders holding older speechpipes (comma-separated), run "
                              "beside this one")
@@ -376,6 +505,16 @@ def main(argv: list[str] | None = None) -> None:
                              own_only=True)))
         return
     n, epochs = (3000, 2) if args.tiny else (args.utterances, args.epochs)
+    if args.streams_curve or args.tiny:
+        ints = lambda text: [int(x) for x in text.split(",")]  # noqa: E731
+        sizes, streams = ((600, 3000), (1, 8)) if args.tiny else (ints(args.sizes),
+                                                                  ints(args.streams))
+        print(f"plan_batches against V and the corpus size (load {os.getloadavg()[0]:.1f})")
+        print(streams_curve(sizes, streams, ints(args.buffers)[:1 if args.tiny else None],
+                            args.budget if args.streams_curve else 200.0,
+                            1 if args.tiny else args.rounds, args.per_shard))
+        if args.streams_curve:
+            return
     if args.base:
         print(f"{n} utterances per corpus, {epochs} epochs, budget {args.budget:g} padded "
               "seconds")

@@ -26,7 +26,9 @@ import sys
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_virtual_streams import row_pipe, shard_pipe, write_rows, write_shards  # noqa: E402
+from test_virtual_streams import (  # noqa: E402
+    collate, row_pipe, shard_pipe, write_rows, write_shards,
+)
 from speechpipe.testing import join_rank_group, run_ranks  # noqa: E402
 
 WORLDS = (1, 2, 4)
@@ -49,7 +51,22 @@ def digest(batch: dict) -> str:
     return h.hexdigest()[:20]
 
 
+#: The derived default (streams="auto" over 150 rows with buckets of 2: several streams,
+#: fewer than 8), phase 1 only.
+AUTO_ROAD, AUTO_WORKERS = "rows-auto", (0, 2)
+
+
+def auto_pipe(rows: str, streams="auto"):
+    import speechpipe as sp
+
+    return sp.IterableWrapper([rows]).read_manifest_files().plan_batches(
+        budget=20.0, streams=streams, seed=0, bucket_buffer=2, shuffle_window=5).collate(
+            collate_fn=collate)
+
+
 def make_pipe(ctx: dict, road: str):
+    if road == AUTO_ROAD:
+        return auto_pipe(ctx["rows"])
     return shard_pipe(ctx["shards"]) if road == "shards" else row_pipe(ctx["rows"])
 
 
@@ -76,9 +93,9 @@ def _rank_main(rank: int, world: int, ctx: dict, out: str) -> None:
     import speechpipe as sp
 
     results: dict = {}
-    for road in ROADS:
+    for road in ROADS + ((AUTO_ROAD,) if ctx["phase"] == 1 else ()):
         if ctx["phase"] == 1:
-            for workers in WORKERS:
+            for workers in (WORKERS if road != AUTO_ROAD else AUTO_WORKERS):
                 saves = [at for (saved, _, at) in PAIRS if saved == (world, workers)]
                 loader = sp.build_loader(make_pipe(ctx, road), num_workers=workers, seed=0)
                 passes, states = run_epochs(loader, 2, saves)
@@ -142,6 +159,31 @@ def test_every_world_and_worker_count_trains_on_the_same_global_batches(runs, ro
         for workers in WORKERS:
             for rank in range(world):
                 passes = unbroken[world][rank][f"{road}/{workers}"]["passes"]
+                for epoch, sequence in enumerate(sequences):
+                    got = [d for d, _ in passes[epoch]]
+                    assert got == expected(sequence, world, rank), (world, workers, rank, epoch)
+
+
+@pytest.mark.timeout(900)
+def test_the_derived_number_of_streams_trains_on_the_same_global_batches_everywhere(
+        runs, tmp_path):
+    """streams="auto" derives V from the data and the bucket buffer only (here neither 1 nor
+    the old default 8): every (W, K) trains on one global sequence, the one that V given
+    explicitly gives."""
+    import speechpipe as sp
+
+    unbroken, _, _ = runs
+    sequences = reference(unbroken, AUTO_ROAD)
+    assert sequences[0] != sequences[1] and len(sequences[0]) > 20
+    rows = write_rows(str(tmp_path))  # the same 150 rows
+    v = auto_pipe(rows).datapipe.num_streams
+    assert 1 < v < 8
+    given, _ = run_epochs(sp.build_loader(auto_pipe(rows, streams=v), seed=0), 2)
+    assert [[d for d, _ in epoch] for epoch in given] == sequences
+    for world in WORLDS:
+        for workers in AUTO_WORKERS:
+            for rank in range(world):
+                passes = unbroken[world][rank][f"{AUTO_ROAD}/{workers}"]["passes"]
                 for epoch, sequence in enumerate(sequences):
                     got = [d for d, _ in passes[epoch]]
                     assert got == expected(sequence, world, rank), (world, workers, rank, epoch)

@@ -18,6 +18,11 @@ metadata), over ``V`` **virtual streams**:
 3. the streams' batches are interleaved into one global sequence ``b0, b1, ...``: round robin
    over the streams not yet exhausted (:func:`plan_stream_batches`, a :class:`StreamPlan`).
 
+**How many streams.** ``V`` is given, or derived from the data and the batching settings
+alone (``streams="auto"``, the default): each stream buckets only its share, so the default
+gives every stream at least 20 bucket buffers' worth of items, from 1 stream (small corpora,
+which then pad as one stream) up to 8 (:mod:`~speechpipe.pipes.batching._stream_count`).
+
 The sequence is a function of ``(seed, epoch, V, data, batching settings)`` only. Rank ``r`` of
 ``W`` trains at step ``s`` on ``b[s * W + r]``; its DataLoader worker ``k`` of ``K`` produces the
 rank's steps ``s`` with ``s % K == k``, which the DataLoader's round robin over workers hands
@@ -61,12 +66,13 @@ from ..order import shuffle_window as window_shuffle
 from ..shards import node_copy_samples
 from ._buckets import bucket_groups, pack_batches
 from ._plan_cache import cached_plan, plan_key, rows_key, shards_key
+from ._stream_count import AUTO, check_streams, derived_streams
 from ._planning import (
     batch_figures, bucket_order, fast_constraint, interleave, item_array, measured, pack_order,
     window_order,
 )
 from ._constraints import (
-    BatchConstraint, BatchStats, IndexLength, OVERSIZE, SampleCount, batch_budget,
+    BatchConstraint, BatchStats, IndexLength, OVERSIZE, batch_budget,
 )
 
 __all__ = [
@@ -80,9 +86,7 @@ __all__ = [
 #: What the last step does when the epoch's batches do not fill every rank: ``"pad"`` repeats
 #: the epoch's first batches (``ceil(N / W)`` steps), ``"drop"`` leaves the last ``N mod W``.
 UNEVEN = ("pad", "drop")
-#: Streams when none is given: one per shard up to this many (manifests: this many).
-DEFAULT_STREAMS = 8
-_SALT = "virtual-stream"
+STREAM_SALT = "virtual-stream"
 
 
 # --------------------------------------------------------------------------- the plan
@@ -275,9 +279,9 @@ def _plan_items(streams: Iterable[Iterable[tuple[int, Any]]], constraint: BatchC
 
     sizes, flat = [], []
     for v, items in enumerate(streams):  # one stream at a time: only its buffers are held
-        rng = derive_rng(seed, epoch, v, 0, _SALT, "samples")
-        ties = derive_rng(seed, epoch, v, 0, _SALT, "buckets")
-        order = derive_rng(seed, epoch, v, 0, _SALT, "batches")
+        rng = derive_rng(seed, epoch, v, 0, STREAM_SALT, "samples")
+        ties = derive_rng(seed, epoch, v, 0, STREAM_SALT, "buckets")
+        order = derive_rng(seed, epoch, v, 0, STREAM_SALT, "batches")
         read = shuffle_buffer(items, buffer_size, rng) if buffer_size > 1 else iter(items)
         groups = bucket_groups(read, buffer_size=bucket_buffer, boundaries=boundaries,
                                measure=length, rng=ties)
@@ -340,10 +344,10 @@ def _planned(streams: Sequence[tuple[np.ndarray, np.ndarray]], unit: str | None,
         items = np.asarray(items, np.int64)
         if buffer_size > 1:
             read = window_order(len(items), buffer_size,
-                                derive_rng(seed, epoch, v, 0, _SALT, "samples"))
+                                derive_rng(seed, epoch, v, 0, STREAM_SALT, "samples"))
             items, lengths = items[read], lengths[read]
         grouped, groups = bucket_order(lengths, boundaries, bucket_buffer,
-                                       derive_rng(seed, epoch, v, 0, _SALT, "buckets"))
+                                       derive_rng(seed, epoch, v, 0, STREAM_SALT, "buckets"))
         lengths = lengths[grouped]
         packed = pack_order(lengths, groups, constraint, oversize)
         if packed is None:
@@ -352,7 +356,7 @@ def _planned(streams: Sequence[tuple[np.ndarray, np.ndarray]], unit: str | None,
         over += oversized
         figures.append((size, *batch_figures(lengths, at, size, constraint)))
         order = window_order(len(at), shuffle_window,
-                             derive_rng(seed, epoch, v, 0, _SALT, "batches"))
+                             derive_rng(seed, epoch, v, 0, STREAM_SALT, "batches"))
         at, size = at[order], size[order]
         ends = np.cumsum(size)
         gather = np.repeat(at - (ends - size), size) + np.arange(ends[-1] if len(ends) else 0)
@@ -389,15 +393,17 @@ class _ShardRoad:
     (names in the source's order)."""
 
     def __init__(self, names: list[str], entries: dict[str, ShardEntry], unit: str,
-                 rate: int | None) -> None:
+                 rate: int | None, bucket_buffer: int) -> None:
         self.names = names
         self.entries = entries
         self.unit, self.rate = unit, rate
         self.offsets = np.cumsum([0] + [entries[n].count for n in names]).astype(np.int64)
         self.number = {n: i for i, n in enumerate(names)}
+        self.bucket_buffer = bucket_buffer
 
     def default_streams(self) -> int:
-        return max(1, min(len(self.names), DEFAULT_STREAMS))
+        """:func:`derived_streams` of the members, the bucket buffer and the shards."""
+        return derived_streams(int(self.offsets[-1]), self.bucket_buffer, len(self.names))
 
     def plan_key(self) -> dict:
         """What the plans read of the data (:func:`shards_key`, computed once)."""
@@ -480,9 +486,11 @@ class _RowRoad:
 
     unit, rate = "seconds", None  # durations
 
-    def __init__(self, rows: Any) -> None:
+    def __init__(self, rows: Any, bucket_buffer: int) -> None:
         self.rows = rows
+        self.bucket_buffer = bucket_buffer
         durations = self.durations()
+        self.count = len(durations)
         bad = np.flatnonzero(~np.isfinite(durations))
         if bad.size:
             sample = rows.sample(int(bad[0]))
@@ -497,7 +505,8 @@ class _RowRoad:
         return durations[rows.kept] if rows.kept is not None else durations
 
     def default_streams(self) -> int:
-        return DEFAULT_STREAMS
+        """:func:`derived_streams` of the rows and the bucket buffer."""
+        return derived_streams(self.count, self.bucket_buffer)
 
     def plan_key(self) -> dict:
         """What the plans read of the data (:func:`rows_key`, computed once)."""
@@ -508,7 +517,7 @@ class _RowRoad:
     def streams(self, seed: int, epoch: int, streams: int) -> list[tuple[np.ndarray, ...]]:
         """Per stream, its rows and their durations in reading order."""
         durations = self.durations()
-        key = derive_seed(seed, epoch, 0, 0, _SALT, "rows")
+        key = derive_seed(seed, epoch, 0, 0, STREAM_SALT, "rows")
 
         def stream(v: int) -> tuple[np.ndarray, np.ndarray]:
             items = FeistelOrder(len(durations), key, v, streams).take()
@@ -536,71 +545,6 @@ class _Streams(Sequence):
         return self.make(v)
 
 
-def dealt_items(n: int, key: int, streams: int) -> list[np.ndarray]:
-    """Items ``0 .. n - 1`` dealt to ``streams`` virtual streams: a keyed permutation
-    (:class:`~speechpipe.pipes.order.FeistelOrder`), stream ``v`` reading its positions
-    ``v, v + V, ...``; each stream's items in reading order.
-
-    >>> [s.tolist() for s in dealt_items(3, key=5, streams=2)]
-    [[2, 1], [0]]
-    """
-    return [FeistelOrder(n, key, v, streams).take() for v in range(streams)]
-
-
-class LengthStreams:
-    """Virtual streams over an in-memory table of lengths, for a :class:`~speechpipe.pipes.
-    batching.BatchView` with ``streams=V``: the keys (sorted) are items ``0 .. n - 1``, dealt
-    once to the ``V`` streams (:func:`dealt_items`, the same deal every epoch, so every epoch
-    has the same batches in another order, as a view's); each stream sorts its keys by length
-    (one bucket as large as the stream), packs them within the budget and shuffles its
-    batches (``shuffle``); :func:`plan_stream_batches` interleaves them: plan_batches' planning.
-
-    Lengths are numbers, or ``(input, output)`` pairs (:class:`~speechpipe.pipes.batching.
-    TwoDimensional`: packed within both budgets, sorted and padding counted on the input side,
-    as a view without streams does; a ``SampleCount`` plans on the input side alone).
-
-    >>> from speechpipe.pipes.batching import PaddedArea, TwoDimensional
-    >>> streams = LengthStreams({"a": 5, "b": 3, "c": 9, "d": 2}, PaddedArea(10), streams=2)
-    >>> [streams.keys_of(b) for b in streams.plan(0).batches]
-    [['d', 'b'], ['a'], ['c']]
-    >>> pairs = LengthStreams({"a": (5, 9), "b": (3, 1), "c": (4, 2)}, TwoDimensional(10, 4),
-    ...                       streams=1, shuffle=False)
-    >>> [pairs.keys_of(b) for b in pairs.plan(0).batches]  # a: 9 outputs alone, emitted first
-    [['a'], ['b', 'c']]
-    """
-
-    def __init__(self, lengths: dict, constraint: BatchConstraint, *, streams: int,
-                 seed: int = 0, shuffle: bool = True, oversize: str = "emit") -> None:
-        self.keys = sorted(lengths)
-        # (n,) numbers, or (n, 2) pairs
-        self.lengths = np.array([lengths[k] for k in self.keys], np.float64)
-        self.constraint, self.streams = constraint, check_int("streams", streams, 1)
-        self.seed, self.shuffle, self.oversize = seed, shuffle, oversize
-        self._plan: StreamPlan | None = None
-
-    def plan(self, epoch: int) -> StreamPlan:
-        """The global batch sequence of ``epoch`` (items: positions in :attr:`keys`)."""
-        if self._plan is None or self._plan.epoch != epoch:
-            n = max(1, len(self.keys))
-            dealt = dealt_items(len(self.lengths), derive_seed(self.seed, 0, 0, 0, _SALT,
-                                                               "view"), self.streams)
-            options = dict(seed=self.seed, epoch=epoch, bucket_buffer=n,
-                           shuffle_window=n if self.shuffle else 1, oversize=self.oversize)
-            lengths = self.lengths
-            if lengths.ndim == 2 and not isinstance(self.constraint, SampleCount):
-                self._plan = plan_stream_batches(  # pairs: item by item (tuples)
-                    (zip(items.tolist(), map(tuple, lengths[items].tolist())) for items in dealt),
-                    self.constraint, **options)
-            else:  # numbers, or a count over pairs: planned on the input side
-                lengths = lengths if lengths.ndim == 1 else lengths[:, 0]
-                self._plan = plan_arrays([(items, lengths[items]) for items in dealt], None,
-                                         None, self.constraint, **options)
-        return self._plan
-
-    def keys_of(self, items: Iterable[int]) -> list:
-        return [self.keys[i] for i in items]
-
-
 # --------------------------------------------------------------------------- the pipe
 
 
@@ -620,9 +564,11 @@ class BatchPlannerIterDataPipe(Seeded, SampleSource, IterDataPipe[list]):
         budget, max_samples: the budget, as ``block_batch``'s (seconds, or a constraint);
             the index's lengths are measured in the budget's unit
             (:class:`~speechpipe.pipes.batching.IndexLength`), manifests in seconds.
-        streams: ``V``, the virtual streams (default: the number of shards up to 8; 8 for
-            manifests). Fixed for a run: a state is refused by another ``V``. More streams mix
-            more shards into each stretch of batches; any ``V`` serves any topology.
+        streams: ``V``, or ``"auto"`` (default; ``None``: the same): the most streams, up
+            to 8, that each hold 20 x ``bucket_buffer`` items, over shards at most one per
+            shard (:func:`derived_streams`; a small corpus gets 1). Fixed for a run: a state
+            records the ``V`` used and refuses a pipeline that gives or derives another.
+            More streams mix more shards into each stretch; any ``V`` serves any topology.
         seed: the base seed of every stream's generators ``(seed, epoch, stream)``.
         buffer_size: each stream's sample shuffle buffer (shards; rows are permuted whole).
         bucket_buffer: items each stream's length buckets hold.
@@ -651,7 +597,7 @@ class BatchPlannerIterDataPipe(Seeded, SampleSource, IterDataPipe[list]):
 
     topology_free = True  # the loader saves one position for every rank and worker
     draws_in_sequence = False
-    decides_batches = ("constraint", "streams", "seed", "buffer_size", "bucket_buffer",
+    decides_batches = ("constraint", "num_streams", "seed", "buffer_size", "bucket_buffer",
                        "boundaries", "shuffle_window", "oversize", "uneven", "index")
 
     def __init__(
@@ -660,7 +606,7 @@ class BatchPlannerIterDataPipe(Seeded, SampleSource, IterDataPipe[list]):
         budget: float | BatchConstraint | None = None,
         *,
         max_samples: int | None = None,
-        streams: int | None = None,
+        streams: int | str | None = AUTO,
         seed: int = 0,
         buffer_size: int = 1000,
         bucket_buffer: int = 2000,
@@ -675,8 +621,7 @@ class BatchPlannerIterDataPipe(Seeded, SampleSource, IterDataPipe[list]):
         if not isinstance(plan_cache, (bool, str, os.PathLike)):
             raise TypeError(f"plan_cache must be True, False or a folder, got {plan_cache!r}")
         self.constraint = batch_budget(budget, max_samples=max_samples, required=True)
-        if streams is not None:
-            check_int("streams", streams, 1)
+        streams = check_streams(streams)
         for name, value in (("buffer_size", buffer_size), ("bucket_buffer", bucket_buffer),
                             ("shuffle_window", shuffle_window)):
             check_int(name, value, 1)
@@ -725,7 +670,7 @@ class BatchPlannerIterDataPipe(Seeded, SampleSource, IterDataPipe[list]):
         if self._road is None:
             rows = source_rows(self.source_datapipe)
             if rows is not None:
-                self._road = _RowRoad(rows)
+                self._road = _RowRoad(rows, self.bucket_buffer)
             else:
                 self._road = self._shard_road()
         return self._road
@@ -740,12 +685,13 @@ class BatchPlannerIterDataPipe(Seeded, SampleSource, IterDataPipe[list]):
         index = (self.index if isinstance(self.index, ShardIndex)
                  else ShardIndex.for_shards(sorted(set(names)), remote=remote))
         return _ShardRoad(names, index_entries(names, index), index.length_unit,
-                          index.sample_rate)
+                          index.sample_rate, self.bucket_buffer)
 
     @property
     def num_streams(self) -> int:
-        """``V``: the ``streams`` given, else the road's default."""
-        return self.streams if self.streams is not None else self.road().default_streams()
+        """``V``: the ``streams`` given, else the road's default (:func:`derived_streams`:
+        reads the count of rows or members). A state's fingerprint records it."""
+        return self.streams if self.streams != AUTO else self.road().default_streams()
 
     def plan(self, epoch: int | None = None) -> StreamPlan:
         """The epoch's global batch sequence (default: the current epoch); reads metadata."""

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Hashable, Iterable, Iterator, Union
 
 from ...errors import check_int, DataError
-from ...seeding import derive_rng, derive_seed, process_position
+from ...seeding import derive_rng, process_position
 from .._core import IterDataPipe, MapDataPipe, plain_iterator
 from .._core import SampleSource
 from ._buckets import pack_batches
@@ -45,7 +45,9 @@ from ._constraints import (
 )
 from ._lengths import check_group_info, check_lengths, read_group_labels
 from ._sampler import ViewSampler
-from ._streams import LengthStreams, StreamPlan, UNEVEN
+from ._stream_count import view_streams
+from ._length_streams import LengthStreams
+from ._streams import StreamPlan, UNEVEN
 
 __all__ = [
     "BatchView",
@@ -374,7 +376,7 @@ class BatchView:
             ones) or a mapping ``{key: label}``; read when :attr:`group_info` is first used.
         world_size: number of ranks sharing each batch (SpeeChain's ``ngpu``).
         streams: ``V`` **virtual streams** (plan_batches' planning,
-            :class:`~speechpipe.pipes.batching._streams.LengthStreams`): the keys dealt once
+            :class:`~speechpipe.pipes.batching._length_streams.LengthStreams`): the keys dealt once
             to ``V`` streams, each sorted, packed and its batches shuffled per epoch, the
             streams interleaved into one global sequence -- the same for any world size and
             number of workers: rank ``r`` of ``W`` loads whole batches ``s * W + r``
@@ -384,6 +386,9 @@ class BatchView:
             ``world_size=1``, no ``batches_fn`` nor ``batches_per_epoch``; lengths are
             numbers, or pairs under ``TwoDimensional`` (or a ``SampleCount``), as without;
             ``descending`` is not used (each stream sorts shortest first, ties at random).
+            ``"auto"``: ``V`` derived from the number of keys
+            (:func:`~speechpipe.pipes.batching._stream_count.view_streams`; small views get
+            1); ``None`` (default): no streams.
         uneven: with streams, ``"pad"`` (the last step repeats the epoch's first batches)
             or ``"drop"`` (it is left out) when the batches do not fill every rank.
 
@@ -415,11 +420,11 @@ class BatchView:
         oversize: str = "emit",
         group_info: Mapping[str, Any] | None = None,
         world_size: int = 1,
-        streams: int | None = None,
+        streams: int | str | None = None,
         uneven: str = "pad",
     ) -> None:
         self.lengths = check_lengths(lengths)
-        self.streams = None if streams is None else check_int("streams", streams, 1)
+        self.streams = None if streams is None else view_streams(streams, len(self.lengths))
         if uneven not in UNEVEN:
             raise ValueError(f"uneven must be one of {UNEVEN}, got {uneven!r}")
         self.uneven = uneven
