@@ -162,19 +162,22 @@ class BatchConstraint(ABC):
     max_samples: int | None = None
 
     def measure(self, sample: Any) -> Length:
-        if type(sample) is not dict and not isinstance(sample, Mapping):
+        length = self.length
+        if type(sample) is not dict:  # (dict samples, the common case, skip the ABC checks)
             if type(sample) is IndexLength:  # planning from an index: its unit checked
-                return sample.measured(self.length)
-            if self.length is None or (
-                    (isinstance(self.length, str) or self.length is sample_duration)
-                    and isinstance(sample, Real) and not isinstance(sample, bool)):
-                return sample  # a bare length, in whatever unit the caller planned
-            # else the caller's own length function measures it (a sample index, a key)
-        elif self.length is None:
+                return sample.measured(length)
+            if length is None:
+                if not isinstance(sample, Mapping):
+                    return sample  # a bare length, in whatever unit the caller planned
+            elif not isinstance(length, str) and length is not sample_duration:
+                return length(sample)  # the caller's own function measures anything (an index)
+            elif isinstance(sample, Real) and not isinstance(sample, bool):
+                return sample  # a bare length: a field name or duration measures samples
+        if length is None:
             return sample_length(sample)
-        if isinstance(self.length, str):
-            return sample_length(sample, self.length)
-        return self.length(sample)
+        if isinstance(length, str):
+            return sample_length(sample, length)
+        return length(sample)
 
     @abstractmethod
     def empty(self) -> tuple:
