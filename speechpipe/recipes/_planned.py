@@ -350,11 +350,11 @@ class _Feeder(IterDataPipe):
 
     holds_nothing = True  # the batch is the one BatchFrontEnd is transforming
 
-    def __init__(self) -> None:
-        self._batch: list = []
+    def __init__(self, slot: list) -> None:
+        self.slot = slot  # [the batch]: set by BatchFrontEnd (a list: no probe stands for it)
 
     def __iter__(self) -> Iterator[dict]:
-        yield from self._batch
+        yield from self.slot[0]
 
 
 def _unplanned(sample: dict) -> dict:
@@ -391,7 +391,8 @@ class BatchFrontEnd(IterDataPipe[list]):
     def __init__(self, source_datapipe: IterDataPipe, build: Callable[[IterDataPipe],
                                                                       IterDataPipe]) -> None:
         self.source_datapipe = source_datapipe
-        self.feeder = _Feeder()
+        self._slot: list = [[]]
+        self.feeder = _Feeder(self._slot)
         self.stages = build(self.feeder).map(_unplanned)
 
     def __iter__(self) -> Iterator[list]:
@@ -400,7 +401,7 @@ class BatchFrontEnd(IterDataPipe[list]):
         for batch in self.source_datapipe:
             for stage in seeded:  # one pass per batch: each stays in the pipeline's epoch
                 stage.set_epoch(stage.epoch)
-            self.feeder._batch = batch
+            self._slot[0] = batch
             out = list(self.stages)
             if batch and not out:
                 keys = [s.get(KEY) for s in batch]

@@ -314,3 +314,11 @@ def test_a_state_of_the_streaming_road_is_refused_by_the_planned_one(manifest):
     with pytest.raises(ResumeError, match="RowPlanner") as caught:
         planned.load_state_dict(state)
     assert any(d[0] == "pipeline" for d in caught.value.differences)
+
+
+def test_telemetry_times_the_planned_stages_without_changing_the_batches(manifest):
+    plain = passes(sp.build_loader(pipe(manifest, features=None), seed=0), 1)
+    timed = sp.build_loader(pipe(manifest, features=None), seed=0, telemetry=True)
+    assert passes(timed, 1) == plain
+    report = timed.telemetry.report()
+    assert "load_audio" in report and "BatchFrontEnd" in report
