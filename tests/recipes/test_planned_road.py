@@ -23,7 +23,6 @@ import speechpipe as sp
 from speechpipe.demo import DEMO_CORPUS
 from speechpipe.errors import DataError, ResumeError
 from speechpipe.pipes._core import graph_nodes
-from speechpipe.pipes.batching import batch_budget
 from speechpipe.recipes import semi_supervised_pipeline
 from speechpipe.recipes._planned import RowPlanner
 from speechpipe.recipes.librispeech import librispeech_train, prepare_librispeech
@@ -225,13 +224,12 @@ def test_auto_takes_the_streaming_road_for_what_it_cannot_plan_and_says_so(manif
         sp.train_pipeline(given, streams=4, **settings)
 
 
-def test_object_storage_manifests_take_the_streaming_road_by_default(manifest):
-    from speechpipe.recipes._pipelines import _manifest_rows, _unplannable
-
-    rows, kinds = _manifest_rows(["s3://bucket/m.jsonl"])
-    assert kinds == {"object storage"}
-    what, text = _unplannable(rows, kinds, batch_budget(BUDGET), True)
-    assert what == "object-storage manifests" and "streams=None" in text
+def test_object_storage_manifests_take_the_streaming_road_by_default():
+    url = "s3://bucket/m.jsonl"  # nothing is read to choose the road
+    assert "the planned road cannot take object-storage manifests" in road_of(
+        sp.train_pipeline(url, budget=BUDGET, features=None))
+    with pytest.raises(ValueError, match="object-storage manifests: give streams=None"):
+        sp.train_pipeline(url, budget=BUDGET, features=None, streams=4)
 
 
 def test_semi_supervised_takes_the_streaming_road_by_default(manifest):
