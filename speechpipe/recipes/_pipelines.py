@@ -79,7 +79,7 @@ def _manifest_rows(manifests: ManifestsArg, *, corpus: str | None = None,
         if any(is_remote(p) for p in paths):
             kinds.add("object storage")
             return IterableWrapper(paths).open(remote=remote).parse_manifest()
-        # local files: the reader offers shuffle_samples their mapped row tables
+        # local files: the reader offers plan_batches and shuffle_samples their mapped rows
         kinds.add("files")
         return IterableWrapper(paths).read_manifest_files()
 
@@ -547,7 +547,7 @@ class _Road:
         asked = f"streams={self.streams!r}"
         if self.planned:
             [plan] = [n for n in graph_nodes(pipe) if isinstance(n, RowPlanner)]
-            how = "derived from the corpus" if self.streams == AUTO else "given"
+            how = "the planner's default for these rows" if self.streams == AUTO else "given"
             return (f"train_pipeline road: planned over {plan.num_streams} virtual streams "
                     f"({asked}: {how}); the same batches for any ranks and workers")
         why = f": the planned road cannot take {self.unplannable}" if self.unplannable else ""

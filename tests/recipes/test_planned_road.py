@@ -185,7 +185,7 @@ def road_of(pipe) -> str:
 def test_the_default_plans_over_the_streams_the_corpus_gives(manifest):
     default = sp.train_pipeline(manifest, budget=BUDGET, features=None, seed=3)
     assert road_of(default).startswith("train_pipeline road: planned over ")
-    assert "streams='auto': derived from the corpus" in road_of(default)
+    assert "streams='auto': the planner's default for these rows" in road_of(default)
     [plan] = [n for n in graph_nodes(default) if isinstance(n, RowPlanner)]
     runs = [passes(sp.build_loader(default, num_workers=k, seed=0)) for k in (0, 2)]
     assert runs[0] == runs[1]
