@@ -548,7 +548,8 @@ class _Road:
         if self.planned:
             [plan] = [n for n in graph_nodes(pipe) if isinstance(n, RowPlanner)]
             how = "the planner's default for these rows" if self.streams == AUTO else "given"
-            return (f"train_pipeline road: planned over {plan.num_streams} virtual streams "
+            v = plan.num_streams
+            return (f"train_pipeline road: planned over {v} virtual stream{'s' * (v != 1)} "
                     f"({asked}: {how}); the same batches for any ranks and workers")
         why = f": the planned road cannot take {self.unplannable}" if self.unplannable else ""
         return (f"train_pipeline road: streaming ({asked}{why}); batches depend on the number "

@@ -270,7 +270,7 @@ def test_recipes_page_trains_two_epochs_on_the_prepared_manifest(run_page):
     assert ran.lines[0] == "2"  # loader.epoch after two passes
     report = ran.line(r"tokenize: (\d+) sample\(s\), (\d+) token\(s\)")
     assert int(report.group(1)) == 36 and int(report.group(2)) > 36  # summed over the workers
-    assert ran.line(r"train_pipeline road: planned over \d+ virtual streams \(streams='auto'")
+    assert ran.line(r"train_pipeline road: planned over \d+ virtual streams? \(streams='auto'")
     assert ran.line(r"plan_batches: \d+ batches, 36 samples")
     assert "[16, 16, 4]" in ran.lines  # eval_pipeline: every utterance, batches of 16
     assert ran.line(r"utterances +36$") and ran.line(r"hours +0\.0483 \(174\.0 s\)")

@@ -192,7 +192,7 @@ def test_the_default_plans_over_the_streams_the_corpus_gives(manifest):
     given = sp.train_pipeline(manifest, budget=BUDGET, features=None, seed=3,
                               streams=plan.num_streams)
     assert passes(sp.build_loader(given, seed=0)) == runs[0]
-    assert "streams={}: given".format(plan.num_streams) in road_of(given)
+    assert f"(streams={plan.num_streams}: given)" in road_of(given)
     streaming = sp.train_pipeline(manifest, budget=BUDGET, features=None, seed=3, streams=None)
     assert road_of(streaming).startswith("train_pipeline road: streaming (streams=None)")
     assert passes(sp.build_loader(streaming, seed=0)) != runs[0]
