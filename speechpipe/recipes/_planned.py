@@ -351,10 +351,10 @@ class _Feeder(IterDataPipe):
     holds_nothing = True  # the batch is the one BatchFrontEnd is transforming
 
     def __init__(self, slot: list) -> None:
-        self.slot = slot  # [the batch]: set by BatchFrontEnd (a list: no probe stands for it)
+        self._slot = slot  # [the batch]: set by BatchFrontEnd (a list: no probe stands for it)
 
     def __iter__(self) -> Iterator[dict]:
-        yield from self.slot[0]
+        yield from self._slot[0]
 
 
 def _unplanned(sample: dict) -> dict:
@@ -403,6 +403,7 @@ class BatchFrontEnd(IterDataPipe[list]):
                 stage.set_epoch(stage.epoch)
             self._slot[0] = batch
             out = list(self.stages)
+            self._slot[0] = []
             if batch and not out:
                 keys = [s.get(KEY) for s in batch]
                 raise DataError(f"every utterance of a planned batch was left out ({len(keys)}: "
