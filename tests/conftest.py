@@ -35,6 +35,7 @@ SLOW_TESTS = {
     "test_the_default_plans_over_the_streams_the_corpus_gives",
     "test_dither_is_drawn_per_utterance_and_epoch_whatever_the_workers",
     "test_drops_before_the_plan_are_counted_once_whatever_the_workers",
+    "test_the_stages_count_the_whole_pass_and_warn_once",
 }
 
 

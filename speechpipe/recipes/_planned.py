@@ -396,14 +396,18 @@ class BatchFrontEnd(IterDataPipe[list]):
         self.stages = build(self.feeder).map(_unplanned)
 
     def __iter__(self) -> Iterator[list]:
-        seeded = [n for n in graph_nodes(self.stages, lambda n: n is self.feeder)
-                  if isinstance(n, Seeded)]
+        nodes = graph_nodes(self.stages, lambda n: n is self.feeder)
+        seeded = [n for n in nodes if isinstance(n, Seeded)]
+        # the stages' counts (skips, tokens) are of this pass over the plan, not of the last
+        # batch: each batch's pass adds to what the batches before it counted
+        ledgers = [v for n in nodes for v in vars(n).values()
+                   if isinstance(v, Ledger) and not v.per_worker]
+        for ledger in ledgers:
+            ledger.reset()
         for batch in self.source_datapipe:
             for stage in seeded:  # one pass per batch: each stays in the pipeline's epoch
                 stage.set_epoch(stage.epoch)
-            self._slot[0] = batch
-            out = list(self.stages)
-            self._slot[0] = []
+            out = self._transform(batch, ledgers)
             if batch and not out:
                 keys = [s.get(KEY) for s in batch]
                 raise DataError(f"every utterance of a planned batch was left out ({len(keys)}: "
@@ -411,6 +415,8 @@ class BatchFrontEnd(IterDataPipe[list]):
                                 "rank takes the same steps)", key=keys[0],
                                 source=batch[0].get(SOURCE))
             yield out
+        for ledger in ledgers:  # warned once per pass (by the main process, with workers)
+            ledger.end_of_pass()
         if process_position().worker > 0:
             # every process plans on all the rows: what the stages up to the plan counted
             # (the duration filter's drops) is the corpus's, reported once, by worker 0
@@ -418,6 +424,24 @@ class BatchFrontEnd(IterDataPipe[list]):
                 for value in vars(node).values():
                     if isinstance(value, Ledger):
                         value.reset()
+
+    def _transform(self, batch: list, ledgers: list) -> list:
+        """``batch`` through the stages, their ledgers adding this batch to the pass's counts
+        and warning of nothing yet (:meth:`__iter__` warns once at the end of the pass)."""
+        before = [ledger.to_dict() for ledger in ledgers]
+        quiet = [getattr(ledger, "quiet", None) for ledger in ledgers]
+        for ledger, was in zip(ledgers, quiet):
+            if was is not None:
+                ledger.quiet = True
+        self._slot[0] = batch
+        try:
+            return list(self.stages)
+        finally:
+            self._slot[0] = []
+            for ledger, was, counted in zip(ledgers, quiet, before):
+                ledger.merge(counted)
+                if was is not None:
+                    ledger.quiet = was
 
     def __len__(self) -> int:
         return len(self.source_datapipe)

@@ -320,3 +320,26 @@ def test_telemetry_times_the_planned_stages_without_changing_the_batches(manifes
     assert passes(timed, 1) == plain
     report = timed.telemetry.report()
     assert "load_audio" in report and "BatchFrontEnd" in report
+
+
+def test_the_stages_count_the_whole_pass_and_warn_once(manifest, tmp_path):
+    rows = rows_of(manifest)
+    broken = tmp_path / "broken.flac"
+    with open(rows[5]["audio_path"], "rb") as f:
+        broken.write_bytes(f.read()[:300])  # a truncated FLAC
+    rows[5] = {**rows[5], "audio_path": str(broken)}
+    path = write_rows(tmp_path / "m.jsonl", rows)
+    tok = sp.CharTokenizer.build([r["text"] for r in rows])
+    for workers in (0, 2):
+        pipeline = pipe(path, features=None, on_error="skip", tokenizer=tok)
+        loader = sp.build_loader(pipeline, num_workers=workers, seed=0)
+        for _ in range(2):
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                for _ in loader:
+                    pass
+            skipped = [w for w in caught if issubclass(w.category, sp.SkippedInputWarning)]
+            assert len(skipped) == 1 and rows[5]["key"] in str(skipped[0].message), workers
+            report = sp.pipeline_report(pipeline)  # the pass's counts, not its last batch's
+            assert f"tokenize: {len(rows) - 1} sample(s)" in report, (workers, report)
+            assert "load_audio skipped 1 item(s)" in report, (workers, report)
