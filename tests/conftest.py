@@ -33,6 +33,10 @@ SLOW_TESTS = {
     "test_two_workers_write_the_same_bytes_as_one",
     "test_workers_do_not_change_the_batches_with_speed_noise_and_reverb",
     "test_a_state_resumes_with_other_workers_in_one_process",
+    "test_the_default_plans_over_the_streams_the_corpus_gives",
+    "test_dither_is_drawn_per_utterance_and_epoch_whatever_the_workers",
+    "test_drops_before_the_plan_are_counted_once_whatever_the_workers",
+    "test_the_stages_count_the_whole_pass_and_warn_once",
 }
 
 

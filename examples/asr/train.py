@@ -4,8 +4,10 @@ A Conformer encoder (torchaudio) with a CTC head over a sentencepiece vocabulary
 training transcripts, fed by ``librispeech_train`` + ``build_loader``:
 
 * one process (``python examples/asr/train.py``) or one per device under ``torchrun``
-  (gloo on CPU, NCCL on CUDA), every rank taking the same number of steps
-  (``build_loader(..., uneven="stop")``: :class:`speechpipe.EqualSteps`);
+  (gloo on CPU, NCCL on CUDA), every rank taking the same number of steps: the recipe plans
+  each epoch's batches over virtual streams (the same global batches for any number of ranks
+  and workers), and ``build_loader(..., uneven="plan")`` (:class:`speechpipe.EqualSteps`)
+  takes the planned step count, with no collective per step;
 * mixed precision on CUDA (bfloat16 where the device has it, else float16 with a gradient
   scaler), gradient accumulation over ``--accum`` batches (DDP's ``no_sync`` between);
 * a checkpoint per rank of the model, optimiser, scheduler, scaler, random generator and the
@@ -158,7 +160,7 @@ def train_loader(args: argparse.Namespace, manifests: Any, tokenizer: Any,
     if args.persistent_workers and args.workers:
         options["persistent_workers"] = True  # no fresh workers at each epoch's start
     return sp.build_loader(pipe, num_workers=args.workers, device=device,
-                           pin_memory=device.type == "cuda", seed=args.seed, uneven="stop",
+                           pin_memory=device.type == "cuda", seed=args.seed, uneven="plan",
                            snapshot_every=args.checkpoint_every or 100, **options)
 
 

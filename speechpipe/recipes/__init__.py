@@ -25,7 +25,9 @@ transcript format, the defaults of its usual practice), are exported here:
   empty-transcript policy :data:`EMPTY_TEXT`, the record that makes reruns idempotent, and
   the :class:`PartReport` of each part; the verification as a job array, ``_jobs``: a plan,
   tasks, a merge), :func:`resolve_manifests`;
-- **pipelines** (``_pipelines``): :func:`train_pipeline`, :func:`eval_pipeline`,
+- **pipelines** (``_pipelines``): :func:`train_pipeline` (by default its batches planned over
+  virtual streams on the manifests' rows, ``_planned``: the same for any ranks and workers),
+  :func:`eval_pipeline`,
   :func:`semi_supervised_pipeline` over manifests, their :class:`FrontEnd` (speed
   perturbation, reverberation and noise, features, tokenization), :func:`augment_source`
   (a noise or response manifest as the source ``add_noise`` / ``reverberate`` read), and

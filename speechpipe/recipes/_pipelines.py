@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from ..diagnostics import check_on_error
 from ..errors import DataError, check_int
-from ..pipes._core import IterableWrapper, IterDataPipe
+from ..pipes._core import graph_nodes, IterableWrapper, IterDataPipe
 from ..pipes.audio import FEATURE_KINDS
 from ..pipes.batching import (
     batch_budget, BatchConstraint, IndexLength, LengthUnitError, SampleCount,
@@ -24,7 +24,9 @@ from ..pipes.collate import PadCollate
 from ..pipes.sources import ManifestFileReaderIterDataPipe
 from ..remote import RemoteOptions, is_remote
 from ..sample import DURATION, FEATS, KEY, SOURCE, TEXT, Sample
-from ._planned import BatchFrontEnd, KeyedAugment, RowPlanner, apply_planned_speed, rows_loader
+from ._planned import (
+    BatchFrontEnd, KeyedAugment, KeyedFeatures, RowPlanner, apply_planned_speed, rows_loader,
+)
 from ._prepare import AUDIO_PATH, FEATS_PATH, OFFSET, ManifestsArg, resolve_manifests
 
 __all__ = [
@@ -36,6 +38,9 @@ __all__ = [
     "semi_supervised_pipeline",
     "train_pipeline",
 ]
+
+#: ``train_pipeline(streams=AUTO)`` (the default): the planned road where the inputs allow.
+AUTO = "auto"
 
 #: Values of ``features_on``: per utterance in the workers, or per batch on the device.
 FEATURES_ON = ("workers", "device")
@@ -56,15 +61,26 @@ def manifest_samples(manifests: ManifestsArg, *, corpus: str | None = None,
     >>> [s["key"] for s in manifest_samples([[{"key": "u1"}, {"key": "u2"}]])]
     ['u1', 'u2']
     """
+    return _manifest_rows(manifests, corpus=corpus, parts=parts, remote=remote)[0]
+
+
+def _manifest_rows(manifests: ManifestsArg, *, corpus: str | None = None,
+                   parts: Sequence[str] | None = None, remote: RemoteOptions | None = None
+                   ) -> tuple[IterDataPipe[Sample], set[str]]:
+    """:func:`manifest_samples`' pipe and the kinds of its sources (``"files"``,
+    ``"object storage"``, ``"sample lists"``, ``"a pipe"``)."""
     if isinstance(manifests, IterDataPipe):
-        return manifests
+        return manifests, {"a pipe"}
     pipes = []
     paths: list[str] = []
+    kinds: set[str] = set()
 
     def parsed(paths: list[str]) -> IterDataPipe[Sample]:
         if any(is_remote(p) for p in paths):
+            kinds.add("object storage")
             return IterableWrapper(paths).open(remote=remote).parse_manifest()
-        # local files: the reader offers shuffle_samples their mapped row tables
+        # local files: the reader offers plan_batches and shuffle_samples their mapped rows
+        kinds.add("files")
         return IterableWrapper(paths).read_manifest_files()
 
     for source in resolve_manifests(manifests, corpus=corpus, parts=parts):
@@ -74,12 +90,13 @@ def manifest_samples(manifests: ManifestsArg, *, corpus: str | None = None,
         if paths:
             pipes.append(parsed(paths))
             paths = []
+        kinds.add("sample lists")
         pipes.append(IterableWrapper(source, deepcopy=False))
     if paths:
         pipes.append(parsed(paths))
     if not pipes:
         raise ValueError("no manifests given")
-    return pipes[0] if len(pipes) == 1 else pipes[0].concat(*pipes[1:])
+    return (pipes[0] if len(pipes) == 1 else pipes[0].concat(*pipes[1:])), kinds
 
 
 @dataclass(frozen=True)
@@ -343,8 +360,13 @@ def _transformed(pipe: IterDataPipe, front_end: FrontEnd, *, input: Any, seed: i
     if front_end.features is not None and front_end.features_on == "workers":
         # -> + feats (frames, dim) float32, audio dropped (features_on="device": the batches
         # keep audio, and FrontEnd.on_device computes them after the move to the device)
-        pipe = pipe.compute_features(front_end.features, keep_audio=False, seed=seed,
-                                     sample_rate=rate, **front_end.feature_kwargs())
+        options = front_end.feature_kwargs()
+        if planned and options.get("dither"):  # each utterance's dither from (seed, epoch, key)
+            pipe = pipe.map(KeyedFeatures(front_end.features, seed=seed, sample_rate=rate,
+                                          **options))
+        else:
+            pipe = pipe.compute_features(front_end.features, keep_audio=False, seed=seed,
+                                         sample_rate=rate, **options)
     if front_end.tokenizer is not None:
         pipe = pipe.tokenize(front_end.tokenizer, field=front_end.text_field,
                              normalizer=front_end.normalizer)  # + tokens
@@ -373,12 +395,26 @@ def train_pipeline(
     shard: bool = True,
     on_error: str = "raise",
     remote: RemoteOptions | None = None,
-    streams: int | None = None,
+    streams: int | str | None = AUTO,
     **front_end_options: Any,
 ) -> IterDataPipe[dict]:
     """A training pipeline over manifests: yields padded batch dicts within a budget.
 
-    Stages and element shapes::
+    Two roads. By default (``streams="auto"``) the **planned road**: the epoch's batches are
+    planned on the manifests' mapped rows over virtual streams (:class:`RowPlanner`,
+    ``plan_batches``), then each batch is loaded and transformed as a whole; its batches are
+    the same for any number of ranks and DataLoader workers, and rank 0's
+    ``loader.state_dict()`` resumes any topology (docs/resume.md). Inputs the planned road
+    cannot take go the **streaming road** (``shuffle_samples`` and ``bucket_by_length`` in each
+    process), exactly these: manifests that are sample lists, a pipe of rows (``read_lhotse``,
+    ``read_hf_dataset``) or object-storage URLs; ``shard=False``; a budget not in seconds
+    (``sp.PaddedArea(3000)`` frames, ``sp.SampleCount(n)``). :func:`pipeline_report` names the
+    road taken and why; a state saved on the streaming road refuses another topology by name.
+    ``streams=None`` asks for the streaming road, ``streams=V`` for the planned one (and
+    refuses those inputs by name).
+
+    The streaming road's stages and element shapes (the planned road runs the same
+    per-utterance stages on each planned batch)::
 
         manifest_samples      -> {key, audio_path, duration, text, speaker, ...}
         filter_by_duration    -> the same, only [min_duration, max_duration] (drops counted)
@@ -401,8 +437,8 @@ def train_pipeline(
 
     The order is seeded: under :func:`speechpipe.build_loader` each pass is the next epoch
     (and a checkpoint resumes exactly); iterated directly, call :func:`speechpipe.set_epoch`
-    ``(pipe, epoch)`` at each epoch for a new, reproducible order. :func:`pipeline_report` prints what the
-    duration filter dropped and the batches' padding efficiency.
+    ``(pipe, epoch)`` at each epoch for a new, reproducible order. :func:`pipeline_report`
+    prints the road, what the duration filter dropped and the batches' padding efficiency.
 
     Args:
         manifests: see :func:`resolve_manifests` (paths, sample lists, prepare's dict), or a
@@ -434,62 +470,97 @@ def train_pipeline(
             ``sample_rate``, ``features``, ``feature_options``, ``speed_perturb``,
             ``tokenizer``, ``text_field``, ``normalizer``, ``noise``, ``snr_db``, ``noise_p``,
             ``babble``, ``rir``, ``rir_p`` (giving both is a ``TypeError``).
-        streams: ``None`` (default): the streaming road above, whose batches depend on the
-            number of ranks and workers (a checkpoint resumes on its own topology only).
-            ``V`` (e.g. 8): the **planned road** -- the epoch's batches planned on the
-            manifests' mapped rows over ``V`` virtual streams (``plan_batches``; local
-            JSON-lines manifests with durations), then loaded and transformed batch by batch:
-            the same global batches for any ranks and workers, and rank 0's
-            ``loader.state_dict()`` resumes any topology (docs/resume.md). Speed factors are
-            drawn at planning time from ``(seed, epoch, row)`` and the plan packs
-            ``duration / factor``; reverberation and noise draw from ``(seed, epoch, key)``;
-            under ``on_error="skip"`` a batch that loses a sample stays a batch (smaller).
-            The order of a seed differs from the streaming road's.
+        streams: ``"auto"`` (default): the planned road with the number of virtual
+            streams the planner derives from the corpus, or the streaming road for the
+            inputs listed above. ``V`` (e.g. 8): the planned road over ``V`` streams (local
+            JSON-lines manifests with durations; other inputs are refused by name).
+            ``None``: the streaming road, whose batches depend on the number of ranks and
+            workers (a checkpoint resumes on its own topology only). On the planned road
+            speed factors are drawn at planning time from ``(seed, epoch, row)`` and the plan
+            packs ``duration / factor``; reverberation, noise and the features' dither draw
+            from ``(seed, epoch, key)``; under ``on_error="skip"`` a batch that loses a sample
+            stays a batch (smaller). The two roads give a seed different orders.
     """
     _check_front_end(front_end, front_end_options, "train_pipeline", _FRONT_END_FIELDS)
     constraint = batch_budget(budget, required=True)
     _check_input(input, on_error)
-    pipe = manifest_samples(manifests, remote=remote)
-    if streams is not None:
-        return _planned_train(pipe, constraint, front_end or FrontEnd(**front_end_options),
-                              streams=streams, min_duration=min_duration,
-                              max_duration=max_duration, seed=seed, bucket_buffer=bucket_buffer,
-                              input=input, shard=shard, on_error=on_error, remote=remote)
+    if not (streams is None or streams == AUTO):
+        if isinstance(streams, str):
+            raise ValueError(f"streams must be {AUTO!r}, None or an int >= 1, got {streams!r}")
+        check_int("streams", streams, 1)
+    front_end = front_end or FrontEnd(**front_end_options)
+    pipe, kinds = _manifest_rows(manifests, remote=remote)
+    unplannable = None if streams is None else _unplannable(pipe, kinds, constraint, shard)
+    if unplannable is not None and streams != AUTO:
+        raise ValueError(f"streams= {unplannable[1]}")
+    if streams is not None and unplannable is None:
+        return _planned_train(pipe, constraint, front_end, streams=streams,
+                              min_duration=min_duration, max_duration=max_duration, seed=seed,
+                              bucket_buffer=bucket_buffer, input=input, on_error=on_error,
+                              remote=remote)
     pipe = pipe.filter_by_duration(min_duration, max_duration)
     pipe = pipe.shuffle_samples(seed=seed, split=shard)
     pipe = _loaded(pipe, input, on_error, remote)
     # the draws of noise and reverberation are kept for what bucket_by_length and block_batch
     # may hold when a checkpoint is taken (a restore mixes those samples again)
-    pipe = _transformed(pipe, front_end or FrontEnd(**front_end_options), input=input,
-                        seed=seed, history=max(4096, 4 * bucket_buffer), remote=remote)
+    pipe = _transformed(pipe, front_end, input=input, seed=seed,
+                        history=max(4096, 4 * bucket_buffer), remote=remote)
     pipe = pipe.bucket_by_length(bucket_buffer, budget=constraint, seed=seed)
     pipe = pipe.block_batch(constraint, seed=seed)
-    return pipe.collate(collate_fn=PadCollate())
+    pipe = pipe.collate(collate_fn=PadCollate())
+    pipe._recipe_road = _Road(streams, False, None if unplannable is None else unplannable[0])
+    return pipe
 
 
-def _planned_train(rows: IterDataPipe, constraint: BatchConstraint, front_end: FrontEnd, *,
-                   streams: int, min_duration: float | None, max_duration: float | None,
-                   seed: int, bucket_buffer: int, input: Any, shard: bool, on_error: str,
-                   remote: RemoteOptions | None) -> IterDataPipe[dict]:
-    """:func:`train_pipeline`'s planned road (``streams=V``)."""
-    check_int("streams", streams, 1)
+def _unplannable(rows: IterDataPipe, kinds: set[str], constraint: BatchConstraint,
+                 shard: bool) -> tuple[str, str] | None:
+    """Why the planned road cannot take these inputs: ``(what, the refusal's text)``, or
+    ``None`` when it can."""
     if not isinstance(rows, ManifestFileReaderIterDataPipe):
-        raise ValueError("streams= plans on the mapped rows of local JSON-lines manifests "
-                         "(paths, a folder, prepare's dict); these manifests are sample lists, "
-                         "a pipe or object-storage URLs: give streams=None (the streaming road)")
+        what = ("a pipe of rows" if "a pipe" in kinds else "object-storage manifests"
+                if "object storage" in kinds else "sample lists")
+        return what, ("plans on the mapped rows of local JSON-lines manifests (paths, a folder, "
+                      f"prepare's dict); these manifests are {what}: give streams=None (the "
+                      "streaming road)")
     try:
         constraint.measure(IndexLength(1.0, "seconds"))
     except LengthUnitError:
-        raise ValueError(f"streams= plans on the manifests' durations, but the budget "
-                         f"{constraint!r} measures another unit: give seconds (a number, or "
-                         "length='duration'), or streams=None") from None
+        return "a budget not in seconds", (
+            f"plans on the manifests' durations, but the budget {constraint!r} measures "
+            "another unit: give seconds (a number, or length='duration'), or streams=None")
     if not shard:
-        raise ValueError("streams= shares the planned batches between ranks and workers; "
-                         "shard=False (every process reads everything) needs streams=None")
-    if (front_end.feature_options or {}).get("dither", 0.0) and front_end.features_on == "workers":
-        raise ValueError("streams=: compute_features' dither draws from a generator of each "
-                         "process, so batches would depend on the topology; give dither=0 or "
-                         "features_on='device', or streams=None")
+        return "shard=False", ("shares the planned batches between ranks and workers; "
+                               "shard=False (every process reads everything) needs streams=None")
+    return None
+
+
+@dataclass(frozen=True)
+class _Road:
+    """Which road :func:`train_pipeline` took, for :func:`pipeline_report`: ``streams`` as
+    given, whether it plans, and what the planned road could not take (or ``None``)."""
+
+    streams: Any
+    planned: bool
+    unplannable: str | None = None
+
+    def report(self, pipe: IterDataPipe) -> str:
+        asked = f"streams={self.streams!r}"
+        if self.planned:
+            [plan] = [n for n in graph_nodes(pipe) if isinstance(n, RowPlanner)]
+            how = "the planner's default for these rows" if self.streams == AUTO else "given"
+            v = plan.num_streams
+            return (f"train_pipeline road: planned over {v} virtual stream{'s' * (v != 1)} "
+                    f"({asked}: {how}); the same batches for any ranks and workers")
+        why = f": the planned road cannot take {self.unplannable}" if self.unplannable else ""
+        return (f"train_pipeline road: streaming ({asked}{why}); batches depend on the number "
+                "of ranks and workers, a checkpoint resumes on the same topology")
+
+
+def _planned_train(rows: IterDataPipe, constraint: BatchConstraint, front_end: FrontEnd, *,
+                   streams: int | str, min_duration: float | None, max_duration: float | None,
+                   seed: int, bucket_buffer: int, input: Any, on_error: str,
+                   remote: RemoteOptions | None) -> IterDataPipe[dict]:
+    """:func:`train_pipeline`'s planned road (``streams=V`` or ``"auto"``)."""
 
     def stages(pipe: IterDataPipe) -> IterDataPipe:
         pipe = _loaded(pipe, input, on_error, remote)
@@ -497,9 +568,11 @@ def _planned_train(rows: IterDataPipe, constraint: BatchConstraint, front_end: F
                             planned=True)
 
     rows = rows.filter_by_duration(min_duration, max_duration)
-    plan = RowPlanner(rows, constraint, streams=streams, seed=seed, bucket_buffer=bucket_buffer,
-                      speed_factors=front_end.speed_perturb)
-    return BatchFrontEnd(plan, stages).collate(collate_fn=PadCollate())
+    plan = RowPlanner(rows, constraint, streams=None if streams == AUTO else streams, seed=seed,
+                      bucket_buffer=bucket_buffer, speed_factors=front_end.speed_perturb)
+    pipe = BatchFrontEnd(plan, stages).collate(collate_fn=PadCollate())
+    pipe._recipe_road = _Road(streams, planned=True)
+    return pipe
 
 
 def eval_pipeline(
@@ -578,13 +651,16 @@ def semi_supervised_pipeline(
         until: ``"sup"``, ``"unsup"``, ``"shortest"`` or ``"longest"`` (see ``zip_by_name``).
         seed: seed of the supervised pipeline; the unsupervised one uses ``seed + 1``.
         **options: other :func:`train_pipeline` options, given to both (with ``front_end``,
-            the unsupervised pipeline gets it without its tokenizer); not ``streams=``.
+            the unsupervised pipeline gets it without its tokenizer). Both take the
+            streaming road (``streams`` ``None`` or ``"auto"``, the default); a number of
+            streams is refused.
     """
-    if options.get("streams") is not None:
+    if options.get("streams") not in (None, AUTO):
         raise ValueError(
             "semi_supervised_pipeline takes no streams= yet: its unsupervised pipeline restarts "
             "inside the supervised epoch, so one global batch position cannot say where both "
             "stand; give streams=None")
+    options["streams"] = None  # "auto": the streaming road (see above)
     sup_options, unsup_options = dict(options), dict(options)
     if options.get("front_end") is None:
         sup_options["tokenizer"], unsup_options["tokenizer"] = tokenizer, None
@@ -619,12 +695,16 @@ def pipeline_report(pipe: Any) -> str:
       shorter than 1.0 s: 1 (e.g. key 'a' (0.20 s))
     """
     found: list[str] = []
+    roads: list[str] = []
     seen: set[int] = set()
 
     def visit(node: Any, depth: int) -> None:
         if id(node) in seen or depth > 200:
             return
         seen.add(id(node))
+        road = getattr(node, "__dict__", {}).get("_recipe_road")
+        if isinstance(road, _Road):
+            roads.append(road.report(node))
         children = []
         for value in vars(node).values():
             if isinstance(value, IterDataPipe):
@@ -643,4 +723,4 @@ def pipeline_report(pipe: Any) -> str:
                 found.append(obj.report())
 
     visit(pipe, 0)
-    return "\n".join(found) if found else "nothing counted (no pass run yet?)"
+    return "\n".join(roads + (found or ["nothing counted (no pass run yet?)"]))

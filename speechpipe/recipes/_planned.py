@@ -14,7 +14,8 @@ epoch's batches instead on the manifests' mapped rows (``plan_batches``' manifes
   features, tokens) on the samples of one batch at a time; a sample that ``on_error="skip"``
   leaves out makes the batch smaller, never a batch fewer (every rank keeps its steps);
 - :class:`KeyedAugment` reverberates or adds noise with draws from ``(seed, epoch, key)``,
-  not from a generator running through a process's share.
+  not from a generator running through a process's share; :class:`KeyedFeatures` computes
+  the features with each utterance's dither drawn the same way.
 
 So the batches are a function of ``(seed, epoch, V, manifests, settings)``, whatever the
 topology, and the loader's state is one global position that resumes any topology
@@ -28,19 +29,23 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
-from ..errors import DataError
+import torch
+
+from ..diagnostics import Ledger
+from ..errors import DataError, SampleRateError
 from ..pipes._core import IterableWrapper, IterDataPipe, Seeded, graph_nodes, plain_iterator
 from ..pipes.audio import (
-    AUGMENT, audio_of, change_speed, channels_first, fast_fft_len, mix_at_snr, noise_segment,
-    played_at, resampler, time_first,
+    AUGMENT, audio_of, change_speed, channels_first, extract_features, fast_fft_len,
+    FeatureExtractor, mix_at_snr, noise_segment, played_at, resampler, sample_where, time_first,
 )
 from ..pipes.batching import BatchPlannerIterDataPipe
-from ..sample import AUDIO, KEY, SOURCE
-from ..seeding import derive_rng, derive_seed
+from ..sample import AUDIO, FEATS, KEY, SOURCE
+from ..seeding import derive_rng, derive_seed, process_position
 
 __all__ = [
     "BatchFrontEnd",
     "KeyedAugment",
+    "KeyedFeatures",
     "PLANNED",
     "RowPlanner",
     "apply_planned_speed",
@@ -259,6 +264,58 @@ class KeyedAugment:
         return out
 
 
+class KeyedFeatures:
+    """``compute_features`` of one utterance with its dither drawn from ``(seed, epoch, key)``
+    (the planned road's feature stage when ``dither > 0``): the noise ``dither × N(0, 1)``
+    added to each sample of the scaled waveform comes from a ``torch.Generator`` of the
+    utterance's own, so its features are the same in every process, whatever that process
+    computed before, and differ from epoch to epoch. ``audio`` is dropped, ``feats`` added.
+
+    Args:
+        kind: ``"fbank"``, ``"mfcc"`` or ``"mel"``.
+        dither: the noise's standard deviation (in the scaled waveform's units, as
+            ``compute_features``').
+        seed: the pipeline's seed.
+        sample_rate: the rate the features are for (other rates: a ``SampleRateError``), or
+            ``None``.
+        **options: ``compute_features``' options (``scale``, ``backend``, ``num_mel_bins``...).
+
+    >>> f = KeyedFeatures("fbank", dither=1.0, seed=0, sample_rate=16000, num_mel_bins=23)
+    >>> s = {"key": "u", "audio": np.zeros(16000, np.float32), "sample_rate": 16000,
+    ...      PLANNED: {"epoch": 0, "speed": None}}
+    >>> a, b = f(s)["feats"], f(dict(s))["feats"]
+    >>> a.shape, bool((a == b).all()), bool((f({**s, PLANNED: {"epoch": 1}})["feats"] != a).any())
+    ((98, 23), True, True)
+    """
+
+    def __init__(self, kind: str, *, dither: float, seed: int, sample_rate: int | None,
+                 **options: Any) -> None:
+        scale, backend = options.pop("scale", None), options.pop("backend", "speechpipe")
+        self.extractor = FeatureExtractor(kind, scale, options, backend)
+        self.kind, self.dither, self.seed, self.sample_rate = kind, float(dither), seed, sample_rate
+        self.options = {"scale": self.extractor.scale, "backend": backend, **options}
+
+    def __repr__(self) -> str:  # what a loader state's fingerprint records of it
+        return (f"KeyedFeatures({self.kind!r}, dither={self.dither}, seed={self.seed}, "
+                f"sample_rate={self.sample_rate}, options={sorted(self.options.items())})")
+
+    def __call__(self, sample: dict) -> dict:
+        audio, rate = audio_of(sample, "compute_features")
+        if self.sample_rate is not None and rate != self.sample_rate:
+            raise SampleRateError(
+                f"compute_features({self.kind!r}, sample_rate={self.sample_rate}) got {rate} Hz "
+                f"audio; resample it first (pipe.resample({self.sample_rate}))",
+                **sample_where(sample))
+        epoch = (sample.get(PLANNED) or {}).get("epoch", 0)
+        generator = torch.Generator().manual_seed(
+            derive_seed(self.seed, epoch, 0, 0, "planned-dither", str(sample.get(KEY))))
+        out = dict(sample)
+        out[FEATS] = extract_features(audio, rate, self.extractor, self.dither, generator,
+                                      sample)
+        del out[AUDIO]
+        return out
+
+
 def reverberated(audio: np.ndarray, rir: np.ndarray) -> np.ndarray:
     """``convolve_rir``'s reverberation (aligned on the response's peak, scaled back to the
     input's energy) with numpy's FFT, in float64: the same bytes whatever the number of torch
@@ -297,11 +354,11 @@ class _Feeder(IterDataPipe):
 
     holds_nothing = True  # the batch is the one BatchFrontEnd is transforming
 
-    def __init__(self) -> None:
-        self._batch: list = []
+    def __init__(self, slot: list) -> None:
+        self._slot = slot  # [the batch]: set by BatchFrontEnd (a list: no probe stands for it)
 
     def __iter__(self) -> Iterator[dict]:
-        yield from self._batch
+        yield from self._slot[0]
 
 
 def _unplanned(sample: dict) -> dict:
@@ -316,7 +373,10 @@ class BatchFrontEnd(IterDataPipe[list]):
     time: the batch's samples, transformed, in the plan's order. A sample the stages leave out
     (``load_audio(on_error="skip")``, counted there) makes the batch smaller; a batch that
     loses every sample is a :class:`~speechpipe.errors.DataError` naming its keys (every rank
-    takes the same steps: no batch may vanish).
+    takes the same steps: no batch may vanish). Every process plans on all the rows, so what
+    the stages up to the plan count (``filter_by_duration``'s drops) is reported by DataLoader
+    worker 0 only: :func:`~speechpipe.recipes.pipeline_report` gives the corpus's counts,
+    not one copy per worker.
 
     Args:
         source_datapipe: the planned batches (``plan_batches``, :class:`RowPlanner`).
@@ -335,17 +395,23 @@ class BatchFrontEnd(IterDataPipe[list]):
     def __init__(self, source_datapipe: IterDataPipe, build: Callable[[IterDataPipe],
                                                                       IterDataPipe]) -> None:
         self.source_datapipe = source_datapipe
-        self.feeder = _Feeder()
+        self._slot: list = [[]]
+        self.feeder = _Feeder(self._slot)
         self.stages = build(self.feeder).map(_unplanned)
 
     def __iter__(self) -> Iterator[list]:
-        seeded = [n for n in graph_nodes(self.stages, lambda n: n is self.feeder)
-                  if isinstance(n, Seeded)]
+        nodes = graph_nodes(self.stages, lambda n: n is self.feeder)
+        seeded = [n for n in nodes if isinstance(n, Seeded)]
+        # the stages' counts (skips, tokens) are of this pass over the plan, not of the last
+        # batch: each batch's pass adds to what the batches before it counted
+        ledgers = [v for n in nodes for v in vars(n).values()
+                   if isinstance(v, Ledger) and not v.per_worker]
+        for ledger in ledgers:
+            ledger.reset()
         for batch in self.source_datapipe:
             for stage in seeded:  # one pass per batch: each stays in the pipeline's epoch
                 stage.set_epoch(stage.epoch)
-            self.feeder._batch = batch
-            out = list(self.stages)
+            out = self._transform(batch, ledgers)
             if batch and not out:
                 keys = [s.get(KEY) for s in batch]
                 raise DataError(f"every utterance of a planned batch was left out ({len(keys)}: "
@@ -353,6 +419,33 @@ class BatchFrontEnd(IterDataPipe[list]):
                                 "rank takes the same steps)", key=keys[0],
                                 source=batch[0].get(SOURCE))
             yield out
+        for ledger in ledgers:  # warned once per pass (by the main process, with workers)
+            ledger.end_of_pass()
+        if process_position().worker > 0:
+            # every process plans on all the rows: what the stages up to the plan counted
+            # (the duration filter's drops) is the corpus's, reported once, by worker 0
+            for node in graph_nodes(self.source_datapipe):
+                for value in vars(node).values():
+                    if isinstance(value, Ledger):
+                        value.reset()
+
+    def _transform(self, batch: list, ledgers: list) -> list:
+        """``batch`` through the stages, their ledgers adding this batch to the pass's counts
+        and warning of nothing yet (:meth:`__iter__` warns once at the end of the pass)."""
+        before = [ledger.to_dict() for ledger in ledgers]
+        quiet = [getattr(ledger, "quiet", None) for ledger in ledgers]
+        for ledger, was in zip(ledgers, quiet):
+            if was is not None:
+                ledger.quiet = True
+        self._slot[0] = batch
+        try:
+            return list(self.stages)
+        finally:
+            self._slot[0] = []
+            for ledger, was, counted in zip(ledgers, quiet, before):
+                ledger.merge(counted)
+                if was is not None:
+                    ledger.quiet = was
 
     def __len__(self) -> int:
         return len(self.source_datapipe)

@@ -121,7 +121,8 @@ def recipe_pipe(case: dict):
 
     if case["builder"] == "train":
         return librispeech.librispeech_train(case["manifests"], ["dev-clean"], seed=0,
-                                             budget=12.0, bucket_buffer=8)
+                                             budget=12.0, bucket_buffer=8,
+                                             streams=case.get("streams"))
     return librispeech.librispeech_valid(case["manifests"], ["dev-clean"], budget=SampleCount(3))
 
 
@@ -194,7 +195,7 @@ def _child(case_file: str) -> None:
 def _resume_in_new_process(tmp_path, case: dict, cuts: list[int]) -> None:
     full, states = uninterrupted_with_states(case, cuts)
     assert sorted(map(str, states)) == sorted(map(str, cuts)), "a cut point is past the end"
-    if case["workers"] and case.get("snapshot_every", 1) != 1:
+    if case["workers"] and case.get("snapshot_every", 1) != 1 and case.get("streams") is None:
         # the case is there for cuts between two snapshots: the new process fetches the
         # batches since the last snapshot again; at least one cut must be such a cut
         since = [_steps_since_snapshot(state) for state in states.values()]
@@ -294,13 +295,16 @@ def demo_manifests(tmp_path_factory):
     return str(out)
 
 
-@pytest.mark.parametrize("builder, workers", [("train", 0), ("train", 2), ("valid", 2)])
+@pytest.mark.parametrize("builder, workers, streams", [
+    ("train", 0, None), ("train", 2, None), ("train", 2, "auto"), ("valid", 2, None)])
 def test_a_recipes_loader_resumes_exactly_in_a_new_process(tmp_path, demo_manifests, builder,
-                                                           workers):
+                                                           workers, streams):
     # issue 17: build_loader(librispeech_train(...), num_workers=2) raised at its first
-    # checkpoint (torch's shuffle); every builder of a recipe resumes exactly now
+    # checkpoint (torch's shuffle); every builder of a recipe resumes exactly now, on the
+    # streaming road (streams=None: cuts between two workers' snapshots) and on the planned
+    # road, the training builders' default (one global position)
     case = {"path": "recipe", "builder": builder, "manifests": demo_manifests,
-            "workers": workers, "snapshot_every": 2}
+            "workers": workers, "snapshot_every": 2, "streams": streams}
     n = _epoch_len(case)
     assert n >= 4
     _resume_in_new_process(tmp_path, case, [1, n // 2, n - 1, "end-0"])

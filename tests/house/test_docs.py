@@ -270,7 +270,8 @@ def test_recipes_page_trains_two_epochs_on_the_prepared_manifest(run_page):
     assert ran.lines[0] == "2"  # loader.epoch after two passes
     report = ran.line(r"tokenize: (\d+) sample\(s\), (\d+) token\(s\)")
     assert int(report.group(1)) == 36 and int(report.group(2)) > 36  # summed over the workers
-    assert ran.line(r"block_batch: \d+ batches, 36 samples")
+    assert ran.line(r"train_pipeline road: planned over \d+ virtual streams? \(streams='auto'")
+    assert ran.line(r"plan_batches: \d+ batches, 36 samples")
     assert "[16, 16, 4]" in ran.lines  # eval_pipeline: every utterance, batches of 16
     assert ran.line(r"utterances +36$") and ran.line(r"hours +0\.0483 \(174\.0 s\)")
 
@@ -286,7 +287,8 @@ def test_resuming_page_resumes_exactly(run_page):
     # The checkpoint, loaded into a loader built as the page builds it, gives the batches an
     # uninterrupted epoch 0 gives after its second.
     state = torch.load(ran.folder / "out" / "checkpoint.pt")["loader"]
-    assert state["epoch"] == 0 and state["dataloader"] is not None  # mid-epoch 0
+    # mid-epoch 0, after two steps: the recipes' planned road saves one global position
+    assert state["epoch"] == 0 and state["batches"] == 2
     manifests = {"dev-clean": str(ran.folder / "out" / "manifests"
                                   / "librispeech_samples_dev-clean.jsonl.gz")}
     train = sp.recipes.librispeech.librispeech_train(manifests, ["dev-clean"],

@@ -1,7 +1,8 @@
 """The recipes' planned road on real gloo groups: ``train_pipeline(streams=4)`` (issue 29).
 
 The demo corpus (36 real FLAC utterances) prepared into a local manifest, trained with speed
-perturbation (0.9, 1.0, 1.1) and noise (the corpus's own utterances, p = 0.5), 80-bin fbank,
+perturbation (0.9, 1.0, 1.1) and noise (the corpus's own utterances, p = 0.5), 80-bin fbank
+with dither 1.0 (drawn in the workers, per utterance and epoch),
 through ``build_loader`` in groups of 1 and 2 ranks (one subprocess per rank,
 ``tcp://127.0.0.1``) with 0, 1 and 2 DataLoader workers. Phase 1 runs two unbroken epochs per
 (W, K) and lets rank 0 save ``loader.state_dict()`` at chosen steps; phase 2 loads rank 0's
@@ -37,7 +38,8 @@ def make_pipe(manifest: str):
     import speechpipe as sp
 
     return sp.train_pipeline(manifest, budget=20.0, streams=4, seed=5,
-                             speed_perturb=(0.9, 1.0, 1.1), noise=[manifest], noise_p=0.5)
+                             speed_perturb=(0.9, 1.0, 1.1), noise=[manifest], noise_p=0.5,
+                             feature_options={"dither": 1.0})
 
 
 def run_epochs(loader, save_at=()) -> tuple[list, dict]:

@@ -131,8 +131,11 @@ def same_batches(a: list[dict], b: list[dict]) -> None:
 
 def test_a_remote_manifest_of_remote_audio_trains_to_the_local_batches(s3):
     options = dict(budget=1.2, sample_rate=None, features="fbank", bucket_buffer=4)
-    local = list(sp.train_pipeline(s3["local_manifest"], **options))
-    remote = list(sp.train_pipeline(s3["remote_manifest"], remote=s3["options"], **options))
+    remote_pipe = sp.train_pipeline(s3["remote_manifest"], remote=s3["options"], **options)
+    # the default (streams="auto") takes the streaming road for object storage, and says so
+    assert "cannot take object-storage manifests" in sp.pipeline_report(remote_pipe)
+    local = list(sp.train_pipeline(s3["local_manifest"], streams=None, **options))  # that road
+    remote = list(remote_pipe)
     same_batches(local, remote)
     assert sorted(k for b in remote for k in b["key"]) == [r["key"] for r in s3["rows"]]
     assert all(p.startswith("s3://") for b in remote for p in b["audio_path"])
