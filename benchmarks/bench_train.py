@@ -51,6 +51,7 @@ import random
 import statistics
 import tempfile
 import time
+from typing import Any
 
 import speechpipe as sp
 from speechpipe.testing import sample_durations
@@ -62,9 +63,10 @@ TOKENS_PER_SECOND = 4.0
 
 
 def run(manifests, workers: int, step_seconds: float, passes: int, budget: float,
-        persistent: bool = False):
+        persistent: bool = False, streams: Any = "auto"):
     recipe = sp.get_recipe("librispeech")
-    pipe = recipe.librispeech_train(manifests, parts=["dev-clean"], budget=budget)
+    pipe = recipe.librispeech_train(manifests, parts=["dev-clean"], budget=budget,
+                                    streams=streams)
     loader = sp.build_loader(pipe, num_workers=workers, seed=0, telemetry=True,
                              persistent_workers=persistent)
     for _ in range(passes):
@@ -250,6 +252,9 @@ def main(argv: list[str] | None = None) -> None:
                         help="the example model's layers (its default, 4, has the same shape "
                         "of memory and takes 4 x longer here)")
     parser.add_argument("--skip", nargs="*", default=(), choices=("waits", "contest", "budgets"))
+    parser.add_argument("--streams", default="auto",
+                        help="the waits' road: 'auto' (the recipes' default, planned over "
+                             "virtual streams) or 'none' (the streaming road)")
     args = parser.parse_args(argv)
     rounds, passes = (1, 1) if args.tiny else (args.rounds, args.passes)
     if "waits" not in args.skip:
@@ -282,12 +287,14 @@ def waiting(args: argparse.Namespace, rounds: int, passes: int) -> None:
     for _ in range(rounds):
         for config in configs:
             snap, verdicts[config] = run(manifests, config[0], args.step_ms / 1e3, passes,
-                                         args.budget_seconds, persistent=config[1])
+                                         args.budget_seconds, persistent=config[1],
+                                         streams=None if args.streams == "none" else "auto")
             for key in keys:
                 figures[config][key].append(snap[key])
             figures[config]["start"].append(snap["pass_start_seconds"] / snap["passes"])
         loads.append(os.getloadavg()[0])
-    print(f"demo corpus, librispeech_train defaults, budget {args.budget_seconds:g} s, step "
+    print(f"demo corpus, librispeech_train defaults (streams={args.streams}), budget "
+          f"{args.budget_seconds:g} s, step "
           f"{args.step_ms:g} ms (sleep), {passes} passes x {rounds} rounds; median [range]; "
           f"load average (1 min) {min(loads):.1f}-{max(loads):.1f}")
     print("waiting = no batch ready (on data) + receiving a ready batch; the first batch of "
