@@ -38,8 +38,8 @@ import numpy as np
 
 __all__ = ["DURATION_PERCENTILES", "FaultProxy", "MUSAN_FIXTURE", "S3_TEST_CREDENTIALS",
            "USABLE_RANGE", "batch_digest", "cut_and_resume", "demo_speech", "join_rank_group",
-           "on_pcm_grid", "pack_digest", "run_ranks", "sample_durations", "serve_directory",
-           "serve_handler", "serve_s3", "snr_db", "upload_folder", "write_musan",
+           "on_pcm_grid", "pack_digest", "run_ranks", "s3_test_storage", "sample_durations",
+           "serve_directory", "serve_handler", "serve_s3", "snr_db", "upload_folder", "write_musan",
            "write_rirs_noises"]
 
 #: Published percentile points ``(quantile, seconds)`` of utterance durations. Sources:
@@ -362,6 +362,13 @@ def cut_and_resume(make: Callable[[], Any], k: int,
 
 #: Made-up credentials the local S3 server accepts (s3fs's ``key``/``secret``).
 S3_TEST_CREDENTIALS = {"key": "speechpipe-test-key-id", "secret": "speechpipe-test-secret-key"}
+
+
+def s3_test_storage(endpoint: str) -> dict:
+    """s3fs storage options for the local server at ``endpoint``: its credentials, and
+    botocore's own retries off (so that the retries a test counts are speechpipe's)."""
+    return {"endpoint_url": endpoint, **S3_TEST_CREDENTIALS,
+            "config_kwargs": {"retries": {"total_max_attempts": 1}}}
 
 
 @contextlib.contextmanager

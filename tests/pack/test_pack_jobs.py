@@ -399,12 +399,11 @@ def test_dask_local_cluster_writes_the_bytes_of_one_pack(corpus, dask_cluster, c
 def s3():
     pytest.importorskip("moto")
     pytest.importorskip("s3fs")
-    from speechpipe.testing import S3_TEST_CREDENTIALS, serve_s3
+    from speechpipe.testing import S3_TEST_CREDENTIALS, s3_test_storage, serve_s3
 
     with serve_s3() as endpoint:
         options = sp.RemoteOptions(
-            storage_options={"endpoint_url": endpoint, **S3_TEST_CREDENTIALS,
-                             "config_kwargs": {"retries": {"total_max_attempts": 1}}},
+            storage_options=s3_test_storage(endpoint),
             retries=2, backoff=0.01)
         yield {"endpoint": endpoint, "options": options, "credentials": S3_TEST_CREDENTIALS}
 

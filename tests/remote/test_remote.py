@@ -45,7 +45,8 @@ from speechpipe.pipes.sources import expand_patterns, open_stream
 from speechpipe.pipes.distributed import StepPlanner
 from speechpipe.remote import RemoteOptions
 from speechpipe.seeding import Position
-from speechpipe.testing import S3_TEST_CREDENTIALS, FaultProxy, serve_s3, upload_folder
+from speechpipe.testing import (S3_TEST_CREDENTIALS, FaultProxy, s3_test_storage, serve_s3,
+                                upload_folder)
 
 pytest.importorskip("moto")
 pytest.importorskip("s3fs")
@@ -77,11 +78,6 @@ def write_corpus(folder: str) -> list[str]:
     return [os.path.join(folder, e.name) for e in entries]
 
 
-def storage(endpoint: str) -> dict:
-    return {"endpoint_url": endpoint, **S3_TEST_CREDENTIALS,
-            "config_kwargs": {"retries": {"total_max_attempts": 1}}}
-
-
 @pytest.fixture(scope="module")
 def s3(tmp_path_factory):
     """The local corpus, the server with a copy in s3://speechpipe-remote/corpus, a proxy."""
@@ -90,7 +86,7 @@ def s3(tmp_path_factory):
         folder = upload_folder(endpoint, os.path.dirname(local[0]), "speechpipe-remote",
                                "corpus")
         urls = [f"{folder}/{os.path.basename(p)}" for p in local]
-        options = RemoteOptions(storage_options=storage(proxy.url), block_size=BLOCK,
+        options = RemoteOptions(storage_options=s3_test_storage(proxy.url), block_size=BLOCK,
                                 retries=3, backoff=0.01)
         yield {"local": local, "urls": urls, "folder": folder, "proxy": proxy,
                "options": options, "endpoint": endpoint}
@@ -232,7 +228,7 @@ def test_a_missing_object_is_named(s3, proxy):
 
 def test_a_slow_answer_times_out_naming_the_url_or_arrives_within_the_timeout(s3, proxy):
     url, path = s3["urls"][4], s3["local"][4]
-    slow = RemoteOptions(storage_options=storage(proxy.url), retries=2, backoff=0.01,
+    slow = RemoteOptions(storage_options=s3_test_storage(proxy.url), retries=2, backoff=0.01,
                          timeout=0.5)
     proxy.delay(1.5, match="data-00004.tar", times=-1)
     started = time.monotonic()
@@ -241,7 +237,7 @@ def test_a_slow_answer_times_out_naming_the_url_or_arrives_within_the_timeout(s3
     assert url in str(exc_info.value) and time.monotonic() - started < 5
     proxy.clear()
     proxy.delay(0.3, match="data-00004.tar", times=1)
-    patient = RemoteOptions(storage_options=storage(proxy.url), timeout=10)
+    patient = RemoteOptions(storage_options=s3_test_storage(proxy.url), timeout=10)
     assert read_bytes(url, patient) == local_bytes(path)
 
 
@@ -252,7 +248,7 @@ def test_error_messages_never_show_a_credential():
     # an endpoint that carries the secret in its path, so that the library's own message
     # ("Could not connect to the endpoint URL: ...") would show it
     options = RemoteOptions(
-        storage_options={**storage(""), "endpoint_url": f"http://127.0.0.1:{port}/{SECRET}"},
+        storage_options={**s3_test_storage(""), "endpoint_url": f"http://127.0.0.1:{port}/{SECRET}"},
         retries=1, backoff=0)
     with pytest.raises(DataError) as exc_info:
         read_bytes("s3://speechpipe-remote/corpus/data-00000.tar", options)
@@ -374,7 +370,7 @@ def test_two_ranks_two_workers_read_the_same_batches_from_s3_as_from_disk(s3, pr
     proxy.drop(500, match=f"data-00000.tar bytes={BLOCK}-")
     proxy.fail(503, match="data-00002.tar bytes=0-", times=2)
     proxy.short(700, match=f"data-00005.tar bytes={BLOCK}-")
-    ctx = {"local": s3["local"], "urls": s3["urls"], "storage": storage(s3["proxy"].url)}
+    ctx = {"local": s3["local"], "urls": s3["urls"], "storage": s3_test_storage(s3["proxy"].url)}
     ctx_path = tmp_path / "ctx.json"
     ctx_path.write_text(json.dumps(ctx))
     with socket.socket() as s:
@@ -471,7 +467,7 @@ def test_an_object_overwritten_while_it_is_read_is_a_named_error(s3):
     first, second = os.urandom(3 * BLOCK), os.urandom(3 * BLOCK)
     client.put_object(Bucket="speechpipe-remote", Key="pinned/a.tar", Body=first)
     url = "s3://speechpipe-remote/pinned/a.tar"
-    options = RemoteOptions(storage_options=storage(s3["endpoint"]), block_size=BLOCK,
+    options = RemoteOptions(storage_options=s3_test_storage(s3["endpoint"]), block_size=BLOCK,
                             retries=2, backoff=0.01)
     with open_stream(url, remote=options) as f:
         assert f.read(BLOCK) == first[:BLOCK]
@@ -538,7 +534,7 @@ print(json.dumps({"n": len(pipe), "built": index.shards[0].keys.table.header["bu
 def test_a_remote_index_is_fetched_and_built_once_per_node(s3, proxy, cache_dir):
     # issue 28: every process (W ranks x K workers) fetched the index and built its table;
     # now the first process of the node does, under a lock, and the others map its file
-    ctx = json.dumps({"storage": storage(s3["proxy"].url), "cache": str(cache_dir),
+    ctx = json.dumps({"storage": s3_test_storage(s3["proxy"].url), "cache": str(cache_dir),
                       "folder": s3["folder"], "urls": s3["urls"]})
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))]
@@ -622,7 +618,7 @@ def test_a_remote_table_in_an_unusable_cache_folder_is_this_processs_own(s3, pro
     index._READ.clear()
     blocked = tmp_path / "a-file"
     blocked.write_text("not a folder")
-    options = RemoteOptions(storage_options=storage(s3["proxy"].url), block_size=BLOCK,
+    options = RemoteOptions(storage_options=s3_test_storage(s3["proxy"].url), block_size=BLOCK,
                             retries=3, backoff=0.01, cache_dir=str(blocked / "cache"))
     with pytest.warns(RuntimeWarning, match="each process builds its own table"):
         got = ShardIndex.read(s3["folder"], remote=options)

@@ -31,8 +31,8 @@ from speechpipe.index import ShardEntry, ShardIndex
 from speechpipe.pipes.batching import PaddedArea
 from speechpipe.pipes.shards import COPIES_FOLDER, ShardReadOptions, ShardWriter, node_copy_samples
 from speechpipe.remote import RemoteOptions
-from speechpipe.testing import (S3_TEST_CREDENTIALS, FaultProxy, batch_digest, serve_s3,
-                                upload_folder)
+from speechpipe.testing import (S3_TEST_CREDENTIALS, FaultProxy, batch_digest, s3_test_storage,
+                                serve_s3, upload_folder)
 
 pytest.importorskip("moto")
 pytest.importorskip("s3fs")
@@ -60,11 +60,6 @@ def write_corpus(folder: str) -> list[str]:
     return [os.path.join(folder, e.name) for e in entries]
 
 
-def storage(endpoint: str) -> dict:
-    return {"endpoint_url": endpoint, **S3_TEST_CREDENTIALS,
-            "config_kwargs": {"retries": {"total_max_attempts": 1}}}
-
-
 @pytest.fixture(scope="module")
 def s3(tmp_path_factory):
     local = write_corpus(str(tmp_path_factory.mktemp("corpus")))
@@ -88,7 +83,7 @@ def cache(s3, tmp_path, monkeypatch):
 
 
 def options(s3, **kwargs) -> ShardReadOptions:
-    remote = RemoteOptions(storage_options=storage(s3["proxy"].url), block_size=BLOCK,
+    remote = RemoteOptions(storage_options=s3_test_storage(s3["proxy"].url), block_size=BLOCK,
                            retries=3, backoff=0.01)
     return ShardReadOptions(remote=remote, **kwargs)
 
@@ -166,7 +161,7 @@ print(json.dumps(batches))
 
 @pytest.mark.timeout(PROCESS_TIMEOUT + 30)
 def test_processes_started_at_once_fetch_each_shard_once(s3, cache, tmp_path):
-    ctx = json.dumps({"storage": storage(s3["proxy"].url), "cache": str(tmp_path / "shared"),
+    ctx = json.dumps({"storage": s3_test_storage(s3["proxy"].url), "cache": str(tmp_path / "shared"),
                       "urls": s3["urls"], "block": BLOCK})
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(

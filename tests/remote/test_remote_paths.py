@@ -39,7 +39,8 @@ from speechpipe.pipes.order import read_shard
 from speechpipe.pipes.shards import ShardReadOptions
 from speechpipe.recipes import augment_source
 from speechpipe.remote import RemoteOptions
-from speechpipe.testing import S3_TEST_CREDENTIALS, FaultProxy, serve_s3, upload_folder
+from speechpipe.testing import (S3_TEST_CREDENTIALS, FaultProxy, s3_test_storage, serve_s3,
+                                upload_folder)
 
 pytest.importorskip("moto")
 pytest.importorskip("s3fs")
@@ -104,8 +105,7 @@ def s3(tmp_path_factory):
                                 block_size=1 << 14, retries=2, backoff=0.01)
         with FaultProxy(endpoint) as proxy:  # botocore's own retries off: ours are counted
             proxied = RemoteOptions(
-                storage_options={"endpoint_url": proxy.url, **S3_TEST_CREDENTIALS,
-                                 "config_kwargs": {"retries": {"total_max_attempts": 1}}},
+                storage_options=s3_test_storage(proxy.url),
                 retries=3, backoff=0.01)
             yield {"local_manifest": local_manifest, "rows": rows, "remote_rows": remote_rows,
                    "remote_manifest": f"s3://{BUCKET}/manifests/samples.jsonl.gz",
