@@ -42,6 +42,8 @@ def write_report(folder: str, worker: int, pipe: Any) -> None:
             json.dump(data, f)
         os.replace(final + ".tmp", final)
     except OSError as exc:  # the loader is gone, or the disk is full: training goes on
+        if not os.path.isdir(folder):
+            return  # the loader was collected (a loop left early, the script ending): no reader
         warnings.warn(f"worker {worker} could not report its skip counts to the main "
                       f"process ({exc}); its pipes' diagnostics stay in the worker",
                       RuntimeWarning, stacklevel=2)

@@ -523,3 +523,23 @@ def test_skips_in_workers_are_warned_once_per_pass_by_the_main_process_counted_o
                            "(e.g. key 'u00' (0.50 s))"], skipped
         assert "filter_by_duration skipped 6 item(s)" in sp.pipeline_report(pipe)
     assert "SkippedInputWarning" not in capfd.readouterr().err  # nothing from the workers
+
+
+def test_a_worker_whose_loader_is_gone_writes_no_report_and_says_nothing(tmp_path):
+    """A loop left early and a script ending: the loader (and its reports folder) is collected
+    while a worker ends its pass; nobody will read its report, so no warning (a full disk, where
+    the folder still exists, still warns)."""
+    import warnings
+
+    from speechpipe.worker_reports import write_report
+
+    pipe = IterableWrapper([1, 2])
+    gone = tmp_path / "reports"  # never made: the folder was removed
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        write_report(str(gone), 0, pipe)
+    blocked = tmp_path / "blocked"
+    blocked.mkdir()
+    (blocked / "worker-0.json.tmp").mkdir()  # the write fails with the folder there
+    with pytest.warns(RuntimeWarning, match="could not report"):
+        write_report(str(blocked), 0, pipe)
