@@ -138,18 +138,24 @@ def _median_range(values: list[float]) -> str:
 def run(n: int, per_shard: int, rounds: int, budget: float, buffer: int, bucket: int) -> str:
     root = os.path.join(tempfile.gettempdir(), "speechpipe-bench-streams")
     paths = make_shards(root, n, per_shard)
-    lines = [f"{n} utterances in {len(paths)} shards, budget {budget:g} padded s, shuffle "
-             f"buffer {buffer}, bucket buffer {bucket}, {rounds} round(s); load average "
-             f"{os.getloadavg()[0]:.1f} at the start",
+    return _table(f"{n} utterances in {len(paths)} shards, budget {budget:g} padded s, shuffle "
+                  f"buffer {buffer}, bucket buffer {bucket}",
+                  {road: (lambda w, road=road: one_pass(road, paths, w, budget, buffer, bucket))
+                   for road in ROADS}, rounds)
+
+
+def _table(title: str, contenders: dict, rounds: int) -> str:
+    """``contenders`` (``{road: pass(workers) -> figures}``) with 0 and 2 workers, the roads
+    taking turns round by round: medians, audio-s/s with its range."""
+    lines = [f"{title}, {rounds} round(s); load average {os.getloadavg()[0]:.1f} at the start",
              f"{'road':<10} {'workers':>7} {'audio-s/s median (range)':>26} "
              f"{'first batch s':>14} {'padding eff.':>12}"]
     for workers in (0, 2):
-        results: dict[str, list[dict]] = {road: [] for road in ROADS}
+        results: dict[str, list[dict]] = {road: [] for road in contenders}
         for _ in range(rounds):
-            for road in ROADS:
-                results[road].append(one_pass(road, paths, workers, budget, buffer, bucket))
-        for road in ROADS:
-            rows = results[road]
+            for road, one in contenders.items():
+                results[road].append(one(workers))
+        for road, rows in results.items():
             lines.append(
                 f"{road:<10} {workers:>7} {_median_range([r['audio_s_per_s'] for r in rows]):>26}"
                 f" {statistics.median(r['first_s'] for r in rows):>14.2f}"
@@ -209,24 +215,10 @@ def run_recipe(n: int, rounds: int, budget: float) -> str:
     root = os.path.join(tempfile.gettempdir(), "speechpipe-bench-streams")
     manifest = make_manifest(root, n)
     roads = {"streaming": None, "streams=8": 8, "streams=1": 1}
-    lines = [f"train_pipeline over {n} FLAC utterances, fbank, speed (0.9, 1.0, 1.1), budget "
-             f"{budget:g} padded s, {rounds} round(s); load average {os.getloadavg()[0]:.1f} at "
-             "the start",
-             f"{'road':<10} {'workers':>7} {'audio-s/s median (range)':>26} "
-             f"{'first batch s':>14} {'padding eff.':>12}"]
-    for workers in (0, 2):
-        results: dict[str, list[dict]] = {road: [] for road in roads}
-        for _ in range(rounds):
-            for road, streams in roads.items():
-                results[road].append(recipe_pass(streams, manifest, workers, budget))
-        for road in roads:
-            rows = results[road]
-            lines.append(
-                f"{road:<10} {workers:>7} {_median_range([r['audio_s_per_s'] for r in rows]):>26}"
-                f" {statistics.median(r['first_s'] for r in rows):>14.2f}"
-                f" {statistics.median(r['efficiency'] for r in rows):>12.4f}")
-    lines.append(f"load average {os.getloadavg()[0]:.1f} at the end")
-    return "\n".join(lines)
+    return _table(f"train_pipeline over {n} FLAC utterances, fbank, speed (0.9, 1.0, 1.1), "
+                  f"budget {budget:g} padded s",
+                  {road: (lambda w, v=v: recipe_pass(v, manifest, w, budget))
+                   for road, v in roads.items()}, rounds)
 
 
 #: (W, K) of the reads table.
